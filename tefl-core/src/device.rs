@@ -1,0 +1,465 @@
+//! Devices, device kinds and the device runtimes that backends register.
+//!
+//! [`DeviceKind`] is open: it is a registered name, not an enum, so an out-of-tree vendor
+//! (an NPU, an MLU) brings its own kind together with its [`DeviceRuntime`].
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use crate::{Error, Result};
+
+/// The kind of a device: a short lower-case name (`cpu`, `cuda`, `hip`, `vulkan`, or a vendor's own).
+///
+/// ```
+/// use tefl_core::DeviceKind;
+/// const NPU: DeviceKind = DeviceKind::new("npu");
+/// assert_eq!(NPU.name(), "npu");
+/// assert_eq!(DeviceKind::intern("cuda").unwrap(), DeviceKind::CUDA);
+/// ```
+#[derive(Clone, Copy)]
+pub struct DeviceKind(&'static str);
+
+impl DeviceKind {
+    /// The host CPU.
+    pub const CPU: DeviceKind = DeviceKind("cpu");
+    /// NVIDIA CUDA devices.
+    pub const CUDA: DeviceKind = DeviceKind("cuda");
+    /// AMD HIP devices.
+    pub const HIP: DeviceKind = DeviceKind("hip");
+    /// Vulkan compute devices.
+    pub const VULKAN: DeviceKind = DeviceKind("vulkan");
+
+    /// A kind from a static name. Use lower-case ASCII letters, digits and `_`.
+    pub const fn new(name: &'static str) -> Self {
+        DeviceKind(name)
+    }
+
+    /// A kind from a run-time name (plugins, configuration). The name is validated and
+    /// interned once, so the returned kind is `Copy` and cheap to compare.
+    pub fn intern(name: &str) -> Result<Self> {
+        let valid = !name.is_empty()
+            && name.len() <= 32
+            && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+        if !valid {
+            return Err(Error::Tensor(format!(
+                "invalid device kind {name:?}: use 1-32 lower-case ASCII letters, digits or '_'"
+            )));
+        }
+        for k in [Self::CPU, Self::CUDA, Self::HIP, Self::VULKAN] {
+            if k.0 == name {
+                return Ok(k);
+            }
+        }
+        static INTERNED: OnceLock<RwLock<Vec<&'static str>>> = OnceLock::new();
+        let table = INTERNED.get_or_init(Default::default);
+        if let Some(s) = read_lock(table).iter().find(|s| **s == name) {
+            return Ok(DeviceKind(s));
+        }
+        let mut w = write_lock(table);
+        if let Some(s) = w.iter().find(|s| **s == name) {
+            return Ok(DeviceKind(s));
+        }
+        // Interned names live for the whole process; there are only a handful of kinds.
+        let leaked: &'static str = Box::leak(name.to_owned().into_boxed_str());
+        w.push(leaked);
+        Ok(DeviceKind(leaked))
+    }
+
+    /// The name.
+    pub const fn name(self) -> &'static str {
+        self.0
+    }
+}
+
+impl PartialEq for DeviceKind {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self.0, other.0) || self.0 == other.0
+    }
+}
+impl Eq for DeviceKind {}
+impl Hash for DeviceKind {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.0.hash(state)
+    }
+}
+impl PartialOrd for DeviceKind {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for DeviceKind {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.cmp(other.0)
+    }
+}
+impl fmt::Debug for DeviceKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "DeviceKind({})", self.0)
+    }
+}
+impl fmt::Display for DeviceKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+/// One device: a kind and an ordinal (`cuda:1`). The CPU is `cpu` (ordinal 0).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Device {
+    /// The kind.
+    pub kind: DeviceKind,
+    /// Which device of that kind.
+    pub ordinal: u32,
+}
+
+impl Device {
+    /// The host CPU.
+    pub const CPU: Device = Device { kind: DeviceKind::CPU, ordinal: 0 };
+
+    /// A device of the given kind and ordinal.
+    pub const fn new(kind: DeviceKind, ordinal: u32) -> Self {
+        Device { kind, ordinal }
+    }
+
+    /// `cuda:<ordinal>`.
+    pub const fn cuda(ordinal: u32) -> Self {
+        Device::new(DeviceKind::CUDA, ordinal)
+    }
+
+    /// True for the host CPU.
+    pub fn is_cpu(&self) -> bool {
+        self.kind == DeviceKind::CPU
+    }
+
+    /// The best device this process can use: the first available of cuda, hip, any
+    /// out-of-tree kind, vulkan, and finally the CPU. Never panics; no driver means "not chosen".
+    pub fn best_available() -> Device {
+        let runtimes = runtimes_snapshot();
+        let rank = |k: DeviceKind| match k.name() {
+            "cuda" => 0,
+            "hip" => 1,
+            "vulkan" => 3,
+            "cpu" => 4,
+            _ => 2,
+        };
+        let mut kinds: Vec<_> = runtimes.iter().map(|r| r.kind()).collect();
+        kinds.sort_by_key(|k| (rank(*k), *k));
+        for k in kinds {
+            if let Some(rt) = runtimes.iter().find(|r| r.kind() == k)
+                && rt.device_count() > 0
+            {
+                return Device::new(k, 0);
+            }
+        }
+        Device::CPU
+    }
+
+    /// Whether the device exists and its runtime is usable here.
+    pub fn is_available(&self) -> bool {
+        runtime(self.kind).is_ok_and(|rt| (self.ordinal as usize) < rt.device_count())
+    }
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_cpu() { f.write_str("cpu") } else { write!(f, "{}:{}", self.kind, self.ordinal) }
+    }
+}
+impl fmt::Debug for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl std::str::FromStr for Device {
+    type Err = Error;
+    /// Parses `cpu`, `cuda`, `cuda:1`, `vulkan:0`, `npu:3`.
+    fn from_str(s: &str) -> Result<Self> {
+        let s = s.trim();
+        let (name, ord) = match s.split_once(':') {
+            Some((n, o)) => {
+                let ord = o
+                    .parse::<u32>()
+                    .map_err(|_| Error::Tensor(format!("invalid device {s:?}: ordinal {o:?} is not a number")))?;
+                (n, ord)
+            }
+            None => (s, 0),
+        };
+        Ok(Device::new(DeviceKind::intern(&name.to_ascii_lowercase())?, ord))
+    }
+}
+
+/// Device memory owned by a runtime. Backends implement it for their allocations.
+pub trait Buffer: Send + Sync + 'static {
+    /// The device the memory is on.
+    fn device(&self) -> Device;
+    /// Its size in bytes.
+    fn len_bytes(&self) -> usize;
+    /// For downcasting to the backend's concrete type.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// What a backend provides for its device kind: memory, copies and identification.
+/// Every method reports problems as errors; none may panic when the driver is missing.
+pub trait DeviceRuntime: Send + Sync + 'static {
+    /// The kind this runtime serves.
+    fn kind(&self) -> DeviceKind;
+    /// How many devices are usable (0 when the driver is missing or skipped).
+    fn device_count(&self) -> usize;
+    /// Why no device is usable, when `device_count() == 0`.
+    fn unavailable_reason(&self) -> Option<String> {
+        None
+    }
+    /// A human-readable device name.
+    fn name(&self, ordinal: u32) -> String;
+    /// The architecture string used for tune-config lookup (`sm_90`, `gfx942`, ...).
+    fn arch(&self, ordinal: u32) -> String;
+    /// Allocates `bytes` bytes (contents unspecified) on `device`.
+    fn alloc(&self, device: Device, bytes: usize) -> Result<Arc<dyn Buffer>>;
+    /// Copies host bytes into a buffer of this runtime (sizes must match).
+    fn copy_from_host(&self, dst: &dyn Buffer, src: &[u8]) -> Result<()>;
+    /// Copies a buffer of this runtime into host bytes (sizes must match).
+    fn copy_to_host(&self, src: &dyn Buffer, dst: &mut [u8]) -> Result<()>;
+    /// Waits for all work queued on `device`.
+    fn synchronize(&self, device: Device) -> Result<()>;
+}
+
+/// A link-time registration of a device runtime (`inventory`). Backends submit one.
+pub struct DeviceRuntimeRegistration {
+    /// Builds the runtime; called once, lazily. Must not panic without a driver.
+    pub make: fn() -> Arc<dyn DeviceRuntime>,
+}
+inventory::collect!(DeviceRuntimeRegistration);
+
+type RuntimeTable = RwLock<HashMap<DeviceKind, Arc<dyn DeviceRuntime>>>;
+
+fn runtime_table() -> &'static RuntimeTable {
+    static TABLE: OnceLock<RuntimeTable> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        let mut m: HashMap<DeviceKind, Arc<dyn DeviceRuntime>> = HashMap::new();
+        m.insert(DeviceKind::CPU, Arc::new(CpuRuntime));
+        for reg in inventory::iter::<DeviceRuntimeRegistration> {
+            let rt = (reg.make)();
+            m.entry(rt.kind()).or_insert(rt);
+        }
+        RwLock::new(m)
+    })
+}
+
+fn runtimes_snapshot() -> Vec<Arc<dyn DeviceRuntime>> {
+    read_lock(runtime_table()).values().cloned().collect()
+}
+
+/// Registers a device runtime at run time (plugins). Replaces nothing: a kind that already
+/// has a runtime keeps it, and an error says so.
+pub fn register_device_runtime(rt: Arc<dyn DeviceRuntime>) -> Result<()> {
+    let mut t = write_lock(runtime_table());
+    let kind = rt.kind();
+    if t.contains_key(&kind) {
+        return Err(Error::Tensor(format!("a device runtime for '{kind}' is already registered")));
+    }
+    t.insert(kind, rt);
+    Ok(())
+}
+
+/// The runtime of a device kind.
+pub fn runtime(kind: DeviceKind) -> Result<Arc<dyn DeviceRuntime>> {
+    read_lock(runtime_table()).get(&kind).cloned().ok_or_else(|| Error::DeviceUnavailable {
+        device: kind.to_string(),
+        reason: "no runtime registered for this device kind (is its backend feature enabled?)".into(),
+    })
+}
+
+/// Every registered device kind, sorted by name.
+pub fn device_kinds() -> Vec<DeviceKind> {
+    let mut v: Vec<_> = read_lock(runtime_table()).keys().copied().collect();
+    v.sort();
+    v
+}
+
+pub(crate) fn read_lock<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    // A panic while holding one of tefl's locks leaves data that is still consistent
+    // (every critical section is a single insert or read), so poisoning is ignored.
+    l.read().unwrap_or_else(|p| p.into_inner())
+}
+
+pub(crate) fn write_lock<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Host memory: 8-byte aligned so every dtype can be viewed in place.
+pub struct HostBuffer {
+    words: RwLock<Vec<u64>>,
+    len: usize,
+}
+
+impl HostBuffer {
+    /// A zero-filled buffer of `len` bytes.
+    pub fn zeroed(len: usize) -> Self {
+        HostBuffer { words: RwLock::new(vec![0u64; len.div_ceil(8)]), len }
+    }
+
+    /// A buffer holding a copy of `bytes`.
+    pub fn from_bytes(bytes: &[u8]) -> Self {
+        let b = HostBuffer::zeroed(bytes.len());
+        write_lock(&b.words).as_mut_slice().pipe_bytes_mut(b.len).copy_from_slice(bytes);
+        b
+    }
+
+    /// Shared access to the bytes (blocks while a writer holds them).
+    pub fn read(&self) -> HostRead<'_> {
+        HostRead { guard: read_lock(&self.words), len: self.len }
+    }
+
+    /// Exclusive access to the bytes; fails instead of blocking when the buffer is already
+    /// borrowed (the same tensor passed as two arguments, one of them written).
+    pub fn try_write(&self) -> Option<HostWrite<'_>> {
+        match self.words.try_write() {
+            Ok(guard) => Some(HostWrite { guard, len: self.len }),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(HostWrite { guard: p.into_inner(), len: self.len }),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+}
+
+trait PipeBytes {
+    fn pipe_bytes_mut(&mut self, len: usize) -> &mut [u8];
+}
+impl PipeBytes for [u64] {
+    fn pipe_bytes_mut(&mut self, len: usize) -> &mut [u8] {
+        &mut bytemuck::cast_slice_mut::<u64, u8>(self)[..len]
+    }
+}
+
+/// A read guard over a [`HostBuffer`]'s bytes.
+pub struct HostRead<'a> {
+    guard: RwLockReadGuard<'a, Vec<u64>>,
+    len: usize,
+}
+impl std::ops::Deref for HostRead<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &bytemuck::cast_slice::<u64, u8>(&self.guard)[..self.len]
+    }
+}
+
+/// A write guard over a [`HostBuffer`]'s bytes.
+pub struct HostWrite<'a> {
+    guard: RwLockWriteGuard<'a, Vec<u64>>,
+    len: usize,
+}
+impl std::ops::Deref for HostWrite<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &bytemuck::cast_slice::<u64, u8>(&self.guard)[..self.len]
+    }
+}
+impl std::ops::DerefMut for HostWrite<'_> {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        self.guard.as_mut_slice().pipe_bytes_mut(self.len)
+    }
+}
+
+struct CpuBuffer(HostBuffer);
+
+impl Buffer for CpuBuffer {
+    fn device(&self) -> Device {
+        Device::CPU
+    }
+    fn len_bytes(&self) -> usize {
+        self.0.len
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// Views a buffer as host memory when it is one.
+pub fn as_host(buf: &dyn Buffer) -> Option<&HostBuffer> {
+    buf.as_any().downcast_ref::<CpuBuffer>().map(|b| &b.0)
+}
+
+/// Wraps host bytes as a CPU buffer.
+pub fn host_buffer(bytes: &[u8]) -> Arc<dyn Buffer> {
+    Arc::new(CpuBuffer(HostBuffer::from_bytes(bytes)))
+}
+
+/// The host CPU's runtime (always available).
+pub struct CpuRuntime;
+
+impl DeviceRuntime for CpuRuntime {
+    fn kind(&self) -> DeviceKind {
+        DeviceKind::CPU
+    }
+    fn device_count(&self) -> usize {
+        1
+    }
+    fn name(&self, _ordinal: u32) -> String {
+        "host cpu".into()
+    }
+    fn arch(&self, _ordinal: u32) -> String {
+        std::env::consts::ARCH.into()
+    }
+    fn alloc(&self, device: Device, bytes: usize) -> Result<Arc<dyn Buffer>> {
+        if !device.is_cpu() {
+            return Err(Error::DeviceUnavailable {
+                device: device.to_string(),
+                reason: "the CPU runtime only has device 'cpu'".into(),
+            });
+        }
+        Ok(Arc::new(CpuBuffer(HostBuffer::zeroed(bytes))))
+    }
+    fn copy_from_host(&self, dst: &dyn Buffer, src: &[u8]) -> Result<()> {
+        let host = as_host(dst).ok_or_else(|| Error::Tensor("not a CPU buffer".into()))?;
+        let mut w = host.try_write().ok_or_else(|| Error::Tensor("destination buffer is borrowed".into()))?;
+        if w.len() != src.len() {
+            return Err(Error::Tensor(format!("copy of {} bytes into {} bytes", src.len(), w.len())));
+        }
+        w.copy_from_slice(src);
+        Ok(())
+    }
+    fn copy_to_host(&self, src: &dyn Buffer, dst: &mut [u8]) -> Result<()> {
+        let host = as_host(src).ok_or_else(|| Error::Tensor("not a CPU buffer".into()))?;
+        let r = host.read();
+        if r.len() != dst.len() {
+            return Err(Error::Tensor(format!("copy of {} bytes into {} bytes", r.len(), dst.len())));
+        }
+        dst.copy_from_slice(&r);
+        Ok(())
+    }
+    fn synchronize(&self, _device: Device) -> Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_are_open_and_interned() {
+        let a = DeviceKind::intern("npu").unwrap();
+        let b = DeviceKind::intern("npu").unwrap();
+        assert!(std::ptr::eq(a.name(), b.name()));
+        assert_eq!(a, DeviceKind::new("npu"));
+        assert!(DeviceKind::intern("NPU").is_err());
+        assert!(DeviceKind::intern("").is_err());
+    }
+
+    #[test]
+    fn device_parse_and_display() {
+        assert_eq!("cuda:1".parse::<Device>().unwrap(), Device::cuda(1));
+        assert_eq!("cpu".parse::<Device>().unwrap(), Device::CPU);
+        assert_eq!(Device::cuda(0).to_string(), "cuda:0");
+        assert!("cuda:x".parse::<Device>().is_err());
+    }
+
+    #[test]
+    fn cpu_is_always_available() {
+        assert!(Device::CPU.is_available());
+        assert!(!Device::new(DeviceKind::new("nonexistent"), 0).is_available());
+    }
+}

@@ -1,0 +1,186 @@
+//! The one error type of tefl. Every variant names the culprit: the argument, the
+//! variable, the impl or the plugin that was wrong.
+
+use crate::{DType, Device};
+
+/// Result alias used across tefl.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in tefl, as a typed value.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An environment variable (or its programmatic equivalent) holds a value tefl does not accept.
+    #[error("invalid configuration in {variable}: {token:?}: {reason}")]
+    Config {
+        /// The variable, e.g. `TE_FL_PREFER`.
+        variable: &'static str,
+        /// The offending piece of the value, verbatim.
+        token: String,
+        /// Why it was rejected.
+        reason: String,
+    },
+    /// An op argument has the wrong shape.
+    #[error("op '{op}': argument '{arg}' has shape {got:?}, expected {expected}")]
+    Shape {
+        /// The op.
+        op: &'static str,
+        /// The argument.
+        arg: &'static str,
+        /// What it has.
+        got: Vec<usize>,
+        /// What was expected, in words.
+        expected: String,
+    },
+    /// An op argument has the wrong dtype.
+    #[error("op '{op}': argument '{arg}' has dtype {got}, expected {expected}")]
+    DType {
+        /// The op.
+        op: &'static str,
+        /// The argument.
+        arg: &'static str,
+        /// What it has.
+        got: DType,
+        /// What was expected, in words.
+        expected: String,
+    },
+    /// Two arguments live on different devices.
+    #[error("op '{op}': argument '{arg}' is on {got}, but the op runs on {expected}")]
+    DeviceMismatch {
+        /// The op.
+        op: &'static str,
+        /// The argument.
+        arg: &'static str,
+        /// Its device.
+        got: Device,
+        /// The device of the op's first tensor.
+        expected: Device,
+    },
+    /// A scalar or structural argument is out of range.
+    #[error("op '{op}': argument '{arg}' is invalid: {reason}")]
+    InvalidArgument {
+        /// The op (or the API function).
+        op: &'static str,
+        /// The argument.
+        arg: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// A tensor could not be built from the data given.
+    #[error("tensor: {0}")]
+    Tensor(String),
+    /// A device is not usable here (no driver, no such ordinal, skipped by configuration).
+    #[error("device {device} is unavailable: {reason}")]
+    DeviceUnavailable {
+        /// The device, e.g. `cuda:0`.
+        device: String,
+        /// Why.
+        reason: String,
+    },
+    /// A device operation (allocation, copy, launch) failed.
+    #[error("device {device}: {reason}")]
+    DeviceFailure {
+        /// The device.
+        device: String,
+        /// What failed.
+        reason: String,
+    },
+    /// The device ran out of memory.
+    #[error("device {device}: out of memory allocating {bytes} bytes")]
+    OutOfMemory {
+        /// The device.
+        device: String,
+        /// The request.
+        bytes: usize,
+    },
+    /// Two registrations used the same (op, impl_id).
+    #[error("duplicate registration: op '{op}' already has impl '{impl_id}'")]
+    DuplicateImpl {
+        /// The op.
+        op: &'static str,
+        /// The impl id.
+        impl_id: String,
+    },
+    /// An op name that is not in the catalogue.
+    #[error("unknown op '{0}' (not in the op catalogue)")]
+    UnknownOp(String),
+    /// No implementation survived selection for this call.
+    #[error("no implementation of op '{op}' for {device} ({dtype}): {reason}")]
+    NoImplementation {
+        /// The op.
+        op: &'static str,
+        /// The device of the call.
+        device: Device,
+        /// The call's primary dtype.
+        dtype: DType,
+        /// Why the chain is empty (filters, policy).
+        reason: String,
+    },
+    /// An implementation failed (returned an error, or panicked).
+    #[error("implementation '{impl_id}' failed for op '{op}': {reason}")]
+    ImplFailed {
+        /// The op.
+        op: &'static str,
+        /// The impl.
+        impl_id: String,
+        /// Its error or panic message.
+        reason: String,
+    },
+    /// Every implementation in the chain failed; the list is in call order.
+    #[error("all implementations of op '{op}' failed: {}", .failures.iter().map(|(i, e)| format!("'{i}': {e}")).collect::<Vec<_>>().join("; "))]
+    AllFailed {
+        /// The op.
+        op: &'static str,
+        /// (impl_id, error) for each attempt.
+        failures: Vec<(String, String)>,
+    },
+    /// A kernel was registered for one op but called through another op type.
+    #[error("impl '{impl_id}' is registered for op '{registered}' but was called as '{called}'")]
+    KernelTypeMismatch {
+        /// The impl.
+        impl_id: String,
+        /// The op it was registered for.
+        registered: &'static str,
+        /// The op it was called as.
+        called: &'static str,
+    },
+    /// A whole backend named by `set_backend` / `TE_BACKEND` does not exist.
+    #[error("backend '{name}' not found; available backends: {available:?}")]
+    BackendNotFound {
+        /// The name asked for.
+        name: String,
+        /// The names that exist.
+        available: Vec<String>,
+    },
+    /// A plugin library could not be used.
+    #[error("plugin '{plugin}': {reason}")]
+    Plugin {
+        /// The plugin path or name.
+        plugin: String,
+        /// Why.
+        reason: String,
+    },
+    /// Tune configs or the autotune cache are malformed.
+    #[error("tuning: {0}")]
+    Tuning(String),
+    /// File-system errors (autotune cache, kernel cache).
+    #[error("io error on {path}: {reason}")]
+    Io {
+        /// The path.
+        path: String,
+        /// The error.
+        reason: String,
+    },
+}
+
+impl Error {
+    /// Shorthand for [`Error::InvalidArgument`].
+    pub fn invalid(op: &'static str, arg: &'static str, reason: impl Into<String>) -> Self {
+        Error::InvalidArgument { op, arg, reason: reason.into() }
+    }
+
+    /// Shorthand for [`Error::Config`].
+    pub fn config(variable: &'static str, token: impl Into<String>, reason: impl Into<String>) -> Self {
+        Error::Config { variable, token: token.into(), reason: reason.into() }
+    }
+}

@@ -1,0 +1,674 @@
+//! The selection policy and every environment variable of DESIGN.md's table.
+//!
+//! Parsing is strict: malformed syntax, an unknown value, an unknown token kind or an op
+//! name outside the catalogue is an [`Error::Config`] naming the variable and the bad piece.
+//! Keywords (`flagos`, `INFO`, ...) are matched case-insensitively; surrounding whitespace
+//! is ignored; an empty variable counts as unset.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+
+use crate::{Error, Result, catalogue};
+
+/// `TE_FL_PREFER`: which kind of impl comes first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Prefer {
+    /// Portable kernels first: flagos → vendor → reference (the default).
+    #[default]
+    Flagos,
+    /// Vendor kernels first: vendor → flagos → reference.
+    Vendor,
+    /// The reference first: reference → flagos → vendor.
+    Reference,
+}
+
+impl Prefer {
+    /// The kind order this preference gives.
+    pub fn order(self) -> [crate::BackendImplKind; 3] {
+        use crate::BackendImplKind::*;
+        match self {
+            Prefer::Flagos => [Default, Vendor, Reference],
+            Prefer::Vendor => [Vendor, Default, Reference],
+            Prefer::Reference => [Reference, Default, Vendor],
+        }
+    }
+}
+
+impl fmt::Display for Prefer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Prefer::Flagos => "flagos",
+            Prefer::Vendor => "vendor",
+            Prefer::Reference => "reference",
+        })
+    }
+}
+
+/// One token of a `TE_FL_PER_OP` order.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Token {
+    /// `flagos` or `default`: portable impls.
+    Flagos,
+    /// `vendor`: any vendor impl.
+    Vendor,
+    /// `vendor:<name>`: one vendor's impls (name compared case-insensitively).
+    VendorNamed(String),
+    /// `reference`.
+    Reference,
+    /// `impl:<impl_id>`: exactly one impl.
+    Impl(String),
+}
+
+impl Token {
+    /// Whether an impl matches this token.
+    pub fn matches(&self, imp: &crate::OpImpl) -> bool {
+        use crate::BackendImplKind as K;
+        match self {
+            Token::Flagos => imp.kind() == K::Default,
+            Token::Vendor => imp.kind() == K::Vendor,
+            Token::VendorNamed(n) => {
+                imp.kind() == K::Vendor && imp.vendor_name().is_some_and(|v| v.eq_ignore_ascii_case(n))
+            }
+            Token::Reference => imp.kind() == K::Reference,
+            Token::Impl(id) => imp.impl_id() == id,
+        }
+    }
+}
+
+impl fmt::Display for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Token::Flagos => f.write_str("flagos"),
+            Token::Vendor => f.write_str("vendor"),
+            Token::VendorNamed(n) => write!(f, "vendor:{n}"),
+            Token::Reference => f.write_str("reference"),
+            Token::Impl(i) => write!(f, "impl:{i}"),
+        }
+    }
+}
+
+/// How one call's candidate chain is filtered and ordered. Build it from the environment
+/// with [`SelectionPolicy::from_env`] or programmatically:
+///
+/// ```
+/// use tefl_core::{Prefer, SelectionPolicy};
+/// let p = SelectionPolicy::default()
+///     .prefer(Prefer::Vendor)
+///     .deny_vendors(&["acme"])
+///     .per_op("rmsnorm_fwd", "vendor:nvidia|reference")?;
+/// assert_eq!(p.per_op["rmsnorm_fwd"].len(), 2);
+/// # Ok::<(), tefl_core::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SelectionPolicy {
+    /// `TE_FL_PREFER` (or legacy `TE_FL_PREFER_VENDOR=1`).
+    pub prefer: Prefer,
+    /// `TE_FL_STRICT=1`: no fallback; the first impl's error is returned.
+    pub strict: bool,
+    /// `TE_FL_ALLOW_VENDORS`, lower-cased; applies to vendor impls only. `None`: all allowed.
+    pub allow_vendors: Option<Vec<String>>,
+    /// `TE_FL_DENY_VENDORS`, lower-cased; applies to every impl with that vendor name.
+    pub deny_vendors: Vec<String>,
+    /// `TE_FL_PER_OP`: op → token order. Replaces the default order for that op and limits
+    /// its fallback chain to the tokens named.
+    pub per_op: BTreeMap<String, Vec<Token>>,
+    /// `TE_BACKEND` / `TE_PLUGIN` / `set_backend`: one whole backend forced (`torch` = `reference`).
+    pub backend: Option<String>,
+    /// `TE_FALLBACK_BACKEND`: where a forced backend's missing or failing ops go (default `reference`).
+    pub fallback_backend: String,
+}
+
+impl Default for SelectionPolicy {
+    fn default() -> Self {
+        SelectionPolicy {
+            prefer: Prefer::Flagos,
+            strict: false,
+            allow_vendors: None,
+            deny_vendors: Vec::new(),
+            per_op: BTreeMap::new(),
+            backend: None,
+            fallback_backend: "reference".into(),
+        }
+    }
+}
+
+/// Reads one variable: `Ok(None)` when unset or empty, an error when not UTF-8.
+pub type Lookup<'a> = &'a dyn Fn(&'static str) -> Result<Option<String>>;
+
+/// Reads the process environment.
+pub fn env_lookup(var: &'static str) -> Result<Option<String>> {
+    match std::env::var_os(var) {
+        None => Ok(None),
+        Some(v) => match v.into_string() {
+            Ok(s) if s.trim().is_empty() => Ok(None),
+            Ok(s) => Ok(Some(s)),
+            Err(raw) => Err(Error::config(var, raw.to_string_lossy(), "value is not valid UTF-8")),
+        },
+    }
+}
+
+impl SelectionPolicy {
+    /// The policy the environment describes (`TE_FL_PREFER`, `TE_FL_PREFER_VENDOR`,
+    /// `TE_FL_STRICT`, `TE_FL_ALLOW_VENDORS`, `TE_FL_DENY_VENDORS`, `TE_FL_PER_OP`,
+    /// `TE_BACKEND`, `TE_PLUGIN`, `TE_FALLBACK_BACKEND`).
+    pub fn from_env() -> Result<Self> {
+        Self::from_lookup(&env_lookup)
+    }
+
+    /// The policy described by variables read through `get` (tests pass a map).
+    pub fn from_lookup(get: Lookup<'_>) -> Result<Self> {
+        let mut p = SelectionPolicy::default();
+        let legacy = get("TE_FL_PREFER_VENDOR")?.map(|v| parse_flag("TE_FL_PREFER_VENDOR", &v)).transpose()?;
+        match get("TE_FL_PREFER")? {
+            Some(v) => p.prefer = parse_prefer("TE_FL_PREFER", &v)?,
+            None if legacy == Some(true) => p.prefer = Prefer::Vendor,
+            None => {}
+        }
+        if let Some(v) = get("TE_FL_STRICT")? {
+            p.strict = parse_flag("TE_FL_STRICT", &v)?;
+        }
+        if let Some(v) = get("TE_FL_ALLOW_VENDORS")? {
+            p.allow_vendors = Some(parse_name_list("TE_FL_ALLOW_VENDORS", &v)?);
+        }
+        if let Some(v) = get("TE_FL_DENY_VENDORS")? {
+            p.deny_vendors = parse_name_list("TE_FL_DENY_VENDORS", &v)?;
+        }
+        if let Some(v) = get("TE_FL_PER_OP")? {
+            p.per_op = parse_per_op("TE_FL_PER_OP", &v)?;
+        }
+        let backend = get("TE_BACKEND")?.map(|v| parse_backend_name("TE_BACKEND", &v)).transpose()?;
+        let plugin = get("TE_PLUGIN")?.map(|v| parse_backend_name("TE_PLUGIN", &v)).transpose()?;
+        p.backend = match (backend, plugin) {
+            (Some(b), Some(pl)) if b != pl => {
+                return Err(Error::config("TE_PLUGIN", pl, format!("conflicts with TE_BACKEND={b}; set only one")));
+            }
+            (b, pl) => b.or(pl),
+        };
+        if let Some(v) = get("TE_FALLBACK_BACKEND")? {
+            p.fallback_backend = parse_backend_name("TE_FALLBACK_BACKEND", &v)?;
+        }
+        Ok(p)
+    }
+
+    /// Sets the preference.
+    pub fn prefer(mut self, prefer: Prefer) -> Self {
+        self.prefer = prefer;
+        self
+    }
+    /// Sets strict mode.
+    pub fn strict(mut self, strict: bool) -> Self {
+        self.strict = strict;
+        self
+    }
+    /// Sets the allow list (vendor impls only).
+    pub fn allow_vendors(mut self, vendors: &[&str]) -> Self {
+        self.allow_vendors = Some(vendors.iter().map(|v| v.to_ascii_lowercase()).collect());
+        self
+    }
+    /// Sets the deny list.
+    pub fn deny_vendors(mut self, vendors: &[&str]) -> Self {
+        self.deny_vendors = vendors.iter().map(|v| v.to_ascii_lowercase()).collect();
+        self
+    }
+    /// Sets one op's order from `TE_FL_PER_OP` syntax (`vendor:acme|reference`).
+    pub fn per_op(mut self, op: &str, order: &str) -> Result<Self> {
+        let (op, tokens) = parse_per_op_entry("per_op", &format!("{op}={order}"))?;
+        self.per_op.insert(op, tokens);
+        Ok(self)
+    }
+    /// Forces one whole backend (`None`: automatic selection).
+    pub fn backend(mut self, backend: Option<&str>) -> Result<Self> {
+        self.backend = backend.map(|b| parse_backend_name("set_backend", b)).transpose()?;
+        Ok(self)
+    }
+
+    /// Whether the deny list names `vendor`.
+    pub fn denies(&self, vendor: &str) -> bool {
+        self.deny_vendors.iter().any(|d| d.eq_ignore_ascii_case(vendor))
+    }
+    /// Whether the allow list (if any) admits `vendor`.
+    pub fn allows(&self, vendor: &str) -> bool {
+        self.allow_vendors.as_ref().is_none_or(|a| a.iter().any(|x| x.eq_ignore_ascii_case(vendor)))
+    }
+}
+
+/// A scoped change to the policy; see `Manager::scoped`. Unset fields leave the policy as is.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PolicyOverride {
+    /// Replaces the preference.
+    pub prefer: Option<Prefer>,
+    /// Replaces strict mode.
+    pub strict: Option<bool>,
+    /// Replaces the allow list.
+    pub allow_vendors: Option<Option<Vec<String>>>,
+    /// Replaces the deny list.
+    pub deny_vendors: Option<Vec<String>>,
+    /// Per-op orders added (replacing those ops' entries).
+    pub per_op: BTreeMap<String, Vec<Token>>,
+}
+
+impl PolicyOverride {
+    /// An override that changes nothing yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Overrides the preference.
+    pub fn prefer(mut self, p: Prefer) -> Self {
+        self.prefer = Some(p);
+        self
+    }
+    /// Overrides strict mode.
+    pub fn strict(mut self, s: bool) -> Self {
+        self.strict = Some(s);
+        self
+    }
+    /// Overrides the allow list.
+    pub fn allow_vendors(mut self, v: &[&str]) -> Self {
+        self.allow_vendors = Some(Some(v.iter().map(|s| s.to_ascii_lowercase()).collect()));
+        self
+    }
+    /// Overrides the deny list.
+    pub fn deny_vendors(mut self, v: &[&str]) -> Self {
+        self.deny_vendors = Some(v.iter().map(|s| s.to_ascii_lowercase()).collect());
+        self
+    }
+    /// Adds a per-op order (`TE_FL_PER_OP` token syntax).
+    pub fn per_op(mut self, op: &str, order: &str) -> Result<Self> {
+        let (op, tokens) = parse_per_op_entry("per_op", &format!("{op}={order}"))?;
+        self.per_op.insert(op, tokens);
+        Ok(self)
+    }
+    /// Applies the override to a policy.
+    pub fn apply(&self, p: &mut SelectionPolicy) {
+        if let Some(x) = self.prefer {
+            p.prefer = x;
+        }
+        if let Some(x) = self.strict {
+            p.strict = x;
+        }
+        if let Some(x) = &self.allow_vendors {
+            p.allow_vendors = x.clone();
+        }
+        if let Some(x) = &self.deny_vendors {
+            p.deny_vendors = x.clone();
+        }
+        for (op, t) in &self.per_op {
+            p.per_op.insert(op.clone(), t.clone());
+        }
+    }
+}
+
+/// Parses `flagos` / `default` / `vendor` / `reference`.
+pub fn parse_prefer(var: &'static str, value: &str) -> Result<Prefer> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "flagos" | "default" => Ok(Prefer::Flagos),
+        "vendor" => Ok(Prefer::Vendor),
+        "reference" => Ok(Prefer::Reference),
+        _ => Err(Error::config(var, value.trim(), "expected one of flagos, vendor, reference")),
+    }
+}
+
+/// Parses `0` / `1`.
+pub fn parse_flag(var: &'static str, value: &str) -> Result<bool> {
+    match value.trim() {
+        "0" => Ok(false),
+        "1" => Ok(true),
+        other => Err(Error::config(var, other, "expected 0 or 1")),
+    }
+}
+
+fn valid_name(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 128 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
+}
+
+/// Parses a comma list of vendor names (lower-cased). Empty items are errors.
+pub fn parse_name_list(var: &'static str, value: &str) -> Result<Vec<String>> {
+    value
+        .split(',')
+        .map(|item| {
+            let item = item.trim();
+            if item.is_empty() {
+                Err(Error::config(var, value.trim(), "empty item in comma list"))
+            } else if !valid_name(item) {
+                Err(Error::config(var, item, "names use ASCII letters, digits, '_', '.' or '-'"))
+            } else {
+                Ok(item.to_ascii_lowercase())
+            }
+        })
+        .collect()
+}
+
+/// Parses a backend name for `TE_BACKEND`, `TE_PLUGIN`, `TE_FALLBACK_BACKEND` (`torch` means `reference`).
+pub fn parse_backend_name(var: &'static str, value: &str) -> Result<String> {
+    let v = value.trim().to_ascii_lowercase();
+    if !valid_name(&v) {
+        return Err(Error::config(var, value.trim(), "expected a backend name such as nvidia, amd, vulkan, reference"));
+    }
+    Ok(if v == "torch" { "reference".into() } else { v })
+}
+
+/// Parses one token of a per-op order.
+pub fn parse_token(var: &'static str, raw: &str) -> Result<Token> {
+    let t = raw.trim();
+    let (head, arg) = match t.split_once(':') {
+        Some((h, a)) => (h.trim().to_ascii_lowercase(), Some(a.trim())),
+        None => (t.to_ascii_lowercase(), None),
+    };
+    let need = |a: Option<&str>, what: &str| -> Result<String> {
+        match a {
+            Some(a) if valid_name(a) => Ok(a.to_string()),
+            _ => Err(Error::config(var, t, format!("'{head}:' needs a {what}"))),
+        }
+    };
+    match (head.as_str(), arg) {
+        ("flagos" | "default", None) => Ok(Token::Flagos),
+        ("vendor", None) => Ok(Token::Vendor),
+        ("reference", None) => Ok(Token::Reference),
+        ("vendor", a) => Ok(Token::VendorNamed(need(a, "vendor name")?.to_ascii_lowercase())),
+        ("impl", a) => Ok(Token::Impl(need(a, "impl id")?)),
+        ("flagos" | "default" | "reference", Some(_)) => {
+            Err(Error::config(var, t, format!("'{head}' takes no ':' argument")))
+        }
+        _ => Err(Error::config(
+            var,
+            t,
+            "unknown token; expected flagos, default, vendor, vendor:<name>, reference or impl:<impl_id>",
+        )),
+    }
+}
+
+fn parse_per_op_entry(var: &'static str, entry: &str) -> Result<(String, Vec<Token>)> {
+    let Some((op, order)) = entry.split_once('=') else {
+        return Err(Error::config(var, entry.trim(), "expected op=token|token"));
+    };
+    let op = op.trim();
+    if op.is_empty() {
+        return Err(Error::config(var, entry.trim(), "missing op name before '='"));
+    }
+    if catalogue::find(op).is_none() {
+        return Err(Error::config(var, op, "not an op of the catalogue"));
+    }
+    if order.trim().is_empty() {
+        return Err(Error::config(var, entry.trim(), "empty token list after '='"));
+    }
+    let mut tokens = Vec::new();
+    for raw in order.split('|') {
+        if raw.trim().is_empty() {
+            return Err(Error::config(var, entry.trim(), "empty token between '|'"));
+        }
+        let tok = parse_token(var, raw)?;
+        if tokens.contains(&tok) {
+            return Err(Error::config(var, raw.trim(), format!("token repeated for op '{op}'")));
+        }
+        tokens.push(tok);
+    }
+    Ok((op.to_string(), tokens))
+}
+
+/// Parses `op=tok|tok;op2=tok` (a trailing `;` is allowed; an op may appear once).
+pub fn parse_per_op(var: &'static str, value: &str) -> Result<BTreeMap<String, Vec<Token>>> {
+    let mut map = BTreeMap::new();
+    let trimmed = value.trim();
+    let body = trimmed.strip_suffix(';').unwrap_or(trimmed);
+    for entry in body.split(';') {
+        if entry.trim().is_empty() {
+            return Err(Error::config(var, value.trim(), "empty entry between ';'"));
+        }
+        let (op, tokens) = parse_per_op_entry(var, entry)?;
+        if map.insert(op.clone(), tokens).is_some() {
+            return Err(Error::config(var, op, "op configured twice"));
+        }
+    }
+    Ok(map)
+}
+
+/// Log levels of `TEFL_LOG_LEVEL`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub enum LogLevel {
+    /// Everything.
+    Debug,
+    /// The default.
+    #[default]
+    Info,
+    /// Warnings and errors.
+    Warning,
+    /// Errors only.
+    Error,
+}
+
+impl LogLevel {
+    /// The name TE-FL prints.
+    pub fn name(self) -> &'static str {
+        match self {
+            LogLevel::Debug => "DEBUG",
+            LogLevel::Info => "INFO",
+            LogLevel::Warning => "WARNING",
+            LogLevel::Error => "ERROR",
+        }
+    }
+}
+
+/// Parses `DEBUG` / `INFO` / `WARNING` (or `WARN`) / `ERROR`.
+pub fn parse_log_level(var: &'static str, value: &str) -> Result<LogLevel> {
+    match value.trim().to_ascii_uppercase().as_str() {
+        "DEBUG" => Ok(LogLevel::Debug),
+        "INFO" => Ok(LogLevel::Info),
+        "WARNING" | "WARN" => Ok(LogLevel::Warning),
+        "ERROR" => Ok(LogLevel::Error),
+        _ => Err(Error::config(var, value.trim(), "expected DEBUG, INFO, WARNING or ERROR")),
+    }
+}
+
+/// Every tefl environment variable, parsed and checked at once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnvConfig {
+    /// The selection variables.
+    pub policy: SelectionPolicy,
+    /// `TE_FL_PLUGIN_MODULES`.
+    pub plugin_modules: Vec<String>,
+    /// `TE_FL_SKIP_CUDA`.
+    pub skip_cuda: bool,
+    /// `TEFL_LOG_LEVEL`, or DEBUG when `TE_FL_DEBUG=1` (the explicit level wins).
+    pub log_level: LogLevel,
+    /// `TEFL_AUTOTUNE` (default on).
+    pub autotune: bool,
+    /// `TEFL_CACHE_DIR` (default `$XDG_CACHE_HOME/tefl` or `~/.cache/tefl`).
+    pub cache_dir: Option<PathBuf>,
+}
+
+impl EnvConfig {
+    /// Reads the process environment.
+    pub fn from_env() -> Result<Self> {
+        Self::from_lookup(&env_lookup)
+    }
+
+    /// Reads variables through `get`.
+    pub fn from_lookup(get: Lookup<'_>) -> Result<Self> {
+        let policy = SelectionPolicy::from_lookup(get)?;
+        let plugin_modules = match get("TE_FL_PLUGIN_MODULES")? {
+            None => Vec::new(),
+            Some(v) => v
+                .split(',')
+                .map(|s| {
+                    let s = s.trim();
+                    if s.is_empty() {
+                        Err(Error::config("TE_FL_PLUGIN_MODULES", v.trim(), "empty item in comma list"))
+                    } else {
+                        Ok(s.to_string())
+                    }
+                })
+                .collect::<Result<_>>()?,
+        };
+        let skip_cuda =
+            get("TE_FL_SKIP_CUDA")?.map(|v| parse_flag("TE_FL_SKIP_CUDA", &v)).transpose()?.unwrap_or(false);
+        let debug = get("TE_FL_DEBUG")?.map(|v| parse_flag("TE_FL_DEBUG", &v)).transpose()?.unwrap_or(false);
+        let log_level = match get("TEFL_LOG_LEVEL")? {
+            Some(v) => parse_log_level("TEFL_LOG_LEVEL", &v)?,
+            None if debug => LogLevel::Debug,
+            None => LogLevel::Info,
+        };
+        let autotune = get("TEFL_AUTOTUNE")?.map(|v| parse_flag("TEFL_AUTOTUNE", &v)).transpose()?.unwrap_or(true);
+        let cache_dir = get("TEFL_CACHE_DIR")?.map(|v| PathBuf::from(v.trim()));
+        Ok(EnvConfig { policy, plugin_modules, skip_cuda, log_level, autotune, cache_dir })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn lookup(vars: &[(&'static str, &str)]) -> impl Fn(&'static str) -> Result<Option<String>> {
+        let m: HashMap<&'static str, String> = vars.iter().map(|(k, v)| (*k, v.to_string())).collect();
+        move |k| Ok(m.get(k).cloned().filter(|v| !v.trim().is_empty()))
+    }
+
+    fn policy(vars: &[(&'static str, &str)]) -> Result<SelectionPolicy> {
+        SelectionPolicy::from_lookup(&lookup(vars))
+    }
+
+    fn config_err(r: Result<SelectionPolicy>) -> (&'static str, String) {
+        match r {
+            Err(Error::Config { variable, token, .. }) => (variable, token),
+            other => panic!("expected a config error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn defaults() {
+        let p = policy(&[]).unwrap();
+        assert_eq!(p, SelectionPolicy::default());
+        assert_eq!(p.prefer, Prefer::Flagos);
+        assert!(!p.strict);
+        assert_eq!(p.fallback_backend, "reference");
+    }
+
+    #[test]
+    fn prefer_and_legacy() {
+        assert_eq!(policy(&[("TE_FL_PREFER", "vendor")]).unwrap().prefer, Prefer::Vendor);
+        assert_eq!(policy(&[("TE_FL_PREFER", " Reference ")]).unwrap().prefer, Prefer::Reference);
+        assert_eq!(policy(&[("TE_FL_PREFER", "default")]).unwrap().prefer, Prefer::Flagos);
+        assert_eq!(policy(&[("TE_FL_PREFER_VENDOR", "1")]).unwrap().prefer, Prefer::Vendor);
+        assert_eq!(policy(&[("TE_FL_PREFER_VENDOR", "0")]).unwrap().prefer, Prefer::Flagos);
+        // TE_FL_PREFER wins over the legacy variable.
+        let p = policy(&[("TE_FL_PREFER_VENDOR", "1"), ("TE_FL_PREFER", "reference")]).unwrap();
+        assert_eq!(p.prefer, Prefer::Reference);
+        assert_eq!(config_err(policy(&[("TE_FL_PREFER", "bogus")])), ("TE_FL_PREFER", "bogus".into()));
+        assert_eq!(config_err(policy(&[("TE_FL_PREFER_VENDOR", "yes")])), ("TE_FL_PREFER_VENDOR", "yes".into()));
+    }
+
+    #[test]
+    fn strict_is_not_inverted() {
+        assert!(policy(&[("TE_FL_STRICT", "1")]).unwrap().strict);
+        assert!(!policy(&[("TE_FL_STRICT", "0")]).unwrap().strict);
+        assert_eq!(config_err(policy(&[("TE_FL_STRICT", "true")])).0, "TE_FL_STRICT");
+    }
+
+    #[test]
+    fn vendor_lists() {
+        let p = policy(&[("TE_FL_ALLOW_VENDORS", "NVIDIA, acme"), ("TE_FL_DENY_VENDORS", "Foo")]).unwrap();
+        assert_eq!(p.allow_vendors, Some(vec!["nvidia".into(), "acme".into()]));
+        assert!(p.allows("Nvidia") && !p.allows("amd"));
+        assert!(p.denies("FOO"));
+        assert_eq!(config_err(policy(&[("TE_FL_ALLOW_VENDORS", "a,,b")])).0, "TE_FL_ALLOW_VENDORS");
+        assert_eq!(config_err(policy(&[("TE_FL_DENY_VENDORS", "a b")])), ("TE_FL_DENY_VENDORS", "a b".into()));
+    }
+
+    #[test]
+    fn per_op_syntax() {
+        let p =
+            policy(&[("TE_FL_PER_OP", "rmsnorm_fwd=vendor:Acme|flagos;rmsnorm_bwd=impl:vendor.x|reference;")]).unwrap();
+        assert_eq!(p.per_op["rmsnorm_fwd"], vec![Token::VendorNamed("acme".into()), Token::Flagos]);
+        assert_eq!(p.per_op["rmsnorm_bwd"], vec![Token::Impl("vendor.x".into()), Token::Reference]);
+        let cases: &[(&str, &str)] = &[
+            ("rmsnorm_fwd=vendr:x", "vendr:x"),
+            ("rmsnorm_fwd", "rmsnorm_fwd"),
+            ("no_such_op=vendor", "no_such_op"),
+            ("rmsnorm_fwd=", "rmsnorm_fwd="),
+            ("rmsnorm_fwd=vendor||reference", "rmsnorm_fwd=vendor||reference"),
+            ("rmsnorm_fwd=vendor:", "vendor:"),
+            ("rmsnorm_fwd=impl:", "impl:"),
+            ("rmsnorm_fwd=reference:x", "reference:x"),
+            ("rmsnorm_fwd=vendor|vendor", "vendor"),
+            ("rmsnorm_fwd=vendor;rmsnorm_fwd=reference", "rmsnorm_fwd"),
+            ("=vendor", "=vendor"),
+            (";;", ";;"),
+        ];
+        for (value, bad) in cases {
+            let (var, token) = config_err(policy(&[("TE_FL_PER_OP", value)]));
+            assert_eq!(var, "TE_FL_PER_OP");
+            assert_eq!(&token, bad, "for {value:?}");
+        }
+    }
+
+    #[test]
+    fn tex_backend_variables() {
+        assert_eq!(policy(&[("TE_BACKEND", "torch")]).unwrap().backend.as_deref(), Some("reference"));
+        assert_eq!(policy(&[("TE_PLUGIN", "NVIDIA")]).unwrap().backend.as_deref(), Some("nvidia"));
+        assert_eq!(policy(&[("TE_BACKEND", "amd"), ("TE_PLUGIN", "amd")]).unwrap().backend.as_deref(), Some("amd"));
+        assert_eq!(
+            config_err(policy(&[("TE_BACKEND", "amd"), ("TE_PLUGIN", "nvidia")])),
+            ("TE_PLUGIN", "nvidia".into())
+        );
+        assert_eq!(policy(&[("TE_FALLBACK_BACKEND", "torch")]).unwrap().fallback_backend, "reference");
+        assert_eq!(config_err(policy(&[("TE_BACKEND", "nv idia")])).0, "TE_BACKEND");
+    }
+
+    #[test]
+    fn env_config_other_variables() {
+        let c = EnvConfig::from_lookup(&lookup(&[("TE_FL_DEBUG", "1"), ("TEFL_AUTOTUNE", "0")])).unwrap();
+        assert_eq!(c.log_level, LogLevel::Debug);
+        assert!(!c.autotune);
+        let c = EnvConfig::from_lookup(&lookup(&[("TE_FL_DEBUG", "1"), ("TEFL_LOG_LEVEL", "error")])).unwrap();
+        assert_eq!(c.log_level, LogLevel::Error);
+        let c = EnvConfig::from_lookup(&lookup(&[("TE_FL_PLUGIN_MODULES", "libx.so, y")])).unwrap();
+        assert_eq!(c.plugin_modules, vec!["libx.so".to_string(), "y".into()]);
+        for (var, val) in [
+            ("TEFL_LOG_LEVEL", "LOUD"),
+            ("TE_FL_SKIP_CUDA", "2"),
+            ("TE_FL_PLUGIN_MODULES", "a,,b"),
+            ("TEFL_AUTOTUNE", "off"),
+        ] {
+            match EnvConfig::from_lookup(&lookup(&[(var, val)])) {
+                Err(Error::Config { variable, .. }) => assert_eq!(variable, var),
+                other => panic!("{var}={val}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn override_applies_fields() {
+        let mut p = SelectionPolicy::default();
+        PolicyOverride::new()
+            .prefer(Prefer::Reference)
+            .strict(true)
+            .deny_vendors(&["X"])
+            .per_op("rmsnorm_fwd", "reference")
+            .unwrap()
+            .apply(&mut p);
+        assert_eq!(p.prefer, Prefer::Reference);
+        assert!(p.strict);
+        assert_eq!(p.deny_vendors, vec!["x".to_string()]);
+        assert_eq!(p.per_op["rmsnorm_fwd"], vec![Token::Reference]);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+        #[test]
+        fn no_input_panics(s in "\\PC{0,40}", t in "[a-z_:|;=,. -]{0,40}") {
+            for var in ["TE_FL_PREFER", "TE_FL_PREFER_VENDOR", "TE_FL_STRICT", "TE_FL_ALLOW_VENDORS",
+                        "TE_FL_DENY_VENDORS", "TE_FL_PER_OP", "TE_BACKEND", "TE_PLUGIN",
+                        "TE_FALLBACK_BACKEND", "TE_FL_PLUGIN_MODULES", "TE_FL_SKIP_CUDA",
+                        "TEFL_LOG_LEVEL", "TE_FL_DEBUG", "TEFL_AUTOTUNE", "TEFL_CACHE_DIR"] {
+                for v in [&s, &t] {
+                    let vv = v.clone();
+                    let get = move |k: &'static str| Ok(if k == var { Some(vv.clone()) } else { None });
+                    let _ = EnvConfig::from_lookup(&get);
+                }
+            }
+            let _ = parse_per_op("TE_FL_PER_OP", &format!("rmsnorm_fwd={t}"));
+            let _ = parse_token("TE_FL_PER_OP", &s);
+        }
+    }
+}

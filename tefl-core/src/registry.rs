@@ -1,0 +1,527 @@
+//! Op implementations, vendor descriptions and the registry that holds them.
+
+use std::any::{Any, TypeId};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use crate::op::Op;
+use crate::{DType, Device, DeviceKind, Error, Result};
+
+/// The three kinds of implementation, as in TE-FL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum BackendImplKind {
+    /// Portable kernels (token `flagos`, alias `default`): the Vulkan backend.
+    Default,
+    /// A vendor's kernels (nvidia, amd, out-of-tree vendors).
+    Vendor,
+    /// The CPU reference implementation.
+    Reference,
+}
+
+impl BackendImplKind {
+    /// The policy token: `flagos`, `vendor` or `reference`.
+    pub const fn token(self) -> &'static str {
+        match self {
+            BackendImplKind::Default => "flagos",
+            BackendImplKind::Vendor => "vendor",
+            BackendImplKind::Reference => "reference",
+        }
+    }
+}
+
+impl fmt::Display for BackendImplKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.token())
+    }
+}
+
+/// What a kernel gets besides its arguments.
+#[derive(Debug, Clone, Copy)]
+pub struct KernelCtx<'a> {
+    /// The device the kernel runs on (the CPU for a staged reference call).
+    pub device: Device,
+    /// The op.
+    pub op: &'static str,
+    /// The impl being called.
+    pub impl_id: &'a str,
+}
+
+/// The typed kernel function of an impl of op `O`.
+pub type KernelFn<O> = Arc<dyn Fn(&KernelCtx<'_>, &<O as Op>::Args) -> Result<<O as Op>::Output> + Send + Sync>;
+
+/// An availability check: `Ok(())` or the reason the impl cannot run here.
+pub type AvailabilityFn = Arc<dyn Fn() -> std::result::Result<(), String> + Send + Sync>;
+
+/// Per-(op, impl) counters, readable at any time.
+#[derive(Debug, Default)]
+pub struct ImplCounters {
+    /// Successful calls served.
+    pub calls: AtomicU64,
+    /// Calls that returned an error or panicked.
+    pub failures: AtomicU64,
+    /// Successful calls served as a fallback after another impl failed.
+    pub fallbacks: AtomicU64,
+    /// Times the impl was passed over because it failed recently.
+    pub skipped: AtomicU64,
+}
+
+/// One implementation of one op.
+///
+/// ```
+/// use tefl_core::{BackendImplKind, OpImpl, catalogue::RmsNormFwd};
+/// let imp = OpImpl::new::<RmsNormFwd>("vendor.mybackend", BackendImplKind::Vendor, |_ctx, a| {
+///     Err(tefl_core::Error::invalid("rmsnorm_fwd", "x", format!("demo only: {:?}", a.x)))
+/// })
+/// .vendor("mybackend")
+/// .priority(200);
+/// assert_eq!(imp.impl_id(), "vendor.mybackend");
+/// ```
+pub struct OpImpl {
+    op: &'static str,
+    op_type: TypeId,
+    impl_id: String,
+    kind: BackendImplKind,
+    vendor: Option<String>,
+    priority: i32,
+    device: DeviceKind,
+    dtypes: Vec<DType>,
+    available: Option<AvailabilityFn>,
+    kernel: Box<dyn Any + Send + Sync>,
+    pub(crate) counters: ImplCounters,
+}
+
+impl OpImpl {
+    /// An impl of op `O` running on the CPU with priority 0 and no vendor; refine it with the
+    /// builder methods.
+    pub fn new<O: Op>(
+        impl_id: impl Into<String>,
+        kind: BackendImplKind,
+        kernel: impl Fn(&KernelCtx<'_>, &O::Args) -> Result<O::Output> + Send + Sync + 'static,
+    ) -> Self {
+        let kernel: KernelFn<O> = Arc::new(kernel);
+        OpImpl {
+            op: O::NAME,
+            op_type: TypeId::of::<O>(),
+            impl_id: impl_id.into(),
+            kind,
+            vendor: None,
+            priority: 0,
+            device: DeviceKind::CPU,
+            dtypes: Vec::new(),
+            available: None,
+            kernel: Box::new(kernel),
+            counters: ImplCounters::default(),
+        }
+    }
+
+    /// Sets the vendor name (compared case-insensitively by allow/deny lists).
+    pub fn vendor(mut self, vendor: impl Into<String>) -> Self {
+        self.vendor = Some(vendor.into());
+        self
+    }
+    /// Sets the priority (higher first within one policy token).
+    pub fn priority(mut self, priority: i32) -> Self {
+        self.priority = priority;
+        self
+    }
+    /// Sets the device kind the kernel runs on.
+    pub fn device(mut self, device: DeviceKind) -> Self {
+        self.device = device;
+        self
+    }
+    /// Limits the primary dtypes the impl accepts (empty: any).
+    pub fn dtypes(mut self, dtypes: &[DType]) -> Self {
+        self.dtypes = dtypes.to_vec();
+        self
+    }
+    /// Adds an availability check, run when a chain is resolved (not per call).
+    pub fn available(mut self, check: impl Fn() -> std::result::Result<(), String> + Send + Sync + 'static) -> Self {
+        self.available = Some(Arc::new(check));
+        self
+    }
+
+    /// The op's name.
+    pub fn op(&self) -> &'static str {
+        self.op
+    }
+    /// The impl id (`vendor.nvidia`).
+    pub fn impl_id(&self) -> &str {
+        &self.impl_id
+    }
+    /// The kind.
+    pub fn kind(&self) -> BackendImplKind {
+        self.kind
+    }
+    /// The vendor name, if any.
+    pub fn vendor_name(&self) -> Option<&str> {
+        self.vendor.as_deref()
+    }
+    /// The backend this impl belongs to for `TE_BACKEND`: its vendor, else its kind token.
+    pub fn backend_name(&self) -> &str {
+        self.vendor.as_deref().unwrap_or(self.kind.token())
+    }
+    /// The priority.
+    pub fn get_priority(&self) -> i32 {
+        self.priority
+    }
+    /// The device kind.
+    pub fn device_kind(&self) -> DeviceKind {
+        self.device
+    }
+    /// Accepted primary dtypes (empty: any).
+    pub fn supported_dtypes(&self) -> &[DType] {
+        &self.dtypes
+    }
+    /// Whether the impl accepts calls whose primary dtype is `dtype`.
+    pub fn supports(&self, dtype: DType) -> bool {
+        self.dtypes.is_empty() || self.dtypes.contains(&dtype)
+    }
+    /// Runs the impl's own availability check.
+    pub fn check_available(&self) -> std::result::Result<(), String> {
+        self.available.as_ref().map_or(Ok(()), |f| f())
+    }
+    /// Whether this impl was registered for op type `O`.
+    pub fn is_for<O: Op>(&self) -> bool {
+        self.op_type == TypeId::of::<O>()
+    }
+    /// The typed kernel, or an error when `O` is not the op the impl was registered for.
+    pub fn kernel<O: Op>(&self) -> Result<&KernelFn<O>> {
+        self.kernel.downcast_ref::<KernelFn<O>>().ok_or_else(|| Error::KernelTypeMismatch {
+            impl_id: self.impl_id.clone(),
+            registered: self.op,
+            called: O::NAME,
+        })
+    }
+    /// Its counters.
+    pub fn counters(&self) -> &ImplCounters {
+        &self.counters
+    }
+    /// `(kind=<kind>, vendor=<vendor>)` as TE-FL's log lines print it.
+    pub fn describe(&self) -> String {
+        format!("(kind={}, vendor={})", self.kind, self.vendor.as_deref().unwrap_or("None"))
+    }
+}
+
+impl fmt::Debug for OpImpl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OpImpl")
+            .field("op", &self.op)
+            .field("impl_id", &self.impl_id)
+            .field("kind", &self.kind)
+            .field("vendor", &self.vendor)
+            .field("priority", &self.priority)
+            .field("device", &self.device)
+            .field("dtypes", &self.dtypes)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A vendor's description, after FlagGems' `VendorInfoBase`.
+#[derive(Clone)]
+pub struct VendorInfo {
+    /// The vendor name (`nvidia`): what impls' `vendor` and allow/deny lists use.
+    pub vendor_name: String,
+    /// The device name (`cuda`).
+    pub device_name: String,
+    /// A command that only succeeds on this vendor's hardware (`nvidia-smi`). Metadata and a
+    /// diagnostic probe: never run on the dispatch path.
+    pub device_query_cmd: String,
+    /// Dispatch key; defaults to the device name upper-cased.
+    pub dispatch_key: Option<String>,
+    /// Architecture prefixes to family names, first match wins (`sm_9` → `hopper`).
+    pub arch_map: Vec<(String, String)>,
+    /// Ops this vendor does not want used: its impls of them are removed at registration.
+    pub unused_ops: Vec<String>,
+    /// Whether the vendor's driver is usable here (`Err` says why not).
+    pub availability: AvailabilityFn,
+}
+
+impl VendorInfo {
+    /// A vendor with no arch map, no unused ops and an always-available check.
+    pub fn new(vendor_name: &str, device_name: &str, device_query_cmd: &str) -> Self {
+        VendorInfo {
+            vendor_name: vendor_name.into(),
+            device_name: device_name.into(),
+            device_query_cmd: device_query_cmd.into(),
+            dispatch_key: None,
+            arch_map: Vec::new(),
+            unused_ops: Vec::new(),
+            availability: Arc::new(|| Ok(())),
+        }
+    }
+    /// Sets the arch map.
+    pub fn arch_map(mut self, map: &[(&str, &str)]) -> Self {
+        self.arch_map = map.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
+        self
+    }
+    /// Sets the unused ops.
+    pub fn unused_ops(mut self, ops: &[&str]) -> Self {
+        self.unused_ops = ops.iter().map(|s| s.to_string()).collect();
+        self
+    }
+    /// Sets the availability check.
+    pub fn availability(mut self, f: impl Fn() -> std::result::Result<(), String> + Send + Sync + 'static) -> Self {
+        self.availability = Arc::new(f);
+        self
+    }
+    /// The dispatch key: the explicit one, else the device name upper-cased.
+    pub fn dispatch_key(&self) -> String {
+        self.dispatch_key.clone().unwrap_or_else(|| self.device_name.to_ascii_uppercase())
+    }
+    /// The family of an arch string (`sm_90` → `hopper`), from the arch map.
+    pub fn arch_family(&self, arch: &str) -> Option<&str> {
+        self.arch_map.iter().find(|(p, _)| arch.starts_with(p.as_str())).map(|(_, f)| f.as_str())
+    }
+    /// Runs the availability check.
+    pub fn check_available(&self) -> std::result::Result<(), String> {
+        (self.availability)()
+    }
+}
+
+impl fmt::Debug for VendorInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("VendorInfo")
+            .field("vendor_name", &self.vendor_name)
+            .field("device_name", &self.device_name)
+            .field("device_query_cmd", &self.device_query_cmd)
+            .field("dispatch_key", &self.dispatch_key())
+            .field("arch_map", &self.arch_map)
+            .field("unused_ops", &self.unused_ops)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A link-time impl registration; submitted by [`crate::register_impl!`].
+pub struct ImplRegistration {
+    /// Builds the impl.
+    pub make: fn() -> OpImpl,
+}
+inventory::collect!(ImplRegistration);
+
+/// A link-time vendor registration; submitted by [`crate::register_vendor!`].
+pub struct VendorRegistration {
+    /// Builds the vendor info.
+    pub make: fn() -> VendorInfo,
+}
+inventory::collect!(VendorRegistration);
+
+/// Every impl and vendor known to one manager.
+///
+/// ```
+/// use tefl_core::{BackendImplKind, OpImpl, Registry, catalogue::RmsNormFwd, Error};
+/// let mut reg = Registry::new();
+/// let mk = || OpImpl::new::<RmsNormFwd>("vendor.x", BackendImplKind::Vendor, |_, _| {
+///     Err(Error::invalid("rmsnorm_fwd", "x", "not for real"))
+/// });
+/// reg.register_impl(mk()).unwrap();
+/// assert!(matches!(reg.register_impl(mk()), Err(Error::DuplicateImpl { .. })));
+/// ```
+#[derive(Default)]
+pub struct Registry {
+    impls: BTreeMap<&'static str, Vec<Arc<OpImpl>>>,
+    vendors: BTreeMap<String, VendorInfo>,
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Registry::default()
+    }
+
+    /// A registry of everything linked in (vendors first, then impls). A duplicate is
+    /// logged as an ERROR and skipped; use [`Registry::try_with_builtins`] to get the error.
+    pub fn with_builtins() -> Self {
+        let mut reg = Registry::new();
+        for v in inventory::iter::<VendorRegistration> {
+            reg.register_vendor((v.make)());
+        }
+        for r in inventory::iter::<ImplRegistration> {
+            if let Err(e) = reg.register_impl((r.make)()) {
+                tracing::error!(target: "TE-FL", "{e}");
+            }
+        }
+        reg
+    }
+
+    /// Like [`Registry::with_builtins`], but a duplicate registration is an error.
+    pub fn try_with_builtins() -> Result<Self> {
+        let mut reg = Registry::new();
+        for v in inventory::iter::<VendorRegistration> {
+            reg.register_vendor((v.make)());
+        }
+        for r in inventory::iter::<ImplRegistration> {
+            reg.register_impl((r.make)())?;
+        }
+        Ok(reg)
+    }
+
+    /// Adds a vendor. Its `unused_ops` remove that vendor's impls of those ops, now and later.
+    pub fn register_vendor(&mut self, info: VendorInfo) {
+        let key = info.vendor_name.to_ascii_lowercase();
+        for op in &info.unused_ops {
+            if let Some(list) = self.impls.get_mut(op.as_str()) {
+                list.retain(|i| !i.vendor_name().is_some_and(|v| v.eq_ignore_ascii_case(&key)));
+            }
+        }
+        self.vendors.insert(key, info);
+    }
+
+    /// Adds an impl. A second impl with the same (op, impl_id) is an error. An impl of an op
+    /// its vendor lists in `unused_ops` is dropped (logged at INFO), not an error.
+    pub fn register_impl(&mut self, imp: OpImpl) -> Result<()> {
+        let list = self.impls.entry(imp.op).or_default();
+        if list.iter().any(|i| i.impl_id == imp.impl_id) {
+            return Err(Error::DuplicateImpl { op: imp.op, impl_id: imp.impl_id });
+        }
+        if let Some(v) = imp.vendor_name().and_then(|v| self.vendors.get(&v.to_ascii_lowercase()))
+            && v.unused_ops.iter().any(|o| o == imp.op)
+        {
+            tracing::info!(target: "TE-FL", "Impl '{}' for op '{}' dropped: listed in unused_ops of vendor '{}'", imp.impl_id, imp.op, v.vendor_name);
+            return Ok(());
+        }
+        list.push(Arc::new(imp));
+        Ok(())
+    }
+
+    /// The impls of `op`, in registration order.
+    pub fn impls_of(&self, op: &str) -> &[Arc<OpImpl>] {
+        self.impls.get(op).map_or(&[], |v| v.as_slice())
+    }
+
+    /// Every impl, grouped by op name.
+    pub fn all_impls(&self) -> impl Iterator<Item = &Arc<OpImpl>> {
+        self.impls.values().flatten()
+    }
+
+    /// Every (op, impl_id) pair, sorted.
+    pub fn op_impl_pairs(&self) -> Vec<(String, String)> {
+        let mut v: Vec<_> = self.all_impls().map(|i| (i.op.to_string(), i.impl_id.clone())).collect();
+        v.sort();
+        v
+    }
+
+    /// The distinct impl ids, sorted (what `Registered impl_ids: [...]` prints).
+    pub fn impl_ids(&self) -> Vec<String> {
+        let mut v: Vec<_> = self.all_impls().map(|i| i.impl_id.clone()).collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+
+    /// A vendor by name (case-insensitive).
+    pub fn vendor(&self, name: &str) -> Option<&VendorInfo> {
+        self.vendors.get(&name.to_ascii_lowercase())
+    }
+
+    /// Every vendor, sorted by name.
+    pub fn vendors(&self) -> impl Iterator<Item = &VendorInfo> {
+        self.vendors.values()
+    }
+}
+
+/// Registers an impl at link time, next to its kernel.
+///
+/// ```ignore
+/// tefl_core::register_impl! {
+///     op: RmsNormFwd, impl_id: "vendor.nvidia", kind: Vendor, vendor: "nvidia", priority: 100,
+///     device: DeviceKind::CUDA, dtypes: [F32, F16, BF16], kernel: ops::norm::rmsnorm_fwd,
+/// }
+/// ```
+/// `kind` defaults to `Vendor`; `vendor` may be omitted (reference and portable impls);
+/// an optional trailing `available: <fn() -> Result<(), String>>` adds an availability check.
+#[macro_export]
+macro_rules! register_impl {
+    (
+        op: $op:ty, impl_id: $id:expr, $(kind: $kind:ident,)? $(vendor: $vendor:expr,)?
+        priority: $prio:expr, device: $dev:expr, dtypes: [$($dt:ident),* $(,)?], kernel: $k:expr
+        $(, available: $av:expr)? $(,)?
+    ) => {
+        const _: () = {
+            fn __tefl_make_impl() -> $crate::OpImpl {
+                let imp = $crate::OpImpl::new::<$op>($id, $crate::__impl_kind!($($kind)?), $k)
+                    .priority($prio)
+                    .device($dev)
+                    .dtypes(&[$($crate::DType::$dt),*]);
+                $(let imp = imp.vendor($vendor);)?
+                $(let imp = imp.available($av);)?
+                imp
+            }
+            $crate::__private::inventory::submit! {
+                $crate::registry::ImplRegistration { make: __tefl_make_impl }
+            }
+        };
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __impl_kind {
+    () => {
+        $crate::BackendImplKind::Vendor
+    };
+    ($k:ident) => {
+        $crate::BackendImplKind::$k
+    };
+}
+
+/// Registers a vendor at link time: `register_vendor!(fn_returning_vendor_info);`.
+#[macro_export]
+macro_rules! register_vendor {
+    ($make:path) => {
+        $crate::__private::inventory::submit! {
+            $crate::registry::VendorRegistration { make: $make }
+        }
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalogue::{RmsNormBwd, RmsNormFwd};
+
+    fn failing(id: &str) -> OpImpl {
+        OpImpl::new::<RmsNormFwd>(id, BackendImplKind::Vendor, |_, _| Err(Error::invalid("rmsnorm_fwd", "x", "test")))
+    }
+
+    #[test]
+    fn duplicates_are_errors_per_op() {
+        let mut r = Registry::new();
+        r.register_impl(failing("vendor.a")).unwrap();
+        assert!(matches!(r.register_impl(failing("vendor.a")), Err(Error::DuplicateImpl { .. })));
+        // Same impl id, other op: fine.
+        r.register_impl(OpImpl::new::<RmsNormBwd>("vendor.a", BackendImplKind::Vendor, |_, _| {
+            Err(Error::invalid("rmsnorm_bwd", "x", "test"))
+        }))
+        .unwrap();
+        assert_eq!(r.impl_ids(), vec!["vendor.a".to_string()]);
+        assert_eq!(r.op_impl_pairs().len(), 2);
+    }
+
+    #[test]
+    fn unused_ops_remove_vendor_impls() {
+        let mut r = Registry::new();
+        r.register_impl(failing("vendor.a").vendor("Acme")).unwrap();
+        r.register_impl(failing("vendor.b").vendor("other")).unwrap();
+        r.register_vendor(VendorInfo::new("acme", "npu", "npu-smi").unused_ops(&["rmsnorm_fwd"]));
+        assert_eq!(r.impl_ids(), vec!["vendor.b".to_string()]);
+        r.register_impl(failing("vendor.c").vendor("ACME")).unwrap();
+        assert_eq!(r.impl_ids(), vec!["vendor.b".to_string()]);
+    }
+
+    #[test]
+    fn kernel_downcast_is_type_checked() {
+        let imp = failing("vendor.a");
+        assert!(imp.kernel::<RmsNormFwd>().is_ok());
+        assert!(matches!(imp.kernel::<RmsNormBwd>(), Err(Error::KernelTypeMismatch { .. })));
+    }
+
+    #[test]
+    fn vendor_info_defaults() {
+        let v = VendorInfo::new("nvidia", "cuda", "nvidia-smi").arch_map(&[("sm_9", "hopper"), ("sm_8", "ampere")]);
+        assert_eq!(v.dispatch_key(), "CUDA");
+        assert_eq!(v.arch_family("sm_90a"), Some("hopper"));
+        assert_eq!(v.arch_family("sm_75"), None);
+    }
+}

@@ -1,0 +1,285 @@
+//! Contiguous, row-major tensors on any registered device.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::device::{self, Buffer, HostRead, HostWrite};
+use crate::dtype::{Element, bf16, f16};
+use crate::fp8::Fp8Format;
+use crate::{DType, Device, Error, Result};
+
+/// A dense, contiguous, row-major tensor. Cloning shares the storage.
+///
+/// ```
+/// use tefl_core::{DType, Device, Tensor};
+/// let t = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], [2, 2], DType::BF16)?;
+/// assert_eq!(t.shape(), &[2, 2]);
+/// assert_eq!(t.to_device(&Device::CPU)?.to_vec::<f32>()?, vec![1.0, 2.0, 3.0, 4.0]);
+/// # Ok::<(), tefl_core::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct Tensor {
+    dtype: DType,
+    shape: Arc<[usize]>,
+    storage: Arc<dyn Buffer>,
+}
+
+fn checked_numel(shape: &[usize]) -> Result<usize> {
+    shape
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| Error::Tensor(format!("shape {shape:?} overflows usize")))
+}
+
+impl Tensor {
+    /// Builds a CPU tensor of `dtype` from `data`, converting element by element when
+    /// the element type differs (float to any float or FP8 dtype, rounding to nearest even).
+    pub fn from_slice<T: Element>(data: &[T], shape: impl AsRef<[usize]>, dtype: DType) -> Result<Tensor> {
+        let shape = shape.as_ref();
+        let numel = checked_numel(shape)?;
+        if numel != data.len() {
+            return Err(Error::Tensor(format!("{} elements given for shape {shape:?} ({numel} elements)", data.len())));
+        }
+        let bytes = encode_elements(data, dtype)?;
+        Ok(Tensor { dtype, shape: shape.into(), storage: device::host_buffer(&bytes) })
+    }
+
+    /// A tensor of zeros (all-zero bytes) on `device`.
+    pub fn zeros(shape: impl AsRef<[usize]>, dtype: DType, device: &Device) -> Result<Tensor> {
+        let shape = shape.as_ref();
+        let bytes = checked_numel(shape)?
+            .checked_mul(dtype.size_in_bytes())
+            .ok_or_else(|| Error::Tensor(format!("shape {shape:?} overflows usize")))?;
+        let rt = device::runtime(device.kind)?;
+        let storage = rt.alloc(*device, bytes)?;
+        if !device.is_cpu() {
+            rt.copy_from_host(&*storage, &vec![0u8; bytes])?;
+        }
+        Ok(Tensor { dtype, shape: shape.into(), storage })
+    }
+
+    /// Wraps a backend buffer as a tensor. The buffer must hold exactly `numel · size` bytes.
+    pub fn from_buffer(storage: Arc<dyn Buffer>, shape: impl AsRef<[usize]>, dtype: DType) -> Result<Tensor> {
+        let shape = shape.as_ref();
+        let want = checked_numel(shape)? * dtype.size_in_bytes();
+        if storage.len_bytes() != want {
+            return Err(Error::Tensor(format!(
+                "buffer of {} bytes for shape {shape:?} of {dtype} ({want} bytes)",
+                storage.len_bytes()
+            )));
+        }
+        Ok(Tensor { dtype, shape: shape.into(), storage })
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+    /// The shape (row-major).
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    /// Number of dimensions.
+    pub fn rank(&self) -> usize {
+        self.shape.len()
+    }
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+    /// Size of the data in bytes.
+    pub fn size_in_bytes(&self) -> usize {
+        self.storage.len_bytes()
+    }
+    /// The device holding the data.
+    pub fn device(&self) -> Device {
+        self.storage.device()
+    }
+    /// The storage (for backends).
+    pub fn buffer(&self) -> &Arc<dyn Buffer> {
+        &self.storage
+    }
+    /// The last dimension (1 for a scalar).
+    pub fn last_dim(&self) -> usize {
+        self.shape.last().copied().unwrap_or(1)
+    }
+    /// Rows when the last dimension is the row width: numel / last_dim.
+    pub fn rows(&self) -> usize {
+        let n = self.last_dim();
+        if n == 0 { 0 } else { self.numel() / n }
+    }
+    /// True when both tensors share storage.
+    pub fn shares_storage(&self, other: &Tensor) -> bool {
+        std::ptr::addr_eq(Arc::as_ptr(&self.storage), Arc::as_ptr(&other.storage))
+    }
+
+    /// The same data with another shape of equal element count (shares storage).
+    pub fn reshape(&self, shape: impl AsRef<[usize]>) -> Result<Tensor> {
+        let shape = shape.as_ref();
+        if checked_numel(shape)? != self.numel() {
+            return Err(Error::Tensor(format!("cannot reshape {:?} to {shape:?}", self.shape())));
+        }
+        Ok(Tensor { dtype: self.dtype, shape: shape.into(), storage: self.storage.clone() })
+    }
+
+    /// The raw bytes, copied to the host.
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        if let Some(h) = device::as_host(&*self.storage) {
+            return Ok(h.read().to_vec());
+        }
+        let rt = device::runtime(self.device().kind)?;
+        let mut out = vec![0u8; self.size_in_bytes()];
+        rt.copy_to_host(&*self.storage, &mut out)?;
+        Ok(out)
+    }
+
+    /// Copies the elements to a host `Vec<T>`, converting from the tensor's dtype
+    /// (any float or FP8 dtype to any float `T`; integers only to their own type).
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        decode_elements(&self.to_bytes()?, self.dtype)
+    }
+
+    /// A copy on `device` (a clone sharing storage when it is already there).
+    pub fn to_device(&self, device: &Device) -> Result<Tensor> {
+        if self.device() == *device {
+            return Ok(self.clone());
+        }
+        let bytes = self.to_bytes()?;
+        let rt = device::runtime(device.kind)?;
+        let storage = rt.alloc(*device, bytes.len())?;
+        rt.copy_from_host(&*storage, &bytes)?;
+        Ok(Tensor { dtype: self.dtype, shape: self.shape.clone(), storage })
+    }
+
+    /// Overwrites this tensor's data with `src`'s (same dtype and element count; any devices).
+    /// Used for in-place outputs staged through the host.
+    pub fn copy_from(&self, src: &Tensor) -> Result<()> {
+        if src.dtype != self.dtype || src.numel() != self.numel() {
+            return Err(Error::Tensor(format!(
+                "copy_from: {} {:?} into {} {:?}",
+                src.dtype,
+                src.shape(),
+                self.dtype,
+                self.shape()
+            )));
+        }
+        if self.shares_storage(src) {
+            return Ok(());
+        }
+        let bytes = src.to_bytes()?;
+        device::runtime(self.device().kind)?.copy_from_host(&*self.storage, &bytes)
+    }
+
+    /// Shared host access to the bytes of a CPU tensor.
+    pub fn host_bytes(&self) -> Result<HostRead<'_>> {
+        device::as_host(&*self.storage)
+            .map(|h| h.read())
+            .ok_or_else(|| Error::Tensor(format!("tensor is on {}, not on the host", self.device())))
+    }
+
+    /// Exclusive host access to the bytes of a CPU tensor; an error when the storage is
+    /// already borrowed (the same tensor passed twice, once as an output).
+    pub fn host_bytes_mut(&self) -> Result<HostWrite<'_>> {
+        let h = device::as_host(&*self.storage)
+            .ok_or_else(|| Error::Tensor(format!("tensor is on {}, not on the host", self.device())))?;
+        h.try_write().ok_or_else(|| Error::Tensor("tensor storage is already borrowed (aliased arguments?)".into()))
+    }
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Tensor({}, {:?}, {})", self.dtype, self.shape(), self.device())
+    }
+}
+
+fn encode_elements<T: Element>(data: &[T], dtype: DType) -> Result<Vec<u8>> {
+    if T::DTYPE == dtype || (T::DTYPE == DType::U8 && matches!(dtype, DType::Bool | DType::F8E4M3 | DType::F8E5M2)) {
+        return Ok(bytemuck::cast_slice(data).to_vec());
+    }
+    let floats: Vec<f32> =
+        to_f32_vec(data).ok_or_else(|| Error::Tensor(format!("cannot convert {} elements to {dtype}", T::DTYPE)))?;
+    Ok(match dtype {
+        DType::F32 => bytemuck::cast_slice(&floats).to_vec(),
+        DType::F64 => bytemuck::cast_slice(&floats.iter().map(|&x| f64::from(x)).collect::<Vec<_>>()).to_vec(),
+        DType::F16 => bytemuck::cast_slice(&floats.iter().map(|&x| f16::from_f32(x)).collect::<Vec<_>>()).to_vec(),
+        DType::BF16 => bytemuck::cast_slice(&floats.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>()).to_vec(),
+        DType::F8E4M3 | DType::F8E5M2 => {
+            let f = Fp8Format::of(dtype).expect("fp8 dtype");
+            floats.iter().map(|&x| f.encode(x)).collect()
+        }
+        _ => return Err(Error::Tensor(format!("cannot convert {} elements to {dtype}", T::DTYPE))),
+    })
+}
+
+fn to_f32_vec<T: Element>(data: &[T]) -> Option<Vec<f32>> {
+    let bytes: &[u8] = bytemuck::cast_slice(data);
+    bytes_to_f32(bytes, T::DTYPE)
+}
+
+fn bytes_to_f32(bytes: &[u8], dtype: DType) -> Option<Vec<f32>> {
+    Some(match dtype {
+        DType::F32 => bytemuck::pod_collect_to_vec::<u8, f32>(bytes),
+        DType::F64 => bytemuck::pod_collect_to_vec::<u8, f64>(bytes).iter().map(|&x| x as f32).collect(),
+        DType::F16 => bytemuck::pod_collect_to_vec::<u8, f16>(bytes).iter().map(|x| x.to_f32()).collect(),
+        DType::BF16 => bytemuck::pod_collect_to_vec::<u8, bf16>(bytes).iter().map(|x| x.to_f32()).collect(),
+        DType::F8E4M3 | DType::F8E5M2 => {
+            let f = Fp8Format::of(dtype)?;
+            bytes.iter().map(|&c| f.decode(c)).collect()
+        }
+        _ => return None,
+    })
+}
+
+fn decode_elements<T: Element>(bytes: &[u8], dtype: DType) -> Result<Vec<T>> {
+    if T::DTYPE == dtype || (T::DTYPE == DType::U8 && matches!(dtype, DType::Bool | DType::F8E4M3 | DType::F8E5M2)) {
+        return Ok(bytemuck::pod_collect_to_vec(bytes));
+    }
+    if T::DTYPE == DType::F64 && dtype.is_float() {
+        // Widen without passing through f32 rounding twice (f32/f16/bf16 are exact in f64).
+        let f = bytes_to_f32(bytes, dtype).unwrap_or_default();
+        let v: Vec<f64> = f.into_iter().map(f64::from).collect();
+        return Ok(bytemuck::pod_collect_to_vec(bytemuck::cast_slice::<f64, u8>(&v)));
+    }
+    let floats = bytes_to_f32(bytes, dtype)
+        .ok_or_else(|| Error::Tensor(format!("cannot convert {dtype} elements to {}", T::DTYPE)))?;
+    let out = encode_elements(&floats, T::DTYPE)?;
+    Ok(bytemuck::pod_collect_to_vec(&out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_and_conversions() {
+        let xs = [1.5f32, -2.25, 3.0, 0.0, 448.0, 1e6];
+        let t = Tensor::from_slice(&xs, [2, 3], DType::F32).unwrap();
+        assert_eq!(t.to_vec::<f32>().unwrap(), xs);
+        let h = Tensor::from_slice(&xs, [6], DType::F16).unwrap();
+        assert_eq!(h.to_vec::<f32>().unwrap()[..5], xs[..5]);
+        let q = Tensor::from_slice(&xs, [6], DType::F8E4M3).unwrap();
+        assert_eq!(q.to_vec::<f32>().unwrap(), vec![1.5, -2.25, 3.0, 0.0, 448.0, 448.0]);
+        assert_eq!(q.to_vec::<u8>().unwrap()[4], 0x7E);
+        let i = Tensor::from_slice(&[1i32, 2, 3], [3], DType::I32).unwrap();
+        assert_eq!(i.to_vec::<i32>().unwrap(), vec![1, 2, 3]);
+        assert!(i.to_vec::<f32>().is_err());
+        assert!(Tensor::from_slice(&[1.0f32], [2], DType::F32).is_err());
+    }
+
+    #[test]
+    fn reshape_and_aliasing() {
+        let t = Tensor::from_slice(&[1.0f32; 6], [2, 3], DType::F32).unwrap();
+        let r = t.reshape([3, 2]).unwrap();
+        assert!(r.shares_storage(&t));
+        assert!(t.reshape([4]).is_err());
+        let _read = t.host_bytes().unwrap();
+        assert!(r.host_bytes_mut().is_err(), "a written alias of a read tensor must be refused");
+    }
+
+    #[test]
+    fn unknown_device_is_an_error_not_a_panic() {
+        let t = Tensor::from_slice(&[1.0f32], [1], DType::F32).unwrap();
+        let d = Device::new(crate::DeviceKind::new("nowhere"), 0);
+        assert!(matches!(t.to_device(&d), Err(Error::DeviceUnavailable { .. })));
+    }
+}
