@@ -78,7 +78,7 @@ struct LocalChain {
     last_served: Cell<usize>,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 struct ChainKey {
     manager: u64,
     generation: u64,
@@ -87,6 +87,23 @@ struct ChainKey {
     device: Device,
     signature: u64,
     primary: DType,
+}
+
+impl Hash for ChainKey {
+    // Three words instead of field-by-field hashing: this runs on every call. Consistent
+    // with Eq: equal device kinds have equal names, hence equal lengths and first bytes.
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        h.write_u64(self.manager ^ self.generation.rotate_left(21) ^ self.scope.rotate_left(42));
+        self.op.hash(h);
+        let name = self.device.kind.name();
+        let kind = (name.len() as u64) << 8 | u64::from(name.as_bytes().first().copied().unwrap_or(0));
+        h.write_u64(
+            self.signature
+                ^ u64::from(self.primary.code()) << 56
+                ^ u64::from(self.device.ordinal).rotate_left(32)
+                ^ kind.rotate_left(44),
+        );
+    }
 }
 
 /// A small multiplicative hasher for the per-call cache key (no DoS concern: keys are ours).
@@ -121,6 +138,8 @@ type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<KeyHasher>>;
 /// Per-thread state: the chain cache and the scoped overrides.
 #[derive(Default)]
 struct ThreadState {
+    /// The last chain this thread used: most call sites repeat one op.
+    last: Option<(ChainKey, Rc<LocalChain>)>,
     chains: FastMap<ChainKey, Rc<LocalChain>>,
     scopes: Vec<(u64, u64, PolicyOverride)>,
 }
@@ -378,10 +397,11 @@ impl Manager {
         st.scopes.iter().rev().find(|(m, _, _)| *m == self.id).map_or(0, |(_, id, _)| *id)
     }
 
+    #[inline]
     fn chain_for<O: Op>(&self, s: &ArgSummary) -> Rc<LocalChain> {
         let generation = self.generation.load(Ordering::Acquire);
-        let found = THREAD.try_with(|t| {
-            let st = t.borrow();
+        let hit = THREAD.try_with(|t| {
+            let mut st = t.try_borrow_mut().ok()?;
             let key = ChainKey {
                 manager: self.id,
                 generation,
@@ -391,37 +411,48 @@ impl Manager {
                 signature: s.signature,
                 primary: s.primary,
             };
-            (st.chains.get(&key).cloned(), key)
+            if let Some((k, c)) = &st.last
+                && *k == key
+            {
+                return Some(c.clone());
+            }
+            let c = st.chains.get(&key)?.clone();
+            st.last = Some((key, c.clone()));
+            Some(c)
         });
-        match found {
-            Ok((Some(c), _)) => c,
-            Ok((None, key)) => {
-                let chain =
-                    Rc::new(LocalChain { shared: self.shared_chain::<O>(key), last_served: Cell::new(usize::MAX) });
-                let _ = THREAD.try_with(|t| {
-                    let mut st = t.borrow_mut();
-                    if st.chains.len() >= THREAD_CACHE_LIMIT {
-                        st.chains.clear();
-                    }
-                    st.chains.retain(|k, _| k.manager != self.id || k.generation == generation);
-                    st.chains.insert(key, chain.clone());
-                });
-                chain
-            }
-            // Thread-local storage is gone (thread teardown): resolve without caching.
-            Err(_) => {
-                let key = ChainKey {
-                    manager: self.id,
-                    generation,
-                    scope: 0,
-                    op: TypeId::of::<O>(),
-                    device: s.device,
-                    signature: s.signature,
-                    primary: s.primary,
-                };
-                Rc::new(LocalChain { shared: self.shared_chain::<O>(key), last_served: Cell::new(usize::MAX) })
-            }
+        match hit {
+            Ok(Some(c)) => c,
+            _ => self.chain_slow(O::NAME, TypeId::of::<O>(), s, generation),
         }
+    }
+
+    /// Cache miss: resolve (or fetch the shared chain) and remember it for this thread.
+    #[cold]
+    #[inline(never)]
+    fn chain_slow(&self, op: &'static str, op_type: TypeId, s: &ArgSummary, generation: u64) -> Rc<LocalChain> {
+        let scope = THREAD.try_with(|t| t.try_borrow().map(|st| self.scope_id(&st)).unwrap_or(0)).unwrap_or(0);
+        let key = ChainKey {
+            manager: self.id,
+            generation,
+            scope,
+            op: op_type,
+            device: s.device,
+            signature: s.signature,
+            primary: s.primary,
+        };
+        let chain = Rc::new(LocalChain { shared: self.shared_chain(op, key), last_served: Cell::new(usize::MAX) });
+        // Thread-local storage may be gone (thread teardown) or busy: then the chain is not cached.
+        let _ = THREAD.try_with(|t| {
+            if let Ok(mut st) = t.try_borrow_mut() {
+                if st.chains.len() >= THREAD_CACHE_LIMIT {
+                    st.chains.clear();
+                }
+                st.chains.retain(|k, _| k.manager != self.id || k.generation == generation);
+                st.chains.insert(key, chain.clone());
+                st.last = Some((key, chain.clone()));
+            }
+        });
+        chain
     }
 
     fn effective_policy(&self) -> SelectionPolicy {
@@ -436,18 +467,18 @@ impl Manager {
         p
     }
 
-    fn shared_chain<O: Op>(&self, key: ChainKey) -> Arc<SharedChain> {
+    fn shared_chain(&self, op: &'static str, key: ChainKey) -> Arc<SharedChain> {
         let mut shared_key = key;
         shared_key.device.ordinal = 0; // chains depend on the device kind only
         if let Some(c) = lock(&self.chains).get(&shared_key) {
             return c.clone();
         }
         let policy = self.effective_policy();
-        let ex = self.resolve(O::NAME, key.device, key.primary, &policy);
+        let ex = self.resolve(op, key.device, key.primary, &policy);
         let reg = read_lock(&self.registry);
         let mut entries = Vec::new();
         for e in ex.entries.iter().filter(|e| e.position.is_some()) {
-            if let Some(imp) = reg.impls_of(O::NAME).iter().find(|i| i.impl_id() == e.impl_id) {
+            if let Some(imp) = reg.impls_of(op).iter().find(|i| i.impl_id() == e.impl_id) {
                 entries.push(ChainEntry {
                     imp: imp.clone(),
                     staged: e.staged,
@@ -498,8 +529,7 @@ impl Manager {
                         e.imp.counters.calls.fetch_add(1, Ordering::Relaxed);
                         let fell_back = !failures.is_empty();
                         if fell_back {
-                            e.imp.counters.fallbacks.fetch_add(1, Ordering::Relaxed);
-                            tracing::info!(target: LOG, "Op '{}' fallback to '{}' {}", O::NAME, e.imp.impl_id(), e.imp.describe());
+                            Self::on_fallback(e, O::NAME);
                         }
                         if chain.last_served.get() != i {
                             self.note_served(O::NAME, s.device, &e.imp, fell_back);
@@ -508,10 +538,7 @@ impl Manager {
                         return Ok(out);
                     }
                     Err(err) => {
-                        e.imp.counters.failures.fetch_add(1, Ordering::Relaxed);
-                        e.note_failure();
-                        tracing::warn!(target: LOG, "Implementation '{}' failed for op '{}': {}", e.imp.impl_id(), O::NAME, err);
-                        self.remember_failure(O::NAME, e.imp.impl_id(), s.device, &err);
+                        self.on_failure(e, O::NAME, s.device, &err);
                         if sh.strict {
                             return Err(err);
                         }
@@ -552,6 +579,24 @@ impl Manager {
         })
     }
 
+    #[cold]
+    #[inline(never)]
+    fn on_failure(&self, e: &ChainEntry, op: &'static str, device: Device, err: &Error) {
+        e.imp.counters.failures.fetch_add(1, Ordering::Relaxed);
+        e.note_failure();
+        tracing::warn!(target: LOG, "Implementation '{}' failed for op '{}': {}", e.imp.impl_id(), op, err);
+        self.remember_failure(op, e.imp.impl_id(), device, err);
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn on_fallback(e: &ChainEntry, op: &'static str) {
+        e.imp.counters.fallbacks.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(target: LOG, "Op '{}' fallback to '{}' {}", op, e.imp.impl_id(), e.imp.describe());
+    }
+
+    #[cold]
+    #[inline(never)]
     fn note_served(&self, op: &'static str, device: Device, imp: &OpImpl, fell_back: bool) {
         let mut served = lock(&self.served);
         match served.get(&(op, device)) {

@@ -100,11 +100,27 @@ pub trait TensorField: Sized {
     fn moved_to(&self, device: &Device) -> Result<Self>;
     /// Copies `src`'s data into `self`'s tensors (same structure).
     fn copy_back_from(&self, src: &Self) -> Result<()>;
+    /// Feeds each tensor's device and dtype to `scan` (the per-call hot path).
+    fn scan_into(&self, name: &'static str, scan: &mut ArgScan) -> Result<()> {
+        let mut first = None;
+        self.visit(&mut |t| {
+            first.get_or_insert(t.dtype());
+            scan.device_of(name, t)
+        })?;
+        scan.slot(first);
+        Ok(())
+    }
 }
 
 impl TensorField for Tensor {
     fn visit(&self, f: &mut dyn FnMut(&Tensor) -> Result<()>) -> Result<()> {
         f(self)
+    }
+    #[inline]
+    fn scan_into(&self, name: &'static str, scan: &mut ArgScan) -> Result<()> {
+        scan.device_of(name, self)?;
+        scan.slot(Some(self.dtype()));
+        Ok(())
     }
     fn moved_to(&self, device: &Device) -> Result<Self> {
         self.to_device(device)
@@ -167,29 +183,34 @@ impl ArgScan {
     }
 
     #[doc(hidden)]
+    #[inline]
     pub fn field<F: TensorField>(&mut self, name: &'static str, field: &F) -> Result<()> {
-        let mut first: Option<DType> = None;
-        let op = self.op;
-        let dev = &mut self.device;
-        field.visit(&mut |t| {
-            first.get_or_insert(t.dtype());
-            match dev {
-                None => *dev = Some(t.device()),
-                Some(d) if *d != t.device() => {
-                    return Err(Error::DeviceMismatch { op, arg: name, got: t.device(), expected: *d });
-                }
-                Some(_) => {}
+        field.scan_into(name, self)
+    }
+
+    #[doc(hidden)]
+    #[inline]
+    pub fn device_of(&mut self, name: &'static str, t: &Tensor) -> Result<()> {
+        match self.device {
+            None => self.device = Some(t.device()),
+            Some(d) if d != t.device() => {
+                return Err(Error::DeviceMismatch { op: self.op, arg: name, got: t.device(), expected: d });
             }
-            Ok(())
-        })?;
+            Some(_) => {}
+        }
+        Ok(())
+    }
+
+    #[doc(hidden)]
+    #[inline]
+    pub fn slot(&mut self, dtype: Option<DType>) {
         if self.slot < 16 {
-            self.signature |= u64::from(first.map_or(0, |d| d.code() & 0xF)) << (4 * self.slot);
+            self.signature |= u64::from(dtype.map_or(0, |d| d.code() & 0xF)) << (4 * self.slot);
         }
         self.slot += 1;
         if self.primary.is_none() {
-            self.primary = first;
+            self.primary = dtype;
         }
-        Ok(())
     }
 }
 

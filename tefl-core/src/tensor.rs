@@ -20,6 +20,7 @@ use crate::{DType, Device, Error, Result};
 #[derive(Clone)]
 pub struct Tensor {
     dtype: DType,
+    device: Device,
     shape: Arc<[usize]>,
     storage: Arc<dyn Buffer>,
 }
@@ -41,7 +42,7 @@ impl Tensor {
             return Err(Error::Tensor(format!("{} elements given for shape {shape:?} ({numel} elements)", data.len())));
         }
         let bytes = encode_elements(data, dtype)?;
-        Ok(Tensor { dtype, shape: shape.into(), storage: device::host_buffer(&bytes) })
+        Ok(Tensor { dtype, device: Device::CPU, shape: shape.into(), storage: device::host_buffer(&bytes) })
     }
 
     /// A tensor of zeros (all-zero bytes) on `device`.
@@ -55,7 +56,7 @@ impl Tensor {
         if !device.is_cpu() {
             rt.copy_from_host(&*storage, &vec![0u8; bytes])?;
         }
-        Ok(Tensor { dtype, shape: shape.into(), storage })
+        Ok(Tensor { dtype, device: *device, shape: shape.into(), storage })
     }
 
     /// Wraps a backend buffer as a tensor. The buffer must hold exactly `numel · size` bytes.
@@ -68,7 +69,7 @@ impl Tensor {
                 storage.len_bytes()
             )));
         }
-        Ok(Tensor { dtype, shape: shape.into(), storage })
+        Ok(Tensor { dtype, device: storage.device(), shape: shape.into(), storage })
     }
 
     /// The element type.
@@ -93,7 +94,7 @@ impl Tensor {
     }
     /// The device holding the data.
     pub fn device(&self) -> Device {
-        self.storage.device()
+        self.device
     }
     /// The storage (for backends).
     pub fn buffer(&self) -> &Arc<dyn Buffer> {
@@ -106,7 +107,7 @@ impl Tensor {
     /// Rows when the last dimension is the row width: numel / last_dim.
     pub fn rows(&self) -> usize {
         let n = self.last_dim();
-        if n == 0 { 0 } else { self.numel() / n }
+        self.numel().checked_div(n).unwrap_or(0)
     }
     /// True when both tensors share storage.
     pub fn shares_storage(&self, other: &Tensor) -> bool {
@@ -119,7 +120,7 @@ impl Tensor {
         if checked_numel(shape)? != self.numel() {
             return Err(Error::Tensor(format!("cannot reshape {:?} to {shape:?}", self.shape())));
         }
-        Ok(Tensor { dtype: self.dtype, shape: shape.into(), storage: self.storage.clone() })
+        Ok(Tensor { dtype: self.dtype, device: self.device, shape: shape.into(), storage: self.storage.clone() })
     }
 
     /// The raw bytes, copied to the host.
@@ -148,7 +149,7 @@ impl Tensor {
         let rt = device::runtime(device.kind)?;
         let storage = rt.alloc(*device, bytes.len())?;
         rt.copy_from_host(&*storage, &bytes)?;
-        Ok(Tensor { dtype: self.dtype, shape: self.shape.clone(), storage })
+        Ok(Tensor { dtype: self.dtype, device: *device, shape: self.shape.clone(), storage })
     }
 
     /// Overwrites this tensor's data with `src`'s (same dtype and element count; any devices).
