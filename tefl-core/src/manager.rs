@@ -266,6 +266,8 @@ pub struct BackendInfo {
     pub priority: i32,
     /// Whether its driver is usable here.
     pub available: bool,
+    /// Why not, when it is not.
+    pub unavailable_reason: Option<String>,
     /// Whether it is the backend `get_backend` reports.
     pub current: bool,
     /// How many impls it registers.
@@ -891,14 +893,20 @@ impl Manager {
             .map(|name| {
                 let impls: Vec<_> = reg.all_impls().filter(|i| i.backend_name().eq_ignore_ascii_case(&name)).collect();
                 let vendor = reg.vendor(&name);
-                let available = match vendor {
-                    Some(v) => v.check_available().is_ok(),
-                    None => name == "reference" || impls.iter().any(|i| i.check_available().is_ok()),
+                let check = match vendor {
+                    Some(v) => v.check_available(),
+                    None if name == "reference" || impls.iter().any(|i| i.check_available().is_ok()) => Ok(()),
+                    None => Err("none of its impls is available".to_string()),
+                };
+                let (available, unavailable_reason) = match check {
+                    Ok(()) => (true, None),
+                    Err(r) => (false, Some(r)),
                 };
                 BackendInfo {
                     vendor: vendor.map(|v| v.vendor_name.clone()),
                     priority: impls.iter().map(|i| i.get_priority()).max().unwrap_or(0),
                     available,
+                    unavailable_reason,
                     current: false,
                     impls: impls.len(),
                     name,
@@ -937,7 +945,15 @@ impl Manager {
         let list = self.list_backends();
         list.iter().find(|b| b.current).cloned().unwrap_or_else(|| {
             let name = self.effective_policy().backend.unwrap_or_else(|| "reference".into());
-            BackendInfo { name, vendor: None, priority: 0, available: false, current: true, impls: 0 }
+            BackendInfo {
+                name,
+                vendor: None,
+                priority: 0,
+                available: false,
+                unavailable_reason: Some("not registered in this build".into()),
+                current: true,
+                impls: 0,
+            }
         })
     }
 

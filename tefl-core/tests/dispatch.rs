@@ -21,7 +21,15 @@ enum Behaviour {
 }
 
 /// Each impl writes its tag into `rsigma`, so the caller sees who served it.
-fn imp(id: &str, kind: Kind, vendor: Option<&str>, prio: i32, tag: f32, b: Behaviour, hits: Arc<AtomicUsize>) -> OpImpl {
+fn imp(
+    id: &str,
+    kind: Kind,
+    vendor: Option<&str>,
+    prio: i32,
+    tag: f32,
+    b: Behaviour,
+    hits: Arc<AtomicUsize>,
+) -> OpImpl {
     let id_owned = id.to_string();
     let i = OpImpl::new::<RmsNormFwd>(id, kind, move |_, a: &RmsNormFwdArgs| {
         hits.fetch_add(1, Ordering::Relaxed);
@@ -30,7 +38,9 @@ fn imp(id: &str, kind: Kind, vendor: Option<&str>, prio: i32, tag: f32, b: Behav
                 y: a.x.clone(),
                 rsigma: Tensor::from_slice(&vec![tag; a.x.rows()], [a.x.rows()], DType::F32)?,
             }),
-            Behaviour::Fail => Err(Error::DeviceFailure { device: "test".into(), reason: format!("{id_owned} refuses") }),
+            Behaviour::Fail => {
+                Err(Error::DeviceFailure { device: "test".into(), reason: format!("{id_owned} refuses") })
+            }
             Behaviour::Panic => panic!("{id_owned} exploded"),
         }
     })
