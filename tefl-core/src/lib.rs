@@ -29,6 +29,7 @@ pub mod fp8;
 pub mod logging;
 pub mod manager;
 pub mod op;
+pub mod philox;
 pub mod policy;
 pub mod registry;
 pub mod tensor;

@@ -3,8 +3,28 @@
 //! wraps them in typed entry points, and the conformance suite, the coverage table and
 //! `TE_FL_PER_OP` validation all read this list.
 
-use crate::op::{Op, OpDescriptor};
-use crate::{DType, Error, Result, Tensor, declare_op};
+use crate::op::OpDescriptor;
+use crate::{DType, Error, Result, Tensor};
+
+mod activation;
+mod attention;
+mod dropout;
+mod gemm;
+mod norm;
+mod optimizer;
+mod quantize;
+mod rope;
+mod softmax;
+
+pub use activation::*;
+pub use attention::*;
+pub use dropout::*;
+pub use gemm::*;
+pub use norm::*;
+pub use optimizer::*;
+pub use quantize::*;
+pub use rope::*;
+pub use softmax::*;
 
 /// Argument checks shared by the op declarations. Each returns an error naming the argument.
 pub mod check {
@@ -53,6 +73,92 @@ pub mod check {
         Ok(())
     }
 
+    /// `dtype` is a float dtype an op can produce (f32, f16 or bf16).
+    pub fn out_float(op: &'static str, arg: &'static str, dtype: DType) -> Result<()> {
+        if DType::FLOATS.contains(&dtype) {
+            return Ok(());
+        }
+        Err(Error::invalid(op, arg, format!("{dtype} is not f32, f16 or bf16")))
+    }
+
+    /// `p` is a probability in [0, 1).
+    pub fn probability(op: &'static str, arg: &'static str, p: f32) -> Result<()> {
+        if (0.0..1.0).contains(&p) {
+            return Ok(());
+        }
+        Err(Error::invalid(op, arg, format!("must be in [0, 1), got {p}")))
+    }
+
+    /// `t` is a one-element f32 tensor (a per-tensor scale, amax or scale_inv).
+    pub fn scalar_f32(op: &'static str, arg: &'static str, t: &Tensor) -> Result<()> {
+        dtype_is(op, arg, t, DType::F32)?;
+        if t.numel() != 1 {
+            return Err(Error::Shape { op, arg, got: t.shape().to_vec(), expected: "one element".into() });
+        }
+        Ok(())
+    }
+
+    /// A tensor list is not empty.
+    pub fn nonempty(op: &'static str, arg: &'static str, len: usize) -> Result<()> {
+        if len == 0 {
+            return Err(Error::invalid(op, arg, "empty tensor list"));
+        }
+        Ok(())
+    }
+
+    /// Two tensor lists have the same length.
+    pub fn same_len(op: &'static str, arg: &'static str, len: usize, want: usize) -> Result<()> {
+        if len != want {
+            return Err(Error::invalid(op, arg, format!("has {len} tensors, expected {want}")));
+        }
+        Ok(())
+    }
+
+    /// Paired tensors of two lists have the same shape.
+    pub fn pairwise_shapes(op: &'static str, arg: &'static str, list: &[Tensor], like: &[Tensor]) -> Result<()> {
+        for (i, (t, l)) in list.iter().zip(like).enumerate() {
+            if t.shape() != l.shape() {
+                return Err(Error::invalid(
+                    op,
+                    arg,
+                    format!("tensor {i} has shape {:?}, expected {:?}", t.shape(), l.shape()),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// `t` holds cumulative sequence lengths: i32, `[batch + 1]`, starting at 0,
+    /// non-decreasing, ending at most at `total` (when given). Returns the values.
+    pub fn cu_seqlens(op: &'static str, arg: &'static str, t: &Tensor, total: Option<usize>) -> Result<Vec<i32>> {
+        dtype_is(op, arg, t, DType::I32)?;
+        if t.rank() != 1 || t.numel() < 2 {
+            return Err(Error::Shape {
+                op,
+                arg,
+                got: t.shape().to_vec(),
+                expected: "[batch + 1] with batch >= 1".into(),
+            });
+        }
+        let v = t.to_vec::<i32>()?;
+        if v[0] != 0 {
+            return Err(Error::invalid(op, arg, format!("must start at 0, starts at {}", v[0])));
+        }
+        if let Some(i) = v.windows(2).position(|w| w[1] < w[0]) {
+            return Err(Error::invalid(
+                op,
+                arg,
+                format!("not monotone: {} then {} at index {}", v[i], v[i + 1], i + 1),
+            ));
+        }
+        if let Some(total) = total
+            && v[v.len() - 1] as usize > total
+        {
+            return Err(Error::invalid(op, arg, format!("ends at {}, past the {total} rows given", v[v.len() - 1])));
+        }
+        Ok(v)
+    }
+
     /// `v` is finite and strictly positive.
     pub fn positive(op: &'static str, arg: &'static str, v: f32) -> Result<()> {
         if v.is_finite() && v > 0.0 {
@@ -62,86 +168,22 @@ pub mod check {
     }
 }
 
-declare_op! {
-    /// `rmsnorm_fwd(x[.., N], gamma[N], eps, zero_centered_gamma, out_dtype) -> (y, rsigma[rows] f32)`:
-    /// rsigma = 1/sqrt(mean(x²) + eps); g = zero_centered_gamma ? 1 + gamma : gamma; y = x·rsigma·g.
-    pub struct RmsNormFwd = "rmsnorm_fwd";
-    /// Arguments of [`RmsNormFwd`].
-    pub struct RmsNormFwdArgs {
-        /// Input, `[.., N]`, f32/f16/bf16.
-        tensor x: Tensor,
-        /// Scale, `[N]`, f32/f16/bf16.
-        tensor gamma: Tensor,
-        /// Added to the mean square; finite and > 0.
-        scalar eps: f32,
-        /// When set, the scale is `1 + gamma`.
-        scalar zero_centered_gamma: bool,
-        /// The dtype of `y` (f32, f16 or bf16).
-        scalar out_dtype: DType,
-    }
-    /// Outputs of [`RmsNormFwd`].
-    pub struct RmsNormFwdOut {
-        /// Normalised output, shape of `x`, dtype `out_dtype`.
-        tensor y: Tensor,
-        /// 1/sqrt(mean(x²) + eps) per row, f32, `[rows]`.
-        tensor rsigma: Tensor,
-    }
-    validate(a) {
-        const OP: &str = "rmsnorm_fwd";
-        check::rank_at_least(OP, "x", &a.x, 1)?;
-        check::float(OP, "x", &a.x)?;
-        check::float(OP, "gamma", &a.gamma)?;
-        check::shape_is(OP, "gamma", &a.gamma, &[a.x.last_dim()])?;
-        check::positive(OP, "eps", a.eps)?;
-        if !DType::FLOATS.contains(&a.out_dtype) {
-            return Err(Error::invalid(OP, "out_dtype", format!("{} is not f32, f16 or bf16", a.out_dtype)));
-        }
-        Ok(())
-    }
-}
-
-declare_op! {
-    /// `rmsnorm_bwd(dy, x, rsigma, gamma, zero_centered_gamma) -> (dx, dgamma)`:
-    /// x̂ = x·rsigma; d = dy·g; dx = rsigma·(d − x̂·mean(d·x̂)); dgamma = Σ_rows dy·x̂.
-    pub struct RmsNormBwd = "rmsnorm_bwd";
-    /// Arguments of [`RmsNormBwd`].
-    pub struct RmsNormBwdArgs {
-        /// Gradient of `y`, shape of `x`.
-        tensor dy: Tensor,
-        /// The forward input, `[.., N]`.
-        tensor x: Tensor,
-        /// The forward's `rsigma`, f32 `[rows]`.
-        tensor rsigma: Tensor,
-        /// The forward's scale, `[N]`.
-        tensor gamma: Tensor,
-        /// As in the forward.
-        scalar zero_centered_gamma: bool,
-    }
-    /// Outputs of [`RmsNormBwd`].
-    pub struct RmsNormBwdOut {
-        /// Gradient of `x` (dtype of `x`).
-        tensor dx: Tensor,
-        /// Gradient of `gamma` (dtype of `gamma`).
-        tensor dgamma: Tensor,
-    }
-    validate(a) {
-        const OP: &str = "rmsnorm_bwd";
-        check::rank_at_least(OP, "x", &a.x, 1)?;
-        check::float(OP, "x", &a.x)?;
-        check::float(OP, "dy", &a.dy)?;
-        check::shape_is(OP, "dy", &a.dy, a.x.shape())?;
-        check::dtype_is(OP, "rsigma", &a.rsigma, DType::F32)?;
-        check::shape_is(OP, "rsigma", &a.rsigma, &[a.x.rows()])?;
-        check::float(OP, "gamma", &a.gamma)?;
-        check::shape_is(OP, "gamma", &a.gamma, &[a.x.last_dim()])?;
-        Ok(())
-    }
-}
-
 /// Every op in the catalogue.
 pub fn all() -> &'static [&'static OpDescriptor] {
     static ALL: std::sync::OnceLock<Vec<&'static OpDescriptor>> = std::sync::OnceLock::new();
-    ALL.get_or_init(|| vec![RmsNormFwd::descriptor(), RmsNormBwd::descriptor()])
+    ALL.get_or_init(|| {
+        let mut v = Vec::new();
+        v.extend(norm::descriptors());
+        v.extend(gemm::descriptors());
+        v.extend(activation::descriptors());
+        v.extend(softmax::descriptors());
+        v.extend(attention::descriptors());
+        v.extend(rope::descriptors());
+        v.extend(optimizer::descriptors());
+        v.extend(quantize::descriptors());
+        v.extend(dropout::descriptors());
+        v
+    })
 }
 
 /// The catalogue entry named `name`.
@@ -152,7 +194,7 @@ pub fn find(name: &str) -> Option<&'static OpDescriptor> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::op::OpArgs;
+    use crate::op::{Op, OpArgs};
 
     fn t(shape: &[usize], dtype: DType) -> Tensor {
         let n: usize = shape.iter().product();

@@ -1,0 +1,378 @@
+//! Fused attention, forward and backward: layouts bshd, sbhd and thd (packed, with
+//! cu_seqlens), masks, GQA/MQA, sliding windows and dropout (Philox, see [`crate::philox`]).
+
+use super::check;
+use crate::op::{Op, OpDescriptor};
+use crate::{DType, Error, Result, Tensor, declare_op};
+
+/// How q, k and v are laid out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum QkvLayout {
+    /// `[batch, seq, heads, dim]`.
+    #[default]
+    Bshd,
+    /// `[seq, batch, heads, dim]`.
+    Sbhd,
+    /// `[tokens, heads, dim]`: sequences packed back to back, delimited by cu_seqlens.
+    Thd,
+}
+
+/// Which (query, key) pairs take part.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum AttnMask {
+    /// Every pair.
+    #[default]
+    None,
+    /// Top-left causal: key j > query i is masked.
+    Causal,
+    /// Bottom-right causal: j > i + sk − sq is masked.
+    CausalBottomRight,
+    /// Padding: keys and queries past each sequence's length (from cu_seqlens) are masked.
+    Padding,
+    /// Padding and top-left causal.
+    PaddingCausal,
+}
+
+impl AttnMask {
+    /// Whether keys after the (aligned) diagonal are masked.
+    pub fn is_causal(self) -> bool {
+        matches!(self, AttnMask::Causal | AttnMask::CausalBottomRight | AttnMask::PaddingCausal)
+    }
+    /// Whether the diagonal is aligned bottom-right (sk − sq).
+    pub fn bottom_right(self) -> bool {
+        matches!(self, AttnMask::CausalBottomRight)
+    }
+    /// Whether sequence lengths come from cu_seqlens.
+    pub fn is_padding(self) -> bool {
+        matches!(self, AttnMask::Padding | AttnMask::PaddingCausal)
+    }
+}
+
+/// Sliding window: query i sees keys in [i + δ − left, i + δ + right], δ the diagonal
+/// offset (0, or sk − sq for bottom-right masks). `None` = unbounded on that side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct AttnWindow {
+    /// Keys allowed before the diagonal.
+    pub left: Option<usize>,
+    /// Keys allowed after the diagonal.
+    pub right: Option<usize>,
+}
+
+declare_op! {
+    /// `fused_attn_fwd(q, k, v, ...) -> (o, softmax_lse)`: o = softmax(scale·q·kᵀ + mask)·v per head,
+    /// with dropout on the probabilities; `softmax_lse` = log Σ exp(scale·q·kᵀ) over visible keys
+    /// (−inf for a query that sees none; its output row is 0).
+    pub struct FusedAttnFwd = "fused_attn_fwd";
+    /// Arguments of [`FusedAttnFwd`].
+    pub struct AttnFwdArgs {
+        /// Queries: `[b, sq, hq, d]` (bshd), `[sq, b, hq, d]` (sbhd) or `[tq, hq, d]` (thd).
+        tensor q: Tensor,
+        /// Keys, with hk heads (hq a multiple of hk: GQA/MQA).
+        tensor k: Tensor,
+        /// Values, like `k`.
+        tensor v: Tensor,
+        /// i32 `[b + 1]` cumulative query lengths (thd, and padding masks).
+        tensor cu_seqlens_q: Option<Tensor>,
+        /// i32 `[b + 1]` cumulative key lengths (thd, and padding masks).
+        tensor cu_seqlens_kv: Option<Tensor>,
+        /// The layout.
+        scalar layout: QkvLayout,
+        /// The mask.
+        scalar mask: AttnMask,
+        /// Multiplies q·kᵀ (usually 1/√d).
+        scalar scale: f32,
+        /// Dropout probability on the attention weights, in [0, 1).
+        scalar dropout_p: f32,
+        /// Philox seed for dropout.
+        scalar seed: u64,
+        /// Philox offset for dropout.
+        scalar offset: u64,
+        /// Sliding window.
+        scalar window: AttnWindow,
+    }
+    /// Outputs of [`FusedAttnFwd`].
+    pub struct AttnFwdOut {
+        /// Output, shape of `q` (dtype of `q`).
+        tensor o: Tensor,
+        /// f32 `[b, hq, sq]` (bshd, sbhd) or `[hq, tq]` (thd).
+        tensor softmax_lse: Tensor,
+    }
+    validate(a) {
+        attn_geometry("fused_attn_fwd", &a.q, &a.k, &a.v, a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref(), a.layout, a.mask)?;
+        check_scalars("fused_attn_fwd", a.scale, a.dropout_p)
+    }
+}
+
+declare_op! {
+    /// `fused_attn_bwd(q, k, v, o, d_o, softmax_lse, ...) -> (dq, dk, dv)`; dropout replays the
+    /// forward's mask from (seed, offset).
+    pub struct FusedAttnBwd = "fused_attn_bwd";
+    /// Arguments of [`FusedAttnBwd`].
+    pub struct AttnBwdArgs {
+        /// As in the forward.
+        tensor q: Tensor,
+        /// As in the forward.
+        tensor k: Tensor,
+        /// As in the forward.
+        tensor v: Tensor,
+        /// The forward's output.
+        tensor o: Tensor,
+        /// Gradient of `o`.
+        tensor d_o: Tensor,
+        /// The forward's `softmax_lse`.
+        tensor softmax_lse: Tensor,
+        /// As in the forward.
+        tensor cu_seqlens_q: Option<Tensor>,
+        /// As in the forward.
+        tensor cu_seqlens_kv: Option<Tensor>,
+        /// As in the forward.
+        scalar layout: QkvLayout,
+        /// As in the forward.
+        scalar mask: AttnMask,
+        /// As in the forward.
+        scalar scale: f32,
+        /// As in the forward.
+        scalar dropout_p: f32,
+        /// As in the forward.
+        scalar seed: u64,
+        /// As in the forward.
+        scalar offset: u64,
+        /// As in the forward.
+        scalar window: AttnWindow,
+    }
+    /// Outputs of [`FusedAttnBwd`].
+    pub struct AttnBwdOut {
+        /// Gradient of `q`.
+        tensor dq: Tensor,
+        /// Gradient of `k` (summed over the query heads sharing each kv head).
+        tensor dk: Tensor,
+        /// Gradient of `v`.
+        tensor dv: Tensor,
+    }
+    validate(a) {
+        const OP: &str = "fused_attn_bwd";
+        let g = attn_geometry(OP, &a.q, &a.k, &a.v, a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref(), a.layout, a.mask)?;
+        check_scalars(OP, a.scale, a.dropout_p)?;
+        check::dtype_is(OP, "o", &a.o, a.q.dtype())?;
+        check::shape_is(OP, "o", &a.o, a.q.shape())?;
+        check::float(OP, "d_o", &a.d_o)?;
+        check::shape_is(OP, "d_o", &a.d_o, a.q.shape())?;
+        check::dtype_is(OP, "softmax_lse", &a.softmax_lse, DType::F32)?;
+        check::shape_is(OP, "softmax_lse", &a.softmax_lse, &g.lse_shape())
+    }
+}
+
+fn check_scalars(op: &'static str, scale: f32, p: f32) -> Result<()> {
+    check::positive(op, "scale", scale)?;
+    check::probability(op, "dropout_p", p)
+}
+
+/// Where each sequence's rows are: its first token row and its length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SeqSpan {
+    /// First row (token index in thd; batch index × s otherwise, see [`AttnGeometry::row`]).
+    pub start: usize,
+    /// Number of valid positions.
+    pub len: usize,
+}
+
+/// The shapes of an attention call, resolved from its layout and cu_seqlens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttnGeometry {
+    /// The layout.
+    pub layout: QkvLayout,
+    /// Batch size (number of sequences).
+    pub batch: usize,
+    /// Query positions per sequence slot (max for thd).
+    pub sq: usize,
+    /// Key positions per sequence slot (max for thd).
+    pub sk: usize,
+    /// Query heads.
+    pub hq: usize,
+    /// Key/value heads.
+    pub hk: usize,
+    /// Head dim of q and k.
+    pub d: usize,
+    /// Head dim of v.
+    pub dv: usize,
+    /// Total query rows (thd) or batch·sq.
+    pub tq: usize,
+    /// Query spans per sequence.
+    pub q_spans: Vec<SeqSpan>,
+    /// Key spans per sequence.
+    pub k_spans: Vec<SeqSpan>,
+}
+
+impl AttnGeometry {
+    /// The token row of (sequence `b`, position `pos`) for queries (`keys = false`) or keys.
+    /// Multiply by heads and add the head to get the (row, head) index.
+    pub fn row(&self, keys: bool, b: usize, pos: usize) -> usize {
+        let s = if keys { self.sk } else { self.sq };
+        match self.layout {
+            QkvLayout::Bshd => b * s + pos,
+            QkvLayout::Sbhd => pos * self.batch + b,
+            QkvLayout::Thd => (if keys { self.k_spans[b].start } else { self.q_spans[b].start }) + pos,
+        }
+    }
+
+    /// The shape of `softmax_lse`.
+    pub fn lse_shape(&self) -> Vec<usize> {
+        match self.layout {
+            QkvLayout::Thd => vec![self.hq, self.tq],
+            _ => vec![self.batch, self.hq, self.sq],
+        }
+    }
+
+    /// The index into `softmax_lse` of (sequence `b`, query head `h`, position `pos`).
+    pub fn lse_index(&self, b: usize, h: usize, pos: usize) -> usize {
+        match self.layout {
+            QkvLayout::Thd => h * self.tq + self.q_spans[b].start + pos,
+            _ => (b * self.hq + h) * self.sq + pos,
+        }
+    }
+
+    /// The keys query `i` of sequence `b` may see, as a half-open range (empty when none).
+    pub fn key_range(&self, mask: AttnMask, window: AttnWindow, b: usize, i: usize) -> (usize, usize) {
+        let (lq, lk) = (self.q_spans[b].len as i64, self.k_spans[b].len as i64);
+        let i = i as i64;
+        if i >= lq {
+            return (0, 0);
+        }
+        let diag = if mask.bottom_right() { lk - lq } else { 0 };
+        let mut lo = 0i64;
+        let mut hi = lk; // exclusive
+        if mask.is_causal() {
+            hi = hi.min(i + diag + 1);
+        }
+        if let Some(l) = window.left {
+            lo = lo.max(i + diag - l as i64);
+        }
+        if let Some(r) = window.right {
+            hi = hi.min(i + diag + r as i64 + 1);
+        }
+        if hi <= lo { (0, 0) } else { (lo as usize, hi as usize) }
+    }
+}
+
+/// Checks q, k, v and the cu_seqlens against the layout and mask, and resolves the geometry.
+#[allow(clippy::too_many_arguments)]
+pub fn attn_geometry(
+    op: &'static str,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    cu_q: Option<&Tensor>,
+    cu_k: Option<&Tensor>,
+    layout: QkvLayout,
+    mask: AttnMask,
+) -> Result<AttnGeometry> {
+    check::float(op, "q", q)?;
+    check::dtype_is(op, "k", k, q.dtype())?;
+    check::dtype_is(op, "v", v, q.dtype())?;
+    let rank = if layout == QkvLayout::Thd { 3 } else { 4 };
+    for (name, t) in [("q", q), ("k", k), ("v", v)] {
+        if t.rank() != rank || t.shape().contains(&0) {
+            let expected = match layout {
+                QkvLayout::Bshd => "[b, s, h, d]",
+                QkvLayout::Sbhd => "[s, b, h, d]",
+                QkvLayout::Thd => "[t, h, d]",
+            };
+            return Err(Error::Shape { op, arg: name, got: t.shape().to_vec(), expected: expected.into() });
+        }
+    }
+    let (qs, ks, vs) = (q.shape(), k.shape(), v.shape());
+    let (hq, d) = (qs[rank - 2], qs[rank - 1]);
+    let (hk, dk) = (ks[rank - 2], ks[rank - 1]);
+    if dk != d {
+        return Err(Error::Shape { op, arg: "k", got: ks.to_vec(), expected: format!("head dim {d} (that of q)") });
+    }
+    if vs[..rank - 1] != ks[..rank - 1] {
+        return Err(Error::Shape {
+            op,
+            arg: "v",
+            got: vs.to_vec(),
+            expected: format!("{:?} then any head dim", &ks[..rank - 1]),
+        });
+    }
+    if hq % hk != 0 {
+        return Err(Error::invalid(op, "k", format!("{hq} query heads are not a multiple of {hk} kv heads")));
+    }
+    let dv = vs[rank - 1];
+    let cu = |name: &'static str, t: Option<&Tensor>, total: usize| -> Result<Option<Vec<i32>>> {
+        t.map(|t| check::cu_seqlens(op, name, t, Some(total))).transpose()
+    };
+    let spans = |cu: &[i32]| -> Vec<SeqSpan> {
+        cu.windows(2).map(|w| SeqSpan { start: w[0] as usize, len: (w[1] - w[0]) as usize }).collect()
+    };
+    let (batch, sq, sk, q_spans, k_spans, tq) = match layout {
+        QkvLayout::Thd => {
+            let (cq, ck) = match (cu("cu_seqlens_q", cu_q, qs[0])?, cu("cu_seqlens_kv", cu_k, ks[0])?) {
+                (Some(a), Some(b)) => (a, b),
+                (None, _) => return Err(Error::invalid(op, "cu_seqlens_q", "the thd layout needs cu_seqlens_q")),
+                (_, None) => return Err(Error::invalid(op, "cu_seqlens_kv", "the thd layout needs cu_seqlens_kv")),
+            };
+            if cq.len() != ck.len() {
+                return Err(Error::invalid(
+                    op,
+                    "cu_seqlens_kv",
+                    format!("{} entries, cu_seqlens_q has {}", ck.len(), cq.len()),
+                ));
+            }
+            let (qsp, ksp) = (spans(&cq), spans(&ck));
+            let sq = qsp.iter().map(|s| s.len).max().unwrap_or(0);
+            let sk = ksp.iter().map(|s| s.len).max().unwrap_or(0);
+            (qsp.len(), sq, sk, qsp, ksp, qs[0])
+        }
+        QkvLayout::Bshd | QkvLayout::Sbhd => {
+            let (b, sq, sk) = if layout == QkvLayout::Bshd { (qs[0], qs[1], ks[1]) } else { (qs[1], qs[0], ks[0]) };
+            let kb = if layout == QkvLayout::Bshd { ks[0] } else { ks[1] };
+            if kb != b {
+                return Err(Error::Shape {
+                    op,
+                    arg: "k",
+                    got: ks.to_vec(),
+                    expected: format!("batch {b} (that of q)"),
+                });
+            }
+            let full = |s: usize| (0..b).map(|i| SeqSpan { start: i * s, len: s }).collect::<Vec<_>>();
+            let (qsp, ksp) = if mask.is_padding() {
+                let lens = |name: &'static str, t: Option<&Tensor>, s: usize| -> Result<Vec<SeqSpan>> {
+                    let v = cu(name, t, b * s)?
+                        .ok_or_else(|| Error::invalid(op, name, format!("the {mask:?} mask needs {name}")))?;
+                    if v.len() != b + 1 {
+                        return Err(Error::invalid(op, name, format!("{} entries for batch {b}", v.len())));
+                    }
+                    v.windows(2)
+                        .enumerate()
+                        .map(|(i, w)| {
+                            let len = (w[1] - w[0]) as usize;
+                            if len > s {
+                                Err(Error::invalid(op, name, format!("sequence {i} has length {len} > {s}")))
+                            } else {
+                                Ok(SeqSpan { start: i * s, len })
+                            }
+                        })
+                        .collect()
+                };
+                (lens("cu_seqlens_q", cu_q, sq)?, lens("cu_seqlens_kv", cu_k, sk)?)
+            } else {
+                for (name, t) in [("cu_seqlens_q", cu_q), ("cu_seqlens_kv", cu_k)] {
+                    if t.is_some() {
+                        return Err(Error::invalid(
+                            op,
+                            name,
+                            format!("only read by thd and padding masks, not {mask:?}"),
+                        ));
+                    }
+                }
+                (full(sq), full(sk))
+            };
+            (b, sq, sk, qsp, ksp, b * sq)
+        }
+    };
+    Ok(AttnGeometry { layout, batch, sq, sk, hq, hk, d, dv, tq, q_spans, k_spans })
+}
+
+pub(super) fn descriptors() -> Vec<&'static OpDescriptor> {
+    vec![FusedAttnFwd::descriptor(), FusedAttnBwd::descriptor()]
+}
