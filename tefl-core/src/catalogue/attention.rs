@@ -69,7 +69,7 @@ declare_op! {
         tensor q: Tensor,
         /// Keys, with hk heads (hq a multiple of hk: GQA/MQA).
         tensor k: Tensor,
-        /// Values, like `k`.
+        /// Values, shaped like `k`.
         tensor v: Tensor,
         /// i32 `[b + 1]` cumulative query lengths (thd, and padding masks).
         tensor cu_seqlens_q: Option<Tensor>,
@@ -193,8 +193,6 @@ pub struct AttnGeometry {
     pub hk: usize,
     /// Head dim of q and k.
     pub d: usize,
-    /// Head dim of v.
-    pub dv: usize,
     /// Total query rows (thd) or batch·sq.
     pub tq: usize,
     /// Query spans per sequence.
@@ -297,7 +295,6 @@ pub fn attn_geometry(
     if hq % hk != 0 {
         return Err(Error::invalid(op, "k", format!("{hq} query heads are not a multiple of {hk} kv heads")));
     }
-    let dv = vs[rank - 1];
     let cu = |name: &'static str, t: Option<&Tensor>, total: usize| -> Result<Option<Vec<i32>>> {
         t.map(|t| check::cu_seqlens(op, name, t, Some(total))).transpose()
     };
@@ -370,7 +367,7 @@ pub fn attn_geometry(
             (b, sq, sk, qsp, ksp, b * sq)
         }
     };
-    Ok(AttnGeometry { layout, batch, sq, sk, hq, hk, d, dv, tq, q_spans, k_spans })
+    Ok(AttnGeometry { layout, batch, sq, sk, hq, hk, d, tq, q_spans, k_spans })
 }
 
 pub(super) fn descriptors() -> Vec<&'static OpDescriptor> {

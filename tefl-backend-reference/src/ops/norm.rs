@@ -1,0 +1,157 @@
+//! RMSNorm and LayerNorm on the CPU: rayon over rows, f32 accumulation.
+
+use rayon::prelude::*;
+use tefl_core::catalogue::*;
+use tefl_core::{DType, KernelCtx, Result};
+
+use crate::util::{store, view};
+
+fn gamma_eff(gamma: &[f32], zero_centered: bool) -> Vec<f32> {
+    gamma.iter().map(|g| if zero_centered { 1.0 + g } else { *g }).collect()
+}
+
+/// Σ over rows of f(row) into a length-n accumulator, in parallel.
+fn column_sums(rows: usize, n: usize, f: impl Fn(usize, &mut [f32]) + Sync) -> Vec<f32> {
+    (0..rows)
+        .into_par_iter()
+        .fold(
+            || vec![0.0f32; n],
+            |mut acc, r| {
+                f(r, &mut acc);
+                acc
+            },
+        )
+        .reduce(
+            || vec![0.0f32; n],
+            |mut a, b| {
+                a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
+                a
+            },
+        )
+}
+
+pub fn rmsnorm_fwd(_: &KernelCtx<'_>, a: &RmsNormFwdArgs) -> Result<RmsNormFwdOut> {
+    let n = a.x.last_dim();
+    let rows = a.x.rows();
+    let x = view(&a.x)?;
+    let g = gamma_eff(&view(&a.gamma)?, a.zero_centered_gamma);
+    let mut y = vec![0.0f32; x.len()];
+    let mut rsigma = vec![0.0f32; rows];
+    y.par_chunks_mut(n).zip(x.par_chunks(n)).zip(rsigma.par_iter_mut()).for_each(|((yr, xr), rs)| {
+        let ms = xr.iter().map(|v| v * v).sum::<f32>() / n as f32;
+        let r = 1.0 / (ms + a.eps).sqrt();
+        *rs = r;
+        for ((o, xv), gv) in yr.iter_mut().zip(xr).zip(&g) {
+            *o = xv * r * gv;
+        }
+    });
+    Ok(RmsNormFwdOut { y: store(&y, a.x.shape(), a.out_dtype)?, rsigma: store(&rsigma, &[rows], DType::F32)? })
+}
+
+fn rms_bwd(
+    dy: &tefl_core::Tensor,
+    x: &tefl_core::Tensor,
+    rsigma: &tefl_core::Tensor,
+    gamma: &tefl_core::Tensor,
+    zero_centered: bool,
+    add: Option<&tefl_core::Tensor>,
+) -> Result<(tefl_core::Tensor, tefl_core::Tensor)> {
+    let n = x.last_dim();
+    let rows = x.rows();
+    let (dyv, xv, rs) = (view(dy)?, view(x)?, view(rsigma)?);
+    let g = gamma_eff(&view(gamma)?, zero_centered);
+    let addv = add.map(view).transpose()?;
+    let mut dx = vec![0.0f32; xv.len()];
+    dx.par_chunks_mut(n).enumerate().for_each(|(r, dxr)| {
+        let (xr, dyr, rr) = (&xv[r * n..(r + 1) * n], &dyv[r * n..(r + 1) * n], rs[r]);
+        let mean = xr.iter().zip(dyr).zip(&g).map(|((x, dy), g)| dy * g * x * rr).sum::<f32>() / n as f32;
+        for i in 0..n {
+            let xhat = xr[i] * rr;
+            dxr[i] = rr * (dyr[i] * g[i] - xhat * mean);
+            if let Some(av) = &addv {
+                dxr[i] += av[r * n + i];
+            }
+        }
+    });
+    let dgamma = column_sums(rows, n, |r, acc| {
+        let rr = rs[r];
+        for i in 0..n {
+            acc[i] += dyv[r * n + i] * xv[r * n + i] * rr;
+        }
+    });
+    Ok((store(&dx, x.shape(), x.dtype())?, store(&dgamma, gamma.shape(), gamma.dtype())?))
+}
+
+pub fn rmsnorm_bwd(_: &KernelCtx<'_>, a: &RmsNormBwdArgs) -> Result<RmsNormBwdOut> {
+    let (dx, dgamma) = rms_bwd(&a.dy, &a.x, &a.rsigma, &a.gamma, a.zero_centered_gamma, None)?;
+    Ok(RmsNormBwdOut { dx, dgamma })
+}
+
+pub fn rmsnorm_bwd_add(_: &KernelCtx<'_>, a: &RmsNormBwdAddArgs) -> Result<RmsNormBwdAddOut> {
+    let (dx, dgamma) = rms_bwd(&a.dy, &a.x, &a.rsigma, &a.gamma, a.zero_centered_gamma, Some(&a.add))?;
+    Ok(RmsNormBwdAddOut { dx, dgamma })
+}
+
+pub fn layernorm_fwd(_: &KernelCtx<'_>, a: &LayerNormFwdArgs) -> Result<LayerNormFwdOut> {
+    let n = a.x.last_dim();
+    let rows = a.x.rows();
+    let x = view(&a.x)?;
+    let g = gamma_eff(&view(&a.gamma)?, a.zero_centered_gamma);
+    let beta = view(&a.beta)?;
+    let mut y = vec![0.0f32; x.len()];
+    let mut mu = vec![0.0f32; rows];
+    let mut rsigma = vec![0.0f32; rows];
+    y.par_chunks_mut(n).zip(x.par_chunks(n)).zip(mu.par_iter_mut().zip(rsigma.par_iter_mut())).for_each(
+        |((yr, xr), (m, rs))| {
+            let mean = xr.iter().sum::<f32>() / n as f32;
+            let var = xr.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n as f32;
+            let r = 1.0 / (var + a.eps).sqrt();
+            *m = mean;
+            *rs = r;
+            for i in 0..n {
+                yr[i] = (xr[i] - mean) * r * g[i] + beta[i];
+            }
+        },
+    );
+    Ok(LayerNormFwdOut {
+        y: store(&y, a.x.shape(), a.out_dtype)?,
+        mu: store(&mu, &[rows], DType::F32)?,
+        rsigma: store(&rsigma, &[rows], DType::F32)?,
+    })
+}
+
+pub fn layernorm_bwd(_: &KernelCtx<'_>, a: &LayerNormBwdArgs) -> Result<LayerNormBwdOut> {
+    let n = a.x.last_dim();
+    let rows = a.x.rows();
+    let (dyv, xv, mu, rs) = (view(&a.dy)?, view(&a.x)?, view(&a.mu)?, view(&a.rsigma)?);
+    let g = gamma_eff(&view(&a.gamma)?, a.zero_centered_gamma);
+    let mut dx = vec![0.0f32; xv.len()];
+    dx.par_chunks_mut(n).enumerate().for_each(|(r, dxr)| {
+        let (xr, dyr) = (&xv[r * n..(r + 1) * n], &dyv[r * n..(r + 1) * n]);
+        let (m, rr) = (mu[r], rs[r]);
+        let (mut sd, mut sdx) = (0.0f32, 0.0f32);
+        for i in 0..n {
+            let d = dyr[i] * g[i];
+            sd += d;
+            sdx += d * (xr[i] - m) * rr;
+        }
+        let (mean_d, mean_dx) = (sd / n as f32, sdx / n as f32);
+        for i in 0..n {
+            let xhat = (xr[i] - m) * rr;
+            dxr[i] = rr * (dyr[i] * g[i] - mean_d - xhat * mean_dx);
+        }
+    });
+    let sums = column_sums(rows, 2 * n, |r, acc| {
+        let (m, rr) = (mu[r], rs[r]);
+        for i in 0..n {
+            let dy = dyv[r * n + i];
+            acc[i] += dy * (xv[r * n + i] - m) * rr;
+            acc[n + i] += dy;
+        }
+    });
+    Ok(LayerNormBwdOut {
+        dx: store(&dx, a.x.shape(), a.x.dtype())?,
+        dgamma: store(&sums[..n], a.gamma.shape(), a.gamma.dtype())?,
+        dbeta: store(&sums[n..], a.gamma.shape(), a.gamma.dtype())?,
+    })
+}

@@ -1,0 +1,99 @@
+//! FP8 per-tensor scaling on the CPU.
+
+use rayon::prelude::*;
+use tefl_core::catalogue::*;
+use tefl_core::fp8::Fp8Format;
+use tefl_core::{Error, KernelCtx, Result, Tensor};
+
+use crate::util::{CHUNK, scalar_tensor, store, view};
+
+/// max |x|, NaN when x holds a NaN.
+fn amax(x: &[f32]) -> f32 {
+    x.par_chunks(CHUNK)
+        .map(|c| c.iter().fold(0.0f32, |m, v| if v.is_nan() || m.is_nan() { f32::NAN } else { m.max(v.abs()) }))
+        .reduce(|| 0.0f32, |a, b| if a.is_nan() || b.is_nan() { f32::NAN } else { a.max(b) })
+}
+
+fn format_of(d: tefl_core::DType) -> Result<Fp8Format> {
+    Fp8Format::of(d).ok_or_else(|| Error::Tensor(format!("{d} is not an fp8 dtype")))
+}
+
+fn transpose_codes(q: &[u8], m: usize, n: usize) -> Vec<u8> {
+    let mut t = vec![0u8; q.len()];
+    t.par_chunks_mut(m.max(1)).enumerate().for_each(|(j, col)| {
+        for (i, v) in col.iter_mut().enumerate() {
+            *v = q[i * n + j];
+        }
+    });
+    t
+}
+
+pub fn quantize(_: &KernelCtx<'_>, a: &QuantizeArgs) -> Result<QuantizeOut> {
+    let f = format_of(a.fp8_dtype)?;
+    let x = view(&a.x)?;
+    let scale = a.scale.to_vec::<f32>()?[0];
+    let mut q = vec![0u8; x.len()];
+    q.par_chunks_mut(CHUNK).zip(x.par_chunks(CHUNK)).for_each(|(o, i)| {
+        for (c, v) in o.iter_mut().zip(i) {
+            *c = f.encode(v * scale);
+        }
+    });
+    let q_t = if a.want_transpose {
+        let (m, n) = (a.x.shape()[0], a.x.shape()[1]);
+        Some(Tensor::from_slice(&transpose_codes(&q, m, n), [n, m], a.fp8_dtype)?)
+    } else {
+        None
+    };
+    Ok(QuantizeOut {
+        q: Tensor::from_slice(&q, a.x.shape(), a.fp8_dtype)?,
+        q_t,
+        amax: scalar_tensor(amax(&x))?,
+        scale_inv: scalar_tensor(1.0 / scale)?,
+    })
+}
+
+pub fn dequantize(_: &KernelCtx<'_>, a: &DequantizeArgs) -> Result<DequantizeOut> {
+    let q = view(&a.q)?;
+    let s = a.scale_inv.to_vec::<f32>()?[0];
+    let y: Vec<f32> = q.par_iter().map(|v| v * s).collect();
+    Ok(DequantizeOut { y: store(&y, a.q.shape(), a.out_dtype)? })
+}
+
+pub fn compute_amax(_: &KernelCtx<'_>, a: &ComputeAmaxArgs) -> Result<ComputeAmaxOut> {
+    Ok(ComputeAmaxOut { amax: scalar_tensor(amax(&view(&a.x)?))? })
+}
+
+pub fn fp8_transpose(_: &KernelCtx<'_>, a: &Fp8TransposeArgs) -> Result<Fp8TransposeOut> {
+    let (m, n) = (a.q.shape()[0], a.q.shape()[1]);
+    let q = a.q.host_bytes()?;
+    Ok(Fp8TransposeOut { q_t: Tensor::from_slice(&transpose_codes(&q, m, n), [n, m], a.q.dtype())? })
+}
+
+pub fn delayed_scaling(_: &KernelCtx<'_>, a: &DelayedScalingArgs) -> Result<DelayedScalingOut> {
+    let (hist, n) = (a.amax_history.shape()[0], a.amax_history.shape()[1]);
+    let mut h = a.amax_history.to_vec::<f32>()?;
+    let mut scale = a.scale.to_vec::<f32>()?;
+    let mut scale_inv = a.scale_inv.to_vec::<f32>()?;
+    for j in 0..n {
+        let amax = match a.algo {
+            AmaxAlgo::Max => (0..hist)
+                .map(|r| h[r * n + j])
+                .fold(0.0f32, |m, v| if m.is_nan() || v.is_nan() { f32::NAN } else { m.max(v) }),
+            AmaxAlgo::MostRecent => h[j],
+        };
+        if amax.is_finite() && amax > 0.0 {
+            let s = a.fp8_max / amax / 2f32.powf(a.margin);
+            if s.is_finite() && s > 0.0 {
+                scale[j] = s;
+            }
+        }
+        scale_inv[j] = 1.0 / scale[j];
+    }
+    // Roll the history up by one row (row 0 moves to the end), then clear row 0.
+    h.rotate_left(n);
+    h[..n].iter_mut().for_each(|v| *v = 0.0);
+    crate::util::write_into(&a.amax_history, &h)?;
+    crate::util::write_into(&a.scale, &scale)?;
+    crate::util::write_into(&a.scale_inv, &scale_inv)?;
+    Ok(DelayedScalingOut {})
+}

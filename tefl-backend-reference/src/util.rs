@@ -1,0 +1,112 @@
+//! Host access helpers shared by the reference kernels.
+
+use std::ops::Deref;
+
+use rayon::prelude::*;
+use tefl_core::device::HostRead;
+use tefl_core::fp8::Fp8Format;
+use tefl_core::{DType, Error, Result, Tensor, bf16, f16};
+
+/// Elements per rayon task for elementwise work.
+pub const CHUNK: usize = 1 << 14;
+
+/// A tensor's elements as f32: borrowed for f32 tensors, converted (in parallel) otherwise.
+pub enum F32View<'a> {
+    /// An f32 tensor's own bytes.
+    Host(HostRead<'a>),
+    /// A converted copy.
+    Owned(Vec<f32>),
+}
+
+impl Deref for F32View<'_> {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        match self {
+            F32View::Host(r) => bytemuck::cast_slice(r),
+            F32View::Owned(v) => v,
+        }
+    }
+}
+
+fn convert<T: bytemuck::Pod + Send + Sync>(bytes: &[u8], f: impl Fn(&T) -> f32 + Sync) -> Vec<f32> {
+    let src: &[T] = bytemuck::cast_slice(bytes);
+    let mut out = vec![0.0f32; src.len()];
+    out.par_chunks_mut(CHUNK).zip(src.par_chunks(CHUNK)).for_each(|(o, s)| {
+        for (d, x) in o.iter_mut().zip(s) {
+            *d = f(x);
+        }
+    });
+    out
+}
+
+/// Reads a float or FP8 tensor on the host as f32.
+pub fn view(t: &Tensor) -> Result<F32View<'_>> {
+    let bytes = t.host_bytes()?;
+    Ok(match t.dtype() {
+        DType::F32 => F32View::Host(bytes),
+        DType::F16 => F32View::Owned(convert::<f16>(&bytes, |x| x.to_f32())),
+        DType::BF16 => F32View::Owned(convert::<bf16>(&bytes, |x| x.to_f32())),
+        DType::F64 => F32View::Owned(convert::<f64>(&bytes, |x| *x as f32)),
+        d @ (DType::F8E4M3 | DType::F8E5M2) => {
+            let f = Fp8Format::of(d).ok_or_else(|| Error::Tensor(format!("{d} is not fp8")))?;
+            F32View::Owned(convert::<u8>(&bytes, |x| f.decode(*x)))
+        }
+        d => return Err(Error::Tensor(format!("reference: cannot read {d} as floats"))),
+    })
+}
+
+/// A host tensor of `dtype` from f32 values (converted in parallel, round to nearest even).
+pub fn store(data: &[f32], shape: &[usize], dtype: DType) -> Result<Tensor> {
+    fn conv<T: tefl_core::Element>(data: &[f32], shape: &[usize], f: impl Fn(f32) -> T + Sync) -> Result<Tensor> {
+        let mut out: Vec<T> = vec![T::zeroed(); data.len()];
+        out.par_chunks_mut(CHUNK).zip(data.par_chunks(CHUNK)).for_each(|(o, s)| {
+            for (d, x) in o.iter_mut().zip(s) {
+                *d = f(*x);
+            }
+        });
+        Tensor::from_slice(&out, shape, T::DTYPE)
+    }
+    match dtype {
+        DType::F32 => Tensor::from_slice(data, shape, DType::F32),
+        DType::F16 => conv(data, shape, f16::from_f32),
+        DType::BF16 => conv(data, shape, bf16::from_f32),
+        d => Err(Error::Tensor(format!("reference: cannot store floats as {d}"))),
+    }
+}
+
+/// Writes f32 values into an existing float tensor (in place), converting to its dtype.
+pub fn write_into(t: &Tensor, data: &[f32]) -> Result<()> {
+    let mut w = t.host_bytes_mut()?;
+    match t.dtype() {
+        DType::F32 => bytemuck::cast_slice_mut::<u8, f32>(&mut w).copy_from_slice(data),
+        DType::F16 => {
+            for (d, x) in bytemuck::cast_slice_mut::<u8, f16>(&mut w).iter_mut().zip(data) {
+                *d = f16::from_f32(*x);
+            }
+        }
+        DType::BF16 => {
+            for (d, x) in bytemuck::cast_slice_mut::<u8, bf16>(&mut w).iter_mut().zip(data) {
+                *d = bf16::from_f32(*x);
+            }
+        }
+        d => return Err(Error::Tensor(format!("reference: cannot write floats into {d}"))),
+    }
+    Ok(())
+}
+
+/// Reads the i32 noop flag.
+pub fn noop_set(flag: &Tensor) -> Result<bool> {
+    Ok(flag.to_vec::<i32>()?.first().copied().unwrap_or(0) != 0)
+}
+
+/// Sets the i32 noop flag to 1.
+pub fn set_noop(flag: &Tensor) -> Result<()> {
+    let mut w = flag.host_bytes_mut()?;
+    bytemuck::cast_slice_mut::<u8, i32>(&mut w)[0] = 1;
+    Ok(())
+}
+
+/// A one-element f32 tensor.
+pub fn scalar_tensor(v: f32) -> Result<Tensor> {
+    Tensor::from_slice(&[v], [1], DType::F32)
+}
