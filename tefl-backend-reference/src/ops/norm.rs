@@ -6,6 +6,11 @@ use tefl_core::{DType, KernelCtx, Result};
 
 use crate::util::{store, view};
 
+/// Σ f(x) over a row, accumulated in f64 (rows reach 16384 and more).
+fn row_sum(xs: impl Iterator<Item = f32>) -> f32 {
+    xs.map(f64::from).sum::<f64>() as f32
+}
+
 fn gamma_eff(gamma: &[f32], zero_centered: bool) -> Vec<f32> {
     gamma.iter().map(|g| if zero_centered { 1.0 + g } else { *g }).collect()
 }
@@ -38,7 +43,7 @@ pub fn rmsnorm_fwd(_: &KernelCtx<'_>, a: &RmsNormFwdArgs) -> Result<RmsNormFwdOu
     let mut y = vec![0.0f32; x.len()];
     let mut rsigma = vec![0.0f32; rows];
     y.par_chunks_mut(n).zip(x.par_chunks(n)).zip(rsigma.par_iter_mut()).for_each(|((yr, xr), rs)| {
-        let ms = xr.iter().map(|v| v * v).sum::<f32>() / n as f32;
+        let ms = row_sum(xr.iter().map(|v| v * v)) / n as f32;
         let r = 1.0 / (ms + a.eps).sqrt();
         *rs = r;
         for ((o, xv), gv) in yr.iter_mut().zip(xr).zip(&g) {
@@ -64,7 +69,7 @@ fn rms_bwd(
     let mut dx = vec![0.0f32; xv.len()];
     dx.par_chunks_mut(n).enumerate().for_each(|(r, dxr)| {
         let (xr, dyr, rr) = (&xv[r * n..(r + 1) * n], &dyv[r * n..(r + 1) * n], rs[r]);
-        let mean = xr.iter().zip(dyr).zip(&g).map(|((x, dy), g)| dy * g * x * rr).sum::<f32>() / n as f32;
+        let mean = row_sum(xr.iter().zip(dyr).zip(&g).map(|((x, dy), g)| dy * g * x * rr)) / n as f32;
         for i in 0..n {
             let xhat = xr[i] * rr;
             dxr[i] = rr * (dyr[i] * g[i] - xhat * mean);
@@ -103,8 +108,8 @@ pub fn layernorm_fwd(_: &KernelCtx<'_>, a: &LayerNormFwdArgs) -> Result<LayerNor
     let mut rsigma = vec![0.0f32; rows];
     y.par_chunks_mut(n).zip(x.par_chunks(n)).zip(mu.par_iter_mut().zip(rsigma.par_iter_mut())).for_each(
         |((yr, xr), (m, rs))| {
-            let mean = xr.iter().sum::<f32>() / n as f32;
-            let var = xr.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n as f32;
+            let mean = row_sum(xr.iter().copied()) / n as f32;
+            let var = row_sum(xr.iter().map(|v| (v - mean) * (v - mean))) / n as f32;
             let r = 1.0 / (var + a.eps).sqrt();
             *m = mean;
             *rs = r;
@@ -129,13 +134,13 @@ pub fn layernorm_bwd(_: &KernelCtx<'_>, a: &LayerNormBwdArgs) -> Result<LayerNor
     dx.par_chunks_mut(n).enumerate().for_each(|(r, dxr)| {
         let (xr, dyr) = (&xv[r * n..(r + 1) * n], &dyv[r * n..(r + 1) * n]);
         let (m, rr) = (mu[r], rs[r]);
-        let (mut sd, mut sdx) = (0.0f32, 0.0f32);
+        let (mut sd, mut sdx) = (0.0f64, 0.0f64);
         for i in 0..n {
             let d = dyr[i] * g[i];
-            sd += d;
-            sdx += d * (xr[i] - m) * rr;
+            sd += f64::from(d);
+            sdx += f64::from(d * (xr[i] - m) * rr);
         }
-        let (mean_d, mean_dx) = (sd / n as f32, sdx / n as f32);
+        let (mean_d, mean_dx) = ((sd / n as f64) as f32, (sdx / n as f64) as f32);
         for i in 0..n {
             let xhat = (xr[i] - m) * rr;
             dxr[i] = rr * (dyr[i] * g[i] - mean_d - xhat * mean_dx);
