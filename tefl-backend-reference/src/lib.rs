@@ -5,11 +5,12 @@
 //! It is the CPU default and the last fallback for every device: the manager stages other
 //! devices' tensors through host memory for it.
 //!
-//! Work is spread with rayon over rows, tiles and chunks; GEMM runs on the cache-blocked
-//! SIMD kernels of the `gemm` crate; attention is tiled with an online softmax and never
+//! Work is spread with rayon over rows, tiles and chunks; GEMM runs on a cache-blocked
+//! AVX-512 kernel of our own (the `gemm` crate's kernels on CPUs without AVX-512); attention is tiled with an online softmax and never
 //! allocates an sq×sk buffer. It is not the test oracle: the conformance tests compare it
 //! with an independent f64 implementation in `tests/`.
 
+pub mod kernels;
 pub mod ops;
 mod util;
 

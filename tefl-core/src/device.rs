@@ -302,6 +302,20 @@ impl HostBuffer {
         HostBuffer { words: RwLock::new(vec![0u64; len.div_ceil(8)]), len }
     }
 
+    /// A buffer holding a copy of `data`'s bytes (one allocation, one copy).
+    pub fn from_pod<T: bytemuck::Pod>(data: &[T]) -> Self {
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        let mut words = Vec::<u64>::with_capacity(bytes.len().div_ceil(8));
+        let full = bytes.len() / 8;
+        words.extend(bytes[..full * 8].chunks_exact(8).map(|c| u64::from_ne_bytes(c.try_into().unwrap_or([0; 8]))));
+        if full * 8 < bytes.len() {
+            let mut last = [0u8; 8];
+            last[..bytes.len() - full * 8].copy_from_slice(&bytes[full * 8..]);
+            words.push(u64::from_ne_bytes(last));
+        }
+        HostBuffer { words: RwLock::new(words), len: bytes.len() }
+    }
+
     /// A buffer holding a copy of `bytes`.
     pub fn from_bytes(bytes: &[u8]) -> Self {
         let b = HostBuffer::zeroed(bytes.len());
@@ -385,6 +399,11 @@ pub fn as_host(buf: &dyn Buffer) -> Option<&HostBuffer> {
 /// Wraps host bytes as a CPU buffer.
 pub fn host_buffer(bytes: &[u8]) -> Arc<dyn Buffer> {
     Arc::new(CpuBuffer(HostBuffer::from_bytes(bytes)))
+}
+
+/// A CPU buffer holding a copy of `data`.
+pub fn host_buffer_from<T: bytemuck::Pod>(data: &[T]) -> Arc<dyn Buffer> {
+    Arc::new(CpuBuffer(HostBuffer::from_pod(data)))
 }
 
 /// The host CPU's runtime (always available).

@@ -41,8 +41,12 @@ impl Tensor {
         if numel != data.len() {
             return Err(Error::Tensor(format!("{} elements given for shape {shape:?} ({numel} elements)", data.len())));
         }
-        let bytes = encode_elements(data, dtype)?;
-        Ok(Tensor { dtype, device: Device::CPU, shape: shape.into(), storage: device::host_buffer(&bytes) })
+        let storage = if T::DTYPE == dtype {
+            device::host_buffer_from(data)
+        } else {
+            device::host_buffer(&encode_elements(data, dtype)?)
+        };
+        Ok(Tensor { dtype, device: Device::CPU, shape: shape.into(), storage })
     }
 
     /// A tensor of zeros (all-zero bytes) on `device`.

@@ -1,11 +1,13 @@
-//! `generic_gemm` on the CPU: the cache-blocked, SIMD, multi-threaded kernels of the `gemm`
-//! crate in f32 (half inputs are widened, so they accumulate in f32), then the epilogue.
+//! `generic_gemm` on the CPU: a cache-blocked, multi-threaded f32 GEMM (our AVX-512 kernel, or
+//! the `gemm` crate's elsewhere; half inputs are widened, so they accumulate in f32), then the
+//! epilogue.
 
 use rayon::prelude::*;
 use tefl_core::catalogue::*;
 use tefl_core::{DType, KernelCtx, Result, Tensor};
 
 use super::activation::{act, dact};
+use crate::kernels::sgemm::{MatRef, sgemm};
 use crate::util::{store, view};
 
 pub fn generic_gemm(_: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
@@ -16,38 +18,9 @@ pub fn generic_gemm(_: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
         (Some(c), true) => view(c)?.to_vec(),
         _ => vec![0.0f32; m * n],
     };
-    let (lhs_rs, lhs_cs) = if a.transa { (1isize, m as isize) } else { (k as isize, 1isize) };
-    let (rhs_rs, rhs_cs) = if a.transb { (1isize, k as isize) } else { (n as isize, 1isize) };
-    if m > 0 && n > 0 && k > 0 {
-        // SAFETY: `d` holds m·n f32 with row stride n; `lhs` holds the m·k elements of op(A) at
-        // (i·lhs_rs + l·lhs_cs) and `rhs` the k·n elements of op(B) at (l·rhs_rs + j·rhs_cs), as
-        // `gemm_dims` checked the shapes; the three buffers do not overlap (d is a fresh Vec).
-        unsafe {
-            gemm::gemm(
-                m,
-                n,
-                k,
-                d.as_mut_ptr(),
-                1,
-                n as isize,
-                a.accumulate,
-                lhs.as_ptr(),
-                lhs_cs,
-                lhs_rs,
-                rhs.as_ptr(),
-                rhs_cs,
-                rhs_rs,
-                1.0f32,
-                a.alpha,
-                false,
-                false,
-                false,
-                gemm::Parallelism::Rayon(rayon::current_num_threads()),
-            );
-        }
-    } else if !a.accumulate {
-        d.iter_mut().for_each(|v| *v = 0.0);
-    }
+    let am = if a.transa { MatRef { data: &lhs, rs: 1, cs: m } } else { MatRef { data: &lhs, rs: k, cs: 1 } };
+    let bm = if a.transb { MatRef { data: &rhs, rs: 1, cs: k } } else { MatRef { data: &rhs, rs: n, cs: 1 } };
+    sgemm(m, n, k, a.alpha, am, bm, &mut d);
     drop((lhs, rhs));
 
     let bias = a.bias.as_ref().map(view).transpose()?;

@@ -1,0 +1,3 @@
+//! Hand-written compute kernels the ops build on.
+
+pub mod sgemm;
