@@ -52,7 +52,8 @@ fn run() -> tefl::Result<()> {
     let gs: Vec<f32> = (0..hidden).map(|i| 0.5 + (i % 7) as f32 / 7.0).collect();
     let x = Tensor::from_slice(&xs, [rows, hidden], DType::F32)?;
     let gamma = Tensor::from_slice(&gs, [hidden], DType::F32)?;
-    let (y, rsigma) = tefl::ops::rmsnorm_fwd(&x, &gamma, 1e-5).call_with(&manager)?;
+    let out = tefl::ops::rmsnorm_fwd(&x, &gamma, 1e-5).call_with(&manager)?;
+    let (y, rsigma) = (out.y, out.rsigma);
 
     // Check against the formula, in f64.
     let (y, rsigma) = (y.to_vec::<f64>()?, rsigma.to_vec::<f64>()?);

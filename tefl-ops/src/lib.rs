@@ -1,9 +1,11 @@
 //! # tefl-ops
 //!
-//! Typed entry points for tefl's ops. Each builds the op's argument struct from the
-//! catalogue and calls the process-wide manager ([`tefl_core::global`]) or one you pass;
-//! the manager validates the arguments (shape, dtype, device) before dispatch, so bad
-//! input comes back as an error naming the argument.
+//! Typed entry points for every op of tefl's catalogue, under TransformerEngine's names.
+//! Each function takes the op's required arguments and returns a [`Call`]: builder methods
+//! set the options (typed enums for layouts, masks, modes and epilogues), and
+//! [`Call::call`] runs it on the process-wide manager ([`tefl_core::global`]) or
+//! [`Call::call_with`] on one you pass. The manager validates the arguments (shape, dtype,
+//! device) before dispatch, so bad input comes back as an error naming the argument.
 //!
 //! This crate also links the backends the enabled features ask for (`nvidia`, `amd`,
 //! `vulkan`; the reference backend always), so their link-time registrations are kept.
@@ -15,12 +17,30 @@
 //! // Bad input is rejected before any impl runs:
 //! let err = tefl_ops::rmsnorm_fwd(&x, &g, -1.0).call().unwrap_err();
 //! assert!(err.to_string().contains("eps"));
+//! // Good input is served by the best impl for the device (the CPU reference here):
+//! let out = tefl_ops::rmsnorm_fwd(&x, &g, 1e-6).call()?;
+//! assert_eq!(out.y.shape(), &[2, 2]);
 //! # Ok::<(), tefl_core::Error>(())
 //! ```
 
-pub mod norm;
+mod activation;
+mod attention;
+mod call;
+mod gemm;
+mod norm;
+mod optimizer;
+mod quantize;
+mod softmax;
 
-pub use norm::{RmsNormBwdCall, RmsNormFwdCall, rmsnorm_bwd, rmsnorm_fwd};
+pub use activation::*;
+pub use attention::*;
+pub use call::Call;
+pub use gemm::*;
+pub use norm::*;
+pub use optimizer::*;
+pub use quantize::*;
+pub use softmax::*;
+pub use tefl_core::catalogue::{Activation, AdamMode, AmaxAlgo, AttnMask, AttnWindow, GemmEpilogue, QkvLayout};
 
 #[cfg(feature = "amd")]
 use tefl_backend_amd as _;
