@@ -265,6 +265,20 @@ pub fn register_device_runtime(rt: Arc<dyn DeviceRuntime>) -> Result<()> {
     Ok(())
 }
 
+static POISON: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Makes every runtime fill new allocations with `0xFF` bytes (NaN in every float dtype)
+/// instead of leaving them unspecified, so that an output a kernel forgets to write cannot
+/// pass a comparison. The conformance suite turns this on; runtimes honour it in `alloc`.
+pub fn set_poison_allocations(on: bool) {
+    POISON.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether new allocations must be poisoned (see [`set_poison_allocations`]).
+pub fn poison_allocations() -> bool {
+    POISON.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// The runtime of a device kind.
 pub fn runtime(kind: DeviceKind) -> Result<Arc<dyn DeviceRuntime>> {
     read_lock(runtime_table()).get(&kind).cloned().ok_or_else(|| Error::DeviceUnavailable {
@@ -429,7 +443,13 @@ impl DeviceRuntime for CpuRuntime {
                 reason: "the CPU runtime only has device 'cpu'".into(),
             });
         }
-        Ok(Arc::new(CpuBuffer(HostBuffer::zeroed(bytes))))
+        let buf = HostBuffer::zeroed(bytes);
+        if poison_allocations()
+            && let Some(mut w) = buf.try_write()
+        {
+            w.fill(0xFF);
+        }
+        Ok(Arc::new(CpuBuffer(buf)))
     }
     fn copy_from_host(&self, dst: &dyn Buffer, src: &[u8]) -> Result<()> {
         let host = as_host(dst).ok_or_else(|| Error::Tensor("not a CPU buffer".into()))?;

@@ -57,7 +57,8 @@ impl Tensor {
             .ok_or_else(|| Error::Tensor(format!("shape {shape:?} overflows usize")))?;
         let rt = device::runtime(device.kind)?;
         let storage = rt.alloc(*device, bytes)?;
-        if !device.is_cpu() {
+        // The CPU runtime hands out zeroed memory unless allocations are being poisoned.
+        if !device.is_cpu() || device::poison_allocations() {
             rt.copy_from_host(&*storage, &vec![0u8; bytes])?;
         }
         Ok(Tensor { dtype, device: *device, shape: shape.into(), storage })

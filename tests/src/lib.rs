@@ -33,6 +33,7 @@ pub fn enabled_backends() -> Vec<&'static str> {
     v
 }
 
+pub mod conformance;
 pub mod oracle;
 
 use std::sync::OnceLock;

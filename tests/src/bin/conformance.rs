@@ -1,0 +1,73 @@
+//! `conformance <backend> [--allow-unavailable] [--full] [--seed N]`: runs the conformance
+//! suite against every impl the backend registers, prints the op × dtype table and
+//! `N passed, N failed, N skipped`, and exits non-zero on any failure (or when the backend
+//! is unavailable here, unless `--allow-unavailable`). `cargo xtask test-backend` runs it.
+
+use std::process::ExitCode;
+
+use tefl_core::{Manager, Registry};
+use tefl_tests::conformance::{Size, Suite};
+
+fn main() -> ExitCode {
+    let mut args = std::env::args().skip(1);
+    let mut backend = None;
+    let (mut allow_unavailable, mut size, mut seed) = (false, Size::Quick, None);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--allow-unavailable" => allow_unavailable = true,
+            "--full" => size = Size::Full,
+            "--seed" => seed = args.next().and_then(|s| s.parse::<u64>().ok()),
+            s if !s.starts_with('-') && backend.is_none() => backend = Some(s.to_ascii_lowercase()),
+            other => {
+                eprintln!("conformance: unexpected argument {other:?}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let Some(backend) = backend else {
+        eprintln!("usage: conformance <backend> [--allow-unavailable] [--full] [--seed N]");
+        return ExitCode::from(2);
+    };
+    let linked = tefl_ops::linked_backends();
+    let mgr = Manager::new(Registry::with_builtins(), Default::default());
+    let Some(info) = mgr.list_backends().into_iter().find(|b| b.name == backend) else {
+        eprintln!("conformance: backend '{backend}' is not in this build (linked: {linked:?}); enable its feature");
+        return ExitCode::from(2);
+    };
+    let seed = seed.unwrap_or_else(|| tefl_tests::seed("conformance"));
+    println!("backend {backend}: seed {seed} (replay with --seed {seed})");
+    let ops = tefl_core::catalogue::all().len();
+    if !info.available {
+        let why = info.unavailable_reason.unwrap_or_default();
+        println!("backend {backend} is unavailable here: {why}");
+        println!("0 passed, 0 failed, {ops} skipped");
+        return if allow_unavailable { ExitCode::SUCCESS } else { ExitCode::FAILURE };
+    }
+    let mut impl_ids: Vec<String> = mgr.with_registry(|r| {
+        r.all_impls()
+            .filter(|i| i.backend_name().eq_ignore_ascii_case(&backend))
+            .map(|i| i.impl_id().to_string())
+            .collect()
+    });
+    impl_ids.sort();
+    impl_ids.dedup();
+    if impl_ids.is_empty() {
+        // Nothing registered yet (a fresh scaffold): every op is a skip.
+        impl_ids.push(format!("{backend}.none"));
+    }
+    let mut failed = false;
+    for id in &impl_ids {
+        let mut suite = match Suite::new(&mgr, id, seed, size) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("conformance: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        println!("impl {id} on {}", suite.device);
+        suite.run_all(&mut |family| println!("  running {family} ..."));
+        print!("{}", suite.report());
+        failed |= suite.counts().1 > 0;
+    }
+    if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS }
+}
