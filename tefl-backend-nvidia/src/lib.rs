@@ -13,3 +13,6 @@
 pub mod vendor;
 
 pub use vendor::{availability, vendor_info};
+
+/// The backend's name (`TE_BACKEND`, `cargo xtask test-backend`).
+pub const BACKEND: &str = vendor::VENDOR;
