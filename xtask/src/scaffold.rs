@@ -1,0 +1,233 @@
+//! `cargo xtask new-backend <vendor>`: a backend crate in FlagGems' `_vendor` layout, wired
+//! into the workspace; and the `run.sh` of `cargo xtask bundle`.
+
+use std::fs;
+use std::path::Path;
+use std::process::ExitCode;
+
+const CARGO_TOML: &str = r#"[package]
+name = "tefl-backend-@V@"
+description = "tefl backend of @V@"
+version.workspace = true
+edition.workspace = true
+license.workspace = true
+rust-version.workspace = true
+
+[dependencies]
+tefl-core.workspace = true
+"#;
+
+const LIB_RS: &str = r#"//! # tefl-backend-@V@
+//!
+//! The @V@ backend of tefl, laid out like a FlagGems `_vendor` folder:
+//! - `vendor.rs`: the vendor description (`VendorInfo`) and the availability check;
+//! - `ops/`: one file per op family, each registering its impls with `register_impl!`;
+//! - `tune_configs.toml` (+ `<arch>/tune_configs.toml`): candidate kernel configs;
+//! - `heuristics.rs`: named functions that pick kernel parameters from problem sizes;
+//! - `kernels/`: the kernel sources.
+//!
+//! Check it with `cargo xtask test-backend @V@`: every op this crate registers is compared
+//! with the f64 oracle; ops it does not register are reported as skipped.
+
+pub mod heuristics;
+pub mod ops;
+pub mod vendor;
+
+pub use vendor::availability;
+
+/// The backend's name (`TE_BACKEND=@V@`, `cargo xtask test-backend @V@`).
+pub const BACKEND: &str = vendor::VENDOR;
+"#;
+
+const VENDOR_RS: &str = r#"//! The @V@ vendor description and availability check.
+
+use tefl_core::VendorInfo;
+
+/// The vendor name your impls carry (allow/deny lists and `vendor:@V@` tokens use it).
+pub const VENDOR: &str = "@V@";
+
+/// FlagGems' `VendorInfoBase`: vendor name, device name, device query command, and the
+/// arch families your tune configs are keyed by.
+pub fn vendor_info() -> VendorInfo {
+    VendorInfo::new(VENDOR, "@V@", "@V@-smi")
+        // .arch_map(&[("gen2", "second_generation")])
+        // .unused_ops(&["fused_attn_bwd"])
+        .availability(availability)
+}
+
+tefl_core::register_vendor!(vendor_info);
+
+/// Whether the device is usable here. Query your driver (loaded at run time, so that a
+/// build with this feature starts on machines without it) and return `Err(reason)` when it
+/// is missing. This scaffold has no device to check.
+pub fn availability() -> Result<(), String> {
+    Ok(())
+}
+"#;
+
+const OPS_MOD_RS: &str = r#"//! The @V@ impls, one file per op family (`norm.rs`, `gemm.rs`, ...).
+//!
+//! An impl is one `register_impl!` next to its kernel; a backend registers only the ops it
+//! implements for real. An example, for a device kind of your own:
+//!
+//! ```ignore
+//! use tefl_core::catalogue::{RmsNormFwd, RmsNormFwdArgs, RmsNormFwdOut};
+//! use tefl_core::{DeviceKind, KernelCtx, Result};
+//!
+//! pub const DEVICE: DeviceKind = DeviceKind::new("@V@");
+//!
+//! tefl_core::register_impl! {
+//!     op: RmsNormFwd, impl_id: "vendor.@V@", kind: Vendor, vendor: crate::vendor::VENDOR,
+//!     priority: 100, device: DEVICE, dtypes: [F32, F16, BF16], kernel: rmsnorm_fwd,
+//! }
+//!
+//! fn rmsnorm_fwd(ctx: &KernelCtx<'_>, a: &RmsNormFwdArgs) -> Result<RmsNormFwdOut> {
+//!     // launch your kernel on ctx.device with crate::heuristics::norm_block_size(a.x.last_dim())
+//! }
+//! ```
+//!
+//! The device kind needs a `tefl_core::device::DeviceRuntime` (allocation, copies,
+//! synchronize), registered with `tefl_core::device::DeviceRuntimeRegistration`.
+"#;
+
+const HEURISTICS_RS: &str = r#"//! Named heuristics (FlagGems' `heuristics_config_utils.py`) and the tune-config table.
+
+use tefl_core::tuning::TuneTable;
+
+/// The candidate configs: this crate's `tune_configs.toml` over tefl's defaults (none here);
+/// an arch folder (`<arch>/tune_configs.toml`) can be layered on top with `TuneTable::layered`.
+pub fn tune_table() -> Result<TuneTable, tefl_core::Error> {
+    let vendor = TuneTable::parse(include_str!("../tune_configs.toml"), "tefl-backend-@V@/tune_configs.toml")?;
+    Ok(TuneTable::layered(&TuneTable::default(), Some(&vendor), None))
+}
+
+/// Threads per row block of a normalisation kernel, from the row width.
+pub fn norm_block_size(n: usize) -> usize {
+    n.next_power_of_two().clamp(64, 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tune_configs_parse_and_heuristics_stay_in_range() {
+        let t = tune_table().unwrap();
+        assert!(!t.configs("rmsnorm").is_empty());
+        assert_eq!(norm_block_size(1), 64);
+        assert_eq!(norm_block_size(5000), 1024);
+    }
+}
+"#;
+
+const TUNE_TOML: &str = r#"# Candidate configs per kernel (FlagGems' tune_configs.yaml, in TOML). An entry is one
+# config, or `gen = true` with lists expanded to their cartesian product; `param_map`
+# renames list keys to kernel parameters. The autotuner times the candidates on first use
+# and caches the winner (TEFL_CACHE_DIR); TEFL_AUTOTUNE=0 uses heuristics.rs instead.
+
+[[rmsnorm]]
+gen = true
+param_map = { BLOCK = "blocks" }
+blocks = [128, 256, 512, 1024]
+vec = [4, 8]
+"#;
+
+const KERNELS_README: &str =
+    "# kernels\n\nKernel sources of the @V@ backend (compiled at build time or at first use).\n";
+
+fn write(path: &Path, text: &str, vendor: &str) -> Result<(), String> {
+    if let Some(dir) = path.parent() {
+        fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    fs::write(path, text.replace("@V@", vendor)).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Inserts `line` after the first line of `text` that starts with `anchor`.
+fn insert_after(text: &str, anchor: &str, line: &str) -> Result<String, String> {
+    let mut out = String::new();
+    let mut done = false;
+    for l in text.lines() {
+        out.push_str(l);
+        out.push('\n');
+        if !done && l.trim_start().starts_with(anchor) {
+            out.push_str(line);
+            out.push('\n');
+            done = true;
+        }
+    }
+    if done { Ok(out) } else { Err(format!("anchor {anchor:?} not found")) }
+}
+
+pub fn new_backend(root: &Path, args: &[String]) -> Result<ExitCode, String> {
+    let [vendor] = args else {
+        return Err("usage: cargo xtask new-backend <vendor>".into());
+    };
+    let valid = vendor.len() <= 32
+        && vendor.starts_with(|c: char| c.is_ascii_lowercase())
+        && vendor.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if !valid {
+        return Err(format!(
+            "'{vendor}' is not a valid vendor name: use lower-case letters, digits and '_', starting with a letter"
+        ));
+    }
+    if ["reference", "core", "ops", "default", "flagos", "vendor", "tests"].contains(&vendor.as_str()) {
+        return Err(format!("'{vendor}' is reserved"));
+    }
+    let krate = format!("tefl-backend-{vendor}");
+    let dir = root.join(&krate);
+    if dir.exists() {
+        return Err(format!("{} already exists", dir.display()));
+    }
+    let root_toml = root.join("Cargo.toml");
+    let ops_toml = root.join("tefl-ops/Cargo.toml");
+    let rt = fs::read_to_string(&root_toml).map_err(|e| e.to_string())?;
+    let ot = fs::read_to_string(&ops_toml).map_err(|e| e.to_string())?;
+    if ot.lines().any(|l| l.trim_start().starts_with(&format!("{vendor} ="))) {
+        return Err(format!("tefl-ops already has a feature '{vendor}'"));
+    }
+    // Edit the manifests first (in memory), so that a failure leaves nothing half-done.
+    let rt = insert_after(&rt, "\"tefl-backend-reference\",", &format!("    \"{krate}\","))?;
+    let rt = insert_after(&rt, "tefl-backend-reference = {", &format!("{krate} = {{ path = \"{krate}\" }}"))?;
+    let rt = insert_after(&rt, "vulkan = [\"tefl-ops/vulkan\"]", &format!("{vendor} = [\"tefl-ops/{vendor}\"]"))?;
+    let ot = insert_after(&ot, "vulkan = [\"dep:tefl-backend-vulkan\"]", &format!("{vendor} = [\"dep:{krate}\"]"))?;
+    let ot =
+        insert_after(&ot, "tefl-backend-vulkan = {", &format!("{krate} = {{ workspace = true, optional = true }}"))?;
+
+    write(&dir.join("Cargo.toml"), CARGO_TOML, vendor)?;
+    write(&dir.join("src/lib.rs"), LIB_RS, vendor)?;
+    write(&dir.join("src/vendor.rs"), VENDOR_RS, vendor)?;
+    write(&dir.join("src/ops/mod.rs"), OPS_MOD_RS, vendor)?;
+    write(&dir.join("src/heuristics.rs"), HEURISTICS_RS, vendor)?;
+    write(&dir.join("tune_configs.toml"), TUNE_TOML, vendor)?;
+    write(&dir.join("src/kernels/README.md"), KERNELS_README, vendor)?;
+    fs::write(&root_toml, rt).map_err(|e| e.to_string())?;
+    fs::write(&ops_toml, ot).map_err(|e| e.to_string())?;
+    println!("created {krate}/ (vendor.rs, ops/, tune_configs.toml, heuristics.rs, kernels/)");
+    println!("wired feature '{vendor}' (tefl-ops and the root package)");
+    println!("next: cargo build --features {vendor} && cargo xtask test-backend {vendor}");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The bundle's `run.sh`: conformance, quickstart and bench, logs and JSON under `$OUT`.
+pub fn run_sh(backend: &str) -> String {
+    format!(
+        r#"#!/usr/bin/env bash
+# tefl bundle for the {backend} backend: run on the GPU machine.
+# Logs and JSON go to $OUT when it is set (the device tool fetches it), else ./out.
+set -u -o pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+out=${{OUT:-$here/out}}
+mkdir -p "$out"
+status=0
+echo "== conformance ({backend})"
+"$here/conformance" {backend} --full 2>&1 | tee "$out/conformance.log" || status=1
+echo "== quickstart"
+"$here/quickstart" 2>&1 | tee "$out/quickstart.log" || status=1
+echo "== bench"
+vs=""
+python3 -c "import torch" 2>/dev/null && vs="--vs torch"
+"$here/bench" --backend {backend} $vs --json "$out/bench.json" 2>&1 | tee "$out/bench.log" || status=1
+exit $status
+"#
+    )
+}
