@@ -211,9 +211,9 @@ impl<'m> Suite<'m> {
     // ---------------- norms ----------------
 
     fn norms(&mut self) {
-        let mut shapes = vec![(1, 1000), (3, 4097), (17, 64)];
+        let mut shapes = vec![(1, 1000), (3, 4097), (17, 64), (2, 16384)];
         if self.size == Size::Full {
-            shapes.push((4, 16384));
+            shapes.push((33, 16384));
         }
         for dtype in FLOATS {
             for &(rows, n) in &shapes {
@@ -423,9 +423,9 @@ impl<'m> Suite<'m> {
             ("dbias_dsrelu", Activation::Srelu, |s, a| s.call::<DBiasDSrelu>(&a)),
             ("dbias_dsilu", Activation::Silu, |s, a| s.call::<DBiasDSilu>(&a)),
         ];
-        let mut shapes = vec![(1, 1000), (5, 4097)];
+        let mut shapes = vec![(1, 1000), (5, 4097), (2, 16384)];
         if self.size == Size::Full {
-            shapes.push((3, 16384));
+            shapes.push((64, 16384));
         }
         for dtype in FLOATS {
             for &(rows, n) in &shapes {
@@ -532,7 +532,7 @@ impl<'m> Suite<'m> {
                 s.call::<ScaledAlignedCausalMaskedSoftmaxBackward>(&a)
             }),
         ];
-        let mut shapes = vec![(2, 3, 5, 7), (1, 2, 9, 9), (1, 1, 3, 1000), (2, 2, 17, 4097)];
+        let mut shapes = vec![(2, 3, 5, 7), (1, 2, 9, 9), (1, 1, 3, 1000), (2, 2, 17, 4097), (1, 1, 2, 16384)];
         if self.size == Size::Full {
             shapes.push((1, 2, 64, 16384));
         }
@@ -1253,6 +1253,29 @@ impl<'m> Suite<'m> {
         }
         let (p, f, s) = self.counts();
         let _ = writeln!(out, "{p} passed, {f} failed, {s} skipped");
+        out
+    }
+
+    /// One line per case: op, dtype, case, result, max abs and relative error.
+    pub fn details(&self) -> String {
+        let mut out = String::new();
+        for o in &self.outcomes {
+            let r = match &o.status {
+                Status::Pass => "pass".to_string(),
+                Status::Fail(e) => format!("FAIL {e}"),
+                Status::Skip(r) => format!("skip {r}"),
+            };
+            let _ = writeln!(
+                out,
+                "{:<46} {:<7} max_abs {:>9.2e} rel {:>9.2e}  {}  [{}]",
+                o.op,
+                o.dtype.name(),
+                o.max_abs,
+                o.rel,
+                r,
+                o.case
+            );
+        }
         out
     }
 

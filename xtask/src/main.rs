@@ -21,9 +21,9 @@ mod scaffold;
 
 const USAGE: &str = "usage: cargo xtask <command>
 
-  test-backend <vendor> [--allow-unavailable] [--full] [--seed N]
+  test-backend <vendor> [--allow-unavailable] [--full] [--verbose] [--seed N]
         run the conformance suite for one backend; prints op x dtype -> pass/fail/skip and
-        'N passed, N failed, N skipped'; fails on any failure, or when the backend is
+        'N passed, N failed, N skipped' (--verbose: max abs and rel error per case); fails on any failure, or when the backend is
         unavailable here (unless --allow-unavailable)
   coverage [--check]
         write docs/coverage.md (op x backend, from the registry); --check fails when stale
@@ -143,7 +143,8 @@ fn test_backend(args: &[String]) -> Result<ExitCode, String> {
     let vendor = vendor.to_ascii_lowercase();
     let features = features_for(&vendor)?;
     for a in &args[1..] {
-        if !["--allow-unavailable", "--full", "--seed"].contains(&a.as_str()) && a.parse::<u64>().is_err() {
+        if !["--allow-unavailable", "--full", "--verbose", "--seed"].contains(&a.as_str()) && a.parse::<u64>().is_err()
+        {
             return Err(format!("test-backend: unknown option {a}"));
         }
     }

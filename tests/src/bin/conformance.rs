@@ -1,4 +1,4 @@
-//! `conformance <backend> [--allow-unavailable] [--full] [--seed N]`: runs the conformance
+//! `conformance <backend> [--allow-unavailable] [--full] [--verbose] [--seed N]`: runs the conformance
 //! suite against every impl the backend registers, prints the op × dtype table and
 //! `N passed, N failed, N skipped`, and exits non-zero on any failure (or when the backend
 //! is unavailable here, unless `--allow-unavailable`). `cargo xtask test-backend` runs it.
@@ -11,11 +11,12 @@ use tefl_tests::conformance::{Size, Suite};
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
     let mut backend = None;
-    let (mut allow_unavailable, mut size, mut seed) = (false, Size::Quick, None);
+    let (mut allow_unavailable, mut size, mut seed, mut verbose) = (false, Size::Quick, None, false);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--allow-unavailable" => allow_unavailable = true,
             "--full" => size = Size::Full,
+            "--verbose" => verbose = true,
             "--seed" => seed = args.next().and_then(|s| s.parse::<u64>().ok()),
             s if !s.starts_with('-') && backend.is_none() => backend = Some(s.to_ascii_lowercase()),
             other => {
@@ -25,7 +26,7 @@ fn main() -> ExitCode {
         }
     }
     let Some(backend) = backend else {
-        eprintln!("usage: conformance <backend> [--allow-unavailable] [--full] [--seed N]");
+        eprintln!("usage: conformance <backend> [--allow-unavailable] [--full] [--verbose] [--seed N]");
         return ExitCode::from(2);
     };
     let linked = tefl_ops::linked_backends();
@@ -66,6 +67,14 @@ fn main() -> ExitCode {
         };
         println!("impl {id} on {}", suite.device);
         suite.run_all(&mut |family| println!("  running {family} ..."));
+        if verbose {
+            print!("{}", suite.details());
+        } else {
+            // Failures always get their case line, with the errors.
+            for line in suite.details().lines().filter(|l| l.contains(" FAIL ")) {
+                println!("{line}");
+            }
+        }
         print!("{}", suite.report());
         failed |= suite.counts().1 > 0;
     }
