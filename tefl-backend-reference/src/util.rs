@@ -110,3 +110,86 @@ pub fn set_noop(flag: &Tensor) -> Result<()> {
 pub fn scalar_tensor(v: f32) -> Result<Tensor> {
     Tensor::from_slice(&[v], [1], DType::F32)
 }
+
+/// A float tensor's elements, typed.
+enum Src<'a> {
+    F32(&'a [f32]),
+    F16(&'a [f16]),
+    BF16(&'a [bf16]),
+}
+
+impl Src<'_> {
+    fn new(dtype: DType, bytes: &[u8]) -> Result<Src<'_>> {
+        Ok(match dtype {
+            DType::F32 => Src::F32(bytemuck::cast_slice(bytes)),
+            DType::F16 => Src::F16(bytemuck::cast_slice(bytes)),
+            DType::BF16 => Src::BF16(bytemuck::cast_slice(bytes)),
+            d => return Err(Error::Tensor(format!("reference: cannot read {d} rows as floats"))),
+        })
+    }
+
+    /// Copies `dst.len()` elements from `start`, widened to f32.
+    #[inline]
+    fn row_into(&self, start: usize, dst: &mut [f32]) {
+        let n = dst.len();
+        match self {
+            Src::F32(s) => dst.copy_from_slice(&s[start..start + n]),
+            Src::F16(s) => dst.iter_mut().zip(&s[start..start + n]).for_each(|(d, v)| *d = v.to_f32()),
+            Src::BF16(s) => dst.iter_mut().zip(&s[start..start + n]).for_each(|(d, v)| *d = v.to_f32()),
+        }
+    }
+}
+
+/// Row-wise map without full-size f32 staging: for each row `i` (in parallel), the rows of
+/// every input (input k has width `widths[k]`) are widened into per-thread scratch, `f(i,
+/// inputs, out_row)` fills an f32 output row of width `m`, which is narrowed straight into
+/// a fresh `out_dtype` tensor of `out_shape`. `f` also returns two per-row statistics
+/// (rsigma, mu, ...), collected in row order.
+pub fn map_rows<const K: usize>(
+    inputs: [(&Tensor, usize); K],
+    rows: usize,
+    out_shape: &[usize],
+    out_dtype: DType,
+    m: usize,
+    f: impl Fn(usize, [&[f32]; K], &mut [f32]) -> [f32; 2] + Sync + Send,
+) -> Result<(Tensor, Vec<[f32; 2]>)> {
+    let guards = inputs.iter().map(|(t, _)| t.host_bytes()).collect::<Result<Vec<_>>>()?;
+    let srcs = inputs.iter().zip(&guards).map(|((t, _), g)| Src::new(t.dtype(), g)).collect::<Result<Vec<_>>>()?;
+    let widths: [usize; K] = std::array::from_fn(|k| inputs[k].1);
+    let out = Tensor::zeros(out_shape, out_dtype, &tefl_core::Device::CPU)?;
+    let min_rows = (CHUNK / m.max(1)).max(1);
+    let stats = {
+        let mut w = out.host_bytes_mut()?;
+        macro_rules! run {
+            ($t:ty, $conv:expr) => {{
+                let dst: &mut [$t] = bytemuck::cast_slice_mut(&mut w);
+                dst.par_chunks_mut(m.max(1))
+                    .enumerate()
+                    .with_min_len(min_rows)
+                    .map_init(
+                        || (widths.map(|n| vec![0.0f32; n]), vec![0.0f32; m]),
+                        |(scratch, y), (i, orow)| {
+                            for (k, src) in srcs.iter().enumerate() {
+                                src.row_into(i * widths[k], &mut scratch[k]);
+                            }
+                            let rows_in: [&[f32]; K] = std::array::from_fn(|k| scratch[k].as_slice());
+                            let s = f(i, rows_in, y);
+                            for (d, v) in orow.iter_mut().zip(y.iter()) {
+                                *d = $conv(*v);
+                            }
+                            s
+                        },
+                    )
+                    .collect::<Vec<[f32; 2]>>()
+            }};
+        }
+        match out_dtype {
+            DType::F32 => run!(f32, |v: f32| v),
+            DType::F16 => run!(f16, f16::from_f32),
+            DType::BF16 => run!(bf16, bf16::from_f32),
+            d => return Err(Error::Tensor(format!("reference: cannot store floats as {d}"))),
+        }
+    };
+    debug_assert!(m == 0 || stats.len() == rows);
+    Ok((out, stats))
+}

@@ -4,7 +4,7 @@ use rayon::prelude::*;
 use tefl_core::catalogue::*;
 use tefl_core::{KernelCtx, Result};
 
-use crate::util::{CHUNK, store, view};
+use crate::util::{CHUNK, map_rows, store, view};
 
 const SQRT_2_OVER_PI: f32 = 0.797_884_6;
 
@@ -54,29 +54,49 @@ pub fn dact(kind: Activation, x: f32) -> f32 {
 }
 
 fn elementwise(a: &ActArgs, kind: Activation) -> Result<ActOut> {
-    let x = view(&a.x)?;
-    let mut y = vec![0.0f32; x.len()];
-    y.par_chunks_mut(CHUNK).zip(x.par_chunks(CHUNK)).for_each(|(o, i)| {
-        for (d, v) in o.iter_mut().zip(i) {
-            *d = act(kind, *v);
-        }
-    });
-    Ok(ActOut { y: store(&y, a.x.shape(), a.x.dtype())? })
+    let n = a.x.last_dim();
+    let (y, _) = map_rows([(&a.x, n)], a.x.rows(), a.x.shape(), a.x.dtype(), n, |_, [xr], yr| {
+        yr.iter_mut().zip(xr).for_each(|(o, v)| *o = act(kind, *v));
+        [0.0; 2]
+    })?;
+    Ok(ActOut { y })
+}
+
+fn half_shape(t: &tefl_core::Tensor) -> Vec<usize> {
+    let mut shape = t.shape().to_vec();
+    if let Some(l) = shape.last_mut() {
+        *l /= 2;
+    }
+    shape
 }
 
 fn gated(a: &ActArgs, kind: Activation) -> Result<ActOut> {
-    let n2 = a.x.last_dim();
-    let n = n2 / 2;
-    let x = view(&a.x)?;
-    let mut y = vec![0.0f32; x.len() / 2];
-    y.par_chunks_mut(n).zip(x.par_chunks(n2)).for_each(|(o, i)| {
+    let n = a.x.last_dim() / 2;
+    let (y, _) = map_rows([(&a.x, 2 * n)], a.x.rows(), &half_shape(&a.x), a.x.dtype(), n, |_, [xr], yr| {
         for j in 0..n {
-            o[j] = act(kind, i[j]) * i[n + j];
+            yr[j] = act(kind, xr[j]) * xr[n + j];
         }
-    });
-    let mut shape = a.x.shape().to_vec();
-    *shape.last_mut().unwrap_or(&mut 0) = n;
-    Ok(ActOut { y: store(&y, &shape, a.x.dtype())? })
+        [0.0; 2]
+    })?;
+    Ok(ActOut { y })
+}
+
+fn d_elementwise_t(a: &DActArgs, kind: Activation) -> Result<tefl_core::Tensor> {
+    let n = a.input.last_dim();
+    let (t, _) = map_rows(
+        [(&a.grad, n), (&a.input, n)],
+        a.input.rows(),
+        a.input.shape(),
+        a.input.dtype(),
+        n,
+        |_, [gr, xr], o| {
+            for j in 0..n {
+                o[j] = gr[j] * dact(kind, xr[j]);
+            }
+            [0.0; 2]
+        },
+    )?;
+    Ok(t)
 }
 
 fn d_elementwise(a: &DActArgs, kind: Activation) -> Result<Vec<f32>> {
@@ -91,18 +111,23 @@ fn d_elementwise(a: &DActArgs, kind: Activation) -> Result<Vec<f32>> {
 }
 
 fn d_gated(a: &DActArgs, kind: Activation) -> Result<DActOut> {
-    let n2 = a.input.last_dim();
-    let n = n2 / 2;
-    let (g, x) = (view(&a.grad)?, view(&a.input)?);
-    let mut dx = vec![0.0f32; x.len()];
-    dx.par_chunks_mut(n2).zip(x.par_chunks(n2).zip(g.par_chunks(n))).for_each(|(o, (xi, gi))| {
-        for j in 0..n {
-            let (av, bv) = (xi[j], xi[n + j]);
-            o[j] = gi[j] * bv * dact(kind, av);
-            o[n + j] = gi[j] * act(kind, av);
-        }
-    });
-    Ok(DActOut { grad_input: store(&dx, a.input.shape(), a.input.dtype())? })
+    let n = a.input.last_dim() / 2;
+    let (grad_input, _) = map_rows(
+        [(&a.grad, n), (&a.input, 2 * n)],
+        a.input.rows(),
+        a.input.shape(),
+        a.input.dtype(),
+        2 * n,
+        |_, [gr, xr], o| {
+            for j in 0..n {
+                let (av, bv) = (xr[j], xr[n + j]);
+                o[j] = gr[j] * bv * dact(kind, av);
+                o[n + j] = gr[j] * act(kind, av);
+            }
+            [0.0; 2]
+        },
+    )?;
+    Ok(DActOut { grad_input })
 }
 
 fn dbias(a: &DActArgs, kind: Activation) -> Result<DBiasOut> {
@@ -137,7 +162,7 @@ macro_rules! kernels {
                 elementwise(a, Activation::$kind)
             }
             pub fn $bwd(_: &KernelCtx<'_>, a: &DActArgs) -> Result<DActOut> {
-                Ok(DActOut { grad_input: store(&d_elementwise(a, Activation::$kind)?, a.input.shape(), a.input.dtype())? })
+                Ok(DActOut { grad_input: d_elementwise_t(a, Activation::$kind)? })
             }
             pub fn $dbias(_: &KernelCtx<'_>, a: &DActArgs) -> Result<DBiasOut> {
                 dbias(a, Activation::$kind)
@@ -176,40 +201,39 @@ gated_kernels! {
 }
 
 pub fn clamped_swiglu(_: &KernelCtx<'_>, a: &ClampedSwigluArgs) -> Result<ActOut> {
-    let n2 = a.x.last_dim();
-    let n = n2 / 2;
-    let x = view(&a.x)?;
-    let mut y = vec![0.0f32; x.len() / 2];
-    y.par_chunks_mut(n).zip(x.par_chunks(n2)).for_each(|(o, i)| {
+    let n = a.x.last_dim() / 2;
+    let (y, _) = map_rows([(&a.x, 2 * n)], a.x.rows(), &half_shape(&a.x), a.x.dtype(), n, |_, [xr], yr| {
         for j in 0..n {
-            let av = i[j].min(a.limit);
-            let bv = i[n + j].clamp(-a.limit, a.limit);
-            o[j] = av * sigmoid(a.alpha * av) * (bv + 1.0);
+            let av = xr[j].min(a.limit);
+            let bv = xr[n + j].clamp(-a.limit, a.limit);
+            yr[j] = av * sigmoid(a.alpha * av) * (bv + 1.0);
         }
-    });
-    let mut shape = a.x.shape().to_vec();
-    if let Some(l) = shape.last_mut() {
-        *l = n;
-    }
-    Ok(ActOut { y: store(&y, &shape, a.x.dtype())? })
+        [0.0; 2]
+    })?;
+    Ok(ActOut { y })
 }
 
 pub fn clamped_dswiglu(_: &KernelCtx<'_>, a: &ClampedDSwigluArgs) -> Result<DActOut> {
-    let n2 = a.input.last_dim();
-    let n = n2 / 2;
-    let (g, x) = (view(&a.grad)?, view(&a.input)?);
-    let mut dx = vec![0.0f32; x.len()];
-    dx.par_chunks_mut(n2).zip(x.par_chunks(n2).zip(g.par_chunks(n))).for_each(|(o, (xi, gi))| {
-        for j in 0..n {
-            let (ar, br) = (xi[j], xi[n + j]);
-            let av = ar.min(a.limit);
-            let bv = br.clamp(-a.limit, a.limit);
-            let s = sigmoid(a.alpha * av);
-            let da = if ar < a.limit { s + a.alpha * av * s * (1.0 - s) } else { 0.0 };
-            let db = if (-a.limit..=a.limit).contains(&br) { 1.0 } else { 0.0 };
-            o[j] = gi[j] * (bv + 1.0) * da;
-            o[n + j] = gi[j] * av * s * db;
-        }
-    });
-    Ok(DActOut { grad_input: store(&dx, a.input.shape(), a.input.dtype())? })
+    let n = a.input.last_dim() / 2;
+    let (grad_input, _) = map_rows(
+        [(&a.grad, n), (&a.input, 2 * n)],
+        a.input.rows(),
+        a.input.shape(),
+        a.input.dtype(),
+        2 * n,
+        |_, [gr, xr], o| {
+            for j in 0..n {
+                let (ar, br) = (xr[j], xr[n + j]);
+                let av = ar.min(a.limit);
+                let bv = br.clamp(-a.limit, a.limit);
+                let s = sigmoid(a.alpha * av);
+                let da = if ar < a.limit { s + a.alpha * av * s * (1.0 - s) } else { 0.0 };
+                let db = if (-a.limit..=a.limit).contains(&br) { 1.0 } else { 0.0 };
+                o[j] = gr[j] * (bv + 1.0) * da;
+                o[n + j] = gr[j] * av * s * db;
+            }
+            [0.0; 2]
+        },
+    )?;
+    Ok(DActOut { grad_input })
 }

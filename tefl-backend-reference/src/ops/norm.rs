@@ -4,7 +4,7 @@ use rayon::prelude::*;
 use tefl_core::catalogue::*;
 use tefl_core::{DType, KernelCtx, Result};
 
-use crate::util::{store, view};
+use crate::util::{map_rows, store, view};
 
 /// Σ f(x) over a row, accumulated in f64 (rows reach 16384 and more).
 fn row_sum(xs: impl Iterator<Item = f32>) -> f32 {
@@ -38,19 +38,17 @@ fn column_sums(rows: usize, n: usize, f: impl Fn(usize, &mut [f32]) + Sync) -> V
 pub fn rmsnorm_fwd(_: &KernelCtx<'_>, a: &RmsNormFwdArgs) -> Result<RmsNormFwdOut> {
     let n = a.x.last_dim();
     let rows = a.x.rows();
-    let x = view(&a.x)?;
     let g = gamma_eff(&view(&a.gamma)?, a.zero_centered_gamma);
-    let mut y = vec![0.0f32; x.len()];
-    let mut rsigma = vec![0.0f32; rows];
-    y.par_chunks_mut(n).zip(x.par_chunks(n)).zip(rsigma.par_iter_mut()).for_each(|((yr, xr), rs)| {
+    let (y, stats) = map_rows([(&a.x, n)], rows, a.x.shape(), a.out_dtype, n, |_, [xr], yr| {
         let ms = row_sum(xr.iter().map(|v| v * v)) / n as f32;
         let r = 1.0 / (ms + a.eps).sqrt();
-        *rs = r;
         for ((o, xv), gv) in yr.iter_mut().zip(xr).zip(&g) {
             *o = xv * r * gv;
         }
-    });
-    Ok(RmsNormFwdOut { y: store(&y, a.x.shape(), a.out_dtype)?, rsigma: store(&rsigma, &[rows], DType::F32)? })
+        [r, 0.0]
+    })?;
+    let rsigma: Vec<f32> = stats.iter().map(|s| s[0]).collect();
+    Ok(RmsNormFwdOut { y, rsigma: store(&rsigma, &[rows], DType::F32)? })
 }
 
 fn rms_bwd(
@@ -100,29 +98,20 @@ pub fn rmsnorm_bwd_add(_: &KernelCtx<'_>, a: &RmsNormBwdAddArgs) -> Result<RmsNo
 pub fn layernorm_fwd(_: &KernelCtx<'_>, a: &LayerNormFwdArgs) -> Result<LayerNormFwdOut> {
     let n = a.x.last_dim();
     let rows = a.x.rows();
-    let x = view(&a.x)?;
     let g = gamma_eff(&view(&a.gamma)?, a.zero_centered_gamma);
     let beta = view(&a.beta)?;
-    let mut y = vec![0.0f32; x.len()];
-    let mut mu = vec![0.0f32; rows];
-    let mut rsigma = vec![0.0f32; rows];
-    y.par_chunks_mut(n).zip(x.par_chunks(n)).zip(mu.par_iter_mut().zip(rsigma.par_iter_mut())).for_each(
-        |((yr, xr), (m, rs))| {
-            let mean = row_sum(xr.iter().copied()) / n as f32;
-            let var = row_sum(xr.iter().map(|v| (v - mean) * (v - mean))) / n as f32;
-            let r = 1.0 / (var + a.eps).sqrt();
-            *m = mean;
-            *rs = r;
-            for i in 0..n {
-                yr[i] = (xr[i] - mean) * r * g[i] + beta[i];
-            }
-        },
-    );
-    Ok(LayerNormFwdOut {
-        y: store(&y, a.x.shape(), a.out_dtype)?,
-        mu: store(&mu, &[rows], DType::F32)?,
-        rsigma: store(&rsigma, &[rows], DType::F32)?,
-    })
+    let (y, stats) = map_rows([(&a.x, n)], rows, a.x.shape(), a.out_dtype, n, |_, [xr], yr| {
+        let mean = row_sum(xr.iter().copied()) / n as f32;
+        let var = row_sum(xr.iter().map(|v| (v - mean) * (v - mean))) / n as f32;
+        let r = 1.0 / (var + a.eps).sqrt();
+        for i in 0..n {
+            yr[i] = (xr[i] - mean) * r * g[i] + beta[i];
+        }
+        [r, mean]
+    })?;
+    let rsigma: Vec<f32> = stats.iter().map(|s| s[0]).collect();
+    let mu: Vec<f32> = stats.iter().map(|s| s[1]).collect();
+    Ok(LayerNormFwdOut { y, mu: store(&mu, &[rows], DType::F32)?, rsigma: store(&rsigma, &[rows], DType::F32)? })
 }
 
 pub fn layernorm_bwd(_: &KernelCtx<'_>, a: &LayerNormBwdArgs) -> Result<LayerNormBwdOut> {

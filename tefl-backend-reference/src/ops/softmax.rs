@@ -1,10 +1,9 @@
 //! The fused softmax variants on the CPU (rayon over rows).
 
-use rayon::prelude::*;
 use tefl_core::catalogue::*;
 use tefl_core::{KernelCtx, Result, Tensor};
 
-use crate::util::{store, view};
+use crate::util::map_rows;
 
 /// Softmax of `scale·x` over one row, skipping masked entries; an all-masked row gives zeros.
 fn row_softmax(x: &[f32], y: &mut [f32], scale: f32, masked: impl Fn(usize) -> bool) {
@@ -30,13 +29,12 @@ fn row_softmax(x: &[f32], y: &mut [f32], scale: f32, masked: impl Fn(usize) -> b
 fn run(x: &Tensor, scale: f32, masked: impl Fn(usize, usize, usize) -> bool + Sync) -> Result<SoftmaxOut> {
     let s = x.shape();
     let (sq, sk) = (s[s.len() - 2], s[s.len() - 1]);
-    let xv = view(x)?;
-    let mut y = vec![0.0f32; xv.len()];
-    y.par_chunks_mut(sk).zip(xv.par_chunks(sk)).enumerate().for_each(|(r, (yr, xr))| {
+    let (y, _) = map_rows([(x, sk)], x.rows(), s, x.dtype(), sk, |r, [xr], yr| {
         let i = r % sq;
         row_softmax(xr, yr, scale, |j| masked(r, i, j));
-    });
-    Ok(SoftmaxOut { y: store(&y, s, x.dtype())? })
+        [0.0; 2]
+    })?;
+    Ok(SoftmaxOut { y })
 }
 
 pub fn scaled_softmax_forward(_: &KernelCtx<'_>, a: &SoftmaxArgs) -> Result<SoftmaxOut> {
@@ -66,15 +64,14 @@ pub fn scaled_aligned_causal_masked_softmax_forward(_: &KernelCtx<'_>, a: &Softm
 
 fn backward(a: &SoftmaxBwdArgs) -> Result<SoftmaxBwdOut> {
     let sk = a.y.last_dim();
-    let (dy, y) = (view(&a.dy)?, view(&a.y)?);
-    let mut dx = vec![0.0f32; y.len()];
-    dx.par_chunks_mut(sk).zip(dy.par_chunks(sk).zip(y.par_chunks(sk))).for_each(|(o, (dr, yr))| {
+    let (dx, _) = map_rows([(&a.dy, sk), (&a.y, sk)], a.y.rows(), a.y.shape(), a.y.dtype(), sk, |_, [dr, yr], o| {
         let dot: f32 = dr.iter().zip(yr).map(|(d, y)| d * y).sum();
         for ((x, d), yv) in o.iter_mut().zip(dr).zip(yr) {
             *x = a.scale * yv * (d - dot);
         }
-    });
-    Ok(SoftmaxBwdOut { dx: store(&dx, a.y.shape(), a.y.dtype())? })
+        [0.0; 2]
+    })?;
+    Ok(SoftmaxBwdOut { dx })
 }
 
 pub fn scaled_softmax_backward(_: &KernelCtx<'_>, a: &SoftmaxBwdArgs) -> Result<SoftmaxBwdOut> {
