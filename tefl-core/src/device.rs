@@ -225,6 +225,15 @@ pub trait DeviceRuntime: Send + Sync + 'static {
     fn copy_to_host(&self, src: &dyn Buffer, dst: &mut [u8]) -> Result<()>;
     /// Waits for all work queued on `device`.
     fn synchronize(&self, device: Device) -> Result<()>;
+    /// Copies `src` into `dst` on the device (equal sizes), without a host round trip. The
+    /// benchmark's copy-bandwidth yardstick; runtimes that cannot say so.
+    fn copy_device_to_device(&self, src: &dyn Buffer, dst: &dyn Buffer) -> Result<()> {
+        let _ = (src, dst);
+        Err(Error::DeviceFailure {
+            device: self.kind().to_string(),
+            reason: "this runtime has no device-to-device copy".into(),
+        })
+    }
 }
 
 /// A link-time registration of a device runtime (`inventory`). Backends submit one.
@@ -470,6 +479,19 @@ impl DeviceRuntime for CpuRuntime {
         Ok(())
     }
     fn synchronize(&self, _device: Device) -> Result<()> {
+        Ok(())
+    }
+    fn copy_device_to_device(&self, src: &dyn Buffer, dst: &dyn Buffer) -> Result<()> {
+        let (s, d) = match (as_host(src), as_host(dst)) {
+            (Some(s), Some(d)) => (s, d),
+            _ => return Err(Error::Tensor("not CPU buffers".into())),
+        };
+        let r = s.read();
+        let mut w = d.try_write().ok_or_else(|| Error::Tensor("destination buffer is borrowed".into()))?;
+        if r.len() != w.len() {
+            return Err(Error::Tensor(format!("copy of {} bytes into {} bytes", r.len(), w.len())));
+        }
+        w.copy_from_slice(&r);
         Ok(())
     }
 }
