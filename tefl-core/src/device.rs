@@ -346,6 +346,12 @@ impl HostBuffer {
         b
     }
 
+    /// The address of the bytes, for foreign code (the C plugin ABI) that writes a buffer no
+    /// Rust code is using. The address is stable for the buffer's lifetime.
+    pub fn raw_ptr(&self) -> *mut u8 {
+        write_lock(&self.words).as_mut_ptr().cast()
+    }
+
     /// Shared access to the bytes (blocks while a writer holds them).
     pub fn read(&self) -> HostRead<'_> {
         HostRead { guard: read_lock(&self.words), len: self.len }

@@ -30,6 +30,7 @@ pub mod logging;
 pub mod manager;
 pub mod op;
 pub mod philox;
+pub mod plugin;
 pub mod policy;
 pub mod registry;
 pub mod tensor;

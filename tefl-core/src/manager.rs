@@ -347,11 +347,16 @@ impl Manager {
     /// The manager the environment describes: every linked-in impl, the policy from the
     /// `TE_FL_*` / `TE_*` variables (a bad value is an error naming the variable).
     pub fn from_env() -> Result<Self> {
-        let cfg = EnvConfig::from_env()?;
-        for p in &cfg.plugin_modules {
-            tracing::error!(target: LOG, "Plugin '{p}' skipped: this build of tefl does not load plugin libraries yet");
-        }
-        Ok(Manager::new(Registry::with_builtins(), cfg.policy))
+        Ok(Manager::from_config(EnvConfig::from_env()?))
+    }
+
+    /// The manager a parsed configuration describes: every linked-in impl, plus the plugins
+    /// of `TE_FL_PLUGIN_MODULES` (a plugin that cannot be used is skipped with an ERROR log
+    /// line naming it), under the configuration's policy.
+    pub fn from_config(cfg: EnvConfig) -> Self {
+        let mut reg = Registry::with_builtins();
+        crate::plugin::load_plugins(&mut reg, &cfg.plugin_modules);
+        Manager::new(reg, cfg.policy)
     }
 
     /// Calls op `O`: validates the arguments, then runs the cached chain.

@@ -36,10 +36,59 @@ pub trait OpArgs: Send + Sync + Sized + 'static {
     /// dtype signature (4 bits per argument, in declaration order) and the primary dtype
     /// (that of the first tensor argument, which impls' dtype lists are checked against).
     fn summary(&self, op: &'static str) -> Result<ArgSummary>;
+    /// Visits every argument in declaration order: each tensor slot (tensor lists give one
+    /// per element, absent optional tensors `None`) and each scalar in `Debug` form. The C
+    /// plugin ABI marshals arguments with it.
+    fn visit_args(&self, v: &mut dyn FnMut(ArgRef<'_>));
     /// A copy whose tensors are on the host (for the reference impl on another device).
     fn to_host(&self) -> Result<Self>;
     /// After a staged call: copies the in-place (`inout`) tensors of `host` back into `self`'s.
     fn write_back(&self, host: &Self) -> Result<()>;
+}
+
+/// One argument seen by [`OpArgs::visit_args`].
+#[derive(Debug)]
+pub enum ArgRef<'a> {
+    /// A tensor slot of a `tensor` or `inout` field (`None`: an absent optional tensor).
+    Tensor {
+        /// The field.
+        name: &'static str,
+        /// Whether the op writes it in place.
+        inout: bool,
+        /// The tensor.
+        tensor: Option<&'a Tensor>,
+    },
+    /// A scalar field, formatted with `Debug`.
+    Scalar {
+        /// The field.
+        name: &'static str,
+        /// Its value.
+        text: String,
+    },
+}
+
+/// Builds an op's output from tensors produced in output order (the C plugin ABI).
+pub trait FromOutputTensor: Sized {
+    /// The value of one output field from its slot.
+    fn from_output(op: &'static str, field: &'static str, slot: Option<Tensor>) -> Result<Self>;
+}
+
+impl FromOutputTensor for Tensor {
+    fn from_output(op: &'static str, field: &'static str, slot: Option<Tensor>) -> Result<Self> {
+        slot.ok_or_else(|| Error::invalid(op, field, "the plugin did not produce this output"))
+    }
+}
+
+impl FromOutputTensor for Option<Tensor> {
+    fn from_output(_: &'static str, _: &'static str, slot: Option<Tensor>) -> Result<Self> {
+        Ok(slot)
+    }
+}
+
+impl FromOutputTensor for Vec<Tensor> {
+    fn from_output(op: &'static str, field: &'static str, _: Option<Tensor>) -> Result<Self> {
+        Err(Error::invalid(op, field, "tensor-list outputs are not supported over the C plugin ABI"))
+    }
 }
 
 /// The result of [`OpArgs::summary`].
@@ -57,6 +106,8 @@ pub struct ArgSummary {
 pub trait OpOutput: Send + Sized + 'static {
     /// The fields, in declaration order.
     const FIELDS: &'static [FieldDesc];
+    /// Builds the output from one tensor slot per field (the C plugin ABI).
+    fn from_slots(op: &'static str, slots: Vec<Option<Tensor>>) -> Result<Self>;
     /// Moves every tensor of the output to `device`.
     fn to_device(self, device: &Device) -> Result<Self>;
 }
@@ -94,6 +145,8 @@ pub struct OpDescriptor {
     pub args: &'static [FieldDesc],
     /// Output fields.
     pub outputs: &'static [FieldDesc],
+    /// Builds an impl of this op from a C plugin's kernel (see [`crate::plugin`]).
+    pub plugin_adapter: fn(crate::plugin::PluginKernel) -> crate::OpImpl,
 }
 
 /// Tensor-valued fields: `Tensor`, `Option<Tensor>` and `Vec<Tensor>`.
@@ -104,6 +157,8 @@ pub trait TensorField: Sized {
     fn moved_to(&self, device: &Device) -> Result<Self>;
     /// Copies `src`'s data into `self`'s tensors (same structure).
     fn copy_back_from(&self, src: &Self) -> Result<()>;
+    /// Visits each slot: `None` for an absent optional tensor.
+    fn each_slot(&self, f: &mut dyn FnMut(Option<&Tensor>));
     /// Feeds each tensor's device and dtype to `scan` (the per-call hot path).
     fn scan_into(&self, name: &'static str, scan: &mut ArgScan) -> Result<()> {
         let mut first = None;
@@ -119,6 +174,9 @@ pub trait TensorField: Sized {
 impl TensorField for Tensor {
     fn visit(&self, f: &mut dyn FnMut(&Tensor) -> Result<()>) -> Result<()> {
         f(self)
+    }
+    fn each_slot(&self, f: &mut dyn FnMut(Option<&Tensor>)) {
+        f(Some(self))
     }
     #[inline]
     fn scan_into(&self, name: &'static str, scan: &mut ArgScan) -> Result<()> {
@@ -138,6 +196,9 @@ impl TensorField for Option<Tensor> {
     fn visit(&self, f: &mut dyn FnMut(&Tensor) -> Result<()>) -> Result<()> {
         self.as_ref().map_or(Ok(()), f)
     }
+    fn each_slot(&self, f: &mut dyn FnMut(Option<&Tensor>)) {
+        f(self.as_ref())
+    }
     fn moved_to(&self, device: &Device) -> Result<Self> {
         self.as_ref().map(|t| t.to_device(device)).transpose()
     }
@@ -152,6 +213,9 @@ impl TensorField for Option<Tensor> {
 impl TensorField for Vec<Tensor> {
     fn visit(&self, f: &mut dyn FnMut(&Tensor) -> Result<()>) -> Result<()> {
         self.iter().try_for_each(f)
+    }
+    fn each_slot(&self, f: &mut dyn FnMut(Option<&Tensor>)) {
+        self.iter().for_each(|t| f(Some(t)))
     }
     fn moved_to(&self, device: &Device) -> Result<Self> {
         self.iter().map(|t| t.to_device(device)).collect()
@@ -286,6 +350,7 @@ macro_rules! declare_op_with {
                     type_name: stringify!($op),
                     args: <$args as $crate::op::OpArgs>::FIELDS,
                     outputs: <$out as $crate::op::OpOutput>::FIELDS,
+                    plugin_adapter: $crate::plugin::adapter::<$op>,
                 };
                 &D
             }
@@ -320,6 +385,9 @@ macro_rules! declare_args {
                 $( $crate::__field_scan!($fk, scan, stringify!($f), &self.$f); )*
                 Ok(scan.finish())
             }
+            fn visit_args(&self, v: &mut dyn FnMut($crate::op::ArgRef<'_>)) {
+                $( $crate::__field_visit!($fk, v, stringify!($f), &self.$f); )*
+            }
             fn to_host(&self) -> $crate::Result<Self> {
                 Ok($args { $( $f: $crate::__field_to!($fk, &self.$f, &$crate::Device::CPU), )* })
             }
@@ -352,6 +420,11 @@ macro_rules! declare_output {
                 kind: $crate::__field_kind!($gk),
                 ty: stringify!($gt),
             } ),*];
+            #[allow(unused_variables, unused_mut, unreachable_code)]
+            fn from_slots(op: &'static str, slots: Vec<Option<$crate::Tensor>>) -> $crate::Result<Self> {
+                let mut it = slots.into_iter();
+                Ok($out { $( $g: $crate::__field_from_slot!($gk, $gt, op, stringify!($g), it.next().flatten()), )* })
+            }
             #[allow(unused_variables)]
             fn to_device(self, device: &$crate::Device) -> $crate::Result<Self> {
                 Ok($out { $( $g: $crate::__field_move!($gk, self.$g, device), )* })
@@ -405,6 +478,35 @@ macro_rules! __field_move {
     };
     ($k:ident, $v:expr, $dev:expr) => {
         $crate::op::TensorField::moved_to(&$v, $dev)?
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __field_visit {
+    (scalar, $v:ident, $name:expr, $x:expr) => {
+        $v($crate::op::ArgRef::Scalar { name: $name, text: format!("{:?}", $x) })
+    };
+    (tensor, $v:ident, $name:expr, $x:expr) => {
+        $crate::op::TensorField::each_slot($x, &mut |t| {
+            $v($crate::op::ArgRef::Tensor { name: $name, inout: false, tensor: t })
+        })
+    };
+    (inout, $v:ident, $name:expr, $x:expr) => {
+        $crate::op::TensorField::each_slot($x, &mut |t| {
+            $v($crate::op::ArgRef::Tensor { name: $name, inout: true, tensor: t })
+        })
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __field_from_slot {
+    (scalar, $t:ty, $op:expr, $name:expr, $slot:expr) => {
+        return Err($crate::Error::invalid($op, $name, "scalar outputs are not supported over the C plugin ABI"))
+    };
+    ($k:ident, $t:ty, $op:expr, $name:expr, $slot:expr) => {
+        <$t as $crate::op::FromOutputTensor>::from_output($op, $name, $slot)?
     };
 }
 

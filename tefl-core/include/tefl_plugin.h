@@ -1,0 +1,132 @@
+/*
+ * tefl plugin ABI: closed-source vendor libraries serving tefl ops through a stable C ABI.
+ *
+ * A plugin is a shared library exporting one symbol:
+ *
+ *     int32_t tefl_plugin_init(const tefl_host_api *host, tefl_plugin *out);
+ *
+ * It fills `out` (vendor description and op impls) and returns TEFL_OK. tefl loads the
+ * libraries named in TE_FL_PLUGIN_MODULES (paths or library names, comma separated) when the
+ * manager starts; a plugin that cannot be loaded, lacks the symbol, was built for another
+ * major ABI version or fails its init is skipped with an ERROR log line naming it.
+ *
+ * Compatibility rules:
+ *   - every struct starts with `struct_size`; readers use only the fields that fit in it;
+ *   - structs and function tables are append-only: new fields go at the end, with a minor
+ *     version bump; a major bump breaks compatibility;
+ *   - tefl accepts plugins with the same major version and a minor version up to its own.
+ *
+ * Tensors are DLPack-compatible descriptors (data pointer, device, dtype, shape, strides).
+ * In this version they are host (CPU) tensors, contiguous (strides NULL).
+ *
+ * A kernel receives one tefl_call: the op's tensor arguments in declaration order (an
+ * absent optional tensor has data NULL and ndim -1; a tensor list contributes its tensors in
+ * order), its scalar arguments as text ("eps=0.00001;zero_centered_gamma=false;..."), and
+ * host callbacks to allocate each output and to report an error. It returns a status code.
+ */
+#ifndef TEFL_PLUGIN_H
+#define TEFL_PLUGIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TEFL_ABI_MAJOR 1
+#define TEFL_ABI_MINOR 0
+
+/* Status codes. Anything else a kernel returns is treated as a failure. */
+#define TEFL_OK 0
+#define TEFL_ERR_INVALID_ARGUMENT 1
+#define TEFL_ERR_UNSUPPORTED 2
+#define TEFL_ERR_DEVICE 3
+#define TEFL_ERR_OUT_OF_MEMORY 4
+#define TEFL_ERR_INTERNAL 5
+
+/* DLPack device types and dtype codes used here. */
+#define TEFL_DEVICE_CPU 1
+#define TEFL_DTYPE_INT 0
+#define TEFL_DTYPE_UINT 1
+#define TEFL_DTYPE_FLOAT 2
+#define TEFL_DTYPE_BFLOAT 4
+#define TEFL_DTYPE_FLOAT8_E4M3 10 /* tefl extension, one byte per element */
+#define TEFL_DTYPE_FLOAT8_E5M2 11 /* tefl extension, one byte per element */
+
+typedef struct tefl_tensor {
+    size_t struct_size;
+    void *data;             /* NULL for an absent optional tensor */
+    int32_t device_type;    /* TEFL_DEVICE_* */
+    int32_t device_id;
+    uint8_t dtype_code;     /* TEFL_DTYPE_* */
+    uint8_t dtype_bits;
+    uint16_t dtype_lanes;   /* 1 */
+    int32_t ndim;           /* -1 for an absent optional tensor */
+    const int64_t *shape;
+    const int64_t *strides; /* in elements; NULL = contiguous row-major */
+} tefl_tensor;
+
+typedef struct tefl_call tefl_call;
+
+/* What a kernel gets: arguments and host callbacks (append-only). */
+struct tefl_call {
+    size_t struct_size;
+    const char *op;         /* the catalogue name, e.g. "rmsnorm_fwd" */
+    const tefl_tensor *inputs;
+    size_t n_inputs;
+    const char *scalars;    /* "name=value;..." in declaration order */
+    size_t n_outputs;       /* how many outputs the op returns */
+    /* Allocates output `index` (0-based, in the op's output order) and returns its data
+     * pointer through `data`. Returns TEFL_OK or an error status. */
+    int32_t (*alloc_output)(const tefl_call *call, size_t index, uint8_t dtype_code, uint8_t dtype_bits,
+                            int32_t ndim, const int64_t *shape, void **data);
+    /* Attaches a message to the failure the kernel is about to return. */
+    void (*set_error)(const tefl_call *call, int32_t code, const char *message);
+    void *host_state;       /* opaque to the plugin */
+};
+
+typedef int32_t (*tefl_kernel_fn)(void *user, const tefl_call *call);
+
+typedef struct tefl_op_impl {
+    size_t struct_size;
+    const char *op;         /* catalogue name */
+    const char *impl_id;    /* e.g. "vendor.acme" */
+    int32_t priority;
+    const char *dtypes;     /* comma list of accepted primary dtypes ("f32,bf16"), or "" for any */
+    tefl_kernel_fn kernel;
+    void *user;             /* passed back to the kernel */
+} tefl_op_impl;
+
+typedef struct tefl_vendor_info {
+    size_t struct_size;
+    const char *vendor_name;
+    const char *device_name;
+    const char *device_query_cmd;
+} tefl_vendor_info;
+
+/* Filled by the plugin's init. Pointers must stay valid while the library is loaded. */
+typedef struct tefl_plugin {
+    size_t struct_size;
+    uint32_t abi_major;     /* the ABI the plugin was built for: TEFL_ABI_MAJOR */
+    uint32_t abi_minor;     /* TEFL_ABI_MINOR */
+    const tefl_vendor_info *vendor;
+    const tefl_op_impl *impls;
+    size_t n_impls;
+    const char *error;      /* on a failing init: why */
+} tefl_plugin;
+
+/* What tefl offers the plugin at init (append-only). */
+typedef struct tefl_host_api {
+    size_t struct_size;
+    uint32_t abi_major;
+    uint32_t abi_minor;
+} tefl_host_api;
+
+typedef int32_t (*tefl_plugin_init_fn)(const tefl_host_api *host, tefl_plugin *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TEFL_PLUGIN_H */

@@ -1,0 +1,429 @@
+//! Closed-source plugins through the stable C ABI of `include/tefl_plugin.h`.
+//!
+//! [`load_plugins`] opens each library named in `TE_FL_PLUGIN_MODULES`, checks the ABI,
+//! calls its `tefl_plugin_init` and registers the vendor and impls it describes. Any
+//! problem (a missing file or symbol, another major ABI version, a failing init, a bad
+//! description) skips that plugin with an ERROR log line naming it and the reason; the rest
+//! keeps working. At call time, a kernel that returns an error or an unknown status code is
+//! a failure the manager can fall back from.
+
+use std::ffi::{CStr, CString, c_char, c_void};
+use std::sync::Arc;
+
+use crate::op::{ArgRef, Op, OpArgs, OpOutput};
+use crate::registry::{BackendImplKind, OpImpl, Registry, VendorInfo};
+use crate::{DType, Device, DeviceKind, Error, Result, Tensor};
+
+/// The ABI version this build of tefl speaks.
+pub const ABI_MAJOR: u32 = 1;
+/// See [`ABI_MAJOR`].
+pub const ABI_MINOR: u32 = 0;
+
+const TEFL_OK: i32 = 0;
+const DEVICE_CPU: i32 = 1;
+
+#[repr(C)]
+struct CTensor {
+    struct_size: usize,
+    data: *mut c_void,
+    device_type: i32,
+    device_id: i32,
+    dtype_code: u8,
+    dtype_bits: u8,
+    dtype_lanes: u16,
+    ndim: i32,
+    shape: *const i64,
+    strides: *const i64,
+}
+
+type AllocFn = unsafe extern "C" fn(*const CCall, usize, u8, u8, i32, *const i64, *mut *mut c_void) -> i32;
+type SetErrorFn = unsafe extern "C" fn(*const CCall, i32, *const c_char);
+type KernelFn = unsafe extern "C" fn(*mut c_void, *const CCall) -> i32;
+type InitFn = unsafe extern "C" fn(*const CHostApi, *mut CPlugin) -> i32;
+
+#[repr(C)]
+struct CCall {
+    struct_size: usize,
+    op: *const c_char,
+    inputs: *const CTensor,
+    n_inputs: usize,
+    scalars: *const c_char,
+    n_outputs: usize,
+    alloc_output: AllocFn,
+    set_error: SetErrorFn,
+    host_state: *mut c_void,
+}
+
+#[repr(C)]
+struct COpImpl {
+    struct_size: usize,
+    op: *const c_char,
+    impl_id: *const c_char,
+    priority: i32,
+    dtypes: *const c_char,
+    kernel: Option<KernelFn>,
+    user: *mut c_void,
+}
+
+#[repr(C)]
+struct CVendorInfo {
+    struct_size: usize,
+    vendor_name: *const c_char,
+    device_name: *const c_char,
+    device_query_cmd: *const c_char,
+}
+
+#[repr(C)]
+struct CPlugin {
+    struct_size: usize,
+    abi_major: u32,
+    abi_minor: u32,
+    vendor: *const CVendorInfo,
+    impls: *const COpImpl,
+    n_impls: usize,
+    error: *const c_char,
+}
+
+#[repr(C)]
+struct CHostApi {
+    struct_size: usize,
+    abi_major: u32,
+    abi_minor: u32,
+}
+
+/// A plugin kernel, ready to become an impl of one op (see `OpDescriptor::plugin_adapter`).
+#[derive(Clone)]
+pub struct PluginKernel {
+    /// The plugin's name, for errors.
+    pub plugin: String,
+    /// The impl id.
+    pub impl_id: String,
+    /// The vendor.
+    pub vendor: String,
+    /// Priority.
+    pub priority: i32,
+    /// Accepted primary dtypes (empty: any).
+    pub dtypes: Vec<DType>,
+    kernel: KernelFn,
+    user: usize,
+    _lib: Arc<libloading::Library>,
+}
+
+fn dtype_code(d: DType) -> (u8, u8) {
+    match d {
+        DType::F32 => (2, 32),
+        DType::F16 => (2, 16),
+        DType::BF16 => (4, 16),
+        DType::F64 => (2, 64),
+        DType::F8E4M3 => (10, 8),
+        DType::F8E5M2 => (11, 8),
+        DType::I32 => (0, 32),
+        DType::I64 => (0, 64),
+        DType::U8 | DType::Bool => (1, 8),
+    }
+}
+
+fn dtype_from_code(code: u8, bits: u8) -> Option<DType> {
+    Some(match (code, bits) {
+        (2, 32) => DType::F32,
+        (2, 16) => DType::F16,
+        (4, 16) => DType::BF16,
+        (2, 64) => DType::F64,
+        (10, 8) => DType::F8E4M3,
+        (11, 8) => DType::F8E5M2,
+        (0, 32) => DType::I32,
+        (0, 64) => DType::I64,
+        (1, 8) => DType::U8,
+        _ => return None,
+    })
+}
+
+/// What the host keeps for one kernel call.
+struct CallState {
+    op: &'static str,
+    outputs: Vec<Option<Tensor>>,
+    error: Option<(i32, String)>,
+}
+
+unsafe extern "C" fn host_alloc_output(
+    call: *const CCall,
+    index: usize,
+    code: u8,
+    bits: u8,
+    ndim: i32,
+    shape: *const i64,
+    data: *mut *mut c_void,
+) -> i32 {
+    // SAFETY: `call` is the CCall tefl passed to the kernel, alive for the whole call, and
+    // its host_state points to the CallState of that call (checked non-null below).
+    let Some(call) = (unsafe { call.as_ref() }) else { return 1 };
+    // SAFETY: see above; the state is only touched from the kernel's thread during the call.
+    let Some(state) = (unsafe { (call.host_state as *mut CallState).as_mut() }) else { return 1 };
+    if data.is_null() || index >= state.outputs.len() || !(0..=8).contains(&ndim) || (ndim > 0 && shape.is_null()) {
+        return 1;
+    }
+    let Some(dtype) = dtype_from_code(code, bits) else { return 2 };
+    // SAFETY: the plugin promises `ndim` readable i64 at `shape` (checked non-null above).
+    let dims: &[i64] = if ndim == 0 { &[] } else { unsafe { std::slice::from_raw_parts(shape, ndim as usize) } };
+    if dims.iter().any(|d| *d < 0) {
+        return 1;
+    }
+    let dims: Vec<usize> = dims.iter().map(|d| *d as usize).collect();
+    let tensor = match Tensor::zeros(&dims, dtype, &Device::CPU) {
+        Ok(t) => t,
+        Err(_) => return 4,
+    };
+    let ptr = match crate::device::as_host(&**tensor.buffer()) {
+        Some(h) => h.raw_ptr(),
+        None => return 5,
+    };
+    state.outputs[index] = Some(tensor);
+    // SAFETY: `data` is non-null (checked) and points to the plugin's out-parameter.
+    unsafe { *data = ptr.cast() };
+    TEFL_OK
+}
+
+unsafe extern "C" fn host_set_error(call: *const CCall, code: i32, message: *const c_char) {
+    // SAFETY: as in host_alloc_output.
+    let Some(call) = (unsafe { call.as_ref() }) else { return };
+    // SAFETY: as in host_alloc_output.
+    let Some(state) = (unsafe { (call.host_state as *mut CallState).as_mut() }) else { return };
+    let text = if message.is_null() {
+        String::new()
+    } else {
+        // SAFETY: a non-null message is a NUL-terminated string owned by the plugin for the call.
+        unsafe { CStr::from_ptr(message) }.to_string_lossy().into_owned()
+    };
+    state.error = Some((code, text));
+}
+
+/// Builds the impl of op `O` that calls a plugin kernel. Arguments are marshalled from the
+/// op's declaration; tensors must be on the host in this ABI version.
+pub fn adapter<O: Op>(k: PluginKernel) -> OpImpl {
+    let PluginKernel { impl_id, vendor, priority, dtypes, .. } = k.clone();
+    OpImpl::new::<O>(impl_id, BackendImplKind::Vendor, move |_ctx, args: &O::Args| call_plugin::<O>(&k, args))
+        .vendor(vendor)
+        .priority(priority)
+        .device(DeviceKind::CPU)
+        .dtypes(&dtypes)
+}
+
+fn call_plugin<O: Op>(k: &PluginKernel, args: &O::Args) -> Result<O::Output> {
+    let fail = |reason: String| Error::ImplFailed { op: O::NAME, impl_id: k.impl_id.clone(), reason };
+    // Collect the argument slots and scalars in declaration order.
+    let mut slots: Vec<(bool, Option<Tensor>)> = Vec::new();
+    let mut scalars = Vec::new();
+    args.visit_args(&mut |a| match a {
+        ArgRef::Tensor { inout, tensor, .. } => slots.push((inout, tensor.cloned())),
+        ArgRef::Scalar { name, text } => scalars.push(format!("{name}={text}")),
+    });
+    if let Some((_, Some(t))) = slots.iter().find(|(_, t)| t.as_ref().is_some_and(|t| !t.device().is_cpu())) {
+        return Err(fail(format!("the C plugin ABI passes host tensors only; got one on {}", t.device())));
+    }
+    let shapes: Vec<Vec<i64>> = slots
+        .iter()
+        .map(|(_, t)| t.as_ref().map_or(Vec::new(), |t| t.shape().iter().map(|d| *d as i64).collect()))
+        .collect();
+    // Hold every input's guard for the duration of the call.
+    let mut reads = Vec::new();
+    let mut writes = Vec::new();
+    let mut descs = Vec::with_capacity(slots.len());
+    for ((inout, t), shape) in slots.iter().zip(&shapes) {
+        let Some(t) = t else {
+            descs.push(CTensor {
+                struct_size: std::mem::size_of::<CTensor>(),
+                data: std::ptr::null_mut(),
+                device_type: DEVICE_CPU,
+                device_id: 0,
+                dtype_code: 0,
+                dtype_bits: 0,
+                dtype_lanes: 1,
+                ndim: -1,
+                shape: std::ptr::null(),
+                strides: std::ptr::null(),
+            });
+            continue;
+        };
+        let data: *mut c_void = if *inout {
+            let mut g = t.host_bytes_mut()?;
+            let p = g.as_mut_ptr().cast();
+            writes.push(g);
+            p
+        } else {
+            let g = t.host_bytes()?;
+            let p = g.as_ptr().cast_mut().cast();
+            reads.push(g);
+            p
+        };
+        let (code, bits) = dtype_code(t.dtype());
+        descs.push(CTensor {
+            struct_size: std::mem::size_of::<CTensor>(),
+            data,
+            device_type: DEVICE_CPU,
+            device_id: 0,
+            dtype_code: code,
+            dtype_bits: bits,
+            dtype_lanes: 1,
+            ndim: shape.len() as i32,
+            shape: shape.as_ptr(),
+            strides: std::ptr::null(),
+        });
+    }
+    let n_outputs = <O::Output as OpOutput>::FIELDS.len();
+    let mut state = CallState { op: O::NAME, outputs: vec![None; n_outputs], error: None };
+    let op_c = CString::new(O::NAME).map_err(|e| fail(e.to_string()))?;
+    let scalars_c = CString::new(scalars.join(";")).map_err(|e| fail(e.to_string()))?;
+    let call = CCall {
+        struct_size: std::mem::size_of::<CCall>(),
+        op: op_c.as_ptr(),
+        inputs: descs.as_ptr(),
+        n_inputs: descs.len(),
+        scalars: scalars_c.as_ptr(),
+        n_outputs,
+        alloc_output: host_alloc_output,
+        set_error: host_set_error,
+        host_state: (&mut state as *mut CallState).cast(),
+    };
+    // SAFETY: the kernel pointer came from a plugin whose library `k` keeps loaded; `call`
+    // and everything it points to (descriptors, shapes, strings, guarded tensor memory and
+    // the call state) outlive the call. The plugin contract is the header's.
+    let status = unsafe { (k.kernel)(k.user as *mut c_void, &call) };
+    drop((reads, writes));
+    let _ = state.op;
+    let message = state.error.take().map(|(c, m)| format!("{m} (code {c})"));
+    match status {
+        TEFL_OK => {}
+        1..=5 => {
+            let name = ["", "invalid argument", "unsupported", "device error", "out of memory", "internal error"]
+                [status as usize];
+            return Err(fail(message.unwrap_or_else(|| name.to_string())));
+        }
+        other => {
+            return Err(fail(format!(
+                "returned unknown status {other}{}",
+                message.map(|m| format!(": {m}")).unwrap_or_default()
+            )));
+        }
+    }
+    O::Output::from_slots(O::NAME, state.outputs).map_err(|e| fail(e.to_string()))
+}
+
+/// Reads a C string owned by the plugin; `None` when null or not UTF-8.
+fn c_str(p: *const c_char) -> Option<String> {
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: the plugin promises NUL-terminated strings that live while it is loaded.
+    unsafe { CStr::from_ptr(p) }.to_str().ok().map(str::to_string)
+}
+
+/// The file to open for a `TE_FL_PLUGIN_MODULES` entry: a path as given, or a library name
+/// `x` as `libx.so` (found by the system loader).
+fn library_file(entry: &str) -> String {
+    if entry.contains('/') || entry.contains(std::env::consts::DLL_SUFFIX) {
+        entry.to_string()
+    } else {
+        format!("{}{entry}{}", std::env::consts::DLL_PREFIX, std::env::consts::DLL_SUFFIX)
+    }
+}
+
+/// Loads one plugin into `reg`; the error says why it was skipped.
+pub fn load_plugin(reg: &mut Registry, entry: &str) -> Result<usize> {
+    let err = |reason: String| Error::Plugin { plugin: entry.to_string(), reason };
+    let file = library_file(entry);
+    // SAFETY: loading runs the library's initialisers; a plugin is trusted code the user
+    // named in TE_FL_PLUGIN_MODULES.
+    let lib = unsafe { libloading::Library::new(&file) }.map_err(|e| err(format!("cannot load {file}: {e}")))?;
+    // SAFETY: the symbol is declared in tefl_plugin.h with this signature.
+    let init: InitFn = *unsafe { lib.get::<InitFn>(b"tefl_plugin_init\0") }
+        .map_err(|e| err(format!("missing symbol tefl_plugin_init: {e}")))?;
+    let host = CHostApi { struct_size: std::mem::size_of::<CHostApi>(), abi_major: ABI_MAJOR, abi_minor: ABI_MINOR };
+    let mut out = CPlugin {
+        struct_size: std::mem::size_of::<CPlugin>(),
+        abi_major: 0,
+        abi_minor: 0,
+        vendor: std::ptr::null(),
+        impls: std::ptr::null(),
+        n_impls: 0,
+        error: std::ptr::null(),
+    };
+    // SAFETY: `host` and `out` are valid for the call; the plugin fills `out`.
+    let status = unsafe { init(&host, &mut out) };
+    if status != TEFL_OK {
+        let why = c_str(out.error).unwrap_or_else(|| "no reason given".into());
+        return Err(err(format!("tefl_plugin_init failed with status {status}: {why}")));
+    }
+    if out.abi_major != ABI_MAJOR || out.abi_minor > ABI_MINOR {
+        return Err(err(format!(
+            "built for ABI {}.{}, this tefl speaks {ABI_MAJOR}.{ABI_MINOR}",
+            out.abi_major, out.abi_minor
+        )));
+    }
+    // SAFETY: a non-null vendor pointer refers to the plugin's static description.
+    let vendor = unsafe { out.vendor.as_ref() }.ok_or_else(|| err("no vendor description".into()))?;
+    if vendor.struct_size < std::mem::size_of::<CVendorInfo>() {
+        return Err(err(format!("vendor description of {} bytes is too small", vendor.struct_size)));
+    }
+    let vendor_name = c_str(vendor.vendor_name).ok_or_else(|| err("vendor_name missing or not UTF-8".into()))?;
+    let info = VendorInfo::new(
+        &vendor_name,
+        &c_str(vendor.device_name).unwrap_or_else(|| "cpu".into()),
+        &c_str(vendor.device_query_cmd).unwrap_or_default(),
+    );
+    if out.n_impls > 0 && out.impls.is_null() {
+        return Err(err("impls is null".into()));
+    }
+    let lib = Arc::new(lib);
+    let mut impls = Vec::new();
+    for i in 0..out.n_impls {
+        // SAFETY: the plugin promises `n_impls` descriptions at `impls` (non-null, checked).
+        let d = unsafe { &*out.impls.add(i) };
+        if d.struct_size < std::mem::size_of::<COpImpl>() {
+            return Err(err(format!("impl {i}: description of {} bytes is too small", d.struct_size)));
+        }
+        let op = c_str(d.op).ok_or_else(|| err(format!("impl {i}: op name missing")))?;
+        let desc = crate::catalogue::find(&op)
+            .ok_or_else(|| err(format!("impl {i}: '{op}' is not an op of the catalogue")))?;
+        let impl_id = c_str(d.impl_id).ok_or_else(|| err(format!("impl {i}: impl_id missing")))?;
+        let kernel = d.kernel.ok_or_else(|| err(format!("impl {i}: kernel is null")))?;
+        let dtypes = c_str(d.dtypes)
+            .unwrap_or_default()
+            .split(',')
+            .filter(|s| !s.trim().is_empty())
+            .map(|s| s.parse::<DType>())
+            .collect::<Result<Vec<_>>>()
+            .map_err(|e| err(format!("impl {i}: {e}")))?;
+        impls.push((desc.plugin_adapter)(PluginKernel {
+            plugin: entry.to_string(),
+            impl_id,
+            vendor: vendor_name.clone(),
+            priority: d.priority,
+            dtypes,
+            kernel,
+            user: d.user as usize,
+            _lib: lib.clone(),
+        }));
+    }
+    reg.register_vendor(info);
+    let n = impls.len();
+    for imp in impls {
+        reg.register_impl(imp).map_err(|e| err(e.to_string()))?;
+    }
+    Ok(n)
+}
+
+/// Loads every plugin of `TE_FL_PLUGIN_MODULES`; each failure is an ERROR log line naming
+/// the plugin and the reason, and the others still load. Returns how many loaded.
+pub fn load_plugins(reg: &mut Registry, entries: &[String]) -> usize {
+    let mut loaded = 0;
+    for e in entries {
+        match load_plugin(reg, e) {
+            Ok(n) => {
+                tracing::info!(target: "TE-FL", "Plugin '{e}' loaded: {n} impl(s)");
+                loaded += 1;
+            }
+            Err(err) => tracing::error!(target: "TE-FL", "Plugin '{e}' skipped: {err}"),
+        }
+    }
+    loaded
+}

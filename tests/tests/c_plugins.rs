@@ -1,0 +1,141 @@
+//! Closed-source plugins through the C ABI: a plugin written in C (compiled here with the
+//! system `cc` against tefl-core/include/tefl_plugin.h) is loaded through
+//! `TE_FL_PLUGIN_MODULES` and serves `rmsnorm_fwd`; every failure mode leaves the process
+//! and the other impls working, with an ERROR line naming the plugin and the reason.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::Command;
+
+use tefl_core::catalogue::{RmsNormFwd, RmsNormFwdArgs};
+use tefl_core::logging::{CapturedLog, subscriber};
+use tefl_core::policy::LogLevel;
+use tefl_core::{DType, EnvConfig, Error, Manager};
+use tefl_tests::{Rng, assert_close, oracle, seed, tensor, values};
+
+/// Compiles the test plugin with `defines` into its own shared library.
+fn build_plugin(name: &str, defines: &[&str]) -> PathBuf {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let dir = std::env::temp_dir().join(format!("tefl-cplugins-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join(format!("lib{name}.so"));
+    let status = Command::new("cc")
+        .args(["-shared", "-fPIC", "-O1", "-Wall", "-Werror"])
+        .arg("-I")
+        .arg(root.join("tefl-core/include"))
+        .args(defines.iter().map(|d| format!("-D{d}")))
+        .arg("-o")
+        .arg(&out)
+        .arg(root.join("tests/c/rmsnorm_plugin.c"))
+        .arg("-lm")
+        .status()
+        .expect("the system C compiler (cc) runs");
+    assert!(status.success(), "compiling the C plugin failed");
+    out
+}
+
+fn manager(vars: &[(&'static str, String)]) -> Manager {
+    let _ = tefl_ops::linked_backends();
+    let map: HashMap<&'static str, String> = vars.iter().cloned().collect();
+    let cfg = EnvConfig::from_lookup(&|k| Ok(map.get(k).cloned())).unwrap();
+    Manager::from_config(cfg)
+}
+
+fn rmsnorm_case(rng: &mut Rng) -> (RmsNormFwdArgs, Vec<f64>) {
+    let (rows, n) = (5, 1000);
+    let x = tensor(&rng.vec(rows * n, -2.0, 2.0), &[rows, n], DType::F32);
+    let g = tensor(&rng.vec(n, -1.0, 1.0), &[n], DType::F32);
+    let (y, _) = oracle::rmsnorm_fwd(&values(&x), n, &values(&g), 1e-5, true);
+    (RmsNormFwdArgs { x, gamma: g, eps: 1e-5, zero_centered_gamma: true, out_dtype: DType::F32 }, y)
+}
+
+fn errors(log: &CapturedLog) -> Vec<String> {
+    log.messages().into_iter().filter(|(l, _)| l == "ERROR").map(|(_, m)| m).collect()
+}
+
+#[test]
+fn a_c_plugin_serves_rmsnorm_when_routed_to_it() {
+    let lib = build_plugin("cplug_ok", &[]);
+    let log = CapturedLog::new();
+    let mut rng = Rng::new(seed("c_plugin"));
+    tracing::subscriber::with_default(subscriber(LogLevel::Info, log.clone()), || {
+        let m = manager(&[
+            ("TE_FL_PLUGIN_MODULES", lib.display().to_string()),
+            ("TE_FL_PER_OP", "rmsnorm_fwd=vendor:cplug".into()),
+        ]);
+        let (args, want) = rmsnorm_case(&mut rng);
+        let out = m.call::<RmsNormFwd>(&args).unwrap();
+        assert_close("C plugin rmsnorm_fwd y", &values(&out.y), &want, DType::F32);
+        assert_eq!(out.rsigma.shape(), &[5]);
+        assert_eq!(m.stats_of("rmsnorm_fwd", "vendor.cplug").unwrap().calls, 1);
+        // It only accepts f32: a bf16 call goes to no impl (the per-op order names only cplug).
+        let bf = RmsNormFwdArgs {
+            x: tensor(&[1.0; 8], &[2, 4], DType::BF16),
+            gamma: tensor(&[1.0; 4], &[4], DType::BF16),
+            out_dtype: DType::BF16,
+            ..args
+        };
+        assert!(matches!(m.call::<RmsNormFwd>(&bf), Err(Error::NoImplementation { .. })));
+    });
+    let msgs: Vec<String> = log.messages().into_iter().map(|(_, m)| m).collect();
+    assert!(msgs.iter().any(|m| m.starts_with("Plugin '") && m.ends_with("loaded: 1 impl(s)")), "{msgs:?}");
+    assert!(msgs.iter().any(|m| m == "Op 'rmsnorm_fwd' using 'vendor.cplug' (kind=vendor, vendor=cplug)"), "{msgs:?}");
+    assert!(errors(&log).is_empty());
+}
+
+/// A plugin that cannot be used is skipped with an ERROR naming it and the reason; the
+/// other plugins and the built-in impls keep working.
+#[test]
+fn broken_plugins_are_skipped_with_an_error_line() {
+    let good = build_plugin("cplug_good", &[]);
+    let cases: Vec<(String, &str)> = vec![
+        ("/nonexistent/libnothere.so".to_string(), "cannot load"),
+        (build_plugin("cplug_nosym", &["NO_INIT"]).display().to_string(), "missing symbol tefl_plugin_init"),
+        (build_plugin("cplug_badabi", &["BAD_ABI"]).display().to_string(), "built for ABI 99.0"),
+        (build_plugin("cplug_badinit", &["FAILING_INIT"]).display().to_string(), "no acme device found"),
+    ];
+    let mut rng = Rng::new(seed("c_plugin_broken"));
+    for (bad, reason) in cases {
+        let log = CapturedLog::new();
+        tracing::subscriber::with_default(subscriber(LogLevel::Info, log.clone()), || {
+            let m = manager(&[("TE_FL_PLUGIN_MODULES", format!("{bad},{}", good.display()))]);
+            let (args, want) = rmsnorm_case(&mut rng);
+            let out = m.call::<RmsNormFwd>(&args).unwrap();
+            assert_close("rmsnorm_fwd after a broken plugin", &values(&out.y), &want, DType::F32);
+            assert_eq!(m.stats_of("rmsnorm_fwd", "vendor.cplug").unwrap().calls, 1, "the good plugin still serves");
+        });
+        let errs = errors(&log);
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert!(errs[0].starts_with(&format!("Plugin '{bad}' skipped:")), "{errs:?}");
+        assert!(errs[0].contains(reason), "{errs:?} should say {reason:?}");
+    }
+}
+
+/// A kernel that fails, or returns a status code outside the ABI, is an impl failure: the
+/// manager falls back to the reference (or, when the policy names only the plugin, returns
+/// a typed error). The process carries on either way.
+#[test]
+fn failing_and_garbage_status_codes_are_failures_with_fallback() {
+    let mut rng = Rng::new(seed("c_plugin_failing"));
+    for (defines, reason) in
+        [(&["FAILING_OP"][..], "the acme device is on fire (code 5)"), (&["GARBAGE_CODE"][..], "unknown status 12345")]
+    {
+        let lib = build_plugin(&format!("cplug_{}", defines[0].to_ascii_lowercase()), defines);
+        let m = manager(&[("TE_FL_PLUGIN_MODULES", lib.display().to_string()), ("TE_FL_PREFER", "vendor".into())]);
+        let (args, want) = rmsnorm_case(&mut rng);
+        let out = m.call::<RmsNormFwd>(&args).unwrap();
+        assert_close("fallback after a failing plugin kernel", &values(&out.y), &want, DType::F32);
+        assert_eq!(m.stats_of("rmsnorm_fwd", "reference.cpu").unwrap().fallbacks, 1);
+        let f = m.recent_failures();
+        assert_eq!(f[0].impl_id, "vendor.cplug");
+        assert!(f[0].error.contains(reason), "{}", f[0].error);
+        let strict = manager(&[
+            ("TE_FL_PLUGIN_MODULES", lib.display().to_string()),
+            ("TE_FL_PER_OP", "rmsnorm_fwd=vendor:cplug".into()),
+        ]);
+        match strict.call::<RmsNormFwd>(&args) {
+            Err(Error::AllFailed { failures, .. }) => assert!(failures[0].1.contains(reason), "{failures:?}"),
+            other => panic!("expected a typed failure, got {other:?}"),
+        }
+    }
+}
