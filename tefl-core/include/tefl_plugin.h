@@ -3,9 +3,10 @@
  *
  * A plugin is a shared library exporting one symbol:
  *
- *     int32_t tefl_plugin_init(const tefl_host_api *host, tefl_plugin *out);
+ *     tefl_error *tefl_plugin_init(const tefl_host_api *host, tefl_plugin *out);
  *
- * It fills `out` (vendor description and op impls) and returns TEFL_OK. tefl loads the
+ * It fills `out` (vendor description and op impls) and returns NULL, or an error made with
+ * host->make_error. tefl loads the
  * libraries named in TE_FL_PLUGIN_MODULES (paths or library names, comma separated) when the
  * manager starts; a plugin that cannot be loaded, lacks the symbol, was built for another
  * major ABI version or fails its init is skipped with an ERROR log line naming it.
@@ -21,8 +22,10 @@
  *
  * A kernel receives one tefl_call: the op's tensor arguments in declaration order (an
  * absent optional tensor has data NULL and ndim -1; a tensor list contributes its tensors in
- * order), its scalar arguments as text ("eps=0.00001;zero_centered_gamma=false;..."), and
- * host callbacks to allocate each output and to report an error. It returns a status code.
+ * order), its scalar arguments as text ("eps=1e-5;zero_centered_gamma=false;..."), and host
+ * callbacks to allocate each output and to make errors. It returns NULL on success, or an
+ * opaque error handle made by make_error (the host takes it back and frees it). A handle the
+ * host did not make, or an error code outside the TEFL_ERR_* set, is reported as such.
  */
 #ifndef TEFL_PLUGIN_H
 #define TEFL_PLUGIN_H
@@ -37,7 +40,7 @@ extern "C" {
 #define TEFL_ABI_MAJOR 1
 #define TEFL_ABI_MINOR 0
 
-/* Status codes. Anything else a kernel returns is treated as a failure. */
+/* Error codes carried by tefl_error. */
 #define TEFL_OK 0
 #define TEFL_ERR_INVALID_ARGUMENT 1
 #define TEFL_ERR_UNSUPPORTED 2
@@ -67,6 +70,9 @@ typedef struct tefl_tensor {
     const int64_t *strides; /* in elements; NULL = contiguous row-major */
 } tefl_tensor;
 
+/* An error: opaque, made by the host's make_error, handed back to the host by returning it. */
+typedef struct tefl_error tefl_error;
+
 typedef struct tefl_call tefl_call;
 
 /* What a kernel gets: arguments and host callbacks (append-only). */
@@ -78,15 +84,15 @@ struct tefl_call {
     const char *scalars;    /* "name=value;..." in declaration order */
     size_t n_outputs;       /* how many outputs the op returns */
     /* Allocates output `index` (0-based, in the op's output order) and returns its data
-     * pointer through `data`. Returns TEFL_OK or an error status. */
-    int32_t (*alloc_output)(const tefl_call *call, size_t index, uint8_t dtype_code, uint8_t dtype_bits,
-                            int32_t ndim, const int64_t *shape, void **data);
-    /* Attaches a message to the failure the kernel is about to return. */
-    void (*set_error)(const tefl_call *call, int32_t code, const char *message);
+     * pointer through `data`. Returns NULL, or an error the kernel should return. */
+    tefl_error *(*alloc_output)(const tefl_call *call, size_t index, uint8_t dtype_code, uint8_t dtype_bits,
+                                int32_t ndim, const int64_t *shape, void **data);
+    /* Makes an error (code TEFL_ERR_*, message copied) for the kernel to return. */
+    tefl_error *(*make_error)(int32_t code, const char *message);
     void *host_state;       /* opaque to the plugin */
 };
 
-typedef int32_t (*tefl_kernel_fn)(void *user, const tefl_call *call);
+typedef tefl_error *(*tefl_kernel_fn)(void *user, const tefl_call *call);
 
 typedef struct tefl_op_impl {
     size_t struct_size;
@@ -113,7 +119,6 @@ typedef struct tefl_plugin {
     const tefl_vendor_info *vendor;
     const tefl_op_impl *impls;
     size_t n_impls;
-    const char *error;      /* on a failing init: why */
 } tefl_plugin;
 
 /* What tefl offers the plugin at init (append-only). */
@@ -121,9 +126,11 @@ typedef struct tefl_host_api {
     size_t struct_size;
     uint32_t abi_major;
     uint32_t abi_minor;
+    /* Makes an error (code TEFL_ERR_*, message copied) for init to return. */
+    tefl_error *(*make_error)(int32_t code, const char *message);
 } tefl_host_api;
 
-typedef int32_t (*tefl_plugin_init_fn)(const tefl_host_api *host, tefl_plugin *out);
+typedef tefl_error *(*tefl_plugin_init_fn)(const tefl_host_api *host, tefl_plugin *out);
 
 #ifdef __cplusplus
 }

@@ -4,8 +4,8 @@
 //! calls its `tefl_plugin_init` and registers the vendor and impls it describes. Any
 //! problem (a missing file or symbol, another major ABI version, a failing init, a bad
 //! description) skips that plugin with an ERROR log line naming it and the reason; the rest
-//! keeps working. At call time, a kernel that returns an error or an unknown status code is
-//! a failure the manager can fall back from.
+//! keeps working. At call time, a kernel that returns an error, an unknown error code or a
+//! handle tefl did not issue is a failure the manager can fall back from.
 
 use std::ffi::{CStr, CString, c_char, c_void};
 use std::sync::Arc;
@@ -19,7 +19,6 @@ pub const ABI_MAJOR: u32 = 1;
 /// See [`ABI_MAJOR`].
 pub const ABI_MINOR: u32 = 0;
 
-const TEFL_OK: i32 = 0;
 const DEVICE_CPU: i32 = 1;
 
 #[repr(C)]
@@ -36,10 +35,12 @@ struct CTensor {
     strides: *const i64,
 }
 
-type AllocFn = unsafe extern "C" fn(*const CCall, usize, u8, u8, i32, *const i64, *mut *mut c_void) -> i32;
-type SetErrorFn = unsafe extern "C" fn(*const CCall, i32, *const c_char);
-type KernelFn = unsafe extern "C" fn(*mut c_void, *const CCall) -> i32;
-type InitFn = unsafe extern "C" fn(*const CHostApi, *mut CPlugin) -> i32;
+/// `tefl_error *` on the C side: an opaque handle made by [`host_make_error`].
+type ErrPtr = *mut c_void;
+type AllocFn = unsafe extern "C" fn(*const CCall, usize, u8, u8, i32, *const i64, *mut *mut c_void) -> ErrPtr;
+type MakeErrorFn = unsafe extern "C" fn(i32, *const c_char) -> ErrPtr;
+type KernelFn = unsafe extern "C" fn(*mut c_void, *const CCall) -> ErrPtr;
+type InitFn = unsafe extern "C" fn(*const CHostApi, *mut CPlugin) -> ErrPtr;
 
 #[repr(C)]
 struct CCall {
@@ -50,7 +51,7 @@ struct CCall {
     scalars: *const c_char,
     n_outputs: usize,
     alloc_output: AllocFn,
-    set_error: SetErrorFn,
+    make_error: MakeErrorFn,
     host_state: *mut c_void,
 }
 
@@ -81,7 +82,6 @@ struct CPlugin {
     vendor: *const CVendorInfo,
     impls: *const COpImpl,
     n_impls: usize,
-    error: *const c_char,
 }
 
 #[repr(C)]
@@ -89,6 +89,61 @@ struct CHostApi {
     struct_size: usize,
     abi_major: u32,
     abi_minor: u32,
+    make_error: MakeErrorFn,
+}
+
+/// What a `tefl_error *` points to.
+struct PluginError {
+    code: i32,
+    message: String,
+}
+
+/// The error handles issued and not yet taken back: a returned pointer is only ever
+/// dereferenced when it is one of these.
+fn issued() -> &'static std::sync::Mutex<std::collections::HashSet<usize>> {
+    static ISSUED: std::sync::OnceLock<std::sync::Mutex<std::collections::HashSet<usize>>> = std::sync::OnceLock::new();
+    ISSUED.get_or_init(Default::default)
+}
+
+unsafe extern "C" fn host_make_error(code: i32, message: *const c_char) -> ErrPtr {
+    let message = if message.is_null() {
+        String::new()
+    } else {
+        // SAFETY: a non-null message is a NUL-terminated string the plugin owns for the call.
+        unsafe { CStr::from_ptr(message) }.to_string_lossy().into_owned()
+    };
+    let p = Box::into_raw(Box::new(PluginError { code, message }));
+    issued().lock().unwrap_or_else(|e| e.into_inner()).insert(p as usize);
+    p.cast()
+}
+
+fn make_error(code: i32, message: &str) -> ErrPtr {
+    let m = CString::new(message).unwrap_or_default();
+    // SAFETY: `m` is a valid NUL-terminated string for the call.
+    unsafe { host_make_error(code, m.as_ptr()) }
+}
+
+/// Takes back an error handle: `None` for NULL (success), the error for a handle we issued,
+/// and a description of the problem for any other pointer (never dereferenced).
+fn take_error(p: ErrPtr) -> Option<String> {
+    if p.is_null() {
+        return None;
+    }
+    if !issued().lock().unwrap_or_else(|e| e.into_inner()).remove(&(p as usize)) {
+        return Some(format!("returned an error handle tefl did not issue ({p:p})"));
+    }
+    // SAFETY: `p` came from Box::into_raw in host_make_error and was still in the issued set,
+    // which we just removed it from, so this is the only place that frees it.
+    let e = unsafe { Box::from_raw(p.cast::<PluginError>()) };
+    let kind = match e.code {
+        1 => "invalid argument",
+        2 => "unsupported",
+        3 => "device error",
+        4 => "out of memory",
+        5 => "internal error",
+        other => return Some(format!("unknown error code {other}: {}", e.message)),
+    };
+    Some(if e.message.is_empty() { kind.to_string() } else { format!("{} (code {}: {kind})", e.message, e.code) })
 }
 
 /// A plugin kernel, ready to become an impl of one op (see `OpDescriptor::plugin_adapter`).
@@ -140,9 +195,7 @@ fn dtype_from_code(code: u8, bits: u8) -> Option<DType> {
 
 /// What the host keeps for one kernel call.
 struct CallState {
-    op: &'static str,
     outputs: Vec<Option<Tensor>>,
-    error: Option<(i32, String)>,
 }
 
 unsafe extern "C" fn host_alloc_output(
@@ -153,48 +206,37 @@ unsafe extern "C" fn host_alloc_output(
     ndim: i32,
     shape: *const i64,
     data: *mut *mut c_void,
-) -> i32 {
+) -> ErrPtr {
     // SAFETY: `call` is the CCall tefl passed to the kernel, alive for the whole call, and
     // its host_state points to the CallState of that call (checked non-null below).
-    let Some(call) = (unsafe { call.as_ref() }) else { return 1 };
+    let Some(call) = (unsafe { call.as_ref() }) else { return make_error(1, "alloc_output: null call") };
     // SAFETY: see above; the state is only touched from the kernel's thread during the call.
-    let Some(state) = (unsafe { (call.host_state as *mut CallState).as_mut() }) else { return 1 };
+    let Some(state) = (unsafe { (call.host_state as *mut CallState).as_mut() }) else {
+        return make_error(1, "alloc_output: not a tefl call");
+    };
     if data.is_null() || index >= state.outputs.len() || !(0..=8).contains(&ndim) || (ndim > 0 && shape.is_null()) {
-        return 1;
+        return make_error(1, &format!("alloc_output: bad arguments (index {index}, ndim {ndim})"));
     }
-    let Some(dtype) = dtype_from_code(code, bits) else { return 2 };
+    let Some(dtype) = dtype_from_code(code, bits) else {
+        return make_error(2, &format!("alloc_output: unknown dtype code {code}/{bits}"));
+    };
     // SAFETY: the plugin promises `ndim` readable i64 at `shape` (checked non-null above).
     let dims: &[i64] = if ndim == 0 { &[] } else { unsafe { std::slice::from_raw_parts(shape, ndim as usize) } };
     if dims.iter().any(|d| *d < 0) {
-        return 1;
+        return make_error(1, "alloc_output: negative dimension");
     }
     let dims: Vec<usize> = dims.iter().map(|d| *d as usize).collect();
     let tensor = match Tensor::zeros(&dims, dtype, &Device::CPU) {
         Ok(t) => t,
-        Err(_) => return 4,
+        Err(e) => return make_error(4, &e.to_string()),
     };
-    let ptr = match crate::device::as_host(&**tensor.buffer()) {
-        Some(h) => h.raw_ptr(),
-        None => return 5,
+    let Some(ptr) = crate::device::as_host(&**tensor.buffer()).map(|h| h.raw_ptr()) else {
+        return make_error(5, "alloc_output: not host memory");
     };
     state.outputs[index] = Some(tensor);
     // SAFETY: `data` is non-null (checked) and points to the plugin's out-parameter.
     unsafe { *data = ptr.cast() };
-    TEFL_OK
-}
-
-unsafe extern "C" fn host_set_error(call: *const CCall, code: i32, message: *const c_char) {
-    // SAFETY: as in host_alloc_output.
-    let Some(call) = (unsafe { call.as_ref() }) else { return };
-    // SAFETY: as in host_alloc_output.
-    let Some(state) = (unsafe { (call.host_state as *mut CallState).as_mut() }) else { return };
-    let text = if message.is_null() {
-        String::new()
-    } else {
-        // SAFETY: a non-null message is a NUL-terminated string owned by the plugin for the call.
-        unsafe { CStr::from_ptr(message) }.to_string_lossy().into_owned()
-    };
-    state.error = Some((code, text));
+    std::ptr::null_mut()
 }
 
 /// Builds the impl of op `O` that calls a plugin kernel. Arguments are marshalled from the
@@ -270,7 +312,7 @@ fn call_plugin<O: Op>(k: &PluginKernel, args: &O::Args) -> Result<O::Output> {
         });
     }
     let n_outputs = <O::Output as OpOutput>::FIELDS.len();
-    let mut state = CallState { op: O::NAME, outputs: vec![None; n_outputs], error: None };
+    let mut state = CallState { outputs: vec![None; n_outputs] };
     let op_c = CString::new(O::NAME).map_err(|e| fail(e.to_string()))?;
     let scalars_c = CString::new(scalars.join(";")).map_err(|e| fail(e.to_string()))?;
     let call = CCall {
@@ -281,29 +323,16 @@ fn call_plugin<O: Op>(k: &PluginKernel, args: &O::Args) -> Result<O::Output> {
         scalars: scalars_c.as_ptr(),
         n_outputs,
         alloc_output: host_alloc_output,
-        set_error: host_set_error,
+        make_error: host_make_error,
         host_state: (&mut state as *mut CallState).cast(),
     };
     // SAFETY: the kernel pointer came from a plugin whose library `k` keeps loaded; `call`
     // and everything it points to (descriptors, shapes, strings, guarded tensor memory and
     // the call state) outlive the call. The plugin contract is the header's.
-    let status = unsafe { (k.kernel)(k.user as *mut c_void, &call) };
+    let returned = unsafe { (k.kernel)(k.user as *mut c_void, &call) };
     drop((reads, writes));
-    let _ = state.op;
-    let message = state.error.take().map(|(c, m)| format!("{m} (code {c})"));
-    match status {
-        TEFL_OK => {}
-        1..=5 => {
-            let name = ["", "invalid argument", "unsupported", "device error", "out of memory", "internal error"]
-                [status as usize];
-            return Err(fail(message.unwrap_or_else(|| name.to_string())));
-        }
-        other => {
-            return Err(fail(format!(
-                "returned unknown status {other}{}",
-                message.map(|m| format!(": {m}")).unwrap_or_default()
-            )));
-        }
+    if let Some(reason) = take_error(returned) {
+        return Err(fail(reason));
     }
     O::Output::from_slots(O::NAME, state.outputs).map_err(|e| fail(e.to_string()))
 }
@@ -337,7 +366,12 @@ pub fn load_plugin(reg: &mut Registry, entry: &str) -> Result<usize> {
     // SAFETY: the symbol is declared in tefl_plugin.h with this signature.
     let init: InitFn = *unsafe { lib.get::<InitFn>(b"tefl_plugin_init\0") }
         .map_err(|e| err(format!("missing symbol tefl_plugin_init: {e}")))?;
-    let host = CHostApi { struct_size: std::mem::size_of::<CHostApi>(), abi_major: ABI_MAJOR, abi_minor: ABI_MINOR };
+    let host = CHostApi {
+        struct_size: std::mem::size_of::<CHostApi>(),
+        abi_major: ABI_MAJOR,
+        abi_minor: ABI_MINOR,
+        make_error: host_make_error,
+    };
     let mut out = CPlugin {
         struct_size: std::mem::size_of::<CPlugin>(),
         abi_major: 0,
@@ -345,13 +379,11 @@ pub fn load_plugin(reg: &mut Registry, entry: &str) -> Result<usize> {
         vendor: std::ptr::null(),
         impls: std::ptr::null(),
         n_impls: 0,
-        error: std::ptr::null(),
     };
     // SAFETY: `host` and `out` are valid for the call; the plugin fills `out`.
-    let status = unsafe { init(&host, &mut out) };
-    if status != TEFL_OK {
-        let why = c_str(out.error).unwrap_or_else(|| "no reason given".into());
-        return Err(err(format!("tefl_plugin_init failed with status {status}: {why}")));
+    let returned = unsafe { init(&host, &mut out) };
+    if let Some(why) = take_error(returned) {
+        return Err(err(format!("tefl_plugin_init failed: {why}")));
     }
     if out.abi_major != ABI_MAJOR || out.abi_minor > ABI_MINOR {
         return Err(err(format!(

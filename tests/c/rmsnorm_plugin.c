@@ -2,8 +2,9 @@
  * Compile-time switches make the failure modes the tests need:
  *   -DBAD_ABI        reports ABI major 99
  *   -DFAILING_INIT   init returns an error
- *   -DFAILING_OP     the kernel returns TEFL_ERR_INTERNAL with a message
- *   -DGARBAGE_CODE   the kernel returns 12345
+ *   -DFAILING_OP     the kernel returns a TEFL_ERR_INTERNAL error with a message
+ *   -DGARBAGE_CODE   the kernel returns an error with code 12345
+ *   -DGARBAGE_HANDLE the kernel returns a pointer the host never issued
  *   -DNO_INIT        the library does not export tefl_plugin_init
  */
 #include <math.h>
@@ -19,29 +20,32 @@ static float scalar(const char *scalars, const char *name, float fallback) {
     return strtof(p + 1, NULL);
 }
 
-static int32_t rmsnorm_fwd(void *user, const tefl_call *call) {
+static tefl_error *rmsnorm_fwd(void *user, const tefl_call *call) {
     (void)user;
 #ifdef FAILING_OP
-    call->set_error(call, TEFL_ERR_INTERNAL, "the acme device is on fire");
-    return TEFL_ERR_INTERNAL;
+    return call->make_error(TEFL_ERR_INTERNAL, "the acme device is on fire");
 #endif
 #ifdef GARBAGE_CODE
-    return 12345;
+    return call->make_error(12345, "what is this code");
 #endif
-    if (call->n_inputs != 2 || call->n_outputs != 2) return TEFL_ERR_INVALID_ARGUMENT;
+#ifdef GARBAGE_HANDLE
+    static int not_an_error;
+    return (tefl_error *)&not_an_error;
+#endif
+    if (call->n_inputs != 2 || call->n_outputs != 2) return call->make_error(TEFL_ERR_INVALID_ARGUMENT, "rmsnorm_fwd takes x and gamma");
     const tefl_tensor *x = &call->inputs[0], *g = &call->inputs[1];
-    if (x->dtype_code != TEFL_DTYPE_FLOAT || x->dtype_bits != 32 || g->dtype_bits != 32) {
-        call->set_error(call, TEFL_ERR_UNSUPPORTED, "this plugin serves f32 only");
-        return TEFL_ERR_UNSUPPORTED;
-    }
+    if (x->dtype_code != TEFL_DTYPE_FLOAT || x->dtype_bits != 32 || g->dtype_bits != 32)
+        return call->make_error(TEFL_ERR_UNSUPPORTED, "this plugin serves f32 only");
     int64_t n = x->shape[x->ndim - 1], rows = 1;
     for (int32_t i = 0; i < x->ndim - 1; i++) rows *= x->shape[i];
     float eps = scalar(call->scalars, "eps", 1e-5f);
     int zc = strstr(call->scalars, "zero_centered_gamma=true") != NULL;
     void *y_data = NULL, *rs_data = NULL;
-    if (call->alloc_output(call, 0, TEFL_DTYPE_FLOAT, 32, x->ndim, x->shape, &y_data) != TEFL_OK) return TEFL_ERR_OUT_OF_MEMORY;
+    tefl_error *err = call->alloc_output(call, 0, TEFL_DTYPE_FLOAT, 32, x->ndim, x->shape, &y_data);
+    if (err) return err;
     int64_t rs_shape[1] = {rows};
-    if (call->alloc_output(call, 1, TEFL_DTYPE_FLOAT, 32, 1, rs_shape, &rs_data) != TEFL_OK) return TEFL_ERR_OUT_OF_MEMORY;
+    err = call->alloc_output(call, 1, TEFL_DTYPE_FLOAT, 32, 1, rs_shape, &rs_data);
+    if (err) return err;
     const float *xs = x->data, *gs = g->data;
     float *ys = y_data, *rs = rs_data;
     for (int64_t r = 0; r < rows; r++) {
@@ -51,7 +55,7 @@ static int32_t rmsnorm_fwd(void *user, const tefl_call *call) {
         rs[r] = inv;
         for (int64_t i = 0; i < n; i++) ys[r * n + i] = xs[r * n + i] * inv * (zc ? 1.0f + gs[i] : gs[i]);
     }
-    return TEFL_OK;
+    return NULL;
 }
 
 #ifndef NO_INIT
@@ -60,21 +64,20 @@ static const tefl_op_impl impls[] = {
     {sizeof(tefl_op_impl), "rmsnorm_fwd", "vendor.cplug", 300, "f32", rmsnorm_fwd, NULL},
 };
 
-int32_t tefl_plugin_init(const tefl_host_api *host, tefl_plugin *out) {
-    if (host->abi_major != TEFL_ABI_MAJOR) return TEFL_ERR_UNSUPPORTED;
+tefl_error *tefl_plugin_init(const tefl_host_api *host, tefl_plugin *out) {
+    if (host->abi_major != TEFL_ABI_MAJOR) return host->make_error(TEFL_ERR_UNSUPPORTED, "built for another ABI");
     out->abi_major = TEFL_ABI_MAJOR;
     out->abi_minor = TEFL_ABI_MINOR;
 #ifdef BAD_ABI
     out->abi_major = 99;
 #endif
 #ifdef FAILING_INIT
-    out->error = "no acme device found";
-    return TEFL_ERR_DEVICE;
+    return host->make_error(TEFL_ERR_DEVICE, "no acme device found");
 #endif
     out->vendor = &vendor;
     out->impls = impls;
     out->n_impls = sizeof(impls) / sizeof(impls[0]);
-    return TEFL_OK;
+    return NULL;
 }
 #else
 /* Without an init the kernel is only referenced here, so that the library still builds. */

@@ -111,15 +111,17 @@ fn broken_plugins_are_skipped_with_an_error_line() {
     }
 }
 
-/// A kernel that fails, or returns a status code outside the ABI, is an impl failure: the
-/// manager falls back to the reference (or, when the policy names only the plugin, returns
-/// a typed error). The process carries on either way.
+/// A kernel that fails, returns an error code outside the ABI, or returns a pointer that is
+/// not an error handle, is an impl failure: the manager falls back to the reference (or,
+/// when the policy names only the plugin, returns a typed error). The process carries on.
 #[test]
 fn failing_and_garbage_status_codes_are_failures_with_fallback() {
     let mut rng = Rng::new(seed("c_plugin_failing"));
-    for (defines, reason) in
-        [(&["FAILING_OP"][..], "the acme device is on fire (code 5)"), (&["GARBAGE_CODE"][..], "unknown status 12345")]
-    {
+    for (defines, reason) in [
+        (&["FAILING_OP"][..], "the acme device is on fire (code 5: internal error)"),
+        (&["GARBAGE_CODE"][..], "unknown error code 12345"),
+        (&["GARBAGE_HANDLE"][..], "returned an error handle tefl did not issue"),
+    ] {
         let lib = build_plugin(&format!("cplug_{}", defines[0].to_ascii_lowercase()), defines);
         let m = manager(&[("TE_FL_PLUGIN_MODULES", lib.display().to_string()), ("TE_FL_PREFER", "vendor".into())]);
         let (args, want) = rmsnorm_case(&mut rng);
