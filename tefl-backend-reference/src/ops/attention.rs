@@ -52,30 +52,36 @@ impl Ctx<'_> {
     }
 }
 
-pub fn fused_attn_fwd(_: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<AttnFwdOut> {
-    let g = attn_geometry(
-        "fused_attn_fwd",
-        &a.q,
-        &a.k,
-        &a.v,
-        a.cu_seqlens_q.as_ref(),
-        a.cu_seqlens_kv.as_ref(),
-        a.layout,
-        a.mask,
-    )?;
-    let (qv, kv, vv) = (view(&a.q)?, view(&a.k)?, view(&a.v)?);
-    let c = Ctx {
-        g,
-        q: &qv,
-        k: &kv,
-        v: &vv,
-        mask: a.mask,
-        window: a.window,
-        scale: a.scale,
-        p: a.dropout_p,
-        seed: a.seed,
-        offset: a.offset,
+/// The [`Ctx`] of a forward or backward call (both argument structs share these fields).
+macro_rules! attn_ctx {
+    ($a:ident, $op:literal, $qv:ident, $kv:ident, $vv:ident) => {
+        Ctx {
+            g: attn_geometry(
+                $op,
+                &$a.q,
+                &$a.k,
+                &$a.v,
+                $a.cu_seqlens_q.as_ref(),
+                $a.cu_seqlens_kv.as_ref(),
+                $a.layout,
+                $a.mask,
+            )?,
+            q: &$qv,
+            k: &$kv,
+            v: &$vv,
+            mask: $a.mask,
+            window: $a.window,
+            scale: $a.scale,
+            p: $a.dropout_p,
+            seed: $a.seed,
+            offset: $a.offset,
+        }
     };
+}
+
+pub fn fused_attn_fwd(_: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<AttnFwdOut> {
+    let (qv, kv, vv) = (view(&a.q)?, view(&a.k)?, view(&a.v)?);
+    let c = attn_ctx!(a, "fused_attn_fwd", qv, kv, vv);
     let (d, group) = (c.g.d, c.g.hq / c.g.hk);
     let mut tasks = Vec::new();
     for b in 0..c.g.batch {
@@ -163,30 +169,9 @@ pub fn fused_attn_fwd(_: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<AttnFwdOut> 
 }
 
 pub fn fused_attn_bwd(_: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut> {
-    let g = attn_geometry(
-        "fused_attn_bwd",
-        &a.q,
-        &a.k,
-        &a.v,
-        a.cu_seqlens_q.as_ref(),
-        a.cu_seqlens_kv.as_ref(),
-        a.layout,
-        a.mask,
-    )?;
     let (qv, kv, vv) = (view(&a.q)?, view(&a.k)?, view(&a.v)?);
     let (ov, dov, lsev) = (view(&a.o)?, view(&a.d_o)?, view(&a.softmax_lse)?);
-    let c = Ctx {
-        g,
-        q: &qv,
-        k: &kv,
-        v: &vv,
-        mask: a.mask,
-        window: a.window,
-        scale: a.scale,
-        p: a.dropout_p,
-        seed: a.seed,
-        offset: a.offset,
-    };
+    let c = attn_ctx!(a, "fused_attn_bwd", qv, kv, vv);
     let (d, group) = (c.g.d, c.g.hq / c.g.hk);
     // D_i = Σ dO·O per (query row, head), indexed like lse.
     let mut delta = vec![0.0f32; lsev.len()];
