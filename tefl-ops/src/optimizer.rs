@@ -61,32 +61,9 @@ pub fn multi_tensor_adam(
         params: params.to_vec(),
         exp_avg: exp_avg.to_vec(),
         exp_avg_sq: exp_avg_sq.to_vec(),
-        lr,
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
-        step: 1,
-        mode: AdamMode::AdamW,
-        bias_correction: true,
-        weight_decay: 0.0,
+        hyper: AdamHyper::adamw(lr),
     })
 }
-setters!(MultiTensorAdam {
-    /// β₁.
-    beta1: f32,
-    /// β₂.
-    beta2: f32,
-    /// ε.
-    eps: f32,
-    /// The step number (≥ 1).
-    step: u32,
-    /// L2 or decoupled decay.
-    mode: AdamMode,
-    /// Bias correction.
-    bias_correction: bool,
-    /// Weight decay.
-    weight_decay: f32,
-});
 
 /// `multi_tensor_adam_master`: Adam on f32 masters, cast into the model params.
 pub fn multi_tensor_adam_master(
@@ -105,32 +82,54 @@ pub fn multi_tensor_adam_master(
         master_params: master_params.to_vec(),
         exp_avg: exp_avg.to_vec(),
         exp_avg_sq: exp_avg_sq.to_vec(),
-        lr,
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
-        step: 1,
-        mode: AdamMode::AdamW,
-        bias_correction: true,
-        weight_decay: 0.0,
+        hyper: AdamHyper::adamw(lr),
     })
 }
-setters!(MultiTensorAdamMaster {
-    /// β₁.
-    beta1: f32,
-    /// β₂.
-    beta2: f32,
-    /// ε.
-    eps: f32,
-    /// The step number (≥ 1).
-    step: u32,
-    /// L2 or decoupled decay.
-    mode: AdamMode,
-    /// Bias correction.
-    bias_correction: bool,
-    /// Weight decay.
-    weight_decay: f32,
-});
+
+macro_rules! adam_setters {
+    ($($op:ty),*) => {
+        $(
+            impl Call<$op> {
+                /// β₁.
+                pub fn beta1(mut self, v: f32) -> Self {
+                    self.args_mut().hyper.beta1 = v;
+                    self
+                }
+                /// β₂.
+                pub fn beta2(mut self, v: f32) -> Self {
+                    self.args_mut().hyper.beta2 = v;
+                    self
+                }
+                /// ε.
+                pub fn eps(mut self, v: f32) -> Self {
+                    self.args_mut().hyper.eps = v;
+                    self
+                }
+                /// The step number (≥ 1).
+                pub fn step(mut self, v: u32) -> Self {
+                    self.args_mut().hyper.step = v;
+                    self
+                }
+                /// L2 or decoupled decay.
+                pub fn mode(mut self, v: AdamMode) -> Self {
+                    self.args_mut().hyper.mode = v;
+                    self
+                }
+                /// Bias correction.
+                pub fn bias_correction(mut self, v: bool) -> Self {
+                    self.args_mut().hyper.bias_correction = v;
+                    self
+                }
+                /// Weight decay.
+                pub fn weight_decay(mut self, v: f32) -> Self {
+                    self.args_mut().hyper.weight_decay = v;
+                    self
+                }
+            }
+        )*
+    };
+}
+adam_setters!(MultiTensorAdam, MultiTensorAdamMaster);
 
 /// `multi_tensor_sgd(noop_flag, grads, params, momentum_buf, lr)`: plain SGD unless set.
 pub fn multi_tensor_sgd(

@@ -887,14 +887,16 @@ impl<'m> Suite<'m> {
                             params: lists.1.clone(),
                             exp_avg: lists.2.clone(),
                             exp_avg_sq: lists.3.clone(),
-                            lr: 1e-2,
-                            beta1: 0.9,
-                            beta2: 0.999,
-                            eps: 1e-8,
-                            step: 3,
-                            mode,
-                            bias_correction: bc,
-                            weight_decay: 0.01,
+                            hyper: AdamHyper {
+                                lr: 1e-2,
+                                beta1: 0.9,
+                                beta2: 0.999,
+                                eps: 1e-8,
+                                step: 3,
+                                mode,
+                                bias_correction: bc,
+                                weight_decay: 0.01,
+                            },
                         })?;
                         let mut out = Vec::new();
                         for i in 0..shapes.len() {
@@ -918,14 +920,16 @@ impl<'m> Suite<'m> {
                     master_params: vec![master.clone()],
                     exp_avg: vec![m],
                     exp_avg_sq: vec![v],
-                    lr: 0.1,
-                    beta1: 0.9,
-                    beta2: 0.99,
-                    eps: 1e-8,
-                    step: 1,
-                    mode: AdamMode::AdamW,
-                    bias_correction: true,
-                    weight_decay: 0.0,
+                    hyper: AdamHyper {
+                        lr: 0.1,
+                        beta1: 0.9,
+                        beta2: 0.99,
+                        eps: 1e-8,
+                        step: 1,
+                        mode: AdamMode::AdamW,
+                        bias_correction: true,
+                        weight_decay: 0.0,
+                    },
                 })?;
                 let f = |x: f32| f64::from(x);
                 let want: Vec<f64> = (0..50)

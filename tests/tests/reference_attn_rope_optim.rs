@@ -306,14 +306,16 @@ fn scale_and_l2norm_set_noop_on_overflow_and_noop_skips_everything() {
         params: vec![p.clone()],
         exp_avg: vec![z()],
         exp_avg_sq: vec![z()],
-        lr: 1.0,
-        beta1: 0.9,
-        beta2: 0.9,
-        eps: 1e-8,
-        step: 1,
-        mode: AdamMode::AdamW,
-        bias_correction: true,
-        weight_decay: 0.0,
+        hyper: AdamHyper {
+            lr: 1.0,
+            beta1: 0.9,
+            beta2: 0.9,
+            eps: 1e-8,
+            step: 1,
+            mode: AdamMode::AdamW,
+            bias_correction: true,
+            weight_decay: 0.0,
+        },
     })
     .unwrap();
     assert_eq!(values(&p), vec![1.0, 2.0]);
@@ -511,14 +513,16 @@ fn bad_input_is_rejected_with_the_argument_named() {
         params: vec![f(&[4])],
         exp_avg: vec![f(&[3])],
         exp_avg_sq: vec![f(&[3])],
-        lr: 1e-3,
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
-        step: 1,
-        mode: AdamMode::AdamW,
-        bias_correction: true,
-        weight_decay: 0.0,
+        hyper: AdamHyper {
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            step: 1,
+            mode: AdamMode::AdamW,
+            bias_correction: true,
+            weight_decay: 0.0,
+        },
     };
     assert_eq!(names(m.call::<MultiTensorAdam>(&adam).unwrap_err()), "params");
     let mask = Tensor::zeros([1, 1, 3, 5], DType::U8, &tefl_core::Device::CPU).unwrap();

@@ -108,20 +108,13 @@ struct Adam {
 }
 
 impl Adam {
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        lr: f32,
-        beta1: f32,
-        beta2: f32,
-        eps: f32,
-        step: u32,
-        mode: AdamMode,
-        bias_correction: bool,
-        wd: f32,
-    ) -> Self {
-        let (bc1, bc2) =
-            if bias_correction { (1.0 - beta1.powi(step as i32), 1.0 - beta2.powi(step as i32)) } else { (1.0, 1.0) };
-        Adam { lr, beta1, beta2, eps, mode, wd, bc1, bc2 }
+    fn new(h: &AdamHyper) -> Self {
+        let (bc1, bc2) = if h.bias_correction {
+            (1.0 - h.beta1.powi(h.step as i32), 1.0 - h.beta2.powi(h.step as i32))
+        } else {
+            (1.0, 1.0)
+        };
+        Adam { lr: h.lr, beta1: h.beta1, beta2: h.beta2, eps: h.eps, mode: h.mode, wd: h.weight_decay, bc1, bc2 }
     }
 
     /// One element: returns the new parameter, updating m and v.
@@ -179,7 +172,7 @@ pub fn multi_tensor_adam(_: &KernelCtx<'_>, a: &MultiTensorAdamArgs) -> Result<M
         return Ok(MultiTensorAdamOut {});
     }
     distinct("multi_tensor_adam", &[("params", &a.params), ("exp_avg", &a.exp_avg), ("exp_avg_sq", &a.exp_avg_sq)])?;
-    let adam = Adam::new(a.lr, a.beta1, a.beta2, a.eps, a.step, a.mode, a.bias_correction, a.weight_decay);
+    let adam = Adam::new(&a.hyper);
     for i in 0..a.grads.len() {
         let p = adam.tensor(&a.grads[i], &a.params[i], &a.exp_avg[i], &a.exp_avg_sq[i])?;
         write_into(&a.params[i], &p)?;
@@ -200,7 +193,7 @@ pub fn multi_tensor_adam_master(_: &KernelCtx<'_>, a: &MultiTensorAdamMasterArgs
             ("exp_avg_sq", &a.exp_avg_sq),
         ],
     )?;
-    let adam = Adam::new(a.lr, a.beta1, a.beta2, a.eps, a.step, a.mode, a.bias_correction, a.weight_decay);
+    let adam = Adam::new(&a.hyper);
     for i in 0..a.grads.len() {
         let p = adam.tensor(&a.grads[i], &a.master_params[i], &a.exp_avg[i], &a.exp_avg_sq[i])?;
         write_into(&a.master_params[i], &p)?;

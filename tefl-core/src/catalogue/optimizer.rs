@@ -16,6 +16,43 @@ pub enum AdamMode {
     AdamW,
 }
 
+/// Adam's hyper-parameters, shared by [`MultiTensorAdam`] and [`MultiTensorAdamMaster`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamHyper {
+    /// Learning rate.
+    pub lr: f32,
+    /// β₁ in [0, 1).
+    pub beta1: f32,
+    /// β₂ in [0, 1).
+    pub beta2: f32,
+    /// ε > 0.
+    pub eps: f32,
+    /// The step number (≥ 1) for bias correction.
+    pub step: u32,
+    /// L2 (Adam) or decoupled (AdamW).
+    pub mode: AdamMode,
+    /// Divide the moments by (1 − βᵗ).
+    pub bias_correction: bool,
+    /// Weight decay.
+    pub weight_decay: f32,
+}
+
+impl AdamHyper {
+    /// AdamW at `lr` with betas (0.9, 0.999), eps 1e-8, step 1, bias correction, no decay.
+    pub fn adamw(lr: f32) -> Self {
+        AdamHyper {
+            lr,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            step: 1,
+            mode: AdamMode::AdamW,
+            bias_correction: true,
+            weight_decay: 0.0,
+        }
+    }
+}
+
 fn check_noop(op: &'static str, t: &Tensor) -> Result<()> {
     check::dtype_is(op, "noop_flag", t, DType::I32)?;
     check::shape_is(op, "noop_flag", t, &[1])
@@ -145,29 +182,15 @@ declare_op! {
         inout exp_avg: Vec<Tensor>,
         /// Second moments (f32), updated in place.
         inout exp_avg_sq: Vec<Tensor>,
-        /// Learning rate.
-        scalar lr: f32,
-        /// β₁ in [0, 1).
-        scalar beta1: f32,
-        /// β₂ in [0, 1).
-        scalar beta2: f32,
-        /// ε > 0.
-        scalar eps: f32,
-        /// The step number (≥ 1) for bias correction.
-        scalar step: u32,
-        /// L2 (Adam) or decoupled (AdamW).
-        scalar mode: AdamMode,
-        /// Divide the moments by (1 − βᵗ).
-        scalar bias_correction: bool,
-        /// Weight decay.
-        scalar weight_decay: f32,
+        /// The hyper-parameters.
+        scalar hyper: AdamHyper,
     }
     /// Outputs of [`MultiTensorAdam`] (none: everything is in place).
     pub struct MultiTensorAdamOut {}
     validate(a) {
         const OP: &str = "multi_tensor_adam";
         check_noop(OP, &a.noop_flag)?;
-        check_adam(OP, &a.grads, &a.params, &a.exp_avg, &a.exp_avg_sq, a.lr, a.beta1, a.beta2, a.eps, a.step, a.weight_decay)
+        check_adam(OP, &a.grads, &a.params, &a.exp_avg, &a.exp_avg_sq, &a.hyper)
     }
 }
 
@@ -189,29 +212,15 @@ declare_op! {
         inout exp_avg: Vec<Tensor>,
         /// f32 second moments.
         inout exp_avg_sq: Vec<Tensor>,
-        /// Learning rate.
-        scalar lr: f32,
-        /// β₁.
-        scalar beta1: f32,
-        /// β₂.
-        scalar beta2: f32,
-        /// ε.
-        scalar eps: f32,
-        /// Step (≥ 1).
-        scalar step: u32,
-        /// L2 or decoupled.
-        scalar mode: AdamMode,
-        /// Bias correction.
-        scalar bias_correction: bool,
-        /// Weight decay.
-        scalar weight_decay: f32,
+        /// The hyper-parameters.
+        scalar hyper: AdamHyper,
     }
     /// Outputs of [`MultiTensorAdamMaster`] (none).
     pub struct MultiTensorAdamMasterOut {}
     validate(a) {
         const OP: &str = "multi_tensor_adam_master";
         check_noop(OP, &a.noop_flag)?;
-        check_adam(OP, &a.grads, &a.master_params, &a.exp_avg, &a.exp_avg_sq, a.lr, a.beta1, a.beta2, a.eps, a.step, a.weight_decay)?;
+        check_adam(OP, &a.grads, &a.master_params, &a.exp_avg, &a.exp_avg_sq, &a.hyper)?;
         check_f32_list(OP, "master_params", &a.master_params)?;
         check_list(OP, "model_params", &a.model_params, true)?;
         check::same_len(OP, "model_params", a.model_params.len(), a.master_params.len())?;
@@ -219,19 +228,13 @@ declare_op! {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 fn check_adam(
     op: &'static str,
     grads: &[Tensor],
     params: &[Tensor],
     m: &[Tensor],
     v: &[Tensor],
-    lr: f32,
-    beta1: f32,
-    beta2: f32,
-    eps: f32,
-    step: u32,
-    wd: f32,
+    h: &AdamHyper,
 ) -> Result<()> {
     check_list(op, "grads", grads, true)?;
     check_list(op, "params", params, true)?;
@@ -241,12 +244,12 @@ fn check_adam(
     }
     check_f32_list(op, "exp_avg", m)?;
     check_f32_list(op, "exp_avg_sq", v)?;
-    finite(op, "lr", lr)?;
-    finite(op, "weight_decay", wd)?;
-    check::probability(op, "beta1", beta1)?;
-    check::probability(op, "beta2", beta2)?;
-    check::positive(op, "eps", eps)?;
-    if step == 0 {
+    finite(op, "lr", h.lr)?;
+    finite(op, "weight_decay", h.weight_decay)?;
+    check::probability(op, "beta1", h.beta1)?;
+    check::probability(op, "beta2", h.beta2)?;
+    check::positive(op, "eps", h.eps)?;
+    if h.step == 0 {
         return Err(Error::invalid(op, "step", "must be >= 1"));
     }
     Ok(())
