@@ -209,11 +209,10 @@ fn encode_elements<T: Element>(data: &[T], dtype: DType) -> Result<Vec<u8>> {
         DType::F64 => bytemuck::cast_slice(&floats.iter().map(|&x| f64::from(x)).collect::<Vec<_>>()).to_vec(),
         DType::F16 => bytemuck::cast_slice(&floats.iter().map(|&x| f16::from_f32(x)).collect::<Vec<_>>()).to_vec(),
         DType::BF16 => bytemuck::cast_slice(&floats.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>()).to_vec(),
-        DType::F8E4M3 | DType::F8E5M2 => {
-            let f = Fp8Format::of(dtype).expect("fp8 dtype");
-            floats.iter().map(|&x| f.encode(x)).collect()
-        }
-        _ => return Err(Error::Tensor(format!("cannot convert {} elements to {dtype}", T::DTYPE))),
+        d => match Fp8Format::of(d) {
+            Some(f) => floats.iter().map(|&x| f.encode(x)).collect(),
+            None => return Err(Error::Tensor(format!("cannot convert {} elements to {dtype}", T::DTYPE))),
+        },
     })
 }
 
