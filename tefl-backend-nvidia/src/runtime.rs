@@ -1,0 +1,159 @@
+//! The CUDA device runtime: memory, host↔device and device↔device copies, synchronisation.
+//! With it, tensors live on `cuda:N`, and ops this backend does not implement yet are served
+//! by the reference through host staging.
+
+use std::any::Any;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DriverError};
+use tefl_core::device::{Buffer, DeviceRuntime, DeviceRuntimeRegistration};
+use tefl_core::{Device, DeviceKind, Error, Result};
+
+/// Device memory of one tensor, with the stream its work is queued on.
+pub struct CudaBuffer {
+    device: Device,
+    len: usize,
+    slice: Mutex<CudaSlice<u8>>,
+    stream: Arc<CudaStream>,
+}
+
+impl Buffer for CudaBuffer {
+    fn device(&self) -> Device {
+        self.device
+    }
+    fn len_bytes(&self) -> usize {
+        self.len
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+fn device_error(device: Device, e: DriverError) -> Error {
+    if e.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+        return Error::OutOfMemory { device: device.to_string(), bytes: 0 };
+    }
+    Error::DeviceFailure { device: device.to_string(), reason: format!("{e:?}") }
+}
+
+/// The runtime of `DeviceKind::CUDA`. Contexts are created on first use, never before the
+/// driver check passed.
+#[derive(Default)]
+pub struct CudaRuntime {
+    contexts: OnceLock<std::result::Result<Vec<Arc<CudaContext>>, String>>,
+}
+
+impl CudaRuntime {
+    fn contexts(&self) -> std::result::Result<&[Arc<CudaContext>], String> {
+        self.contexts
+            .get_or_init(|| {
+                crate::availability()?;
+                let n = CudaContext::device_count().map_err(|e| format!("cuDeviceGetCount: {e:?}"))?;
+                (0..n.max(0) as usize).map(|i| CudaContext::new(i).map_err(|e| format!("cuda:{i}: {e:?}"))).collect()
+            })
+            .as_ref()
+            .map(Vec::as_slice)
+            .map_err(Clone::clone)
+    }
+
+    fn context(&self, device: Device) -> Result<&Arc<CudaContext>> {
+        let unavailable = |reason: String| Error::DeviceUnavailable { device: device.to_string(), reason };
+        let ctxs = self.contexts().map_err(unavailable)?;
+        ctxs.get(device.ordinal as usize).ok_or_else(|| unavailable(format!("only {} CUDA device(s)", ctxs.len())))
+    }
+
+    fn buffer<'a>(&self, b: &'a dyn Buffer) -> Result<&'a CudaBuffer> {
+        b.as_any()
+            .downcast_ref::<CudaBuffer>()
+            .ok_or_else(|| Error::Tensor(format!("a {} buffer is not CUDA memory", b.device())))
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl DeviceRuntime for CudaRuntime {
+    fn kind(&self) -> DeviceKind {
+        DeviceKind::CUDA
+    }
+    fn device_count(&self) -> usize {
+        self.contexts().map_or(0, <[_]>::len)
+    }
+    fn unavailable_reason(&self) -> Option<String> {
+        self.contexts().err()
+    }
+    fn name(&self, ordinal: u32) -> String {
+        self.context(Device::cuda(ordinal))
+            .and_then(|c| c.name().map_err(|e| device_error(Device::cuda(ordinal), e)))
+            .unwrap_or_else(|e| e.to_string())
+    }
+    fn arch(&self, ordinal: u32) -> String {
+        match self.context(Device::cuda(ordinal)).map(|c| c.compute_capability()) {
+            Ok(Ok((major, minor))) => format!("sm_{major}{minor}"),
+            _ => "unknown".into(),
+        }
+    }
+    fn alloc(&self, device: Device, bytes: usize) -> Result<Arc<dyn Buffer>> {
+        let stream = self.context(device)?.default_stream();
+        // A zero-byte request still gets a (one-byte) allocation, so every buffer is real.
+        let mut slice = stream.alloc_zeros::<u8>(bytes.max(1)).map_err(|e| device_error(device, e))?;
+        if tefl_core::device::poison_allocations() && bytes > 0 {
+            stream.memcpy_htod(&vec![0xFFu8; bytes], &mut slice).map_err(|e| device_error(device, e))?;
+        }
+        Ok(Arc::new(CudaBuffer { device, len: bytes, slice: Mutex::new(slice), stream }))
+    }
+    fn copy_from_host(&self, dst: &dyn Buffer, src: &[u8]) -> Result<()> {
+        let d = self.buffer(dst)?;
+        if src.len() != d.len {
+            return Err(Error::Tensor(format!("copy of {} bytes into {} bytes", src.len(), d.len)));
+        }
+        if src.is_empty() {
+            return Ok(());
+        }
+        let mut slice = lock(&d.slice);
+        let mut view = slice.slice_mut(..src.len());
+        d.stream.memcpy_htod(src, &mut view).map_err(|e| device_error(d.device, e))
+    }
+    fn copy_to_host(&self, src: &dyn Buffer, dst: &mut [u8]) -> Result<()> {
+        let s = self.buffer(src)?;
+        if dst.len() != s.len {
+            return Err(Error::Tensor(format!("copy of {} bytes into {} bytes", s.len, dst.len())));
+        }
+        if dst.is_empty() {
+            return Ok(());
+        }
+        let slice = lock(&s.slice);
+        s.stream.memcpy_dtoh(&slice.slice(..dst.len()), dst).map_err(|e| device_error(s.device, e))?;
+        s.stream.synchronize().map_err(|e| device_error(s.device, e))
+    }
+    fn synchronize(&self, device: Device) -> Result<()> {
+        self.context(device)?.default_stream().synchronize().map_err(|e| device_error(device, e))
+    }
+    fn copy_device_to_device(&self, src: &dyn Buffer, dst: &dyn Buffer) -> Result<()> {
+        let (s, d) = (self.buffer(src)?, self.buffer(dst)?);
+        if s.len != d.len {
+            return Err(Error::Tensor(format!("copy of {} bytes into {} bytes", s.len, d.len)));
+        }
+        if std::ptr::eq(s, d) || s.len == 0 {
+            return Ok(());
+        }
+        // Lock in address order, so that two opposite copies cannot deadlock.
+        let (from, mut to) = if (s as *const CudaBuffer) < (d as *const CudaBuffer) {
+            let f = lock(&s.slice);
+            (f, lock(&d.slice))
+        } else {
+            let t = lock(&d.slice);
+            (lock(&s.slice), t)
+        };
+        d.stream.memcpy_dtod(&*from, &mut *to).map_err(|e| device_error(d.device, e))
+    }
+}
+
+fn make() -> Arc<dyn DeviceRuntime> {
+    Arc::new(CudaRuntime::default())
+}
+
+inventory::submit! {
+    DeviceRuntimeRegistration { make }
+}
