@@ -130,6 +130,17 @@ impl DeviceRuntime for CudaRuntime {
     fn synchronize(&self, device: Device) -> Result<()> {
         self.context(device)?.default_stream().synchronize().map_err(|e| device_error(device, e))
     }
+    fn time_on_device(&self, device: Device, work: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
+        use cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT;
+        let stream = self.context(device)?.default_stream();
+        let err = |e| device_error(device, e);
+        stream.synchronize().map_err(err)?;
+        let start = stream.record_event(Some(CU_EVENT_DEFAULT)).map_err(err)?;
+        work()?;
+        let end = stream.record_event(Some(CU_EVENT_DEFAULT)).map_err(err)?;
+        end.synchronize().map_err(err)?;
+        Ok(f64::from(start.elapsed_ms(&end).map_err(err)?) / 1e3)
+    }
     fn copy_device_to_device(&self, src: &dyn Buffer, dst: &dyn Buffer) -> Result<()> {
         let (s, d) = (self.buffer(src)?, self.buffer(dst)?);
         if s.len != d.len {

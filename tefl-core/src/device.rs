@@ -225,6 +225,16 @@ pub trait DeviceRuntime: Send + Sync + 'static {
     fn copy_to_host(&self, src: &dyn Buffer, dst: &mut [u8]) -> Result<()>;
     /// Waits for all work queued on `device`.
     fn synchronize(&self, device: Device) -> Result<()>;
+    /// Seconds `work` takes on `device`. Runtimes time it on the device where they can (events
+    /// around the work on the device's queue); this default synchronizes before and after and
+    /// reads the host clock.
+    fn time_on_device(&self, device: Device, work: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
+        self.synchronize(device)?;
+        let start = std::time::Instant::now();
+        work()?;
+        self.synchronize(device)?;
+        Ok(start.elapsed().as_secs_f64())
+    }
     /// Copies `src` into `dst` on the device (equal sizes), without a host round trip. The
     /// benchmark's copy-bandwidth yardstick; runtimes that cannot say so.
     fn copy_device_to_device(&self, src: &dyn Buffer, dst: &dyn Buffer) -> Result<()> {

@@ -1,6 +1,6 @@
 //! `bench [--backend X] [--shapes anchor|small] [--vs torch] [--json FILE] [--reps N]`: times
 //! each op of the anchor table (`shared/device/README.md`) on the backend's device: warm-up,
-//! then the median of repeated runs, each ended by a device synchronize. Reports GB/s (each
+//! then the median of repeated runs, each timed by the device runtime (CUDA events on cuda). Reports GB/s (each
 //! input read once, each output written once) or TFLOP/s, and the fraction of a copy's
 //! bandwidth measured in the same run. With `--vs torch` (python3 with torch), the torch
 //! equivalents run in the same process tree on the same shapes, and the tefl/torch time
@@ -230,20 +230,16 @@ fn cases(c: &Ctx, small: bool) -> tefl_core::Result<Vec<Case>> {
     Ok(v)
 }
 
-fn median_secs(
-    reps: usize,
-    sync: &dyn Fn() -> tefl_core::Result<()>,
-    f: &dyn Fn() -> tefl_core::Result<()>,
-) -> tefl_core::Result<f64> {
+/// Warm-up, then the median of up to `reps` timed runs (at least 3, at most ~20 s), each
+/// timed by the device's runtime (device events where it has them).
+fn median_secs(reps: usize, device: Device, f: &dyn Fn() -> tefl_core::Result<()>) -> tefl_core::Result<f64> {
+    let rt = tefl_core::device::runtime(device.kind)?;
     f()?;
-    sync()?;
+    rt.synchronize(device)?;
     let budget = Instant::now();
     let mut ts = Vec::new();
     while ts.len() < reps && (ts.len() < 3 || budget.elapsed().as_secs_f64() < 20.0) {
-        let t = Instant::now();
-        f()?;
-        sync()?;
-        ts.push(t.elapsed().as_secs_f64());
+        ts.push(rt.time_on_device(device, &mut || f())?);
     }
     ts.sort_by(f64::total_cmp);
     Ok(ts[ts.len() / 2])
@@ -399,13 +395,12 @@ fn main() -> ExitCode {
         "bench: backend {backend} ({impl_id}) on {device}, {} shapes, median of up to {reps} runs",
         if small { "small (CPU)" } else { "anchor" }
     );
-    let sync = || tefl_core::device::runtime(device.kind).and_then(|r| r.synchronize(device));
     // Copy bandwidth in the same run (read + write), the memory-bound ops' yardstick.
     let copy_bytes = 256usize << 20;
     let copy_gbps = (|| -> tefl_core::Result<f64> {
         let rt = tefl_core::device::runtime(device.kind)?;
         let (src, dst) = (rt.alloc(device, copy_bytes)?, rt.alloc(device, copy_bytes)?);
-        let t = median_secs(reps, &sync, &|| rt.copy_device_to_device(&*src, &*dst))?;
+        let t = median_secs(reps, device, &|| rt.copy_device_to_device(&*src, &*dst))?;
         Ok(2.0 * copy_bytes as f64 / t / 1e9)
     })()
     .map_err(|e| println!("copy: {e}"))
@@ -441,7 +436,7 @@ fn main() -> ExitCode {
         "op", "median ms", "rate", "of copy", "torch ms", "tefl/torch"
     );
     for c in &cases {
-        let t = match median_secs(reps, &sync, &*c.run) {
+        let t = match median_secs(reps, device, &*c.run) {
             Ok(t) => t,
             Err(e) => {
                 println!("{:<40} error: {e}", c.name);
