@@ -70,15 +70,37 @@ fn half_shape(t: &tefl_core::Tensor) -> Vec<usize> {
     shape
 }
 
-fn gated(a: &ActArgs, kind: Activation) -> Result<ActOut> {
-    let n = a.x.last_dim() / 2;
-    let (y, _) = map_rows([(&a.x, 2 * n)], a.x.rows(), &half_shape(&a.x), a.x.dtype(), n, |_, [xr], yr| {
+/// A gated forward on `[.., 2N]` = [a | b]: out = f(a, b), `[.., N]`.
+fn gated_map(x: &tefl_core::Tensor, f: impl Fn(f32, f32) -> f32 + Sync + Send) -> Result<ActOut> {
+    let n = x.last_dim() / 2;
+    let (y, _) = map_rows([(x, 2 * n)], x.rows(), &half_shape(x), x.dtype(), n, |_, [xr], yr| {
         for j in 0..n {
-            yr[j] = act(kind, xr[j]) * xr[n + j];
+            yr[j] = f(xr[j], xr[n + j]);
         }
         [0.0; 2]
     })?;
     Ok(ActOut { y })
+}
+
+/// A gated backward: for each (a, b, g) the pair (∂out/∂a·g, ∂out/∂b·g) from `f(a, b, g)`.
+fn gated_bwd_map(
+    grad: &tefl_core::Tensor,
+    input: &tefl_core::Tensor,
+    f: impl Fn(f32, f32, f32) -> (f32, f32) + Sync + Send,
+) -> Result<DActOut> {
+    let n = input.last_dim() / 2;
+    let (grad_input, _) =
+        map_rows([(grad, n), (input, 2 * n)], input.rows(), input.shape(), input.dtype(), 2 * n, |_, [gr, xr], o| {
+            for j in 0..n {
+                (o[j], o[n + j]) = f(xr[j], xr[n + j], gr[j]);
+            }
+            [0.0; 2]
+        })?;
+    Ok(DActOut { grad_input })
+}
+
+fn gated(a: &ActArgs, kind: Activation) -> Result<ActOut> {
+    gated_map(&a.x, |av, bv| act(kind, av) * bv)
 }
 
 fn d_elementwise_t(a: &DActArgs, kind: Activation) -> Result<tefl_core::Tensor> {
@@ -111,23 +133,7 @@ fn d_elementwise(a: &DActArgs, kind: Activation) -> Result<Vec<f32>> {
 }
 
 fn d_gated(a: &DActArgs, kind: Activation) -> Result<DActOut> {
-    let n = a.input.last_dim() / 2;
-    let (grad_input, _) = map_rows(
-        [(&a.grad, n), (&a.input, 2 * n)],
-        a.input.rows(),
-        a.input.shape(),
-        a.input.dtype(),
-        2 * n,
-        |_, [gr, xr], o| {
-            for j in 0..n {
-                let (av, bv) = (xr[j], xr[n + j]);
-                o[j] = gr[j] * bv * dact(kind, av);
-                o[n + j] = gr[j] * act(kind, av);
-            }
-            [0.0; 2]
-        },
-    )?;
-    Ok(DActOut { grad_input })
+    gated_bwd_map(&a.grad, &a.input, |av, bv, g| (g * bv * dact(kind, av), g * act(kind, av)))
 }
 
 fn dbias(a: &DActArgs, kind: Activation) -> Result<DBiasOut> {
@@ -201,39 +207,19 @@ gated_kernels! {
 }
 
 pub fn clamped_swiglu(_: &KernelCtx<'_>, a: &ClampedSwigluArgs) -> Result<ActOut> {
-    let n = a.x.last_dim() / 2;
-    let (y, _) = map_rows([(&a.x, 2 * n)], a.x.rows(), &half_shape(&a.x), a.x.dtype(), n, |_, [xr], yr| {
-        for j in 0..n {
-            let av = xr[j].min(a.limit);
-            let bv = xr[n + j].clamp(-a.limit, a.limit);
-            yr[j] = av * sigmoid(a.alpha * av) * (bv + 1.0);
-        }
-        [0.0; 2]
-    })?;
-    Ok(ActOut { y })
+    gated_map(&a.x, |ar, br| {
+        let av = ar.min(a.limit);
+        av * sigmoid(a.alpha * av) * (br.clamp(-a.limit, a.limit) + 1.0)
+    })
 }
 
 pub fn clamped_dswiglu(_: &KernelCtx<'_>, a: &ClampedDSwigluArgs) -> Result<DActOut> {
-    let n = a.input.last_dim() / 2;
-    let (grad_input, _) = map_rows(
-        [(&a.grad, n), (&a.input, 2 * n)],
-        a.input.rows(),
-        a.input.shape(),
-        a.input.dtype(),
-        2 * n,
-        |_, [gr, xr], o| {
-            for j in 0..n {
-                let (ar, br) = (xr[j], xr[n + j]);
-                let av = ar.min(a.limit);
-                let bv = br.clamp(-a.limit, a.limit);
-                let s = sigmoid(a.alpha * av);
-                let da = if ar < a.limit { s + a.alpha * av * s * (1.0 - s) } else { 0.0 };
-                let db = if (-a.limit..=a.limit).contains(&br) { 1.0 } else { 0.0 };
-                o[j] = gr[j] * (bv + 1.0) * da;
-                o[n + j] = gr[j] * av * s * db;
-            }
-            [0.0; 2]
-        },
-    )?;
-    Ok(DActOut { grad_input })
+    gated_bwd_map(&a.grad, &a.input, |ar, br, g| {
+        let av = ar.min(a.limit);
+        let bv = br.clamp(-a.limit, a.limit);
+        let s = sigmoid(a.alpha * av);
+        let da = if ar < a.limit { s + a.alpha * av * s * (1.0 - s) } else { 0.0 };
+        let db = if (-a.limit..=a.limit).contains(&br) { 1.0 } else { 0.0 };
+        (g * (bv + 1.0) * da, g * av * s * db)
+    })
 }
