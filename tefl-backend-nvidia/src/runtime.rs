@@ -5,7 +5,7 @@
 use std::any::Any;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DriverError};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DriverError};
 use tefl_core::device::{Buffer, DeviceRuntime, DeviceRuntimeRegistration};
 use tefl_core::{Device, DeviceKind, Error, Result};
 
@@ -13,8 +13,16 @@ use tefl_core::{Device, DeviceKind, Error, Result};
 pub struct CudaBuffer {
     device: Device,
     len: usize,
+    ptr: u64,
     slice: Mutex<CudaSlice<u8>>,
     stream: Arc<CudaStream>,
+}
+
+impl CudaBuffer {
+    /// The device address of the first byte (valid while the buffer lives).
+    pub fn device_ptr(&self) -> u64 {
+        self.ptr
+    }
 }
 
 impl Buffer for CudaBuffer {
@@ -29,7 +37,9 @@ impl Buffer for CudaBuffer {
     }
 }
 
-fn device_error(device: Device, e: DriverError) -> Error {
+/// A driver error as a tefl error: out-of-memory is [`Error::OutOfMemory`], the rest
+/// [`Error::DeviceFailure`] (both let the manager fall back to another impl).
+pub fn device_error(device: Device, e: DriverError) -> Error {
     if e.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
         return Error::OutOfMemory { device: device.to_string(), bytes: 0 };
     }
@@ -49,20 +59,54 @@ impl CudaRuntime {
             .get_or_init(|| {
                 crate::availability()?;
                 let n = CudaContext::device_count().map_err(|e| format!("cuDeviceGetCount: {e:?}"))?;
-                (0..n.max(0) as usize).map(|i| CudaContext::new(i).map_err(|e| format!("cuda:{i}: {e:?}"))).collect()
+                (0..n.max(0) as usize)
+                    .map(|i| {
+                        let ctx = CudaContext::new(i).map_err(|e| format!("cuda:{i}: {e:?}"))?;
+                        // SAFETY: every buffer and kernel of this backend uses the context's one
+                        // default stream, so there is no cross-stream order for events to keep.
+                        unsafe { ctx.disable_event_tracking() };
+                        Ok(ctx)
+                    })
+                    .collect()
             })
             .as_ref()
             .map(Vec::as_slice)
             .map_err(Clone::clone)
     }
 
-    fn context(&self, device: Device) -> Result<&Arc<CudaContext>> {
+    /// The context of `device` (created on first use).
+    pub fn context(&self, device: Device) -> Result<&Arc<CudaContext>> {
         let unavailable = |reason: String| Error::DeviceUnavailable { device: device.to_string(), reason };
         let ctxs = self.contexts().map_err(unavailable)?;
         ctxs.get(device.ordinal as usize).ok_or_else(|| unavailable(format!("only {} CUDA device(s)", ctxs.len())))
     }
 
-    fn buffer<'a>(&self, b: &'a dyn Buffer) -> Result<&'a CudaBuffer> {
+    /// The stream all work on `device` is queued on.
+    pub fn stream(&self, device: Device) -> Result<Arc<CudaStream>> {
+        Ok(self.context(device)?.default_stream())
+    }
+
+    /// `bytes` of device memory whose contents are unspecified (NaN-poisoned when
+    /// allocations are poisoned): output buffers every element of which a kernel writes.
+    pub fn alloc_uninit(&self, device: Device, bytes: usize) -> Result<Arc<CudaBuffer>> {
+        let stream = self.context(device)?.default_stream();
+        // SAFETY: the memory is only handed out inside a CudaBuffer, whose users either write
+        // it fully before reading (kernels' outputs) or poison it just below.
+        let mut slice = unsafe { stream.alloc::<u8>(bytes.max(1)) }.map_err(|e| device_error(device, e))?;
+        if tefl_core::device::poison_allocations() && bytes > 0 {
+            stream.memcpy_htod(&vec![0xFFu8; bytes], &mut slice).map_err(|e| device_error(device, e))?;
+        }
+        Ok(self.wrap(device, bytes, slice, stream))
+    }
+
+    fn wrap(&self, device: Device, len: usize, slice: CudaSlice<u8>, stream: Arc<CudaStream>) -> Arc<CudaBuffer> {
+        let (ptr, _sync) = slice.device_ptr(&stream);
+        drop(_sync);
+        Arc::new(CudaBuffer { device, len, ptr, slice: Mutex::new(slice), stream })
+    }
+
+    /// The CUDA memory behind a buffer, or a typed error when it is not CUDA memory.
+    pub fn buffer<'a>(&self, b: &'a dyn Buffer) -> Result<&'a CudaBuffer> {
         b.as_any()
             .downcast_ref::<CudaBuffer>()
             .ok_or_else(|| Error::Tensor(format!("a {} buffer is not CUDA memory", b.device())))
@@ -101,7 +145,7 @@ impl DeviceRuntime for CudaRuntime {
         if tefl_core::device::poison_allocations() && bytes > 0 {
             stream.memcpy_htod(&vec![0xFFu8; bytes], &mut slice).map_err(|e| device_error(device, e))?;
         }
-        Ok(Arc::new(CudaBuffer { device, len: bytes, slice: Mutex::new(slice), stream }))
+        Ok(self.wrap(device, bytes, slice, stream))
     }
     fn copy_from_host(&self, dst: &dyn Buffer, src: &[u8]) -> Result<()> {
         let d = self.buffer(dst)?;
@@ -161,8 +205,14 @@ impl DeviceRuntime for CudaRuntime {
     }
 }
 
+/// The one CUDA runtime of the process (the registered one).
+pub fn global() -> &'static Arc<CudaRuntime> {
+    static RT: OnceLock<Arc<CudaRuntime>> = OnceLock::new();
+    RT.get_or_init(|| Arc::new(CudaRuntime::default()))
+}
+
 fn make() -> Arc<dyn DeviceRuntime> {
-    Arc::new(CudaRuntime::default())
+    global().clone()
 }
 
 inventory::submit! {

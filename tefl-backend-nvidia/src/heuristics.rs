@@ -1,0 +1,177 @@
+//! Launch parameters from the tune configs (FlagGems' `heuristics_config_utils`): the
+//! embedded `tune_configs.toml` layered under the arch family's override
+//! (`hopper/tune_configs.toml`), and rules that pick a candidate without measuring. With
+//! `TEFL_AUTOTUNE=1` the autotuner times the candidates once per shape bucket instead
+//! (see [`tuned`]).
+
+use std::sync::OnceLock;
+
+use tefl_core::tuning::{Autotuner, TuneConfig, TuneKey, TuneTable};
+use tefl_core::{DType, Device, Result};
+
+const DEFAULTS: &str = include_str!("tune_configs.toml");
+const HOPPER: &str = include_str!("hopper/tune_configs.toml");
+
+/// The layered table for an arch (`sm_90` → the hopper file over the defaults).
+pub fn table(arch: &str) -> TuneTable {
+    let defaults = TuneTable::parse(DEFAULTS, "tefl-backend-nvidia/src/tune_configs.toml").unwrap_or_default();
+    let family = crate::vendor_info().arch_family(arch).map(str::to_owned);
+    let arch_table = match family.as_deref() {
+        Some("hopper") => TuneTable::parse(HOPPER, "tefl-backend-nvidia/src/hopper/tune_configs.toml").ok(),
+        _ => None,
+    };
+    TuneTable::layered(&defaults, None, arch_table.as_ref())
+}
+
+fn int(c: &TuneConfig, key: &str, default: i64) -> u32 {
+    c.get(key).and_then(|v| v.as_int()).unwrap_or(default).clamp(1, 1 << 20) as u32
+}
+
+/// How a row kernel (norm, softmax) runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowConfig {
+    /// Threads per block.
+    pub block: u32,
+    /// Bytes per vector access.
+    pub vec_bytes: u32,
+    /// Vectors per thread kept in registers; 0 means the two-pass (scalar) path.
+    pub row_vecs: u32,
+}
+
+impl RowConfig {
+    /// The config a candidate gives for rows of `n` elements of `elem` bytes: the row fits
+    /// in registers when `n` is a whole number of vectors and at most block · max_row_vecs.
+    pub fn from_candidate(c: &TuneConfig, n: usize, elem: usize) -> Option<RowConfig> {
+        let (block, vec_bytes, max) = (int(c, "block", 256), int(c, "vec_bytes", 16), int(c, "max_row_vecs", 8));
+        let nv = (vec_bytes as usize / elem).max(1);
+        let nvecs = n / nv;
+        if n % nv == 0 && nvecs <= (block * max) as usize {
+            Some(RowConfig { block, vec_bytes, row_vecs: nvecs.div_ceil(block as usize).max(1) as u32 })
+        } else {
+            None
+        }
+    }
+
+    /// The two-pass config (any `n`).
+    pub fn two_pass(block: u32) -> RowConfig {
+        RowConfig { block, vec_bytes: 16, row_vecs: 0 }
+    }
+}
+
+/// The heuristic for a row kernel: the first candidate (in table order) that keeps the row
+/// in registers with at most 4 vectors per thread, else any that keeps it at all, else the
+/// two-pass path with 256 threads (or fewer for short rows).
+pub fn row_kernel(family: &str, arch: &str, n: usize, elem: usize) -> RowConfig {
+    let t = table(arch);
+    let cands = t.configs(family);
+    let fits: Vec<RowConfig> = cands.iter().filter_map(|c| RowConfig::from_candidate(c, n, elem)).collect();
+    fits.iter()
+        .find(|r| r.row_vecs <= 4 && (r.block as usize) * 2 <= n.max(64))
+        .or_else(|| fits.iter().find(|r| r.row_vecs <= 4))
+        .or(fits.first())
+        .copied()
+        .unwrap_or_else(|| RowConfig::two_pass(if n < 1024 { 128 } else { 256 }))
+}
+
+/// How an elementwise kernel runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ElementwiseConfig {
+    /// Threads per block.
+    pub block: u32,
+    /// Vectors per thread per grid-stride step.
+    pub unroll: u32,
+    /// Bytes per vector access.
+    pub vec_bytes: u32,
+}
+
+/// The heuristic for an elementwise kernel: the table's first candidate.
+pub fn elementwise(arch: &str) -> ElementwiseConfig {
+    let t = table(arch);
+    let c = t.configs("elementwise").first().cloned().unwrap_or_default();
+    ElementwiseConfig {
+        block: int(&c, "block", 256),
+        unroll: int(&c, "unroll", 2),
+        vec_bytes: int(&c, "vec_bytes", 16),
+    }
+}
+
+/// The autotuner of the process (`TEFL_AUTOTUNE`, `TEFL_CACHE_DIR`); off when misconfigured.
+pub fn autotuner() -> &'static Autotuner {
+    static A: OnceLock<Autotuner> = OnceLock::new();
+    A.get_or_init(|| {
+        Autotuner::from_env().unwrap_or_else(|e| {
+            tracing::warn!(target: "TE-FL", "autotuning off: {e}");
+            Autotuner::new(std::env::temp_dir(), false)
+        })
+    })
+}
+
+/// Whether autotuning was asked for explicitly (`TEFL_AUTOTUNE=1`): measuring is opt-in on
+/// CUDA, so a first call never pays for timing every candidate unasked.
+pub fn autotune_requested() -> bool {
+    matches!(tefl_core::policy::env_lookup("TEFL_AUTOTUNE"), Ok(Some(v)) if v.trim() == "1")
+}
+
+/// A row-kernel config chosen by the autotuner when asked for (timing each candidate that
+/// fits with `bench`), else by [`row_kernel`].
+pub fn tuned_row_kernel(
+    family: &str,
+    device: Device,
+    arch: &str,
+    dtype: DType,
+    n: usize,
+    mut bench: impl FnMut(RowConfig) -> Result<f64>,
+) -> RowConfig {
+    let heuristic = row_kernel(family, arch, n, dtype.size_in_bytes());
+    if !autotune_requested() {
+        return heuristic;
+    }
+    let t = table(arch);
+    let cands: Vec<TuneConfig> = t
+        .configs(family)
+        .iter()
+        .filter(|c| RowConfig::from_candidate(c, n, dtype.size_in_bytes()).is_some())
+        .cloned()
+        .collect();
+    let bucket = format!("n={}", n.next_power_of_two());
+    let key = TuneKey::new(family, dtype, &bucket, &device.to_string(), arch, "cuda");
+    let chosen = autotuner().select(
+        &key,
+        &cands,
+        |c| match RowConfig::from_candidate(c, n, dtype.size_in_bytes()) {
+            Some(r) => bench(r),
+            None => Err(tefl_core::Error::Tuning("candidate does not fit".into())),
+        },
+        TuneConfig::new,
+    );
+    RowConfig::from_candidate(&chosen, n, dtype.size_in_bytes()).unwrap_or(heuristic)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hopper_overrides_norm_but_not_softmax() {
+        let h = table("sm_90");
+        let d = table("sm_80");
+        assert_ne!(h.configs("norm"), d.configs("norm"));
+        assert_eq!(h.configs("softmax"), d.configs("softmax"));
+        assert_eq!(d.configs("norm").len(), 4);
+    }
+
+    #[test]
+    fn rows_fit_in_registers_when_they_can() {
+        // 8192 bf16 = 1024 vectors of 16 bytes.
+        let r = row_kernel("norm", "sm_90", 8192, 2);
+        assert!(r.row_vecs >= 1 && r.row_vecs <= 4, "{r:?}");
+        assert!((r.block * r.row_vecs * 8) as usize >= 8192);
+        // An odd length cannot be vectorised: the two-pass path.
+        assert_eq!(row_kernel("norm", "sm_90", 4097, 2).row_vecs, 0);
+        // Longer than 1024 threads x 8 vectors x 8 elements.
+        assert_eq!(row_kernel("norm", "sm_80", 1 << 17, 2).row_vecs, 0);
+        // A tiny row still gets a block.
+        let t = row_kernel("norm", "sm_80", 8, 4);
+        assert_eq!(t.row_vecs, 1);
+    }
+}

@@ -1,0 +1,225 @@
+// RMSNorm / LayerNorm forward and backward.
+// Defines: TX (x), TG (gamma, beta), TY (y in the forward, dy in the backward), TA (the
+// residual gradient of rmsnorm_bwd_add), IS_LN, HAS_ADD, BLOCK (threads), ROW_VECS (vectors a
+// thread keeps in registers), FUSED (1: the row lives in registers, read once; 0: scalar
+// loops that read the row again).
+// With FUSED, n % NV == 0 and n / NV <= BLOCK * ROW_VECS (the host checks).
+
+#define NV (VEC_BYTES / (int)sizeof(TX))
+
+__device__ __forceinline__ float gamma_at(const TG* g, int i, int zc) {
+    const float v = to_f32(g[i]);
+    return zc ? 1.0f + v : v;
+}
+
+extern "C" __global__ void __launch_bounds__(BLOCK) norm_fwd(const TX* __restrict__ x, const TG* __restrict__ gamma,
+                                                          const TG* __restrict__ beta, TY* __restrict__ y,
+                                                          float* __restrict__ mu_out, float* __restrict__ rsigma,
+                                                          int rows, int n, float eps, int zc) {
+    __shared__ float scratch[32];
+    for (int row = blockIdx.x; row < rows; row += gridDim.x) {
+        const TX* xr = x + (size_t)row * n;
+        TY* yr = y + (size_t)row * n;
+#if FUSED
+        float c[ROW_VECS][NV];
+        const int nvecs = n / NV;
+        float s = 0.0f;
+#pragma unroll
+        for (int it = 0; it < ROW_VECS; ++it) {
+            const int v = threadIdx.x + it * BLOCK;
+            if (v < nvecs) {
+                load_n<TX, NV>(xr + v * NV, c[it]);
+#pragma unroll
+                for (int j = 0; j < NV; ++j) s += IS_LN ? c[it][j] : c[it][j] * c[it][j];
+            }
+        }
+        float mean = 0.0f;
+#if IS_LN
+        mean = block_sum(s, scratch) / n;
+        s = 0.0f;
+#pragma unroll
+        for (int it = 0; it < ROW_VECS; ++it) {
+            const int v = threadIdx.x + it * BLOCK;
+            if (v < nvecs) {
+#pragma unroll
+                for (int j = 0; j < NV; ++j) { const float d = c[it][j] - mean; s += d * d; }
+            }
+        }
+#endif
+        const float r = 1.0f / sqrtf(block_sum(s, scratch) / n + eps);
+#pragma unroll
+        for (int it = 0; it < ROW_VECS; ++it) {
+            const int v = threadIdx.x + it * BLOCK;
+            if (v < nvecs) {
+                float g[NV], o[NV];
+                load_n<TG, NV>(gamma + v * NV, g);
+#if IS_LN
+                float b[NV];
+                load_n<TG, NV>(beta + v * NV, b);
+#endif
+#pragma unroll
+                for (int j = 0; j < NV; ++j) {
+                    const float gj = zc ? 1.0f + g[j] : g[j];
+                    o[j] = (c[it][j] - mean) * r * gj;
+#if IS_LN
+                    o[j] += b[j];
+#endif
+                }
+                store_n<TY, NV>(yr + v * NV, o);
+            }
+        }
+#else
+        float s = 0.0f;
+        for (int i = threadIdx.x; i < n; i += BLOCK) { const float v = to_f32(xr[i]); s += IS_LN ? v : v * v; }
+        float mean = 0.0f;
+#if IS_LN
+        mean = block_sum(s, scratch) / n;
+        s = 0.0f;
+        for (int i = threadIdx.x; i < n; i += BLOCK) { const float d = to_f32(xr[i]) - mean; s += d * d; }
+#endif
+        const float r = 1.0f / sqrtf(block_sum(s, scratch) / n + eps);
+        for (int i = threadIdx.x; i < n; i += BLOCK) {
+            float o = (to_f32(xr[i]) - mean) * r * gamma_at(gamma, i, zc);
+#if IS_LN
+            o += to_f32(beta[i]);
+#endif
+            yr[i] = from_f32<TY>(o);
+        }
+#endif
+        if (threadIdx.x == 0) {
+            rsigma[row] = r;
+            if (IS_LN) mu_out[row] = mean;
+        }
+    }
+}
+
+// dx per row; with FUSED each block also sums dgamma (and dbeta) over its rows into
+// ws[blockIdx.x][0..n) (and ws[gridDim.x + blockIdx.x][..]).
+extern "C" __global__ void __launch_bounds__(BLOCK) norm_bwd(const TY* __restrict__ dy, const TX* __restrict__ x,
+                                                          const float* __restrict__ mu, const float* __restrict__ rsigma,
+                                                          const TG* __restrict__ gamma, const TA* __restrict__ add,
+                                                          TX* __restrict__ dx, float* __restrict__ ws, int rows, int n,
+                                                          int zc) {
+    __shared__ float scratch[32];
+#if FUSED
+    const int nvecs = n / NV;
+    float accg[ROW_VECS][NV], accb[ROW_VECS][NV], g[ROW_VECS][NV];
+#pragma unroll
+    for (int it = 0; it < ROW_VECS; ++it) {
+        const int v = threadIdx.x + it * BLOCK;
+#pragma unroll
+        for (int j = 0; j < NV; ++j) { accg[it][j] = 0.0f; accb[it][j] = 0.0f; g[it][j] = 0.0f; }
+        if (v < nvecs) {
+            load_n<TG, NV>(gamma + v * NV, g[it]);
+#pragma unroll
+            for (int j = 0; j < NV; ++j) g[it][j] = zc ? 1.0f + g[it][j] : g[it][j];
+        }
+    }
+#endif
+    for (int row = blockIdx.x; row < rows; row += gridDim.x) {
+        const size_t base = (size_t)row * n;
+        const float r = rsigma[row];
+        const float m = IS_LN ? mu[row] : 0.0f;
+#if FUSED
+        float xh[ROW_VECS][NV], d[ROW_VECS][NV];
+        float sd = 0.0f, sdx = 0.0f;
+#pragma unroll
+        for (int it = 0; it < ROW_VECS; ++it) {
+            const int v = threadIdx.x + it * BLOCK;
+            if (v < nvecs) {
+                float dyv[NV];
+                load_n<TX, NV>(x + base + v * NV, xh[it]);
+                load_n<TY, NV>(dy + base + v * NV, dyv);
+#pragma unroll
+                for (int j = 0; j < NV; ++j) {
+                    xh[it][j] = (xh[it][j] - m) * r;
+                    d[it][j] = dyv[j] * g[it][j];
+                    sd += d[it][j];
+                    sdx += d[it][j] * xh[it][j];
+                    accg[it][j] += dyv[j] * xh[it][j];
+                    accb[it][j] += dyv[j];
+                }
+            }
+        }
+        const float mean_dx = block_sum(sdx, scratch) / n;
+        const float mean_d = IS_LN ? block_sum(sd, scratch) / n : 0.0f;
+#pragma unroll
+        for (int it = 0; it < ROW_VECS; ++it) {
+            const int v = threadIdx.x + it * BLOCK;
+            if (v < nvecs) {
+                float o[NV];
+#pragma unroll
+                for (int j = 0; j < NV; ++j) o[j] = r * (d[it][j] - mean_d - xh[it][j] * mean_dx);
+#if HAS_ADD
+                float av[NV];
+                load_n<TA, NV>(add + base + v * NV, av);
+#pragma unroll
+                for (int j = 0; j < NV; ++j) o[j] += av[j];
+#endif
+                store_n<TX, NV>(dx + base + v * NV, o);
+            }
+        }
+#else
+        float sd = 0.0f, sdx = 0.0f;
+        for (int i = threadIdx.x; i < n; i += BLOCK) {
+            const float dv = to_f32(dy[base + i]) * gamma_at(gamma, i, zc);
+            sd += dv;
+            sdx += dv * (to_f32(x[base + i]) - m) * r;
+        }
+        const float mean_dx = block_sum(sdx, scratch) / n;
+        const float mean_d = IS_LN ? block_sum(sd, scratch) / n : 0.0f;
+        for (int i = threadIdx.x; i < n; i += BLOCK) {
+            const float dv = to_f32(dy[base + i]) * gamma_at(gamma, i, zc);
+            float o = r * (dv - mean_d - (to_f32(x[base + i]) - m) * r * mean_dx);
+#if HAS_ADD
+            o += to_f32(add[base + i]);
+#endif
+            dx[base + i] = from_f32<TX>(o);
+        }
+#endif
+    }
+#if FUSED
+#pragma unroll
+    for (int it = 0; it < ROW_VECS; ++it) {
+        const int v = threadIdx.x + it * BLOCK;
+        if (v < nvecs) {
+#pragma unroll
+            for (int j = 0; j < NV; ++j) {
+                ws[(size_t)blockIdx.x * n + v * NV + j] = accg[it][j];
+                if (IS_LN) ws[(size_t)(gridDim.x + blockIdx.x) * n + v * NV + j] = accb[it][j];
+            }
+        }
+    }
+#endif
+}
+
+// Without FUSED: the column sums straight from the inputs, one thread per column.
+extern "C" __global__ void norm_bwd_cols(const TY* __restrict__ dy, const TX* __restrict__ x,
+                                         const float* __restrict__ mu, const float* __restrict__ rsigma,
+                                         TG* __restrict__ dgamma, TG* __restrict__ dbeta, int rows, int n) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= n) return;
+    float sg = 0.0f, sb = 0.0f;
+    for (int row = 0; row < rows; ++row) {
+        const size_t i = (size_t)row * n + c;
+        const float dv = to_f32(dy[i]);
+        sg += dv * (to_f32(x[i]) - (IS_LN ? mu[row] : 0.0f)) * rsigma[row];
+        sb += dv;
+    }
+    dgamma[c] = from_f32<TG>(sg);
+    if (IS_LN) dbeta[c] = from_f32<TG>(sb);
+}
+
+// With FUSED: dgamma[c] = Σ_b ws[b][c] (and dbeta from the second half).
+extern "C" __global__ void norm_reduce_ws(const float* __restrict__ ws, TG* __restrict__ dgamma, TG* __restrict__ dbeta,
+                                          int parts, int n) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= n) return;
+    float sg = 0.0f, sb = 0.0f;
+    for (int b = 0; b < parts; ++b) {
+        sg += ws[(size_t)b * n + c];
+        if (IS_LN) sb += ws[(size_t)(parts + b) * n + c];
+    }
+    dgamma[c] = from_f32<TG>(sg);
+    if (IS_LN) dbeta[c] = from_f32<TG>(sb);
+}

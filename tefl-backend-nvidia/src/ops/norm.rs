@@ -1,0 +1,237 @@
+//! RMSNorm and LayerNorm: one block per row, the row kept in registers and read once
+//! (16-byte vectors) when it fits, a two-pass scalar path otherwise. The backward sums
+//! dgamma/dbeta per block in registers and reduces the partials in a second small kernel.
+
+use tefl_core::catalogue::*;
+use tefl_core::{DType, KernelCtx, Result, Tensor};
+
+use super::{Kernel, blocks_for, cty, empty, i32_of, sm_count};
+use crate::compiler::{Arg, Grid, Source, opt_ptr, ptr};
+use crate::heuristics::{self, RowConfig};
+
+static SRC: Source = Source { name: "norm", text: include_str!("norm.cu") };
+
+struct Types {
+    x: DType,
+    g: DType,
+    y: DType,
+    add: Option<DType>,
+}
+
+fn kernel(op: &'static str, ctx: &KernelCtx<'_>, t: &Types, is_ln: bool, cfg: RowConfig) -> Result<Kernel> {
+    let defines = vec![
+        ("TX", cty(op, "x", t.x)?.to_string()),
+        ("TG", cty(op, "gamma", t.g)?.to_string()),
+        ("TY", cty(op, "y", t.y)?.to_string()),
+        ("TA", t.add.map(|d| cty(op, "add", d)).transpose()?.unwrap_or("float").to_string()),
+        ("IS_LN", u8::from(is_ln).to_string()),
+        ("HAS_ADD", u8::from(t.add.is_some()).to_string()),
+        ("BLOCK", cfg.block.to_string()),
+        ("ROW_VECS", cfg.row_vecs.max(1).to_string()),
+        ("FUSED", u8::from(cfg.row_vecs > 0).to_string()),
+        ("VEC_BYTES", cfg.vec_bytes.to_string()),
+    ];
+    Ok(Kernel::new(ctx.device, &SRC, defines))
+}
+
+/// Row config for `n` elements: the heuristic, or the autotuner's pick when asked for.
+fn config(ctx: &KernelCtx<'_>, x: &Tensor, run: &dyn Fn(RowConfig) -> Result<()>) -> RowConfig {
+    let arch = super::arch(ctx.device);
+    let rt = crate::runtime::global();
+    heuristics::tuned_row_kernel("norm", ctx.device, &arch, x.dtype(), x.last_dim(), |cfg| {
+        tefl_core::device::DeviceRuntime::time_on_device(rt.as_ref(), ctx.device, &mut || run(cfg))
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn forward(
+    op: &'static str,
+    ctx: &KernelCtx<'_>,
+    x: &Tensor,
+    gamma: &Tensor,
+    beta: Option<&Tensor>,
+    eps: f32,
+    zc: bool,
+    out_dtype: DType,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let (rows, n) = (x.rows(), x.last_dim());
+    let y = empty(ctx.device, x.shape(), out_dtype)?;
+    let rsigma = empty(ctx.device, &[rows], DType::F32)?;
+    let mu = empty(ctx.device, &[if beta.is_some() { rows } else { 0 }], DType::F32)?;
+    if rows == 0 || n == 0 {
+        return Ok((y, mu, rsigma));
+    }
+    let types = Types { x: x.dtype(), g: gamma.dtype(), y: out_dtype, add: None };
+    let args = [
+        Arg::Ptr(ptr(x)?),
+        Arg::Ptr(ptr(gamma)?),
+        Arg::Ptr(opt_ptr(beta)?),
+        Arg::Ptr(ptr(&y)?),
+        Arg::Ptr(ptr(&mu)?),
+        Arg::Ptr(ptr(&rsigma)?),
+        Arg::I32(i32_of(op, "x", rows)?),
+        Arg::I32(i32_of(op, "x", n)?),
+        Arg::F32(eps),
+        Arg::I32(i32::from(zc)),
+    ];
+    let run = |cfg: RowConfig| -> Result<()> {
+        let k = kernel(op, ctx, &types, beta.is_some(), cfg)?;
+        k.launch("norm_fwd", Grid::linear(blocks_for(rows, 1, i32::MAX as u32), cfg.block), &args)
+    };
+    let cfg = config(ctx, x, &run);
+    run(cfg)?;
+    Ok((y, mu, rsigma))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn backward(
+    op: &'static str,
+    ctx: &KernelCtx<'_>,
+    dy: &Tensor,
+    x: &Tensor,
+    mu: Option<&Tensor>,
+    rsigma: &Tensor,
+    gamma: &Tensor,
+    add: Option<&Tensor>,
+    zc: bool,
+) -> Result<(Tensor, Tensor, Option<Tensor>)> {
+    let (rows, n) = (x.rows(), x.last_dim());
+    let is_ln = mu.is_some();
+    let dx = empty(ctx.device, x.shape(), x.dtype())?;
+    let dgamma = empty(ctx.device, gamma.shape(), gamma.dtype())?;
+    let dbeta = if is_ln { Some(empty(ctx.device, gamma.shape(), gamma.dtype())?) } else { None };
+    if n == 0 {
+        return Ok((dx, dgamma, dbeta));
+    }
+    let types = Types { x: x.dtype(), g: gamma.dtype(), y: dy.dtype(), add: add.map(Tensor::dtype) };
+    let arch = super::arch(ctx.device);
+    let cfg = heuristics::row_kernel("norm", &arch, n, x.dtype().size_in_bytes());
+    let k = kernel(op, ctx, &types, is_ln, cfg)?;
+    let (rows_i, n_i) = (i32_of(op, "x", rows)?, i32_of(op, "x", n)?);
+    let col_grid = Grid::linear(n.div_ceil(256) as u32, 256);
+    if cfg.row_vecs > 0 && rows > 0 {
+        let parts = blocks_for(rows, 1, 2 * sm_count(ctx.device));
+        let ws = empty(ctx.device, &[if is_ln { 2 } else { 1 }, parts as usize, n], DType::F32)?;
+        k.launch(
+            "norm_bwd",
+            Grid::linear(parts, cfg.block),
+            &[
+                Arg::Ptr(ptr(dy)?),
+                Arg::Ptr(ptr(x)?),
+                Arg::Ptr(opt_ptr(mu)?),
+                Arg::Ptr(ptr(rsigma)?),
+                Arg::Ptr(ptr(gamma)?),
+                Arg::Ptr(opt_ptr(add)?),
+                Arg::Ptr(ptr(&dx)?),
+                Arg::Ptr(ptr(&ws)?),
+                Arg::I32(rows_i),
+                Arg::I32(n_i),
+                Arg::I32(i32::from(zc)),
+            ],
+        )?;
+        k.launch(
+            "norm_reduce_ws",
+            col_grid,
+            &[
+                Arg::Ptr(ptr(&ws)?),
+                Arg::Ptr(ptr(&dgamma)?),
+                Arg::Ptr(opt_ptr(dbeta.as_ref())?),
+                Arg::I32(parts as i32),
+                Arg::I32(n_i),
+            ],
+        )?;
+    } else {
+        k.launch(
+            "norm_bwd",
+            Grid::linear(blocks_for(rows, 1, i32::MAX as u32), cfg.block),
+            &[
+                Arg::Ptr(ptr(dy)?),
+                Arg::Ptr(ptr(x)?),
+                Arg::Ptr(opt_ptr(mu)?),
+                Arg::Ptr(ptr(rsigma)?),
+                Arg::Ptr(ptr(gamma)?),
+                Arg::Ptr(opt_ptr(add)?),
+                Arg::Ptr(ptr(&dx)?),
+                Arg::Ptr(0),
+                Arg::I32(rows_i),
+                Arg::I32(n_i),
+                Arg::I32(i32::from(zc)),
+            ],
+        )?;
+        k.launch(
+            "norm_bwd_cols",
+            col_grid,
+            &[
+                Arg::Ptr(ptr(dy)?),
+                Arg::Ptr(ptr(x)?),
+                Arg::Ptr(opt_ptr(mu)?),
+                Arg::Ptr(ptr(rsigma)?),
+                Arg::Ptr(ptr(&dgamma)?),
+                Arg::Ptr(opt_ptr(dbeta.as_ref())?),
+                Arg::I32(rows_i),
+                Arg::I32(n_i),
+            ],
+        )?;
+    }
+    Ok((dx, dgamma, dbeta))
+}
+
+pub fn rmsnorm_fwd(ctx: &KernelCtx<'_>, a: &RmsNormFwdArgs) -> Result<RmsNormFwdOut> {
+    let (y, _, rsigma) = forward("rmsnorm_fwd", ctx, &a.x, &a.gamma, None, a.eps, a.zero_centered_gamma, a.out_dtype)?;
+    Ok(RmsNormFwdOut { y, rsigma })
+}
+
+pub fn layernorm_fwd(ctx: &KernelCtx<'_>, a: &LayerNormFwdArgs) -> Result<LayerNormFwdOut> {
+    let (y, mu, rsigma) =
+        forward("layernorm_fwd", ctx, &a.x, &a.gamma, Some(&a.beta), a.eps, a.zero_centered_gamma, a.out_dtype)?;
+    Ok(LayerNormFwdOut { y, mu, rsigma })
+}
+
+pub fn rmsnorm_bwd(ctx: &KernelCtx<'_>, a: &RmsNormBwdArgs) -> Result<RmsNormBwdOut> {
+    let (dx, dgamma, _) =
+        backward("rmsnorm_bwd", ctx, &a.dy, &a.x, None, &a.rsigma, &a.gamma, None, a.zero_centered_gamma)?;
+    Ok(RmsNormBwdOut { dx, dgamma })
+}
+
+pub fn rmsnorm_bwd_add(ctx: &KernelCtx<'_>, a: &RmsNormBwdAddArgs) -> Result<RmsNormBwdAddOut> {
+    let (dx, dgamma, _) =
+        backward("rmsnorm_bwd_add", ctx, &a.dy, &a.x, None, &a.rsigma, &a.gamma, Some(&a.add), a.zero_centered_gamma)?;
+    Ok(RmsNormBwdAddOut { dx, dgamma })
+}
+
+pub fn layernorm_bwd(ctx: &KernelCtx<'_>, a: &LayerNormBwdArgs) -> Result<LayerNormBwdOut> {
+    let (dx, dgamma, dbeta) =
+        backward("layernorm_bwd", ctx, &a.dy, &a.x, Some(&a.mu), &a.rsigma, &a.gamma, None, a.zero_centered_gamma)?;
+    let dbeta = dbeta.ok_or_else(|| tefl_core::Error::Tensor("layernorm_bwd: no dbeta".into()))?;
+    Ok(LayerNormBwdOut { dx, dgamma, dbeta })
+}
+
+/// Define sets covering every code path of `norm.cu` (for the NVRTC compile test).
+pub(crate) fn compile_variants() -> Vec<(&'static Source, Vec<(&'static str, String)>)> {
+    let mut v = Vec::new();
+    for (x, g, y, add, ln) in [
+        ("bf16", "bf16", "bf16", "bf16", 0),
+        ("f16", "float", "f16", "f16", 1),
+        ("float", "float", "bf16", "float", 0),
+        ("float", "bf16", "float", "float", 1),
+    ] {
+        for (fused, row_vecs) in [(1, 4), (0, 1)] {
+            v.push((
+                &SRC,
+                vec![
+                    ("TX", x.to_string()),
+                    ("TG", g.to_string()),
+                    ("TY", y.to_string()),
+                    ("TA", add.to_string()),
+                    ("IS_LN", ln.to_string()),
+                    ("HAS_ADD", (1 - ln).to_string()),
+                    ("BLOCK", "256".to_string()),
+                    ("ROW_VECS", row_vecs.to_string()),
+                    ("FUSED", fused.to_string()),
+                    ("VEC_BYTES", "16".to_string()),
+                ],
+            ));
+        }
+    }
+    v
+}
