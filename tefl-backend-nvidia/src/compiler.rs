@@ -55,14 +55,20 @@ pub fn nvrtc_version() -> Result<(i32, i32)> {
     Ok((major, minor))
 }
 
-/// The full text NVRTC sees: the prelude, the defines, then the source.
+/// The full text NVRTC sees: the prelude, the defines, then the source. `WARP_SIZE` (which
+/// the prelude's own functions use) goes before the prelude; the others after it, so that a
+/// define named like a template parameter (`T`, `D`) cannot reach the prelude.
 pub fn full_source(src: &Source, defines: &[(&str, String)]) -> String {
     let mut s = String::with_capacity(PRELUDE.len() + src.text.len() + 256);
-    for (k, v) in defines {
+    for (k, v) in defines.iter().filter(|(k, _)| *k == "WARP_SIZE") {
         s.push_str(&format!("#define {k} {v}\n"));
     }
     s.push_str(PRELUDE);
-    s.push_str("\n#line 1 \"");
+    s.push('\n');
+    for (k, v) in defines.iter().filter(|(k, _)| *k != "WARP_SIZE") {
+        s.push_str(&format!("#undef {k}\n#define {k} {v}\n"));
+    }
+    s.push_str("#line 1 \"");
     s.push_str(src.name);
     s.push_str(".cu\"\n");
     s.push_str(src.text);

@@ -45,7 +45,7 @@ impl RowConfig {
         let (block, vec_bytes, max) = (int(c, "block", 256), int(c, "vec_bytes", 16), int(c, "max_row_vecs", 8));
         let nv = (vec_bytes as usize / elem).max(1);
         let nvecs = n / nv;
-        if n % nv == 0 && nvecs <= (block * max) as usize {
+        if n.is_multiple_of(nv) && nvecs <= (block * max) as usize {
             Some(RowConfig { block, vec_bytes, row_vecs: nvecs.div_ceil(block as usize).max(1) as u32 })
         } else {
             None

@@ -1,1 +1,249 @@
-//! (in progress)
+//! Activations: vectorised grid-stride kernels (16-byte access), gated forms reading both
+//! halves of a row, and the dbias forms (input gradient, then column sums of the unrounded
+//! values in two small kernels).
+
+use tefl_core::catalogue::*;
+use tefl_core::{DType, KernelCtx, Result, Tensor};
+
+use super::{Kernel, blocks_for, cty, empty, i32_of, sm_count};
+use crate::compiler::{Arg, Grid, Source, ptr};
+use crate::heuristics::{self, ElementwiseConfig};
+
+static SRC: Source = Source { name: "activation", text: include_str!("activation.cu") };
+
+fn act_code(kind: Activation) -> u8 {
+    match kind {
+        Activation::Gelu => 0,
+        Activation::Qgelu => 1,
+        Activation::Relu => 2,
+        Activation::Srelu => 3,
+        Activation::Silu => 4,
+    }
+}
+
+struct Launch {
+    k: Kernel,
+    cfg: ElementwiseConfig,
+    nv: usize,
+    sms: u32,
+}
+
+fn setup(op: &'static str, ctx: &KernelCtx<'_>, x: DType, g: DType, kind: Activation, clamped: bool) -> Result<Launch> {
+    let cfg = heuristics::elementwise(&super::arch(ctx.device));
+    let defines = vec![
+        ("TX", cty(op, "input", x)?.to_string()),
+        ("TG", cty(op, "grad", g)?.to_string()),
+        ("ACT", act_code(kind).to_string()),
+        ("CLAMPED", u8::from(clamped).to_string()),
+        ("BLOCK", cfg.block.to_string()),
+        ("UNROLL", cfg.unroll.to_string()),
+        ("VEC_BYTES", cfg.vec_bytes.to_string()),
+    ];
+    let nv = (cfg.vec_bytes as usize / x.size_in_bytes()).max(1);
+    Ok(Launch { k: Kernel::new(ctx.device, &SRC, defines), cfg, nv, sms: sm_count(ctx.device) })
+}
+
+impl Launch {
+    fn grid(&self, items: usize) -> Grid {
+        let per_block = (self.cfg.block * self.cfg.unroll) as usize;
+        Grid::linear(blocks_for(items, per_block, self.sms * 16), self.cfg.block)
+    }
+}
+
+fn plain_fwd(op: &'static str, ctx: &KernelCtx<'_>, x: &Tensor, kind: Activation) -> Result<ActOut> {
+    let l = setup(op, ctx, x.dtype(), x.dtype(), kind, false)?;
+    let y = empty(ctx.device, x.shape(), x.dtype())?;
+    let total = x.numel();
+    let vec = total.is_multiple_of(l.nv);
+    let grid = l.grid(if vec { total / l.nv } else { total });
+    l.k.launch(
+        "act_fwd",
+        grid,
+        &[Arg::Ptr(ptr(x)?), Arg::Ptr(ptr(&y)?), Arg::U64(total as u64), Arg::I32(i32::from(vec))],
+    )?;
+    Ok(ActOut { y })
+}
+
+fn plain_bwd(op: &'static str, ctx: &KernelCtx<'_>, g: &Tensor, x: &Tensor, kind: Activation) -> Result<Tensor> {
+    let l = setup(op, ctx, x.dtype(), g.dtype(), kind, false)?;
+    let gi = empty(ctx.device, x.shape(), x.dtype())?;
+    let total = x.numel();
+    let vec = total.is_multiple_of(l.nv);
+    let grid = l.grid(if vec { total / l.nv } else { total });
+    l.k.launch(
+        "act_bwd",
+        grid,
+        &[Arg::Ptr(ptr(g)?), Arg::Ptr(ptr(x)?), Arg::Ptr(ptr(&gi)?), Arg::U64(total as u64), Arg::I32(i32::from(vec))],
+    )?;
+    Ok(gi)
+}
+
+fn half_shape(t: &Tensor) -> Vec<usize> {
+    let mut s = t.shape().to_vec();
+    if let Some(l) = s.last_mut() {
+        *l /= 2;
+    }
+    s
+}
+
+fn gated_fwd(
+    op: &'static str,
+    ctx: &KernelCtx<'_>,
+    x: &Tensor,
+    kind: Activation,
+    clamp: Option<(f32, f32)>,
+) -> Result<ActOut> {
+    let l = setup(op, ctx, x.dtype(), x.dtype(), kind, clamp.is_some())?;
+    let (rows, n) = (x.rows(), x.last_dim() / 2);
+    let y = empty(ctx.device, &half_shape(x), x.dtype())?;
+    let vec = n.is_multiple_of(l.nv);
+    let grid = l.grid(if vec { rows * n / l.nv } else { rows * n });
+    let (limit, alpha) = clamp.unwrap_or((0.0, 0.0));
+    l.k.launch(
+        "gated_fwd",
+        grid,
+        &[
+            Arg::Ptr(ptr(x)?),
+            Arg::Ptr(ptr(&y)?),
+            Arg::I32(i32_of(op, "x", rows)?),
+            Arg::I32(i32_of(op, "x", n)?),
+            Arg::I32(i32::from(vec)),
+            Arg::F32(limit),
+            Arg::F32(alpha),
+        ],
+    )?;
+    Ok(ActOut { y })
+}
+
+fn gated_bwd(
+    op: &'static str,
+    ctx: &KernelCtx<'_>,
+    g: &Tensor,
+    x: &Tensor,
+    kind: Activation,
+    clamp: Option<(f32, f32)>,
+) -> Result<DActOut> {
+    let l = setup(op, ctx, x.dtype(), g.dtype(), kind, clamp.is_some())?;
+    let (rows, n) = (x.rows(), x.last_dim() / 2);
+    let gi = empty(ctx.device, x.shape(), x.dtype())?;
+    let vec = n.is_multiple_of(l.nv);
+    let grid = l.grid(if vec { rows * n / l.nv } else { rows * n });
+    let (limit, alpha) = clamp.unwrap_or((0.0, 0.0));
+    l.k.launch(
+        "gated_bwd",
+        grid,
+        &[
+            Arg::Ptr(ptr(g)?),
+            Arg::Ptr(ptr(x)?),
+            Arg::Ptr(ptr(&gi)?),
+            Arg::I32(i32_of(op, "input", rows)?),
+            Arg::I32(i32_of(op, "input", n)?),
+            Arg::I32(i32::from(vec)),
+            Arg::F32(limit),
+            Arg::F32(alpha),
+        ],
+    )?;
+    Ok(DActOut { grad_input: gi })
+}
+
+fn dbias(op: &'static str, ctx: &KernelCtx<'_>, a: &DActArgs, kind: Activation) -> Result<DBiasOut> {
+    let grad_input = plain_bwd(op, ctx, &a.grad, &a.input, kind)?;
+    let l = setup(op, ctx, a.input.dtype(), a.grad.dtype(), kind, false)?;
+    let (rows, n) = (a.input.rows(), a.input.last_dim());
+    let dbias = empty(ctx.device, &[n], a.input.dtype())?;
+    if n == 0 {
+        return Ok(DBiasOut { dbias, grad_input });
+    }
+    let col_blocks = n.div_ceil(256) as u32;
+    let parts = (l.sms * 4).div_ceil(col_blocks).clamp(1, rows.max(1) as u32);
+    let ws = empty(ctx.device, &[parts as usize, n], DType::F32)?;
+    let (rows_i, n_i) = (i32_of(op, "input", rows)?, i32_of(op, "input", n)?);
+    l.k.launch(
+        "dbias_partial",
+        Grid { blocks: (col_blocks, parts, 1), threads: (256, 1, 1), smem: 0 },
+        &[Arg::Ptr(ptr(&a.grad)?), Arg::Ptr(ptr(&a.input)?), Arg::Ptr(ptr(&ws)?), Arg::I32(rows_i), Arg::I32(n_i)],
+    )?;
+    l.k.launch(
+        "sum_parts",
+        Grid::linear(col_blocks, 256),
+        &[Arg::Ptr(ptr(&ws)?), Arg::Ptr(ptr(&dbias)?), Arg::I32(parts as i32), Arg::I32(n_i)],
+    )?;
+    Ok(DBiasOut { dbias, grad_input })
+}
+
+macro_rules! plain {
+    ($( $fwd:ident, $bwd:ident, $db:ident => $kind:ident; )*) => {
+        $(
+            pub fn $fwd(ctx: &KernelCtx<'_>, a: &ActArgs) -> Result<ActOut> {
+                plain_fwd(stringify!($fwd), ctx, &a.x, Activation::$kind)
+            }
+            pub fn $bwd(ctx: &KernelCtx<'_>, a: &DActArgs) -> Result<DActOut> {
+                Ok(DActOut { grad_input: plain_bwd(stringify!($bwd), ctx, &a.grad, &a.input, Activation::$kind)? })
+            }
+            pub fn $db(ctx: &KernelCtx<'_>, a: &DActArgs) -> Result<DBiasOut> {
+                dbias(stringify!($db), ctx, a, Activation::$kind)
+            }
+        )*
+    };
+}
+
+plain! {
+    gelu, dgelu, dbias_dgelu => Gelu;
+    qgelu, dqgelu, dbias_dqgelu => Qgelu;
+    relu, drelu, dbias_drelu => Relu;
+    srelu, dsrelu, dbias_dsrelu => Srelu;
+    silu, dsilu, dbias_dsilu => Silu;
+}
+
+macro_rules! gated {
+    ($( $fwd:ident, $bwd:ident => $kind:ident; )*) => {
+        $(
+            pub fn $fwd(ctx: &KernelCtx<'_>, a: &ActArgs) -> Result<ActOut> {
+                gated_fwd(stringify!($fwd), ctx, &a.x, Activation::$kind, None)
+            }
+            pub fn $bwd(ctx: &KernelCtx<'_>, a: &DActArgs) -> Result<DActOut> {
+                gated_bwd(stringify!($bwd), ctx, &a.grad, &a.input, Activation::$kind, None)
+            }
+        )*
+    };
+}
+
+gated! {
+    geglu, dgeglu => Gelu;
+    qgeglu, dqgeglu => Qgelu;
+    reglu, dreglu => Relu;
+    sreglu, dsreglu => Srelu;
+    swiglu, dswiglu => Silu;
+}
+
+pub fn clamped_swiglu(ctx: &KernelCtx<'_>, a: &ClampedSwigluArgs) -> Result<ActOut> {
+    gated_fwd("clamped_swiglu", ctx, &a.x, Activation::Silu, Some((a.limit, a.alpha)))
+}
+
+pub fn clamped_dswiglu(ctx: &KernelCtx<'_>, a: &ClampedDSwigluArgs) -> Result<DActOut> {
+    gated_bwd("clamped_dswiglu", ctx, &a.grad, &a.input, Activation::Silu, Some((a.limit, a.alpha)))
+}
+
+/// Define sets covering every code path (the NVRTC compile test and cache warm-up).
+pub fn compile_variants() -> Vec<(&'static Source, Vec<(&'static str, String)>)> {
+    let mut v = Vec::new();
+    for (x, g) in [("bf16", "bf16"), ("f16", "float"), ("float", "bf16")] {
+        for act in 0..5 {
+            for clamped in [0, 1] {
+                v.push((
+                    &SRC,
+                    vec![
+                        ("TX", x.to_string()),
+                        ("TG", g.to_string()),
+                        ("ACT", act.to_string()),
+                        ("CLAMPED", clamped.to_string()),
+                        ("BLOCK", "256".into()),
+                        ("UNROLL", "2".into()),
+                        ("VEC_BYTES", "16".into()),
+                    ],
+                ));
+            }
+        }
+    }
+    v
+}

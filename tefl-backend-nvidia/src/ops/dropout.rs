@@ -1,1 +1,52 @@
-//! (in progress)
+//! Dropout: one thread per Philox block of four elements (the reference's stream).
+
+use tefl_core::catalogue::*;
+use tefl_core::{DType, KernelCtx, Result};
+
+use super::{Kernel, blocks_for, cty, empty, sm_count};
+use crate::compiler::{Arg, Grid, Source, ptr};
+
+static SRC: Source = Source { name: "dropout", text: include_str!("dropout.cu") };
+const BLOCK: u32 = 256;
+
+fn kernel(op: &'static str, ctx: &KernelCtx<'_>, dtype: DType) -> Result<Kernel> {
+    Ok(Kernel::new(ctx.device, &SRC, vec![("TX", cty(op, "x", dtype)?.to_string()), ("BLOCK", BLOCK.to_string())]))
+}
+
+pub fn dropout_fwd(ctx: &KernelCtx<'_>, a: &DropoutFwdArgs) -> Result<DropoutFwdOut> {
+    let k = kernel("dropout_fwd", ctx, a.x.dtype())?;
+    let y = empty(ctx.device, a.x.shape(), a.x.dtype())?;
+    let mask = empty(ctx.device, a.x.shape(), DType::U8)?;
+    let total = a.x.numel();
+    k.launch(
+        "dropout_fwd",
+        Grid::linear(blocks_for(total.div_ceil(4), BLOCK as usize, sm_count(ctx.device) * 16), BLOCK),
+        &[
+            Arg::Ptr(ptr(&a.x)?),
+            Arg::Ptr(ptr(&y)?),
+            Arg::Ptr(ptr(&mask)?),
+            Arg::U64(total as u64),
+            Arg::F32(a.p),
+            Arg::U64(a.seed),
+            Arg::U64(a.offset),
+        ],
+    )?;
+    Ok(DropoutFwdOut { y, mask })
+}
+
+pub fn dropout_bwd(ctx: &KernelCtx<'_>, a: &DropoutBwdArgs) -> Result<DropoutBwdOut> {
+    let k = kernel("dropout_bwd", ctx, a.dy.dtype())?;
+    let dx = empty(ctx.device, a.dy.shape(), a.dy.dtype())?;
+    let total = a.dy.numel();
+    k.launch(
+        "dropout_bwd",
+        Grid::linear(blocks_for(total, BLOCK as usize, sm_count(ctx.device) * 16), BLOCK),
+        &[Arg::Ptr(ptr(&a.dy)?), Arg::Ptr(ptr(&a.mask)?), Arg::Ptr(ptr(&dx)?), Arg::U64(total as u64), Arg::F32(a.p)],
+    )?;
+    Ok(DropoutBwdOut { dx })
+}
+
+/// Define sets covering every code path (the NVRTC compile test and cache warm-up).
+pub fn compile_variants() -> Vec<(&'static Source, Vec<(&'static str, String)>)> {
+    ["float", "f16", "bf16"].iter().map(|t| (&SRC, vec![("TX", t.to_string()), ("BLOCK", BLOCK.to_string())])).collect()
+}

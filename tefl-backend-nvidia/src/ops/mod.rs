@@ -127,15 +127,60 @@ nvidia! {
     RmsNormBwdAdd => norm::rmsnorm_bwd_add;
     LayerNormFwd => norm::layernorm_fwd;
     LayerNormBwd => norm::layernorm_bwd;
+    Gelu => activation::gelu;
+    Qgelu => activation::qgelu;
+    Relu => activation::relu;
+    Srelu => activation::srelu;
+    Silu => activation::silu;
+    Geglu => activation::geglu;
+    Qgeglu => activation::qgeglu;
+    Reglu => activation::reglu;
+    Sreglu => activation::sreglu;
+    Swiglu => activation::swiglu;
+    ClampedSwiglu => activation::clamped_swiglu;
+    DGelu => activation::dgelu;
+    DQgelu => activation::dqgelu;
+    DRelu => activation::drelu;
+    DSrelu => activation::dsrelu;
+    DSilu => activation::dsilu;
+    DGeglu => activation::dgeglu;
+    DQgeglu => activation::dqgeglu;
+    DReglu => activation::dreglu;
+    DSreglu => activation::dsreglu;
+    DSwiglu => activation::dswiglu;
+    ClampedDSwiglu => activation::clamped_dswiglu;
+    DBiasDGelu => activation::dbias_dgelu;
+    DBiasDQgelu => activation::dbias_dqgelu;
+    DBiasDRelu => activation::dbias_drelu;
+    DBiasDSrelu => activation::dbias_dsrelu;
+    DBiasDSilu => activation::dbias_dsilu;
+    ScaledSoftmaxForward => softmax::scaled_softmax_forward;
+    ScaledMaskedSoftmaxForward => softmax::scaled_masked_softmax_forward;
+    ScaledUpperTriangMaskedSoftmaxForward => softmax::scaled_upper_triang_masked_softmax_forward;
+    ScaledAlignedCausalMaskedSoftmaxForward => softmax::scaled_aligned_causal_masked_softmax_forward;
+    ScaledSoftmaxBackward => softmax::scaled_softmax_backward;
+    ScaledMaskedSoftmaxBackward => softmax::scaled_masked_softmax_backward;
+    ScaledUpperTriangMaskedSoftmaxBackward => softmax::scaled_upper_triang_masked_softmax_backward;
+    ScaledAlignedCausalMaskedSoftmaxBackward => softmax::scaled_aligned_causal_masked_softmax_backward;
+    DropoutFwd => dropout::dropout_fwd;
+    DropoutBwd => dropout::dropout_bwd;
+    GenericGemm => gemm::generic_gemm;
+    FusedAttnFwd => attention::fused_attn_fwd;
+    FusedAttnBwd => attention::fused_attn_bwd;
     }
     any {
     }
 }
 
-/// Every (source, defines) the compile test builds.
-pub(crate) fn compile_variants() -> Vec<(&'static Source, Vec<(&'static str, String)>)> {
+/// Define sets covering every code path (the NVRTC compile test and cache warm-up).
+pub fn compile_variants() -> Vec<(&'static Source, Vec<(&'static str, String)>)> {
     let mut v = Vec::new();
     v.extend(norm::compile_variants());
+    v.extend(activation::compile_variants());
+    v.extend(softmax::compile_variants());
+    v.extend(dropout::compile_variants());
+    v.extend(gemm::compile_variants());
+    v.extend(attention::compile_variants());
     v
 }
 

@@ -206,8 +206,8 @@ pub fn layernorm_bwd(ctx: &KernelCtx<'_>, a: &LayerNormBwdArgs) -> Result<LayerN
     Ok(LayerNormBwdOut { dx, dgamma, dbeta })
 }
 
-/// Define sets covering every code path of `norm.cu` (for the NVRTC compile test).
-pub(crate) fn compile_variants() -> Vec<(&'static Source, Vec<(&'static str, String)>)> {
+/// Define sets covering every code path (the NVRTC compile test and cache warm-up).
+pub fn compile_variants() -> Vec<(&'static Source, Vec<(&'static str, String)>)> {
     let mut v = Vec::new();
     for (x, g, y, add, ln) in [
         ("bf16", "bf16", "bf16", "bf16", 0),

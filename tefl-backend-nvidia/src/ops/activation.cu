@@ -1,0 +1,180 @@
+// Activations, forward and backward, plain and gated ([a | b] halves of the last dim), the
+// clamped SwiGLU, and the column sums of the dbias forms.
+// Defines: TX (input / output dtype), TG (incoming gradient), ACT (0 gelu, 1 qgelu, 2 relu,
+// 3 srelu, 4 silu), CLAMPED (1: clamped SwiGLU with limit and alpha), BLOCK, UNROLL, VEC_BYTES.
+
+#define NV (VEC_BYTES / (int)sizeof(TX))
+
+__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+__device__ __forceinline__ float act(float x) {
+#if ACT == 0
+    const float inner = 0.7978845608f * (x + 0.044715f * x * x * x);
+    return 0.5f * x * (1.0f + tanhf(inner));
+#elif ACT == 1
+    return x * sigmoid(1.702f * x);
+#elif ACT == 2
+    return fmaxf(x, 0.0f);
+#elif ACT == 3
+    const float r = fmaxf(x, 0.0f);
+    return r * r;
+#else
+    return x * sigmoid(x);
+#endif
+}
+
+__device__ __forceinline__ float dact(float x) {
+#if ACT == 0
+    const float inner = 0.7978845608f * (x + 0.044715f * x * x * x);
+    const float t = tanhf(inner);
+    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * 0.7978845608f * (1.0f + 3.0f * 0.044715f * x * x);
+#elif ACT == 1
+    const float s = sigmoid(1.702f * x);
+    return s + 1.702f * x * s * (1.0f - s);
+#elif ACT == 2
+    return x > 0.0f ? 1.0f : 0.0f;
+#elif ACT == 3
+    return 2.0f * fmaxf(x, 0.0f);
+#else
+    const float s = sigmoid(x);
+    return s + x * s * (1.0f - s);
+#endif
+}
+
+// out = f(a, b) of the gated forms.
+__device__ __forceinline__ float gated(float a, float b, float limit, float alpha) {
+#if CLAMPED
+    const float av = fminf(a, limit);
+    return av * sigmoid(alpha * av) * (fminf(fmaxf(b, -limit), limit) + 1.0f);
+#else
+    return act(a) * b;
+#endif
+}
+
+// (d out / d a, d out / d b) times g.
+__device__ __forceinline__ void dgated(float a, float b, float g, float limit, float alpha, float* da, float* db) {
+#if CLAMPED
+    const float av = fminf(a, limit);
+    const float bv = fminf(fmaxf(b, -limit), limit);
+    const float s = sigmoid(alpha * av);
+    const float dav = a < limit ? s + alpha * av * s * (1.0f - s) : 0.0f;
+    const float dbv = (b >= -limit && b <= limit) ? 1.0f : 0.0f;
+    *da = g * (bv + 1.0f) * dav;
+    *db = g * av * s * dbv;
+#else
+    *da = g * b * dact(a);
+    *db = g * act(a);
+#endif
+}
+
+#define GRID_STRIDE(i, count)                                                                        \
+    for (long long base_ = (long long)blockIdx.x * BLOCK * UNROLL + threadIdx.x; base_ < (count);    \
+         base_ += (long long)gridDim.x * BLOCK * UNROLL)                                             \
+        _Pragma("unroll") for (int u_ = 0; u_ < UNROLL; ++u_)                                         \
+            if (const long long i = base_ + (long long)u_ * BLOCK; i < (count))
+
+// y = act(x) over `total` elements (vectorised when vec != 0: total % NV == 0).
+extern "C" __global__ void __launch_bounds__(BLOCK) act_fwd(const TX* __restrict__ x, TX* __restrict__ y,
+                                                         long long total, int vec) {
+    if (vec) {
+        GRID_STRIDE(i, total / NV) {
+            float v[NV];
+            load_n<TX, NV>(x + i * NV, v);
+#pragma unroll
+            for (int j = 0; j < NV; ++j) v[j] = act(v[j]);
+            store_n<TX, NV>(y + i * NV, v);
+        }
+    } else {
+        GRID_STRIDE(i, total) { y[i] = from_f32<TX>(act(to_f32(x[i]))); }
+    }
+}
+
+// gi = g * act'(x).
+extern "C" __global__ void __launch_bounds__(BLOCK) act_bwd(const TG* __restrict__ g, const TX* __restrict__ x,
+                                                         TX* __restrict__ gi, long long total, int vec) {
+    if (vec) {
+        GRID_STRIDE(i, total / NV) {
+            float v[NV], gv[NV];
+            load_n<TX, NV>(x + i * NV, v);
+            load_n<TG, NV>(g + i * NV, gv);
+#pragma unroll
+            for (int j = 0; j < NV; ++j) v[j] = gv[j] * dact(v[j]);
+            store_n<TX, NV>(gi + i * NV, v);
+        }
+    } else {
+        GRID_STRIDE(i, total) { gi[i] = from_f32<TX>(to_f32(g[i]) * dact(to_f32(x[i]))); }
+    }
+}
+
+// y[r, c] = f(x[r, c], x[r, n + c]) for rows x n outputs (vectorised when n % NV == 0).
+extern "C" __global__ void __launch_bounds__(BLOCK) gated_fwd(const TX* __restrict__ x, TX* __restrict__ y, int rows,
+                                                           int n, int vec, float limit, float alpha) {
+    if (vec) {
+        const int per_row = n / NV;
+        GRID_STRIDE(i, (long long)rows * per_row) {
+            const long long r = i / per_row, c = (i % per_row) * NV;
+            float a[NV], b[NV];
+            load_n<TX, NV>(x + r * 2 * n + c, a);
+            load_n<TX, NV>(x + r * 2 * n + n + c, b);
+#pragma unroll
+            for (int j = 0; j < NV; ++j) a[j] = gated(a[j], b[j], limit, alpha);
+            store_n<TX, NV>(y + r * n + c, a);
+        }
+    } else {
+        GRID_STRIDE(i, (long long)rows * n) {
+            const long long r = i / n, c = i % n;
+            y[i] = from_f32<TX>(gated(to_f32(x[r * 2 * n + c]), to_f32(x[r * 2 * n + n + c]), limit, alpha));
+        }
+    }
+}
+
+// gi[r, c] and gi[r, n + c] from g[r, c], x[r, c], x[r, n + c].
+extern "C" __global__ void __launch_bounds__(BLOCK) gated_bwd(const TG* __restrict__ g, const TX* __restrict__ x,
+                                                           TX* __restrict__ gi, int rows, int n, int vec, float limit,
+                                                           float alpha) {
+    if (vec) {
+        const int per_row = n / NV;
+        GRID_STRIDE(i, (long long)rows * per_row) {
+            const long long r = i / per_row, c = (i % per_row) * NV;
+            float a[NV], b[NV], gv[NV], da[NV], db[NV];
+            load_n<TX, NV>(x + r * 2 * n + c, a);
+            load_n<TX, NV>(x + r * 2 * n + n + c, b);
+            load_n<TG, NV>(g + r * n + c, gv);
+#pragma unroll
+            for (int j = 0; j < NV; ++j) dgated(a[j], b[j], gv[j], limit, alpha, &da[j], &db[j]);
+            store_n<TX, NV>(gi + r * 2 * n + c, da);
+            store_n<TX, NV>(gi + r * 2 * n + n + c, db);
+        }
+    } else {
+        GRID_STRIDE(i, (long long)rows * n) {
+            const long long r = i / n, c = i % n;
+            float da, db;
+            dgated(to_f32(x[r * 2 * n + c]), to_f32(x[r * 2 * n + n + c]), to_f32(g[i]), limit, alpha, &da, &db);
+            gi[r * 2 * n + c] = from_f32<TX>(da);
+            gi[r * 2 * n + n + c] = from_f32<TX>(db);
+        }
+    }
+}
+
+// Partial column sums of g * act'(x) (unrounded): block (cx, cy) sums rows cy, cy + gridDim.y,
+// ... of its columns into ws[cy][c].
+extern "C" __global__ void dbias_partial(const TG* __restrict__ g, const TX* __restrict__ x, float* __restrict__ ws,
+                                         int rows, int n) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= n) return;
+    float s = 0.0f;
+    for (int r = blockIdx.y; r < rows; r += gridDim.y) {
+        const size_t i = (size_t)r * n + c;
+        s += to_f32(g[i]) * dact(to_f32(x[i]));
+    }
+    ws[(size_t)blockIdx.y * n + c] = s;
+}
+
+// out[c] = Σ_p ws[p][c].
+extern "C" __global__ void sum_parts(const float* __restrict__ ws, TX* __restrict__ out, int parts, int n) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= n) return;
+    float s = 0.0f;
+    for (int p = 0; p < parts; ++p) s += ws[(size_t)p * n + c];
+    out[c] = from_f32<TX>(s);
+}

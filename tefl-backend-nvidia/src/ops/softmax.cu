@@ -1,0 +1,128 @@
+// The fused softmax variants: one block per row of sk elements, the row kept in registers
+// (16-byte vectors) when it fits (FUSED), scalar passes otherwise.
+// Defines: TX (x / y), TG (dy in the backward), MASK (0 none, 1 mask tensor, 2 upper
+// triangular j > i, 3 bottom-right aligned causal j > i + sk - sq), BLOCK, ROW_VECS, FUSED,
+// VEC_BYTES.
+
+#define NV (VEC_BYTES / (int)sizeof(TX))
+#define NEG_INF (-__int_as_float(0x7f800000))
+
+__device__ __forceinline__ bool masked(const u8* mask, int row, int j, int h, int sq, int sk, int mask_batch) {
+    const int i = row % sq;
+#if MASK == 1
+    const int b = mask_batch == 1 ? 0 : row / (h * sq);
+    return mask[((size_t)b * sq + i) * sk + j] != 0;
+#elif MASK == 2
+    return j > i;
+#elif MASK == 3
+    return j > i + sk - sq;
+#else
+    return false;
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(BLOCK) softmax_fwd(const TX* __restrict__ x, const u8* __restrict__ mask,
+                                                             TX* __restrict__ y, int rows, int sq, int sk, int h,
+                                                             int mask_batch, float scale) {
+    __shared__ float scratch[32];
+    for (int row = blockIdx.x; row < rows; row += gridDim.x) {
+        const TX* xr = x + (size_t)row * sk;
+        TX* yr = y + (size_t)row * sk;
+#if FUSED
+        const int nvecs = sk / NV;
+        float c[ROW_VECS][NV];
+        float m = NEG_INF;
+#pragma unroll
+        for (int it = 0; it < ROW_VECS; ++it) {
+            const int v = threadIdx.x + it * BLOCK;
+            if (v < nvecs) {
+                load_n<TX, NV>(xr + v * NV, c[it]);
+#pragma unroll
+                for (int j = 0; j < NV; ++j) {
+                    c[it][j] = masked(mask, row, v * NV + j, h, sq, sk, mask_batch) ? NEG_INF : c[it][j] * scale;
+                    m = fmaxf(m, c[it][j]);
+                }
+            }
+        }
+        m = block_max(m, scratch);
+        float s = 0.0f;
+#pragma unroll
+        for (int it = 0; it < ROW_VECS; ++it) {
+            const int v = threadIdx.x + it * BLOCK;
+            if (v < nvecs) {
+#pragma unroll
+                for (int j = 0; j < NV; ++j) {
+                    c[it][j] = (m == NEG_INF || c[it][j] == NEG_INF) ? 0.0f : expf(c[it][j] - m);
+                    s += c[it][j];
+                }
+            }
+        }
+        s = block_sum(s, scratch);
+        const float inv = s > 0.0f ? 1.0f / s : 0.0f;
+#pragma unroll
+        for (int it = 0; it < ROW_VECS; ++it) {
+            const int v = threadIdx.x + it * BLOCK;
+            if (v < nvecs) {
+#pragma unroll
+                for (int j = 0; j < NV; ++j) c[it][j] *= inv;
+                store_n<TX, NV>(yr + v * NV, c[it]);
+            }
+        }
+#else
+        float m = NEG_INF;
+        for (int j = threadIdx.x; j < sk; j += BLOCK)
+            if (!masked(mask, row, j, h, sq, sk, mask_batch)) m = fmaxf(m, to_f32(xr[j]) * scale);
+        m = block_max(m, scratch);
+        float s = 0.0f;
+        if (m != NEG_INF)
+            for (int j = threadIdx.x; j < sk; j += BLOCK)
+                if (!masked(mask, row, j, h, sq, sk, mask_batch)) s += expf(to_f32(xr[j]) * scale - m);
+        s = block_sum(s, scratch);
+        const float inv = s > 0.0f ? 1.0f / s : 0.0f;
+        for (int j = threadIdx.x; j < sk; j += BLOCK) {
+            const bool off = m == NEG_INF || masked(mask, row, j, h, sq, sk, mask_batch);
+            yr[j] = from_f32<TX>(off ? 0.0f : expf(to_f32(xr[j]) * scale - m) * inv);
+        }
+#endif
+    }
+}
+
+// dx = scale * y * (dy - Σ dy·y), dx in y's dtype.
+extern "C" __global__ void __launch_bounds__(BLOCK) softmax_bwd(const TG* __restrict__ dy, const TX* __restrict__ y,
+                                                             TX* __restrict__ dx, int rows, int sk, float scale) {
+    __shared__ float scratch[32];
+    for (int row = blockIdx.x; row < rows; row += gridDim.x) {
+        const size_t base = (size_t)row * sk;
+#if FUSED
+        const int nvecs = sk / NV;
+        float yv[ROW_VECS][NV], dv[ROW_VECS][NV];
+        float s = 0.0f;
+#pragma unroll
+        for (int it = 0; it < ROW_VECS; ++it) {
+            const int v = threadIdx.x + it * BLOCK;
+            if (v < nvecs) {
+                load_n<TX, NV>(y + base + v * NV, yv[it]);
+                load_n<TG, NV>(dy + base + v * NV, dv[it]);
+#pragma unroll
+                for (int j = 0; j < NV; ++j) s += yv[it][j] * dv[it][j];
+            }
+        }
+        s = block_sum(s, scratch);
+#pragma unroll
+        for (int it = 0; it < ROW_VECS; ++it) {
+            const int v = threadIdx.x + it * BLOCK;
+            if (v < nvecs) {
+#pragma unroll
+                for (int j = 0; j < NV; ++j) yv[it][j] = scale * yv[it][j] * (dv[it][j] - s);
+                store_n<TX, NV>(dx + base + v * NV, yv[it]);
+            }
+        }
+#else
+        float s = 0.0f;
+        for (int j = threadIdx.x; j < sk; j += BLOCK) s += to_f32(y[base + j]) * to_f32(dy[base + j]);
+        s = block_sum(s, scratch);
+        for (int j = threadIdx.x; j < sk; j += BLOCK)
+            dx[base + j] = from_f32<TX>(scale * to_f32(y[base + j]) * (to_f32(dy[base + j]) - s));
+#endif
+    }
+}
