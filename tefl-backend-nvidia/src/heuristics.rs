@@ -4,7 +4,8 @@
 //! `TEFL_AUTOTUNE=1` the autotuner times the candidates once per shape bucket instead
 //! (see [`tuned`]).
 
-use std::sync::OnceLock;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use tefl_core::tuning::{Autotuner, TuneConfig, TuneKey, TuneTable};
 use tefl_core::{DType, Device, Result};
@@ -12,8 +13,15 @@ use tefl_core::{DType, Device, Result};
 const DEFAULTS: &str = include_str!("tune_configs.toml");
 const HOPPER: &str = include_str!("hopper/tune_configs.toml");
 
-/// The layered table for an arch (`sm_90` → the hopper file over the defaults).
-pub fn table(arch: &str) -> TuneTable {
+/// The layered table for an arch (`sm_90` → the hopper file over the defaults), parsed once
+/// per arch.
+pub fn table(arch: &str) -> Arc<TuneTable> {
+    static CACHE: OnceLock<Mutex<HashMap<String, Arc<TuneTable>>>> = OnceLock::new();
+    let mut cache = CACHE.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    cache.entry(arch.to_owned()).or_insert_with(|| Arc::new(parse_table(arch))).clone()
+}
+
+fn parse_table(arch: &str) -> TuneTable {
     let defaults = TuneTable::parse(DEFAULTS, "tefl-backend-nvidia/src/tune_configs.toml").unwrap_or_default();
     let family = crate::vendor_info().arch_family(arch).map(str::to_owned);
     let arch_table = match family.as_deref() {
@@ -62,12 +70,17 @@ impl RowConfig {
 /// in registers with at most 4 vectors per thread, else any that keeps it at all, else the
 /// two-pass path with 256 threads (or fewer for short rows).
 pub fn row_kernel(family: &str, arch: &str, n: usize, elem: usize) -> RowConfig {
+    row_kernel_within(family, arch, n, elem, 4)
+}
+
+/// [`row_kernel`] preferring at most `pref` vectors per thread.
+pub fn row_kernel_within(family: &str, arch: &str, n: usize, elem: usize, pref: u32) -> RowConfig {
     let t = table(arch);
     let cands = t.configs(family);
     let fits: Vec<RowConfig> = cands.iter().filter_map(|c| RowConfig::from_candidate(c, n, elem)).collect();
     fits.iter()
-        .find(|r| r.row_vecs <= 4 && (r.block as usize) * 2 <= n.max(64))
-        .or_else(|| fits.iter().find(|r| r.row_vecs <= 4))
+        .find(|r| r.row_vecs <= pref && (r.block as usize) * 2 <= n.max(64))
+        .or_else(|| fits.iter().find(|r| r.row_vecs <= pref))
         .or(fits.first())
         .copied()
         .unwrap_or_else(|| RowConfig::two_pass(if n < 1024 { 128 } else { 256 }))

@@ -46,6 +46,30 @@ pub fn device_error(device: Device, e: DriverError) -> Error {
     Error::DeviceFailure { device: device.to_string(), reason: format!("{e:?}") }
 }
 
+/// Lets the device's default memory pool (which `cuMemAllocAsync` draws from) keep freed
+/// memory instead of returning it to the driver at every synchronisation, so that a tensor
+/// freed and allocated again, as every op's output is, costs no re-mapping (what a caching
+/// allocator does). Best effort: a device without memory pools is left as it is.
+fn keep_pool_memory(ctx: &CudaContext) {
+    use cudarc::driver::sys;
+    if !ctx.has_async_alloc() {
+        return;
+    }
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    let mut threshold: u64 = u64::MAX;
+    // SAFETY: `pool` and `threshold` are valid out/in pointers of the sizes the driver reads;
+    // the device handle comes from a live context.
+    unsafe {
+        if sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) == sys::CUresult::CUDA_SUCCESS {
+            let _ = sys::cuMemPoolSetAttribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                &mut threshold as *mut u64 as *mut std::ffi::c_void,
+            );
+        }
+    }
+}
+
 /// The runtime of `DeviceKind::CUDA`. Contexts are created on first use, never before the
 /// driver check passed.
 #[derive(Default)]
@@ -65,6 +89,7 @@ impl CudaRuntime {
                         // SAFETY: every buffer and kernel of this backend uses the context's one
                         // default stream, so there is no cross-stream order for events to keep.
                         unsafe { ctx.disable_event_tracking() };
+                        keep_pool_memory(&ctx);
                         Ok(ctx)
                     })
                     .collect()

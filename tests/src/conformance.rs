@@ -195,6 +195,15 @@ impl<'m> Suite<'m> {
 
     /// Runs every case.
     pub fn run_all(&mut self, progress: &mut dyn FnMut(&str)) {
+        self.run_families(None, progress);
+    }
+
+    /// The op families, in the order [`Suite::run_all`] runs them.
+    pub const FAMILIES: [&'static str; 9] =
+        ["norms", "gemm", "activations", "softmax", "attention", "rope", "optimizers", "fp8", "dropout"];
+
+    /// Runs the families named in `only` (all when `None`).
+    pub fn run_families(&mut self, only: Option<&[String]>, progress: &mut dyn FnMut(&str)) {
         type Family<'a> = (&'static str, fn(&mut Suite<'a>));
         let families: [Family<'m>; 9] = [
             ("norms", Self::norms),
@@ -208,6 +217,9 @@ impl<'m> Suite<'m> {
             ("dropout", Self::dropout),
         ];
         for (name, f) in families {
+            if only.is_some_and(|o| !o.iter().any(|x| x == name)) {
+                continue;
+            }
             progress(name);
             f(self);
         }

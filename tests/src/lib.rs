@@ -12,7 +12,9 @@ pub fn promised_impls(backend: &str) -> Vec<(&'static str, &'static str)> {
     match backend {
         // The reference backend implements the whole catalogue.
         "reference" => tefl_core::catalogue::all().iter().map(|d| (d.name, "reference.cpu")).collect(),
-        // The GPU backends hold only their vendor description and availability check so far.
+        // So does the CUDA backend.
+        "nvidia" => tefl_core::catalogue::all().iter().map(|d| (d.name, "vendor.nvidia")).collect(),
+        // The other GPU backends hold only their vendor description and availability check so far.
         _ => Vec::new(),
     }
 }

@@ -225,6 +225,7 @@ fn bundle(args: &[String]) -> Result<ExitCode, String> {
         ("conformance", target.join("release/conformance")),
         ("bench", target.join("release/bench")),
         ("explain", target.join("release/explain")),
+        ("torch_oracle", target.join("release/torch_oracle")),
         ("quickstart", target.join("release/examples/quickstart")),
     ];
     for (name, src) in &bins {
@@ -233,6 +234,7 @@ fn bundle(args: &[String]) -> Result<ExitCode, String> {
         // Debug info is not needed on the device; strip it when `strip` exists.
         let _ = Command::new("strip").arg("--strip-debug").arg(&dst).status();
     }
+    fs::copy(root().join("tests/torch_oracle.py"), dir.join("torch_oracle.py")).map_err(|e| e.to_string())?;
     let run_sh = scaffold::run_sh(&backend);
     fs::write(dir.join("run.sh"), run_sh).map_err(|e| e.to_string())?;
     set_executable(&dir.join("run.sh"))?;

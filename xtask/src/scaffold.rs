@@ -214,19 +214,59 @@ pub fn run_sh(backend: &str) -> String {
         r#"#!/usr/bin/env bash
 # tefl bundle for the {backend} backend: run on the GPU machine.
 # Logs and JSON go to $OUT when it is set (the device tool fetches it), else ./out.
+# STEPS (default "conformance quickstart oracle sanitizer bench") picks the steps to run.
 set -u -o pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${{OUT:-$here/out}}
+steps=${{STEPS:-conformance quickstart oracle sanitizer bench}}
+scratch=$(mktemp -d)
 mkdir -p "$out"
 status=0
-echo "== conformance ({backend})"
-"$here/conformance" {backend} --full 2>&1 | tee "$out/conformance.log" || status=1
-echo "== quickstart"
-"$here/quickstart" 2>&1 | tee "$out/quickstart.log" || status=1
-echo "== bench"
-vs=""
-python3 -c "import torch" 2>/dev/null && vs="--vs torch"
-"$here/bench" --backend {backend} $vs --json "$out/bench.json" 2>&1 | tee "$out/bench.log" || status=1
+has() {{ case " $steps " in *" $1 "*) return 0;; esac; return 1; }}
+if has conformance; then
+  echo "== conformance ({backend})"
+  "$here/conformance" {backend} --full 2>&1 | tee "$out/conformance.log" || status=1
+fi
+if has quickstart; then
+  # Cold start: an empty kernel cache (every kernel compiled by NVRTC); warm: the same cache.
+  for start in cold warm; do
+    echo "== quickstart ($start kernel cache)"
+    s0=$(date +%s.%N)
+    TEFL_CACHE_DIR="$scratch/cache" "$here/quickstart" 2>&1 | tee "$out/quickstart-$start.log" || status=1
+    s1=$(date +%s.%N)
+    echo "quickstart $start: $(awk -v a="$s0" -v b="$s1" 'BEGIN {{ printf "%.2f", b - a }}') s wall" | tee -a "$out/quickstart-$start.log"
+  done
+fi
+if has oracle && python3 -c "import torch" 2>/dev/null; then
+  echo "== torch oracle"
+  ( "$here/torch_oracle" {backend} "$scratch/oracle" && python3 "$here/torch_oracle.py" "$scratch/oracle" ) 2>&1 \
+    | tee "$out/torch_oracle.log" || status=1
+fi
+if has sanitizer; then
+  san=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+  if [ -n "$san" ]; then
+    # memcheck over every family; racecheck (shared memory) over the families whose kernels
+    # share tiles. SANITIZER_TIMEOUT (seconds, default 900) bounds each run.
+    for run in "memcheck all" "racecheck norms,softmax,attention,rope"; do
+      set -- $run
+      fam=""
+      [ "$2" != all ] && fam="--families $2"
+      echo "== compute-sanitizer $1 ($2)"
+      timeout "${{SANITIZER_TIMEOUT:-900}}" "$san" --tool "$1" --error-exitcode 9 "$here/conformance" {backend} $fam \
+        > "$scratch/san.log" 2>&1 || status=1
+      tail -25 "$scratch/san.log" | tee "$out/sanitizer-$1.log"
+    done
+  else
+    echo "compute-sanitizer not found; skipped" | tee "$out/sanitizer.log"
+  fi
+fi
+if has bench; then
+  echo "== bench"
+  vs=""
+  python3 -c "import torch" 2>/dev/null && vs="--vs torch"
+  "$here/bench" --backend {backend} $vs --json "$out/bench.json" 2>&1 | tee "$out/bench.log" || status=1
+fi
+rm -rf "$scratch"
 exit $status
 "#
     )

@@ -29,7 +29,7 @@ struct Launch {
 }
 
 fn setup(op: &'static str, ctx: &KernelCtx<'_>, x: DType, g: DType, kind: Activation, clamped: bool) -> Result<Launch> {
-    let cfg = heuristics::elementwise(&super::arch(ctx.device));
+    let cfg = heuristics::elementwise(super::arch(ctx.device));
     let defines = vec![
         ("TX", cty(op, "input", x)?.to_string()),
         ("TG", cty(op, "grad", g)?.to_string()),

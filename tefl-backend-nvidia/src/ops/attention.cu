@@ -1,18 +1,22 @@
-// Flash attention, forward and backward: tiles of BR queries x BC keys in shared memory,
-// online softmax, no sq x sk buffer. f16/bf16 tiles multiply on tensor cores (mma.sync
-// m16n8k16, f32 accumulation); f32 tiles use the same fragment layout with scalar FMAs, so
-// everything after the products is shared.
+// Flash attention, forward and backward: tiles of queries x BC keys in shared memory, online
+// softmax, no sq x sk buffer. f16/bf16 tiles multiply on tensor cores (mma.sync m16n8k16,
+// operands through ldmatrix, f32 accumulation); f32 tiles use the same fragment layout with
+// scalar FMAs, so everything after the products is shared. Tiles arrive by cp.async; the
+// forward double-buffers K and V.
 //
-// Defines: T (element type), D (head dim), DP (D rounded up to 16), BR = BC = 64 (4 warps,
-// 16 rows each), LAYOUT (0 bshd, 1 sbhd, 2 thd), CAUSAL, BOTTOM_RIGHT, PADDING (lengths from
-// cu_seqlens), WIN_LEFT / WIN_RIGHT (-1 = unbounded), DROPOUT.
+// Kernels: attn_fwd (FWD_BR queries per block, one warp per 16), attn_bwd_delta (Σ dO·O),
+// attn_bwd_dkdv (one block per 64 keys and kv head: dK, dV over the group's query heads),
+// attn_bwd_dq (one block per 64 queries and head: dQ over the keys; no atomics).
+//
+// Defines: T (element type), HALF (T is 16-bit), D (head dim), DP (D rounded up to 16), FWD_BR (64 or 128),
+// LAYOUT (0 bshd, 1 sbhd, 2 thd), CAUSAL, BOTTOM_RIGHT, PADDING (lengths from cu_seqlens),
+// WIN_LEFT / WIN_RIGHT (-1 = unbounded), DROPOUT.
 //
 // Rows: query position i of sequence b is token row  qbase(b) + i * rstride, its (row, head)
 // element at ((row * H) + h) * D (H = hq for q, o, hk for k, v).
 
 #define BR 64
 #define BC 64
-#define NWARPS 4
 #define PAD (16 / (int)sizeof(T))
 #define LDD (DP + PAD)
 #define LDP (BC + PAD)
@@ -65,54 +69,28 @@ __device__ __forceinline__ float keep_factor(u64 seed, u64 offset, float p, int 
 #endif
 }
 
-__device__ __forceinline__ u32 smem_addr(const void* p) {
-    u32 a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-
-// Two consecutive-k elements (k, k+1) as an MMA register: contiguous, or `stride` apart.
-template <typename E> __device__ __forceinline__ u32 pair(const E* p, int stride) {
-    if (stride == 1) return *(const u32*)p;
-    return pack2(bits16(p[0]), bits16(p[stride]));
-}
 
 // acc[NB][4] += A(16 x KD) * B(KD x 8 NB) for one warp, fragments in the MMA layout.
 // A(r, k) = As[r * lda + k] (or As[k * lda + r] when AT); B(k, c) = Bs[c * ldb + k] when BT
-// (keys-major, the K tile for S = Q K^T), else Bs[k * ldb + c].
-// E is T; a template parameter so that the branch of the other width is discarded.
+// (keys-major, the K tile for S = Q K^T), else Bs[k * ldb + c]. E is T, a template parameter
+// so that the branch of the other width is discarded. NB is even.
 template <int NB, int KD, bool AT, bool BT, typename E>
 __device__ __forceinline__ void warp_mm(float (*acc)[4], const E* As, int lda, const E* Bs, int ldb) {
     const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     if constexpr (sizeof(E) == 2) {
+        const int mi = lane / 8, r = lane % 8;
 #pragma unroll
         for (int k0 = 0; k0 < KD; k0 += 16) {
             u32 a[4];
-            if constexpr (!AT) {
-                a[0] = pair(As + g * lda + k0 + 2 * t, 1);
-                a[1] = pair(As + (g + 8) * lda + k0 + 2 * t, 1);
-                a[2] = pair(As + g * lda + k0 + 2 * t + 8, 1);
-                a[3] = pair(As + (g + 8) * lda + k0 + 2 * t + 8, 1);
-            } else {
-                a[0] = pair(As + (k0 + 2 * t) * lda + g, lda);
-                a[1] = pair(As + (k0 + 2 * t) * lda + g + 8, lda);
-                a[2] = pair(As + (k0 + 2 * t + 8) * lda + g, lda);
-                a[3] = pair(As + (k0 + 2 * t + 8) * lda + g + 8, lda);
-            }
+            if constexpr (!AT) ldsm_x4(a, As + ((mi % 2) * 8 + r) * lda + k0 + (mi / 2) * 8);
+            else ldsm_x4_t(a, As + (k0 + (mi / 2) * 8 + r) * lda + (mi % 2) * 8);
 #pragma unroll
-            for (int nb = 0; nb < NB; ++nb) {
-                u32 b[2];
-                if constexpr (BT) {
-                    b[0] = pair(Bs + (nb * 8 + g) * ldb + k0 + 2 * t, 1);
-                    b[1] = pair(Bs + (nb * 8 + g) * ldb + k0 + 2 * t + 8, 1);
-                } else {
-                    // Rows k0..k0+15 of B, columns nb*8..nb*8+7, transposed on load.
-                    const E* row = Bs + (k0 + (lane & 15)) * ldb + nb * 8;
-                    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];"
-                                 : "=r"(b[0]), "=r"(b[1])
-                                 : "r"(smem_addr(row)));
-                }
+            for (int nb = 0; nb < NB; nb += 2) {
+                u32 b[4];
+                if constexpr (BT) ldsm_x4(b, Bs + ((nb + mi / 2) * 8 + r) * ldb + k0 + (mi % 2) * 8);
+                else ldsm_x4_t(b, Bs + (k0 + (mi % 2) * 8 + r) * ldb + (nb + mi / 2) * 8);
                 mma_16816(acc[nb], a, b, (E*)nullptr);
+                mma_16816(acc[nb + 1], a, b + 2, (E*)nullptr);
             }
         }
     } else {
@@ -133,25 +111,50 @@ __device__ __forceinline__ void warp_mm(float (*acc)[4], const E* As, int lda, c
     }
 }
 
-// Loads `rows` rows of D elements (row r at src + row_off(r)) into an LD-strided tile,
-// zero-filling invalid rows and the columns D..DP.
+// acc[NB][4] += A(16 x KD) * B(KD x 8 NB) with A held by the warp in accumulator layout
+// (c[KD / 8][4], as a previous warp_mm left it) and B(k, c) = Bs[k * ldb + c]: the C
+// fragments of two n8 blocks are exactly the A fragment of one k16 step, so probabilities
+// and dS never go through shared memory. 16-bit E only (HALF builds).
+template <int NB, int KD, typename E>
+__device__ __forceinline__ void warp_mm_regA(float (*acc)[4], const float (*c)[4], const E* Bs, int ldb) {
+    const int lane = threadIdx.x % 32, mi = lane / 8, r = lane % 8;
+#pragma unroll
+    for (int kk = 0; kk < KD / 16; ++kk) {
+        u32 a[4];
+        a[0] = pack2(bits16(from_f32<E>(c[2 * kk][0])), bits16(from_f32<E>(c[2 * kk][1])));
+        a[1] = pack2(bits16(from_f32<E>(c[2 * kk][2])), bits16(from_f32<E>(c[2 * kk][3])));
+        a[2] = pack2(bits16(from_f32<E>(c[2 * kk + 1][0])), bits16(from_f32<E>(c[2 * kk + 1][1])));
+        a[3] = pack2(bits16(from_f32<E>(c[2 * kk + 1][2])), bits16(from_f32<E>(c[2 * kk + 1][3])));
+#pragma unroll
+        for (int nb = 0; nb < NB; nb += 2) {
+            u32 b[4];
+            ldsm_x4_t(b, Bs + (kk * 16 + (mi % 2) * 8 + r) * ldb + (nb + mi / 2) * 8);
+            mma_16816(acc[nb], a, b, (E*)nullptr);
+            mma_16816(acc[nb + 1], a, b + 2, (E*)nullptr);
+        }
+    }
+}
+
+template <int NB> __device__ __forceinline__ void zero_acc(float (*acc)[4]) {
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.0f;
+}
+
+// Starts loading `nrows` rows of D elements (row r at token row base_row + r * rstride, head
+// `head` of `heads`) into an LDD-strided tile, zero-filling invalid rows and columns D..DP.
+// Vector rows go by cp.async (the caller commits and waits), others by plain stores.
 __device__ __forceinline__ void load_tile(T* dst, const T* src, int nrows, long long base_row, int rstride, int valid,
                                           int heads, int head) {
     constexpr int VE = 16 / (int)sizeof(T);
-    const T zero = from_f32<T>(0.0f);
     if (D % VE == 0) {
         for (int idx = threadIdx.x; idx < nrows * (DP / VE); idx += blockDim.x) {
             const int r = idx / (DP / VE), c = (idx % (DP / VE)) * VE;
-            T* d = dst + r * LDD + c;
-            if (r < valid && c < D) {
-                const T* s = src + ((base_row + (long long)r * rstride) * heads + head) * D + c;
-                *(uint4*)d = *(const uint4*)s;
-            } else {
-#pragma unroll
-                for (int e = 0; e < VE; ++e) d[e] = zero;
-            }
+            const bool ok = r < valid && c < D;
+            const T* sp = ok ? src + ((base_row + (long long)r * rstride) * heads + head) * D + c : src;
+            cp_async16(dst + r * LDD + c, sp, ok);
         }
     } else {
+        const T zero = from_f32<T>(0.0f);
         for (int idx = threadIdx.x; idx < nrows * DP; idx += blockDim.x) {
             const int r = idx / DP, c = idx % DP;
             dst[r * LDD + c] = (r < valid && c < D) ? src[((base_row + (long long)r * rstride) * heads + head) * D + c] : zero;
@@ -159,20 +162,43 @@ __device__ __forceinline__ void load_tile(T* dst, const T* src, int nrows, long 
     }
 }
 
-extern "C" __global__ void __launch_bounds__(128) attn_fwd(const T* __restrict__ q, const T* __restrict__ k,
-                                                        const T* __restrict__ v, T* __restrict__ o,
-                                                        float* __restrict__ lse, const i32* __restrict__ cu_q,
-                                                        const i32* __restrict__ cu_k, int batch, int sq, int sk, int hq,
-                                                        int hk, int tq, float scale, float p_drop, u64 seed,
-                                                        u64 offset) {
+__device__ __forceinline__ long long lse_index(const Seq& s, int b, int h, int hq, int sq, int tq, int i) {
+    return LAYOUT == 2 ? (long long)h * tq + s.qb + i : ((long long)b * hq + h) * sq + i;
+}
+
+// The union of the key ranges of query rows [q0, q0 + rows) (lo >= hi when none sees a key).
+// The bounds are monotone in the row, so the first and last rows with keys decide.
+__device__ __forceinline__ void tile_keys(const Seq& s, int q0, int rows, int* lo, int* hi) {
+    int l = 0x7fffffff, h = 0;
+    for (int i = q0; i < min(q0 + rows, s.lq); ++i) {
+        int a, b;
+        key_range(s, i, &a, &b);
+        if (b > a) { l = a; break; }
+    }
+    for (int i = min(q0 + rows, s.lq) - 1; i >= q0; --i) {
+        int a, b;
+        key_range(s, i, &a, &b);
+        if (b > a) { h = b; break; }
+    }
+    *lo = l; *hi = h;
+}
+
+#define FWD_WARPS (FWD_BR / 16)
+
+extern "C" __global__ void __launch_bounds__(FWD_BR * 2, 2) attn_fwd(const T* __restrict__ q, const T* __restrict__ k,
+                                                               const T* __restrict__ v, T* __restrict__ o,
+                                                               float* __restrict__ lse, const i32* __restrict__ cu_q,
+                                                               const i32* __restrict__ cu_k, int batch, int sq, int sk,
+                                                               int hq, int hk, int tq, float scale, float p_drop,
+                                                               u64 seed, u64 offset) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* Qs = (T*)smem_raw;
-    T* Ks = Qs + BR * LDD;
-    T* Vs = Ks + BC * LDD;
-    T* Ps = Vs + BC * LDD;
+    T* KV = Qs + FWD_BR * LDD;       // two stages of [K tile | V tile]
+    T* Ps = KV + 4 * BC * LDD;       // per-warp [16][LDP]
     __shared__ int s_lo, s_hi;
 
-    const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * BR;
+    // Later query tiles see more keys under causal masks: run them first (a shorter tail).
+    const int b = blockIdx.z, h = blockIdx.y, q0 = (gridDim.x - 1 - blockIdx.x) * FWD_BR;
     const int hkv = h / (hq / hk);
     const Seq s = seq_of(b, batch, sq, sk, cu_q, cu_k);
     const int slot = LAYOUT == 2 ? s.lq : sq; // rows this sequence owns in o / lse
@@ -182,28 +208,41 @@ extern "C" __global__ void __launch_bounds__(128) attn_fwd(const T* __restrict__
     int lo0, hi0, lo1, hi1;
     key_range(s, r0, &lo0, &hi0);
     key_range(s, r1, &lo1, &hi1);
-    if (threadIdx.x == 0) { s_lo = 0x7fffffff; s_hi = 0; }
-    __syncthreads();
-    if (hi0 > lo0) { atomicMin(&s_lo, lo0); atomicMax(&s_hi, hi0); }
-    if (hi1 > lo1) { atomicMin(&s_lo, lo1); atomicMax(&s_hi, hi1); }
-    load_tile(Qs, q, BR, s.qb + (long long)q0 * s.rs, s.rs, min(BR, s.lq - q0), hq, h);
+    if (threadIdx.x == 0) tile_keys(s, q0, FWD_BR, &s_lo, &s_hi);
+    load_tile(Qs, q, FWD_BR, s.qb + (long long)q0 * s.rs, s.rs, min(FWD_BR, s.lq - q0), hq, h);
+    cp_async_commit();
     __syncthreads();
     const int blo = s_lo, bhi = s_hi;
+    const long long kbase = s.kb;
+    auto issue = [&](int j0, int stage) {
+        const int nvalid = min(BC, bhi - j0);
+        T* Kd = KV + stage * 2 * BC * LDD;
+        load_tile(Kd, k, BC, kbase + (long long)j0 * s.rs, s.rs, nvalid, hk, hkv);
+        load_tile(Kd + BC * LDD, v, BC, kbase + (long long)j0 * s.rs, s.rs, nvalid, hk, hkv);
+        cp_async_commit();
+    };
+    if (blo < bhi) issue(blo, 0);
 
     float acc[DP / 8][4];
-#pragma unroll
-    for (int nb = 0; nb < DP / 8; ++nb) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.0f;
+    zero_acc<DP / 8>(acc);
+    // Scores in the log2 domain (exp2 is one instruction): m is the running max of scale2 * s.
+    const float scale2 = scale * 1.4426950408889634f;
     float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.0f, l1 = 0.0f;
     T* Pw = Ps + warp * 16 * LDP;
 
-    for (int j0 = blo; j0 < bhi; j0 += BC) {
-        const int nvalid = min(BC, bhi - j0);
-        load_tile(Ks, k, BC, s.kb + (long long)j0 * s.rs, s.rs, nvalid, hk, hkv);
-        load_tile(Vs, v, BC, s.kb + (long long)j0 * s.rs, s.rs, nvalid, hk, hkv);
+    int stage = 0;
+    for (int j0 = blo; j0 < bhi; j0 += BC, stage ^= 1) {
+        if (j0 + BC < bhi) {
+            issue(j0 + BC, stage ^ 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
         __syncthreads();
+        const T* Ks = KV + stage * 2 * BC * LDD;
+        const T* Vs = Ks + BC * LDD;
         float sc[BC / 8][4];
-#pragma unroll
-        for (int nb = 0; nb < BC / 8; ++nb) sc[nb][0] = sc[nb][1] = sc[nb][2] = sc[nb][3] = 0.0f;
+        zero_acc<BC / 8>(sc);
         warp_mm<BC / 8, DP, false, true>(sc, Qs + warp * 16 * LDD, LDD, Ks, LDD);
         float mx0 = NEG_INF, mx1 = NEG_INF;
 #pragma unroll
@@ -211,8 +250,8 @@ extern "C" __global__ void __launch_bounds__(128) attn_fwd(const T* __restrict__
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const int j = j0 + nb * 8 + 2 * t + e;
-                sc[nb][e] = (j >= lo0 && j < hi0) ? sc[nb][e] * scale : NEG_INF;
-                sc[nb][2 + e] = (j >= lo1 && j < hi1) ? sc[nb][2 + e] * scale : NEG_INF;
+                sc[nb][e] = (j >= lo0 && j < hi0) ? sc[nb][e] * scale2 : NEG_INF;
+                sc[nb][2 + e] = (j >= lo1 && j < hi1) ? sc[nb][2 + e] * scale2 : NEG_INF;
                 mx0 = fmaxf(mx0, sc[nb][e]);
                 mx1 = fmaxf(mx1, sc[nb][2 + e]);
             }
@@ -220,8 +259,8 @@ extern "C" __global__ void __launch_bounds__(128) attn_fwd(const T* __restrict__
         mx0 = fmaxf(mx0, shfl_xor(mx0, 1)); mx0 = fmaxf(mx0, shfl_xor(mx0, 2));
         mx1 = fmaxf(mx1, shfl_xor(mx1, 1)); mx1 = fmaxf(mx1, shfl_xor(mx1, 2));
         const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-        const float c0 = mn0 == NEG_INF ? 1.0f : expf(m0 - mn0);
-        const float c1 = mn1 == NEG_INF ? 1.0f : expf(m1 - mn1);
+        const float c0 = mn0 == NEG_INF ? 1.0f : exp2f(m0 - mn0);
+        const float c1 = mn1 == NEG_INF ? 1.0f : exp2f(m1 - mn1);
         m0 = mn0; m1 = mn1;
         l0 *= c0; l1 *= c1;
 #pragma unroll
@@ -231,19 +270,37 @@ extern "C" __global__ void __launch_bounds__(128) attn_fwd(const T* __restrict__
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const int j = j0 + nb * 8 + 2 * t + e;
-                const float p0 = sc[nb][e] == NEG_INF ? 0.0f : expf(sc[nb][e] - m0);
-                const float p1 = sc[nb][2 + e] == NEG_INF ? 0.0f : expf(sc[nb][2 + e] - m1);
+                const float p0 = sc[nb][e] == NEG_INF ? 0.0f : exp2f(sc[nb][e] - m0);
+                const float p1 = sc[nb][2 + e] == NEG_INF ? 0.0f : exp2f(sc[nb][2 + e] - m1);
                 l0 += p0; l1 += p1;
+#if DROPOUT
                 const float k0f = p0 == 0.0f ? 0.0f : keep_factor(seed, offset, p_drop, b, h, hq, sq, sk, r0, j);
                 const float k1f = p1 == 0.0f ? 0.0f : keep_factor(seed, offset, p_drop, b, h, hq, sq, sk, r1, j);
-                Pw[g * LDP + nb * 8 + 2 * t + e] = from_f32<T>(p0 * k0f);
-                Pw[(g + 8) * LDP + nb * 8 + 2 * t + e] = from_f32<T>(p1 * k1f);
+#else
+                const float k0f = 1.0f, k1f = 1.0f;
+                (void)j;
+#endif
+                sc[nb][e] = p0 * k0f;
+                sc[nb][2 + e] = p1 * k1f;
+            }
+        }
+#if HALF
+        warp_mm_regA<DP / 8, BC>(acc, sc, Vs, LDD);
+#else
+#pragma unroll
+        for (int nb = 0; nb < BC / 8; ++nb) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                Pw[g * LDP + nb * 8 + 2 * t + e] = from_f32<T>(sc[nb][e]);
+                Pw[(g + 8) * LDP + nb * 8 + 2 * t + e] = from_f32<T>(sc[nb][2 + e]);
             }
         }
         __syncwarp();
         warp_mm<DP / 8, BC, false, false>(acc, Pw, LDP, Vs, LDD);
-        __syncthreads();
+#endif
+        __syncthreads(); // every warp is done with this stage before it is refilled
     }
+    cp_async_wait<0>(); // (no key tile: the query tile's copy was never waited for)
     l0 += shfl_xor(l0, 1); l0 += shfl_xor(l0, 2);
     l1 += shfl_xor(l1, 1); l1 += shfl_xor(l1, 2);
     const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
@@ -264,9 +321,7 @@ extern "C" __global__ void __launch_bounds__(128) attn_fwd(const T* __restrict__
         }
         if (t == 0) {
             const float l = half ? l1 : l0, m = half ? m1 : m0;
-            const float val = (r < s.lq && l > 0.0f) ? m + logf(l) : NEG_INF;
-            const long long li = LAYOUT == 2 ? (long long)h * tq + s.qb + r : ((long long)b * hq + h) * sq + r;
-            lse[li] = val;
+            lse[lse_index(s, b, h, hq, sq, tq, r)] = (r < s.lq && l > 0.0f) ? m * 0.6931471805599453f + logf(l) : NEG_INF;
         }
     }
 }
@@ -283,16 +338,16 @@ extern "C" __global__ void attn_bwd_delta(const T* __restrict__ o, const T* __re
     if (lane == 0) delta[w] = acc;
 }
 
-// One block per (key tile, kv head, sequence): dK and dV in registers over every query
-// head of the group and every query tile that sees the keys; dQ through f32 atomics.
-extern "C" __global__ void __launch_bounds__(128) attn_bwd(const T* __restrict__ q, const T* __restrict__ k,
-                                                        const T* __restrict__ v, const T* __restrict__ d_o,
-                                                        const float* __restrict__ lse, const float* __restrict__ delta,
-                                                        float* __restrict__ dq_acc, T* __restrict__ dk,
-                                                        T* __restrict__ dv, const i32* __restrict__ cu_q,
-                                                        const i32* __restrict__ cu_k, int batch, int sq, int sk, int hq,
-                                                        int hk, int tq, float scale, float p_drop, u64 seed,
-                                                        u64 offset) {
+// One block per (64 keys, kv head, sequence): dK and dV in registers over every query head of
+// the group and every query tile that sees the keys.
+extern "C" __global__ void __launch_bounds__(128) attn_bwd_dkdv(const T* __restrict__ q, const T* __restrict__ k,
+                                                             const T* __restrict__ v, const T* __restrict__ d_o,
+                                                             const float* __restrict__ lse,
+                                                             const float* __restrict__ delta, T* __restrict__ dk,
+                                                             T* __restrict__ dv, const i32* __restrict__ cu_q,
+                                                             const i32* __restrict__ cu_k, int batch, int sq, int sk,
+                                                             int hq, int hk, int tq, float scale, float p_drop,
+                                                             u64 seed, u64 offset) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* Ks = (T*)smem_raw;
     T* Vs = Ks + BC * LDD;
@@ -312,12 +367,11 @@ extern "C" __global__ void __launch_bounds__(128) attn_bwd(const T* __restrict__
     const int nk = max(0, min(BC, s.lk - j0));
     load_tile(Ks, k, BC, s.kb + (long long)j0 * s.rs, s.rs, nk, hk, hkv);
     load_tile(Vs, v, BC, s.kb + (long long)j0 * s.rs, s.rs, nk, hk, hkv);
+    cp_async_commit();
 
     float adk[DP / 8][4], adv[DP / 8][4];
-#pragma unroll
-    for (int nb = 0; nb < DP / 8; ++nb)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) { adk[nb][e] = 0.0f; adv[nb][e] = 0.0f; }
+    zero_acc<DP / 8>(adk);
+    zero_acc<DP / 8>(adv);
     const int kj0 = j0 + warp * 16 + g, kj1 = kj0 + 8; // this thread's two keys
 
     for (int hi = 0; hi < group; ++hi) {
@@ -329,22 +383,24 @@ extern "C" __global__ void __launch_bounds__(128) attn_bwd(const T* __restrict__
             key_range(s, last, &lo_last, &hi_last);
             if (nk == 0 || hi_last <= j0 || lo_first >= j0 + nk) continue;
             const int nq = last - i0 + 1;
+            // Every (query, key) pair of the tile visible: no per-element mask (the bounds are
+            // monotone in the query, so the first query has the smallest hi, the last the largest lo).
+            const bool full = nq == BR && nk == BC && lo_last <= j0 && hi_first >= j0 + BC;
             __syncthreads(); // the previous tile's readers are done
             load_tile(Qs, q, BR, s.qb + (long long)i0 * s.rs, s.rs, nq, hq, h);
             load_tile(dOs, d_o, BR, s.qb + (long long)i0 * s.rs, s.rs, nq, hq, h);
+            cp_async_commit();
             for (int r = threadIdx.x; r < BR; r += blockDim.x) {
                 const bool ok = r < nq;
                 const long long row = s.qb + (long long)(i0 + r) * s.rs;
-                const long long li = LAYOUT == 2 ? (long long)h * tq + s.qb + i0 + r : ((long long)b * hq + h) * sq + i0 + r;
-                lse_s[r] = ok ? lse[li] : 0.0f;
+                lse_s[r] = ok ? lse[lse_index(s, b, h, hq, sq, tq, i0 + r)] : 0.0f;
                 del_s[r] = ok ? delta[row * hq + h] : 0.0f;
             }
+            cp_async_wait<0>();
             __syncthreads();
             float st[BR / 8][4], dpt[BR / 8][4];
-#pragma unroll
-            for (int nb = 0; nb < BR / 8; ++nb)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) { st[nb][e] = 0.0f; dpt[nb][e] = 0.0f; }
+            zero_acc<BR / 8>(st);
+            zero_acc<BR / 8>(dpt);
             warp_mm<BR / 8, DP, false, true>(st, Ks + warp * 16 * LDD, LDD, Qs, LDD);
             warp_mm<BR / 8, DP, false, true>(dpt, Vs + warp * 16 * LDD, LDD, dOs, LDD);
 #pragma unroll
@@ -354,45 +410,41 @@ extern "C" __global__ void __launch_bounds__(128) attn_bwd(const T* __restrict__
                     const int qi = nb * 8 + 2 * t + (e & 1);   // query within the tile
                     const int kj = e < 2 ? kj0 : kj1;           // key
                     const int i = i0 + qi;
-                    int lo, hi_;
-                    key_range(s, i, &lo, &hi_);
-                    float p = 0.0f, pd = 0.0f, ds = 0.0f;
-                    if (qi < nq && kj < s.lk && kj >= lo && kj < hi_) {
-                        p = expf(st[nb][e] * scale - lse_s[qi]);
+                    bool ok = full;
+                    if (!ok) {
+                        int lo, hi_;
+                        key_range(s, i, &lo, &hi_);
+                        ok = qi < nq && kj < s.lk && kj >= lo && kj < hi_;
+                    }
+                    float pd = 0.0f, ds = 0.0f;
+                    if (ok) {
+                        const float p = __expf(st[nb][e] * scale - lse_s[qi]);
                         const float z = keep_factor(seed, offset, p_drop, b, h, hq, sq, sk, i, kj);
                         pd = p * z;
                         ds = p * (dpt[nb][e] * z - del_s[qi]);
                     }
-                    const int kr = warp * 16 + g + (e < 2 ? 0 : 8);
-                    PdT[kr * LDP + qi] = from_f32<T>(pd);
-                    dST[kr * LDP + qi] = from_f32<T>(ds);
+                    st[nb][e] = pd;
+                    dpt[nb][e] = ds;
                 }
             }
-            __syncthreads();
+#if HALF
+            warp_mm_regA<DP / 8, BR>(adv, st, dOs, LDD);
+            warp_mm_regA<DP / 8, BR>(adk, dpt, Qs, LDD);
+#else
+#pragma unroll
+            for (int nb = 0; nb < BR / 8; ++nb) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int qi = nb * 8 + 2 * t + (e & 1);
+                    const int kr = warp * 16 + g + (e < 2 ? 0 : 8);
+                    PdT[kr * LDP + qi] = from_f32<T>(st[nb][e]);
+                    dST[kr * LDP + qi] = from_f32<T>(dpt[nb][e]);
+                }
+            }
+            __syncwarp();
             warp_mm<DP / 8, BR, false, false>(adv, PdT + warp * 16 * LDP, LDP, dOs, LDD);
             warp_mm<DP / 8, BR, false, false>(adk, dST + warp * 16 * LDP, LDP, Qs, LDD);
-            // dQ rows warp*16.. of this tile: dS (queries x keys) = dST^T, times K.
-            float adq[DP / 8][4];
-#pragma unroll
-            for (int nb = 0; nb < DP / 8; ++nb)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) adq[nb][e] = 0.0f;
-            warp_mm<DP / 8, BC, true, false>(adq, dST + warp * 16, LDP, Ks, LDD);
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                const int qi = warp * 16 + g + half * 8;
-                if (qi >= nq) continue;
-                const long long row = s.qb + (long long)(i0 + qi) * s.rs;
-                float* dqr = dq_acc + (row * hq + h) * D;
-#pragma unroll
-                for (int nb = 0; nb < DP / 8; ++nb) {
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        const int c = nb * 8 + 2 * t + e;
-                        if (c < D) atomic_add_f32(dqr + c, scale * adq[nb][half * 2 + e]);
-                    }
-                }
-            }
+#endif
         }
     }
 #pragma unroll
@@ -417,10 +469,115 @@ extern "C" __global__ void __launch_bounds__(128) attn_bwd(const T* __restrict__
     }
 }
 
-// dq = dq_acc in T.
-extern "C" __global__ void attn_dq_convert(const float* __restrict__ acc, T* __restrict__ dq, long long n) {
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
-        dq[i] = from_f32<T>(acc[i]);
+// One block per (64 queries, head, sequence): dQ = scale * Σ_keys dS K in registers, the
+// keys double-buffered like the forward.
+extern "C" __global__ void __launch_bounds__(128) attn_bwd_dq(const T* __restrict__ q, const T* __restrict__ k,
+                                                           const T* __restrict__ v, const T* __restrict__ d_o,
+                                                           const float* __restrict__ lse,
+                                                           const float* __restrict__ delta, T* __restrict__ dq,
+                                                           const i32* __restrict__ cu_q, const i32* __restrict__ cu_k,
+                                                           int batch, int sq, int sk, int hq, int hk, int tq,
+                                                           float scale, float p_drop, u64 seed, u64 offset) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T* Qs = (T*)smem_raw;
+    T* dOs = Qs + BR * LDD;
+    T* KV = dOs + BR * LDD;   // two stages of [K tile | V tile]
+    T* dSs = KV + 4 * BC * LDD; // per-warp [16][LDP]: dS, queries x keys
+    __shared__ int s_lo, s_hi;
+
+    const int b = blockIdx.z, h = blockIdx.y, q0 = (gridDim.x - 1 - blockIdx.x) * BR;
+    const int hkv = h / (hq / hk);
+    const Seq s = seq_of(b, batch, sq, sk, cu_q, cu_k);
+    const int slot = LAYOUT == 2 ? s.lq : sq;
+    if (q0 >= slot) return;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int r0 = q0 + warp * 16 + g, r1 = r0 + 8;
+    int lo0, hi0, lo1, hi1;
+    key_range(s, r0, &lo0, &hi0);
+    key_range(s, r1, &lo1, &hi1);
+    const int nq = max(0, min(BR, s.lq - q0));
+    if (threadIdx.x == 0) tile_keys(s, q0, BR, &s_lo, &s_hi);
+    load_tile(Qs, q, BR, s.qb + (long long)q0 * s.rs, s.rs, nq, hq, h);
+    load_tile(dOs, d_o, BR, s.qb + (long long)q0 * s.rs, s.rs, nq, hq, h);
+    cp_async_commit();
+    __syncthreads();
+    const int blo = s_lo, bhi = s_hi;
+    const float lse0 = r0 < s.lq ? lse[lse_index(s, b, h, hq, sq, tq, r0)] : 0.0f;
+    const float lse1 = r1 < s.lq ? lse[lse_index(s, b, h, hq, sq, tq, r1)] : 0.0f;
+    const float del0 = r0 < s.lq ? delta[(s.qb + (long long)r0 * s.rs) * hq + h] : 0.0f;
+    const float del1 = r1 < s.lq ? delta[(s.qb + (long long)r1 * s.rs) * hq + h] : 0.0f;
+    auto issue = [&](int j0, int stage) {
+        const int nvalid = min(BC, bhi - j0);
+        T* Kd = KV + stage * 2 * BC * LDD;
+        load_tile(Kd, k, BC, s.kb + (long long)j0 * s.rs, s.rs, nvalid, hk, hkv);
+        load_tile(Kd + BC * LDD, v, BC, s.kb + (long long)j0 * s.rs, s.rs, nvalid, hk, hkv);
+        cp_async_commit();
+    };
+    if (blo < bhi) issue(blo, 0);
+    float adq[DP / 8][4];
+    zero_acc<DP / 8>(adq);
+    T* dSw = dSs + warp * 16 * LDP;
+    int stage = 0;
+    for (int j0 = blo; j0 < bhi; j0 += BC, stage ^= 1) {
+        if (j0 + BC < bhi) {
+            issue(j0 + BC, stage ^ 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const T* Ks = KV + stage * 2 * BC * LDD;
+        const T* Vs = Ks + BC * LDD;
+        float sc[BC / 8][4], dp[BC / 8][4];
+        zero_acc<BC / 8>(sc);
+        zero_acc<BC / 8>(dp);
+        warp_mm<BC / 8, DP, false, true>(sc, Qs + warp * 16 * LDD, LDD, Ks, LDD);
+        warp_mm<BC / 8, DP, false, true>(dp, dOs + warp * 16 * LDD, LDD, Vs, LDD);
+#pragma unroll
+        for (int nb = 0; nb < BC / 8; ++nb) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int j = j0 + nb * 8 + 2 * t + (e & 1);
+                const bool second = e >= 2;
+                const int i = second ? r1 : r0;
+                const bool ok = second ? (j >= lo1 && j < hi1) : (j >= lo0 && j < hi0);
+                float ds = 0.0f;
+                if (ok) {
+                    const float p = __expf(sc[nb][e] * scale - (second ? lse1 : lse0));
+                    const float z = keep_factor(seed, offset, p_drop, b, h, hq, sq, sk, i, j);
+                    ds = p * (dp[nb][e] * z - (second ? del1 : del0));
+                }
+                sc[nb][e] = ds;
+            }
+        }
+#if HALF
+        warp_mm_regA<DP / 8, BC>(adq, sc, Ks, LDD);
+#else
+#pragma unroll
+        for (int nb = 0; nb < BC / 8; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dSw[(g + (e >= 2 ? 8 : 0)) * LDP + nb * 8 + 2 * t + (e & 1)] = from_f32<T>(sc[nb][e]);
+        __syncwarp();
+        warp_mm<DP / 8, BC, false, false>(adq, dSw, LDP, Ks, LDD);
+#endif
+        __syncthreads();
+    }
+    cp_async_wait<0>();
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int r = half ? r1 : r0;
+        if (r >= slot) continue;
+        const long long row = s.qb + (long long)r * s.rs;
+        T* dqr = dq + (row * hq + h) * D;
+#pragma unroll
+        for (int nb = 0; nb < DP / 8; ++nb) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int c = nb * 8 + 2 * t + e;
+                if (c < D) dqr[c] = from_f32<T>(r < s.lq ? scale * adq[nb][half * 2 + e] : 0.0f);
+            }
+        }
+    }
 }
 
 extern "C" __global__ void fill_f32(float* __restrict__ p, long long n, float v) {

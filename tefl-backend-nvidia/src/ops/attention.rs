@@ -12,6 +12,29 @@ static SRC: Source = Source { name: "attention", text: include_str!("attention.c
 const BR: usize = 64;
 const BC: usize = 64;
 
+/// Queries per forward block: 128 (8 warps) on tensor cores, 64 for f32 (shared memory).
+fn fwd_br(dtype: DType) -> usize {
+    if dtype == DType::F32 { 64 } else { 128 }
+}
+
+/// Checks a kernel's shared memory against the device's per-block limit.
+fn check_smem(op: &'static str, ctx: &KernelCtx<'_>, bytes: usize) -> Result<u32> {
+    use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN;
+    let limit = crate::runtime::global()
+        .context(ctx.device)
+        .ok()
+        .and_then(|c| c.attribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN).ok())
+        .map_or(48 * 1024, |v| v.max(0) as usize);
+    if bytes > limit {
+        return Err(Error::invalid(
+            op,
+            "q",
+            format!("this head dim and dtype need {bytes} bytes of shared memory per block; the device has {limit}"),
+        ));
+    }
+    Ok(bytes as u32)
+}
+
 struct Shape {
     g: AttnGeometry,
     dp: usize,
@@ -59,6 +82,8 @@ fn setup(
             ("WIN_LEFT", win(window.left)),
             ("WIN_RIGHT", win(window.right)),
             ("DROPOUT", u8::from(dropout).to_string()),
+            ("FWD_BR", fwd_br(q.dtype()).to_string()),
+            ("HALF", u8::from(q.dtype() != DType::F32).to_string()),
         ],
     );
     for (what, n) in [("q", q.numel()), ("k", k.numel())] {
@@ -105,8 +130,10 @@ pub fn fused_attn_fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<AttnFwdOut
         fill(&s.kernel, ctx, &lse, f32::NEG_INFINITY)?;
     }
     let elem = a.q.dtype().size_in_bytes();
-    let ld = s.dp + 16 / elem;
-    let smem = ((BR + 2 * BC) * ld + 4 * 16 * (BC + 16 / elem)) * elem;
+    let (ld, ldp, br) = (s.dp + 16 / elem, BC + 16 / elem, fwd_br(a.q.dtype()));
+    // 16-bit tiles keep the probabilities in registers; f32 tiles stage them per warp.
+    let p_tile = if a.q.dtype() == DType::F32 { br * ldp } else { 0 };
+    let smem = check_smem(OP, ctx, ((br + 4 * BC) * ld + p_tile) * elem)?;
     let mut args = vec![
         Arg::Ptr(ptr(&a.q)?),
         Arg::Ptr(ptr(&a.k)?),
@@ -118,9 +145,9 @@ pub fn fused_attn_fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<AttnFwdOut
     ];
     args.extend(common_args(&s, a.scale, a.dropout_p, a.seed, a.offset));
     let grid = Grid {
-        blocks: (s.g.sq.div_ceil(BR).max(1) as u32, s.g.hq as u32, s.g.batch as u32),
-        threads: (128, 1, 1),
-        smem: smem as u32,
+        blocks: (s.g.sq.div_ceil(br).max(1) as u32, s.g.hq as u32, s.g.batch as u32),
+        threads: (2 * br as u32, 1, 1),
+        smem,
     };
     s.kernel.launch("attn_fwd", grid, &args)?;
     Ok(AttnFwdOut { o, softmax_lse: lse })
@@ -143,10 +170,8 @@ pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut
     let (q_rows, k_rows) = (a.q.numel() / s.g.d / s.g.hq, a.k.numel() / s.g.d / s.g.hk);
     let _ = k_rows;
     let delta = empty(dev, &[q_rows * s.g.hq], DType::F32)?;
-    let dq_acc = zeros(dev, a.q.shape(), DType::F32)?;
-    let dq = empty(dev, a.q.shape(), a.q.dtype())?;
     let mk = |t: &Tensor| if thd { zeros(dev, t.shape(), t.dtype()) } else { empty(dev, t.shape(), t.dtype()) };
-    let (dk, dv) = (mk(&a.k)?, mk(&a.v)?);
+    let (dq, dk, dv) = (mk(&a.q)?, mk(&a.k)?, mk(&a.v)?);
     let rows_heads = q_rows * s.g.hq;
     s.kernel.launch(
         "attn_bwd_delta",
@@ -154,34 +179,45 @@ pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut
         &[Arg::Ptr(ptr(&a.o)?), Arg::Ptr(ptr(&a.d_o)?), Arg::Ptr(ptr(&delta)?), Arg::U64(rows_heads as u64)],
     )?;
     let elem = a.q.dtype().size_in_bytes();
-    let ld = s.dp + 16 / elem;
-    let ldp = BC + 16 / elem;
-    let smem = ((2 * BC + 2 * BR) * ld + 2 * BC * ldp) * elem + 2 * BR * 4;
-    let mut args = vec![
+    let (ld, ldp) = (s.dp + 16 / elem, BC + 16 / elem);
+    let inputs = [
         Arg::Ptr(ptr(&a.q)?),
         Arg::Ptr(ptr(&a.k)?),
         Arg::Ptr(ptr(&a.v)?),
         Arg::Ptr(ptr(&a.d_o)?),
         Arg::Ptr(ptr(&a.softmax_lse)?),
         Arg::Ptr(ptr(&delta)?),
-        Arg::Ptr(ptr(&dq_acc)?),
-        Arg::Ptr(ptr(&dk)?),
-        Arg::Ptr(ptr(&dv)?),
-        Arg::Ptr(opt_ptr(cu_q)?),
-        Arg::Ptr(opt_ptr(cu_k)?),
     ];
-    args.extend(common_args(&s, a.scale, a.dropout_p, a.seed, a.offset));
-    let grid = Grid {
-        blocks: (s.g.sk.div_ceil(BC).max(1) as u32, s.g.hk as u32, s.g.batch as u32),
-        threads: (128, 1, 1),
-        smem: smem as u32,
+    let tail = |mut v: Vec<Arg>| -> Result<Vec<Arg>> {
+        v.push(Arg::Ptr(opt_ptr(cu_q)?));
+        v.push(Arg::Ptr(opt_ptr(cu_k)?));
+        v.extend(common_args(&s, a.scale, a.dropout_p, a.seed, a.offset));
+        Ok(v)
     };
-    s.kernel.launch("attn_bwd", grid, &args)?;
-    let n = dq.numel();
+    let mut dkdv = inputs.to_vec();
+    dkdv.extend([Arg::Ptr(ptr(&dk)?), Arg::Ptr(ptr(&dv)?)]);
+    let smem = check_smem(OP, ctx, ((2 * BC + 2 * BR) * ld + 2 * BC * ldp) * elem + 2 * BR * 4)?;
     s.kernel.launch(
-        "attn_dq_convert",
-        Grid::linear(blocks_for(n, 256, sm_count(dev) * 8), 256),
-        &[Arg::Ptr(ptr(&dq_acc)?), Arg::Ptr(ptr(&dq)?), Arg::U64(n as u64)],
+        "attn_bwd_dkdv",
+        Grid {
+            blocks: (s.g.sk.div_ceil(BC).max(1) as u32, s.g.hk as u32, s.g.batch as u32),
+            threads: (128, 1, 1),
+            smem,
+        },
+        &tail(dkdv)?,
+    )?;
+    let mut dq_args = inputs.to_vec();
+    dq_args.push(Arg::Ptr(ptr(&dq)?));
+    let ds_tile = if a.q.dtype() == DType::F32 { BR * ldp } else { 0 };
+    let smem = check_smem(OP, ctx, ((2 * BR + 4 * BC) * ld + ds_tile) * elem)?;
+    s.kernel.launch(
+        "attn_bwd_dq",
+        Grid {
+            blocks: (s.g.sq.div_ceil(BR).max(1) as u32, s.g.hq as u32, s.g.batch as u32),
+            threads: (128, 1, 1),
+            smem,
+        },
+        &tail(dq_args)?,
     )?;
     Ok(AttnBwdOut { dq, dk, dv })
 }
@@ -206,6 +242,8 @@ pub fn compile_variants() -> Vec<(&'static Source, Vec<(&'static str, String)>)>
                     ("WIN_LEFT", win.to_string()),
                     ("WIN_RIGHT", win.to_string()),
                     ("DROPOUT", drop.to_string()),
+                    ("FWD_BR", if t == "float" { "64" } else { "128" }.to_string()),
+                    ("HALF", if t == "float" { "0" } else { "1" }.to_string()),
                 ],
             ));
         }

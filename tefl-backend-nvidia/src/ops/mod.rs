@@ -47,20 +47,36 @@ pub(crate) fn zeros(device: Device, shape: &[usize], dtype: DType) -> Result<Ten
     Tensor::zeros(shape, dtype, &device)
 }
 
+/// Per-device facts queried once: (arch string, SM count).
+fn device_facts(device: Device) -> (&'static str, u32) {
+    use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT;
+    static FACTS: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<u32, (&'static str, u32)>>> =
+        std::sync::OnceLock::new();
+    let mut facts = FACTS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    *facts.entry(device.ordinal).or_insert_with(|| {
+        let arch = tefl_core::device::runtime(device.kind)
+            .map(|rt| rt.arch(device.ordinal))
+            .unwrap_or_else(|_| "unknown".into());
+        let sms = crate::runtime::global()
+            .context(device)
+            .and_then(|c| {
+                c.attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+                    .map_err(|e| crate::runtime::device_error(device, e))
+            })
+            .map_or(132, |n| n.max(1) as u32);
+        // One string per device of the process, kept for its lifetime.
+        (Box::leak(arch.into_boxed_str()), sms)
+    })
+}
+
 /// The arch string of a device (`sm_90`).
-pub(crate) fn arch(device: Device) -> String {
-    tefl_core::device::runtime(device.kind).map(|rt| rt.arch(device.ordinal)).unwrap_or_else(|_| "unknown".into())
+pub(crate) fn arch(device: Device) -> &'static str {
+    device_facts(device).0
 }
 
 /// The number of SMs of a device (for grid sizes of persistent kernels).
 pub(crate) fn sm_count(device: Device) -> u32 {
-    use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT;
-    crate::runtime::global()
-        .context(device)
-        .and_then(|c| {
-            c.attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(|e| crate::runtime::device_error(device, e))
-        })
-        .map_or(132, |n| n.max(1) as u32)
+    device_facts(device).1
 }
 
 /// A kernel source with a set of defines: compiled (once per device) and launched by name.
@@ -167,8 +183,22 @@ nvidia! {
     GenericGemm => gemm::generic_gemm;
     FusedAttnFwd => attention::fused_attn_fwd;
     FusedAttnBwd => attention::fused_attn_bwd;
+    FusedRopeForward => rope::fused_rope_forward;
+    FusedRopeBackward => rope::fused_rope_backward;
+    Quantize => quantize::quantize;
+    ComputeAmax => quantize::compute_amax;
     }
     any {
+    Dequantize => quantize::dequantize;
+    Fp8Transpose => quantize::fp8_transpose;
+    FusedAmaxAndScaleUpdate => quantize::delayed_scaling;
+    MultiTensorScale => optimizer::multi_tensor_scale;
+    MultiTensorL2Norm => optimizer::multi_tensor_l2norm;
+    MultiTensorUnscaleL2Norm => optimizer::multi_tensor_unscale_l2norm;
+    MultiTensorAdam => optimizer::multi_tensor_adam;
+    MultiTensorAdamMaster => optimizer::multi_tensor_adam_master;
+    MultiTensorSgd => optimizer::multi_tensor_sgd;
+    MultiTensorComputeScaleAndScaleInv => optimizer::multi_tensor_compute_scale_and_scale_inv;
     }
 }
 
@@ -181,6 +211,9 @@ pub fn compile_variants() -> Vec<(&'static Source, Vec<(&'static str, String)>)>
     v.extend(dropout::compile_variants());
     v.extend(gemm::compile_variants());
     v.extend(attention::compile_variants());
+    v.extend(rope::compile_variants());
+    v.extend(optimizer::compile_variants());
+    v.extend(quantize::compile_variants());
     v
 }
 
@@ -196,7 +229,12 @@ mod tests {
             return;
         }
         let mut failures = Vec::new();
-        let variants = super::compile_variants();
+        // TEFL_COMPILE_ONLY=attention,norm limits the test to those sources while iterating.
+        let only = std::env::var("TEFL_COMPILE_ONLY").ok();
+        let variants: Vec<_> = super::compile_variants()
+            .into_iter()
+            .filter(|(src, _)| only.as_deref().is_none_or(|o| o.split(',').any(|n| n == src.name)))
+            .collect();
         for arch in ["sm_80", "sm_90"] {
             for (src, defines) in &variants {
                 if let Err(e) = crate::compiler::compile(src, defines, arch) {

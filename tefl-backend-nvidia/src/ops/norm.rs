@@ -38,7 +38,7 @@ fn kernel(op: &'static str, ctx: &KernelCtx<'_>, t: &Types, is_ln: bool, cfg: Ro
 fn config(ctx: &KernelCtx<'_>, x: &Tensor, run: &dyn Fn(RowConfig) -> Result<()>) -> RowConfig {
     let arch = super::arch(ctx.device);
     let rt = crate::runtime::global();
-    heuristics::tuned_row_kernel("norm", ctx.device, &arch, x.dtype(), x.last_dim(), |cfg| {
+    heuristics::tuned_row_kernel("norm", ctx.device, arch, x.dtype(), x.last_dim(), |cfg| {
         tefl_core::device::DeviceRuntime::time_on_device(rt.as_ref(), ctx.device, &mut || run(cfg))
     })
 }
@@ -105,12 +105,13 @@ fn backward(
     }
     let types = Types { x: x.dtype(), g: gamma.dtype(), y: dy.dtype(), add: add.map(Tensor::dtype) };
     let arch = super::arch(ctx.device);
-    let cfg = heuristics::row_kernel("norm", &arch, n, x.dtype().size_in_bytes());
+    // The backward holds more per vector (x̂, d, two column sums): fewer vectors per thread.
+    let cfg = heuristics::row_kernel_within("norm", arch, n, x.dtype().size_in_bytes(), 2);
     let k = kernel(op, ctx, &types, is_ln, cfg)?;
     let (rows_i, n_i) = (i32_of(op, "x", rows)?, i32_of(op, "x", n)?);
     let col_grid = Grid::linear(n.div_ceil(256) as u32, 256);
     if cfg.row_vecs > 0 && rows > 0 {
-        let parts = blocks_for(rows, 1, 2 * sm_count(ctx.device));
+        let parts = blocks_for(rows, 1, 4 * sm_count(ctx.device));
         let ws = empty(ctx.device, &[if is_ln { 2 } else { 1 }, parts as usize, n], DType::F32)?;
         k.launch(
             "norm_bwd",

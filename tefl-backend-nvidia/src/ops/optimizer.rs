@@ -1,1 +1,292 @@
-//! (in progress)
+//! Multi-tensor optimizers on CUDA: one launch per dtype group covers every tensor (a table of
+//! pointers and chunks in device memory), in place, honouring `noop_flag` on the device (no
+//! host round trip).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use tefl_core::catalogue::*;
+use tefl_core::device::DeviceRuntime;
+use tefl_core::{DType, Error, KernelCtx, Result, Tensor};
+
+use super::{Kernel, cty, empty, zeros};
+use crate::compiler::{Arg, Grid, Source, ptr};
+use crate::runtime::{self, CudaBuffer};
+
+static SRC: Source = Source { name: "optimizer", text: include_str!("optimizer.cu") };
+const BLOCK: u32 = 512;
+const CHUNK: usize = 65536;
+const ENTRY: usize = 7;
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Scale = 0,
+    L2Norm = 1,
+    Adam = 2,
+    AdamMaster = 3,
+    Sgd = 4,
+    ComputeScale = 5,
+}
+
+/// One launch's worth: a dtype signature and the tensor indices that share it.
+struct Group {
+    kernel: Kernel,
+    table: Arc<CudaBuffer>,
+    ntensors: usize,
+    chunks: usize,
+}
+
+/// Groups tensor index i of `lists` by the dtypes of list[0][i], list[1][i], ... and uploads
+/// one table per group.
+fn groups(op: &'static str, ctx: &KernelCtx<'_>, kind: Kind, lists: &[&[Tensor]]) -> Result<Vec<Group>> {
+    let n = lists.first().map_or(0, |l| l.len());
+    let mut by_sig: BTreeMap<Vec<u8>, Vec<usize>> = BTreeMap::new();
+    for i in 0..n {
+        let sig = lists.iter().map(|l| l[i].dtype() as u8).collect();
+        by_sig.entry(sig).or_default().push(i);
+    }
+    let rt = runtime::global();
+    let mut out = Vec::new();
+    for idx in by_sig.values() {
+        let first = idx[0];
+        let mut defines =
+            vec![("KIND", (kind as u8).to_string()), ("BLOCK", BLOCK.to_string()), ("CHUNK", CHUNK.to_string())];
+        for (slot, name) in ["T0", "T1", "T2", "T3", "T4"].into_iter().enumerate() {
+            let t = lists.get(slot).map(|l| cty(op, "tensor list", l[first].dtype())).transpose()?.unwrap_or("float");
+            defines.push((name, t.to_string()));
+        }
+        let mut table: Vec<u64> = Vec::with_capacity(idx.len() * (ENTRY + 2));
+        let mut chunk_list: Vec<u64> = Vec::new();
+        for (local, &i) in idx.iter().enumerate() {
+            let mut entry = [0u64; ENTRY];
+            for (slot, l) in lists.iter().enumerate() {
+                entry[slot] = ptr(&l[i])?;
+            }
+            let numel = lists[0][i].numel();
+            entry[5] = numel as u64;
+            entry[6] = i as u64;
+            table.extend_from_slice(&entry);
+            for start in (0..numel).step_by(CHUNK) {
+                chunk_list.extend_from_slice(&[local as u64, start as u64]);
+            }
+        }
+        let chunks = chunk_list.len() / 2;
+        table.extend(chunk_list);
+        let bytes: Vec<u8> = table.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let buf = rt.alloc_uninit(ctx.device, bytes.len())?;
+        rt.copy_from_host(buf.as_ref(), &bytes)?;
+        if u32::try_from(chunks).is_err() {
+            return Err(Error::invalid(op, "tensors", format!("{chunks} chunks exceed one launch")));
+        }
+        out.push(Group { kernel: Kernel::new(ctx.device, &SRC, defines), table: buf, ntensors: idx.len(), chunks });
+    }
+    Ok(out)
+}
+
+/// The noop flag as it is before the op (device to device, no host round trip).
+fn snapshot(ctx: &KernelCtx<'_>, noop: &Tensor) -> Result<Tensor> {
+    let snap = empty(ctx.device, &[1], DType::I32)?;
+    let k = Kernel::new(
+        ctx.device,
+        &SRC,
+        vec![
+            ("KIND", "0".into()),
+            ("BLOCK", BLOCK.to_string()),
+            ("CHUNK", CHUNK.to_string()),
+            ("T0", "float".into()),
+            ("T1", "float".into()),
+            ("T2", "float".into()),
+            ("T3", "float".into()),
+            ("T4", "float".into()),
+        ],
+    );
+    k.launch("noop_snapshot", Grid::linear(1, 1), &[Arg::Ptr(ptr(noop)?), Arg::Ptr(ptr(&snap)?)])?;
+    Ok(snap)
+}
+
+fn run(g: &Group, name: &'static str, snap: &Tensor, extra: &[Arg]) -> Result<()> {
+    let mut args = vec![Arg::Ptr(g.table.device_ptr()), Arg::I32(g.ntensors as i32), Arg::Ptr(ptr(snap)?)];
+    args.extend_from_slice(extra);
+    g.kernel.launch(name, Grid::linear(g.chunks as u32, BLOCK), &args)
+}
+
+fn distinct(op: &'static str, lists: &[(&'static str, &[Tensor])]) -> Result<()> {
+    let mut seen: Vec<(&'static str, &Tensor)> = Vec::new();
+    for (name, list) in lists {
+        for t in *list {
+            if let Some((other, _)) = seen.iter().find(|(_, s)| s.shares_storage(t)) {
+                return Err(Error::invalid(op, name, format!("a tensor shares storage with one in '{other}'")));
+            }
+            seen.push((name, t));
+        }
+    }
+    Ok(())
+}
+
+pub fn multi_tensor_scale(ctx: &KernelCtx<'_>, a: &MultiTensorScaleArgs) -> Result<MultiTensorScaleOut> {
+    const OP: &str = "multi_tensor_scale";
+    let snap = snapshot(ctx, &a.noop_flag)?;
+    for g in groups(OP, ctx, Kind::Scale, &[&a.src, &a.dst])? {
+        run(&g, "mt_scale", &snap, &[Arg::Ptr(ptr(&a.noop_flag)?), Arg::F32(a.scale)])?;
+    }
+    Ok(MultiTensorScaleOut {})
+}
+
+fn l2norm(
+    op: &'static str,
+    ctx: &KernelCtx<'_>,
+    noop: &Tensor,
+    tensors: &[Tensor],
+    inv_scale: Option<&Tensor>,
+    per_tensor: bool,
+) -> Result<(Tensor, Option<Tensor>)> {
+    let n = tensors.len();
+    let snap = snapshot(ctx, noop)?;
+    let ws = zeros(ctx.device, &[n.max(1)], DType::F64)?;
+    let total = empty(ctx.device, &[1], DType::F32)?;
+    let per = if per_tensor { Some(empty(ctx.device, &[n], DType::F32)?) } else { None };
+    let inv = inv_scale.map(ptr).transpose()?.unwrap_or(0);
+    for g in groups(op, ctx, Kind::L2Norm, &[tensors])? {
+        run(&g, "mt_l2norm", &snap, &[Arg::Ptr(ptr(noop)?), Arg::Ptr(inv), Arg::Ptr(ptr(&ws)?)])?;
+    }
+    let k = snapshot_kernel(ctx);
+    k.launch(
+        "mt_l2norm_finish",
+        Grid::linear(1, 32),
+        &[
+            Arg::Ptr(ptr(&ws)?),
+            Arg::I32(n as i32),
+            Arg::Ptr(ptr(&snap)?),
+            Arg::Ptr(ptr(&total)?),
+            Arg::Ptr(per.as_ref().map(ptr).transpose()?.unwrap_or(0)),
+        ],
+    )?;
+    Ok((total, per))
+}
+
+fn snapshot_kernel(ctx: &KernelCtx<'_>) -> Kernel {
+    let mut defines = vec![("KIND", "1".to_string()), ("BLOCK", BLOCK.to_string()), ("CHUNK", CHUNK.to_string())];
+    for name in ["T0", "T1", "T2", "T3", "T4"] {
+        defines.push((name, "float".to_string()));
+    }
+    Kernel::new(ctx.device, &SRC, defines)
+}
+
+pub fn multi_tensor_l2norm(ctx: &KernelCtx<'_>, a: &MultiTensorL2NormArgs) -> Result<MultiTensorL2NormOut> {
+    let (total, per_tensor_norms) = l2norm("multi_tensor_l2norm", ctx, &a.noop_flag, &a.tensors, None, a.per_tensor)?;
+    Ok(MultiTensorL2NormOut { total, per_tensor_norms })
+}
+
+pub fn multi_tensor_unscale_l2norm(
+    ctx: &KernelCtx<'_>,
+    a: &MultiTensorUnscaleL2NormArgs,
+) -> Result<MultiTensorUnscaleL2NormOut> {
+    let (total, per_tensor_norms) =
+        l2norm("multi_tensor_unscale_l2norm", ctx, &a.noop_flag, &a.tensors, Some(&a.inv_scale), a.per_tensor)?;
+    Ok(MultiTensorUnscaleL2NormOut { total, per_tensor_norms })
+}
+
+fn adam_args(h: &AdamHyper) -> Vec<Arg> {
+    let (bc1, bc2) = if h.bias_correction {
+        (1.0 - h.beta1.powi(h.step as i32), 1.0 - h.beta2.powi(h.step as i32))
+    } else {
+        (1.0, 1.0)
+    };
+    let mode = match h.mode {
+        AdamMode::L2 => 0,
+        AdamMode::AdamW => 1,
+    };
+    vec![
+        Arg::F32(h.lr),
+        Arg::F32(h.beta1),
+        Arg::F32(h.beta2),
+        Arg::F32(h.eps),
+        Arg::F32(h.weight_decay),
+        Arg::F32(bc1),
+        Arg::F32(bc2),
+        Arg::I32(mode),
+    ]
+}
+
+pub fn multi_tensor_adam(ctx: &KernelCtx<'_>, a: &MultiTensorAdamArgs) -> Result<MultiTensorAdamOut> {
+    const OP: &str = "multi_tensor_adam";
+    distinct(OP, &[("params", &a.params), ("exp_avg", &a.exp_avg), ("exp_avg_sq", &a.exp_avg_sq)])?;
+    let snap = snapshot(ctx, &a.noop_flag)?;
+    for g in groups(OP, ctx, Kind::Adam, &[&a.grads, &a.params, &a.exp_avg, &a.exp_avg_sq])? {
+        run(&g, "mt_adam", &snap, &adam_args(&a.hyper))?;
+    }
+    Ok(MultiTensorAdamOut {})
+}
+
+pub fn multi_tensor_adam_master(
+    ctx: &KernelCtx<'_>,
+    a: &MultiTensorAdamMasterArgs,
+) -> Result<MultiTensorAdamMasterOut> {
+    const OP: &str = "multi_tensor_adam_master";
+    distinct(
+        OP,
+        &[
+            ("model_params", &a.model_params),
+            ("master_params", &a.master_params),
+            ("exp_avg", &a.exp_avg),
+            ("exp_avg_sq", &a.exp_avg_sq),
+        ],
+    )?;
+    let snap = snapshot(ctx, &a.noop_flag)?;
+    let lists: [&[Tensor]; 5] = [&a.grads, &a.model_params, &a.master_params, &a.exp_avg, &a.exp_avg_sq];
+    for g in groups(OP, ctx, Kind::AdamMaster, &lists)? {
+        run(&g, "mt_adam", &snap, &adam_args(&a.hyper))?;
+    }
+    Ok(MultiTensorAdamMasterOut {})
+}
+
+pub fn multi_tensor_sgd(ctx: &KernelCtx<'_>, a: &MultiTensorSgdArgs) -> Result<MultiTensorSgdOut> {
+    const OP: &str = "multi_tensor_sgd";
+    distinct(OP, &[("params", &a.params), ("momentum_buf", &a.momentum_buf)])?;
+    let snap = snapshot(ctx, &a.noop_flag)?;
+    for g in groups(OP, ctx, Kind::Sgd, &[&a.grads, &a.params, &a.momentum_buf])? {
+        run(
+            &g,
+            "mt_sgd",
+            &snap,
+            &[
+                Arg::F32(a.weight_decay),
+                Arg::F32(a.momentum),
+                Arg::F32(a.dampening),
+                Arg::F32(a.lr),
+                Arg::I32(i32::from(a.nesterov)),
+                Arg::I32(i32::from(a.first_run)),
+                Arg::I32(i32::from(a.wd_after_momentum)),
+                Arg::F32(a.scale),
+            ],
+        )?;
+    }
+    Ok(MultiTensorSgdOut {})
+}
+
+pub fn multi_tensor_compute_scale_and_scale_inv(ctx: &KernelCtx<'_>, a: &ComputeScaleArgs) -> Result<ComputeScaleOut> {
+    const OP: &str = "multi_tensor_compute_scale_and_scale_inv";
+    let snap = snapshot(ctx, &a.noop_flag)?;
+    for g in groups(OP, ctx, Kind::ComputeScale, &[&a.amax, &a.scale, &a.scale_inv])? {
+        run(
+            &g,
+            "mt_compute_scale",
+            &snap,
+            &[Arg::F32(a.fp8_max), Arg::I32(i32::from(a.force_pow_2)), Arg::F32(a.epsilon)],
+        )?;
+    }
+    Ok(ComputeScaleOut {})
+}
+
+/// Define sets covering every code path (the NVRTC compile test and cache warm-up).
+pub fn compile_variants() -> Vec<(&'static Source, Vec<(&'static str, String)>)> {
+    (0..6)
+        .map(|kind| {
+            let mut d = vec![("KIND", kind.to_string()), ("BLOCK", BLOCK.to_string()), ("CHUNK", CHUNK.to_string())];
+            for (name, t) in [("T0", "bf16"), ("T1", "f16"), ("T2", "float"), ("T3", "float"), ("T4", "float")] {
+                d.push((name, t.to_string()));
+            }
+            (&SRC, d)
+        })
+        .collect()
+}

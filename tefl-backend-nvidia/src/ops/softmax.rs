@@ -49,7 +49,7 @@ fn forward(
     if rows == 0 || sk == 0 {
         return Ok(SoftmaxOut { y });
     }
-    let cfg = heuristics::row_kernel("softmax", &super::arch(ctx.device), sk, x.dtype().size_in_bytes());
+    let cfg = heuristics::row_kernel("softmax", super::arch(ctx.device), sk, x.dtype().size_in_bytes());
     let k = kernel(op, ctx, x.dtype(), x.dtype(), kind, cfg)?;
     let (mask_ptr, mask_batch) = match mask {
         Some(m) => (ptr(m)?, m.shape()[0]),
@@ -79,7 +79,7 @@ fn backward(op: &'static str, ctx: &KernelCtx<'_>, a: &SoftmaxBwdArgs) -> Result
     if rows == 0 || sk == 0 {
         return Ok(SoftmaxBwdOut { dx });
     }
-    let cfg = heuristics::row_kernel("softmax", &super::arch(ctx.device), sk, a.y.dtype().size_in_bytes());
+    let cfg = heuristics::row_kernel("softmax", super::arch(ctx.device), sk, a.y.dtype().size_in_bytes());
     let k = kernel(op, ctx, a.y.dtype(), a.dy.dtype(), MaskKind::None, cfg)?;
     k.launch(
         "softmax_bwd",

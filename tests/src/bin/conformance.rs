@@ -12,12 +12,21 @@ fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
     let mut backend = None;
     let (mut allow_unavailable, mut size, mut seed, mut verbose) = (false, Size::Quick, None, false);
+    let mut families: Option<Vec<String>> = None;
     while let Some(a) = args.next() {
         match a.as_str() {
             "--allow-unavailable" => allow_unavailable = true,
             "--full" => size = Size::Full,
             "--verbose" => verbose = true,
             "--seed" => seed = args.next().and_then(|s| s.parse::<u64>().ok()),
+            "--families" => {
+                let list: Vec<String> = args.next().unwrap_or_default().split(',').map(str::to_owned).collect();
+                if let Some(bad) = list.iter().find(|f| !Suite::FAMILIES.contains(&f.as_str())) {
+                    eprintln!("conformance: unknown family {bad:?} (families: {})", Suite::FAMILIES.join(", "));
+                    return ExitCode::from(2);
+                }
+                families = Some(list);
+            }
             s if !s.starts_with('-') && backend.is_none() => backend = Some(s.to_ascii_lowercase()),
             other => {
                 eprintln!("conformance: unexpected argument {other:?}");
@@ -26,7 +35,9 @@ fn main() -> ExitCode {
         }
     }
     let Some(backend) = backend else {
-        eprintln!("usage: conformance <backend> [--allow-unavailable] [--full] [--verbose] [--seed N]");
+        eprintln!(
+            "usage: conformance <backend> [--allow-unavailable] [--full] [--verbose] [--seed N] [--families a,b]"
+        );
         return ExitCode::from(2);
     };
     let linked = tefl_ops::linked_backends();
@@ -66,7 +77,7 @@ fn main() -> ExitCode {
             }
         };
         println!("impl {id} on {}", suite.device);
-        suite.run_all(&mut |family| println!("  running {family} ..."));
+        suite.run_families(families.as_deref(), &mut |family| println!("  running {family} ..."));
         if verbose {
             print!("{}", suite.details());
         } else {

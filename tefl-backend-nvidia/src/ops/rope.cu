@@ -1,0 +1,137 @@
+// Rotary position embedding, forward and backward (the transpose of the forward), one block
+// per token row. The row's cos/sin (one per rotated dim, shared by every head) are computed
+// once into shared memory (dynamic, 8 * d_rot bytes). Defines: TX, LAYOUT (0 bshd, 1 sbhd,
+// 2 thd), INTERLEAVED, BACKWARD.
+
+extern "C" __global__ void rope(const TX* __restrict__ x, const float* __restrict__ freqs, TX* __restrict__ y,
+                                const i32* __restrict__ cu, const i32* __restrict__ starts, int rows, int batch, int s,
+                                int h, int d, int d_rot) {
+    extern __shared__ float cs[]; // cos at [c], sin at [d_rot + c]
+    for (int row = blockIdx.x; row < rows; row += gridDim.x) {
+        int b, p;
+        bool ok = true;
+#if LAYOUT == 0
+        b = row / s; p = row % s;
+#elif LAYOUT == 1
+        p = row / batch; b = row % batch;
+#else
+        int lo = 0, hi = batch - 1; // the last sequence whose start is <= row
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) / 2;
+            if (cu[mid] <= row) lo = mid; else hi = mid - 1;
+        }
+        b = lo; p = row - cu[b];
+        ok = p >= 0 && p < cu[b + 1] - cu[b];
+#endif
+        const int pos = p + (starts ? starts[b] : 0);
+        const float* f = freqs + (size_t)pos * d_rot;
+        __syncthreads(); // the previous row's readers are done with cs
+        if (ok) {
+            for (int c = threadIdx.x; c < d_rot; c += blockDim.x) sincosf(f[c], &cs[d_rot + c], &cs[c]);
+        }
+        __syncthreads();
+        const TX* xr = x + (size_t)row * h * d;
+        TX* yr = y + (size_t)row * h * d;
+        const int half = d_rot / 2;
+        for (int idx = threadIdx.x; idx < h * d; idx += blockDim.x) {
+            const int c = idx % d, base = idx - c;
+            if (!ok || c >= d_rot) { yr[idx] = xr[idx]; continue; }
+#if INTERLEAVED
+            const bool first = (c % 2) == 0;
+            const int other = first ? c + 1 : c - 1;
+#else
+            const bool first = c < half;
+            const int other = first ? c + half : c - half;
+#endif
+            const float v = to_f32(xr[base + c]), w = to_f32(xr[base + other]);
+            float out;
+#if BACKWARD
+            // first: g0 c0 + g1 s1; second: g1 c1 - g0 s0 (s of the partner's angle).
+            out = first ? v * cs[c] + w * cs[d_rot + other] : v * cs[c] - w * cs[d_rot + other];
+#else
+            out = first ? v * cs[c] - w * cs[d_rot + c] : v * cs[c] + w * cs[d_rot + c];
+#endif
+            yr[idx] = from_f32<TX>(out);
+        }
+    }
+}
+
+// The vector path: D (head dim) and DROT (rotated dims) known at compile time, 16-byte
+// accesses; a thread rotates a vector of the first half together with its partner vector of
+// the second half (or, interleaved, the pairs inside one vector). The host checks that D,
+// DROT / 2 (halves) or DROT (interleaved) are whole vectors.
+#define VE (16 / (int)sizeof(TX))
+extern "C" __global__ void rope_vec(const TX* __restrict__ x, const float* __restrict__ freqs, TX* __restrict__ y,
+                                    const i32* __restrict__ cu, const i32* __restrict__ starts, int rows, int batch,
+                                    int s, int h) {
+    extern __shared__ float cs[]; // cos at [c], sin at [DROT + c]
+    constexpr int HALF_ROT = DROT / 2;
+    for (int row = blockIdx.x; row < rows; row += gridDim.x) {
+        int b, p;
+        bool ok = true;
+#if LAYOUT == 0
+        b = row / s; p = row % s;
+#elif LAYOUT == 1
+        p = row / batch; b = row % batch;
+#else
+        int lo = 0, hi = batch - 1;
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) / 2;
+            if (cu[mid] <= row) lo = mid; else hi = mid - 1;
+        }
+        b = lo; p = row - cu[b];
+        ok = p >= 0 && p < cu[b + 1] - cu[b];
+#endif
+        const int pos = p + (starts ? starts[b] : 0);
+        __syncthreads();
+        if (ok) {
+            const float* f = freqs + (size_t)pos * DROT;
+            for (int c = threadIdx.x; c < DROT; c += blockDim.x) sincosf(f[c], &cs[DROT + c], &cs[c]);
+        }
+        __syncthreads();
+        const size_t rbase = (size_t)row * h * D;
+        for (int slot = threadIdx.x; slot < h * (D / VE); slot += blockDim.x) {
+            const int head = slot / (D / VE), c0 = (slot % (D / VE)) * VE;
+            const size_t base = rbase + (size_t)head * D;
+            if (!ok || c0 >= DROT) {
+                raw_copy<TX, VE>(y + base + c0, x + base + c0);
+                continue;
+            }
+#if INTERLEAVED
+            float v[VE], o[VE];
+            load_n<TX, VE>(x + base + c0, v);
+#pragma unroll
+            for (int q = 0; q < VE; q += 2) {
+                const int c = c0 + q;
+                const float x0 = v[q], x1 = v[q + 1];
+#if BACKWARD
+                o[q] = x0 * cs[c] + x1 * cs[DROT + c + 1];
+                o[q + 1] = x1 * cs[c + 1] - x0 * cs[DROT + c];
+#else
+                o[q] = x0 * cs[c] - x1 * cs[DROT + c];
+                o[q + 1] = x1 * cs[c + 1] + x0 * cs[DROT + c + 1];
+#endif
+            }
+            store_n<TX, VE>(y + base + c0, o);
+#else
+            if (c0 >= HALF_ROT) continue; // written with its partner
+            float v[VE], w[VE], o1[VE], o2[VE];
+            load_n<TX, VE>(x + base + c0, v);
+            load_n<TX, VE>(x + base + c0 + HALF_ROT, w);
+#pragma unroll
+            for (int q = 0; q < VE; ++q) {
+                const int c = c0 + q, c2 = c + HALF_ROT;
+#if BACKWARD
+                o1[q] = v[q] * cs[c] + w[q] * cs[DROT + c2];
+                o2[q] = w[q] * cs[c2] - v[q] * cs[DROT + c];
+#else
+                o1[q] = v[q] * cs[c] - w[q] * cs[DROT + c];
+                o2[q] = w[q] * cs[c2] + v[q] * cs[DROT + c2];
+#endif
+            }
+            store_n<TX, VE>(y + base + c0, o1);
+            store_n<TX, VE>(y + base + c0 + HALF_ROT, o2);
+#endif
+        }
+    }
+}

@@ -1,0 +1,323 @@
+//! `torch_oracle <backend> <dir>`: runs rmsnorm fwd/bwd, layernorm fwd/bwd, gemm, attention
+//! fwd/bwd, swiglu fwd/bwd and adam on the backend's impl with fresh random inputs, and
+//! writes every input and output (raw little-endian f32) with a `manifest.json` to `<dir>`.
+//! `tests/torch_oracle.py <dir>` then recomputes each case with PyTorch in float64 from the
+//! same inputs and prints the errors: torch as an independent oracle.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use serde_json::{Value, json};
+use tefl_core::catalogue::*;
+use tefl_core::{DType, Device, Manager, Registry, Result, Tensor};
+
+struct Run {
+    mgr: Manager,
+    impl_id: String,
+    device: Device,
+    dir: PathBuf,
+    state: u64,
+    cases: Vec<Value>,
+}
+
+impl Run {
+    fn uniform(&mut self) -> f32 {
+        // xorshift64*: fresh inputs from the seed.
+        self.state ^= self.state >> 12;
+        self.state ^= self.state << 25;
+        self.state ^= self.state >> 27;
+        let x = self.state.wrapping_mul(0x2545_F491_4F6C_DD1D);
+        (x >> 40) as f32 / (1u64 << 24) as f32
+    }
+
+    /// A random device tensor in [lo, hi).
+    fn rand(&mut self, shape: &[usize], dtype: DType, lo: f32, hi: f32) -> Result<Tensor> {
+        let n: usize = shape.iter().product();
+        let v: Vec<f32> = (0..n).map(|_| lo + (hi - lo) * self.uniform()).collect();
+        Tensor::from_slice(&v, shape, dtype)?.to_device(&self.device)
+    }
+
+    /// Writes a tensor's values (as f32) to `<case>.<name>.f32`; returns the file name.
+    fn dump(&self, case: &str, name: &str, t: &Tensor) -> Result<String> {
+        let v: Vec<f32> = t.to_vec()?;
+        let file = format!("{case}.{name}.f32");
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        fs::write(self.dir.join(&file), bytes).map_err(|e| tefl_core::Error::Io {
+            path: self.dir.join(&file).display().to_string(),
+            reason: e.to_string(),
+        })?;
+        Ok(file)
+    }
+
+    fn record(&mut self, case: &str, op: &str, dtype: DType, params: Value, tensors: &[(&str, &Tensor)]) -> Result<()> {
+        let mut files = serde_json::Map::new();
+        for (name, t) in tensors {
+            files.insert(name.to_string(), json!({ "file": self.dump(case, name, t)?, "shape": t.shape() }));
+        }
+        self.cases
+            .push(json!({ "case": case, "op": op, "dtype": dtype.to_string(), "params": params, "tensors": files }));
+        Ok(())
+    }
+
+    fn call<O: tefl_core::Op>(&self, args: &O::Args) -> Result<O::Output> {
+        self.mgr.call_impl::<O>(&self.impl_id, args)
+    }
+}
+
+fn norms(r: &mut Run, dtype: DType) -> Result<()> {
+    let (rows, n) = (1000, 4096);
+    let x = r.rand(&[rows, n], dtype, -2.0, 2.0)?;
+    let gamma = r.rand(&[n], dtype, 0.5, 1.5)?;
+    let beta = r.rand(&[n], dtype, -0.5, 0.5)?;
+    let dy = r.rand(&[rows, n], dtype, -1.0, 1.0)?;
+    let eps = 1e-5;
+    let f = r.call::<RmsNormFwd>(&RmsNormFwdArgs {
+        x: x.clone(),
+        gamma: gamma.clone(),
+        eps,
+        zero_centered_gamma: false,
+        out_dtype: dtype,
+    })?;
+    let b = r.call::<RmsNormBwd>(&RmsNormBwdArgs {
+        dy: dy.clone(),
+        x: x.clone(),
+        rsigma: f.rsigma.clone(),
+        gamma: gamma.clone(),
+        zero_centered_gamma: false,
+    })?;
+    let case = format!("rmsnorm_{dtype}");
+    r.record(
+        &case,
+        "rmsnorm",
+        dtype,
+        json!({ "eps": eps }),
+        &[("x", &x), ("gamma", &gamma), ("dy", &dy), ("y", &f.y), ("dx", &b.dx), ("dgamma", &b.dgamma)],
+    )?;
+    let f = r.call::<LayerNormFwd>(&LayerNormFwdArgs {
+        x: x.clone(),
+        gamma: gamma.clone(),
+        beta: beta.clone(),
+        eps,
+        zero_centered_gamma: false,
+        out_dtype: dtype,
+    })?;
+    let b = r.call::<LayerNormBwd>(&LayerNormBwdArgs {
+        dy: dy.clone(),
+        x: x.clone(),
+        mu: f.mu.clone(),
+        rsigma: f.rsigma.clone(),
+        gamma: gamma.clone(),
+        zero_centered_gamma: false,
+    })?;
+    let case = format!("layernorm_{dtype}");
+    r.record(
+        &case,
+        "layernorm",
+        dtype,
+        json!({ "eps": eps }),
+        &[
+            ("x", &x),
+            ("gamma", &gamma),
+            ("beta", &beta),
+            ("dy", &dy),
+            ("y", &f.y),
+            ("dx", &b.dx),
+            ("dgamma", &b.dgamma),
+            ("dbeta", &b.dbeta),
+        ],
+    )
+}
+
+fn gemm(r: &mut Run, dtype: DType) -> Result<()> {
+    let (m, k, n) = (512, 1024, 768);
+    for (transa, transb) in [(false, true), (true, false)] {
+        let a = r.rand(&if transa { [k, m] } else { [m, k] }, dtype, -1.0, 1.0)?;
+        let b = r.rand(&if transb { [n, k] } else { [k, n] }, dtype, -1.0, 1.0)?;
+        let bias = r.rand(&[n], dtype, -1.0, 1.0)?;
+        let out = r.call::<GenericGemm>(&GemmArgs {
+            a: a.clone(),
+            b: b.clone(),
+            bias: Some(bias.clone()),
+            aux: None,
+            c: None,
+            transa,
+            transb,
+            alpha: 1.0,
+            accumulate: false,
+            epilogue: GemmEpilogue::Bias,
+            out_dtype: dtype,
+        })?;
+        let case = format!("gemm_{dtype}_{}{}", if transa { "T" } else { "N" }, if transb { "T" } else { "N" });
+        r.record(
+            &case,
+            "gemm",
+            dtype,
+            json!({ "transa": transa, "transb": transb }),
+            &[("a", &a), ("b", &b), ("bias", &bias), ("d", &out.d)],
+        )?;
+    }
+    Ok(())
+}
+
+fn attention(r: &mut Run, dtype: DType) -> Result<()> {
+    for (causal, (b, s, hq, hk, d)) in [(true, (2, 300, 8, 2, 128)), (false, (1, 257, 4, 4, 64))] {
+        let q = r.rand(&[b, s, hq, d], dtype, -1.0, 1.0)?;
+        let k = r.rand(&[b, s, hk, d], dtype, -1.0, 1.0)?;
+        let v = r.rand(&[b, s, hk, d], dtype, -1.0, 1.0)?;
+        let d_o = r.rand(&[b, s, hq, d], dtype, -1.0, 1.0)?;
+        let scale = 1.0 / (d as f32).sqrt();
+        let mask = if causal { AttnMask::Causal } else { AttnMask::None };
+        let f = r.call::<FusedAttnFwd>(&AttnFwdArgs {
+            q: q.clone(),
+            k: k.clone(),
+            v: v.clone(),
+            cu_seqlens_q: None,
+            cu_seqlens_kv: None,
+            layout: QkvLayout::Bshd,
+            mask,
+            scale,
+            dropout_p: 0.0,
+            seed: 0,
+            offset: 0,
+            window: AttnWindow::default(),
+        })?;
+        let g = r.call::<FusedAttnBwd>(&AttnBwdArgs {
+            q: q.clone(),
+            k: k.clone(),
+            v: v.clone(),
+            o: f.o.clone(),
+            d_o: d_o.clone(),
+            softmax_lse: f.softmax_lse.clone(),
+            cu_seqlens_q: None,
+            cu_seqlens_kv: None,
+            layout: QkvLayout::Bshd,
+            mask,
+            scale,
+            dropout_p: 0.0,
+            seed: 0,
+            offset: 0,
+            window: AttnWindow::default(),
+        })?;
+        let case = format!("attention_{dtype}_{}", if causal { "causal_gqa" } else { "full" });
+        r.record(
+            &case,
+            "attention",
+            dtype,
+            json!({ "causal": causal, "scale": scale }),
+            &[
+                ("q", &q),
+                ("k", &k),
+                ("v", &v),
+                ("d_o", &d_o),
+                ("o", &f.o),
+                ("lse", &f.softmax_lse),
+                ("dq", &g.dq),
+                ("dk", &g.dk),
+                ("dv", &g.dv),
+            ],
+        )?;
+    }
+    Ok(())
+}
+
+fn swiglu(r: &mut Run, dtype: DType) -> Result<()> {
+    let (rows, n) = (1000, 2048);
+    let x = r.rand(&[rows, 2 * n], dtype, -3.0, 3.0)?;
+    let grad = r.rand(&[rows, n], dtype, -1.0, 1.0)?;
+    let y = r.call::<Swiglu>(&ActArgs { x: x.clone() })?.y;
+    let gi = r.call::<DSwiglu>(&DActArgs { grad: grad.clone(), input: x.clone() })?.grad_input;
+    r.record(
+        &format!("swiglu_{dtype}"),
+        "swiglu",
+        dtype,
+        json!({}),
+        &[("x", &x), ("grad", &grad), ("y", &y), ("dx", &gi)],
+    )
+}
+
+fn adam(r: &mut Run) -> Result<()> {
+    let n = 1_000_003;
+    let p = r.rand(&[n], DType::F32, -1.0, 1.0)?;
+    let g = r.rand(&[n], DType::F32, -0.1, 0.1)?;
+    let m = r.rand(&[n], DType::F32, -0.01, 0.01)?;
+    let v = r.rand(&[n], DType::F32, 0.0, 1e-3)?;
+    // Inputs are recorded before the in-place step.
+    let (p0, m0, v0) = (p.to_device(&Device::CPU)?, m.to_device(&Device::CPU)?, v.to_device(&Device::CPU)?);
+    let hyper = AdamHyper {
+        lr: 1e-3,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        step: 3,
+        mode: AdamMode::AdamW,
+        bias_correction: true,
+        weight_decay: 0.01,
+    };
+    let noop = Tensor::from_slice(&[0i32], [1], DType::I32)?.to_device(&r.device)?;
+    r.call::<MultiTensorAdam>(&MultiTensorAdamArgs {
+        noop_flag: noop,
+        grads: vec![g.clone()],
+        params: vec![p.clone()],
+        exp_avg: vec![m.clone()],
+        exp_avg_sq: vec![v.clone()],
+        hyper,
+    })?;
+    r.record(
+        "adamw_f32",
+        "adamw",
+        DType::F32,
+        json!({ "lr": hyper.lr, "beta1": hyper.beta1, "beta2": hyper.beta2, "eps": hyper.eps, "step": hyper.step, "weight_decay": hyper.weight_decay }),
+        &[("p0", &p0), ("g", &g), ("m0", &m0), ("v0", &v0), ("p", &p), ("m", &m), ("v", &v)],
+    )
+}
+
+fn run(backend: &str, dir: &Path) -> std::result::Result<(), String> {
+    let mgr = Manager::new(Registry::with_builtins(), Default::default());
+    let impl_id = mgr
+        .with_registry(|r| {
+            r.all_impls()
+                .find(|i| i.backend_name().eq_ignore_ascii_case(backend) && i.op() == "generic_gemm")
+                .map(|i| (i.impl_id().to_string(), i.device_kind()))
+        })
+        .ok_or_else(|| format!("backend '{backend}' has no generic_gemm impl in this build"))?;
+    fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+    let seed = tefl_tests::seed("torch_oracle");
+    println!("torch_oracle: {} on {}:0, seed {seed}", impl_id.0, impl_id.1);
+    let mut r = Run {
+        mgr,
+        impl_id: impl_id.0,
+        device: Device::new(impl_id.1, 0),
+        dir: dir.into(),
+        state: seed | 1,
+        cases: vec![],
+    };
+    let e = |x: tefl_core::Error| x.to_string();
+    for dtype in [DType::BF16, DType::F32] {
+        norms(&mut r, dtype).map_err(e)?;
+        gemm(&mut r, dtype).map_err(e)?;
+        attention(&mut r, dtype).map_err(e)?;
+        swiglu(&mut r, dtype).map_err(e)?;
+    }
+    adam(&mut r).map_err(e)?;
+    let manifest = json!({ "impl": r.impl_id, "seed": seed, "cases": r.cases });
+    fs::write(dir.join("manifest.json"), serde_json::to_vec_pretty(&manifest).map_err(|e| e.to_string())?)
+        .map_err(|e| e.to_string())?;
+    println!("torch_oracle: {} cases written to {}", r.cases.len(), dir.display());
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [backend, dir] = args.as_slice() else {
+        eprintln!("usage: torch_oracle <backend> <dir>   (then: python3 tests/torch_oracle.py <dir>)");
+        return ExitCode::from(2);
+    };
+    match run(&backend.to_ascii_lowercase(), Path::new(dir)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("torch_oracle: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

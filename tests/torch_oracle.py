@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""torch as an independent oracle for tefl's kernels.
+
+Usage: torch_oracle <backend> DIR && python3 tests/torch_oracle.py DIR
+
+`torch_oracle` (tests/src/bin/torch_oracle.rs) runs rmsnorm fwd/bwd, layernorm fwd/bwd, gemm,
+attention fwd/bwd, swiglu fwd/bwd and AdamW on a tefl backend and writes every input and output
+as raw f32 with a manifest. This script recomputes each case with PyTorch in float64 from the
+same inputs (the inputs are exactly representable, so the oracle sees what tefl saw) and prints
+max |tefl - torch| and that error relative to max |torch| per output. It exits 1 when an error
+exceeds the tolerance of the case's dtype.
+"""
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+# Relative (to max |reference|) tolerance per dtype: bf16 keeps 8 bits, f32 accumulates.
+TOL = {"bf16": 2e-2, "f16": 4e-3, "f32": 2e-4}
+
+
+def load(d, entry):
+    a = np.fromfile(os.path.join(d, entry["file"]), dtype="<f4").reshape(entry["shape"])
+    return torch.from_numpy(a).to(DEV, torch.float64)
+
+
+def rmsnorm(t, p):
+    x, g, dy = t["x"].clone().requires_grad_(), t["gamma"].clone().requires_grad_(), t["dy"]
+    y = F.rms_norm(x, (x.shape[-1],), g, p["eps"])
+    dx, dg = torch.autograd.grad(y, (x, g), dy)
+    return {"y": y, "dx": dx, "dgamma": dg}
+
+
+def layernorm(t, p):
+    x = t["x"].clone().requires_grad_()
+    g, b = t["gamma"].clone().requires_grad_(), t["beta"].clone().requires_grad_()
+    y = F.layer_norm(x, (x.shape[-1],), g, b, p["eps"])
+    dx, dg, db = torch.autograd.grad(y, (x, g, b), t["dy"])
+    return {"y": y, "dx": dx, "dgamma": dg, "dbeta": db}
+
+
+def gemm(t, p):
+    a = t["a"].T if p["transa"] else t["a"]
+    b = t["b"].T if p["transb"] else t["b"]
+    return {"d": torch.matmul(a, b) + t["bias"]}
+
+
+def attention(t, p):
+    # bshd -> bhsd; GQA through enable_gqa.
+    q, k, v = (t[n].transpose(1, 2).clone().requires_grad_() for n in ("q", "k", "v"))
+    o = F.scaled_dot_product_attention(q, k, v, is_causal=p["causal"], scale=p["scale"], enable_gqa=True)
+    do = t["d_o"].transpose(1, 2)
+    dq, dk, dv = torch.autograd.grad(o, (q, k, v), do)
+    s = torch.matmul(q, k.repeat_interleave(q.shape[1] // k.shape[1], 1).transpose(-1, -2)) * p["scale"]
+    if p["causal"]:
+        s = s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu(1), float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    return {
+        "o": o.transpose(1, 2),
+        "lse": lse,
+        "dq": dq.transpose(1, 2),
+        "dk": dk.transpose(1, 2),
+        "dv": dv.transpose(1, 2),
+    }
+
+
+def swiglu(t, p):
+    x = t["x"].clone().requires_grad_()
+    a, b = x.chunk(2, -1)
+    y = F.silu(a) * b
+    (dx,) = torch.autograd.grad(y, x, t["grad"])
+    return {"y": y, "dx": dx}
+
+
+def adamw(t, p):
+    param = torch.nn.Parameter(t["p0"].clone())
+    opt = torch.optim.AdamW(
+        [param], lr=p["lr"], betas=(p["beta1"], p["beta2"]), eps=p["eps"], weight_decay=p["weight_decay"]
+    )
+    param.grad = t["g"].clone()
+    # Resume from step - 1 with the recorded moments, then take one step.
+    opt.state[param] = {
+        "step": torch.tensor(float(p["step"] - 1), dtype=torch.float64),
+        "exp_avg": t["m0"].clone(),
+        "exp_avg_sq": t["v0"].clone(),
+    }
+    opt.step()
+    st = opt.state[param]
+    return {"p": param.detach(), "m": st["exp_avg"], "v": st["exp_avg_sq"]}
+
+
+ORACLES = {
+    "rmsnorm": rmsnorm,
+    "layernorm": layernorm,
+    "gemm": gemm,
+    "attention": attention,
+    "swiglu": swiglu,
+    "adamw": adamw,
+}
+
+
+def main():
+    if len(sys.argv) != 2:
+        print(__doc__)
+        return 2
+    d = sys.argv[1]
+    with open(os.path.join(d, "manifest.json")) as f:
+        manifest = json.load(f)
+    print(f"torch {torch.__version__} on {DEV}; tefl impl {manifest['impl']}, seed {manifest['seed']}")
+    print(f"{'case':34} {'output':8} {'max abs err':>12} {'rel to max':>11}  verdict")
+    failed = 0
+    passed = 0
+    for case in manifest["cases"]:
+        t = {name: load(d, e) for name, e in case["tensors"].items()}
+        with torch.enable_grad():
+            ref = ORACLES[case["op"]](t, case["params"])
+        tol = TOL[case["dtype"]]
+        for name, want in ref.items():
+            got = t[name]
+            want = want.detach()
+            err = (got - want).abs().max().item()
+            scale = max(want.abs().max().item(), 1e-30)
+            rel = err / scale
+            ok = rel <= tol and np.isfinite(err)
+            passed += ok
+            failed += not ok
+            print(f"{case['case']:34} {name:8} {err:12.3e} {rel:11.3e}  {'ok' if ok else 'FAIL'}")
+    print(f"torch oracle: {passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
