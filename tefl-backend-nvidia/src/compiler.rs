@@ -306,6 +306,16 @@ pub fn launch(device: Device, f: Function, grid: Grid, args: &[Arg]) -> Result<(
         }
         .map_err(|e| launch_error(device, f, e))?;
     }
+    let timing = kernel_timing();
+    let start = if timing {
+        Some(
+            stream
+                .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(|e| launch_error(device, f, e))?,
+        )
+    } else {
+        None
+    };
     let mut storage: Vec<u64> = args.iter().map(|a| a.bits()).collect();
     let mut params: Vec<*mut c_void> = storage.iter_mut().map(|s| s as *mut u64 as *mut c_void).collect();
     // SAFETY: each parameter points at 8 bytes holding the argument in its low bytes (the
@@ -322,7 +332,26 @@ pub fn launch(device: Device, f: Function, grid: Grid, args: &[Arg]) -> Result<(
             &mut params,
         )
     }
-    .map_err(|e| launch_error(device, f, e))
+    .map_err(|e| launch_error(device, f, e))?;
+    if let Some(start) = start {
+        let end = stream
+            .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(|e| launch_error(device, f, e))?;
+        end.synchronize().map_err(|e| launch_error(device, f, e))?;
+        let ms = start.elapsed_ms(&end).map_err(|e| launch_error(device, f, e))?;
+        eprintln!(
+            "[TE-FL kernel] {} grid {:?} block {:?} smem {} : {ms:.3} ms",
+            f.name, grid.blocks, grid.threads, grid.smem
+        );
+    }
+    Ok(())
+}
+
+/// `TEFL_KERNEL_TIMING=1`: every launch is timed with events (synchronously) and printed to
+/// stderr with its grid, for finding which kernel of an op takes the time.
+fn kernel_timing() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| matches!(tefl_core::policy::env_lookup("TEFL_KERNEL_TIMING"), Ok(Some(v)) if v.trim() == "1"))
 }
 
 fn launch_error(device: Device, f: Function, e: cudarc::driver::DriverError) -> Error {

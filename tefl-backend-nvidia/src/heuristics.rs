@@ -108,6 +108,19 @@ pub fn elementwise(arch: &str) -> ElementwiseConfig {
     }
 }
 
+/// Forward attention blocks per SM the kernel's register budget is cut for (`attention`'s
+/// `fwd_min_blocks`, 2 by default; `TEFL_ATTN_FWD_MIN_BLOCKS` overrides it for experiments).
+pub fn attention_fwd_min_blocks(arch: &str) -> u32 {
+    if let Ok(Some(v)) = tefl_core::policy::env_lookup("TEFL_ATTN_FWD_MIN_BLOCKS")
+        && let Ok(n) = v.trim().parse::<u32>()
+        && (1..=4).contains(&n)
+    {
+        return n;
+    }
+    let t = table(arch);
+    t.configs("attention").first().map_or(2, |c| int(c, "fwd_min_blocks", 2).clamp(1, 4))
+}
+
 /// The autotuner of the process (`TEFL_AUTOTUNE`, `TEFL_CACHE_DIR`); off when misconfigured.
 pub fn autotuner() -> &'static Autotuner {
     static A: OnceLock<Autotuner> = OnceLock::new();

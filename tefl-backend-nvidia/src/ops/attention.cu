@@ -10,7 +10,8 @@
 //
 // Defines: T (element type), HALF (T is 16-bit), D (head dim), DP (D rounded up to 16), FWD_BR (64 or 128),
 // LAYOUT (0 bshd, 1 sbhd, 2 thd), CAUSAL, BOTTOM_RIGHT, PADDING (lengths from cu_seqlens),
-// WIN_LEFT / WIN_RIGHT (-1 = unbounded), DROPOUT.
+// WIN_LEFT / WIN_RIGHT (-1 = unbounded), DROPOUT, FWD_MIN_BLOCKS (forward blocks per SM the
+// register budget is cut for).
 //
 // Rows: query position i of sequence b is token row  qbase(b) + i * rstride, its (row, head)
 // element at ((row * H) + h) * D (H = hq for q, o, hk for k, v).
@@ -185,7 +186,7 @@ __device__ __forceinline__ void tile_keys(const Seq& s, int q0, int rows, int* l
 
 #define FWD_WARPS (FWD_BR / 16)
 
-extern "C" __global__ void __launch_bounds__(FWD_BR * 2, 2) attn_fwd(const T* __restrict__ q, const T* __restrict__ k,
+extern "C" __global__ void __launch_bounds__(FWD_BR * 2, FWD_MIN_BLOCKS) attn_fwd(const T* __restrict__ q, const T* __restrict__ k,
                                                                const T* __restrict__ v, T* __restrict__ o,
                                                                float* __restrict__ lse, const i32* __restrict__ cu_q,
                                                                const i32* __restrict__ cu_k, int batch, int sq, int sk,

@@ -84,6 +84,7 @@ fn setup(
             ("DROPOUT", u8::from(dropout).to_string()),
             ("FWD_BR", fwd_br(q.dtype()).to_string()),
             ("HALF", u8::from(q.dtype() != DType::F32).to_string()),
+            ("FWD_MIN_BLOCKS", crate::heuristics::attention_fwd_min_blocks(super::arch(ctx.device)).to_string()),
         ],
     );
     for (what, n) in [("q", q.numel()), ("k", k.numel())] {
@@ -244,6 +245,7 @@ pub fn compile_variants() -> Vec<(&'static Source, Vec<(&'static str, String)>)>
                     ("DROPOUT", drop.to_string()),
                     ("FWD_BR", if t == "float" { "64" } else { "128" }.to_string()),
                     ("HALF", if t == "float" { "0" } else { "1" }.to_string()),
+                    ("FWD_MIN_BLOCKS", "2".to_string()),
                 ],
             ));
         }

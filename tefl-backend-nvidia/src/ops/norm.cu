@@ -116,6 +116,24 @@ extern "C" __global__ void __launch_bounds__(BLOCK) norm_bwd(const TY* __restric
         }
     }
 #endif
+#if FUSED
+    // The next row's x and dy are fetched (raw) before this row's reduction, so a block keeps
+    // a row's loads in flight while it waits at the barriers.
+    alignas(16) TX nx[ROW_VECS][NV];
+    alignas(16) TY ndy[ROW_VECS][NV];
+    auto fetch = [&](int row) {
+        const size_t base = (size_t)row * n;
+#pragma unroll
+        for (int it = 0; it < ROW_VECS; ++it) {
+            const int v = threadIdx.x + it * BLOCK;
+            if (v < nvecs) {
+                raw_copy<TX, NV>(nx[it], x + base + v * NV);
+                raw_copy<TY, NV>(ndy[it], dy + base + v * NV);
+            }
+        }
+    };
+    if (blockIdx.x < rows) fetch(blockIdx.x);
+#endif
     for (int row = blockIdx.x; row < rows; row += gridDim.x) {
         const size_t base = (size_t)row * n;
         const float r = rsigma[row];
@@ -125,19 +143,23 @@ extern "C" __global__ void __launch_bounds__(BLOCK) norm_bwd(const TY* __restric
         float sd = 0.0f, sdx = 0.0f;
 #pragma unroll
         for (int it = 0; it < ROW_VECS; ++it) {
+#pragma unroll
+            for (int j = 0; j < NV; ++j) { xh[it][j] = to_f32(nx[it][j]); d[it][j] = to_f32(ndy[it][j]); }
+        }
+        if (row + (int)gridDim.x < rows) fetch(row + gridDim.x);
+#pragma unroll
+        for (int it = 0; it < ROW_VECS; ++it) {
             const int v = threadIdx.x + it * BLOCK;
             if (v < nvecs) {
-                float dyv[NV];
-                load_n<TX, NV>(x + base + v * NV, xh[it]);
-                load_n<TY, NV>(dy + base + v * NV, dyv);
 #pragma unroll
                 for (int j = 0; j < NV; ++j) {
+                    const float dyv = d[it][j];
                     xh[it][j] = (xh[it][j] - m) * r;
-                    d[it][j] = dyv[j] * g[it][j];
+                    d[it][j] = dyv * g[it][j];
                     sd += d[it][j];
                     sdx += d[it][j] * xh[it][j];
-                    accg[it][j] += dyv[j] * xh[it][j];
-                    accb[it][j] += dyv[j];
+                    accg[it][j] += dyv * xh[it][j];
+                    accb[it][j] += dyv;
                 }
             }
         }

@@ -57,10 +57,18 @@ extern "C" __global__ void rope(const TX* __restrict__ x, const float* __restric
 }
 
 // The vector path: D (head dim) and DROT (rotated dims) known at compile time, 16-byte
-// accesses; a thread rotates a vector of the first half together with its partner vector of
-// the second half (or, interleaved, the pairs inside one vector). The host checks that D,
-// DROT / 2 (halves) or DROT (interleaved) are whole vectors.
+// accesses. A slot is one vector of a head: a rotated vector of the first half together with
+// its partner of the second half (or, interleaved, the pairs inside one vector), or a vector
+// past DROT that is copied. A thread fetches its first slot before the row's cos/sin are
+// computed, so the loads overlap that work. The host checks that D and DROT / 2 (halves) or
+// DROT (interleaved) are whole vectors.
 #define VE (16 / (int)sizeof(TX))
+#if INTERLEAVED
+#define NROT (DROT / VE)
+#else
+#define NROT (DROT / 2 / VE)
+#endif
+#define SLOTS (NROT + (D - DROT) / VE)
 extern "C" __global__ void rope_vec(const TX* __restrict__ x, const float* __restrict__ freqs, TX* __restrict__ y,
                                     const i32* __restrict__ cu, const i32* __restrict__ starts, int rows, int batch,
                                     int s, int h) {
@@ -82,24 +90,49 @@ extern "C" __global__ void rope_vec(const TX* __restrict__ x, const float* __res
         b = lo; p = row - cu[b];
         ok = p >= 0 && p < cu[b + 1] - cu[b];
 #endif
+        const size_t rbase = (size_t)row * h * D;
+        // The slot's rotated pair starts at c0 (and c0 + HALF_ROT); a copied vector at c0.
+        auto place = [&](int slot, size_t* base, int* c0, bool* rot) {
+            const int head = slot / SLOTS, k = slot % SLOTS;
+            *base = rbase + (size_t)head * D;
+            *rot = ok && k < NROT;
+            *c0 = k < NROT ? k * VE : DROT + (k - NROT) * VE;
+        };
+        alignas(16) TX first_v[VE], first_w[VE];
+        const int slot0 = threadIdx.x;
+        if (slot0 < h * SLOTS) {
+            size_t base; int c0; bool rot;
+            place(slot0, &base, &c0, &rot);
+            raw_copy<TX, VE>(first_v, x + base + c0);
+            if (!INTERLEAVED && rot) raw_copy<TX, VE>(first_w, x + base + c0 + HALF_ROT);
+        }
         const int pos = p + (starts ? starts[b] : 0);
-        __syncthreads();
+        __syncthreads(); // the previous row's readers are done with cs
         if (ok) {
             const float* f = freqs + (size_t)pos * DROT;
             for (int c = threadIdx.x; c < DROT; c += blockDim.x) sincosf(f[c], &cs[DROT + c], &cs[c]);
         }
         __syncthreads();
-        const size_t rbase = (size_t)row * h * D;
-        for (int slot = threadIdx.x; slot < h * (D / VE); slot += blockDim.x) {
-            const int head = slot / (D / VE), c0 = (slot % (D / VE)) * VE;
-            const size_t base = rbase + (size_t)head * D;
-            if (!ok || c0 >= DROT) {
-                raw_copy<TX, VE>(y + base + c0, x + base + c0);
+        for (int slot = slot0; slot < h * SLOTS; slot += blockDim.x) {
+            size_t base; int c0; bool rot;
+            place(slot, &base, &c0, &rot);
+            alignas(16) TX rv[VE], rw[VE];
+            if (slot == slot0) {
+                raw_copy<TX, VE>(rv, first_v);
+                if (!INTERLEAVED && rot) raw_copy<TX, VE>(rw, first_w);
+            } else {
+                raw_copy<TX, VE>(rv, x + base + c0);
+                if (!INTERLEAVED && rot) raw_copy<TX, VE>(rw, x + base + c0 + HALF_ROT);
+            }
+            if (!rot) {
+                raw_copy<TX, VE>(y + base + c0, rv);
                 continue;
             }
+            float v[VE];
+#pragma unroll
+            for (int q = 0; q < VE; ++q) v[q] = to_f32(rv[q]);
 #if INTERLEAVED
-            float v[VE], o[VE];
-            load_n<TX, VE>(x + base + c0, v);
+            float o[VE];
 #pragma unroll
             for (int q = 0; q < VE; q += 2) {
                 const int c = c0 + q;
@@ -114,10 +147,9 @@ extern "C" __global__ void rope_vec(const TX* __restrict__ x, const float* __res
             }
             store_n<TX, VE>(y + base + c0, o);
 #else
-            if (c0 >= HALF_ROT) continue; // written with its partner
-            float v[VE], w[VE], o1[VE], o2[VE];
-            load_n<TX, VE>(x + base + c0, v);
-            load_n<TX, VE>(x + base + c0 + HALF_ROT, w);
+            float w[VE], o1[VE], o2[VE];
+#pragma unroll
+            for (int q = 0; q < VE; ++q) w[q] = to_f32(rw[q]);
 #pragma unroll
             for (int q = 0; q < VE; ++q) {
                 const int c = c0 + q, c2 = c + HALF_ROT;

@@ -25,7 +25,8 @@ fn run(op: &'static str, ctx: &KernelCtx<'_>, a: &RopeArgs, backward: bool) -> R
     );
     let y = empty(ctx.device, a.x.shape(), a.x.dtype())?;
     let rows = a.x.numel() / (g.h * g.d).max(1);
-    let threads = ((g.h * g.d).next_power_of_two()).clamp(32, 256) as u32;
+    // The vector kernel has h · (rotated + copied vectors per head) slots, about h·d/16 of them.
+    let threads = ((g.h * g.d / 16).next_power_of_two()).clamp(32, 256) as u32;
     let grid = Grid { smem: (8 * g.d_rot) as u32, ..Grid::linear(blocks_for(rows, 1, i32::MAX as u32), threads) };
     let ve = 16 / a.x.dtype().size_in_bytes();
     let rotated = if a.interleaved { g.d_rot } else { g.d_rot / 2 };
