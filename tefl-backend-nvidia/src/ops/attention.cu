@@ -340,7 +340,10 @@ extern "C" __global__ void attn_bwd_delta(const T* __restrict__ o, const T* __re
 }
 
 // One block per (64 keys, kv head, sequence): dK and dV in registers over every query head of
-// the group and every query tile that sees the keys.
+// the group and every query tile that sees the keys. With 16-bit tiles the query tiles (Q, dO,
+// lse, delta) are double-buffered: the next visible tile loads while this one is computed
+// (f32 tiles need the shared memory for P and dS and load one tile at a time).
+#define QSTAGES (HALF ? 2 : 1)
 extern "C" __global__ void __launch_bounds__(128) attn_bwd_dkdv(const T* __restrict__ q, const T* __restrict__ k,
                                                              const T* __restrict__ v, const T* __restrict__ d_o,
                                                              const float* __restrict__ lse,
@@ -352,12 +355,10 @@ extern "C" __global__ void __launch_bounds__(128) attn_bwd_dkdv(const T* __restr
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* Ks = (T*)smem_raw;
     T* Vs = Ks + BC * LDD;
-    T* Qs = Vs + BC * LDD;
-    T* dOs = Qs + BR * LDD;
-    T* PdT = dOs + BR * LDD;  // [BC][LDP]: dropped probabilities, keys x queries
-    T* dST = PdT + BC * LDP;  // [BC][LDP]: dS, keys x queries
-    float* lse_s = (float*)(dST + BC * LDP);
-    float* del_s = lse_s + BR;
+    T* QO = Vs + BC * LDD;           // QSTAGES stages of [Q tile | dO tile]
+    float* rowv = (float*)(QO + QSTAGES * 2 * BR * LDD); // QSTAGES stages of [lse | delta]
+    T* PdT = (T*)(rowv + 4 * BR);    // f32 builds: [BC][LDP] dropped probabilities, keys x queries
+    T* dST = PdT + BC * LDP;         // f32 builds: [BC][LDP] dS, keys x queries
 
     const int b = blockIdx.z, hkv = blockIdx.y, j0 = blockIdx.x * BC;
     const int group = hq / hk;
@@ -375,79 +376,123 @@ extern "C" __global__ void __launch_bounds__(128) attn_bwd_dkdv(const T* __restr
     zero_acc<DP / 8>(adv);
     const int kj0 = j0 + warp * 16 + g, kj1 = kj0 + 8; // this thread's two keys
 
-    for (int hi = 0; hi < group; ++hi) {
+    // Query tile i0 sees some key of this block (the bounds are monotone in the query).
+    auto visible = [&](int i0) {
+        const int last = min(i0 + BR, s.lq) - 1;
+        int lo_first, hi_first, lo_last, hi_last;
+        key_range(s, i0, &lo_first, &hi_first);
+        key_range(s, last, &lo_last, &hi_last);
+        return nk > 0 && hi_last > j0 && lo_first < j0 + nk;
+    };
+    // The next visible (head in group, query tile) after (hi, i0); hi == group when none.
+    auto advance = [&](int* hi, int* i0) {
+        do {
+            *i0 += BR;
+            if (*i0 >= s.lq) { *i0 = 0; ++*hi; }
+        } while (*hi < group && !visible(*i0));
+    };
+    auto issue = [&](int hi, int i0, int stage) {
         const int h = hkv * group + hi;
-        for (int i0 = 0; i0 < s.lq; i0 += BR) {
-            const int last = min(i0 + BR, s.lq) - 1;
-            int lo_first, hi_first, lo_last, hi_last;
-            key_range(s, i0, &lo_first, &hi_first);
-            key_range(s, last, &lo_last, &hi_last);
-            if (nk == 0 || hi_last <= j0 || lo_first >= j0 + nk) continue;
-            const int nq = last - i0 + 1;
-            // Every (query, key) pair of the tile visible: no per-element mask (the bounds are
-            // monotone in the query, so the first query has the smallest hi, the last the largest lo).
-            const bool full = nq == BR && nk == BC && lo_last <= j0 && hi_first >= j0 + BC;
-            __syncthreads(); // the previous tile's readers are done
-            load_tile(Qs, q, BR, s.qb + (long long)i0 * s.rs, s.rs, nq, hq, h);
-            load_tile(dOs, d_o, BR, s.qb + (long long)i0 * s.rs, s.rs, nq, hq, h);
-            cp_async_commit();
-            for (int r = threadIdx.x; r < BR; r += blockDim.x) {
-                const bool ok = r < nq;
-                const long long row = s.qb + (long long)(i0 + r) * s.rs;
-                lse_s[r] = ok ? lse[lse_index(s, b, h, hq, sq, tq, i0 + r)] : 0.0f;
-                del_s[r] = ok ? delta[row * hq + h] : 0.0f;
-            }
+        const int nq = min(BR, s.lq - i0);
+        T* Qd = QO + stage * 2 * BR * LDD;
+        load_tile(Qd, q, BR, s.qb + (long long)i0 * s.rs, s.rs, nq, hq, h);
+        load_tile(Qd + BR * LDD, d_o, BR, s.qb + (long long)i0 * s.rs, s.rs, nq, hq, h);
+        float* rv = rowv + stage * 2 * BR;
+        for (int r = threadIdx.x; r < BR; r += blockDim.x) {
+            const bool ok = r < nq;
+            const long long row = s.qb + (long long)(i0 + r) * s.rs;
+            cp_async4(rv + r, ok ? lse + lse_index(s, b, h, hq, sq, tq, i0 + r) : lse, ok);
+            cp_async4(rv + BR + r, ok ? delta + row * hq + h : delta, ok);
+        }
+        cp_async_commit();
+    };
+    int hi = 0, i0 = 0;
+    if (!visible(0)) advance(&hi, &i0);
+    if (hi < group) issue(hi, i0, 0);
+    int stage = 0;
+    while (hi < group) {
+        int nhi = hi, ni0 = i0;
+        advance(&nhi, &ni0);
+#if QSTAGES == 2
+        if (nhi < group) {
+            issue(nhi, ni0, stage ^ 1);
+            cp_async_wait<1>();
+        } else {
             cp_async_wait<0>();
-            __syncthreads();
-            float st[BR / 8][4], dpt[BR / 8][4];
-            zero_acc<BR / 8>(st);
-            zero_acc<BR / 8>(dpt);
-            warp_mm<BR / 8, DP, false, true>(st, Ks + warp * 16 * LDD, LDD, Qs, LDD);
-            warp_mm<BR / 8, DP, false, true>(dpt, Vs + warp * 16 * LDD, LDD, dOs, LDD);
+        }
+#else
+        cp_async_wait<0>();
+#endif
+        __syncthreads();
+        const int h = hkv * group + hi;
+        const T* Qs = QO + stage * 2 * BR * LDD;
+        const T* dOs = Qs + BR * LDD;
+        const float* lse_s = rowv + stage * 2 * BR;
+        const float* del_s = lse_s + BR;
+        const int last = min(i0 + BR, s.lq) - 1;
+        const int nq = last - i0 + 1;
+        int lo_first, hi_first, lo_last, hi_last;
+        key_range(s, i0, &lo_first, &hi_first);
+        key_range(s, last, &lo_last, &hi_last);
+        // Every (query, key) pair of the tile visible: no per-element mask (the first query has
+        // the smallest hi, the last the largest lo).
+        const bool full = nq == BR && nk == BC && lo_last <= j0 && hi_first >= j0 + BC;
+        float st[BR / 8][4], dpt[BR / 8][4];
+        zero_acc<BR / 8>(st);
+        zero_acc<BR / 8>(dpt);
+        warp_mm<BR / 8, DP, false, true>(st, Ks + warp * 16 * LDD, LDD, Qs, LDD);
+        warp_mm<BR / 8, DP, false, true>(dpt, Vs + warp * 16 * LDD, LDD, dOs, LDD);
 #pragma unroll
-            for (int nb = 0; nb < BR / 8; ++nb) {
+        for (int nb = 0; nb < BR / 8; ++nb) {
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int qi = nb * 8 + 2 * t + (e & 1);   // query within the tile
-                    const int kj = e < 2 ? kj0 : kj1;           // key
-                    const int i = i0 + qi;
-                    bool ok = full;
-                    if (!ok) {
-                        int lo, hi_;
-                        key_range(s, i, &lo, &hi_);
-                        ok = qi < nq && kj < s.lk && kj >= lo && kj < hi_;
-                    }
-                    float pd = 0.0f, ds = 0.0f;
-                    if (ok) {
-                        const float p = __expf(st[nb][e] * scale - lse_s[qi]);
-                        const float z = keep_factor(seed, offset, p_drop, b, h, hq, sq, sk, i, kj);
-                        pd = p * z;
-                        ds = p * (dpt[nb][e] * z - del_s[qi]);
-                    }
-                    st[nb][e] = pd;
-                    dpt[nb][e] = ds;
+            for (int e = 0; e < 4; ++e) {
+                const int qi = nb * 8 + 2 * t + (e & 1);   // query within the tile
+                const int kj = e < 2 ? kj0 : kj1;           // key
+                const int i = i0 + qi;
+                bool ok = full;
+                if (!ok) {
+                    int lo, hi_;
+                    key_range(s, i, &lo, &hi_);
+                    ok = qi < nq && kj < s.lk && kj >= lo && kj < hi_;
                 }
+                float pd = 0.0f, ds = 0.0f;
+                if (ok) {
+                    const float p = __expf(st[nb][e] * scale - lse_s[qi]);
+                    const float z = keep_factor(seed, offset, p_drop, b, h, hq, sq, sk, i, kj);
+                    pd = p * z;
+                    ds = p * (dpt[nb][e] * z - del_s[qi]);
+                }
+                st[nb][e] = pd;
+                dpt[nb][e] = ds;
             }
+        }
 #if HALF
-            warp_mm_regA<DP / 8, BR>(adv, st, dOs, LDD);
-            warp_mm_regA<DP / 8, BR>(adk, dpt, Qs, LDD);
+        warp_mm_regA<DP / 8, BR>(adv, st, dOs, LDD);
+        warp_mm_regA<DP / 8, BR>(adk, dpt, Qs, LDD);
 #else
 #pragma unroll
-            for (int nb = 0; nb < BR / 8; ++nb) {
+        for (int nb = 0; nb < BR / 8; ++nb) {
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int qi = nb * 8 + 2 * t + (e & 1);
-                    const int kr = warp * 16 + g + (e < 2 ? 0 : 8);
-                    PdT[kr * LDP + qi] = from_f32<T>(st[nb][e]);
-                    dST[kr * LDP + qi] = from_f32<T>(dpt[nb][e]);
-                }
+            for (int e = 0; e < 4; ++e) {
+                const int qi = nb * 8 + 2 * t + (e & 1);
+                const int kr = warp * 16 + g + (e < 2 ? 0 : 8);
+                PdT[kr * LDP + qi] = from_f32<T>(st[nb][e]);
+                dST[kr * LDP + qi] = from_f32<T>(dpt[nb][e]);
             }
-            __syncwarp();
-            warp_mm<DP / 8, BR, false, false>(adv, PdT + warp * 16 * LDP, LDP, dOs, LDD);
-            warp_mm<DP / 8, BR, false, false>(adk, dST + warp * 16 * LDP, LDP, Qs, LDD);
-#endif
         }
+        __syncwarp();
+        warp_mm<DP / 8, BR, false, false>(adv, PdT + warp * 16 * LDP, LDP, dOs, LDD);
+        warp_mm<DP / 8, BR, false, false>(adk, dST + warp * 16 * LDP, LDP, Qs, LDD);
+#endif
+        __syncthreads(); // every warp is done with this stage before it is refilled
+#if QSTAGES == 1
+        if (nhi < group) issue(nhi, ni0, 0);
+#endif
+        hi = nhi;
+        i0 = ni0;
+        stage = (stage + 1) % QSTAGES;
     }
+    cp_async_wait<0>(); // (nothing visible: the K/V copy was never waited for)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const int kj = half ? kj1 : kj0;

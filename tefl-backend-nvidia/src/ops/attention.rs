@@ -197,7 +197,9 @@ pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut
     };
     let mut dkdv = inputs.to_vec();
     dkdv.extend([Arg::Ptr(ptr(&dk)?), Arg::Ptr(ptr(&dv)?)]);
-    let smem = check_smem(OP, ctx, ((2 * BC + 2 * BR) * ld + 2 * BC * ldp) * elem + 2 * BR * 4)?;
+    // K, V; two stages of Q and dO; two stages of lse and delta; f32 builds stage P and dS.
+    let (pd_tiles, stages) = if a.q.dtype() == DType::F32 { (2 * BC * ldp, 1) } else { (0, 2) };
+    let smem = check_smem(OP, ctx, ((2 * BC + 2 * stages * BR) * ld + pd_tiles) * elem + 2 * stages * BR * 4)?;
     s.kernel.launch(
         "attn_bwd_dkdv",
         Grid {

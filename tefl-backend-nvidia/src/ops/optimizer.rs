@@ -110,19 +110,6 @@ fn run(g: &Group, name: &'static str, snap: &Tensor, extra: &[Arg]) -> Result<()
     g.kernel.launch(name, Grid::linear(g.chunks as u32, BLOCK), &args)
 }
 
-fn distinct(op: &'static str, lists: &[(&'static str, &[Tensor])]) -> Result<()> {
-    let mut seen: Vec<(&'static str, &Tensor)> = Vec::new();
-    for (name, list) in lists {
-        for t in *list {
-            if let Some((other, _)) = seen.iter().find(|(_, s)| s.shares_storage(t)) {
-                return Err(Error::invalid(op, name, format!("a tensor shares storage with one in '{other}'")));
-            }
-            seen.push((name, t));
-        }
-    }
-    Ok(())
-}
-
 pub fn multi_tensor_scale(ctx: &KernelCtx<'_>, a: &MultiTensorScaleArgs) -> Result<MultiTensorScaleOut> {
     const OP: &str = "multi_tensor_scale";
     let snap = snapshot(ctx, &a.noop_flag)?;
@@ -210,7 +197,7 @@ fn adam_args(h: &AdamHyper) -> Vec<Arg> {
 
 pub fn multi_tensor_adam(ctx: &KernelCtx<'_>, a: &MultiTensorAdamArgs) -> Result<MultiTensorAdamOut> {
     const OP: &str = "multi_tensor_adam";
-    distinct(OP, &[("params", &a.params), ("exp_avg", &a.exp_avg), ("exp_avg_sq", &a.exp_avg_sq)])?;
+    check::distinct_storage(OP, &[("params", &a.params), ("exp_avg", &a.exp_avg), ("exp_avg_sq", &a.exp_avg_sq)])?;
     let snap = snapshot(ctx, &a.noop_flag)?;
     for g in groups(OP, ctx, Kind::Adam, &[&a.grads, &a.params, &a.exp_avg, &a.exp_avg_sq])? {
         run(&g, "mt_adam", &snap, &adam_args(&a.hyper))?;
@@ -223,7 +210,7 @@ pub fn multi_tensor_adam_master(
     a: &MultiTensorAdamMasterArgs,
 ) -> Result<MultiTensorAdamMasterOut> {
     const OP: &str = "multi_tensor_adam_master";
-    distinct(
+    check::distinct_storage(
         OP,
         &[
             ("model_params", &a.model_params),
@@ -242,7 +229,7 @@ pub fn multi_tensor_adam_master(
 
 pub fn multi_tensor_sgd(ctx: &KernelCtx<'_>, a: &MultiTensorSgdArgs) -> Result<MultiTensorSgdOut> {
     const OP: &str = "multi_tensor_sgd";
-    distinct(OP, &[("params", &a.params), ("momentum_buf", &a.momentum_buf)])?;
+    check::distinct_storage(OP, &[("params", &a.params), ("momentum_buf", &a.momentum_buf)])?;
     let snap = snapshot(ctx, &a.noop_flag)?;
     for g in groups(OP, ctx, Kind::Sgd, &[&a.grads, &a.params, &a.momentum_buf])? {
         run(

@@ -2,7 +2,7 @@
 
 use rayon::prelude::*;
 use tefl_core::catalogue::*;
-use tefl_core::{DType, Error, KernelCtx, Result, Tensor};
+use tefl_core::{DType, KernelCtx, Result, Tensor};
 
 use crate::util::{CHUNK, noop_set, set_noop, view, write_into};
 
@@ -153,25 +153,14 @@ impl Adam {
     }
 }
 
-fn distinct(op: &'static str, lists: &[(&'static str, &[Tensor])]) -> Result<()> {
-    // In-place lists must not share storage with each other (the update would race).
-    let mut seen: Vec<(&'static str, &Tensor)> = Vec::new();
-    for (name, list) in lists {
-        for t in *list {
-            if let Some((other, _)) = seen.iter().find(|(_, s)| s.shares_storage(t)) {
-                return Err(Error::invalid(op, name, format!("a tensor shares storage with one in '{other}'")));
-            }
-            seen.push((name, t));
-        }
-    }
-    Ok(())
-}
-
 pub fn multi_tensor_adam(_: &KernelCtx<'_>, a: &MultiTensorAdamArgs) -> Result<MultiTensorAdamOut> {
     if noop_set(&a.noop_flag)? {
         return Ok(MultiTensorAdamOut {});
     }
-    distinct("multi_tensor_adam", &[("params", &a.params), ("exp_avg", &a.exp_avg), ("exp_avg_sq", &a.exp_avg_sq)])?;
+    check::distinct_storage(
+        "multi_tensor_adam",
+        &[("params", &a.params), ("exp_avg", &a.exp_avg), ("exp_avg_sq", &a.exp_avg_sq)],
+    )?;
     let adam = Adam::new(&a.hyper);
     for i in 0..a.grads.len() {
         let p = adam.tensor(&a.grads[i], &a.params[i], &a.exp_avg[i], &a.exp_avg_sq[i])?;
@@ -184,7 +173,7 @@ pub fn multi_tensor_adam_master(_: &KernelCtx<'_>, a: &MultiTensorAdamMasterArgs
     if noop_set(&a.noop_flag)? {
         return Ok(MultiTensorAdamMasterOut {});
     }
-    distinct(
+    check::distinct_storage(
         "multi_tensor_adam_master",
         &[
             ("model_params", &a.model_params),
@@ -206,7 +195,7 @@ pub fn multi_tensor_sgd(_: &KernelCtx<'_>, a: &MultiTensorSgdArgs) -> Result<Mul
     if noop_set(&a.noop_flag)? {
         return Ok(MultiTensorSgdOut {});
     }
-    distinct("multi_tensor_sgd", &[("params", &a.params), ("momentum_buf", &a.momentum_buf)])?;
+    check::distinct_storage("multi_tensor_sgd", &[("params", &a.params), ("momentum_buf", &a.momentum_buf)])?;
     for i in 0..a.grads.len() {
         let g = view(&a.grads[i])?;
         let mut p = view(&a.params[i])?.to_vec();

@@ -106,6 +106,21 @@ pub mod check {
         Ok(())
     }
 
+    /// No tensor of the in-place `lists` shares storage with another of them (an in-place
+    /// update would race with itself); the error names the list of the second one.
+    pub fn distinct_storage(op: &'static str, lists: &[(&'static str, &[Tensor])]) -> Result<()> {
+        let mut seen: Vec<(&'static str, &Tensor)> = Vec::new();
+        for (name, list) in lists {
+            for t in *list {
+                if let Some((other, _)) = seen.iter().find(|(_, s)| s.shares_storage(t)) {
+                    return Err(Error::invalid(op, name, format!("a tensor shares storage with one in '{other}'")));
+                }
+                seen.push((name, t));
+            }
+        }
+        Ok(())
+    }
+
     /// Two tensor lists have the same length.
     pub fn same_len(op: &'static str, arg: &'static str, len: usize, want: usize) -> Result<()> {
         if len != want {
@@ -189,6 +204,84 @@ pub fn all() -> &'static [&'static OpDescriptor] {
 /// The catalogue entry named `name`.
 pub fn find(name: &str) -> Option<&'static OpDescriptor> {
     all().iter().copied().find(|d| d.name == name)
+}
+
+/// Calls `$callback! { floats { Op => module::function; .. } any { .. } }` with every op of the
+/// wave-1 catalogue and the kernel function a complete backend names for it by convention
+/// (`ops/norm.rs` → `norm::rmsnorm_fwd`, ...): `floats` ops take f32/f16/bf16 as their primary
+/// dtype, `any` ops start with a non-float tensor (FP8 codes, the optimizers' noop flag). A
+/// backend that implements every op with that layout registers them all with
+/// `tefl_core::wave1_kernels!(my_register_macro);` instead of repeating the list; a partial
+/// backend writes its own list in the same form.
+#[macro_export]
+macro_rules! wave1_kernels {
+    ($callback:ident) => {
+        $callback! {
+            floats {
+                RmsNormFwd => norm::rmsnorm_fwd;
+                RmsNormBwd => norm::rmsnorm_bwd;
+                RmsNormBwdAdd => norm::rmsnorm_bwd_add;
+                LayerNormFwd => norm::layernorm_fwd;
+                LayerNormBwd => norm::layernorm_bwd;
+                GenericGemm => gemm::generic_gemm;
+                Gelu => activation::gelu;
+                Qgelu => activation::qgelu;
+                Relu => activation::relu;
+                Srelu => activation::srelu;
+                Silu => activation::silu;
+                Geglu => activation::geglu;
+                Qgeglu => activation::qgeglu;
+                Reglu => activation::reglu;
+                Sreglu => activation::sreglu;
+                Swiglu => activation::swiglu;
+                ClampedSwiglu => activation::clamped_swiglu;
+                DGelu => activation::dgelu;
+                DQgelu => activation::dqgelu;
+                DRelu => activation::drelu;
+                DSrelu => activation::dsrelu;
+                DSilu => activation::dsilu;
+                DGeglu => activation::dgeglu;
+                DQgeglu => activation::dqgeglu;
+                DReglu => activation::dreglu;
+                DSreglu => activation::dsreglu;
+                DSwiglu => activation::dswiglu;
+                ClampedDSwiglu => activation::clamped_dswiglu;
+                DBiasDGelu => activation::dbias_dgelu;
+                DBiasDQgelu => activation::dbias_dqgelu;
+                DBiasDRelu => activation::dbias_drelu;
+                DBiasDSrelu => activation::dbias_dsrelu;
+                DBiasDSilu => activation::dbias_dsilu;
+                ScaledSoftmaxForward => softmax::scaled_softmax_forward;
+                ScaledMaskedSoftmaxForward => softmax::scaled_masked_softmax_forward;
+                ScaledUpperTriangMaskedSoftmaxForward => softmax::scaled_upper_triang_masked_softmax_forward;
+                ScaledAlignedCausalMaskedSoftmaxForward => softmax::scaled_aligned_causal_masked_softmax_forward;
+                ScaledSoftmaxBackward => softmax::scaled_softmax_backward;
+                ScaledMaskedSoftmaxBackward => softmax::scaled_masked_softmax_backward;
+                ScaledUpperTriangMaskedSoftmaxBackward => softmax::scaled_upper_triang_masked_softmax_backward;
+                ScaledAlignedCausalMaskedSoftmaxBackward => softmax::scaled_aligned_causal_masked_softmax_backward;
+                FusedAttnFwd => attention::fused_attn_fwd;
+                FusedAttnBwd => attention::fused_attn_bwd;
+                FusedRopeForward => rope::fused_rope_forward;
+                FusedRopeBackward => rope::fused_rope_backward;
+                Quantize => quantize::quantize;
+                ComputeAmax => quantize::compute_amax;
+                DropoutFwd => dropout::dropout_fwd;
+                DropoutBwd => dropout::dropout_bwd;
+            }
+            any {
+                Dequantize => quantize::dequantize;
+                Fp8Transpose => quantize::fp8_transpose;
+                FusedAmaxAndScaleUpdate => quantize::delayed_scaling;
+                MultiTensorScale => optimizer::multi_tensor_scale;
+                MultiTensorL2Norm => optimizer::multi_tensor_l2norm;
+                MultiTensorUnscaleL2Norm => optimizer::multi_tensor_unscale_l2norm;
+                MultiTensorAdam => optimizer::multi_tensor_adam;
+                MultiTensorAdamMaster => optimizer::multi_tensor_adam_master;
+                MultiTensorSgd => optimizer::multi_tensor_sgd;
+                MultiTensorComputeScaleAndScaleInv => optimizer::multi_tensor_compute_scale_and_scale_inv;
+            }
+        }
+    };
 }
 
 #[cfg(test)]
