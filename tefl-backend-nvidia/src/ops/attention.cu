@@ -357,7 +357,7 @@ extern "C" __global__ void __launch_bounds__(128) attn_bwd_dkdv(const T* __restr
     T* Vs = Ks + BC * LDD;
     T* QO = Vs + BC * LDD;           // QSTAGES stages of [Q tile | dO tile]
     float* rowv = (float*)(QO + QSTAGES * 2 * BR * LDD); // QSTAGES stages of [lse | delta]
-    T* PdT = (T*)(rowv + 4 * BR);    // f32 builds: [BC][LDP] dropped probabilities, keys x queries
+    T* PdT = (T*)(rowv + QSTAGES * 2 * BR); // f32 builds: [BC][LDP] dropped probabilities, keys x queries
     T* dST = PdT + BC * LDP;         // f32 builds: [BC][LDP] dS, keys x queries
 
     const int b = blockIdx.z, hkv = blockIdx.y, j0 = blockIdx.x * BC;
