@@ -97,15 +97,43 @@ pub struct ElementwiseConfig {
     pub vec_bytes: u32,
 }
 
+impl ElementwiseConfig {
+    /// The config a candidate describes.
+    pub fn from_candidate(c: &TuneConfig) -> Self {
+        ElementwiseConfig {
+            block: int(c, "block", 256),
+            unroll: int(c, "unroll", 2),
+            vec_bytes: int(c, "vec_bytes", 16),
+        }
+    }
+}
+
 /// The heuristic for an elementwise kernel: the table's first candidate.
 pub fn elementwise(arch: &str) -> ElementwiseConfig {
     let t = table(arch);
-    let c = t.configs("elementwise").first().cloned().unwrap_or_default();
-    ElementwiseConfig {
-        block: int(&c, "block", 256),
-        unroll: int(&c, "unroll", 2),
-        vec_bytes: int(&c, "vec_bytes", 16),
+    ElementwiseConfig::from_candidate(&t.configs("elementwise").first().cloned().unwrap_or_default())
+}
+
+/// An elementwise config chosen by the autotuner when asked for (timing each candidate with
+/// `bench`, per power-of-two bucket of `items`), else by [`elementwise`].
+pub fn tuned_elementwise(
+    kernel: &str,
+    device: Device,
+    arch: &str,
+    dtype: DType,
+    items: usize,
+    mut bench: impl FnMut(ElementwiseConfig) -> Result<f64>,
+) -> ElementwiseConfig {
+    let heuristic = elementwise(arch);
+    if !autotune_requested() {
+        return heuristic;
     }
+    let t = table(arch);
+    let cands = t.configs("elementwise").to_vec();
+    let bucket = format!("items={}", items.next_power_of_two());
+    let key = TuneKey::new(kernel, dtype, &bucket, &device.to_string(), arch, "cuda");
+    let chosen = autotuner().select(&key, &cands, |c| bench(ElementwiseConfig::from_candidate(c)), TuneConfig::new);
+    if chosen.is_empty() { heuristic } else { ElementwiseConfig::from_candidate(&chosen) }
 }
 
 /// Forward attention blocks per SM the kernel's register budget is cut for (`attention`'s

@@ -8,6 +8,7 @@ use tefl_core::{DType, KernelCtx, Result, Tensor};
 use super::{Kernel, blocks_for, cty, empty, i32_of, sm_count};
 use crate::compiler::{Arg, Grid, Source, ptr};
 use crate::heuristics::{self, ElementwiseConfig};
+use tefl_core::device::DeviceRuntime;
 
 static SRC: Source = Source { name: "activation", text: include_str!("activation.cu") };
 
@@ -28,8 +29,15 @@ struct Launch {
     sms: u32,
 }
 
-fn setup(op: &'static str, ctx: &KernelCtx<'_>, x: DType, g: DType, kind: Activation, clamped: bool) -> Result<Launch> {
-    let cfg = heuristics::elementwise(super::arch(ctx.device));
+fn setup(
+    op: &'static str,
+    ctx: &KernelCtx<'_>,
+    x: DType,
+    g: DType,
+    kind: Activation,
+    clamped: bool,
+    cfg: ElementwiseConfig,
+) -> Result<Launch> {
     let defines = vec![
         ("TX", cty(op, "input", x)?.to_string()),
         ("TG", cty(op, "grad", g)?.to_string()),
@@ -50,31 +58,52 @@ impl Launch {
     }
 }
 
+/// Runs `body` with the launch config the heuristic picks, or (`TEFL_AUTOTUNE=1`) the
+/// fastest candidate of the tune table for this op, dtype and size bucket.
+#[allow(clippy::too_many_arguments)]
+fn launch_tuned(
+    op: &'static str,
+    ctx: &KernelCtx<'_>,
+    x: DType,
+    g: DType,
+    kind: Activation,
+    clamped: bool,
+    items: usize,
+    body: impl Fn(&Launch) -> Result<()>,
+) -> Result<()> {
+    let run = |cfg: ElementwiseConfig| setup(op, ctx, x, g, kind, clamped, cfg).and_then(|l| body(&l));
+    let rt = crate::runtime::global();
+    let cfg = heuristics::tuned_elementwise(op, ctx.device, super::arch(ctx.device), x, items, |cfg| {
+        DeviceRuntime::time_on_device(rt.as_ref(), ctx.device, &mut || run(cfg))
+    });
+    run(cfg)
+}
+
 fn plain_fwd(op: &'static str, ctx: &KernelCtx<'_>, x: &Tensor, kind: Activation) -> Result<ActOut> {
-    let l = setup(op, ctx, x.dtype(), x.dtype(), kind, false)?;
     let y = empty(ctx.device, x.shape(), x.dtype())?;
     let total = x.numel();
-    let vec = total.is_multiple_of(l.nv);
-    let grid = l.grid(if vec { total / l.nv } else { total });
-    l.k.launch(
-        "act_fwd",
-        grid,
-        &[Arg::Ptr(ptr(x)?), Arg::Ptr(ptr(&y)?), Arg::U64(total as u64), Arg::I32(i32::from(vec))],
-    )?;
+    let (xp, yp) = (ptr(x)?, ptr(&y)?);
+    launch_tuned(op, ctx, x.dtype(), x.dtype(), kind, false, total, |l| {
+        let vec = total.is_multiple_of(l.nv);
+        let grid = l.grid(if vec { total / l.nv } else { total });
+        l.k.launch("act_fwd", grid, &[Arg::Ptr(xp), Arg::Ptr(yp), Arg::U64(total as u64), Arg::I32(i32::from(vec))])
+    })?;
     Ok(ActOut { y })
 }
 
 fn plain_bwd(op: &'static str, ctx: &KernelCtx<'_>, g: &Tensor, x: &Tensor, kind: Activation) -> Result<Tensor> {
-    let l = setup(op, ctx, x.dtype(), g.dtype(), kind, false)?;
     let gi = empty(ctx.device, x.shape(), x.dtype())?;
     let total = x.numel();
-    let vec = total.is_multiple_of(l.nv);
-    let grid = l.grid(if vec { total / l.nv } else { total });
-    l.k.launch(
-        "act_bwd",
-        grid,
-        &[Arg::Ptr(ptr(g)?), Arg::Ptr(ptr(x)?), Arg::Ptr(ptr(&gi)?), Arg::U64(total as u64), Arg::I32(i32::from(vec))],
-    )?;
+    let (gp, xp, gip) = (ptr(g)?, ptr(x)?, ptr(&gi)?);
+    launch_tuned(op, ctx, x.dtype(), g.dtype(), kind, false, total, |l| {
+        let vec = total.is_multiple_of(l.nv);
+        let grid = l.grid(if vec { total / l.nv } else { total });
+        l.k.launch(
+            "act_bwd",
+            grid,
+            &[Arg::Ptr(gp), Arg::Ptr(xp), Arg::Ptr(gip), Arg::U64(total as u64), Arg::I32(i32::from(vec))],
+        )
+    })?;
     Ok(gi)
 }
 
@@ -93,25 +122,28 @@ fn gated_fwd(
     kind: Activation,
     clamp: Option<(f32, f32)>,
 ) -> Result<ActOut> {
-    let l = setup(op, ctx, x.dtype(), x.dtype(), kind, clamp.is_some())?;
     let (rows, n) = (x.rows(), x.last_dim() / 2);
     let y = empty(ctx.device, &half_shape(x), x.dtype())?;
-    let vec = n.is_multiple_of(l.nv);
-    let grid = l.grid(if vec { rows * n / l.nv } else { rows * n });
     let (limit, alpha) = clamp.unwrap_or((0.0, 0.0));
-    l.k.launch(
-        "gated_fwd",
-        grid,
-        &[
-            Arg::Ptr(ptr(x)?),
-            Arg::Ptr(ptr(&y)?),
-            Arg::I32(i32_of(op, "x", rows)?),
-            Arg::I32(i32_of(op, "x", n)?),
-            Arg::I32(i32::from(vec)),
-            Arg::F32(limit),
-            Arg::F32(alpha),
-        ],
-    )?;
+    let (xp, yp) = (ptr(x)?, ptr(&y)?);
+    let (rows_i, n_i) = (i32_of(op, "x", rows)?, i32_of(op, "x", n)?);
+    launch_tuned(op, ctx, x.dtype(), x.dtype(), kind, clamp.is_some(), rows * n, |l| {
+        let vec = n.is_multiple_of(l.nv);
+        let grid = l.grid(if vec { rows * n / l.nv } else { rows * n });
+        l.k.launch(
+            "gated_fwd",
+            grid,
+            &[
+                Arg::Ptr(xp),
+                Arg::Ptr(yp),
+                Arg::I32(rows_i),
+                Arg::I32(n_i),
+                Arg::I32(i32::from(vec)),
+                Arg::F32(limit),
+                Arg::F32(alpha),
+            ],
+        )
+    })?;
     Ok(ActOut { y })
 }
 
@@ -123,32 +155,36 @@ fn gated_bwd(
     kind: Activation,
     clamp: Option<(f32, f32)>,
 ) -> Result<DActOut> {
-    let l = setup(op, ctx, x.dtype(), g.dtype(), kind, clamp.is_some())?;
     let (rows, n) = (x.rows(), x.last_dim() / 2);
     let gi = empty(ctx.device, x.shape(), x.dtype())?;
-    let vec = n.is_multiple_of(l.nv);
-    let grid = l.grid(if vec { rows * n / l.nv } else { rows * n });
     let (limit, alpha) = clamp.unwrap_or((0.0, 0.0));
-    l.k.launch(
-        "gated_bwd",
-        grid,
-        &[
-            Arg::Ptr(ptr(g)?),
-            Arg::Ptr(ptr(x)?),
-            Arg::Ptr(ptr(&gi)?),
-            Arg::I32(i32_of(op, "input", rows)?),
-            Arg::I32(i32_of(op, "input", n)?),
-            Arg::I32(i32::from(vec)),
-            Arg::F32(limit),
-            Arg::F32(alpha),
-        ],
-    )?;
+    let (gp, xp, gip) = (ptr(g)?, ptr(x)?, ptr(&gi)?);
+    let (rows_i, n_i) = (i32_of(op, "input", rows)?, i32_of(op, "input", n)?);
+    launch_tuned(op, ctx, x.dtype(), g.dtype(), kind, clamp.is_some(), rows * n, |l| {
+        let vec = n.is_multiple_of(l.nv);
+        let grid = l.grid(if vec { rows * n / l.nv } else { rows * n });
+        l.k.launch(
+            "gated_bwd",
+            grid,
+            &[
+                Arg::Ptr(gp),
+                Arg::Ptr(xp),
+                Arg::Ptr(gip),
+                Arg::I32(rows_i),
+                Arg::I32(n_i),
+                Arg::I32(i32::from(vec)),
+                Arg::F32(limit),
+                Arg::F32(alpha),
+            ],
+        )
+    })?;
     Ok(DActOut { grad_input: gi })
 }
 
 fn dbias(op: &'static str, ctx: &KernelCtx<'_>, a: &DActArgs, kind: Activation) -> Result<DBiasOut> {
     let grad_input = plain_bwd(op, ctx, &a.grad, &a.input, kind)?;
-    let l = setup(op, ctx, a.input.dtype(), a.grad.dtype(), kind, false)?;
+    let cfg = heuristics::elementwise(super::arch(ctx.device));
+    let l = setup(op, ctx, a.input.dtype(), a.grad.dtype(), kind, false, cfg)?;
     let (rows, n) = (a.input.rows(), a.input.last_dim());
     let dbias = empty(ctx.device, &[n], a.input.dtype())?;
     if n == 0 {

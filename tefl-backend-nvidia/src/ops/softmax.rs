@@ -6,6 +6,7 @@ use tefl_core::{DType, KernelCtx, Result, Tensor};
 use super::{Kernel, blocks_for, cty, empty, i32_of};
 use crate::compiler::{Arg, Grid, Source, ptr};
 use crate::heuristics::{self, RowConfig};
+use tefl_core::device::DeviceRuntime;
 
 static SRC: Source = Source { name: "softmax", text: include_str!("softmax.cu") };
 
@@ -49,27 +50,31 @@ fn forward(
     if rows == 0 || sk == 0 {
         return Ok(SoftmaxOut { y });
     }
-    let cfg = heuristics::row_kernel("softmax", super::arch(ctx.device), sk, x.dtype().size_in_bytes());
-    let k = kernel(op, ctx, x.dtype(), x.dtype(), kind, cfg)?;
     let (mask_ptr, mask_batch) = match mask {
         Some(m) => (ptr(m)?, m.shape()[0]),
         None => (0, 1),
     };
-    k.launch(
-        "softmax_fwd",
-        Grid::linear(blocks_for(rows, 1, i32::MAX as u32), cfg.block),
-        &[
-            Arg::Ptr(ptr(x)?),
-            Arg::Ptr(mask_ptr),
-            Arg::Ptr(ptr(&y)?),
-            Arg::I32(i32_of(op, "x", rows)?),
-            Arg::I32(i32_of(op, "x", sq)?),
-            Arg::I32(i32_of(op, "x", sk)?),
-            Arg::I32(i32_of(op, "x", h)?),
-            Arg::I32(i32_of(op, "mask", mask_batch)?),
-            Arg::F32(scale),
-        ],
-    )?;
+    let args = [
+        Arg::Ptr(ptr(x)?),
+        Arg::Ptr(mask_ptr),
+        Arg::Ptr(ptr(&y)?),
+        Arg::I32(i32_of(op, "x", rows)?),
+        Arg::I32(i32_of(op, "x", sq)?),
+        Arg::I32(i32_of(op, "x", sk)?),
+        Arg::I32(i32_of(op, "x", h)?),
+        Arg::I32(i32_of(op, "mask", mask_batch)?),
+        Arg::F32(scale),
+    ];
+    let run = |cfg: RowConfig| -> Result<()> {
+        let k = kernel(op, ctx, x.dtype(), x.dtype(), kind, cfg)?;
+        k.launch("softmax_fwd", Grid::linear(blocks_for(rows, 1, i32::MAX as u32), cfg.block), &args)
+    };
+    // The heuristic, or (TEFL_AUTOTUNE=1) the fastest candidate for this row length.
+    let rt = crate::runtime::global();
+    let cfg = heuristics::tuned_row_kernel("softmax", ctx.device, super::arch(ctx.device), x.dtype(), sk, |cfg| {
+        DeviceRuntime::time_on_device(rt.as_ref(), ctx.device, &mut || run(cfg))
+    });
+    run(cfg)?;
     Ok(SoftmaxOut { y })
 }
 
