@@ -149,6 +149,19 @@ pub fn attention_fwd_min_blocks(arch: &str) -> u32 {
     t.configs("attention").first().map_or(2, |c| int(c, "fwd_min_blocks", 2).clamp(1, 4))
 }
 
+/// Seconds one candidate takes, as the autotuner compares them: a first untimed run (it
+/// compiles and loads the kernel variant), then the fastest of three timed runs.
+pub fn measure(device: Device, run: &dyn Fn() -> Result<()>) -> Result<f64> {
+    use tefl_core::device::DeviceRuntime;
+    let rt = crate::runtime::global();
+    run()?;
+    let mut best = f64::INFINITY;
+    for _ in 0..3 {
+        best = best.min(rt.time_on_device(device, &mut || run())?);
+    }
+    Ok(best)
+}
+
 /// The autotuner of the process (`TEFL_AUTOTUNE`, `TEFL_CACHE_DIR`); off when misconfigured.
 pub fn autotuner() -> &'static Autotuner {
     static A: OnceLock<Autotuner> = OnceLock::new();

@@ -8,7 +8,6 @@ use tefl_core::{DType, KernelCtx, Result, Tensor};
 use super::{Kernel, blocks_for, cty, empty, i32_of, sm_count};
 use crate::compiler::{Arg, Grid, Source, ptr};
 use crate::heuristics::{self, ElementwiseConfig};
-use tefl_core::device::DeviceRuntime;
 
 static SRC: Source = Source { name: "activation", text: include_str!("activation.cu") };
 
@@ -72,9 +71,8 @@ fn launch_tuned(
     body: impl Fn(&Launch) -> Result<()>,
 ) -> Result<()> {
     let run = |cfg: ElementwiseConfig| setup(op, ctx, x, g, kind, clamped, cfg).and_then(|l| body(&l));
-    let rt = crate::runtime::global();
     let cfg = heuristics::tuned_elementwise(op, ctx.device, super::arch(ctx.device), x, items, |cfg| {
-        DeviceRuntime::time_on_device(rt.as_ref(), ctx.device, &mut || run(cfg))
+        heuristics::measure(ctx.device, &|| run(cfg))
     });
     run(cfg)
 }

@@ -37,9 +37,8 @@ fn kernel(op: &'static str, ctx: &KernelCtx<'_>, t: &Types, is_ln: bool, cfg: Ro
 /// Row config for `n` elements: the heuristic, or the autotuner's pick when asked for.
 fn config(ctx: &KernelCtx<'_>, x: &Tensor, run: &dyn Fn(RowConfig) -> Result<()>) -> RowConfig {
     let arch = super::arch(ctx.device);
-    let rt = crate::runtime::global();
     heuristics::tuned_row_kernel("norm", ctx.device, arch, x.dtype(), x.last_dim(), |cfg| {
-        tefl_core::device::DeviceRuntime::time_on_device(rt.as_ref(), ctx.device, &mut || run(cfg))
+        heuristics::measure(ctx.device, &|| run(cfg))
     })
 }
 

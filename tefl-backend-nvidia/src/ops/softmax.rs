@@ -6,7 +6,6 @@ use tefl_core::{DType, KernelCtx, Result, Tensor};
 use super::{Kernel, blocks_for, cty, empty, i32_of};
 use crate::compiler::{Arg, Grid, Source, ptr};
 use crate::heuristics::{self, RowConfig};
-use tefl_core::device::DeviceRuntime;
 
 static SRC: Source = Source { name: "softmax", text: include_str!("softmax.cu") };
 
@@ -70,9 +69,8 @@ fn forward(
         k.launch("softmax_fwd", Grid::linear(blocks_for(rows, 1, i32::MAX as u32), cfg.block), &args)
     };
     // The heuristic, or (TEFL_AUTOTUNE=1) the fastest candidate for this row length.
-    let rt = crate::runtime::global();
     let cfg = heuristics::tuned_row_kernel("softmax", ctx.device, super::arch(ctx.device), x.dtype(), sk, |cfg| {
-        DeviceRuntime::time_on_device(rt.as_ref(), ctx.device, &mut || run(cfg))
+        heuristics::measure(ctx.device, &|| run(cfg))
     });
     run(cfg)?;
     Ok(SoftmaxOut { y })
