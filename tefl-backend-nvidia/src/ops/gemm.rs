@@ -116,11 +116,20 @@ fn set_desc<T>(
 
 fn plan(key: &PlanKey, lt_dev: &DeviceLt) -> Result<Arc<Mutex<Plan>>> {
     static PLANS: OnceLock<Mutex<HashMap<PlanKey, Arc<Mutex<Plan>>>>> = OnceLock::new();
+    // Shapes and epilogues cuBLASLt has no algorithm for, remembered so the heuristic is asked once.
+    static DECLINED: OnceLock<Mutex<std::collections::HashSet<PlanKey>>> = OnceLock::new();
     let plans = PLANS.get_or_init(Default::default);
     if let Some(p) = plans.lock().unwrap_or_else(|p| p.into_inner()).get(key) {
         return Ok(p.clone());
     }
     let device = Device::cuda(key.device);
+    let declined = DECLINED.get_or_init(Default::default);
+    if declined.lock().unwrap_or_else(|p| p.into_inner()).contains(key) {
+        return Err(Error::DeviceFailure {
+            device: device.to_string(),
+            reason: "cuBLASLt heuristic: no algorithm (remembered)".into(),
+        });
+    }
     use sys::cublasLtMatmulDescAttributes_t as A;
     let compute = sys::cublasComputeType_t::CUBLAS_COMPUTE_32F;
     let desc =
@@ -174,6 +183,7 @@ fn plan(key: &PlanKey, lt_dev: &DeviceLt) -> Result<Arc<Mutex<Plan>>> {
                 let _ = lt::destroy_matrix_layout(b_l);
                 let _ = lt::destroy_matrix_layout(d_l);
             }
+            declined.lock().unwrap_or_else(|p| p.into_inner()).insert(key.clone());
             return Err(lt_error(device, "heuristic (no algorithm)", e));
         }
     };
