@@ -768,23 +768,7 @@ impl<'m> Suite<'m> {
             let fw = p.forward();
             let o = s.put(&fw.o, &qs, dtype)?;
             let lse = s.put(&fw.lse, &g.lse_shape(), DType::F32)?;
-            let args = AttnBwdArgs {
-                q: q.clone(),
-                k: k.clone(),
-                v: v.clone(),
-                o,
-                d_o: d_o.clone(),
-                softmax_lse: lse,
-                cu_seqlens_q: cu_q.clone(),
-                cu_seqlens_kv: cu_k.clone(),
-                layout: c.layout,
-                mask: c.mask,
-                scale,
-                dropout_p: c.p,
-                seed: 1234,
-                offset: 99,
-                window: c.window,
-            };
+            let args = fwd_args.backward(o, d_o.clone(), lse);
             let got = s.call::<FusedAttnBwd>(&args)?;
             let (dq, dk, dv) = p.backward(&dov);
             Ok(vec![cmp("dq", &got.dq, dq, dtype)?, cmp("dk", &got.dk, dk, dtype)?, cmp("dv", &got.dv, dv, dtype)?])

@@ -114,13 +114,10 @@ fn attention_backward_matches_finite_differences() {
             })
             .collect()
     };
-    let common = |o: Tensor, lse: Tensor| AttnBwdArgs {
+    let fwd_args = AttnFwdArgs {
         q: q.clone(),
         k: k.clone(),
         v: v.clone(),
-        o,
-        d_o: w.clone(),
-        softmax_lse: lse,
         cu_seqlens_q: None,
         cu_seqlens_kv: None,
         layout: c.layout,
@@ -131,22 +128,8 @@ fn attention_backward_matches_finite_differences() {
         offset: 0,
         window: c.window,
     };
-    let fwd = reference::<FusedAttnFwd>(&AttnFwdArgs {
-        q: q.clone(),
-        k: k.clone(),
-        v: v.clone(),
-        cu_seqlens_q: None,
-        cu_seqlens_kv: None,
-        layout: c.layout,
-        mask: c.mask,
-        scale: 0.5,
-        dropout_p: 0.0,
-        seed: 0,
-        offset: 0,
-        window: c.window,
-    })
-    .unwrap();
-    let got = reference::<FusedAttnBwd>(&common(fwd.o, fwd.softmax_lse)).unwrap();
+    let fwd = reference::<FusedAttnFwd>(&fwd_args).unwrap();
+    let got = reference::<FusedAttnBwd>(&fwd_args.backward(fwd.o, w.clone(), fwd.softmax_lse)).unwrap();
     for (name, t, which, x) in [("dq", &got.dq, 0, &qv), ("dk", &got.dk, 1, &kv), ("dv", &got.dv, 2, &vv)] {
         let e = rel_err(&values(t), &fd(x, which));
         println!("  attention {name} vs finite differences: {e:.3e}");

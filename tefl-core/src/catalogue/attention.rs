@@ -162,6 +162,31 @@ declare_op! {
     }
 }
 
+impl AttnFwdArgs {
+    /// The backward call of this forward: the same inputs and options (dropout replays the
+    /// same mask from `seed` and `offset`), with the forward's output `o`, its `softmax_lse`
+    /// and the output gradient `d_o`.
+    pub fn backward(&self, o: Tensor, d_o: Tensor, softmax_lse: Tensor) -> AttnBwdArgs {
+        AttnBwdArgs {
+            q: self.q.clone(),
+            k: self.k.clone(),
+            v: self.v.clone(),
+            o,
+            d_o,
+            softmax_lse,
+            cu_seqlens_q: self.cu_seqlens_q.clone(),
+            cu_seqlens_kv: self.cu_seqlens_kv.clone(),
+            layout: self.layout,
+            mask: self.mask,
+            scale: self.scale,
+            dropout_p: self.dropout_p,
+            seed: self.seed,
+            offset: self.offset,
+            window: self.window,
+        }
+    }
+}
+
 fn check_scalars(op: &'static str, scale: f32, p: f32) -> Result<()> {
     check::positive(op, "scale", scale)?;
     check::probability(op, "dropout_p", p)

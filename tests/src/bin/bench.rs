@@ -182,23 +182,7 @@ fn cases(c: &Ctx, small: bool) -> tefl_core::Result<Vec<Case>> {
             format!("attn_bwd {ab} {ah} {asq} {ad}"),
             0.0,
             2.5 * fwd_flops,
-            AttnBwdArgs {
-                q: q.clone(),
-                k: q.clone(),
-                v: q.clone(),
-                o: o.o,
-                d_o: q.clone(),
-                softmax_lse: o.softmax_lse,
-                cu_seqlens_q: None,
-                cu_seqlens_kv: None,
-                layout: QkvLayout::Bshd,
-                mask: AttnMask::Causal,
-                scale: fwd.scale,
-                dropout_p: 0.0,
-                seed: 0,
-                offset: 0,
-                window: AttnWindow::default(),
-            },
+            fwd.backward(o.o, q.clone(), o.softmax_lse),
         ));
     }
     let np = if small { 16 << 20 } else { 256 << 20 };

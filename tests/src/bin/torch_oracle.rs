@@ -168,7 +168,7 @@ fn attention(r: &mut Run, dtype: DType) -> Result<()> {
         let d_o = r.rand(&[b, s, hq, d], dtype, -1.0, 1.0)?;
         let scale = 1.0 / (d as f32).sqrt();
         let mask = if causal { AttnMask::Causal } else { AttnMask::None };
-        let f = r.call::<FusedAttnFwd>(&AttnFwdArgs {
+        let fwd = AttnFwdArgs {
             q: q.clone(),
             k: k.clone(),
             v: v.clone(),
@@ -181,24 +181,9 @@ fn attention(r: &mut Run, dtype: DType) -> Result<()> {
             seed: 0,
             offset: 0,
             window: AttnWindow::default(),
-        })?;
-        let g = r.call::<FusedAttnBwd>(&AttnBwdArgs {
-            q: q.clone(),
-            k: k.clone(),
-            v: v.clone(),
-            o: f.o.clone(),
-            d_o: d_o.clone(),
-            softmax_lse: f.softmax_lse.clone(),
-            cu_seqlens_q: None,
-            cu_seqlens_kv: None,
-            layout: QkvLayout::Bshd,
-            mask,
-            scale,
-            dropout_p: 0.0,
-            seed: 0,
-            offset: 0,
-            window: AttnWindow::default(),
-        })?;
+        };
+        let f = r.call::<FusedAttnFwd>(&fwd)?;
+        let g = r.call::<FusedAttnBwd>(&fwd.backward(f.o.clone(), d_o.clone(), f.softmax_lse.clone()))?;
         let case = format!("attention_{dtype}_{}", if causal { "causal_gqa" } else { "full" });
         r.record(
             &case,
