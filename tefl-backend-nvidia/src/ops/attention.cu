@@ -184,6 +184,31 @@ __device__ __forceinline__ void tile_keys(const Seq& s, int q0, int rows, int* l
     *lo = l; *hi = h;
 }
 
+// Starts loading key tile j0 of kv head hkv (K, then V; rows from bhi on are zero) into
+// stage `stage` of the two-stage buffer KV ([K tile | V tile] per stage).
+__device__ __forceinline__ void issue_kv(T* KV, int stage, const T* k, const T* v, const Seq& s, int j0, int bhi, int hk,
+                                         int hkv) {
+    const int nvalid = min(BC, bhi - j0);
+    T* Kd = KV + stage * 2 * BC * LDD;
+    load_tile(Kd, k, BC, s.kb + (long long)j0 * s.rs, s.rs, nvalid, hk, hkv);
+    load_tile(Kd + BC * LDD, v, BC, s.kb + (long long)j0 * s.rs, s.rs, nvalid, hk, hkv);
+    cp_async_commit();
+}
+
+// Before computing key tile j0 (in `stage`): starts the next tile into the other stage, waits
+// for this one and for every warp. Returns the stage's K tile (its V tile follows it).
+__device__ __forceinline__ const T* ready_kv(T* KV, int stage, const T* k, const T* v, const Seq& s, int j0, int bhi,
+                                             int hk, int hkv) {
+    if (j0 + BC < bhi) {
+        issue_kv(KV, stage ^ 1, k, v, s, j0 + BC, bhi, hk, hkv);
+        cp_async_wait<1>();
+    } else {
+        cp_async_wait<0>();
+    }
+    __syncthreads();
+    return KV + stage * 2 * BC * LDD;
+}
+
 #define FWD_WARPS (FWD_BR / 16)
 
 extern "C" __global__ void __launch_bounds__(FWD_BR * 2, FWD_MIN_BLOCKS) attn_fwd(const T* __restrict__ q, const T* __restrict__ k,
@@ -214,15 +239,7 @@ extern "C" __global__ void __launch_bounds__(FWD_BR * 2, FWD_MIN_BLOCKS) attn_fw
     cp_async_commit();
     __syncthreads();
     const int blo = s_lo, bhi = s_hi;
-    const long long kbase = s.kb;
-    auto issue = [&](int j0, int stage) {
-        const int nvalid = min(BC, bhi - j0);
-        T* Kd = KV + stage * 2 * BC * LDD;
-        load_tile(Kd, k, BC, kbase + (long long)j0 * s.rs, s.rs, nvalid, hk, hkv);
-        load_tile(Kd + BC * LDD, v, BC, kbase + (long long)j0 * s.rs, s.rs, nvalid, hk, hkv);
-        cp_async_commit();
-    };
-    if (blo < bhi) issue(blo, 0);
+    if (blo < bhi) issue_kv(KV, 0, k, v, s, blo, bhi, hk, hkv);
 
     float acc[DP / 8][4];
     zero_acc<DP / 8>(acc);
@@ -233,14 +250,7 @@ extern "C" __global__ void __launch_bounds__(FWD_BR * 2, FWD_MIN_BLOCKS) attn_fw
 
     int stage = 0;
     for (int j0 = blo; j0 < bhi; j0 += BC, stage ^= 1) {
-        if (j0 + BC < bhi) {
-            issue(j0 + BC, stage ^ 1);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
-        const T* Ks = KV + stage * 2 * BC * LDD;
+        const T* Ks = ready_kv(KV, stage, k, v, s, j0, bhi, hk, hkv);
         const T* Vs = Ks + BC * LDD;
         float sc[BC / 8][4];
         zero_acc<BC / 8>(sc);
@@ -552,27 +562,13 @@ extern "C" __global__ void __launch_bounds__(128) attn_bwd_dq(const T* __restric
     const float lse1 = r1 < s.lq ? lse[lse_index(s, b, h, hq, sq, tq, r1)] : 0.0f;
     const float del0 = r0 < s.lq ? delta[(s.qb + (long long)r0 * s.rs) * hq + h] : 0.0f;
     const float del1 = r1 < s.lq ? delta[(s.qb + (long long)r1 * s.rs) * hq + h] : 0.0f;
-    auto issue = [&](int j0, int stage) {
-        const int nvalid = min(BC, bhi - j0);
-        T* Kd = KV + stage * 2 * BC * LDD;
-        load_tile(Kd, k, BC, s.kb + (long long)j0 * s.rs, s.rs, nvalid, hk, hkv);
-        load_tile(Kd + BC * LDD, v, BC, s.kb + (long long)j0 * s.rs, s.rs, nvalid, hk, hkv);
-        cp_async_commit();
-    };
-    if (blo < bhi) issue(blo, 0);
+    if (blo < bhi) issue_kv(KV, 0, k, v, s, blo, bhi, hk, hkv);
     float adq[DP / 8][4];
     zero_acc<DP / 8>(adq);
     T* dSw = dSs + warp * 16 * LDP;
     int stage = 0;
     for (int j0 = blo; j0 < bhi; j0 += BC, stage ^= 1) {
-        if (j0 + BC < bhi) {
-            issue(j0 + BC, stage ^ 1);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
-        const T* Ks = KV + stage * 2 * BC * LDD;
+        const T* Ks = ready_kv(KV, stage, k, v, s, j0, bhi, hk, hkv);
         const T* Vs = Ks + BC * LDD;
         float sc[BC / 8][4], dp[BC / 8][4];
         zero_acc<BC / 8>(sc);

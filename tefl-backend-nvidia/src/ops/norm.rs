@@ -109,56 +109,46 @@ fn backward(
     let k = kernel(op, ctx, &types, is_ln, cfg)?;
     let (rows_i, n_i) = (i32_of(op, "x", rows)?, i32_of(op, "x", n)?);
     let col_grid = Grid::linear(n.div_ceil(256) as u32, 256);
-    if cfg.row_vecs > 0 && rows > 0 {
-        let parts = blocks_for(rows, 1, 4 * sm_count(ctx.device));
-        let ws = empty(ctx.device, &[if is_ln { 2 } else { 1 }, parts as usize, n], DType::F32)?;
-        k.launch(
-            "norm_bwd",
-            Grid::linear(parts, cfg.block),
-            &[
-                Arg::Ptr(ptr(dy)?),
-                Arg::Ptr(ptr(x)?),
-                Arg::Ptr(opt_ptr(mu)?),
-                Arg::Ptr(ptr(rsigma)?),
-                Arg::Ptr(ptr(gamma)?),
-                Arg::Ptr(opt_ptr(add)?),
-                Arg::Ptr(ptr(&dx)?),
-                Arg::Ptr(ptr(&ws)?),
-                Arg::I32(rows_i),
-                Arg::I32(n_i),
-                Arg::I32(i32::from(zc)),
-            ],
-        )?;
-        k.launch(
+    // Fused: a grid of `parts` blocks sums dgamma/dbeta per block into ws, reduced after.
+    // Otherwise one block per row computes dx and a column kernel the sums.
+    let fused = cfg.row_vecs > 0 && rows > 0;
+    let parts =
+        if fused { blocks_for(rows, 1, 4 * sm_count(ctx.device)) } else { blocks_for(rows, 1, i32::MAX as u32) };
+    let ws = if fused {
+        Some(empty(ctx.device, &[if is_ln { 2 } else { 1 }, parts as usize, n], DType::F32)?)
+    } else {
+        None
+    };
+    k.launch(
+        "norm_bwd",
+        Grid::linear(parts, cfg.block),
+        &[
+            Arg::Ptr(ptr(dy)?),
+            Arg::Ptr(ptr(x)?),
+            Arg::Ptr(opt_ptr(mu)?),
+            Arg::Ptr(ptr(rsigma)?),
+            Arg::Ptr(ptr(gamma)?),
+            Arg::Ptr(opt_ptr(add)?),
+            Arg::Ptr(ptr(&dx)?),
+            Arg::Ptr(opt_ptr(ws.as_ref())?),
+            Arg::I32(rows_i),
+            Arg::I32(n_i),
+            Arg::I32(i32::from(zc)),
+        ],
+    )?;
+    match &ws {
+        Some(ws) => k.launch(
             "norm_reduce_ws",
             col_grid,
             &[
-                Arg::Ptr(ptr(&ws)?),
+                Arg::Ptr(ptr(ws)?),
                 Arg::Ptr(ptr(&dgamma)?),
                 Arg::Ptr(opt_ptr(dbeta.as_ref())?),
                 Arg::I32(parts as i32),
                 Arg::I32(n_i),
             ],
-        )?;
-    } else {
-        k.launch(
-            "norm_bwd",
-            Grid::linear(blocks_for(rows, 1, i32::MAX as u32), cfg.block),
-            &[
-                Arg::Ptr(ptr(dy)?),
-                Arg::Ptr(ptr(x)?),
-                Arg::Ptr(opt_ptr(mu)?),
-                Arg::Ptr(ptr(rsigma)?),
-                Arg::Ptr(ptr(gamma)?),
-                Arg::Ptr(opt_ptr(add)?),
-                Arg::Ptr(ptr(&dx)?),
-                Arg::Ptr(0),
-                Arg::I32(rows_i),
-                Arg::I32(n_i),
-                Arg::I32(i32::from(zc)),
-            ],
-        )?;
-        k.launch(
+        )?,
+        None => k.launch(
             "norm_bwd_cols",
             col_grid,
             &[
@@ -171,7 +161,7 @@ fn backward(
                 Arg::I32(rows_i),
                 Arg::I32(n_i),
             ],
-        )?;
+        )?,
     }
     Ok((dx, dgamma, dbeta))
 }

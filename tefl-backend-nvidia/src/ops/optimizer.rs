@@ -49,12 +49,11 @@ fn groups(op: &'static str, ctx: &KernelCtx<'_>, kind: Kind, lists: &[&[Tensor]]
     let mut out = Vec::new();
     for idx in by_sig.values() {
         let first = idx[0];
-        let mut defines =
-            vec![("KIND", (kind as u8).to_string()), ("BLOCK", BLOCK.to_string()), ("CHUNK", CHUNK.to_string())];
-        for (slot, name) in ["T0", "T1", "T2", "T3", "T4"].into_iter().enumerate() {
-            let t = lists.get(slot).map(|l| cty(op, "tensor list", l[first].dtype())).transpose()?.unwrap_or("float");
-            defines.push((name, t.to_string()));
+        let mut types = ["float"; 5];
+        for (slot, l) in lists.iter().enumerate().take(5) {
+            types[slot] = cty(op, "tensor list", l[first].dtype())?;
         }
+        let defines = defines(kind as u8, types);
         let mut table: Vec<u64> = Vec::with_capacity(idx.len() * (ENTRY + 2));
         let mut chunk_list: Vec<u64> = Vec::new();
         for (local, &i) in idx.iter().enumerate() {
@@ -83,24 +82,23 @@ fn groups(op: &'static str, ctx: &KernelCtx<'_>, kind: Kind, lists: &[&[Tensor]]
     Ok(out)
 }
 
+/// The defines of one build of `optimizer.cu`: the kernel kind and the five list dtypes.
+fn defines(kind: u8, types: [&str; 5]) -> Vec<(&'static str, String)> {
+    let mut d = vec![("KIND", kind.to_string()), ("BLOCK", BLOCK.to_string()), ("CHUNK", CHUNK.to_string())];
+    d.extend(["T0", "T1", "T2", "T3", "T4"].into_iter().zip(types).map(|(n, t)| (n, t.to_string())));
+    d
+}
+
+/// The all-f32 build, for the kernels that touch no tensor list (the noop snapshot, the norm
+/// finish).
+fn f32_kernel(ctx: &KernelCtx<'_>) -> Kernel {
+    Kernel::new(ctx.device, &SRC, defines(Kind::L2Norm as u8, ["float"; 5]))
+}
+
 /// The noop flag as it is before the op (device to device, no host round trip).
 fn snapshot(ctx: &KernelCtx<'_>, noop: &Tensor) -> Result<Tensor> {
     let snap = empty(ctx.device, &[1], DType::I32)?;
-    let k = Kernel::new(
-        ctx.device,
-        &SRC,
-        vec![
-            ("KIND", "0".into()),
-            ("BLOCK", BLOCK.to_string()),
-            ("CHUNK", CHUNK.to_string()),
-            ("T0", "float".into()),
-            ("T1", "float".into()),
-            ("T2", "float".into()),
-            ("T3", "float".into()),
-            ("T4", "float".into()),
-        ],
-    );
-    k.launch("noop_snapshot", Grid::linear(1, 1), &[Arg::Ptr(ptr(noop)?), Arg::Ptr(ptr(&snap)?)])?;
+    f32_kernel(ctx).launch("noop_snapshot", Grid::linear(1, 1), &[Arg::Ptr(ptr(noop)?), Arg::Ptr(ptr(&snap)?)])?;
     Ok(snap)
 }
 
@@ -136,8 +134,7 @@ fn l2norm(
     for g in groups(op, ctx, Kind::L2Norm, &[tensors])? {
         run(&g, "mt_l2norm", &snap, &[Arg::Ptr(ptr(noop)?), Arg::Ptr(inv), Arg::Ptr(ptr(&ws)?)])?;
     }
-    let k = snapshot_kernel(ctx);
-    k.launch(
+    f32_kernel(ctx).launch(
         "mt_l2norm_finish",
         Grid::linear(1, 32),
         &[
@@ -149,14 +146,6 @@ fn l2norm(
         ],
     )?;
     Ok((total, per))
-}
-
-fn snapshot_kernel(ctx: &KernelCtx<'_>) -> Kernel {
-    let mut defines = vec![("KIND", "1".to_string()), ("BLOCK", BLOCK.to_string()), ("CHUNK", CHUNK.to_string())];
-    for name in ["T0", "T1", "T2", "T3", "T4"] {
-        defines.push((name, "float".to_string()));
-    }
-    Kernel::new(ctx.device, &SRC, defines)
 }
 
 pub fn multi_tensor_l2norm(ctx: &KernelCtx<'_>, a: &MultiTensorL2NormArgs) -> Result<MultiTensorL2NormOut> {
@@ -267,13 +256,5 @@ pub fn multi_tensor_compute_scale_and_scale_inv(ctx: &KernelCtx<'_>, a: &Compute
 
 /// Define sets covering every code path (the NVRTC compile test and cache warm-up).
 pub fn compile_variants() -> Vec<(&'static Source, Vec<(&'static str, String)>)> {
-    (0..6)
-        .map(|kind| {
-            let mut d = vec![("KIND", kind.to_string()), ("BLOCK", BLOCK.to_string()), ("CHUNK", CHUNK.to_string())];
-            for (name, t) in [("T0", "bf16"), ("T1", "f16"), ("T2", "float"), ("T3", "float"), ("T4", "float")] {
-                d.push((name, t.to_string()));
-            }
-            (&SRC, d)
-        })
-        .collect()
+    (0..6).map(|kind| (&SRC, defines(kind, ["bf16", "f16", "float", "float", "float"]))).collect()
 }

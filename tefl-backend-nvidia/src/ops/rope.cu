@@ -3,33 +3,47 @@
 // once into shared memory (dynamic, 8 * d_rot bytes). Defines: TX, LAYOUT (0 bshd, 1 sbhd,
 // 2 thd), INTERLEAVED, BACKWARD.
 
+// The (sequence, position) of token row `row` and whether it belongs to a sequence (thd rows
+// past the last cu_seqlens entry do not); `*pos` is the position plus the sequence's start.
+__device__ __forceinline__ bool row_position(int row, const i32* cu, const i32* starts, int batch, int s, int* pos) {
+    int b, p;
+    bool ok = true;
+#if LAYOUT == 0
+    b = row / s; p = row % s;
+#elif LAYOUT == 1
+    p = row / batch; b = row % batch;
+#else
+    int lo = 0, hi = batch - 1; // the last sequence whose start is <= row
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (cu[mid] <= row) lo = mid; else hi = mid - 1;
+    }
+    b = lo; p = row - cu[b];
+    ok = p >= 0 && p < cu[b + 1] - cu[b];
+#endif
+    *pos = p + (starts ? starts[b] : 0);
+    return ok;
+}
+
+// cos / sin of the row's angles into cs (cos at [c], sin at [d_rot + c]) once the previous
+// row's readers are done; every thread of the block calls it.
+__device__ __forceinline__ void row_angles(float* cs, const float* freqs, int pos, int d_rot, bool ok) {
+    __syncthreads();
+    if (ok) {
+        const float* f = freqs + (size_t)pos * d_rot;
+        for (int c = threadIdx.x; c < d_rot; c += blockDim.x) sincosf(f[c], &cs[d_rot + c], &cs[c]);
+    }
+    __syncthreads();
+}
+
 extern "C" __global__ void rope(const TX* __restrict__ x, const float* __restrict__ freqs, TX* __restrict__ y,
                                 const i32* __restrict__ cu, const i32* __restrict__ starts, int rows, int batch, int s,
                                 int h, int d, int d_rot) {
     extern __shared__ float cs[]; // cos at [c], sin at [d_rot + c]
     for (int row = blockIdx.x; row < rows; row += gridDim.x) {
-        int b, p;
-        bool ok = true;
-#if LAYOUT == 0
-        b = row / s; p = row % s;
-#elif LAYOUT == 1
-        p = row / batch; b = row % batch;
-#else
-        int lo = 0, hi = batch - 1; // the last sequence whose start is <= row
-        while (lo < hi) {
-            const int mid = (lo + hi + 1) / 2;
-            if (cu[mid] <= row) lo = mid; else hi = mid - 1;
-        }
-        b = lo; p = row - cu[b];
-        ok = p >= 0 && p < cu[b + 1] - cu[b];
-#endif
-        const int pos = p + (starts ? starts[b] : 0);
-        const float* f = freqs + (size_t)pos * d_rot;
-        __syncthreads(); // the previous row's readers are done with cs
-        if (ok) {
-            for (int c = threadIdx.x; c < d_rot; c += blockDim.x) sincosf(f[c], &cs[d_rot + c], &cs[c]);
-        }
-        __syncthreads();
+        int pos;
+        const bool ok = row_position(row, cu, starts, batch, s, &pos);
+        row_angles(cs, freqs, pos, d_rot, ok);
         const TX* xr = x + (size_t)row * h * d;
         TX* yr = y + (size_t)row * h * d;
         const int half = d_rot / 2;
@@ -75,21 +89,8 @@ extern "C" __global__ void rope_vec(const TX* __restrict__ x, const float* __res
     extern __shared__ float cs[]; // cos at [c], sin at [DROT + c]
     constexpr int HALF_ROT = DROT / 2;
     for (int row = blockIdx.x; row < rows; row += gridDim.x) {
-        int b, p;
-        bool ok = true;
-#if LAYOUT == 0
-        b = row / s; p = row % s;
-#elif LAYOUT == 1
-        p = row / batch; b = row % batch;
-#else
-        int lo = 0, hi = batch - 1;
-        while (lo < hi) {
-            const int mid = (lo + hi + 1) / 2;
-            if (cu[mid] <= row) lo = mid; else hi = mid - 1;
-        }
-        b = lo; p = row - cu[b];
-        ok = p >= 0 && p < cu[b + 1] - cu[b];
-#endif
+        int pos;
+        const bool ok = row_position(row, cu, starts, batch, s, &pos);
         const size_t rbase = (size_t)row * h * D;
         // The slot's rotated pair starts at c0 (and c0 + HALF_ROT); a copied vector at c0.
         auto place = [&](int slot, size_t* base, int* c0, bool* rot) {
@@ -106,13 +107,7 @@ extern "C" __global__ void rope_vec(const TX* __restrict__ x, const float* __res
             raw_copy<TX, VE>(first_v, x + base + c0);
             if (!INTERLEAVED && rot) raw_copy<TX, VE>(first_w, x + base + c0 + HALF_ROT);
         }
-        const int pos = p + (starts ? starts[b] : 0);
-        __syncthreads(); // the previous row's readers are done with cs
-        if (ok) {
-            const float* f = freqs + (size_t)pos * DROT;
-            for (int c = threadIdx.x; c < DROT; c += blockDim.x) sincosf(f[c], &cs[DROT + c], &cs[c]);
-        }
-        __syncthreads();
+        row_angles(cs, freqs, pos, DROT, ok);
         for (int slot = slot0; slot < h * SLOTS; slot += blockDim.x) {
             size_t base; int c0; bool rot;
             place(slot, &base, &c0, &rot);
