@@ -71,74 +71,95 @@ __device__ __forceinline__ float keep_factor(u64 seed, u64 offset, float p, int 
 }
 
 
-// acc[NB][4] += A(16 x KD) * B(KD x 8 NB) for one warp, fragments in the MMA layout.
-// A(r, k) = As[r * lda + k] (or As[k * lda + r] when AT); B(k, c) = Bs[c * ldb + k] when BT
-// (keys-major, the K tile for S = Q K^T), else Bs[k * ldb + c]. E is T, a template parameter
-// so that the branch of the other width is discarded. NB is even.
-template <int NB, int KD, bool AT, bool BT, typename E>
-__device__ __forceinline__ void warp_mm(float (*acc)[4], const E* As, int lda, const E* Bs, int ldb) {
+// acc[MT][NB][4] += A(16 MT x KD) * B(KD x 8 NB) for one warp, fragments in the MMA layout:
+// m-tile mt holds rows 16 mt.. of A. A(r, k) = As[r * lda + k] (or As[k * lda + r] when AT);
+// B(k, c) = Bs[c * ldb + k] when BT (keys-major, the K tile for S = Q K^T), else
+// Bs[k * ldb + c]. Every B fragment serves the MT m-tiles, so shared-memory traffic per MMA
+// falls as MT grows. E is T, a template parameter so that the branch of the other width is
+// discarded. NB is even.
+template <int MT, int NB, int KD, bool AT, bool BT, typename E>
+__device__ __forceinline__ void warp_mm(float (*acc)[NB][4], const E* As, int lda, const E* Bs, int ldb) {
     const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     if constexpr (sizeof(E) == 2) {
         const int mi = lane / 8, r = lane % 8;
 #pragma unroll
         for (int k0 = 0; k0 < KD; k0 += 16) {
-            u32 a[4];
-            if constexpr (!AT) ldsm_x4(a, As + ((mi % 2) * 8 + r) * lda + k0 + (mi / 2) * 8);
-            else ldsm_x4_t(a, As + (k0 + (mi / 2) * 8 + r) * lda + (mi % 2) * 8);
+            u32 a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                if constexpr (!AT) ldsm_x4(a[mt], As + (mt * 16 + (mi % 2) * 8 + r) * lda + k0 + (mi / 2) * 8);
+                else ldsm_x4_t(a[mt], As + (k0 + (mi / 2) * 8 + r) * lda + mt * 16 + (mi % 2) * 8);
+            }
 #pragma unroll
             for (int nb = 0; nb < NB; nb += 2) {
                 u32 b[4];
                 if constexpr (BT) ldsm_x4(b, Bs + ((nb + mi / 2) * 8 + r) * ldb + k0 + (mi % 2) * 8);
                 else ldsm_x4_t(b, Bs + (k0 + (mi % 2) * 8 + r) * ldb + (nb + mi / 2) * 8);
-                mma_16816(acc[nb], a, b, (E*)nullptr);
-                mma_16816(acc[nb + 1], a, b + 2, (E*)nullptr);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma_16816(acc[mt][nb], a[mt], b, (E*)nullptr);
+                    mma_16816(acc[mt][nb + 1], a[mt], b + 2, (E*)nullptr);
+                }
             }
         }
     } else {
         for (int k = 0; k < KD; ++k) {
-            const float a0 = to_f32(AT ? As[k * lda + g] : As[g * lda + k]);
-            const float a1 = to_f32(AT ? As[k * lda + g + 8] : As[(g + 8) * lda + k]);
 #pragma unroll
-            for (int nb = 0; nb < NB; ++nb) {
-                const int c = nb * 8 + 2 * t;
-                const float b0 = to_f32(BT ? Bs[c * ldb + k] : Bs[k * ldb + c]);
-                const float b1 = to_f32(BT ? Bs[(c + 1) * ldb + k] : Bs[k * ldb + c + 1]);
-                acc[nb][0] += a0 * b0;
-                acc[nb][1] += a0 * b1;
-                acc[nb][2] += a1 * b0;
-                acc[nb][3] += a1 * b1;
+            for (int mt = 0; mt < MT; ++mt) {
+                const int r0 = mt * 16 + g, r1 = r0 + 8;
+                const float a0 = to_f32(AT ? As[k * lda + r0] : As[r0 * lda + k]);
+                const float a1 = to_f32(AT ? As[k * lda + r1] : As[r1 * lda + k]);
+#pragma unroll
+                for (int nb = 0; nb < NB; ++nb) {
+                    const int c = nb * 8 + 2 * t;
+                    const float b0 = to_f32(BT ? Bs[c * ldb + k] : Bs[k * ldb + c]);
+                    const float b1 = to_f32(BT ? Bs[(c + 1) * ldb + k] : Bs[k * ldb + c + 1]);
+                    acc[mt][nb][0] += a0 * b0;
+                    acc[mt][nb][1] += a0 * b1;
+                    acc[mt][nb][2] += a1 * b0;
+                    acc[mt][nb][3] += a1 * b1;
+                }
             }
         }
     }
 }
 
-// acc[NB][4] += A(16 x KD) * B(KD x 8 NB) with A held by the warp in accumulator layout
-// (c[KD / 8][4], as a previous warp_mm left it) and B(k, c) = Bs[k * ldb + c]: the C
-// fragments of two n8 blocks are exactly the A fragment of one k16 step, so probabilities
+// acc[MT][NB][4] += A(16 MT x KD) * B(KD x 8 NB) with A held by the warp in accumulator
+// layout (c[MT][KD / 8][4], as a previous warp_mm left it) and B(k, c) = Bs[k * ldb + c]: the
+// C fragments of two n8 blocks are exactly the A fragment of one k16 step, so probabilities
 // and dS never go through shared memory. 16-bit E only (HALF builds).
-template <int NB, int KD, typename E>
-__device__ __forceinline__ void warp_mm_regA(float (*acc)[4], const float (*c)[4], const E* Bs, int ldb) {
+template <int MT, int NB, int KD, typename E>
+__device__ __forceinline__ void warp_mm_regA(float (*acc)[NB][4], const float (*c)[KD / 8][4], const E* Bs, int ldb) {
     const int lane = threadIdx.x % 32, mi = lane / 8, r = lane % 8;
 #pragma unroll
     for (int kk = 0; kk < KD / 16; ++kk) {
-        u32 a[4];
-        a[0] = pack2(bits16(from_f32<E>(c[2 * kk][0])), bits16(from_f32<E>(c[2 * kk][1])));
-        a[1] = pack2(bits16(from_f32<E>(c[2 * kk][2])), bits16(from_f32<E>(c[2 * kk][3])));
-        a[2] = pack2(bits16(from_f32<E>(c[2 * kk + 1][0])), bits16(from_f32<E>(c[2 * kk + 1][1])));
-        a[3] = pack2(bits16(from_f32<E>(c[2 * kk + 1][2])), bits16(from_f32<E>(c[2 * kk + 1][3])));
+        u32 a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            const float (*cm)[4] = c[mt];
+            a[mt][0] = pack2(bits16(from_f32<E>(cm[2 * kk][0])), bits16(from_f32<E>(cm[2 * kk][1])));
+            a[mt][1] = pack2(bits16(from_f32<E>(cm[2 * kk][2])), bits16(from_f32<E>(cm[2 * kk][3])));
+            a[mt][2] = pack2(bits16(from_f32<E>(cm[2 * kk + 1][0])), bits16(from_f32<E>(cm[2 * kk + 1][1])));
+            a[mt][3] = pack2(bits16(from_f32<E>(cm[2 * kk + 1][2])), bits16(from_f32<E>(cm[2 * kk + 1][3])));
+        }
 #pragma unroll
         for (int nb = 0; nb < NB; nb += 2) {
             u32 b[4];
             ldsm_x4_t(b, Bs + (kk * 16 + (mi % 2) * 8 + r) * ldb + (nb + mi / 2) * 8);
-            mma_16816(acc[nb], a, b, (E*)nullptr);
-            mma_16816(acc[nb + 1], a, b + 2, (E*)nullptr);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                mma_16816(acc[mt][nb], a[mt], b, (E*)nullptr);
+                mma_16816(acc[mt][nb + 1], a[mt], b + 2, (E*)nullptr);
+            }
         }
     }
 }
 
-template <int NB> __device__ __forceinline__ void zero_acc(float (*acc)[4]) {
+template <int MT, int NB> __device__ __forceinline__ void zero_acc(float (*acc)[NB][4]) {
 #pragma unroll
-    for (int nb = 0; nb < NB; ++nb) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.0f;
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) acc[mt][nb][0] = acc[mt][nb][1] = acc[mt][nb][2] = acc[mt][nb][3] = 0.0f;
 }
 
 // Starts loading `nrows` rows of D elements (row r at token row base_row + r * rstride, head
@@ -184,34 +205,53 @@ __device__ __forceinline__ void tile_keys(const Seq& s, int q0, int rows, int* l
     *lo = l; *hi = h;
 }
 
-// Starts loading key tile j0 of kv head hkv (K, then V; rows from bhi on are zero) into
-// stage `stage` of the two-stage buffer KV ([K tile | V tile] per stage).
+// Starts loading key tile j0 (ROWS keys) of kv head hkv (K, then V; rows from bhi on are
+// zero) into stage `stage` of the two-stage buffer KV ([K tile | V tile] per stage).
+template <int ROWS>
 __device__ __forceinline__ void issue_kv(T* KV, int stage, const T* k, const T* v, const Seq& s, int j0, int bhi, int hk,
                                          int hkv) {
-    const int nvalid = min(BC, bhi - j0);
-    T* Kd = KV + stage * 2 * BC * LDD;
-    load_tile(Kd, k, BC, s.kb + (long long)j0 * s.rs, s.rs, nvalid, hk, hkv);
-    load_tile(Kd + BC * LDD, v, BC, s.kb + (long long)j0 * s.rs, s.rs, nvalid, hk, hkv);
+    const int nvalid = min(ROWS, bhi - j0);
+    T* Kd = KV + stage * 2 * ROWS * LDD;
+    load_tile(Kd, k, ROWS, s.kb + (long long)j0 * s.rs, s.rs, nvalid, hk, hkv);
+    load_tile(Kd + ROWS * LDD, v, ROWS, s.kb + (long long)j0 * s.rs, s.rs, nvalid, hk, hkv);
     cp_async_commit();
 }
 
 // Before computing key tile j0 (in `stage`): starts the next tile into the other stage, waits
 // for this one and for every warp. Returns the stage's K tile (its V tile follows it).
+template <int ROWS>
 __device__ __forceinline__ const T* ready_kv(T* KV, int stage, const T* k, const T* v, const Seq& s, int j0, int bhi,
                                              int hk, int hkv) {
-    if (j0 + BC < bhi) {
-        issue_kv(KV, stage ^ 1, k, v, s, j0 + BC, bhi, hk, hkv);
+    if (j0 + ROWS < bhi) {
+        issue_kv<ROWS>(KV, stage ^ 1, k, v, s, j0 + ROWS, bhi, hk, hkv);
         cp_async_wait<1>();
     } else {
         cp_async_wait<0>();
     }
     __syncthreads();
-    return KV + stage * 2 * BC * LDD;
+    return KV + stage * 2 * ROWS * LDD;
 }
 
-#define FWD_WARPS (FWD_BR / 16)
+// A warp's query rows [first, first + rows) see every key of [j0, j0 + n): no per-element
+// mask. The key bounds are monotone in the query, so the first row's hi and the last row's
+// lo decide (a row past the sequence has hi = 0).
+struct WarpRows {
+    int lo_last, hi_first, hi_last;
+    __device__ __forceinline__ WarpRows(const Seq& s, int first, int rows) {
+        int unused;
+        key_range(s, first, &unused, &hi_first);
+        key_range(s, first + rows - 1, &lo_last, &hi_last);
+    }
+    __device__ __forceinline__ bool all_see(int j0, int n) const {
+        return lo_last <= j0 && hi_first >= j0 + n && hi_last >= j0 + n;
+    }
+};
 
-extern "C" __global__ void __launch_bounds__(FWD_BR * 2, FWD_MIN_BLOCKS) attn_fwd(const T* __restrict__ q, const T* __restrict__ k,
+// Forward: 4 warps, each FWD_MT m-tiles of 16 query rows (2 on tensor cores: every K and V
+// fragment serves 32 rows); thread row x (x = 2 mt + half) is query wr + 16 mt + 8 half + g.
+#define FWD_MT (FWD_BR / 64)
+
+extern "C" __global__ void __launch_bounds__(128, FWD_MIN_BLOCKS) attn_fwd(const T* __restrict__ q, const T* __restrict__ k,
                                                                const T* __restrict__ v, T* __restrict__ o,
                                                                float* __restrict__ lse, const i32* __restrict__ cu_q,
                                                                const i32* __restrict__ cu_k, int batch, int sq, int sk,
@@ -220,7 +260,7 @@ extern "C" __global__ void __launch_bounds__(FWD_BR * 2, FWD_MIN_BLOCKS) attn_fw
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* Qs = (T*)smem_raw;
     T* KV = Qs + FWD_BR * LDD;       // two stages of [K tile | V tile]
-    T* Ps = KV + 4 * BC * LDD;       // per-warp [16][LDP]
+    T* Ps = KV + 4 * BC * LDD;       // f32 builds: per-warp [16 FWD_MT][LDP]
     __shared__ int s_lo, s_hi;
 
     // Later query tiles see more keys under causal masks: run them first (a shorter tail).
@@ -230,96 +270,110 @@ extern "C" __global__ void __launch_bounds__(FWD_BR * 2, FWD_MIN_BLOCKS) attn_fw
     const int slot = LAYOUT == 2 ? s.lq : sq; // rows this sequence owns in o / lse
     if (q0 >= slot) return;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const int r0 = q0 + warp * 16 + g, r1 = r0 + 8; // this thread's two query rows
-    int lo0, hi0, lo1, hi1;
-    key_range(s, r0, &lo0, &hi0);
-    key_range(s, r1, &lo1, &hi1);
+    const int wr = q0 + warp * 16 * FWD_MT; // the warp's first query row
+    int lo[2 * FWD_MT], hi[2 * FWD_MT];
+#pragma unroll
+    for (int x = 0; x < 2 * FWD_MT; ++x) key_range(s, wr + x * 8 + g, &lo[x], &hi[x]);
+    const WarpRows rows(s, wr, 16 * FWD_MT);
     if (threadIdx.x == 0) tile_keys(s, q0, FWD_BR, &s_lo, &s_hi);
     load_tile(Qs, q, FWD_BR, s.qb + (long long)q0 * s.rs, s.rs, min(FWD_BR, s.lq - q0), hq, h);
     cp_async_commit();
     __syncthreads();
     const int blo = s_lo, bhi = s_hi;
-    if (blo < bhi) issue_kv(KV, 0, k, v, s, blo, bhi, hk, hkv);
+    if (blo < bhi) issue_kv<BC>(KV, 0, k, v, s, blo, bhi, hk, hkv);
 
-    float acc[DP / 8][4];
-    zero_acc<DP / 8>(acc);
-    // Scores in the log2 domain (exp2 is one instruction): m is the running max of scale2 * s.
+    float acc[FWD_MT][DP / 8][4];
+    zero_acc<FWD_MT, DP / 8>(acc);
+    // Scores in the log2 domain (exp2 is one instruction): m is the running max of scale2 * s,
+    // and exponents subtract mu (m, or 0 while a row has seen no key: exp2(-inf) = 0).
     const float scale2 = scale * 1.4426950408889634f;
-    float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.0f, l1 = 0.0f;
-    T* Pw = Ps + warp * 16 * LDP;
+    float m[2 * FWD_MT], l[2 * FWD_MT];
+#pragma unroll
+    for (int x = 0; x < 2 * FWD_MT; ++x) { m[x] = NEG_INF; l[x] = 0.0f; }
+    T* Pw = Ps + warp * 16 * FWD_MT * LDP;
 
     int stage = 0;
     for (int j0 = blo; j0 < bhi; j0 += BC, stage ^= 1) {
-        const T* Ks = ready_kv(KV, stage, k, v, s, j0, bhi, hk, hkv);
+        const T* Ks = ready_kv<BC>(KV, stage, k, v, s, j0, bhi, hk, hkv);
         const T* Vs = Ks + BC * LDD;
-        float sc[BC / 8][4];
-        zero_acc<BC / 8>(sc);
-        warp_mm<BC / 8, DP, false, true>(sc, Qs + warp * 16 * LDD, LDD, Ks, LDD);
-        float mx0 = NEG_INF, mx1 = NEG_INF;
+        float sc[FWD_MT][BC / 8][4];
+        zero_acc<FWD_MT, BC / 8>(sc);
+        warp_mm<FWD_MT, BC / 8, DP, false, true>(sc, Qs + warp * 16 * FWD_MT * LDD, LDD, Ks, LDD);
+        const bool full = rows.all_see(j0, BC);
+        float mx[2 * FWD_MT];
 #pragma unroll
-        for (int nb = 0; nb < BC / 8; ++nb) {
+        for (int x = 0; x < 2 * FWD_MT; ++x) mx[x] = NEG_INF;
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int j = j0 + nb * 8 + 2 * t + e;
-                sc[nb][e] = (j >= lo0 && j < hi0) ? sc[nb][e] * scale2 : NEG_INF;
-                sc[nb][2 + e] = (j >= lo1 && j < hi1) ? sc[nb][2 + e] * scale2 : NEG_INF;
-                mx0 = fmaxf(mx0, sc[nb][e]);
-                mx1 = fmaxf(mx1, sc[nb][2 + e]);
+        for (int mt = 0; mt < FWD_MT; ++mt)
+#pragma unroll
+            for (int nb = 0; nb < BC / 8; ++nb)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int x = 2 * mt + e / 2, j = j0 + nb * 8 + 2 * t + (e & 1);
+                    float z = sc[mt][nb][e] * scale2;
+                    if (!full && !(j >= lo[x] && j < hi[x])) z = NEG_INF;
+                    sc[mt][nb][e] = z;
+                    mx[x] = fmaxf(mx[x], z);
+                }
+        float mu[2 * FWD_MT];
+#pragma unroll
+        for (int x = 0; x < 2 * FWD_MT; ++x) {
+            mx[x] = fmaxf(mx[x], shfl_xor(mx[x], 1));
+            mx[x] = fmaxf(mx[x], shfl_xor(mx[x], 2));
+            const float mn = fmaxf(m[x], mx[x]);
+            mu[x] = mn == NEG_INF ? 0.0f : mn;
+            const float c = fast_exp2(m[x] - mu[x]);
+            m[x] = mn;
+            l[x] *= c;
+#pragma unroll
+            for (int nb = 0; nb < DP / 8; ++nb) {
+                acc[x / 2][nb][2 * (x % 2)] *= c;
+                acc[x / 2][nb][2 * (x % 2) + 1] *= c;
             }
         }
-        mx0 = fmaxf(mx0, shfl_xor(mx0, 1)); mx0 = fmaxf(mx0, shfl_xor(mx0, 2));
-        mx1 = fmaxf(mx1, shfl_xor(mx1, 1)); mx1 = fmaxf(mx1, shfl_xor(mx1, 2));
-        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-        const float c0 = mn0 == NEG_INF ? 1.0f : exp2f(m0 - mn0);
-        const float c1 = mn1 == NEG_INF ? 1.0f : exp2f(m1 - mn1);
-        m0 = mn0; m1 = mn1;
-        l0 *= c0; l1 *= c1;
 #pragma unroll
-        for (int nb = 0; nb < DP / 8; ++nb) { acc[nb][0] *= c0; acc[nb][1] *= c0; acc[nb][2] *= c1; acc[nb][3] *= c1; }
+        for (int mt = 0; mt < FWD_MT; ++mt)
 #pragma unroll
-        for (int nb = 0; nb < BC / 8; ++nb) {
+            for (int nb = 0; nb < BC / 8; ++nb)
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int j = j0 + nb * 8 + 2 * t + e;
-                const float p0 = sc[nb][e] == NEG_INF ? 0.0f : exp2f(sc[nb][e] - m0);
-                const float p1 = sc[nb][2 + e] == NEG_INF ? 0.0f : exp2f(sc[nb][2 + e] - m1);
-                l0 += p0; l1 += p1;
+                for (int e = 0; e < 4; ++e) {
+                    const int x = 2 * mt + e / 2;
+                    const float p = fast_exp2(sc[mt][nb][e] - mu[x]);
+                    l[x] += p;
 #if DROPOUT
-                const float k0f = p0 == 0.0f ? 0.0f : keep_factor(seed, offset, p_drop, b, h, hq, sq, sk, r0, j);
-                const float k1f = p1 == 0.0f ? 0.0f : keep_factor(seed, offset, p_drop, b, h, hq, sq, sk, r1, j);
+                    const int j = j0 + nb * 8 + 2 * t + (e & 1);
+                    sc[mt][nb][e] = p == 0.0f ? 0.0f : p * keep_factor(seed, offset, p_drop, b, h, hq, sq, sk, wr + x * 8 + g, j);
 #else
-                const float k0f = 1.0f, k1f = 1.0f;
-                (void)j;
+                    sc[mt][nb][e] = p;
 #endif
-                sc[nb][e] = p0 * k0f;
-                sc[nb][2 + e] = p1 * k1f;
-            }
-        }
+                }
 #if HALF
-        warp_mm_regA<DP / 8, BC>(acc, sc, Vs, LDD);
+        warp_mm_regA<FWD_MT, DP / 8, BC>(acc, sc, Vs, LDD);
 #else
 #pragma unroll
-        for (int nb = 0; nb < BC / 8; ++nb) {
+        for (int mt = 0; mt < FWD_MT; ++mt)
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                Pw[g * LDP + nb * 8 + 2 * t + e] = from_f32<T>(sc[nb][e]);
-                Pw[(g + 8) * LDP + nb * 8 + 2 * t + e] = from_f32<T>(sc[nb][2 + e]);
-            }
-        }
+            for (int nb = 0; nb < BC / 8; ++nb)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    Pw[(mt * 16 + g + 8 * (e / 2)) * LDP + nb * 8 + 2 * t + (e & 1)] = from_f32<T>(sc[mt][nb][e]);
         __syncwarp();
-        warp_mm<DP / 8, BC, false, false>(acc, Pw, LDP, Vs, LDD);
+        warp_mm<FWD_MT, DP / 8, BC, false, false>(acc, Pw, LDP, Vs, LDD);
 #endif
         __syncthreads(); // every warp is done with this stage before it is refilled
     }
     cp_async_wait<0>(); // (no key tile: the query tile's copy was never waited for)
-    l0 += shfl_xor(l0, 1); l0 += shfl_xor(l0, 2);
-    l1 += shfl_xor(l1, 1); l1 += shfl_xor(l1, 2);
-    const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        const int r = half ? r1 : r0;
+    for (int x = 0; x < 2 * FWD_MT; ++x) {
+        l[x] += shfl_xor(l[x], 1);
+        l[x] += shfl_xor(l[x], 2);
+    }
+#pragma unroll
+    for (int x = 0; x < 2 * FWD_MT; ++x) {
+        const float lx = l[x];
+        const int r = wr + x * 8 + g;
         if (r >= slot) continue;
-        const float inv = half ? inv1 : inv0;
+        const float inv = lx > 0.0f ? 1.0f / lx : 0.0f;
         const long long row = s.qb + (long long)r * s.rs;
         T* orow = o + (row * hq + h) * D;
 #pragma unroll
@@ -327,13 +381,11 @@ extern "C" __global__ void __launch_bounds__(FWD_BR * 2, FWD_MIN_BLOCKS) attn_fw
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const int c = nb * 8 + 2 * t + e;
-                if (c < D) orow[c] = from_f32<T>(r < s.lq ? acc[nb][half * 2 + e] * inv : 0.0f);
+                if (c < D) orow[c] = from_f32<T>(r < s.lq ? acc[x / 2][nb][2 * (x % 2) + e] * inv : 0.0f);
             }
         }
-        if (t == 0) {
-            const float l = half ? l1 : l0, m = half ? m1 : m0;
-            lse[lse_index(s, b, h, hq, sq, tq, r)] = (r < s.lq && l > 0.0f) ? m * 0.6931471805599453f + logf(l) : NEG_INF;
-        }
+        if (t == 0)
+            lse[lse_index(s, b, h, hq, sq, tq, r)] = (r < s.lq && lx > 0.0f) ? m[x] * 0.6931471805599453f + logf(lx) : NEG_INF;
     }
 }
 
@@ -381,10 +433,11 @@ extern "C" __global__ void __launch_bounds__(128) attn_bwd_dkdv(const T* __restr
     load_tile(Vs, v, BC, s.kb + (long long)j0 * s.rs, s.rs, nk, hk, hkv);
     cp_async_commit();
 
-    float adk[DP / 8][4], adv[DP / 8][4];
-    zero_acc<DP / 8>(adk);
-    zero_acc<DP / 8>(adv);
+    float adk[1][DP / 8][4], adv[1][DP / 8][4];
+    zero_acc<1, DP / 8>(adk);
+    zero_acc<1, DP / 8>(adv);
     const int kj0 = j0 + warp * 16 + g, kj1 = kj0 + 8; // this thread's two keys
+    const float scale2 = scale * 1.4426950408889634f;
 
     // Query tile i0 sees some key of this block (the bounds are monotone in the query).
     auto visible = [&](int i0) {
@@ -447,11 +500,11 @@ extern "C" __global__ void __launch_bounds__(128) attn_bwd_dkdv(const T* __restr
         // Every (query, key) pair of the tile visible: no per-element mask (the first query has
         // the smallest hi, the last the largest lo).
         const bool full = nq == BR && nk == BC && lo_last <= j0 && hi_first >= j0 + BC;
-        float st[BR / 8][4], dpt[BR / 8][4];
-        zero_acc<BR / 8>(st);
-        zero_acc<BR / 8>(dpt);
-        warp_mm<BR / 8, DP, false, true>(st, Ks + warp * 16 * LDD, LDD, Qs, LDD);
-        warp_mm<BR / 8, DP, false, true>(dpt, Vs + warp * 16 * LDD, LDD, dOs, LDD);
+        float st[1][BR / 8][4], dpt[1][BR / 8][4];
+        zero_acc<1, BR / 8>(st);
+        zero_acc<1, BR / 8>(dpt);
+        warp_mm<1, BR / 8, DP, false, true>(st, Ks + warp * 16 * LDD, LDD, Qs, LDD);
+        warp_mm<1, BR / 8, DP, false, true>(dpt, Vs + warp * 16 * LDD, LDD, dOs, LDD);
 #pragma unroll
         for (int nb = 0; nb < BR / 8; ++nb) {
 #pragma unroll
@@ -467,18 +520,18 @@ extern "C" __global__ void __launch_bounds__(128) attn_bwd_dkdv(const T* __restr
                 }
                 float pd = 0.0f, ds = 0.0f;
                 if (ok) {
-                    const float p = __expf(st[nb][e] * scale - lse_s[qi]);
+                    const float p = fast_exp2(st[0][nb][e] * scale2 - lse_s[qi] * 1.4426950408889634f);
                     const float z = keep_factor(seed, offset, p_drop, b, h, hq, sq, sk, i, kj);
                     pd = p * z;
-                    ds = p * (dpt[nb][e] * z - del_s[qi]);
+                    ds = p * (dpt[0][nb][e] * z - del_s[qi]);
                 }
-                st[nb][e] = pd;
-                dpt[nb][e] = ds;
+                st[0][nb][e] = pd;
+                dpt[0][nb][e] = ds;
             }
         }
 #if HALF
-        warp_mm_regA<DP / 8, BR>(adv, st, dOs, LDD);
-        warp_mm_regA<DP / 8, BR>(adk, dpt, Qs, LDD);
+        warp_mm_regA<1, DP / 8, BR>(adv, st, dOs, LDD);
+        warp_mm_regA<1, DP / 8, BR>(adk, dpt, Qs, LDD);
 #else
 #pragma unroll
         for (int nb = 0; nb < BR / 8; ++nb) {
@@ -486,13 +539,13 @@ extern "C" __global__ void __launch_bounds__(128) attn_bwd_dkdv(const T* __restr
             for (int e = 0; e < 4; ++e) {
                 const int qi = nb * 8 + 2 * t + (e & 1);
                 const int kr = warp * 16 + g + (e < 2 ? 0 : 8);
-                PdT[kr * LDP + qi] = from_f32<T>(st[nb][e]);
-                dST[kr * LDP + qi] = from_f32<T>(dpt[nb][e]);
+                PdT[kr * LDP + qi] = from_f32<T>(st[0][nb][e]);
+                dST[kr * LDP + qi] = from_f32<T>(dpt[0][nb][e]);
             }
         }
         __syncwarp();
-        warp_mm<DP / 8, BR, false, false>(adv, PdT + warp * 16 * LDP, LDP, dOs, LDD);
-        warp_mm<DP / 8, BR, false, false>(adk, dST + warp * 16 * LDP, LDP, Qs, LDD);
+        warp_mm<1, DP / 8, BR, false, false>(adv, PdT + warp * 16 * LDP, LDP, dOs, LDD);
+        warp_mm<1, DP / 8, BR, false, false>(adk, dST + warp * 16 * LDP, LDP, Qs, LDD);
 #endif
         __syncthreads(); // every warp is done with this stage before it is refilled
 #if QSTAGES == 1
@@ -517,16 +570,22 @@ extern "C" __global__ void __launch_bounds__(128) attn_bwd_dkdv(const T* __restr
             for (int e = 0; e < 2; ++e) {
                 const int c = nb * 8 + 2 * t + e;
                 if (c < D) {
-                    dkr[c] = from_f32<T>(ok ? scale * adk[nb][half * 2 + e] : 0.0f);
-                    dvr[c] = from_f32<T>(ok ? adv[nb][half * 2 + e] : 0.0f);
+                    dkr[c] = from_f32<T>(ok ? scale * adk[0][nb][half * 2 + e] : 0.0f);
+                    dvr[c] = from_f32<T>(ok ? adv[0][nb][half * 2 + e] : 0.0f);
                 }
             }
         }
     }
 }
 
-// One block per (64 queries, head, sequence): dQ = scale * Σ_keys dS K in registers, the
-// keys double-buffered like the forward.
+// One block per (DQ_BR queries, head, sequence): dQ = scale * Σ_keys dS K in registers, the
+// key tiles (DQ_BC keys) double-buffered like the forward. 4 warps of DQ_MT m-tiles: 2 on
+// tensor cores (32 query rows share every K and V fragment; 32-key tiles keep S and dP of
+// both in registers), 1 for f32.
+#define DQ_MT (HALF ? 2 : 1)
+#define DQ_BR (64 * DQ_MT)
+#define DQ_BC (HALF ? 32 : 64)
+#define DQ_LDS (DQ_BC + PAD)
 extern "C" __global__ void __launch_bounds__(128) attn_bwd_dq(const T* __restrict__ q, const T* __restrict__ k,
                                                            const T* __restrict__ v, const T* __restrict__ d_o,
                                                            const float* __restrict__ lse,
@@ -536,78 +595,85 @@ extern "C" __global__ void __launch_bounds__(128) attn_bwd_dq(const T* __restric
                                                            float scale, float p_drop, u64 seed, u64 offset) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* Qs = (T*)smem_raw;
-    T* dOs = Qs + BR * LDD;
-    T* KV = dOs + BR * LDD;   // two stages of [K tile | V tile]
-    T* dSs = KV + 4 * BC * LDD; // per-warp [16][LDP]: dS, queries x keys
+    T* dOs = Qs + DQ_BR * LDD;
+    T* KV = dOs + DQ_BR * LDD;       // two stages of [K tile | V tile]
+    T* dSs = KV + 4 * DQ_BC * LDD;   // f32 builds: per-warp [16 DQ_MT][DQ_LDS] dS, queries x keys
     __shared__ int s_lo, s_hi;
 
-    const int b = blockIdx.z, h = blockIdx.y, q0 = (gridDim.x - 1 - blockIdx.x) * BR;
+    const int b = blockIdx.z, h = blockIdx.y, q0 = (gridDim.x - 1 - blockIdx.x) * DQ_BR;
     const int hkv = h / (hq / hk);
     const Seq s = seq_of(b, batch, sq, sk, cu_q, cu_k);
     const int slot = LAYOUT == 2 ? s.lq : sq;
     if (q0 >= slot) return;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const int r0 = q0 + warp * 16 + g, r1 = r0 + 8;
-    int lo0, hi0, lo1, hi1;
-    key_range(s, r0, &lo0, &hi0);
-    key_range(s, r1, &lo1, &hi1);
-    const int nq = max(0, min(BR, s.lq - q0));
-    if (threadIdx.x == 0) tile_keys(s, q0, BR, &s_lo, &s_hi);
-    load_tile(Qs, q, BR, s.qb + (long long)q0 * s.rs, s.rs, nq, hq, h);
-    load_tile(dOs, d_o, BR, s.qb + (long long)q0 * s.rs, s.rs, nq, hq, h);
+    const int wr = q0 + warp * 16 * DQ_MT; // the warp's first query row; thread row x is wr + 8 x + g
+    int lo[2 * DQ_MT], hi[2 * DQ_MT];
+    float lse2[2 * DQ_MT], del[2 * DQ_MT];
+    const float scale2 = scale * 1.4426950408889634f;
+#pragma unroll
+    for (int x = 0; x < 2 * DQ_MT; ++x) {
+        const int r = wr + x * 8 + g;
+        key_range(s, r, &lo[x], &hi[x]);
+        // exp(scale s - lse) = exp2(scale2 s - lse2)
+        lse2[x] = r < s.lq ? lse[lse_index(s, b, h, hq, sq, tq, r)] * 1.4426950408889634f : 0.0f;
+        del[x] = r < s.lq ? delta[(s.qb + (long long)r * s.rs) * hq + h] : 0.0f;
+    }
+    const WarpRows rows(s, wr, 16 * DQ_MT);
+    const int nq = max(0, min(DQ_BR, s.lq - q0));
+    if (threadIdx.x == 0) tile_keys(s, q0, DQ_BR, &s_lo, &s_hi);
+    load_tile(Qs, q, DQ_BR, s.qb + (long long)q0 * s.rs, s.rs, nq, hq, h);
+    load_tile(dOs, d_o, DQ_BR, s.qb + (long long)q0 * s.rs, s.rs, nq, hq, h);
     cp_async_commit();
     __syncthreads();
     const int blo = s_lo, bhi = s_hi;
-    const float lse0 = r0 < s.lq ? lse[lse_index(s, b, h, hq, sq, tq, r0)] : 0.0f;
-    const float lse1 = r1 < s.lq ? lse[lse_index(s, b, h, hq, sq, tq, r1)] : 0.0f;
-    const float del0 = r0 < s.lq ? delta[(s.qb + (long long)r0 * s.rs) * hq + h] : 0.0f;
-    const float del1 = r1 < s.lq ? delta[(s.qb + (long long)r1 * s.rs) * hq + h] : 0.0f;
-    if (blo < bhi) issue_kv(KV, 0, k, v, s, blo, bhi, hk, hkv);
-    float adq[DP / 8][4];
-    zero_acc<DP / 8>(adq);
-    T* dSw = dSs + warp * 16 * LDP;
+    if (blo < bhi) issue_kv<DQ_BC>(KV, 0, k, v, s, blo, bhi, hk, hkv);
+    float adq[DQ_MT][DP / 8][4];
+    zero_acc<DQ_MT, DP / 8>(adq);
+    T* dSw = dSs + warp * 16 * DQ_MT * DQ_LDS;
     int stage = 0;
-    for (int j0 = blo; j0 < bhi; j0 += BC, stage ^= 1) {
-        const T* Ks = ready_kv(KV, stage, k, v, s, j0, bhi, hk, hkv);
-        const T* Vs = Ks + BC * LDD;
-        float sc[BC / 8][4], dp[BC / 8][4];
-        zero_acc<BC / 8>(sc);
-        zero_acc<BC / 8>(dp);
-        warp_mm<BC / 8, DP, false, true>(sc, Qs + warp * 16 * LDD, LDD, Ks, LDD);
-        warp_mm<BC / 8, DP, false, true>(dp, dOs + warp * 16 * LDD, LDD, Vs, LDD);
+    for (int j0 = blo; j0 < bhi; j0 += DQ_BC, stage ^= 1) {
+        const T* Ks = ready_kv<DQ_BC>(KV, stage, k, v, s, j0, bhi, hk, hkv);
+        const T* Vs = Ks + DQ_BC * LDD;
+        float sc[DQ_MT][DQ_BC / 8][4], dp[DQ_MT][DQ_BC / 8][4];
+        zero_acc<DQ_MT, DQ_BC / 8>(sc);
+        zero_acc<DQ_MT, DQ_BC / 8>(dp);
+        warp_mm<DQ_MT, DQ_BC / 8, DP, false, true>(sc, Qs + warp * 16 * DQ_MT * LDD, LDD, Ks, LDD);
+        warp_mm<DQ_MT, DQ_BC / 8, DP, false, true>(dp, dOs + warp * 16 * DQ_MT * LDD, LDD, Vs, LDD);
+        const bool full = rows.all_see(j0, DQ_BC);
 #pragma unroll
-        for (int nb = 0; nb < BC / 8; ++nb) {
+        for (int mt = 0; mt < DQ_MT; ++mt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int j = j0 + nb * 8 + 2 * t + (e & 1);
-                const bool second = e >= 2;
-                const int i = second ? r1 : r0;
-                const bool ok = second ? (j >= lo1 && j < hi1) : (j >= lo0 && j < hi0);
-                float ds = 0.0f;
-                if (ok) {
-                    const float p = __expf(sc[nb][e] * scale - (second ? lse1 : lse0));
-                    const float z = keep_factor(seed, offset, p_drop, b, h, hq, sq, sk, i, j);
-                    ds = p * (dp[nb][e] * z - (second ? del1 : del0));
+            for (int nb = 0; nb < DQ_BC / 8; ++nb)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int x = 2 * mt + e / 2, j = j0 + nb * 8 + 2 * t + (e & 1);
+                    float ds = 0.0f;
+                    if (full || (j >= lo[x] && j < hi[x])) {
+                        const float p = fast_exp2(sc[mt][nb][e] * scale2 - lse2[x]);
+                        const float z = keep_factor(seed, offset, p_drop, b, h, hq, sq, sk, wr + x * 8 + g, j);
+                        ds = p * (dp[mt][nb][e] * z - del[x]);
+                    }
+                    sc[mt][nb][e] = ds;
                 }
-                sc[nb][e] = ds;
-            }
-        }
 #if HALF
-        warp_mm_regA<DP / 8, BC>(adq, sc, Ks, LDD);
+        warp_mm_regA<DQ_MT, DP / 8, DQ_BC>(adq, sc, Ks, LDD);
 #else
 #pragma unroll
-        for (int nb = 0; nb < BC / 8; ++nb)
+        for (int mt = 0; mt < DQ_MT; ++mt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) dSw[(g + (e >= 2 ? 8 : 0)) * LDP + nb * 8 + 2 * t + (e & 1)] = from_f32<T>(sc[nb][e]);
+            for (int nb = 0; nb < DQ_BC / 8; ++nb)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    dSw[(mt * 16 + g + 8 * (e / 2)) * DQ_LDS + nb * 8 + 2 * t + (e & 1)] = from_f32<T>(sc[mt][nb][e]);
         __syncwarp();
-        warp_mm<DP / 8, BC, false, false>(adq, dSw, LDP, Ks, LDD);
+        warp_mm<DQ_MT, DP / 8, DQ_BC, false, false>(adq, dSw, DQ_LDS, Ks, LDD);
 #endif
         __syncthreads();
     }
     cp_async_wait<0>();
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        const int r = half ? r1 : r0;
+    for (int x = 0; x < 2 * DQ_MT; ++x) {
+        const int r = wr + x * 8 + g;
         if (r >= slot) continue;
         const long long row = s.qb + (long long)r * s.rs;
         T* dqr = dq + (row * hq + h) * D;
@@ -616,7 +682,7 @@ extern "C" __global__ void __launch_bounds__(128) attn_bwd_dq(const T* __restric
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const int c = nb * 8 + 2 * t + e;
-                if (c < D) dqr[c] = from_f32<T>(r < s.lq ? scale * adq[nb][half * 2 + e] : 0.0f);
+                if (c < D) dqr[c] = from_f32<T>(r < s.lq ? scale * adq[x / 2][nb][2 * (x % 2) + e] : 0.0f);
             }
         }
     }

@@ -12,9 +12,14 @@ static SRC: Source = Source { name: "attention", text: include_str!("attention.c
 const BR: usize = 64;
 const BC: usize = 64;
 
-/// Queries per forward block: 128 (8 warps) on tensor cores, 64 for f32 (shared memory).
+/// Queries per forward block (4 warps): 128 on tensor cores (32 per warp), 64 for f32.
 fn fwd_br(dtype: DType) -> usize {
     if dtype == DType::F32 { 64 } else { 128 }
+}
+
+/// Queries and keys per tile of the dQ kernel (`DQ_BR`, `DQ_BC` in attention.cu).
+fn dq_tiles(dtype: DType) -> (usize, usize) {
+    if dtype == DType::F32 { (64, 64) } else { (128, 32) }
 }
 
 /// Checks a kernel's shared memory against the device's per-block limit.
@@ -147,7 +152,7 @@ pub fn fused_attn_fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<AttnFwdOut
     args.extend(common_args(&s, a.scale, a.dropout_p, a.seed, a.offset));
     let grid = Grid {
         blocks: (s.g.sq.div_ceil(br).max(1) as u32, s.g.hq as u32, s.g.batch as u32),
-        threads: (2 * br as u32, 1, 1),
+        threads: (128, 1, 1),
         smem,
     };
     s.kernel.launch("attn_fwd", grid, &args)?;
@@ -211,12 +216,13 @@ pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut
     )?;
     let mut dq_args = inputs.to_vec();
     dq_args.push(Arg::Ptr(ptr(&dq)?));
-    let ds_tile = if a.q.dtype() == DType::F32 { BR * ldp } else { 0 };
-    let smem = check_smem(OP, ctx, ((2 * BR + 4 * BC) * ld + ds_tile) * elem)?;
+    let (dq_br, dq_bc) = dq_tiles(a.q.dtype());
+    let ds_tile = if a.q.dtype() == DType::F32 { dq_br * (dq_bc + 16 / elem) } else { 0 };
+    let smem = check_smem(OP, ctx, ((2 * dq_br + 4 * dq_bc) * ld + ds_tile) * elem)?;
     s.kernel.launch(
         "attn_bwd_dq",
         Grid {
-            blocks: (s.g.sq.div_ceil(BR).max(1) as u32, s.g.hq as u32, s.g.batch as u32),
+            blocks: (s.g.sq.div_ceil(dq_br).max(1) as u32, s.g.hq as u32, s.g.batch as u32),
             threads: (128, 1, 1),
             smem,
         },
