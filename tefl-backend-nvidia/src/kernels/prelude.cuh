@@ -29,14 +29,9 @@ __device__ __forceinline__ float to_f32(f16 v) {
 template <typename T> __device__ __forceinline__ T from_f32(float v);
 template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
 template <> __device__ __forceinline__ bf16 from_f32<bf16>(float v) {
-    // Round to nearest even; NaN stays NaN (quiet).
-    u32 u = __float_as_uint(v);
+    // Round to nearest even (one cvt; NaN stays NaN). sm_80+, like the MMA paths.
     bf16 r;
-    if ((u & 0x7fffffffu) > 0x7f800000u) {
-        r.bits = (u16)((u >> 16) | 0x40u);
-    } else {
-        r.bits = (u16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-    }
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r.bits) : "f"(v));
     return r;
 }
 template <> __device__ __forceinline__ f16 from_f32<f16>(float v) {
@@ -45,9 +40,18 @@ template <> __device__ __forceinline__ f16 from_f32<f16>(float v) {
     return r;
 }
 
-// Two 16-bit values packed in a register (the MMA operand format), low half first.
-__device__ __forceinline__ u32 pack2(u16 lo, u16 hi) { return (u32)lo | ((u32)hi << 16); }
-template <typename T> __device__ __forceinline__ u16 bits16(T v) { return v.bits; }
+// Two f32 rounded to T (bf16 or f16) and packed, `lo` in the low half: one instruction.
+template <typename T> __device__ __forceinline__ u32 pack2_f32(float lo, float hi);
+template <> __device__ __forceinline__ u32 pack2_f32<bf16>(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+template <> __device__ __forceinline__ u32 pack2_f32<f16>(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
 
 // ---- warp and block reductions ----
 __device__ __forceinline__ float shfl_xor(float v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask, WARP_SIZE); }
@@ -161,16 +165,18 @@ __device__ __forceinline__ u32 smem_addr(const void* p) {
 }
 // Four 8x8 b16 matrices; lane l gives the address of row l % 8 of matrix l / 8, and receives
 // element pairs (row l / 4, cols 2(l % 4), +1) of each (transposed first with ldsm_x4_t).
-__device__ __forceinline__ void ldsm_x4(u32* r, const void* p) {
+__device__ __forceinline__ void ldsm_x4(u32* r, u32 addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(p)));
+                 : "r"(addr));
 }
-__device__ __forceinline__ void ldsm_x4_t(u32* r, const void* p) {
+__device__ __forceinline__ void ldsm_x4_t(u32* r, u32 addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(p)));
+                 : "r"(addr));
 }
+// (The address is the shared-window offset smem_addr gives; adding constant byte offsets to
+// one converted base lets the loads use immediate offsets.)
 // 16 bytes global -> shared without a register round trip; `valid` false zero-fills.
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(smem)), "l"(gmem), "r"(valid ? 16 : 0));

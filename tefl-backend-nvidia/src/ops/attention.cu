@@ -82,19 +82,22 @@ __device__ __forceinline__ void warp_mm(float (*acc)[NB][4], const E* As, int ld
     const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     if constexpr (sizeof(E) == 2) {
         const int mi = lane / 8, r = lane % 8;
+        // This lane's row address in each operand; every step adds a constant byte offset.
+        const u32 a0 = smem_addr(AT ? As + ((mi / 2) * 8 + r) * lda + (mi % 2) * 8 : As + ((mi % 2) * 8 + r) * lda + (mi / 2) * 8);
+        const u32 b0 = smem_addr(BT ? Bs + ((mi / 2) * 8 + r) * ldb + (mi % 2) * 8 : Bs + ((mi % 2) * 8 + r) * ldb + (mi / 2) * 8);
 #pragma unroll
         for (int k0 = 0; k0 < KD; k0 += 16) {
             u32 a[MT][4];
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
-                if constexpr (!AT) ldsm_x4(a[mt], As + (mt * 16 + (mi % 2) * 8 + r) * lda + k0 + (mi / 2) * 8);
-                else ldsm_x4_t(a[mt], As + (k0 + (mi / 2) * 8 + r) * lda + mt * 16 + (mi % 2) * 8);
+                if constexpr (!AT) ldsm_x4(a[mt], a0 + 2 * (mt * 16 * lda + k0));
+                else ldsm_x4_t(a[mt], a0 + 2 * (k0 * lda + mt * 16));
             }
 #pragma unroll
             for (int nb = 0; nb < NB; nb += 2) {
                 u32 b[4];
-                if constexpr (BT) ldsm_x4(b, Bs + ((nb + mi / 2) * 8 + r) * ldb + k0 + (mi % 2) * 8);
-                else ldsm_x4_t(b, Bs + (k0 + (mi % 2) * 8 + r) * ldb + (nb + mi / 2) * 8);
+                if constexpr (BT) ldsm_x4(b, b0 + 2 * (nb * 8 * ldb + k0));
+                else ldsm_x4_t(b, b0 + 2 * (k0 * ldb + nb * 8));
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
                     mma_16816(acc[mt][nb], a[mt], b, (E*)nullptr);
@@ -131,21 +134,22 @@ __device__ __forceinline__ void warp_mm(float (*acc)[NB][4], const E* As, int ld
 template <int MT, int NB, int KD, typename E>
 __device__ __forceinline__ void warp_mm_regA(float (*acc)[NB][4], const float (*c)[KD / 8][4], const E* Bs, int ldb) {
     const int lane = threadIdx.x % 32, mi = lane / 8, r = lane % 8;
+    const u32 b0 = smem_addr(Bs + ((mi % 2) * 8 + r) * ldb + (mi / 2) * 8);
 #pragma unroll
     for (int kk = 0; kk < KD / 16; ++kk) {
         u32 a[MT][4];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
             const float (*cm)[4] = c[mt];
-            a[mt][0] = pack2(bits16(from_f32<E>(cm[2 * kk][0])), bits16(from_f32<E>(cm[2 * kk][1])));
-            a[mt][1] = pack2(bits16(from_f32<E>(cm[2 * kk][2])), bits16(from_f32<E>(cm[2 * kk][3])));
-            a[mt][2] = pack2(bits16(from_f32<E>(cm[2 * kk + 1][0])), bits16(from_f32<E>(cm[2 * kk + 1][1])));
-            a[mt][3] = pack2(bits16(from_f32<E>(cm[2 * kk + 1][2])), bits16(from_f32<E>(cm[2 * kk + 1][3])));
+            a[mt][0] = pack2_f32<E>(cm[2 * kk][0], cm[2 * kk][1]);
+            a[mt][1] = pack2_f32<E>(cm[2 * kk][2], cm[2 * kk][3]);
+            a[mt][2] = pack2_f32<E>(cm[2 * kk + 1][0], cm[2 * kk + 1][1]);
+            a[mt][3] = pack2_f32<E>(cm[2 * kk + 1][2], cm[2 * kk + 1][3]);
         }
 #pragma unroll
         for (int nb = 0; nb < NB; nb += 2) {
             u32 b[4];
-            ldsm_x4_t(b, Bs + (kk * 16 + (mi % 2) * 8 + r) * ldb + (nb + mi / 2) * 8);
+            ldsm_x4_t(b, b0 + 2 * (kk * 16 * ldb + nb * 8));
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
                 mma_16816(acc[mt][nb], a[mt], b, (E*)nullptr);
@@ -232,6 +236,11 @@ __device__ __forceinline__ const T* ready_kv(T* KV, int stage, const T* k, const
     return KV + stage * 2 * ROWS * LDD;
 }
 
+// A compile-time flag for generic lambdas: one body, a masked and an unmasked instance.
+template <bool B> struct Flag {
+    static constexpr bool on = B;
+};
+
 // A warp's query rows [first, first + rows) see every key of [j0, j0 + n): no per-element
 // mask. The key bounds are monotone in the query, so the first row's hi and the last row's
 // lo decide (a row past the sequence has hi = 0).
@@ -271,9 +280,6 @@ extern "C" __global__ void __launch_bounds__(128, FWD_MIN_BLOCKS) attn_fwd(const
     if (q0 >= slot) return;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int wr = q0 + warp * 16 * FWD_MT; // the warp's first query row
-    int lo[2 * FWD_MT], hi[2 * FWD_MT];
-#pragma unroll
-    for (int x = 0; x < 2 * FWD_MT; ++x) key_range(s, wr + x * 8 + g, &lo[x], &hi[x]);
     const WarpRows rows(s, wr, 16 * FWD_MT);
     if (threadIdx.x == 0) tile_keys(s, q0, FWD_BR, &s_lo, &s_hi);
     load_tile(Qs, q, FWD_BR, s.qb + (long long)q0 * s.rs, s.rs, min(FWD_BR, s.lq - q0), hq, h);
@@ -299,22 +305,30 @@ extern "C" __global__ void __launch_bounds__(128, FWD_MIN_BLOCKS) attn_fwd(const
         float sc[FWD_MT][BC / 8][4];
         zero_acc<FWD_MT, BC / 8>(sc);
         warp_mm<FWD_MT, BC / 8, DP, false, true>(sc, Qs + warp * 16 * FWD_MT * LDD, LDD, Ks, LDD);
-        const bool full = rows.all_see(j0, BC);
         float mx[2 * FWD_MT];
 #pragma unroll
         for (int x = 0; x < 2 * FWD_MT; ++x) mx[x] = NEG_INF;
+        auto scale_mask = [&](auto masked) {
+            // (Row bounds are recomputed in masked tiles, the few on an edge: registers are short.)
+            int lo[2 * FWD_MT], hi[2 * FWD_MT];
 #pragma unroll
-        for (int mt = 0; mt < FWD_MT; ++mt)
+            for (int x = 0; x < 2 * FWD_MT; ++x)
+                if (decltype(masked)::on) key_range(s, wr + x * 8 + g, &lo[x], &hi[x]);
 #pragma unroll
-            for (int nb = 0; nb < BC / 8; ++nb)
+            for (int mt = 0; mt < FWD_MT; ++mt)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int x = 2 * mt + e / 2, j = j0 + nb * 8 + 2 * t + (e & 1);
-                    float z = sc[mt][nb][e] * scale2;
-                    if (!full && !(j >= lo[x] && j < hi[x])) z = NEG_INF;
-                    sc[mt][nb][e] = z;
-                    mx[x] = fmaxf(mx[x], z);
-                }
+                for (int nb = 0; nb < BC / 8; ++nb)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int x = 2 * mt + e / 2, j = j0 + nb * 8 + 2 * t + (e & 1);
+                        float z = sc[mt][nb][e] * scale2;
+                        if (decltype(masked)::on && !(j >= lo[x] && j < hi[x])) z = NEG_INF;
+                        sc[mt][nb][e] = z;
+                        mx[x] = fmaxf(mx[x], z);
+                    }
+        };
+        if (rows.all_see(j0, BC)) scale_mask(Flag<false>{});
+        else scale_mask(Flag<true>{});
         float mu[2 * FWD_MT];
 #pragma unroll
         for (int x = 0; x < 2 * FWD_MT; ++x) {
@@ -607,13 +621,11 @@ extern "C" __global__ void __launch_bounds__(128) attn_bwd_dq(const T* __restric
     if (q0 >= slot) return;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int wr = q0 + warp * 16 * DQ_MT; // the warp's first query row; thread row x is wr + 8 x + g
-    int lo[2 * DQ_MT], hi[2 * DQ_MT];
     float lse2[2 * DQ_MT], del[2 * DQ_MT];
     const float scale2 = scale * 1.4426950408889634f;
 #pragma unroll
     for (int x = 0; x < 2 * DQ_MT; ++x) {
         const int r = wr + x * 8 + g;
-        key_range(s, r, &lo[x], &hi[x]);
         // exp(scale s - lse) = exp2(scale2 s - lse2)
         lse2[x] = r < s.lq ? lse[lse_index(s, b, h, hq, sq, tq, r)] * 1.4426950408889634f : 0.0f;
         del[x] = r < s.lq ? delta[(s.qb + (long long)r * s.rs) * hq + h] : 0.0f;
@@ -639,22 +651,29 @@ extern "C" __global__ void __launch_bounds__(128) attn_bwd_dq(const T* __restric
         zero_acc<DQ_MT, DQ_BC / 8>(dp);
         warp_mm<DQ_MT, DQ_BC / 8, DP, false, true>(sc, Qs + warp * 16 * DQ_MT * LDD, LDD, Ks, LDD);
         warp_mm<DQ_MT, DQ_BC / 8, DP, false, true>(dp, dOs + warp * 16 * DQ_MT * LDD, LDD, Vs, LDD);
-        const bool full = rows.all_see(j0, DQ_BC);
+        auto grad_scores = [&](auto masked) {
+            int lo[2 * DQ_MT], hi[2 * DQ_MT]; // (recomputed in masked tiles only, as in the forward)
 #pragma unroll
-        for (int mt = 0; mt < DQ_MT; ++mt)
+            for (int x = 0; x < 2 * DQ_MT; ++x)
+                if (decltype(masked)::on) key_range(s, wr + x * 8 + g, &lo[x], &hi[x]);
 #pragma unroll
-            for (int nb = 0; nb < DQ_BC / 8; ++nb)
+            for (int mt = 0; mt < DQ_MT; ++mt)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int x = 2 * mt + e / 2, j = j0 + nb * 8 + 2 * t + (e & 1);
-                    float ds = 0.0f;
-                    if (full || (j >= lo[x] && j < hi[x])) {
-                        const float p = fast_exp2(sc[mt][nb][e] * scale2 - lse2[x]);
-                        const float z = keep_factor(seed, offset, p_drop, b, h, hq, sq, sk, wr + x * 8 + g, j);
-                        ds = p * (dp[mt][nb][e] * z - del[x]);
+                for (int nb = 0; nb < DQ_BC / 8; ++nb)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int x = 2 * mt + e / 2, j = j0 + nb * 8 + 2 * t + (e & 1);
+                        float ds = 0.0f;
+                        if (!decltype(masked)::on || (j >= lo[x] && j < hi[x])) {
+                            const float p = fast_exp2(sc[mt][nb][e] * scale2 - lse2[x]);
+                            const float z = keep_factor(seed, offset, p_drop, b, h, hq, sq, sk, wr + x * 8 + g, j);
+                            ds = p * (dp[mt][nb][e] * z - del[x]);
+                        }
+                        sc[mt][nb][e] = ds;
                     }
-                    sc[mt][nb][e] = ds;
-                }
+        };
+        if (rows.all_see(j0, DQ_BC)) grad_scores(Flag<false>{});
+        else grad_scores(Flag<true>{});
 #if HALF
         warp_mm_regA<DQ_MT, DP / 8, DQ_BC>(adq, sc, Ks, LDD);
 #else
