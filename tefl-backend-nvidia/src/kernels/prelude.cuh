@@ -52,6 +52,9 @@ template <> __device__ __forceinline__ u32 pack2_f32<f16>(float lo, float hi) {
     asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
 }
+// The inverse: the low and high halves of a packed pair as f32.
+template <typename T> __device__ __forceinline__ float lo_f32(u32 w) { return to_f32(T{(u16)(w & 0xffffu)}); }
+template <typename T> __device__ __forceinline__ float hi_f32(u32 w) { return to_f32(T{(u16)(w >> 16)}); }
 
 // ---- warp and block reductions ----
 __device__ __forceinline__ float shfl_xor(float v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask, WARP_SIZE); }

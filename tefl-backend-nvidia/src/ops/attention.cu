@@ -4,9 +4,11 @@
 // scalar FMAs, so everything after the products is shared. Tiles arrive by cp.async; the
 // forward double-buffers K and V.
 //
-// Kernels: attn_fwd (FWD_BR queries per block, one warp per 16), attn_bwd_delta (Σ dO·O),
-// attn_bwd_dkdv (one block per 64 keys and kv head: dK, dV over the group's query heads),
-// attn_bwd_dq (one block per 64 queries and head: dQ over the keys; no atomics).
+// Kernels: attn_fwd (FWD_BR queries per block, 4 warps of FWD_MT m-tiles), attn_bwd_delta
+// (Σ dO·O), attn_bwd_dkdv (one block per 64 keys and kv head: dK, dV over the group's query
+// heads, a warp per 32 keys and accumulator), attn_bwd_dq (one block per DQ_BR queries and head:
+// dQ over the keys; no atomics). Warps take 32 rows on tensor cores so that every operand
+// fragment read from shared memory feeds two MMAs.
 //
 // Defines: T (element type), HALF (T is 16-bit), D (head dim), DP (D rounded up to 16), FWD_BR (64 or 128),
 // LAYOUT (0 bshd, 1 sbhd, 2 thd), CAUSAL, BOTTOM_RIGHT, PADDING (lengths from cu_seqlens),
@@ -416,10 +418,15 @@ extern "C" __global__ void attn_bwd_delta(const T* __restrict__ o, const T* __re
 }
 
 // One block per (64 keys, kv head, sequence): dK and dV in registers over every query head of
-// the group and every query tile that sees the keys. With 16-bit tiles the query tiles (Q, dO,
-// lse, delta) are double-buffered: the next visible tile loads while this one is computed
-// (f32 tiles need the shared memory for P and dS and load one tile at a time).
+// the group and every query tile that sees the keys. Each warp owns 32 keys and one of the two
+// accumulators (2 m-tiles: every Q and dO fragment serves 32 keys, and 128 accumulator
+// registers fit): warps 0, 1 (keys 0-31, 32-63) compute P^T = exp(scale K Q^T - lse) and
+// dV += P^T dO; warps 2, 3 compute dP^T = V dO^T, take P^T from their partner through shared
+// memory, and dK += dS^T Q with dS = P (dP - delta). With 16-bit tiles the query tiles (Q, dO,
+// lse, delta) are double-buffered: the next visible tile loads while this one is computed (f32
+// tiles need the shared memory for P and dS and load one tile at a time).
 #define QSTAGES (HALF ? 2 : 1)
+#define DKV_EXW (HALF ? BR / 2 : BR) // u32 words per lane handing P^T over (BR values)
 extern "C" __global__ void __launch_bounds__(128) attn_bwd_dkdv(const T* __restrict__ q, const T* __restrict__ k,
                                                              const T* __restrict__ v, const T* __restrict__ d_o,
                                                              const float* __restrict__ lse,
@@ -433,8 +440,8 @@ extern "C" __global__ void __launch_bounds__(128) attn_bwd_dkdv(const T* __restr
     T* Vs = Ks + BC * LDD;
     T* QO = Vs + BC * LDD;           // QSTAGES stages of [Q tile | dO tile]
     float* rowv = (float*)(QO + QSTAGES * 2 * BR * LDD); // QSTAGES stages of [lse | delta]
-    T* PdT = (T*)(rowv + QSTAGES * 2 * BR); // f32 builds: [BC][LDP] dropped probabilities, keys x queries
-    T* dST = PdT + BC * LDP;         // f32 builds: [BC][LDP] dS, keys x queries
+    u32* PX = (u32*)(rowv + QSTAGES * 2 * BR); // per key half: [DKV_EXW / 4][32 lanes] of 16 bytes, P^T handed over
+    T* Own = (T*)(PX + 2 * DKV_EXW * 32); // f32 builds: [BC][LDP] P^T (dV warps' rows) or dS^T (dK warps')
 
     const int b = blockIdx.z, hkv = blockIdx.y, j0 = blockIdx.x * BC;
     const int group = hq / hk;
@@ -442,16 +449,21 @@ extern "C" __global__ void __launch_bounds__(128) attn_bwd_dkdv(const T* __restr
     const int kslot = LAYOUT == 2 ? s.lk : sk;
     if (j0 >= kslot) return;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int half_k = warp & 1;    // keys 32 half_k.. of the block
+    const bool dk_warp = warp >= 2; // else the dV warp of those keys
+    const int kw = j0 + 32 * half_k; // the warp's first key; thread key x (x = 2 mt + half) is kw + 8 x + g
     const int nk = max(0, min(BC, s.lk - j0));
     load_tile(Ks, k, BC, s.kb + (long long)j0 * s.rs, s.rs, nk, hk, hkv);
     load_tile(Vs, v, BC, s.kb + (long long)j0 * s.rs, s.rs, nk, hk, hkv);
     cp_async_commit();
 
-    float adk[1][DP / 8][4], adv[1][DP / 8][4];
-    zero_acc<1, DP / 8>(adk);
-    zero_acc<1, DP / 8>(adv);
-    const int kj0 = j0 + warp * 16 + g, kj1 = kj0 + 8; // this thread's two keys
+    float acc[2][DP / 8][4];
+    zero_acc<2, DP / 8>(acc);
     const float scale2 = scale * 1.4426950408889634f;
+    // The first product's A operand: this warp's 32 rows of K (for S^T) or V (for dP^T).
+    const T* KVw = (dk_warp ? Vs : Ks) + 32 * half_k * LDD;
+    uint4* px = (uint4*)PX + half_k * (DKV_EXW / 4) * 32 + lane;
+    T* own = Own + 32 * half_k * LDP; // f32 builds: the dV, then the dK warp of these keys stage here
 
     // Query tile i0 sees some key of this block (the bounds are monotone in the query).
     auto visible = [&](int i0) {
@@ -506,62 +518,120 @@ extern "C" __global__ void __launch_bounds__(128) attn_bwd_dkdv(const T* __restr
         const T* dOs = Qs + BR * LDD;
         const float* lse_s = rowv + stage * 2 * BR;
         const float* del_s = lse_s + BR;
-        const int last = min(i0 + BR, s.lq) - 1;
-        const int nq = last - i0 + 1;
-        int lo_first, hi_first, lo_last, hi_last;
-        key_range(s, i0, &lo_first, &hi_first);
-        key_range(s, last, &lo_last, &hi_last);
-        // Every (query, key) pair of the tile visible: no per-element mask (the first query has
-        // the smallest hi, the last the largest lo).
-        const bool full = nq == BR && nk == BC && lo_last <= j0 && hi_first >= j0 + BC;
-        float st[1][BR / 8][4], dpt[1][BR / 8][4];
-        zero_acc<1, BR / 8>(st);
-        zero_acc<1, BR / 8>(dpt);
-        warp_mm<1, BR / 8, DP, false, true>(st, Ks + warp * 16 * LDD, LDD, Qs, LDD);
-        warp_mm<1, BR / 8, DP, false, true>(dpt, Vs + warp * 16 * LDD, LDD, dOs, LDD);
+        const int nq = min(i0 + BR, s.lq) - i0;
+
+        // S^T (dV warps) or dP^T (dK warps): 32 keys x BR queries.
+        float sc[2][BR / 8][4];
+        zero_acc<2, BR / 8>(sc);
+        warp_mm<2, BR / 8, DP, false, true>(sc, KVw, LDD, dk_warp ? dOs : Qs, LDD);
+        if (!dk_warp) {
+            // P^T = exp2(scale2 S^T - lse2), zero outside the mask. The tile needs no per-element
+            // mask when its first query's hi and last query's lo admit all 32 keys.
+            int lo_first, hi_first, lo_last, hi_last;
+            key_range(s, i0, &lo_first, &hi_first);
+            key_range(s, i0 + nq - 1, &lo_last, &hi_last);
+            (void)lo_first;
+            (void)hi_last;
+            auto probs = [&](auto masked) {
 #pragma unroll
-        for (int nb = 0; nb < BR / 8; ++nb) {
+                for (int nb = 0; nb < BR / 8; ++nb) {
+                    const float2 l2 = *(const float2*)(lse_s + nb * 8 + 2 * t);
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int qi = nb * 8 + 2 * t + (e & 1);   // query within the tile
-                const int kj = e < 2 ? kj0 : kj1;           // key
-                const int i = i0 + qi;
-                bool ok = full;
-                if (!ok) {
-                    int lo, hi_;
-                    key_range(s, i, &lo, &hi_);
-                    ok = qi < nq && kj < s.lk && kj >= lo && kj < hi_;
+                    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            const int qi = nb * 8 + 2 * t + (e & 1), key = kw + 16 * mt + 8 * (e / 2) + g;
+                            bool ok = true;
+                            if (decltype(masked)::on) {
+                                int lo, hi_;
+                                key_range(s, i0 + qi, &lo, &hi_);
+                                ok = qi < nq && key >= lo && key < hi_;
+                            }
+                            const float z = sc[mt][nb][e] * scale2 - (e & 1 ? l2.y : l2.x) * 1.4426950408889634f;
+                            sc[mt][nb][e] = ok ? fast_exp2(z) : 0.0f;
+                        }
                 }
-                float pd = 0.0f, ds = 0.0f;
-                if (ok) {
-                    const float p = fast_exp2(st[0][nb][e] * scale2 - lse_s[qi] * 1.4426950408889634f);
-                    const float z = keep_factor(seed, offset, p_drop, b, h, hq, sq, sk, i, kj);
-                    pd = p * z;
-                    ds = p * (dpt[0][nb][e] * z - del_s[qi]);
-                }
-                st[0][nb][e] = pd;
-                dpt[0][nb][e] = ds;
-            }
-        }
+            };
+            if (nq == BR && lo_last <= kw && hi_first >= kw + 32) probs(Flag<false>{});
+            else probs(Flag<true>{});
+            // Hand P^T to the dK warp of these keys, fragment by fragment.
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+                for (int nb = 0; nb < BR / 8; nb += (HALF ? 2 : 1)) {
 #if HALF
-        warp_mm_regA<1, DP / 8, BR>(adv, st, dOs, LDD);
-        warp_mm_regA<1, DP / 8, BR>(adk, dpt, Qs, LDD);
+                    const uint4 w = {pack2_f32<T>(sc[mt][nb][0], sc[mt][nb][1]), pack2_f32<T>(sc[mt][nb][2], sc[mt][nb][3]),
+                                     pack2_f32<T>(sc[mt][nb + 1][0], sc[mt][nb + 1][1]),
+                                     pack2_f32<T>(sc[mt][nb + 1][2], sc[mt][nb + 1][3])};
+                    px[(mt * (BR / 8) + nb) / 2 * 32] = w;
 #else
-#pragma unroll
-        for (int nb = 0; nb < BR / 8; ++nb) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int qi = nb * 8 + 2 * t + (e & 1);
-                const int kr = warp * 16 + g + (e < 2 ? 0 : 8);
-                PdT[kr * LDP + qi] = from_f32<T>(st[0][nb][e]);
-                dST[kr * LDP + qi] = from_f32<T>(dpt[0][nb][e]);
-            }
-        }
-        __syncwarp();
-        warp_mm<1, DP / 8, BR, false, false>(adv, PdT + warp * 16 * LDP, LDP, dOs, LDD);
-        warp_mm<1, DP / 8, BR, false, false>(adk, dST + warp * 16 * LDP, LDP, Qs, LDD);
+                    const uint4 w = {__float_as_uint(sc[mt][nb][0]), __float_as_uint(sc[mt][nb][1]),
+                                     __float_as_uint(sc[mt][nb][2]), __float_as_uint(sc[mt][nb][3])};
+                    px[(mt * (BR / 8) + nb) * 32] = w;
 #endif
-        __syncthreads(); // every warp is done with this stage before it is refilled
+                }
+#if DROPOUT
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+                for (int nb = 0; nb < BR / 8; ++nb)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int qi = nb * 8 + 2 * t + (e & 1), key = kw + 16 * mt + 8 * (e / 2) + g;
+                        if (sc[mt][nb][e] != 0.0f)
+                            sc[mt][nb][e] *= keep_factor(seed, offset, p_drop, b, h, hq, sq, sk, i0 + qi, key);
+                    }
+#endif
+        }
+        __syncthreads(); // P^T handed over
+        if (dk_warp) {
+            // dS^T = P^T (dP^T Z - delta); P is zero wherever the mask or the sequence ends.
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+                for (int nb = 0; nb < BR / 8; nb += (HALF ? 2 : 1)) {
+                    const uint4 w = px[(mt * (BR / 8) + nb) / (HALF ? 2 : 1) * 32];
+                    const u32 ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+                    for (int f = 0; f < (HALF ? 8 : 4); ++f) {
+                        const int n = nb + f / 4, e = f % 4;
+#if HALF
+                        const float p = e % 2 ? hi_f32<T>(ws[f / 2]) : lo_f32<T>(ws[f / 2]);
+#else
+                        const float p = __uint_as_float(ws[f]);
+#endif
+                        const int qi = n * 8 + 2 * t + (e & 1);
+                        float dpz = sc[mt][n][e];
+#if DROPOUT
+                        if (p != 0.0f)
+                            dpz *= keep_factor(seed, offset, p_drop, b, h, hq, sq, sk, i0 + qi,
+                                               kw + 16 * mt + 8 * (e / 2) + g);
+#endif
+                        sc[mt][n][e] = p * (dpz - del_s[qi]);
+                    }
+                }
+        }
+        // dV += P^T dO (dV warps) or dK += dS^T Q (dK warps).
+#if HALF
+        warp_mm_regA<2, DP / 8, BR>(acc, sc, dk_warp ? Qs : dOs, LDD);
+#else
+        // f32: dV warps stage P^T, then dK warps dS^T, in the same rows.
+        for (int pass = 0; pass < 2; ++pass) {
+            if (dk_warp == (pass == 1)) {
+#pragma unroll
+                for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+                    for (int nb = 0; nb < BR / 8; ++nb)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e)
+                            own[(mt * 16 + 8 * (e / 2) + g) * LDP + nb * 8 + 2 * t + (e & 1)] = from_f32<T>(sc[mt][nb][e]);
+                __syncwarp();
+                warp_mm<2, DP / 8, BR, false, false>(acc, own, LDP, dk_warp ? Qs : dOs, LDD);
+            }
+            __syncthreads();
+        }
+#endif
+        __syncthreads(); // every warp is done with this stage and with P^T before they are refilled
 #if QSTAGES == 1
         if (nhi < group) issue(nhi, ni0, 0);
 #endif
@@ -570,23 +640,21 @@ extern "C" __global__ void __launch_bounds__(128) attn_bwd_dkdv(const T* __restr
         stage = (stage + 1) % QSTAGES;
     }
     cp_async_wait<0>(); // (nothing visible: the K/V copy was never waited for)
+    T* out = dk_warp ? dk : dv;
+    const float mult = dk_warp ? scale : 1.0f;
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        const int kj = half ? kj1 : kj0;
-        if (kj >= kslot) continue;
-        const long long row = s.kb + (long long)kj * s.rs;
-        T* dkr = dk + (row * hk + hkv) * D;
-        T* dvr = dv + (row * hk + hkv) * D;
-        const bool ok = kj < s.lk;
+    for (int x = 0; x < 4; ++x) {
+        const int key = kw + 8 * x + g;
+        if (key >= kslot) continue;
+        const long long row = s.kb + (long long)key * s.rs;
+        T* orow = out + (row * hk + hkv) * D;
+        const bool ok = key < s.lk;
 #pragma unroll
         for (int nb = 0; nb < DP / 8; ++nb) {
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const int c = nb * 8 + 2 * t + e;
-                if (c < D) {
-                    dkr[c] = from_f32<T>(ok ? scale * adk[0][nb][half * 2 + e] : 0.0f);
-                    dvr[c] = from_f32<T>(ok ? adv[0][nb][half * 2 + e] : 0.0f);
-                }
+                if (c < D) orow[c] = from_f32<T>(ok ? mult * acc[x / 2][nb][2 * (x % 2) + e] : 0.0f);
             }
         }
     }

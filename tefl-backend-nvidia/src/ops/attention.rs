@@ -202,9 +202,12 @@ pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut
     };
     let mut dkdv = inputs.to_vec();
     dkdv.extend([Arg::Ptr(ptr(&dk)?), Arg::Ptr(ptr(&dv)?)]);
-    // K, V; two stages of Q and dO; two stages of lse and delta; f32 builds stage P and dS.
-    let (pd_tiles, stages) = if a.q.dtype() == DType::F32 { (2 * BC * ldp, 1) } else { (0, 2) };
-    let smem = check_smem(OP, ctx, ((2 * BC + 2 * stages * BR) * ld + pd_tiles) * elem + 2 * stages * BR * 4)?;
+    // K, V; two stages of Q and dO; two stages of lse and delta; P^T handed from the dV to the
+    // dK warps (BR values per lane, packed in 16-bit builds); f32 builds stage P and dS.
+    let (own_tile, stages) = if a.q.dtype() == DType::F32 { (BC * ldp, 1) } else { (0, 2) };
+    let handover = 2 * 32 * 4 * if elem == 4 { BR } else { BR / 2 };
+    let smem =
+        check_smem(OP, ctx, ((2 * BC + 2 * stages * BR) * ld + own_tile) * elem + 2 * stages * BR * 4 + handover)?;
     s.kernel.launch(
         "attn_bwd_dkdv",
         Grid {
