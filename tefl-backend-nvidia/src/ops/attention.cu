@@ -238,10 +238,32 @@ __device__ __forceinline__ const T* ready_kv(T* KV, int stage, const T* k, const
     return KV + stage * 2 * ROWS * LDD;
 }
 
-// A compile-time flag for generic lambdas: one body, a masked and an unmasked instance.
+// A compile-time flag for a generic lambda: one body, a masked and an unmasked instance.
 template <bool B> struct Flag {
     static constexpr bool on = B;
 };
+
+// Calls f(mt, nb, e, x, j, visible) for each score element a thread holds of its warp's
+// query rows [wr, wr + 16 MT) and keys [j0, j0 + 8 NB): element e of n8 block nb of m-tile mt,
+// row x = 2 mt + e / 2 (query wr + 8 x + g), key j. `visible` is a constant true when MASKED
+// is false (a tile every row sees whole), else whether row x sees key j.
+template <int MT, int NB, bool MASKED, typename F>
+__device__ __forceinline__ void for_each_score(const Seq& s, int wr, int j0, F&& f) {
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    int lo[2 * MT], hi[2 * MT]; // (recomputed per masked tile, the few on an edge: registers are short)
+#pragma unroll
+    for (int x = 0; x < 2 * MT; ++x)
+        if (MASKED) key_range(s, wr + x * 8 + g, &lo[x], &hi[x]);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int x = 2 * mt + e / 2, j = j0 + nb * 8 + 2 * t + (e & 1);
+                f(mt, nb, e, x, j, !MASKED || (j >= lo[x] && j < hi[x]));
+            }
+}
 
 // A warp's query rows [first, first + rows) see every key of [j0, j0 + n): no per-element
 // mask. The key bounds are monotone in the query, so the first row's hi and the last row's
@@ -271,7 +293,9 @@ extern "C" __global__ void __launch_bounds__(128, FWD_MIN_BLOCKS) attn_fwd(const
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* Qs = (T*)smem_raw;
     T* KV = Qs + FWD_BR * LDD;       // two stages of [K tile | V tile]
+#if !HALF
     T* Ps = KV + 4 * BC * LDD;       // f32 builds: per-warp [16 FWD_MT][LDP]
+#endif
     __shared__ int s_lo, s_hi;
 
     // Later query tiles see more keys under causal masks: run them first (a shorter tail).
@@ -298,8 +322,6 @@ extern "C" __global__ void __launch_bounds__(128, FWD_MIN_BLOCKS) attn_fwd(const
     float m[2 * FWD_MT], l[2 * FWD_MT];
 #pragma unroll
     for (int x = 0; x < 2 * FWD_MT; ++x) { m[x] = NEG_INF; l[x] = 0.0f; }
-    T* Pw = Ps + warp * 16 * FWD_MT * LDP;
-
     int stage = 0;
     for (int j0 = blo; j0 < bhi; j0 += BC, stage ^= 1) {
         const T* Ks = ready_kv<BC>(KV, stage, k, v, s, j0, bhi, hk, hkv);
@@ -310,27 +332,13 @@ extern "C" __global__ void __launch_bounds__(128, FWD_MIN_BLOCKS) attn_fwd(const
         float mx[2 * FWD_MT];
 #pragma unroll
         for (int x = 0; x < 2 * FWD_MT; ++x) mx[x] = NEG_INF;
-        auto scale_mask = [&](auto masked) {
-            // (Row bounds are recomputed in masked tiles, the few on an edge: registers are short.)
-            int lo[2 * FWD_MT], hi[2 * FWD_MT];
-#pragma unroll
-            for (int x = 0; x < 2 * FWD_MT; ++x)
-                if (decltype(masked)::on) key_range(s, wr + x * 8 + g, &lo[x], &hi[x]);
-#pragma unroll
-            for (int mt = 0; mt < FWD_MT; ++mt)
-#pragma unroll
-                for (int nb = 0; nb < BC / 8; ++nb)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int x = 2 * mt + e / 2, j = j0 + nb * 8 + 2 * t + (e & 1);
-                        float z = sc[mt][nb][e] * scale2;
-                        if (decltype(masked)::on && !(j >= lo[x] && j < hi[x])) z = NEG_INF;
-                        sc[mt][nb][e] = z;
-                        mx[x] = fmaxf(mx[x], z);
-                    }
+        auto scale_mask = [&](int mt, int nb, int e, int x, int, bool visible) {
+            const float z = visible ? sc[mt][nb][e] * scale2 : NEG_INF;
+            sc[mt][nb][e] = z;
+            mx[x] = fmaxf(mx[x], z);
         };
-        if (rows.all_see(j0, BC)) scale_mask(Flag<false>{});
-        else scale_mask(Flag<true>{});
+        if (rows.all_see(j0, BC)) for_each_score<FWD_MT, BC / 8, false>(s, wr, j0, scale_mask);
+        else for_each_score<FWD_MT, BC / 8, true>(s, wr, j0, scale_mask);
         float mu[2 * FWD_MT];
 #pragma unroll
         for (int x = 0; x < 2 * FWD_MT; ++x) {
@@ -366,6 +374,7 @@ extern "C" __global__ void __launch_bounds__(128, FWD_MIN_BLOCKS) attn_fwd(const
 #if HALF
         warp_mm_regA<FWD_MT, DP / 8, BC>(acc, sc, Vs, LDD);
 #else
+        T* Pw = Ps + warp * 16 * FWD_MT * LDP;
 #pragma unroll
         for (int mt = 0; mt < FWD_MT; ++mt)
 #pragma unroll
@@ -441,7 +450,9 @@ extern "C" __global__ void __launch_bounds__(128) attn_bwd_dkdv(const T* __restr
     T* QO = Vs + BC * LDD;           // QSTAGES stages of [Q tile | dO tile]
     float* rowv = (float*)(QO + QSTAGES * 2 * BR * LDD); // QSTAGES stages of [lse | delta]
     u32* PX = (u32*)(rowv + QSTAGES * 2 * BR); // per key half: [DKV_EXW / 4][32 lanes] of 16 bytes, P^T handed over
+#if !HALF
     T* Own = (T*)(PX + 2 * DKV_EXW * 32); // f32 builds: [BC][LDP] P^T (dV warps' rows) or dS^T (dK warps')
+#endif
 
     const int b = blockIdx.z, hkv = blockIdx.y, j0 = blockIdx.x * BC;
     const int group = hq / hk;
@@ -463,7 +474,6 @@ extern "C" __global__ void __launch_bounds__(128) attn_bwd_dkdv(const T* __restr
     // The first product's A operand: this warp's 32 rows of K (for S^T) or V (for dP^T).
     const T* KVw = (dk_warp ? Vs : Ks) + 32 * half_k * LDD;
     uint4* px = (uint4*)PX + half_k * (DKV_EXW / 4) * 32 + lane;
-    T* own = Own + 32 * half_k * LDP; // f32 builds: the dV, then the dK warp of these keys stage here
 
     // Query tile i0 sees some key of this block (the bounds are monotone in the query).
     auto visible = [&](int i0) {
@@ -513,7 +523,8 @@ extern "C" __global__ void __launch_bounds__(128) attn_bwd_dkdv(const T* __restr
         cp_async_wait<0>();
 #endif
         __syncthreads();
-        const int h = hkv * group + hi;
+        const int h = hkv * group + hi; // (dropout's element index)
+        (void)h;
         const T* Qs = QO + stage * 2 * BR * LDD;
         const T* dOs = Qs + BR * LDD;
         const float* lse_s = rowv + stage * 2 * BR;
@@ -616,6 +627,7 @@ extern "C" __global__ void __launch_bounds__(128) attn_bwd_dkdv(const T* __restr
         warp_mm_regA<2, DP / 8, BR>(acc, sc, dk_warp ? Qs : dOs, LDD);
 #else
         // f32: dV warps stage P^T, then dK warps dS^T, in the same rows.
+        T* own = Own + 32 * half_k * LDP;
         for (int pass = 0; pass < 2; ++pass) {
             if (dk_warp == (pass == 1)) {
 #pragma unroll
@@ -679,7 +691,9 @@ extern "C" __global__ void __launch_bounds__(128) attn_bwd_dq(const T* __restric
     T* Qs = (T*)smem_raw;
     T* dOs = Qs + DQ_BR * LDD;
     T* KV = dOs + DQ_BR * LDD;       // two stages of [K tile | V tile]
+#if !HALF
     T* dSs = KV + 4 * DQ_BC * LDD;   // f32 builds: per-warp [16 DQ_MT][DQ_LDS] dS, queries x keys
+#endif
     __shared__ int s_lo, s_hi;
 
     const int b = blockIdx.z, h = blockIdx.y, q0 = (gridDim.x - 1 - blockIdx.x) * DQ_BR;
@@ -709,7 +723,6 @@ extern "C" __global__ void __launch_bounds__(128) attn_bwd_dq(const T* __restric
     if (blo < bhi) issue_kv<DQ_BC>(KV, 0, k, v, s, blo, bhi, hk, hkv);
     float adq[DQ_MT][DP / 8][4];
     zero_acc<DQ_MT, DP / 8>(adq);
-    T* dSw = dSs + warp * 16 * DQ_MT * DQ_LDS;
     int stage = 0;
     for (int j0 = blo; j0 < bhi; j0 += DQ_BC, stage ^= 1) {
         const T* Ks = ready_kv<DQ_BC>(KV, stage, k, v, s, j0, bhi, hk, hkv);
@@ -719,32 +732,21 @@ extern "C" __global__ void __launch_bounds__(128) attn_bwd_dq(const T* __restric
         zero_acc<DQ_MT, DQ_BC / 8>(dp);
         warp_mm<DQ_MT, DQ_BC / 8, DP, false, true>(sc, Qs + warp * 16 * DQ_MT * LDD, LDD, Ks, LDD);
         warp_mm<DQ_MT, DQ_BC / 8, DP, false, true>(dp, dOs + warp * 16 * DQ_MT * LDD, LDD, Vs, LDD);
-        auto grad_scores = [&](auto masked) {
-            int lo[2 * DQ_MT], hi[2 * DQ_MT]; // (recomputed in masked tiles only, as in the forward)
-#pragma unroll
-            for (int x = 0; x < 2 * DQ_MT; ++x)
-                if (decltype(masked)::on) key_range(s, wr + x * 8 + g, &lo[x], &hi[x]);
-#pragma unroll
-            for (int mt = 0; mt < DQ_MT; ++mt)
-#pragma unroll
-                for (int nb = 0; nb < DQ_BC / 8; ++nb)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int x = 2 * mt + e / 2, j = j0 + nb * 8 + 2 * t + (e & 1);
-                        float ds = 0.0f;
-                        if (!decltype(masked)::on || (j >= lo[x] && j < hi[x])) {
-                            const float p = fast_exp2(sc[mt][nb][e] * scale2 - lse2[x]);
-                            const float z = keep_factor(seed, offset, p_drop, b, h, hq, sq, sk, wr + x * 8 + g, j);
-                            ds = p * (dp[mt][nb][e] * z - del[x]);
-                        }
-                        sc[mt][nb][e] = ds;
-                    }
+        auto grad_scores = [&](int mt, int nb, int e, int x, int j, bool visible) {
+            float ds = 0.0f;
+            if (visible) {
+                const float p = fast_exp2(sc[mt][nb][e] * scale2 - lse2[x]);
+                const float z = keep_factor(seed, offset, p_drop, b, h, hq, sq, sk, wr + x * 8 + g, j);
+                ds = p * (dp[mt][nb][e] * z - del[x]);
+            }
+            sc[mt][nb][e] = ds;
         };
-        if (rows.all_see(j0, DQ_BC)) grad_scores(Flag<false>{});
-        else grad_scores(Flag<true>{});
+        if (rows.all_see(j0, DQ_BC)) for_each_score<DQ_MT, DQ_BC / 8, false>(s, wr, j0, grad_scores);
+        else for_each_score<DQ_MT, DQ_BC / 8, true>(s, wr, j0, grad_scores);
 #if HALF
         warp_mm_regA<DQ_MT, DP / 8, DQ_BC>(adq, sc, Ks, LDD);
 #else
+        T* dSw = dSs + warp * 16 * DQ_MT * DQ_LDS;
 #pragma unroll
         for (int mt = 0; mt < DQ_MT; ++mt)
 #pragma unroll
