@@ -29,9 +29,14 @@ __device__ __forceinline__ float to_f32(f16 v) {
 template <typename T> __device__ __forceinline__ T from_f32(float v);
 template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
 template <> __device__ __forceinline__ bf16 from_f32<bf16>(float v) {
-    // Round to nearest even (one cvt; NaN stays NaN). sm_80+, like the MMA paths.
+    // Round to nearest even; NaN stays NaN. One cvt from sm_80 on, integer steps before.
     bf16 r;
+#if __CUDA_ARCH__ >= 800
     asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r.bits) : "f"(v));
+#else
+    const u32 u = __float_as_uint(v);
+    r.bits = (u & 0x7fffffffu) > 0x7f800000u ? (u16)((u >> 16) | 0x40u) : (u16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+#endif
     return r;
 }
 template <> __device__ __forceinline__ f16 from_f32<f16>(float v) {
@@ -144,13 +149,13 @@ template <typename T, int N> __device__ __forceinline__ void store_n(T* p, const
 // with g = lane / 4, t = lane % 4.
 __device__ __forceinline__ void mma_16816(float* c, const u32* a, const u32* b, bf16*) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 __device__ __forceinline__ void mma_16816(float* c, const u32* a, const u32* b, f16*) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
 // 2^x in one instruction (denormal results flush to zero): softmax exponents.
