@@ -76,27 +76,22 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// Sum over the block (blockDim.x a multiple of WARP_SIZE); `scratch` holds >= 32 floats.
-// Every thread gets the total. Safe to call repeatedly with the same scratch.
-__device__ __forceinline__ float block_sum(float v, float* scratch) {
+// Reduces v over the block with a warp reduction (blockDim.x a multiple of WARP_SIZE;
+// `identity` stands in for absent warps); `scratch` holds >= 32 floats. Every thread gets the
+// result. Safe to call repeatedly with the same scratch.
+template <float (*WarpReduce)(float)>
+__device__ __forceinline__ float block_reduce(float v, float* scratch, float identity) {
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     const int nwarps = blockDim.x / WARP_SIZE;
-    v = warp_sum(v);
+    v = WarpReduce(v);
     __syncthreads();
     if (lane == 0) scratch[warp] = v;
     __syncthreads();
-    float t = lane < nwarps ? scratch[lane] : 0.0f;
-    return warp_sum(t);
+    return WarpReduce(lane < nwarps ? scratch[lane] : identity);
 }
+__device__ __forceinline__ float block_sum(float v, float* scratch) { return block_reduce<warp_sum>(v, scratch, 0.0f); }
 __device__ __forceinline__ float block_max(float v, float* scratch) {
-    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
-    const int nwarps = blockDim.x / WARP_SIZE;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    float t = lane < nwarps ? scratch[lane] : -__int_as_float(0x7f800000);
-    return warp_max(t);
+    return block_reduce<warp_max>(v, scratch, -__int_as_float(0x7f800000));
 }
 
 // ---- atomics ----

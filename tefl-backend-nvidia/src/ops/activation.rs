@@ -113,6 +113,33 @@ fn half_shape(t: &Tensor) -> Vec<usize> {
     s
 }
 
+/// Launches `gated_fwd` or `gated_bwd` over x's rows (each [gate | value], n wide per half):
+/// `ptrs`, then rows, n, whether rows are vector-aligned, and the clamp's limit and alpha.
+/// `arg` names x in errors.
+#[allow(clippy::too_many_arguments)]
+fn launch_gated(
+    op: &'static str,
+    ctx: &KernelCtx<'_>,
+    kernel: &'static str,
+    x: &Tensor,
+    arg: &'static str,
+    g: DType,
+    kind: Activation,
+    clamp: Option<(f32, f32)>,
+    ptrs: &[Arg],
+) -> Result<()> {
+    let (rows, n) = (x.rows(), x.last_dim() / 2);
+    let (limit, alpha) = clamp.unwrap_or((0.0, 0.0));
+    let (rows_i, n_i) = (i32_of(op, arg, rows)?, i32_of(op, arg, n)?);
+    launch_tuned(op, ctx, x.dtype(), g, kind, clamp.is_some(), rows * n, |l| {
+        let vec = n.is_multiple_of(l.nv);
+        let grid = l.grid(if vec { rows * n / l.nv } else { rows * n });
+        let mut args = ptrs.to_vec();
+        args.extend([Arg::I32(rows_i), Arg::I32(n_i), Arg::I32(i32::from(vec)), Arg::F32(limit), Arg::F32(alpha)]);
+        l.k.launch(kernel, grid, &args)
+    })
+}
+
 fn gated_fwd(
     op: &'static str,
     ctx: &KernelCtx<'_>,
@@ -120,28 +147,8 @@ fn gated_fwd(
     kind: Activation,
     clamp: Option<(f32, f32)>,
 ) -> Result<ActOut> {
-    let (rows, n) = (x.rows(), x.last_dim() / 2);
     let y = empty(ctx.device, &half_shape(x), x.dtype())?;
-    let (limit, alpha) = clamp.unwrap_or((0.0, 0.0));
-    let (xp, yp) = (ptr(x)?, ptr(&y)?);
-    let (rows_i, n_i) = (i32_of(op, "x", rows)?, i32_of(op, "x", n)?);
-    launch_tuned(op, ctx, x.dtype(), x.dtype(), kind, clamp.is_some(), rows * n, |l| {
-        let vec = n.is_multiple_of(l.nv);
-        let grid = l.grid(if vec { rows * n / l.nv } else { rows * n });
-        l.k.launch(
-            "gated_fwd",
-            grid,
-            &[
-                Arg::Ptr(xp),
-                Arg::Ptr(yp),
-                Arg::I32(rows_i),
-                Arg::I32(n_i),
-                Arg::I32(i32::from(vec)),
-                Arg::F32(limit),
-                Arg::F32(alpha),
-            ],
-        )
-    })?;
+    launch_gated(op, ctx, "gated_fwd", x, "x", x.dtype(), kind, clamp, &[Arg::Ptr(ptr(x)?), Arg::Ptr(ptr(&y)?)])?;
     Ok(ActOut { y })
 }
 
@@ -153,29 +160,9 @@ fn gated_bwd(
     kind: Activation,
     clamp: Option<(f32, f32)>,
 ) -> Result<DActOut> {
-    let (rows, n) = (x.rows(), x.last_dim() / 2);
     let gi = empty(ctx.device, x.shape(), x.dtype())?;
-    let (limit, alpha) = clamp.unwrap_or((0.0, 0.0));
-    let (gp, xp, gip) = (ptr(g)?, ptr(x)?, ptr(&gi)?);
-    let (rows_i, n_i) = (i32_of(op, "input", rows)?, i32_of(op, "input", n)?);
-    launch_tuned(op, ctx, x.dtype(), g.dtype(), kind, clamp.is_some(), rows * n, |l| {
-        let vec = n.is_multiple_of(l.nv);
-        let grid = l.grid(if vec { rows * n / l.nv } else { rows * n });
-        l.k.launch(
-            "gated_bwd",
-            grid,
-            &[
-                Arg::Ptr(gp),
-                Arg::Ptr(xp),
-                Arg::Ptr(gip),
-                Arg::I32(rows_i),
-                Arg::I32(n_i),
-                Arg::I32(i32::from(vec)),
-                Arg::F32(limit),
-                Arg::F32(alpha),
-            ],
-        )
-    })?;
+    let ptrs = [Arg::Ptr(ptr(g)?), Arg::Ptr(ptr(x)?), Arg::Ptr(ptr(&gi)?)];
+    launch_gated(op, ctx, "gated_bwd", x, "input", g.dtype(), kind, clamp, &ptrs)?;
     Ok(DActOut { grad_input: gi })
 }
 

@@ -168,6 +168,44 @@ template <int MT, int NB> __device__ __forceinline__ void zero_acc(float (*acc)[
         for (int nb = 0; nb < NB; ++nb) acc[mt][nb][0] = acc[mt][nb][1] = acc[mt][nb][2] = acc[mt][nb][3] = 0.0f;
 }
 
+// acc[MT][NB][4] += C(16 MT x KD) * B(KD x 8 NB) with C in accumulator layout (probabilities
+// or dS) and B(k, c) = Bs[k * ldb + c]. 16-bit builds pack C straight into A fragments; f32
+// builds write it to the warp's own rows of `stage` (row stride lds; unused otherwise) first.
+template <int MT, int NB, int KD>
+__device__ __forceinline__ void warp_mm_c(float (*acc)[NB][4], const float (*c)[KD / 8][4], T* stage, int lds,
+                                          const T* Bs, int ldb) {
+#if HALF
+    (void)stage;
+    (void)lds;
+    warp_mm_regA<MT, NB, KD>(acc, c, Bs, ldb);
+#else
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nb = 0; nb < KD / 8; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                stage[(mt * 16 + 8 * (e / 2) + g) * lds + nb * 8 + 2 * t + (e & 1)] = from_f32<T>(c[mt][nb][e]);
+    __syncwarp();
+    warp_mm<MT, NB, KD, false, false>(acc, stage, lds, Bs, ldb);
+#endif
+}
+
+// Writes the thread's accumulator row x (x = 2 mt + half: row 8 x + g of the warp's tile)
+// times `mult` to out[0, D), or zeros when the row is not `valid` (past the sequence).
+template <int MT>
+__device__ __forceinline__ void store_row(T* out, const float (*acc)[DP / 8][4], int x, bool valid, float mult) {
+    const int t = threadIdx.x % 4;
+#pragma unroll
+    for (int nb = 0; nb < DP / 8; ++nb)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int c = nb * 8 + 2 * t + e;
+            if (c < D) out[c] = from_f32<T>(valid ? acc[x / 2][nb][2 * (x % 2) + e] * mult : 0.0f);
+        }
+}
+
 // Starts loading `nrows` rows of D elements (row r at token row base_row + r * rstride, head
 // `head` of `heads`) into an LDD-strided tile, zero-filling invalid rows and columns D..DP.
 // Vector rows go by cp.async (the caller commits and waits), others by plain stores.
@@ -293,9 +331,7 @@ extern "C" __global__ void __launch_bounds__(128, FWD_MIN_BLOCKS) attn_fwd(const
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* Qs = (T*)smem_raw;
     T* KV = Qs + FWD_BR * LDD;       // two stages of [K tile | V tile]
-#if !HALF
     T* Ps = KV + 4 * BC * LDD;       // f32 builds: per-warp [16 FWD_MT][LDP]
-#endif
     __shared__ int s_lo, s_hi;
 
     // Later query tiles see more keys under causal masks: run them first (a shorter tail).
@@ -371,20 +407,7 @@ extern "C" __global__ void __launch_bounds__(128, FWD_MIN_BLOCKS) attn_fwd(const
                     sc[mt][nb][e] = p;
 #endif
                 }
-#if HALF
-        warp_mm_regA<FWD_MT, DP / 8, BC>(acc, sc, Vs, LDD);
-#else
-        T* Pw = Ps + warp * 16 * FWD_MT * LDP;
-#pragma unroll
-        for (int mt = 0; mt < FWD_MT; ++mt)
-#pragma unroll
-            for (int nb = 0; nb < BC / 8; ++nb)
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    Pw[(mt * 16 + g + 8 * (e / 2)) * LDP + nb * 8 + 2 * t + (e & 1)] = from_f32<T>(sc[mt][nb][e]);
-        __syncwarp();
-        warp_mm<FWD_MT, DP / 8, BC, false, false>(acc, Pw, LDP, Vs, LDD);
-#endif
+        warp_mm_c<FWD_MT, DP / 8, BC>(acc, sc, Ps + warp * 16 * FWD_MT * LDP, LDP, Vs, LDD);
         __syncthreads(); // every warp is done with this stage before it is refilled
     }
     cp_async_wait<0>(); // (no key tile: the query tile's copy was never waited for)
@@ -399,16 +422,7 @@ extern "C" __global__ void __launch_bounds__(128, FWD_MIN_BLOCKS) attn_fwd(const
         const int r = wr + x * 8 + g;
         if (r >= slot) continue;
         const float inv = lx > 0.0f ? 1.0f / lx : 0.0f;
-        const long long row = s.qb + (long long)r * s.rs;
-        T* orow = o + (row * hq + h) * D;
-#pragma unroll
-        for (int nb = 0; nb < DP / 8; ++nb) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int c = nb * 8 + 2 * t + e;
-                if (c < D) orow[c] = from_f32<T>(r < s.lq ? acc[x / 2][nb][2 * (x % 2) + e] * inv : 0.0f);
-            }
-        }
+        store_row<FWD_MT>(o + ((s.qb + (long long)r * s.rs) * hq + h) * D, acc, x, r < s.lq, inv);
         if (t == 0)
             lse[lse_index(s, b, h, hq, sq, tq, r)] = (r < s.lq && lx > 0.0f) ? m[x] * 0.6931471805599453f + logf(lx) : NEG_INF;
     }
@@ -624,22 +638,11 @@ extern "C" __global__ void __launch_bounds__(128) attn_bwd_dkdv(const T* __restr
         }
         // dV += P^T dO (dV warps) or dK += dS^T Q (dK warps).
 #if HALF
-        warp_mm_regA<2, DP / 8, BR>(acc, sc, dk_warp ? Qs : dOs, LDD);
+        warp_mm_c<2, DP / 8, BR>(acc, sc, nullptr, 0, dk_warp ? Qs : dOs, LDD);
 #else
-        // f32: dV warps stage P^T, then dK warps dS^T, in the same rows.
-        T* own = Own + 32 * half_k * LDP;
+        // f32: the dV warp stages P^T, then the dK warp dS^T, in the same rows of Own.
         for (int pass = 0; pass < 2; ++pass) {
-            if (dk_warp == (pass == 1)) {
-#pragma unroll
-                for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-                    for (int nb = 0; nb < BR / 8; ++nb)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e)
-                            own[(mt * 16 + 8 * (e / 2) + g) * LDP + nb * 8 + 2 * t + (e & 1)] = from_f32<T>(sc[mt][nb][e]);
-                __syncwarp();
-                warp_mm<2, DP / 8, BR, false, false>(acc, own, LDP, dk_warp ? Qs : dOs, LDD);
-            }
+            if (dk_warp == (pass == 1)) warp_mm_c<2, DP / 8, BR>(acc, sc, Own + 32 * half_k * LDP, LDP, dk_warp ? Qs : dOs, LDD);
             __syncthreads();
         }
 #endif
@@ -658,17 +661,7 @@ extern "C" __global__ void __launch_bounds__(128) attn_bwd_dkdv(const T* __restr
     for (int x = 0; x < 4; ++x) {
         const int key = kw + 8 * x + g;
         if (key >= kslot) continue;
-        const long long row = s.kb + (long long)key * s.rs;
-        T* orow = out + (row * hk + hkv) * D;
-        const bool ok = key < s.lk;
-#pragma unroll
-        for (int nb = 0; nb < DP / 8; ++nb) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int c = nb * 8 + 2 * t + e;
-                if (c < D) orow[c] = from_f32<T>(ok ? mult * acc[x / 2][nb][2 * (x % 2) + e] : 0.0f);
-            }
-        }
+        store_row<2>(out + ((s.kb + (long long)key * s.rs) * hk + hkv) * D, acc, x, key < s.lk, mult);
     }
 }
 
@@ -691,9 +684,7 @@ extern "C" __global__ void __launch_bounds__(128) attn_bwd_dq(const T* __restric
     T* Qs = (T*)smem_raw;
     T* dOs = Qs + DQ_BR * LDD;
     T* KV = dOs + DQ_BR * LDD;       // two stages of [K tile | V tile]
-#if !HALF
     T* dSs = KV + 4 * DQ_BC * LDD;   // f32 builds: per-warp [16 DQ_MT][DQ_LDS] dS, queries x keys
-#endif
     __shared__ int s_lo, s_hi;
 
     const int b = blockIdx.z, h = blockIdx.y, q0 = (gridDim.x - 1 - blockIdx.x) * DQ_BR;
@@ -701,7 +692,7 @@ extern "C" __global__ void __launch_bounds__(128) attn_bwd_dq(const T* __restric
     const Seq s = seq_of(b, batch, sq, sk, cu_q, cu_k);
     const int slot = LAYOUT == 2 ? s.lq : sq;
     if (q0 >= slot) return;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4;
     const int wr = q0 + warp * 16 * DQ_MT; // the warp's first query row; thread row x is wr + 8 x + g
     float lse2[2 * DQ_MT], del[2 * DQ_MT];
     const float scale2 = scale * 1.4426950408889634f;
@@ -743,20 +734,7 @@ extern "C" __global__ void __launch_bounds__(128) attn_bwd_dq(const T* __restric
         };
         if (rows.all_see(j0, DQ_BC)) for_each_score<DQ_MT, DQ_BC / 8, false>(s, wr, j0, grad_scores);
         else for_each_score<DQ_MT, DQ_BC / 8, true>(s, wr, j0, grad_scores);
-#if HALF
-        warp_mm_regA<DQ_MT, DP / 8, DQ_BC>(adq, sc, Ks, LDD);
-#else
-        T* dSw = dSs + warp * 16 * DQ_MT * DQ_LDS;
-#pragma unroll
-        for (int mt = 0; mt < DQ_MT; ++mt)
-#pragma unroll
-            for (int nb = 0; nb < DQ_BC / 8; ++nb)
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    dSw[(mt * 16 + g + 8 * (e / 2)) * DQ_LDS + nb * 8 + 2 * t + (e & 1)] = from_f32<T>(sc[mt][nb][e]);
-        __syncwarp();
-        warp_mm<DQ_MT, DP / 8, DQ_BC, false, false>(adq, dSw, DQ_LDS, Ks, LDD);
-#endif
+        warp_mm_c<DQ_MT, DP / 8, DQ_BC>(adq, sc, dSs + warp * 16 * DQ_MT * DQ_LDS, DQ_LDS, Ks, LDD);
         __syncthreads();
     }
     cp_async_wait<0>();
@@ -764,16 +742,7 @@ extern "C" __global__ void __launch_bounds__(128) attn_bwd_dq(const T* __restric
     for (int x = 0; x < 2 * DQ_MT; ++x) {
         const int r = wr + x * 8 + g;
         if (r >= slot) continue;
-        const long long row = s.qb + (long long)r * s.rs;
-        T* dqr = dq + (row * hq + h) * D;
-#pragma unroll
-        for (int nb = 0; nb < DP / 8; ++nb) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int c = nb * 8 + 2 * t + e;
-                if (c < D) dqr[c] = from_f32<T>(r < s.lq ? scale * adq[x / 2][nb][2 * (x % 2) + e] : 0.0f);
-            }
-        }
+        store_row<DQ_MT>(dq + ((s.qb + (long long)r * s.rs) * hq + h) * D, adq, x, r < s.lq, scale);
     }
 }
 

@@ -46,6 +46,18 @@ struct Shape {
     kernel: Kernel,
 }
 
+impl Shape {
+    /// The grid of the tiled kernels: a 4-warp block per `tile` of `rows` positions, per
+    /// head (of `heads`) and sequence.
+    fn tile_grid(&self, rows: usize, tile: usize, heads: usize, smem: u32) -> Grid {
+        Grid {
+            blocks: (rows.div_ceil(tile).max(1) as u32, heads as u32, self.g.batch as u32),
+            threads: (128, 1, 1),
+            smem,
+        }
+    }
+}
+
 fn padded(d: usize) -> usize {
     d.div_ceil(16) * 16
 }
@@ -150,12 +162,7 @@ pub fn fused_attn_fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<AttnFwdOut
         Arg::Ptr(opt_ptr(cu_k)?),
     ];
     args.extend(common_args(&s, a.scale, a.dropout_p, a.seed, a.offset));
-    let grid = Grid {
-        blocks: (s.g.sq.div_ceil(br).max(1) as u32, s.g.hq as u32, s.g.batch as u32),
-        threads: (128, 1, 1),
-        smem,
-    };
-    s.kernel.launch("attn_fwd", grid, &args)?;
+    s.kernel.launch("attn_fwd", s.tile_grid(s.g.sq, br, s.g.hq, smem), &args)?;
     Ok(AttnFwdOut { o, softmax_lse: lse })
 }
 
@@ -208,29 +215,13 @@ pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut
     let handover = 2 * 32 * 4 * if elem == 4 { BR } else { BR / 2 };
     let smem =
         check_smem(OP, ctx, ((2 * BC + 2 * stages * BR) * ld + own_tile) * elem + 2 * stages * BR * 4 + handover)?;
-    s.kernel.launch(
-        "attn_bwd_dkdv",
-        Grid {
-            blocks: (s.g.sk.div_ceil(BC).max(1) as u32, s.g.hk as u32, s.g.batch as u32),
-            threads: (128, 1, 1),
-            smem,
-        },
-        &tail(dkdv)?,
-    )?;
+    s.kernel.launch("attn_bwd_dkdv", s.tile_grid(s.g.sk, BC, s.g.hk, smem), &tail(dkdv)?)?;
     let mut dq_args = inputs.to_vec();
     dq_args.push(Arg::Ptr(ptr(&dq)?));
     let (dq_br, dq_bc) = dq_tiles(a.q.dtype());
     let ds_tile = if a.q.dtype() == DType::F32 { dq_br * (dq_bc + 16 / elem) } else { 0 };
     let smem = check_smem(OP, ctx, ((2 * dq_br + 4 * dq_bc) * ld + ds_tile) * elem)?;
-    s.kernel.launch(
-        "attn_bwd_dq",
-        Grid {
-            blocks: (s.g.sq.div_ceil(dq_br).max(1) as u32, s.g.hq as u32, s.g.batch as u32),
-            threads: (128, 1, 1),
-            smem,
-        },
-        &tail(dq_args)?,
-    )?;
+    s.kernel.launch("attn_bwd_dq", s.tile_grid(s.g.sq, dq_br, s.g.hq, smem), &tail(dq_args)?)?;
     Ok(AttnBwdOut { dq, dk, dv })
 }
 
