@@ -96,6 +96,15 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
 
 // ---- atomics ----
 __device__ __forceinline__ void atomic_add_f32(float* p, float v) { atomicAdd(p, v); }
+// p[0] += a, p[1] += b for a global p aligned to 8 bytes: one vector reduction from sm_90 on.
+__device__ __forceinline__ void atomic_add2_f32(float* p, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(a), "f"(b) : "memory");
+#else
+    atomicAdd(p, a);
+    atomicAdd(p + 1, b);
+#endif
+}
 // max over non-negative floats (and NaN, whose bits order above +inf): integer max on the bits.
 __device__ __forceinline__ void atomic_max_nonneg_f32(float* p, float v) {
     atomicMax((int*)p, __float_as_int(v));

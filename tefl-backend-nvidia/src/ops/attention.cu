@@ -5,15 +5,16 @@
 // forward double-buffers K and V.
 //
 // Kernels: attn_fwd (FWD_BR queries per block, 4 warps of FWD_MT m-tiles), attn_bwd_delta
-// (Σ dO·O), attn_bwd_dkdv (one block per 64 keys and kv head: dK, dV over the group's query
-// heads, a warp per 32 keys and accumulator), attn_bwd_dq (one block per DQ_BR queries and head:
-// dQ over the keys; no atomics). Warps take 32 rows on tensor cores so that every operand
-// fragment read from shared memory feeds two MMAs.
+// (Σ dO·O; zeroes the f32 dQ accumulator), attn_bwd_dkdv (one block per DKV_KB keys and kv head:
+// dK, dV over the group's query heads, a warp per 32 keys and accumulator, and each tile's dQ
+// share added to the accumulator by atomics), attn_bwd_dq_out (dQ = scale * accumulator).
+// Warps take 32 rows on tensor cores so that every operand fragment read from shared memory
+// feeds two MMAs.
 //
 // Defines: T (element type), HALF (T is 16-bit), D (head dim), DP (D rounded up to 16), FWD_BR (64 or 128),
 // LAYOUT (0 bshd, 1 sbhd, 2 thd), CAUSAL, BOTTOM_RIGHT, PADDING (lengths from cu_seqlens),
 // WIN_LEFT / WIN_RIGHT (-1 = unbounded), DROPOUT, FWD_MIN_BLOCKS (forward blocks per SM the
-// register budget is cut for).
+// register budget is cut for), DKV_KB (keys per dK/dV block, 64 or 128).
 //
 // Rows: query position i of sequence b is token row  qbase(b) + i * rstride, its (row, head)
 // element at ((row * H) + h) * D (H = hq for q, o, hk for k, v).
@@ -428,66 +429,123 @@ extern "C" __global__ void __launch_bounds__(128, FWD_MIN_BLOCKS) attn_fwd(const
     }
 }
 
-// delta[row * hq + h] = Σ_d dO·O (f32), one warp per (token row, head).
+// delta[row * hq + h] = Σ_d dO·O (f32), one warp per (token row, head), which also zeroes that
+// row of the dQ accumulator.
 extern "C" __global__ void attn_bwd_delta(const T* __restrict__ o, const T* __restrict__ d_o, float* __restrict__ delta,
-                                          long long rows_heads) {
+                                          float* __restrict__ dq_acc, long long rows_heads) {
     const long long w = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     const int lane = threadIdx.x % 32;
     if (w >= rows_heads) return;
     float acc = 0.0f;
-    for (int c = lane; c < D; c += 32) acc += to_f32(o[w * D + c]) * to_f32(d_o[w * D + c]);
+    for (int c = lane; c < D; c += 32) {
+        acc += to_f32(o[w * D + c]) * to_f32(d_o[w * D + c]);
+        dq_acc[w * D + c] = 0.0f;
+    }
     acc = warp_sum(acc);
     if (lane == 0) delta[w] = acc;
 }
 
-// One block per (64 keys, kv head, sequence): dK and dV in registers over every query head of
-// the group and every query tile that sees the keys. Each warp owns 32 keys and one of the two
-// accumulators (2 m-tiles: every Q and dO fragment serves 32 keys, and 128 accumulator
-// registers fit): warps 0, 1 (keys 0-31, 32-63) compute P^T = exp(scale K Q^T - lse) and
-// dV += P^T dO; warps 2, 3 compute dP^T = V dO^T, take P^T from their partner through shared
-// memory, and dK += dS^T Q with dS = P (dP - delta). With 16-bit tiles the query tiles (Q, dO,
-// lse, delta) are double-buffered: the next visible tile loads while this one is computed (f32
-// tiles need the shared memory for P and dS and load one tile at a time).
+// dq = scale * dq_acc, element by element.
+extern "C" __global__ void attn_bwd_dq_out(const float* __restrict__ dq_acc, T* __restrict__ dq, long long n, float scale) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        dq[i] = from_f32<T>(dq_acc[i] * scale);
+}
+
+// dq_acc[query rows [i0, i0 + nq) of head h] += dS K for one dK/dV tile: dS^T (keys x queries,
+// row stride LDS) and the block's DKV_KB keys of K are in shared memory. Warp w takes queries
+// 16 (w % 4).. and every (DKV_WARPS / 4)-th DQ_COLS-column chunk from chunk w / 4, so that few
+// accumulator registers are live beside dK / dV.
+#define LDS (BR + PAD)
+#define DKV_WARPS (DKV_KB / 16)
+#define DQ_COLS (DP % 64 == 0 ? 64 : DP % 32 == 0 ? 32 : DP)
+__device__ __forceinline__ void add_dq_share(float* dq_acc, const T* DSs, const T* Ks, const Seq& s, int i0, int nq,
+                                             int h, int hq) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int qr = 16 * (warp % 4);
+#pragma unroll 1
+    for (int c0 = (warp / 4) * DQ_COLS; c0 < DP; c0 += (DKV_WARPS / 4) * DQ_COLS) {
+        float part[1][DQ_COLS / 8][4];
+        zero_acc<1, DQ_COLS / 8>(part);
+        warp_mm<1, DQ_COLS / 8, DKV_KB, true, false>(part, DSs + qr, LDS, Ks + c0, LDD);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int r = qr + 8 * half + g;
+            if (r >= nq) continue;
+            float* row = dq_acc + ((s.qb + (long long)(i0 + r) * s.rs) * hq + h) * D;
+#pragma unroll
+            for (int nb = 0; nb < DQ_COLS / 8; ++nb) {
+                const int c = c0 + nb * 8 + 2 * t;
+                const float a = part[0][nb][2 * half], b = part[0][nb][2 * half + 1];
+                if (D % 2 == 0) {
+                    if (c < D) atomic_add2_f32(row + c, a, b);
+                } else {
+                    if (c < D) atomic_add_f32(row + c, a);
+                    if (c + 1 < D) atomic_add_f32(row + c + 1, b);
+                }
+            }
+        }
+    }
+}
+
+// One block per (DKV_KB keys, kv head, sequence): dK and dV in registers over every query head
+// of the group and every query tile that sees the keys. Each warp owns 32 keys and one of the
+// two accumulators (2 m-tiles: every Q and dO fragment serves 32 keys, and 128 accumulator
+// registers fit): warps 0 .. DKV_KB / 32 - 1 (keys 0-31, 32-63, ..) compute
+// P^T = exp(scale K Q^T - lse) and dV += P^T dO; the next as many compute dP^T = V dO^T, take
+// P^T from their partner through shared memory, and dK += dS^T Q with dS = P (dP - delta).
+// DKV_KB (from the host) is 128 for 16-bit tiles of head dim up to 128, else 64: larger key
+// blocks halve the query-tile traffic and the dQ atomics. dS^T then goes to shared memory (in the
+// handover's place), and every warp adds dS K for 16 of the tile's queries to the f32 dQ
+// accumulator (add_dq_share). With 16-bit tiles the query tiles (Q, dO, lse, delta) are
+// double-buffered: the next visible tile loads while this one is computed (f32 tiles need the
+// shared memory for P and dS and load one tile at a time).
 #define QSTAGES (HALF ? 2 : 1)
 #define DKV_EXW (HALF ? BR / 2 : BR) // u32 words per lane handing P^T over (BR values)
-extern "C" __global__ void __launch_bounds__(128) attn_bwd_dkdv(const T* __restrict__ q, const T* __restrict__ k,
+extern "C" __global__ void __launch_bounds__(2 * DKV_KB) attn_bwd_dkdv(const T* __restrict__ q, const T* __restrict__ k,
                                                              const T* __restrict__ v, const T* __restrict__ d_o,
                                                              const float* __restrict__ lse,
                                                              const float* __restrict__ delta, T* __restrict__ dk,
-                                                             T* __restrict__ dv, const i32* __restrict__ cu_q,
+                                                             T* __restrict__ dv, float* __restrict__ dq_acc,
+                                                             const i32* __restrict__ cu_q,
                                                              const i32* __restrict__ cu_k, int batch, int sq, int sk,
                                                              int hq, int hk, int tq, float scale, float p_drop,
                                                              u64 seed, u64 offset) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* Ks = (T*)smem_raw;
-    T* Vs = Ks + BC * LDD;
-    T* QO = Vs + BC * LDD;           // QSTAGES stages of [Q tile | dO tile]
+    T* Vs = Ks + DKV_KB * LDD;
+    T* QO = Vs + DKV_KB * LDD;           // QSTAGES stages of [Q tile | dO tile]
     float* rowv = (float*)(QO + QSTAGES * 2 * BR * LDD); // QSTAGES stages of [lse | delta]
-    u32* PX = (u32*)(rowv + QSTAGES * 2 * BR); // per key half: [DKV_EXW / 4][32 lanes] of 16 bytes, P^T handed over
-#if !HALF
-    T* Own = (T*)(PX + 2 * DKV_EXW * 32); // f32 builds: [BC][LDP] P^T (dV warps' rows) or dS^T (dK warps')
+    // Per key half, 32 rows of LDS elements: first P^T handed over ([DKV_EXW / 4][32 lanes] of 16 bytes),
+    // then (16-bit builds) that half's rows of dS^T, [keys][LDS].
+    T* PX = (T*)(rowv + QSTAGES * 2 * BR);
+#if HALF
+    const T* DSs = PX;
+#else
+    T* Own = PX + DKV_KB * LDS; // f32 builds: [DKV_KB][LDP] P^T (dV warps' rows) or dS^T (dK warps')
+    const T* DSs = Own;
+    static_assert(LDP == LDS, "dS^T is read with the row stride it was staged with");
 #endif
 
-    const int b = blockIdx.z, hkv = blockIdx.y, j0 = blockIdx.x * BC;
+    const int b = blockIdx.z, hkv = blockIdx.y, j0 = blockIdx.x * DKV_KB;
     const int group = hq / hk;
     const Seq s = seq_of(b, batch, sq, sk, cu_q, cu_k);
     const int kslot = LAYOUT == 2 ? s.lk : sk;
     if (j0 >= kslot) return;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const int half_k = warp & 1;    // keys 32 half_k.. of the block
-    const bool dk_warp = warp >= 2; // else the dV warp of those keys
-    const int kw = j0 + 32 * half_k; // the warp's first key; thread key x (x = 2 mt + half) is kw + 8 x + g
-    const int nk = max(0, min(BC, s.lk - j0));
-    load_tile(Ks, k, BC, s.kb + (long long)j0 * s.rs, s.rs, nk, hk, hkv);
-    load_tile(Vs, v, BC, s.kb + (long long)j0 * s.rs, s.rs, nk, hk, hkv);
+    const int kq = warp % (DKV_KB / 32);        // keys 32 kq.. of the block
+    const bool dk_warp = warp >= DKV_KB / 32;   // else the dV warp of those keys
+    const int kw = j0 + 32 * kq; // the warp's first key; thread key x (x = 2 mt + half) is kw + 8 x + g
+    const int nk = max(0, min(DKV_KB, s.lk - j0));
+    load_tile(Ks, k, DKV_KB, s.kb + (long long)j0 * s.rs, s.rs, nk, hk, hkv);
+    load_tile(Vs, v, DKV_KB, s.kb + (long long)j0 * s.rs, s.rs, nk, hk, hkv);
     cp_async_commit();
 
     float acc[2][DP / 8][4];
     zero_acc<2, DP / 8>(acc);
     const float scale2 = scale * 1.4426950408889634f;
     // The first product's A operand: this warp's 32 rows of K (for S^T) or V (for dP^T).
-    const T* KVw = (dk_warp ? Vs : Ks) + 32 * half_k * LDD;
-    uint4* px = (uint4*)PX + half_k * (DKV_EXW / 4) * 32 + lane;
+    const T* KVw = (dk_warp ? Vs : Ks) + 32 * kq * LDD;
+    uint4* px = (uint4*)(PX + 32 * kq * LDS) + lane;
 
     // Query tile i0 sees some key of this block (the bounds are monotone in the query).
     auto visible = [&](int i0) {
@@ -537,8 +595,7 @@ extern "C" __global__ void __launch_bounds__(128) attn_bwd_dkdv(const T* __restr
         cp_async_wait<0>();
 #endif
         __syncthreads();
-        const int h = hkv * group + hi; // (dropout's element index)
-        (void)h;
+        const int h = hkv * group + hi;
         const T* Qs = QO + stage * 2 * BR * LDD;
         const T* dOs = Qs + BR * LDD;
         const float* lse_s = rowv + stage * 2 * BR;
@@ -635,6 +692,18 @@ extern "C" __global__ void __launch_bounds__(128) attn_bwd_dkdv(const T* __restr
                         sc[mt][n][e] = p * (dpz - del_s[qi]);
                     }
                 }
+#if HALF
+            // dS^T into this half's rows (the warp has read its P^T: the rows overlap it).
+            __syncwarp();
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+                for (int nb = 0; nb < BR / 8; ++nb)
+#pragma unroll
+                    for (int hh = 0; hh < 2; ++hh)
+                        *(u32*)(PX + (32 * kq + 16 * mt + 8 * hh + g) * LDS + nb * 8 + 2 * t) =
+                            pack2_f32<T>(sc[mt][nb][2 * hh], sc[mt][nb][2 * hh + 1]);
+#endif
         }
         // dV += P^T dO (dV warps) or dK += dS^T Q (dK warps).
 #if HALF
@@ -642,11 +711,15 @@ extern "C" __global__ void __launch_bounds__(128) attn_bwd_dkdv(const T* __restr
 #else
         // f32: the dV warp stages P^T, then the dK warp dS^T, in the same rows of Own.
         for (int pass = 0; pass < 2; ++pass) {
-            if (dk_warp == (pass == 1)) warp_mm_c<2, DP / 8, BR>(acc, sc, Own + 32 * half_k * LDP, LDP, dk_warp ? Qs : dOs, LDD);
+            if (dk_warp == (pass == 1)) warp_mm_c<2, DP / 8, BR>(acc, sc, Own + 32 * kq * LDP, LDP, dk_warp ? Qs : dOs, LDD);
             __syncthreads();
         }
 #endif
-        __syncthreads(); // every warp is done with this stage and with P^T before they are refilled
+#if HALF
+        __syncthreads(); // dS^T is complete
+#endif
+        add_dq_share(dq_acc, DSs, Ks, s, i0, nq, h, hq);
+        __syncthreads(); // every warp is done with this stage, P^T and dS^T before they are refilled
 #if QSTAGES == 1
         if (nhi < group) issue(nhi, ni0, 0);
 #endif
@@ -662,87 +735,6 @@ extern "C" __global__ void __launch_bounds__(128) attn_bwd_dkdv(const T* __restr
         const int key = kw + 8 * x + g;
         if (key >= kslot) continue;
         store_row<2>(out + ((s.kb + (long long)key * s.rs) * hk + hkv) * D, acc, x, key < s.lk, mult);
-    }
-}
-
-// One block per (DQ_BR queries, head, sequence): dQ = scale * Σ_keys dS K in registers, the
-// key tiles (DQ_BC keys) double-buffered like the forward. 4 warps of DQ_MT m-tiles: 2 on
-// tensor cores (32 query rows share every K and V fragment; 32-key tiles keep S and dP of
-// both in registers), 1 for f32.
-#define DQ_MT (HALF ? 2 : 1)
-#define DQ_BR (64 * DQ_MT)
-#define DQ_BC (HALF ? 32 : 64)
-#define DQ_LDS (DQ_BC + PAD)
-extern "C" __global__ void __launch_bounds__(128) attn_bwd_dq(const T* __restrict__ q, const T* __restrict__ k,
-                                                           const T* __restrict__ v, const T* __restrict__ d_o,
-                                                           const float* __restrict__ lse,
-                                                           const float* __restrict__ delta, T* __restrict__ dq,
-                                                           const i32* __restrict__ cu_q, const i32* __restrict__ cu_k,
-                                                           int batch, int sq, int sk, int hq, int hk, int tq,
-                                                           float scale, float p_drop, u64 seed, u64 offset) {
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    T* Qs = (T*)smem_raw;
-    T* dOs = Qs + DQ_BR * LDD;
-    T* KV = dOs + DQ_BR * LDD;       // two stages of [K tile | V tile]
-    T* dSs = KV + 4 * DQ_BC * LDD;   // f32 builds: per-warp [16 DQ_MT][DQ_LDS] dS, queries x keys
-    __shared__ int s_lo, s_hi;
-
-    const int b = blockIdx.z, h = blockIdx.y, q0 = (gridDim.x - 1 - blockIdx.x) * DQ_BR;
-    const int hkv = h / (hq / hk);
-    const Seq s = seq_of(b, batch, sq, sk, cu_q, cu_k);
-    const int slot = LAYOUT == 2 ? s.lq : sq;
-    if (q0 >= slot) return;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4;
-    const int wr = q0 + warp * 16 * DQ_MT; // the warp's first query row; thread row x is wr + 8 x + g
-    float lse2[2 * DQ_MT], del[2 * DQ_MT];
-    const float scale2 = scale * 1.4426950408889634f;
-#pragma unroll
-    for (int x = 0; x < 2 * DQ_MT; ++x) {
-        const int r = wr + x * 8 + g;
-        // exp(scale s - lse) = exp2(scale2 s - lse2)
-        lse2[x] = r < s.lq ? lse[lse_index(s, b, h, hq, sq, tq, r)] * 1.4426950408889634f : 0.0f;
-        del[x] = r < s.lq ? delta[(s.qb + (long long)r * s.rs) * hq + h] : 0.0f;
-    }
-    const WarpRows rows(s, wr, 16 * DQ_MT);
-    const int nq = max(0, min(DQ_BR, s.lq - q0));
-    if (threadIdx.x == 0) tile_keys(s, q0, DQ_BR, &s_lo, &s_hi);
-    load_tile(Qs, q, DQ_BR, s.qb + (long long)q0 * s.rs, s.rs, nq, hq, h);
-    load_tile(dOs, d_o, DQ_BR, s.qb + (long long)q0 * s.rs, s.rs, nq, hq, h);
-    cp_async_commit();
-    __syncthreads();
-    const int blo = s_lo, bhi = s_hi;
-    if (blo < bhi) issue_kv<DQ_BC>(KV, 0, k, v, s, blo, bhi, hk, hkv);
-    float adq[DQ_MT][DP / 8][4];
-    zero_acc<DQ_MT, DP / 8>(adq);
-    int stage = 0;
-    for (int j0 = blo; j0 < bhi; j0 += DQ_BC, stage ^= 1) {
-        const T* Ks = ready_kv<DQ_BC>(KV, stage, k, v, s, j0, bhi, hk, hkv);
-        const T* Vs = Ks + DQ_BC * LDD;
-        float sc[DQ_MT][DQ_BC / 8][4], dp[DQ_MT][DQ_BC / 8][4];
-        zero_acc<DQ_MT, DQ_BC / 8>(sc);
-        zero_acc<DQ_MT, DQ_BC / 8>(dp);
-        warp_mm<DQ_MT, DQ_BC / 8, DP, false, true>(sc, Qs + warp * 16 * DQ_MT * LDD, LDD, Ks, LDD);
-        warp_mm<DQ_MT, DQ_BC / 8, DP, false, true>(dp, dOs + warp * 16 * DQ_MT * LDD, LDD, Vs, LDD);
-        auto grad_scores = [&](int mt, int nb, int e, int x, int j, bool visible) {
-            float ds = 0.0f;
-            if (visible) {
-                const float p = fast_exp2(sc[mt][nb][e] * scale2 - lse2[x]);
-                const float z = keep_factor(seed, offset, p_drop, b, h, hq, sq, sk, wr + x * 8 + g, j);
-                ds = p * (dp[mt][nb][e] * z - del[x]);
-            }
-            sc[mt][nb][e] = ds;
-        };
-        if (rows.all_see(j0, DQ_BC)) for_each_score<DQ_MT, DQ_BC / 8, false>(s, wr, j0, grad_scores);
-        else for_each_score<DQ_MT, DQ_BC / 8, true>(s, wr, j0, grad_scores);
-        warp_mm_c<DQ_MT, DP / 8, DQ_BC>(adq, sc, dSs + warp * 16 * DQ_MT * DQ_LDS, DQ_LDS, Ks, LDD);
-        __syncthreads();
-    }
-    cp_async_wait<0>();
-#pragma unroll
-    for (int x = 0; x < 2 * DQ_MT; ++x) {
-        const int r = wr + x * 8 + g;
-        if (r >= slot) continue;
-        store_row<DQ_MT>(dq + ((s.qb + (long long)r * s.rs) * hq + h) * D, adq, x, r < s.lq, scale);
     }
 }
 

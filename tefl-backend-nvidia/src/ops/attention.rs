@@ -17,9 +17,10 @@ fn fwd_br(dtype: DType) -> usize {
     if dtype == DType::F32 { 64 } else { 128 }
 }
 
-/// Queries and keys per tile of the dQ kernel (`DQ_BR`, `DQ_BC` in attention.cu).
-fn dq_tiles(dtype: DType) -> (usize, usize) {
-    if dtype == DType::F32 { (64, 64) } else { (128, 32) }
+/// Keys per dK/dV block (`DKV_KB`, a dV and a dK warp per 32): 128 for 16-bit tiles of head
+/// dim up to 128 (fewer query-tile loads and dQ atomics per key), else 64 (shared memory).
+fn dkv_keys(dtype: DType, dp: usize) -> usize {
+    if dtype != DType::F32 && dp <= 128 { 128 } else { 64 }
 }
 
 /// Checks a kernel's shared memory against the device's per-block limit.
@@ -47,12 +48,12 @@ struct Shape {
 }
 
 impl Shape {
-    /// The grid of the tiled kernels: a 4-warp block per `tile` of `rows` positions, per
+    /// The grid of the tiled kernels: a block of `threads` per `tile` of `rows` positions, per
     /// head (of `heads`) and sequence.
-    fn tile_grid(&self, rows: usize, tile: usize, heads: usize, smem: u32) -> Grid {
+    fn tile_grid(&self, rows: usize, tile: usize, heads: usize, threads: u32, smem: u32) -> Grid {
         Grid {
             blocks: (rows.div_ceil(tile).max(1) as u32, heads as u32, self.g.batch as u32),
-            threads: (128, 1, 1),
+            threads: (threads, 1, 1),
             smem,
         }
     }
@@ -102,6 +103,7 @@ fn setup(
             ("FWD_BR", fwd_br(q.dtype()).to_string()),
             ("HALF", u8::from(q.dtype() != DType::F32).to_string()),
             ("FWD_MIN_BLOCKS", crate::heuristics::attention_fwd_min_blocks(super::arch(ctx.device)).to_string()),
+            ("DKV_KB", dkv_keys(q.dtype(), dp).to_string()),
         ],
     );
     for (what, n) in [("q", q.numel()), ("k", k.numel())] {
@@ -162,7 +164,7 @@ pub fn fused_attn_fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<AttnFwdOut
         Arg::Ptr(opt_ptr(cu_k)?),
     ];
     args.extend(common_args(&s, a.scale, a.dropout_p, a.seed, a.offset));
-    s.kernel.launch("attn_fwd", s.tile_grid(s.g.sq, br, s.g.hq, smem), &args)?;
+    s.kernel.launch("attn_fwd", s.tile_grid(s.g.sq, br, s.g.hq, 128, smem), &args)?;
     Ok(AttnFwdOut { o, softmax_lse: lse })
 }
 
@@ -180,16 +182,24 @@ pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut
     }
     let thd = a.layout == QkvLayout::Thd;
     let dev = ctx.device;
-    let (q_rows, k_rows) = (a.q.numel() / s.g.d / s.g.hq, a.k.numel() / s.g.d / s.g.hk);
-    let _ = k_rows;
-    let delta = empty(dev, &[q_rows * s.g.hq], DType::F32)?;
+    let rows_heads = a.q.numel() / s.g.d;
+    let delta = empty(dev, &[rows_heads], DType::F32)?;
+    // dQ is summed over key blocks in f32 by atomics (the delta kernel zeroes it), then scaled
+    // and converted; every element is written, rows outside the sequences as zeros.
+    let dq_acc = empty(dev, &[a.q.numel()], DType::F32)?;
+    let dq = empty(dev, a.q.shape(), a.q.dtype())?;
     let mk = |t: &Tensor| if thd { zeros(dev, t.shape(), t.dtype()) } else { empty(dev, t.shape(), t.dtype()) };
-    let (dq, dk, dv) = (mk(&a.q)?, mk(&a.k)?, mk(&a.v)?);
-    let rows_heads = q_rows * s.g.hq;
+    let (dk, dv) = (mk(&a.k)?, mk(&a.v)?);
     s.kernel.launch(
         "attn_bwd_delta",
         Grid::linear((rows_heads * 32).div_ceil(256).max(1) as u32, 256),
-        &[Arg::Ptr(ptr(&a.o)?), Arg::Ptr(ptr(&a.d_o)?), Arg::Ptr(ptr(&delta)?), Arg::U64(rows_heads as u64)],
+        &[
+            Arg::Ptr(ptr(&a.o)?),
+            Arg::Ptr(ptr(&a.d_o)?),
+            Arg::Ptr(ptr(&delta)?),
+            Arg::Ptr(ptr(&dq_acc)?),
+            Arg::U64(rows_heads as u64),
+        ],
     )?;
     let elem = a.q.dtype().size_in_bytes();
     let (ld, ldp) = (s.dp + 16 / elem, BC + 16 / elem);
@@ -201,34 +211,33 @@ pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut
         Arg::Ptr(ptr(&a.softmax_lse)?),
         Arg::Ptr(ptr(&delta)?),
     ];
-    let tail = |mut v: Vec<Arg>| -> Result<Vec<Arg>> {
-        v.push(Arg::Ptr(opt_ptr(cu_q)?));
-        v.push(Arg::Ptr(opt_ptr(cu_k)?));
-        v.extend(common_args(&s, a.scale, a.dropout_p, a.seed, a.offset));
-        Ok(v)
-    };
-    let mut dkdv = inputs.to_vec();
-    dkdv.extend([Arg::Ptr(ptr(&dk)?), Arg::Ptr(ptr(&dv)?)]);
-    // K, V; two stages of Q and dO; two stages of lse and delta; P^T handed from the dV to the
-    // dK warps (BR values per lane, packed in 16-bit builds); f32 builds stage P and dS.
-    let (own_tile, stages) = if a.q.dtype() == DType::F32 { (BC * ldp, 1) } else { (0, 2) };
-    let handover = 2 * 32 * 4 * if elem == 4 { BR } else { BR / 2 };
+    let mut args = inputs.to_vec();
+    args.extend([Arg::Ptr(ptr(&dk)?), Arg::Ptr(ptr(&dv)?), Arg::Ptr(ptr(&dq_acc)?)]);
+    args.push(Arg::Ptr(opt_ptr(cu_q)?));
+    args.push(Arg::Ptr(opt_ptr(cu_k)?));
+    args.extend(common_args(&s, a.scale, a.dropout_p, a.seed, a.offset));
+    // K, V; two stages of Q and dO; two stages of lse and delta; per key, BR (padded) elements
+    // for P^T handed from the dV to the dK warps and then dS^T; f32 builds also stage P and dS
+    // in a tile of their own.
+    let kb = dkv_keys(a.q.dtype(), s.dp);
+    let (own_tile, stages) = if a.q.dtype() == DType::F32 { (kb * ldp, 1) } else { (0, 2) };
+    let handover = kb * (BR + 16 / elem);
     let smem =
-        check_smem(OP, ctx, ((2 * BC + 2 * stages * BR) * ld + own_tile) * elem + 2 * stages * BR * 4 + handover)?;
-    s.kernel.launch("attn_bwd_dkdv", s.tile_grid(s.g.sk, BC, s.g.hk, smem), &tail(dkdv)?)?;
-    let mut dq_args = inputs.to_vec();
-    dq_args.push(Arg::Ptr(ptr(&dq)?));
-    let (dq_br, dq_bc) = dq_tiles(a.q.dtype());
-    let ds_tile = if a.q.dtype() == DType::F32 { dq_br * (dq_bc + 16 / elem) } else { 0 };
-    let smem = check_smem(OP, ctx, ((2 * dq_br + 4 * dq_bc) * ld + ds_tile) * elem)?;
-    s.kernel.launch("attn_bwd_dq", s.tile_grid(s.g.sq, dq_br, s.g.hq, smem), &tail(dq_args)?)?;
+        check_smem(OP, ctx, ((2 * kb + 2 * stages * BR) * ld + handover + own_tile) * elem + 2 * stages * BR * 4)?;
+    s.kernel.launch("attn_bwd_dkdv", s.tile_grid(s.g.sk, kb, s.g.hk, 2 * kb as u32, smem), &args)?;
+    let n = a.q.numel();
+    s.kernel.launch(
+        "attn_bwd_dq_out",
+        Grid::linear(blocks_for(n, 256, sm_count(dev) * 8), 256),
+        &[Arg::Ptr(ptr(&dq_acc)?), Arg::Ptr(ptr(&dq)?), Arg::U64(n as u64), Arg::F32(a.scale)],
+    )?;
     Ok(AttnBwdOut { dq, dk, dv })
 }
 
 /// Define sets covering every code path (the NVRTC compile test and cache warm-up).
 pub fn compile_variants() -> Vec<(&'static Source, Vec<(&'static str, String)>)> {
     let mut v = Vec::new();
-    for (t, d) in [("bf16", 128), ("f16", 64), ("float", 64), ("bf16", 8), ("float", 40)] {
+    for (t, d) in [("bf16", 128), ("f16", 64), ("float", 64), ("bf16", 8), ("float", 40), ("f16", 256)] {
         for (layout, causal, br, padding, win, drop) in
             [(0, 1, 0, 0, -1, 0), (1, 1, 1, 0, 5, 1), (2, 0, 0, 1, 3, 1), (0, 0, 0, 1, -1, 0)]
         {
@@ -248,6 +257,7 @@ pub fn compile_variants() -> Vec<(&'static Source, Vec<(&'static str, String)>)>
                     ("FWD_BR", if t == "float" { "64" } else { "128" }.to_string()),
                     ("HALF", if t == "float" { "0" } else { "1" }.to_string()),
                     ("FWD_MIN_BLOCKS", "2".to_string()),
+                    ("DKV_KB", dkv_keys(if t == "float" { DType::F32 } else { DType::BF16 }, padded(d)).to_string()),
                 ],
             ));
         }
