@@ -207,22 +207,38 @@ __device__ __forceinline__ void store_row(T* out, const float (*acc)[DP / 8][4],
         }
 }
 
-// Starts loading `nrows` rows of D elements (row r at token row base_row + r * rstride, head
-// `head` of `heads`) into an LDD-strided tile, zero-filling invalid rows and columns D..DP.
-// Vector rows go by cp.async (the caller commits and waits), others by plain stores.
-__device__ __forceinline__ void load_tile(T* dst, const T* src, int nrows, long long base_row, int rstride, int valid,
-                                          int heads, int head) {
-    constexpr int VE = 16 / (int)sizeof(T);
-    if (D % VE == 0) {
-        for (int idx = threadIdx.x; idx < nrows * (DP / VE); idx += blockDim.x) {
-            const int r = idx / (DP / VE), c = (idx % (DP / VE)) * VE;
+// Starts loading NROWS rows of D elements (row r at token row base_row + r * rstride, head
+// `head` of `heads`) into an LDD-strided tile, zero-filling invalid rows and columns D..DP;
+// the block has THREADS threads. Vector rows go by cp.async (the caller commits and waits),
+// others by plain stores. When THREADS is a multiple of the 16-byte chunks per row, each
+// thread keeps one column and one source pointer and steps it by whole rows (unrolled: the
+// index arithmetic of a generic loop costs more than the copies).
+template <int NROWS, int THREADS>
+__device__ __forceinline__ void load_tile(T* dst, const T* src, long long base_row, int rstride, int valid, int heads,
+                                          int head) {
+    constexpr int VE = 16 / (int)sizeof(T), CPR = DP / VE;
+    if constexpr (D % VE == 0 && THREADS % CPR == 0) {
+        constexpr int RSTEP = THREADS / CPR; // rows per pass of the block
+        const int r0 = threadIdx.x / CPR, c = (threadIdx.x % CPR) * VE;
+        const long long step = (long long)RSTEP * rstride * heads * D;
+        const T* sp = src + ((base_row + (long long)r0 * rstride) * heads + head) * D + c;
+#pragma unroll
+        for (int i = 0; i < (NROWS + RSTEP - 1) / RSTEP; ++i) {
+            const int r = r0 + i * RSTEP;
+            if (NROWS % RSTEP != 0 && r >= NROWS) break;
+            const bool ok = r < valid && c < D;
+            cp_async16(dst + r * LDD + c, ok ? sp + i * step : src, ok);
+        }
+    } else if constexpr (D % VE == 0) {
+        for (int idx = threadIdx.x; idx < NROWS * CPR; idx += THREADS) {
+            const int r = idx / CPR, c = (idx % CPR) * VE;
             const bool ok = r < valid && c < D;
             const T* sp = ok ? src + ((base_row + (long long)r * rstride) * heads + head) * D + c : src;
             cp_async16(dst + r * LDD + c, sp, ok);
         }
     } else {
         const T zero = from_f32<T>(0.0f);
-        for (int idx = threadIdx.x; idx < nrows * DP; idx += blockDim.x) {
+        for (int idx = threadIdx.x; idx < NROWS * DP; idx += THREADS) {
             const int r = idx / DP, c = idx % DP;
             dst[r * LDD + c] = (r < valid && c < D) ? src[((base_row + (long long)r * rstride) * heads + head) * D + c] : zero;
         }
@@ -257,8 +273,8 @@ __device__ __forceinline__ void issue_kv(T* KV, int stage, const T* k, const T* 
                                          int hkv) {
     const int nvalid = min(ROWS, bhi - j0);
     T* Kd = KV + stage * 2 * ROWS * LDD;
-    load_tile(Kd, k, ROWS, s.kb + (long long)j0 * s.rs, s.rs, nvalid, hk, hkv);
-    load_tile(Kd + ROWS * LDD, v, ROWS, s.kb + (long long)j0 * s.rs, s.rs, nvalid, hk, hkv);
+    load_tile<ROWS, 128>(Kd, k, s.kb + (long long)j0 * s.rs, s.rs, nvalid, hk, hkv);
+    load_tile<ROWS, 128>(Kd + ROWS * LDD, v, s.kb + (long long)j0 * s.rs, s.rs, nvalid, hk, hkv);
     cp_async_commit();
 }
 
@@ -345,7 +361,7 @@ extern "C" __global__ void __launch_bounds__(128, FWD_MIN_BLOCKS) attn_fwd(const
     const int wr = q0 + warp * 16 * FWD_MT; // the warp's first query row
     const WarpRows rows(s, wr, 16 * FWD_MT);
     if (threadIdx.x == 0) tile_keys(s, q0, FWD_BR, &s_lo, &s_hi);
-    load_tile(Qs, q, FWD_BR, s.qb + (long long)q0 * s.rs, s.rs, min(FWD_BR, s.lq - q0), hq, h);
+    load_tile<FWD_BR, 128>(Qs, q, s.qb + (long long)q0 * s.rs, s.rs, min(FWD_BR, s.lq - q0), hq, h);
     cp_async_commit();
     __syncthreads();
     const int blo = s_lo, bhi = s_hi;
@@ -536,8 +552,8 @@ extern "C" __global__ void __launch_bounds__(2 * DKV_KB) attn_bwd_dkdv(const T* 
     const bool dk_warp = warp >= DKV_KB / 32;   // else the dV warp of those keys
     const int kw = j0 + 32 * kq; // the warp's first key; thread key x (x = 2 mt + half) is kw + 8 x + g
     const int nk = max(0, min(DKV_KB, s.lk - j0));
-    load_tile(Ks, k, DKV_KB, s.kb + (long long)j0 * s.rs, s.rs, nk, hk, hkv);
-    load_tile(Vs, v, DKV_KB, s.kb + (long long)j0 * s.rs, s.rs, nk, hk, hkv);
+    load_tile<DKV_KB, 2 * DKV_KB>(Ks, k, s.kb + (long long)j0 * s.rs, s.rs, nk, hk, hkv);
+    load_tile<DKV_KB, 2 * DKV_KB>(Vs, v, s.kb + (long long)j0 * s.rs, s.rs, nk, hk, hkv);
     cp_async_commit();
 
     float acc[2][DP / 8][4];
@@ -566,8 +582,8 @@ extern "C" __global__ void __launch_bounds__(2 * DKV_KB) attn_bwd_dkdv(const T* 
         const int h = hkv * group + hi;
         const int nq = min(BR, s.lq - i0);
         T* Qd = QO + stage * 2 * BR * LDD;
-        load_tile(Qd, q, BR, s.qb + (long long)i0 * s.rs, s.rs, nq, hq, h);
-        load_tile(Qd + BR * LDD, d_o, BR, s.qb + (long long)i0 * s.rs, s.rs, nq, hq, h);
+        load_tile<BR, 2 * DKV_KB>(Qd, q, s.qb + (long long)i0 * s.rs, s.rs, nq, hq, h);
+        load_tile<BR, 2 * DKV_KB>(Qd + BR * LDD, d_o, s.qb + (long long)i0 * s.rs, s.rs, nq, hq, h);
         float* rv = rowv + stage * 2 * BR;
         for (int r = threadIdx.x; r < BR; r += blockDim.x) {
             const bool ok = r < nq;
