@@ -369,8 +369,9 @@ extern "C" __global__ void __launch_bounds__(128, FWD_MIN_BLOCKS) attn_fwd(const
 
     float acc[FWD_MT][DP / 8][4];
     zero_acc<FWD_MT, DP / 8>(acc);
-    // Scores in the log2 domain (exp2 is one instruction): m is the running max of scale2 * s,
-    // and exponents subtract mu (m, or 0 while a row has seen no key: exp2(-inf) = 0).
+    // m is the running max of the raw scores (scale > 0, so the max of the scaled ones is
+    // scale m); probabilities are exp2(scale2 s - mu) by one FFMA and ex2, mu = scale2 m (or 0
+    // while a row has seen no key: exp2(-inf) = 0).
     const float scale2 = scale * 1.4426950408889634f;
     float m[2 * FWD_MT], l[2 * FWD_MT];
 #pragma unroll
@@ -385,21 +386,20 @@ extern "C" __global__ void __launch_bounds__(128, FWD_MIN_BLOCKS) attn_fwd(const
         float mx[2 * FWD_MT];
 #pragma unroll
         for (int x = 0; x < 2 * FWD_MT; ++x) mx[x] = NEG_INF;
-        auto scale_mask = [&](int mt, int nb, int e, int x, int, bool visible) {
-            const float z = visible ? sc[mt][nb][e] * scale2 : NEG_INF;
-            sc[mt][nb][e] = z;
-            mx[x] = fmaxf(mx[x], z);
+        auto row_max = [&](int mt, int nb, int e, int x, int, bool visible) {
+            if (!visible) sc[mt][nb][e] = NEG_INF;
+            mx[x] = fmaxf(mx[x], sc[mt][nb][e]);
         };
-        if (rows.all_see(j0, BC)) for_each_score<FWD_MT, BC / 8, false>(s, wr, j0, scale_mask);
-        else for_each_score<FWD_MT, BC / 8, true>(s, wr, j0, scale_mask);
+        if (rows.all_see(j0, BC)) for_each_score<FWD_MT, BC / 8, false>(s, wr, j0, row_max);
+        else for_each_score<FWD_MT, BC / 8, true>(s, wr, j0, row_max);
         float mu[2 * FWD_MT];
 #pragma unroll
         for (int x = 0; x < 2 * FWD_MT; ++x) {
             mx[x] = fmaxf(mx[x], shfl_xor(mx[x], 1));
             mx[x] = fmaxf(mx[x], shfl_xor(mx[x], 2));
             const float mn = fmaxf(m[x], mx[x]);
-            mu[x] = mn == NEG_INF ? 0.0f : mn;
-            const float c = fast_exp2(m[x] - mu[x]);
+            mu[x] = mn == NEG_INF ? 0.0f : mn * scale2;
+            const float c = fast_exp2(m[x] * scale2 - mu[x]);
             m[x] = mn;
             l[x] *= c;
 #pragma unroll
@@ -415,7 +415,7 @@ extern "C" __global__ void __launch_bounds__(128, FWD_MIN_BLOCKS) attn_fwd(const
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int x = 2 * mt + e / 2;
-                    const float p = fast_exp2(sc[mt][nb][e] - mu[x]);
+                    const float p = fast_exp2(fmaf(sc[mt][nb][e], scale2, -mu[x]));
                     l[x] += p;
 #if DROPOUT
                     const int j = j0 + nb * 8 + 2 * t + (e & 1);
@@ -441,7 +441,7 @@ extern "C" __global__ void __launch_bounds__(128, FWD_MIN_BLOCKS) attn_fwd(const
         const float inv = lx > 0.0f ? 1.0f / lx : 0.0f;
         store_row<FWD_MT>(o + ((s.qb + (long long)r * s.rs) * hq + h) * D, acc, x, r < s.lq, inv);
         if (t == 0)
-            lse[lse_index(s, b, h, hq, sq, tq, r)] = (r < s.lq && lx > 0.0f) ? m[x] * 0.6931471805599453f + logf(lx) : NEG_INF;
+            lse[lse_index(s, b, h, hq, sq, tq, r)] = (r < s.lq && lx > 0.0f) ? m[x] * scale + logf(lx) : NEG_INF;
     }
 }
 
@@ -452,19 +452,34 @@ extern "C" __global__ void attn_bwd_delta(const T* __restrict__ o, const T* __re
     const long long w = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     const int lane = threadIdx.x % 32;
     if (w >= rows_heads) return;
+    // Rows of D elements start 16-byte aligned when D is a multiple of 8: 8 per lane and step.
+    constexpr int V = D % 8 == 0 ? 8 : 1;
     float acc = 0.0f;
-    for (int c = lane; c < D; c += 32) {
-        acc += to_f32(o[w * D + c]) * to_f32(d_o[w * D + c]);
-        dq_acc[w * D + c] = 0.0f;
+    for (int c = lane * V; c < D; c += 32 * V) {
+        float a[V], b[V], z[V];
+        load_n<T, V>(o + w * D + c, a);
+        load_n<T, V>(d_o + w * D + c, b);
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+            acc += a[i] * b[i];
+            z[i] = 0.0f;
+        }
+        store_n<float, V>(dq_acc + w * D + c, z);
     }
     acc = warp_sum(acc);
     if (lane == 0) delta[w] = acc;
 }
 
-// dq = scale * dq_acc, element by element.
+// dq = scale * dq_acc, element by element (8 at a time when D, hence n, is a multiple of 8).
 extern "C" __global__ void attn_bwd_dq_out(const float* __restrict__ dq_acc, T* __restrict__ dq, long long n, float scale) {
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
-        dq[i] = from_f32<T>(dq_acc[i] * scale);
+    constexpr int V = D % 8 == 0 ? 8 : 1;
+    for (long long i = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * V; i < n; i += (long long)gridDim.x * blockDim.x * V) {
+        float x[V];
+        load_n<float, V>(dq_acc + i, x);
+#pragma unroll
+        for (int j = 0; j < V; ++j) x[j] *= scale;
+        store_n<T, V>(dq + i, x);
+    }
 }
 
 // dq_acc[query rows [i0, i0 + nq) of head h] += dS K for one dK/dV tile: dS^T (keys x queries,
