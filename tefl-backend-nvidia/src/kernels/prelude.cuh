@@ -110,6 +110,17 @@ __device__ __forceinline__ void atomic_max_nonneg_f32(float* p, float v) {
     atomicMax((int*)p, __float_as_int(v));
 }
 
+// ---- column sums in two passes ----
+// The second pass of a column sum: out[c] = Σ_p ws[p][c] over `parts` rows of partial sums
+// (one thread per column c < n).
+template <typename TO> __device__ __forceinline__ void finish_column_sums(const float* ws, TO* out, int parts, int n) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= n) return;
+    float s = 0.0f;
+    for (int p = 0; p < parts; ++p) s += ws[(size_t)p * n + c];
+    out[c] = from_f32<TO>(s);
+}
+
 // ---- vector access ----
 // load_n / store_n move N consecutive elements with the widest aligned accesses (16 bytes at
 // most); the caller guarantees the address is aligned to min(N * sizeof(T), 16).

@@ -172,9 +172,5 @@ extern "C" __global__ void dbias_partial(const TG* __restrict__ g, const TX* __r
 
 // out[c] = Σ_p ws[p][c].
 extern "C" __global__ void sum_parts(const float* __restrict__ ws, TX* __restrict__ out, int parts, int n) {
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= n) return;
-    float s = 0.0f;
-    for (int p = 0; p < parts; ++p) s += ws[(size_t)p * n + c];
-    out[c] = from_f32<TX>(s);
+    finish_column_sums(ws, out, parts, n);
 }

@@ -45,10 +45,7 @@ extern "C" __global__ void col_sum_partial(const float* __restrict__ w, float* _
     ws[(size_t)blockIdx.y * n + c] = s;
 }
 
+// out[c] = Σ_p ws[p][c].
 extern "C" __global__ void col_sum_finish(const float* __restrict__ ws, float* __restrict__ out, int parts, int n) {
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= n) return;
-    float s = 0.0f;
-    for (int p = 0; p < parts; ++p) s += ws[(size_t)p * n + c];
-    out[c] = s;
+    finish_column_sums(ws, out, parts, n);
 }
