@@ -21,16 +21,21 @@ extern "C" __global__ void __launch_bounds__(BLOCK) norm_fwd(const TX* __restric
         const TX* xr = x + (size_t)row * n;
         TY* yr = y + (size_t)row * n;
 #if FUSED
-        float c[ROW_VECS][NV];
+        // The row as loaded: 16-bit rows take half the registers of f32 copies, so more blocks
+        // fit on an SM and more of the row is in flight.
+        alignas(16) TX c[ROW_VECS][NV];
         const int nvecs = n / NV;
         float s = 0.0f;
 #pragma unroll
         for (int it = 0; it < ROW_VECS; ++it) {
             const int v = threadIdx.x + it * BLOCK;
             if (v < nvecs) {
-                load_n<TX, NV>(xr + v * NV, c[it]);
+                raw_copy<TX, NV>(c[it], xr + v * NV);
 #pragma unroll
-                for (int j = 0; j < NV; ++j) s += IS_LN ? c[it][j] : c[it][j] * c[it][j];
+                for (int j = 0; j < NV; ++j) {
+                    const float xv = to_f32(c[it][j]);
+                    s += IS_LN ? xv : xv * xv;
+                }
             }
         }
         float mean = 0.0f;
@@ -42,7 +47,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK) norm_fwd(const TX* __restric
             const int v = threadIdx.x + it * BLOCK;
             if (v < nvecs) {
 #pragma unroll
-                for (int j = 0; j < NV; ++j) { const float d = c[it][j] - mean; s += d * d; }
+                for (int j = 0; j < NV; ++j) { const float d = to_f32(c[it][j]) - mean; s += d * d; }
             }
         }
 #endif
@@ -60,7 +65,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK) norm_fwd(const TX* __restric
 #pragma unroll
                 for (int j = 0; j < NV; ++j) {
                     const float gj = zc ? 1.0f + g[j] : g[j];
-                    o[j] = (c[it][j] - mean) * r * gj;
+                    o[j] = (to_f32(c[it][j]) - mean) * r * gj;
 #if IS_LN
                     o[j] += b[j];
 #endif

@@ -29,32 +29,37 @@ extern "C" __global__ void __launch_bounds__(BLOCK) softmax_fwd(const TX* __rest
         const TX* xr = x + (size_t)row * sk;
         TX* yr = y + (size_t)row * sk;
 #if FUSED
+        // The row as loaded (16-bit rows take half the registers of f32 copies: more blocks per
+        // SM); exp(scale x - m) = exp2(scale2 x - m2) by one FFMA and exp2, computed for the sum
+        // and again for the output.
         const int nvecs = sk / NV;
-        float c[ROW_VECS][NV];
+        const float scale2 = scale * 1.4426950408889634f;
+        alignas(16) TX c[ROW_VECS][NV];
         float m = NEG_INF;
 #pragma unroll
         for (int it = 0; it < ROW_VECS; ++it) {
             const int v = threadIdx.x + it * BLOCK;
             if (v < nvecs) {
-                load_n<TX, NV>(xr + v * NV, c[it]);
+                raw_copy<TX, NV>(c[it], xr + v * NV);
 #pragma unroll
-                for (int j = 0; j < NV; ++j) {
-                    c[it][j] = masked(mask, row, v * NV + j, h, sq, sk, mask_batch) ? NEG_INF : c[it][j] * scale;
-                    m = fmaxf(m, c[it][j]);
-                }
+                for (int j = 0; j < NV; ++j)
+                    if (!masked(mask, row, v * NV + j, h, sq, sk, mask_batch)) m = fmaxf(m, to_f32(c[it][j]) * scale2);
             }
         }
         m = block_max(m, scratch);
+        // exp of element j of vector it, 0 where masked (or when the whole row is).
+        auto e = [&](int it, int v, int j) {
+            return (m == NEG_INF || masked(mask, row, v * NV + j, h, sq, sk, mask_batch))
+                       ? 0.0f
+                       : exp2f(fmaf(to_f32(c[it][j]), scale2, -m));
+        };
         float s = 0.0f;
 #pragma unroll
         for (int it = 0; it < ROW_VECS; ++it) {
             const int v = threadIdx.x + it * BLOCK;
             if (v < nvecs) {
 #pragma unroll
-                for (int j = 0; j < NV; ++j) {
-                    c[it][j] = (m == NEG_INF || c[it][j] == NEG_INF) ? 0.0f : expf(c[it][j] - m);
-                    s += c[it][j];
-                }
+                for (int j = 0; j < NV; ++j) s += e(it, v, j);
             }
         }
         s = block_sum(s, scratch);
@@ -63,9 +68,10 @@ extern "C" __global__ void __launch_bounds__(BLOCK) softmax_fwd(const TX* __rest
         for (int it = 0; it < ROW_VECS; ++it) {
             const int v = threadIdx.x + it * BLOCK;
             if (v < nvecs) {
+                float o[NV];
 #pragma unroll
-                for (int j = 0; j < NV; ++j) c[it][j] *= inv;
-                store_n<TX, NV>(yr + v * NV, c[it]);
+                for (int j = 0; j < NV; ++j) o[j] = e(it, v, j) * inv;
+                store_n<TX, NV>(yr + v * NV, o);
             }
         }
 #else
