@@ -524,12 +524,12 @@ __device__ __forceinline__ void add_dq_share(float* dq_acc, const T* DSs, const 
 // registers fit): warps 0 .. DKV_KB / 32 - 1 (keys 0-31, 32-63, ..) compute
 // P^T = exp(scale K Q^T - lse) and dV += P^T dO; the next as many compute dP^T = V dO^T, take
 // P^T from their partner through shared memory, and dK += dS^T Q with dS = P (dP - delta).
+// dS^T then goes to shared memory (in the handover's place), and the warps add the tile's dS K
+// to the f32 dQ accumulator (add_dq_share: 16 queries and a share of the columns each).
 // DKV_KB (from the host) is 128 for 16-bit tiles of head dim up to 128, else 64: larger key
-// blocks halve the query-tile traffic and the dQ atomics. dS^T then goes to shared memory (in the
-// handover's place), and every warp adds dS K for 16 of the tile's queries to the f32 dQ
-// accumulator (add_dq_share). With 16-bit tiles the query tiles (Q, dO, lse, delta) are
-// double-buffered: the next visible tile loads while this one is computed (f32 tiles need the
-// shared memory for P and dS and load one tile at a time).
+// blocks halve the query-tile traffic and the dQ atomics. With 16-bit tiles the query tiles
+// (Q, dO, lse, delta) are double-buffered: the next visible tile loads while this one is
+// computed (f32 tiles need the shared memory for P and dS and load one tile at a time).
 #define QSTAGES (HALF ? 2 : 1)
 #define DKV_EXW (HALF ? BR / 2 : BR) // u32 words per lane handing P^T over (BR values)
 extern "C" __global__ void __launch_bounds__(2 * DKV_KB) attn_bwd_dkdv(const T* __restrict__ q, const T* __restrict__ k,
@@ -546,8 +546,8 @@ extern "C" __global__ void __launch_bounds__(2 * DKV_KB) attn_bwd_dkdv(const T* 
     T* Vs = Ks + DKV_KB * LDD;
     T* QO = Vs + DKV_KB * LDD;           // QSTAGES stages of [Q tile | dO tile]
     float* rowv = (float*)(QO + QSTAGES * 2 * BR * LDD); // QSTAGES stages of [lse | delta]
-    // Per key half, 32 rows of LDS elements: first P^T handed over ([DKV_EXW / 4][32 lanes] of 16 bytes),
-    // then (16-bit builds) that half's rows of dS^T, [keys][LDS].
+    // Per 32 keys, 32 rows of LDS elements: first P^T handed over ([DKV_EXW / 4][32 lanes] of
+    // 16 bytes), then (16-bit builds) those keys' rows of dS^T, [keys][LDS].
     T* PX = (T*)(rowv + QSTAGES * 2 * BR);
 #if HALF
     const T* DSs = PX;
@@ -724,7 +724,7 @@ extern "C" __global__ void __launch_bounds__(2 * DKV_KB) attn_bwd_dkdv(const T* 
                     }
                 }
 #if HALF
-            // dS^T into this half's rows (the warp has read its P^T: the rows overlap it).
+            // dS^T into its keys' rows (once the warp has read its P^T: the rows overlap it).
             __syncwarp();
 #pragma unroll
             for (int mt = 0; mt < 2; ++mt)
