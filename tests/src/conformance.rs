@@ -668,6 +668,16 @@ impl<'m> Suite<'m> {
             ..base(QkvLayout::Thd, AttnMask::None)
         });
         cases.push(AttnCase { b: 1, sq: 1, sk: 1, hq: 1, hk: 1, d: 8, ..base(QkvLayout::Bshd, AttnMask::None) });
+        // Head dims off the fast paths: 256 (the largest, tiles cut to fit), 96 (not a power of
+        // two) and 33 (odd: scalar loads and stores).
+        cases.push(AttnCase { b: 1, sq: 70, sk: 70, hq: 2, hk: 1, d: 256, ..base(QkvLayout::Bshd, AttnMask::Causal) });
+        cases.push(AttnCase {
+            d: 96,
+            cu_q: Some(vec![0, 9, 50]),
+            cu_k: Some(vec![0, 20, 41]),
+            ..base(QkvLayout::Thd, AttnMask::None)
+        });
+        cases.push(AttnCase { d: 33, ..base(QkvLayout::Sbhd, AttnMask::CausalBottomRight) });
         let long = if self.size == Size::Full { 1024 } else { 300 };
         cases.push(AttnCase {
             b: 1,

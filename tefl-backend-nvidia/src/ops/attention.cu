@@ -1,4 +1,4 @@
-// Flash attention, forward and backward: tiles of queries x BC keys in shared memory, online
+// Flash attention, forward and backward: tiles of queries x FWD_BC keys in shared memory, online
 // softmax, no sq x sk buffer. f16/bf16 tiles multiply on tensor cores (mma.sync m16n8k16,
 // operands through ldmatrix, f32 accumulation); f32 tiles use the same fragment layout with
 // scalar FMAs, so everything after the products is shared. Tiles arrive by cp.async; the
@@ -12,18 +12,18 @@
 // feeds two MMAs.
 //
 // Defines: T (element type), HALF (T is 16-bit), D (head dim), DP (D rounded up to 16), FWD_BR (64 or 128),
+// FWD_BC (keys per forward tile: 64, or 32 for f32 head dims over 128),
 // LAYOUT (0 bshd, 1 sbhd, 2 thd), CAUSAL, BOTTOM_RIGHT, PADDING (lengths from cu_seqlens),
 // WIN_LEFT / WIN_RIGHT (-1 = unbounded), DROPOUT, FWD_MIN_BLOCKS (forward blocks per SM the
-// register budget is cut for), DKV_KB (keys per dK/dV block, 64 or 128).
+// register budget is cut for), DKV_KB (keys per dK/dV block, 64 or 128), DKV_BR (queries per
+// dK/dV tile, 64, or 32 for f32 head dims over 128).
 //
 // Rows: query position i of sequence b is token row  qbase(b) + i * rstride, its (row, head)
 // element at ((row * H) + h) * D (H = hq for q, o, hk for k, v).
 
-#define BR 64
-#define BC 64
 #define PAD (16 / (int)sizeof(T))
 #define LDD (DP + PAD)
-#define LDP (BC + PAD)
+#define LDP (FWD_BC + PAD)
 #define NEG_INF (-__int_as_float(0x7f800000))
 
 struct Seq {
@@ -335,8 +335,9 @@ struct WarpRows {
     }
 };
 
-// Forward: 4 warps, each FWD_MT m-tiles of 16 query rows (2 on tensor cores: every K and V
-// fragment serves 32 rows); thread row x (x = 2 mt + half) is query wr + 16 mt + 8 half + g.
+// Forward: 4 warps, each FWD_MT m-tiles of 16 query rows (2 on tensor cores for head dims up to
+// 128: every K and V fragment serves 32 rows); thread row x (x = 2 mt + half) is query
+// wr + 16 mt + 8 half + g.
 #define FWD_MT (FWD_BR / 64)
 
 extern "C" __global__ void __launch_bounds__(128, FWD_MIN_BLOCKS) attn_fwd(const T* __restrict__ q, const T* __restrict__ k,
@@ -348,7 +349,7 @@ extern "C" __global__ void __launch_bounds__(128, FWD_MIN_BLOCKS) attn_fwd(const
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* Qs = (T*)smem_raw;
     T* KV = Qs + FWD_BR * LDD;       // two stages of [K tile | V tile]
-    T* Ps = KV + 4 * BC * LDD;       // f32 builds: per-warp [16 FWD_MT][LDP]
+    T* Ps = KV + 4 * FWD_BC * LDD;       // f32 builds: per-warp [16 FWD_MT][LDP]
     __shared__ int s_lo, s_hi;
 
     // Later query tiles see more keys under causal masks: run them first (a shorter tail).
@@ -365,7 +366,7 @@ extern "C" __global__ void __launch_bounds__(128, FWD_MIN_BLOCKS) attn_fwd(const
     cp_async_commit();
     __syncthreads();
     const int blo = s_lo, bhi = s_hi;
-    if (blo < bhi) issue_kv<BC>(KV, 0, k, v, s, blo, bhi, hk, hkv);
+    if (blo < bhi) issue_kv<FWD_BC>(KV, 0, k, v, s, blo, bhi, hk, hkv);
 
     float acc[FWD_MT][DP / 8][4];
     zero_acc<FWD_MT, DP / 8>(acc);
@@ -377,12 +378,12 @@ extern "C" __global__ void __launch_bounds__(128, FWD_MIN_BLOCKS) attn_fwd(const
 #pragma unroll
     for (int x = 0; x < 2 * FWD_MT; ++x) { m[x] = NEG_INF; l[x] = 0.0f; }
     int stage = 0;
-    for (int j0 = blo; j0 < bhi; j0 += BC, stage ^= 1) {
-        const T* Ks = ready_kv<BC>(KV, stage, k, v, s, j0, bhi, hk, hkv);
-        const T* Vs = Ks + BC * LDD;
-        float sc[FWD_MT][BC / 8][4];
-        zero_acc<FWD_MT, BC / 8>(sc);
-        warp_mm<FWD_MT, BC / 8, DP, false, true>(sc, Qs + warp * 16 * FWD_MT * LDD, LDD, Ks, LDD);
+    for (int j0 = blo; j0 < bhi; j0 += FWD_BC, stage ^= 1) {
+        const T* Ks = ready_kv<FWD_BC>(KV, stage, k, v, s, j0, bhi, hk, hkv);
+        const T* Vs = Ks + FWD_BC * LDD;
+        float sc[FWD_MT][FWD_BC / 8][4];
+        zero_acc<FWD_MT, FWD_BC / 8>(sc);
+        warp_mm<FWD_MT, FWD_BC / 8, DP, false, true>(sc, Qs + warp * 16 * FWD_MT * LDD, LDD, Ks, LDD);
         float mx[2 * FWD_MT];
 #pragma unroll
         for (int x = 0; x < 2 * FWD_MT; ++x) mx[x] = NEG_INF;
@@ -390,8 +391,8 @@ extern "C" __global__ void __launch_bounds__(128, FWD_MIN_BLOCKS) attn_fwd(const
             if (!visible) sc[mt][nb][e] = NEG_INF;
             mx[x] = fmaxf(mx[x], sc[mt][nb][e]);
         };
-        if (rows.all_see(j0, BC)) for_each_score<FWD_MT, BC / 8, false>(s, wr, j0, row_max);
-        else for_each_score<FWD_MT, BC / 8, true>(s, wr, j0, row_max);
+        if (rows.all_see(j0, FWD_BC)) for_each_score<FWD_MT, FWD_BC / 8, false>(s, wr, j0, row_max);
+        else for_each_score<FWD_MT, FWD_BC / 8, true>(s, wr, j0, row_max);
         float mu[2 * FWD_MT];
 #pragma unroll
         for (int x = 0; x < 2 * FWD_MT; ++x) {
@@ -411,7 +412,7 @@ extern "C" __global__ void __launch_bounds__(128, FWD_MIN_BLOCKS) attn_fwd(const
 #pragma unroll
         for (int mt = 0; mt < FWD_MT; ++mt)
 #pragma unroll
-            for (int nb = 0; nb < BC / 8; ++nb)
+            for (int nb = 0; nb < FWD_BC / 8; ++nb)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int x = 2 * mt + e / 2;
@@ -424,7 +425,7 @@ extern "C" __global__ void __launch_bounds__(128, FWD_MIN_BLOCKS) attn_fwd(const
                     sc[mt][nb][e] = p;
 #endif
                 }
-        warp_mm_c<FWD_MT, DP / 8, BC>(acc, sc, Ps + warp * 16 * FWD_MT * LDP, LDP, Vs, LDD);
+        warp_mm_c<FWD_MT, DP / 8, FWD_BC>(acc, sc, Ps + warp * 16 * FWD_MT * LDP, LDP, Vs, LDD);
         __syncthreads(); // every warp is done with this stage before it is refilled
     }
     cp_async_wait<0>(); // (no key tile: the query tile's copy was never waited for)
@@ -483,18 +484,19 @@ extern "C" __global__ void attn_bwd_dq_out(const float* __restrict__ dq_acc, T* 
 }
 
 // dq_acc[query rows [i0, i0 + nq) of head h] += dS K for one dK/dV tile: dS^T (keys x queries,
-// row stride LDS) and the block's DKV_KB keys of K are in shared memory. Warp w takes queries
-// 16 (w % 4).. and every (DKV_WARPS / 4)-th DQ_COLS-column chunk from chunk w / 4, so that few
-// accumulator registers are live beside dK / dV.
-#define LDS (BR + PAD)
+// row stride LDS) and the block's DKV_KB keys of K are in shared memory. With G = DKV_BR / 16
+// row groups, warp w takes queries 16 (w % G).. and every (DKV_WARPS / G)-th DQ_COLS-column
+// chunk from chunk w / G, so that few accumulator registers are live beside dK / dV.
+#define LDS (DKV_BR + PAD)
 #define DKV_WARPS (DKV_KB / 16)
 #define DQ_COLS (DP % 64 == 0 ? 64 : DP % 32 == 0 ? 32 : DP)
 __device__ __forceinline__ void add_dq_share(float* dq_acc, const T* DSs, const T* Ks, const Seq& s, int i0, int nq,
                                              int h, int hq) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const int qr = 16 * (warp % 4);
+    constexpr int ROW_GROUPS = DKV_BR / 16, COL_GROUPS = DKV_WARPS / ROW_GROUPS;
+    const int qr = 16 * (warp % ROW_GROUPS);
 #pragma unroll 1
-    for (int c0 = (warp / 4) * DQ_COLS; c0 < DP; c0 += (DKV_WARPS / 4) * DQ_COLS) {
+    for (int c0 = (warp / ROW_GROUPS) * DQ_COLS; c0 < DP; c0 += COL_GROUPS * DQ_COLS) {
         float part[1][DQ_COLS / 8][4];
         zero_acc<1, DQ_COLS / 8>(part);
         warp_mm<1, DQ_COLS / 8, DKV_KB, true, false>(part, DSs + qr, LDS, Ks + c0, LDD);
@@ -531,7 +533,7 @@ __device__ __forceinline__ void add_dq_share(float* dq_acc, const T* DSs, const 
 // (Q, dO, lse, delta) are double-buffered: the next visible tile loads while this one is
 // computed (f32 tiles need the shared memory for P and dS and load one tile at a time).
 #define QSTAGES (HALF ? 2 : 1)
-#define DKV_EXW (HALF ? BR / 2 : BR) // u32 words per lane handing P^T over (BR values)
+#define DKV_EXW (HALF ? DKV_BR / 2 : DKV_BR) // u32 words per lane handing P^T over (DKV_BR values)
 extern "C" __global__ void __launch_bounds__(2 * DKV_KB) attn_bwd_dkdv(const T* __restrict__ q, const T* __restrict__ k,
                                                              const T* __restrict__ v, const T* __restrict__ d_o,
                                                              const float* __restrict__ lse,
@@ -545,16 +547,15 @@ extern "C" __global__ void __launch_bounds__(2 * DKV_KB) attn_bwd_dkdv(const T* 
     T* Ks = (T*)smem_raw;
     T* Vs = Ks + DKV_KB * LDD;
     T* QO = Vs + DKV_KB * LDD;           // QSTAGES stages of [Q tile | dO tile]
-    float* rowv = (float*)(QO + QSTAGES * 2 * BR * LDD); // QSTAGES stages of [lse | delta]
+    float* rowv = (float*)(QO + QSTAGES * 2 * DKV_BR * LDD); // QSTAGES stages of [lse | delta]
     // Per 32 keys, 32 rows of LDS elements: first P^T handed over ([DKV_EXW / 4][32 lanes] of
     // 16 bytes), then (16-bit builds) those keys' rows of dS^T, [keys][LDS].
-    T* PX = (T*)(rowv + QSTAGES * 2 * BR);
+    T* PX = (T*)(rowv + QSTAGES * 2 * DKV_BR);
 #if HALF
     const T* DSs = PX;
 #else
-    T* Own = PX + DKV_KB * LDS; // f32 builds: [DKV_KB][LDP] P^T (dV warps' rows) or dS^T (dK warps')
+    T* Own = PX + DKV_KB * LDS; // f32 builds: [DKV_KB][LDS] P^T (dV warps' rows) or dS^T (dK warps')
     const T* DSs = Own;
-    static_assert(LDP == LDS, "dS^T is read with the row stride it was staged with");
 #endif
 
     const int b = blockIdx.z, hkv = blockIdx.y, j0 = blockIdx.x * DKV_KB;
@@ -580,7 +581,7 @@ extern "C" __global__ void __launch_bounds__(2 * DKV_KB) attn_bwd_dkdv(const T* 
 
     // Query tile i0 sees some key of this block (the bounds are monotone in the query).
     auto visible = [&](int i0) {
-        const int last = min(i0 + BR, s.lq) - 1;
+        const int last = min(i0 + DKV_BR, s.lq) - 1;
         int lo_first, hi_first, lo_last, hi_last;
         key_range(s, i0, &lo_first, &hi_first);
         key_range(s, last, &lo_last, &hi_last);
@@ -589,22 +590,22 @@ extern "C" __global__ void __launch_bounds__(2 * DKV_KB) attn_bwd_dkdv(const T* 
     // The next visible (head in group, query tile) after (hi, i0); hi == group when none.
     auto advance = [&](int* hi, int* i0) {
         do {
-            *i0 += BR;
+            *i0 += DKV_BR;
             if (*i0 >= s.lq) { *i0 = 0; ++*hi; }
         } while (*hi < group && !visible(*i0));
     };
     auto issue = [&](int hi, int i0, int stage) {
         const int h = hkv * group + hi;
-        const int nq = min(BR, s.lq - i0);
-        T* Qd = QO + stage * 2 * BR * LDD;
-        load_tile<BR, 2 * DKV_KB>(Qd, q, s.qb + (long long)i0 * s.rs, s.rs, nq, hq, h);
-        load_tile<BR, 2 * DKV_KB>(Qd + BR * LDD, d_o, s.qb + (long long)i0 * s.rs, s.rs, nq, hq, h);
-        float* rv = rowv + stage * 2 * BR;
-        for (int r = threadIdx.x; r < BR; r += blockDim.x) {
+        const int nq = min(DKV_BR, s.lq - i0);
+        T* Qd = QO + stage * 2 * DKV_BR * LDD;
+        load_tile<DKV_BR, 2 * DKV_KB>(Qd, q, s.qb + (long long)i0 * s.rs, s.rs, nq, hq, h);
+        load_tile<DKV_BR, 2 * DKV_KB>(Qd + DKV_BR * LDD, d_o, s.qb + (long long)i0 * s.rs, s.rs, nq, hq, h);
+        float* rv = rowv + stage * 2 * DKV_BR;
+        for (int r = threadIdx.x; r < DKV_BR; r += blockDim.x) {
             const bool ok = r < nq;
             const long long row = s.qb + (long long)(i0 + r) * s.rs;
             cp_async4(rv + r, ok ? lse + lse_index(s, b, h, hq, sq, tq, i0 + r) : lse, ok);
-            cp_async4(rv + BR + r, ok ? delta + row * hq + h : delta, ok);
+            cp_async4(rv + DKV_BR + r, ok ? delta + row * hq + h : delta, ok);
         }
         cp_async_commit();
     };
@@ -627,16 +628,16 @@ extern "C" __global__ void __launch_bounds__(2 * DKV_KB) attn_bwd_dkdv(const T* 
 #endif
         __syncthreads();
         const int h = hkv * group + hi;
-        const T* Qs = QO + stage * 2 * BR * LDD;
-        const T* dOs = Qs + BR * LDD;
-        const float* lse_s = rowv + stage * 2 * BR;
-        const float* del_s = lse_s + BR;
-        const int nq = min(i0 + BR, s.lq) - i0;
+        const T* Qs = QO + stage * 2 * DKV_BR * LDD;
+        const T* dOs = Qs + DKV_BR * LDD;
+        const float* lse_s = rowv + stage * 2 * DKV_BR;
+        const float* del_s = lse_s + DKV_BR;
+        const int nq = min(i0 + DKV_BR, s.lq) - i0;
 
-        // S^T (dV warps) or dP^T (dK warps): 32 keys x BR queries.
-        float sc[2][BR / 8][4];
-        zero_acc<2, BR / 8>(sc);
-        warp_mm<2, BR / 8, DP, false, true>(sc, KVw, LDD, dk_warp ? dOs : Qs, LDD);
+        // S^T (dV warps) or dP^T (dK warps): 32 keys x DKV_BR queries.
+        float sc[2][DKV_BR / 8][4];
+        zero_acc<2, DKV_BR / 8>(sc);
+        warp_mm<2, DKV_BR / 8, DP, false, true>(sc, KVw, LDD, dk_warp ? dOs : Qs, LDD);
         if (!dk_warp) {
             // P^T = exp2(scale2 S^T - lse2), zero outside the mask. The tile needs no per-element
             // mask when its first query's hi and last query's lo admit all 32 keys.
@@ -647,7 +648,7 @@ extern "C" __global__ void __launch_bounds__(2 * DKV_KB) attn_bwd_dkdv(const T* 
             (void)hi_last;
             auto probs = [&](auto masked) {
 #pragma unroll
-                for (int nb = 0; nb < BR / 8; ++nb) {
+                for (int nb = 0; nb < DKV_BR / 8; ++nb) {
                     const float2 l2 = *(const float2*)(lse_s + nb * 8 + 2 * t);
 #pragma unroll
                     for (int mt = 0; mt < 2; ++mt)
@@ -665,29 +666,29 @@ extern "C" __global__ void __launch_bounds__(2 * DKV_KB) attn_bwd_dkdv(const T* 
                         }
                 }
             };
-            if (nq == BR && lo_last <= kw && hi_first >= kw + 32) probs(Flag<false>{});
+            if (nq == DKV_BR && lo_last <= kw && hi_first >= kw + 32) probs(Flag<false>{});
             else probs(Flag<true>{});
             // Hand P^T to the dK warp of these keys, fragment by fragment.
 #pragma unroll
             for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-                for (int nb = 0; nb < BR / 8; nb += (HALF ? 2 : 1)) {
+                for (int nb = 0; nb < DKV_BR / 8; nb += (HALF ? 2 : 1)) {
 #if HALF
                     const uint4 w = {pack2_f32<T>(sc[mt][nb][0], sc[mt][nb][1]), pack2_f32<T>(sc[mt][nb][2], sc[mt][nb][3]),
                                      pack2_f32<T>(sc[mt][nb + 1][0], sc[mt][nb + 1][1]),
                                      pack2_f32<T>(sc[mt][nb + 1][2], sc[mt][nb + 1][3])};
-                    px[(mt * (BR / 8) + nb) / 2 * 32] = w;
+                    px[(mt * (DKV_BR / 8) + nb) / 2 * 32] = w;
 #else
                     const uint4 w = {__float_as_uint(sc[mt][nb][0]), __float_as_uint(sc[mt][nb][1]),
                                      __float_as_uint(sc[mt][nb][2]), __float_as_uint(sc[mt][nb][3])};
-                    px[(mt * (BR / 8) + nb) * 32] = w;
+                    px[(mt * (DKV_BR / 8) + nb) * 32] = w;
 #endif
                 }
 #if DROPOUT
 #pragma unroll
             for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-                for (int nb = 0; nb < BR / 8; ++nb)
+                for (int nb = 0; nb < DKV_BR / 8; ++nb)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
                         const int qi = nb * 8 + 2 * t + (e & 1), key = kw + 16 * mt + 8 * (e / 2) + g;
@@ -702,8 +703,8 @@ extern "C" __global__ void __launch_bounds__(2 * DKV_KB) attn_bwd_dkdv(const T* 
 #pragma unroll
             for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-                for (int nb = 0; nb < BR / 8; nb += (HALF ? 2 : 1)) {
-                    const uint4 w = px[(mt * (BR / 8) + nb) / (HALF ? 2 : 1) * 32];
+                for (int nb = 0; nb < DKV_BR / 8; nb += (HALF ? 2 : 1)) {
+                    const uint4 w = px[(mt * (DKV_BR / 8) + nb) / (HALF ? 2 : 1) * 32];
                     const u32 ws[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
                     for (int f = 0; f < (HALF ? 8 : 4); ++f) {
@@ -729,7 +730,7 @@ extern "C" __global__ void __launch_bounds__(2 * DKV_KB) attn_bwd_dkdv(const T* 
 #pragma unroll
             for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-                for (int nb = 0; nb < BR / 8; ++nb)
+                for (int nb = 0; nb < DKV_BR / 8; ++nb)
 #pragma unroll
                     for (int hh = 0; hh < 2; ++hh)
                         *(u32*)(PX + (32 * kq + 16 * mt + 8 * hh + g) * LDS + nb * 8 + 2 * t) =
@@ -738,11 +739,11 @@ extern "C" __global__ void __launch_bounds__(2 * DKV_KB) attn_bwd_dkdv(const T* 
         }
         // dV += P^T dO (dV warps) or dK += dS^T Q (dK warps).
 #if HALF
-        warp_mm_c<2, DP / 8, BR>(acc, sc, nullptr, 0, dk_warp ? Qs : dOs, LDD);
+        warp_mm_c<2, DP / 8, DKV_BR>(acc, sc, nullptr, 0, dk_warp ? Qs : dOs, LDD);
 #else
         // f32: the dV warp stages P^T, then the dK warp dS^T, in the same rows of Own.
         for (int pass = 0; pass < 2; ++pass) {
-            if (dk_warp == (pass == 1)) warp_mm_c<2, DP / 8, BR>(acc, sc, Own + 32 * kq * LDP, LDP, dk_warp ? Qs : dOs, LDD);
+            if (dk_warp == (pass == 1)) warp_mm_c<2, DP / 8, DKV_BR>(acc, sc, Own + 32 * kq * LDS, LDS, dk_warp ? Qs : dOs, LDD);
             __syncthreads();
         }
 #endif

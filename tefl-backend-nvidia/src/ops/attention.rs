@@ -9,18 +9,27 @@ use super::{Kernel, blocks_for, cty, empty, i32_of, sm_count, zeros};
 use crate::compiler::{Arg, Grid, Source, opt_ptr, ptr};
 
 static SRC: Source = Source { name: "attention", text: include_str!("attention.cu") };
-const BR: usize = 64;
-const BC: usize = 64;
 
-/// Queries per forward block (4 warps): 128 on tensor cores (32 per warp), 64 for f32.
-fn fwd_br(dtype: DType) -> usize {
-    if dtype == DType::F32 { 64 } else { 128 }
+/// Queries per forward block (4 warps): 128 on tensor cores (32 per warp), 64 for f32 and for
+/// head dims over 128 (whose 32-row accumulators would not fit in registers).
+fn fwd_br(dtype: DType, dp: usize) -> usize {
+    if dtype == DType::F32 || dp > 128 { 64 } else { 128 }
+}
+
+/// Keys per forward tile (`FWD_BC`): 64, or 32 for f32 head dims over 128 (shared memory).
+fn fwd_bc(dtype: DType, dp: usize) -> usize {
+    if dtype == DType::F32 && dp > 128 { 32 } else { 64 }
 }
 
 /// Keys per dK/dV block (`DKV_KB`, a dV and a dK warp per 32): 128 for 16-bit tiles of head
 /// dim up to 128 (fewer query-tile loads and dQ atomics per key), else 64 (shared memory).
 fn dkv_keys(dtype: DType, dp: usize) -> usize {
     if dtype != DType::F32 && dp <= 128 { 128 } else { 64 }
+}
+
+/// Queries per dK/dV tile (`DKV_BR`): 64, or 32 for f32 head dims over 128 (shared memory).
+fn dkv_rows(dtype: DType, dp: usize) -> usize {
+    if dtype == DType::F32 && dp > 128 { 32 } else { 64 }
 }
 
 /// Checks a kernel's shared memory against the device's per-block limit.
@@ -100,10 +109,12 @@ fn setup(
             ("WIN_LEFT", win(window.left)),
             ("WIN_RIGHT", win(window.right)),
             ("DROPOUT", u8::from(dropout).to_string()),
-            ("FWD_BR", fwd_br(q.dtype()).to_string()),
+            ("FWD_BR", fwd_br(q.dtype(), dp).to_string()),
+            ("FWD_BC", fwd_bc(q.dtype(), dp).to_string()),
             ("HALF", u8::from(q.dtype() != DType::F32).to_string()),
             ("FWD_MIN_BLOCKS", crate::heuristics::attention_fwd_min_blocks(super::arch(ctx.device)).to_string()),
             ("DKV_KB", dkv_keys(q.dtype(), dp).to_string()),
+            ("DKV_BR", dkv_rows(q.dtype(), dp).to_string()),
         ],
     );
     for (what, n) in [("q", q.numel()), ("k", k.numel())] {
@@ -150,10 +161,11 @@ pub fn fused_attn_fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<AttnFwdOut
         fill(&s.kernel, ctx, &lse, f32::NEG_INFINITY)?;
     }
     let elem = a.q.dtype().size_in_bytes();
-    let (ld, ldp, br) = (s.dp + 16 / elem, BC + 16 / elem, fwd_br(a.q.dtype()));
+    let (br, bc) = (fwd_br(a.q.dtype(), s.dp), fwd_bc(a.q.dtype(), s.dp));
+    let (ld, ldp) = (s.dp + 16 / elem, bc + 16 / elem);
     // 16-bit tiles keep the probabilities in registers; f32 tiles stage them per warp.
     let p_tile = if a.q.dtype() == DType::F32 { br * ldp } else { 0 };
-    let smem = check_smem(OP, ctx, ((br + 4 * BC) * ld + p_tile) * elem)?;
+    let smem = check_smem(OP, ctx, ((br + 4 * bc) * ld + p_tile) * elem)?;
     let mut args = vec![
         Arg::Ptr(ptr(&a.q)?),
         Arg::Ptr(ptr(&a.k)?),
@@ -202,7 +214,7 @@ pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut
         ],
     )?;
     let elem = a.q.dtype().size_in_bytes();
-    let (ld, ldp) = (s.dp + 16 / elem, BC + 16 / elem);
+    let ld = s.dp + 16 / elem;
     let inputs = [
         Arg::Ptr(ptr(&a.q)?),
         Arg::Ptr(ptr(&a.k)?),
@@ -216,14 +228,14 @@ pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut
     args.push(Arg::Ptr(opt_ptr(cu_q)?));
     args.push(Arg::Ptr(opt_ptr(cu_k)?));
     args.extend(common_args(&s, a.scale, a.dropout_p, a.seed, a.offset));
-    // K, V; two stages of Q and dO; two stages of lse and delta; per key, BR (padded) elements
+    // K, V; two stages of Q and dO; two stages of lse and delta; per key, br (padded) elements
     // for P^T handed from the dV to the dK warps and then dS^T; f32 builds also stage P and dS
     // in a tile of their own.
-    let kb = dkv_keys(a.q.dtype(), s.dp);
-    let (own_tile, stages) = if a.q.dtype() == DType::F32 { (kb * ldp, 1) } else { (0, 2) };
-    let handover = kb * (BR + 16 / elem);
+    let (kb, br) = (dkv_keys(a.q.dtype(), s.dp), dkv_rows(a.q.dtype(), s.dp));
+    let (own_tile, stages) = if a.q.dtype() == DType::F32 { (kb * (br + 16 / elem), 1) } else { (0, 2) };
+    let handover = kb * (br + 16 / elem);
     let smem =
-        check_smem(OP, ctx, ((2 * kb + 2 * stages * BR) * ld + handover + own_tile) * elem + 2 * stages * BR * 4)?;
+        check_smem(OP, ctx, ((2 * kb + 2 * stages * br) * ld + handover + own_tile) * elem + 2 * stages * br * 4)?;
     s.kernel.launch("attn_bwd_dkdv", s.tile_grid(s.g.sk, kb, s.g.hk, 2 * kb as u32, smem), &args)?;
     let n = a.q.numel();
     s.kernel.launch(
@@ -237,7 +249,9 @@ pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut
 /// Define sets covering every code path (the NVRTC compile test and cache warm-up).
 pub fn compile_variants() -> Vec<(&'static Source, Vec<(&'static str, String)>)> {
     let mut v = Vec::new();
-    for (t, d) in [("bf16", 128), ("f16", 64), ("float", 64), ("bf16", 8), ("float", 40), ("f16", 256)] {
+    for (t, d) in [("bf16", 128), ("f16", 64), ("float", 64), ("bf16", 8), ("float", 40), ("f16", 256), ("float", 256)]
+    {
+        let dtype = if t == "float" { DType::F32 } else { DType::BF16 };
         for (layout, causal, br, padding, win, drop) in
             [(0, 1, 0, 0, -1, 0), (1, 1, 1, 0, 5, 1), (2, 0, 0, 1, 3, 1), (0, 0, 0, 1, -1, 0)]
         {
@@ -254,10 +268,12 @@ pub fn compile_variants() -> Vec<(&'static Source, Vec<(&'static str, String)>)>
                     ("WIN_LEFT", win.to_string()),
                     ("WIN_RIGHT", win.to_string()),
                     ("DROPOUT", drop.to_string()),
-                    ("FWD_BR", if t == "float" { "64" } else { "128" }.to_string()),
+                    ("FWD_BR", fwd_br(dtype, padded(d)).to_string()),
+                    ("FWD_BC", fwd_bc(dtype, padded(d)).to_string()),
                     ("HALF", if t == "float" { "0" } else { "1" }.to_string()),
                     ("FWD_MIN_BLOCKS", "2".to_string()),
-                    ("DKV_KB", dkv_keys(if t == "float" { DType::F32 } else { DType::BF16 }, padded(d)).to_string()),
+                    ("DKV_KB", dkv_keys(dtype, padded(d)).to_string()),
+                    ("DKV_BR", dkv_rows(dtype, padded(d)).to_string()),
                 ],
             ));
         }
