@@ -83,9 +83,11 @@ extern "C" __global__ void rope(const TX* __restrict__ x, const float* __restric
 #define NROT (DROT / 2 / VE)
 #endif
 #define SLOTS (NROT + (D - DROT) / VE)
-extern "C" __global__ void __launch_bounds__(256, 5) rope_vec(const TX* __restrict__ x, const float* __restrict__ freqs, TX* __restrict__ y,
-                                    const i32* __restrict__ cu, const i32* __restrict__ starts, int rows, int batch,
-                                    int s, int h) {
+// At most 256 threads; registers are capped (48) so that 5 such blocks share an SM: a row is
+// little work between two barriers, and more resident rows keep more loads in flight.
+extern "C" __global__ void __launch_bounds__(256, 5)
+    rope_vec(const TX* __restrict__ x, const float* __restrict__ freqs, TX* __restrict__ y, const i32* __restrict__ cu,
+             const i32* __restrict__ starts, int rows, int batch, int s, int h) {
     extern __shared__ float cs[]; // cos at [c], sin at [DROT + c]
     constexpr int HALF_ROT = DROT / 2;
     for (int row = blockIdx.x; row < rows; row += gridDim.x) {
