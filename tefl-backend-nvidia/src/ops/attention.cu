@@ -16,7 +16,8 @@
 // LAYOUT (0 bshd, 1 sbhd, 2 thd), CAUSAL, BOTTOM_RIGHT, PADDING (lengths from cu_seqlens),
 // WIN_LEFT / WIN_RIGHT (-1 = unbounded), DROPOUT, FWD_MIN_BLOCKS (forward blocks per SM the
 // register budget is cut for), DKV_KB (keys per dK/dV block, 64 or 128), DKV_BR (queries per
-// dK/dV tile, 64, or 32 for f32 head dims over 128).
+// dK/dV tile, 64, or 32 for f32 head dims over 128), DKV_MT (m-tiles of keys per dK/dV warp: 2,
+// or 1 for head dims over 128).
 //
 // Rows: query position i of sequence b is token row  qbase(b) + i * rstride, its (row, head)
 // element at ((row * H) + h) * D (H = hq for q, o, hk for k, v).
@@ -488,7 +489,8 @@ extern "C" __global__ void attn_bwd_dq_out(const float* __restrict__ dq_acc, T* 
 // row groups, warp w takes queries 16 (w % G).. and every (DKV_WARPS / G)-th DQ_COLS-column
 // chunk from chunk w / G, so that few accumulator registers are live beside dK / dV.
 #define LDS (DKV_BR + PAD)
-#define DKV_WARPS (DKV_KB / 16)
+#define KW (16 * DKV_MT)                 // keys per dK/dV warp
+#define DKV_WARPS (2 * DKV_KB / KW)
 #define DQ_COLS (DP % 64 == 0 ? 64 : DP % 32 == 0 ? 32 : DP)
 __device__ __forceinline__ void add_dq_share(float* dq_acc, const T* DSs, const T* Ks, const Seq& s, int i0, int nq,
                                              int h, int hq) {
@@ -521,9 +523,10 @@ __device__ __forceinline__ void add_dq_share(float* dq_acc, const T* DSs, const 
 }
 
 // One block per (DKV_KB keys, kv head, sequence): dK and dV in registers over every query head
-// of the group and every query tile that sees the keys. Each warp owns 32 keys and one of the
-// two accumulators (2 m-tiles: every Q and dO fragment serves 32 keys, and 128 accumulator
-// registers fit): warps 0 .. DKV_KB / 32 - 1 (keys 0-31, 32-63, ..) compute
+// of the group and every query tile that sees the keys. Each warp owns KW keys and one of the
+// two accumulators (DKV_MT m-tiles: with 2, every Q and dO fragment serves 32 keys and the 128
+// accumulator registers of head dims up to 128 fit; larger head dims take 1): warps
+// 0 .. DKV_KB / KW - 1 (keys 0..KW-1, KW..2 KW-1, ..) compute
 // P^T = exp(scale K Q^T - lse) and dV += P^T dO; the next as many compute dP^T = V dO^T, take
 // P^T from their partner through shared memory, and dK += dS^T Q with dS = P (dP - delta).
 // dS^T then goes to shared memory (in the handover's place), and the warps add the tile's dS K
@@ -533,8 +536,8 @@ __device__ __forceinline__ void add_dq_share(float* dq_acc, const T* DSs, const 
 // (Q, dO, lse, delta) are double-buffered: the next visible tile loads while this one is
 // computed (f32 tiles need the shared memory for P and dS and load one tile at a time).
 #define QSTAGES (HALF ? 2 : 1)
-#define DKV_EXW (HALF ? DKV_BR / 2 : DKV_BR) // u32 words per lane handing P^T over (DKV_BR values)
-extern "C" __global__ void __launch_bounds__(2 * DKV_KB) attn_bwd_dkdv(const T* __restrict__ q, const T* __restrict__ k,
+#define DKV_EXW (DKV_MT * (HALF ? DKV_BR / 4 : DKV_BR / 2)) // u32 words per lane handing P^T over
+extern "C" __global__ void __launch_bounds__(32 * DKV_WARPS) attn_bwd_dkdv(const T* __restrict__ q, const T* __restrict__ k,
                                                              const T* __restrict__ v, const T* __restrict__ d_o,
                                                              const float* __restrict__ lse,
                                                              const float* __restrict__ delta, T* __restrict__ dk,
@@ -548,7 +551,7 @@ extern "C" __global__ void __launch_bounds__(2 * DKV_KB) attn_bwd_dkdv(const T* 
     T* Vs = Ks + DKV_KB * LDD;
     T* QO = Vs + DKV_KB * LDD;           // QSTAGES stages of [Q tile | dO tile]
     float* rowv = (float*)(QO + QSTAGES * 2 * DKV_BR * LDD); // QSTAGES stages of [lse | delta]
-    // Per 32 keys, 32 rows of LDS elements: first P^T handed over ([DKV_EXW / 4][32 lanes] of
+    // Per KW keys, KW rows of LDS elements: first P^T handed over ([DKV_EXW / 4][32 lanes] of
     // 16 bytes), then (16-bit builds) those keys' rows of dS^T, [keys][LDS].
     T* PX = (T*)(rowv + QSTAGES * 2 * DKV_BR);
 #if HALF
@@ -564,20 +567,20 @@ extern "C" __global__ void __launch_bounds__(2 * DKV_KB) attn_bwd_dkdv(const T* 
     const int kslot = LAYOUT == 2 ? s.lk : sk;
     if (j0 >= kslot) return;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const int kq = warp % (DKV_KB / 32);        // keys 32 kq.. of the block
-    const bool dk_warp = warp >= DKV_KB / 32;   // else the dV warp of those keys
-    const int kw = j0 + 32 * kq; // the warp's first key; thread key x (x = 2 mt + half) is kw + 8 x + g
+    const int kq = warp % (DKV_KB / KW);        // keys KW kq.. of the block
+    const bool dk_warp = warp >= DKV_KB / KW;   // else the dV warp of those keys
+    const int kw = j0 + KW * kq; // the warp's first key; thread key x (x = 2 mt + half) is kw + 8 x + g
     const int nk = max(0, min(DKV_KB, s.lk - j0));
-    load_tile<DKV_KB, 2 * DKV_KB>(Ks, k, s.kb + (long long)j0 * s.rs, s.rs, nk, hk, hkv);
-    load_tile<DKV_KB, 2 * DKV_KB>(Vs, v, s.kb + (long long)j0 * s.rs, s.rs, nk, hk, hkv);
+    load_tile<DKV_KB, 32 * DKV_WARPS>(Ks, k, s.kb + (long long)j0 * s.rs, s.rs, nk, hk, hkv);
+    load_tile<DKV_KB, 32 * DKV_WARPS>(Vs, v, s.kb + (long long)j0 * s.rs, s.rs, nk, hk, hkv);
     cp_async_commit();
 
-    float acc[2][DP / 8][4];
-    zero_acc<2, DP / 8>(acc);
+    float acc[DKV_MT][DP / 8][4];
+    zero_acc<DKV_MT, DP / 8>(acc);
     const float scale2 = scale * 1.4426950408889634f;
-    // The first product's A operand: this warp's 32 rows of K (for S^T) or V (for dP^T).
-    const T* KVw = (dk_warp ? Vs : Ks) + 32 * kq * LDD;
-    uint4* px = (uint4*)(PX + 32 * kq * LDS) + lane;
+    // The first product's A operand: this warp's KW rows of K (for S^T) or V (for dP^T).
+    const T* KVw = (dk_warp ? Vs : Ks) + KW * kq * LDD;
+    uint4* px = (uint4*)(PX + KW * kq * LDS) + lane;
 
     // Query tile i0 sees some key of this block (the bounds are monotone in the query).
     auto visible = [&](int i0) {
@@ -598,8 +601,8 @@ extern "C" __global__ void __launch_bounds__(2 * DKV_KB) attn_bwd_dkdv(const T* 
         const int h = hkv * group + hi;
         const int nq = min(DKV_BR, s.lq - i0);
         T* Qd = QO + stage * 2 * DKV_BR * LDD;
-        load_tile<DKV_BR, 2 * DKV_KB>(Qd, q, s.qb + (long long)i0 * s.rs, s.rs, nq, hq, h);
-        load_tile<DKV_BR, 2 * DKV_KB>(Qd + DKV_BR * LDD, d_o, s.qb + (long long)i0 * s.rs, s.rs, nq, hq, h);
+        load_tile<DKV_BR, 32 * DKV_WARPS>(Qd, q, s.qb + (long long)i0 * s.rs, s.rs, nq, hq, h);
+        load_tile<DKV_BR, 32 * DKV_WARPS>(Qd + DKV_BR * LDD, d_o, s.qb + (long long)i0 * s.rs, s.rs, nq, hq, h);
         float* rv = rowv + stage * 2 * DKV_BR;
         for (int r = threadIdx.x; r < DKV_BR; r += blockDim.x) {
             const bool ok = r < nq;
@@ -634,13 +637,13 @@ extern "C" __global__ void __launch_bounds__(2 * DKV_KB) attn_bwd_dkdv(const T* 
         const float* del_s = lse_s + DKV_BR;
         const int nq = min(i0 + DKV_BR, s.lq) - i0;
 
-        // S^T (dV warps) or dP^T (dK warps): 32 keys x DKV_BR queries.
-        float sc[2][DKV_BR / 8][4];
-        zero_acc<2, DKV_BR / 8>(sc);
-        warp_mm<2, DKV_BR / 8, DP, false, true>(sc, KVw, LDD, dk_warp ? dOs : Qs, LDD);
+        // S^T (dV warps) or dP^T (dK warps): KW keys x DKV_BR queries.
+        float sc[DKV_MT][DKV_BR / 8][4];
+        zero_acc<DKV_MT, DKV_BR / 8>(sc);
+        warp_mm<DKV_MT, DKV_BR / 8, DP, false, true>(sc, KVw, LDD, dk_warp ? dOs : Qs, LDD);
         if (!dk_warp) {
             // P^T = exp2(scale2 S^T - lse2), zero outside the mask. The tile needs no per-element
-            // mask when its first query's hi and last query's lo admit all 32 keys.
+            // mask when its first query's hi and last query's lo admit all KW keys.
             int lo_first, hi_first, lo_last, hi_last;
             key_range(s, i0, &lo_first, &hi_first);
             key_range(s, i0 + nq - 1, &lo_last, &hi_last);
@@ -651,7 +654,7 @@ extern "C" __global__ void __launch_bounds__(2 * DKV_KB) attn_bwd_dkdv(const T* 
                 for (int nb = 0; nb < DKV_BR / 8; ++nb) {
                     const float2 l2 = *(const float2*)(lse_s + nb * 8 + 2 * t);
 #pragma unroll
-                    for (int mt = 0; mt < 2; ++mt)
+                    for (int mt = 0; mt < DKV_MT; ++mt)
 #pragma unroll
                         for (int e = 0; e < 4; ++e) {
                             const int qi = nb * 8 + 2 * t + (e & 1), key = kw + 16 * mt + 8 * (e / 2) + g;
@@ -666,11 +669,11 @@ extern "C" __global__ void __launch_bounds__(2 * DKV_KB) attn_bwd_dkdv(const T* 
                         }
                 }
             };
-            if (nq == DKV_BR && lo_last <= kw && hi_first >= kw + 32) probs(Flag<false>{});
+            if (nq == DKV_BR && lo_last <= kw && hi_first >= kw + KW) probs(Flag<false>{});
             else probs(Flag<true>{});
             // Hand P^T to the dK warp of these keys, fragment by fragment.
 #pragma unroll
-            for (int mt = 0; mt < 2; ++mt)
+            for (int mt = 0; mt < DKV_MT; ++mt)
 #pragma unroll
                 for (int nb = 0; nb < DKV_BR / 8; nb += (HALF ? 2 : 1)) {
 #if HALF
@@ -686,7 +689,7 @@ extern "C" __global__ void __launch_bounds__(2 * DKV_KB) attn_bwd_dkdv(const T* 
                 }
 #if DROPOUT
 #pragma unroll
-            for (int mt = 0; mt < 2; ++mt)
+            for (int mt = 0; mt < DKV_MT; ++mt)
 #pragma unroll
                 for (int nb = 0; nb < DKV_BR / 8; ++nb)
 #pragma unroll
@@ -701,7 +704,7 @@ extern "C" __global__ void __launch_bounds__(2 * DKV_KB) attn_bwd_dkdv(const T* 
         if (dk_warp) {
             // dS^T = P^T (dP^T Z - delta); P is zero wherever the mask or the sequence ends.
 #pragma unroll
-            for (int mt = 0; mt < 2; ++mt)
+            for (int mt = 0; mt < DKV_MT; ++mt)
 #pragma unroll
                 for (int nb = 0; nb < DKV_BR / 8; nb += (HALF ? 2 : 1)) {
                     const uint4 w = px[(mt * (DKV_BR / 8) + nb) / (HALF ? 2 : 1) * 32];
@@ -728,22 +731,23 @@ extern "C" __global__ void __launch_bounds__(2 * DKV_KB) attn_bwd_dkdv(const T* 
             // dS^T into its keys' rows (once the warp has read its P^T: the rows overlap it).
             __syncwarp();
 #pragma unroll
-            for (int mt = 0; mt < 2; ++mt)
+            for (int mt = 0; mt < DKV_MT; ++mt)
 #pragma unroll
                 for (int nb = 0; nb < DKV_BR / 8; ++nb)
 #pragma unroll
                     for (int hh = 0; hh < 2; ++hh)
-                        *(u32*)(PX + (32 * kq + 16 * mt + 8 * hh + g) * LDS + nb * 8 + 2 * t) =
+                        *(u32*)(PX + (KW * kq + 16 * mt + 8 * hh + g) * LDS + nb * 8 + 2 * t) =
                             pack2_f32<T>(sc[mt][nb][2 * hh], sc[mt][nb][2 * hh + 1]);
 #endif
         }
         // dV += P^T dO (dV warps) or dK += dS^T Q (dK warps).
 #if HALF
-        warp_mm_c<2, DP / 8, DKV_BR>(acc, sc, nullptr, 0, dk_warp ? Qs : dOs, LDD);
+        warp_mm_c<DKV_MT, DP / 8, DKV_BR>(acc, sc, nullptr, 0, dk_warp ? Qs : dOs, LDD);
 #else
         // f32: the dV warp stages P^T, then the dK warp dS^T, in the same rows of Own.
         for (int pass = 0; pass < 2; ++pass) {
-            if (dk_warp == (pass == 1)) warp_mm_c<2, DP / 8, DKV_BR>(acc, sc, Own + 32 * kq * LDS, LDS, dk_warp ? Qs : dOs, LDD);
+            if (dk_warp == (pass == 1))
+                warp_mm_c<DKV_MT, DP / 8, DKV_BR>(acc, sc, Own + KW * kq * LDS, LDS, dk_warp ? Qs : dOs, LDD);
             __syncthreads();
         }
 #endif
@@ -763,10 +767,10 @@ extern "C" __global__ void __launch_bounds__(2 * DKV_KB) attn_bwd_dkdv(const T* 
     T* out = dk_warp ? dk : dv;
     const float mult = dk_warp ? scale : 1.0f;
 #pragma unroll
-    for (int x = 0; x < 4; ++x) {
+    for (int x = 0; x < 2 * DKV_MT; ++x) {
         const int key = kw + 8 * x + g;
         if (key >= kslot) continue;
-        store_row<2>(out + ((s.kb + (long long)key * s.rs) * hk + hkv) * D, acc, x, key < s.lk, mult);
+        store_row<DKV_MT>(out + ((s.kb + (long long)key * s.rs) * hk + hkv) * D, acc, x, key < s.lk, mult);
     }
 }
 

@@ -32,6 +32,12 @@ fn dkv_rows(dtype: DType, dp: usize) -> usize {
     if dtype == DType::F32 && dp > 128 { 32 } else { 64 }
 }
 
+/// m-tiles of 16 keys per dK/dV warp (`DKV_MT`): 2 (every Q and dO fragment serves 32 keys),
+/// or 1 for head dims over 128, whose 32-key accumulators would not fit in registers.
+fn dkv_mtiles(dp: usize) -> usize {
+    if dp > 128 { 1 } else { 2 }
+}
+
 /// Checks a kernel's shared memory against the device's per-block limit.
 fn check_smem(op: &'static str, ctx: &KernelCtx<'_>, bytes: usize) -> Result<u32> {
     use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN;
@@ -115,6 +121,7 @@ fn setup(
             ("FWD_MIN_BLOCKS", crate::heuristics::attention_fwd_min_blocks(super::arch(ctx.device)).to_string()),
             ("DKV_KB", dkv_keys(q.dtype(), dp).to_string()),
             ("DKV_BR", dkv_rows(q.dtype(), dp).to_string()),
+            ("DKV_MT", dkv_mtiles(dp).to_string()),
         ],
     );
     for (what, n) in [("q", q.numel()), ("k", k.numel())] {
@@ -236,7 +243,9 @@ pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut
     let handover = kb * (br + 16 / elem);
     let smem =
         check_smem(OP, ctx, ((2 * kb + 2 * stages * br) * ld + handover + own_tile) * elem + 2 * stages * br * 4)?;
-    s.kernel.launch("attn_bwd_dkdv", s.tile_grid(s.g.sk, kb, s.g.hk, 2 * kb as u32, smem), &args)?;
+    // A dV and a dK warp per 16 DKV_MT keys.
+    let threads = (2 * kb / (16 * dkv_mtiles(s.dp)) * 32) as u32;
+    s.kernel.launch("attn_bwd_dkdv", s.tile_grid(s.g.sk, kb, s.g.hk, threads, smem), &args)?;
     let n = a.q.numel();
     s.kernel.launch(
         "attn_bwd_dq_out",
@@ -274,6 +283,7 @@ pub fn compile_variants() -> Vec<(&'static Source, Vec<(&'static str, String)>)>
                     ("FWD_MIN_BLOCKS", "2".to_string()),
                     ("DKV_KB", dkv_keys(dtype, padded(d)).to_string()),
                     ("DKV_BR", dkv_rows(dtype, padded(d)).to_string()),
+                    ("DKV_MT", dkv_mtiles(padded(d)).to_string()),
                 ],
             ));
         }
