@@ -536,7 +536,6 @@ __device__ __forceinline__ void add_dq_share(float* dq_acc, const T* DSs, const 
 // (Q, dO, lse, delta) are double-buffered: the next visible tile loads while this one is
 // computed (f32 tiles need the shared memory for P and dS and load one tile at a time).
 #define QSTAGES (HALF ? 2 : 1)
-#define DKV_EXW (DKV_MT * (HALF ? DKV_BR / 4 : DKV_BR / 2)) // u32 words per lane handing P^T over
 extern "C" __global__ void __launch_bounds__(32 * DKV_WARPS) attn_bwd_dkdv(const T* __restrict__ q, const T* __restrict__ k,
                                                              const T* __restrict__ v, const T* __restrict__ d_o,
                                                              const float* __restrict__ lse,
@@ -551,8 +550,9 @@ extern "C" __global__ void __launch_bounds__(32 * DKV_WARPS) attn_bwd_dkdv(const
     T* Vs = Ks + DKV_KB * LDD;
     T* QO = Vs + DKV_KB * LDD;           // QSTAGES stages of [Q tile | dO tile]
     float* rowv = (float*)(QO + QSTAGES * 2 * DKV_BR * LDD); // QSTAGES stages of [lse | delta]
-    // Per KW keys, KW rows of LDS elements: first P^T handed over ([DKV_EXW / 4][32 lanes] of
-    // 16 bytes), then (16-bit builds) those keys' rows of dS^T, [keys][LDS].
+    // Per KW keys, KW rows of LDS elements: first P^T handed over (each lane's DKV_MT x DKV_BR / 8
+    // fragments, packed in 16-bit builds, 16 bytes at a time with the 32 lanes interleaved),
+    // then (16-bit builds) those keys' rows of dS^T, [keys][LDS].
     T* PX = (T*)(rowv + QSTAGES * 2 * DKV_BR);
 #if HALF
     const T* DSs = PX;
