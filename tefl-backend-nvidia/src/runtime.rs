@@ -41,7 +41,7 @@ impl Buffer for CudaBuffer {
 /// [`Error::DeviceFailure`] (both let the manager fall back to another impl).
 pub fn device_error(device: Device, e: DriverError) -> Error {
     if e.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
-        return Error::OutOfMemory { device: device.to_string(), bytes: 0 };
+        return Error::OutOfMemory { device: device.to_string(), bytes: 0, what: "a device allocation".into() };
     }
     Error::DeviceFailure { device: device.to_string(), reason: format!("{e:?}") }
 }

@@ -329,10 +329,44 @@ pub struct HostBuffer {
     len: usize,
 }
 
+/// `n` zeroed elements, or `None` when the allocator refuses (never aborts). Zeroed pages
+/// come from the allocator (`calloc`), so a large buffer is not written here.
+fn try_zeroed_vec<T: bytemuck::Zeroable>(n: usize) -> Option<Vec<T>> {
+    if n == 0 || std::mem::size_of::<T>() == 0 {
+        return Some(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<T>(n).ok()?;
+    // SAFETY: the layout has a non-zero size (checked above).
+    let p = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<T>();
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: `p` was allocated by the global allocator with the layout of `n` `T`s, and all
+    // its bytes are zero, which is a valid `T` (`Zeroable`).
+    Some(unsafe { Vec::from_raw_parts(p, n, n) })
+}
+
+/// `n` zero bytes on the host, or [`Error::OutOfMemory`] naming `what` (never an abort).
+pub fn try_zeroed_bytes(n: usize, what: impl FnOnce() -> String) -> Result<Vec<u8>> {
+    try_zeroed_vec::<u8>(n).ok_or_else(|| Error::OutOfMemory { device: "cpu".into(), bytes: n, what: what() })
+}
+
 impl HostBuffer {
-    /// A zero-filled buffer of `len` bytes.
+    /// A zero-filled buffer of `len` bytes. Aborts when the allocator refuses, like `vec!`:
+    /// use [`HostBuffer::try_zeroed`] for sizes a user chose.
     pub fn zeroed(len: usize) -> Self {
         HostBuffer { words: RwLock::new(vec![0u64; len.div_ceil(8)]), len }
+    }
+
+    /// A zero-filled buffer of `len` bytes, or [`Error::OutOfMemory`] when the allocator
+    /// refuses.
+    pub fn try_zeroed(len: usize) -> Result<Self> {
+        let words = try_zeroed_vec::<u64>(len.div_ceil(8)).ok_or_else(|| Error::OutOfMemory {
+            device: "cpu".into(),
+            bytes: len,
+            what: "a host buffer".into(),
+        })?;
+        Ok(HostBuffer { words: RwLock::new(words), len })
     }
 
     /// A buffer holding a copy of `data`'s bytes (one allocation, one copy).
@@ -468,7 +502,7 @@ impl DeviceRuntime for CpuRuntime {
                 reason: "the CPU runtime only has device 'cpu'".into(),
             });
         }
-        let buf = HostBuffer::zeroed(bytes);
+        let buf = HostBuffer::try_zeroed(bytes)?;
         if poison_allocations()
             && let Some(mut w) = buf.try_write()
         {

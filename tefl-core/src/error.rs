@@ -86,12 +86,14 @@ pub enum Error {
         reason: String,
     },
     /// The device ran out of memory.
-    #[error("device {device}: out of memory allocating {bytes} bytes")]
+    #[error("device {device}: out of memory allocating {bytes} bytes for {what}")]
     OutOfMemory {
         /// The device.
         device: String,
         /// The request.
         bytes: usize,
+        /// What the memory was for (a tensor's shape and dtype, an argument).
+        what: String,
     },
     /// Two registrations used the same (op, impl_id).
     #[error("duplicate registration: op '{op}' already has impl '{impl_id}'")]
@@ -126,6 +128,18 @@ pub enum Error {
         /// Its error or panic message.
         reason: String,
     },
+    /// An implementation does not support this call's arguments (a shape it has no kernel
+    /// for, tiles that do not fit the device). Not a failure: the manager moves on to the
+    /// next impl without remembering it against the impl.
+    #[error("implementation '{impl_id}' does not support this call of op '{op}': {reason}")]
+    Unsupported {
+        /// The op.
+        op: &'static str,
+        /// The impl.
+        impl_id: String,
+        /// Why.
+        reason: String,
+    },
     /// Every implementation in the chain failed; the list is in call order.
     #[error("all implementations of op '{op}' failed: {}", .failures.iter().map(|(i, e)| format!("'{i}': {e}")).collect::<Vec<_>>().join("; "))]
     AllFailed {
@@ -144,8 +158,9 @@ pub enum Error {
         /// The op it was called as.
         called: &'static str,
     },
-    /// A whole backend named by `set_backend` / `TE_BACKEND` does not exist.
-    #[error("backend '{name}' not found; available backends: {available:?}")]
+    /// A whole backend named by `set_backend` / `TE_BACKEND` does not exist (worded as
+    /// TE-FL's TEX interface words it).
+    #[error("Backend '{name}' not found. Available backends: [{}]", .available.iter().map(|a| format!("'{a}'")).collect::<Vec<_>>().join(", "))]
     BackendNotFound {
         /// The name asked for.
         name: String,
@@ -179,8 +194,9 @@ impl Error {
         Error::InvalidArgument { op, arg, reason: reason.into() }
     }
 
-    /// Shorthand for [`Error::Config`].
+    /// Shorthand for [`Error::Config`]. A token longer than 200 characters is cut, so that
+    /// a bad 100 KB value does not come back whole in the message.
     pub fn config(variable: &'static str, token: impl Into<String>, reason: impl Into<String>) -> Self {
-        Error::Config { variable, token: token.into(), reason: reason.into() }
+        Error::Config { variable, token: crate::manager::cut(&token.into(), 200), reason: reason.into() }
     }
 }

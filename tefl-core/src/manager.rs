@@ -17,9 +17,9 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::SystemTime;
 
 use crate::device::{read_lock, write_lock};
-use crate::op::{ArgSummary, Op, OpArgs, OpOutput};
+use crate::op::{ArgSummary, Op, OpArgs, OpOutput, check_inout_aliasing};
 use crate::policy::{EnvConfig, PolicyOverride, SelectionPolicy, Token};
-use crate::registry::{BackendImplKind, KernelCtx, OpImpl, Registry};
+use crate::registry::{BackendImplKind, KernelCtx, OpImpl, Registry, panic_message};
 use crate::{DType, Device, Error, Result, catalogue};
 
 const LOG: &str = "TE-FL";
@@ -34,16 +34,39 @@ fn next_id() -> u64 {
     NEXT_ID.fetch_add(1, Ordering::Relaxed)
 }
 
+/// The failure memory of one impl for one (device kind, dtype signature): shared by every
+/// chain that holds the impl, whatever policy or scope resolved the chain.
+#[derive(Default)]
+struct FailState {
+    consecutive_failures: AtomicU32,
+    skip_remaining: AtomicU64,
+}
+
+/// Which impl and which kind of call a [`FailState`] is about.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct FailKey {
+    imp: usize,
+    device: crate::DeviceKind,
+    signature: u64,
+    primary: DType,
+}
+
 /// One impl of a resolved chain, with its failure memory.
 struct ChainEntry {
     imp: Arc<OpImpl>,
     staged: bool,
-    consecutive_failures: AtomicU32,
-    skip_remaining: AtomicU64,
+    fail: Arc<FailState>,
     staged_logged: AtomicBool,
 }
 
-impl ChainEntry {
+impl std::ops::Deref for ChainEntry {
+    type Target = FailState;
+    fn deref(&self) -> &FailState {
+        &self.fail
+    }
+}
+
+impl FailState {
     /// Whether to pass over this impl for one call because it failed recently.
     fn take_skip(&self) -> bool {
         if self.skip_remaining.load(Ordering::Relaxed) == 0 {
@@ -142,6 +165,27 @@ struct ThreadState {
     last: Option<(ChainKey, Rc<LocalChain>)>,
     chains: FastMap<ChainKey, Rc<LocalChain>>,
     scopes: Vec<(u64, u64, PolicyOverride)>,
+    /// Per manager id with scopes on this thread: the fingerprint of its override stack.
+    scope_keys: Vec<(u64, u64)>,
+}
+
+impl ThreadState {
+    fn refresh_scope_keys(&mut self) {
+        use std::hash::DefaultHasher;
+        let mut managers: Vec<u64> = self.scopes.iter().map(|(m, _, _)| *m).collect();
+        managers.sort_unstable();
+        managers.dedup();
+        self.scope_keys = managers
+            .into_iter()
+            .map(|m| {
+                let mut h = DefaultHasher::new();
+                for (_, _, o) in self.scopes.iter().filter(|(x, _, _)| *x == m) {
+                    o.hash(&mut h);
+                }
+                (m, h.finish() | 1)
+            })
+            .collect();
+    }
 }
 
 const THREAD_CACHE_LIMIT: usize = 1024;
@@ -180,6 +224,8 @@ pub struct ImplStats {
     pub fallbacks: u64,
     /// Calls that passed over this impl because it failed recently.
     pub skipped: u64,
+    /// Calls whose arguments the impl said it does not support (not failures).
+    pub unsupported: u64,
 }
 
 /// How one impl fared in a resolution.
@@ -305,6 +351,7 @@ pub struct Manager {
     chains: Mutex<HashMap<ChainKey, Arc<SharedChain>>>,
     served: Mutex<HashMap<(&'static str, Device), String>>,
     failures: Mutex<VecDeque<FailureRecord>>,
+    fail_states: Mutex<HashMap<FailKey, Arc<FailState>>>,
     warned: Mutex<HashSet<String>>,
 }
 
@@ -314,14 +361,26 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = p.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = p.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "non-string panic payload".to_string()
+/// What a failure says, without repeating the "implementation 'x' failed for op 'y'" the
+/// log line or the list it goes into already says.
+fn failure_text(err: &Error, impl_id: &str) -> String {
+    match err {
+        Error::ImplFailed { impl_id: i, reason, .. } | Error::Unsupported { impl_id: i, reason, .. }
+            if i == impl_id =>
+        {
+            reason.clone()
+        }
+        e => e.to_string(),
     }
+}
+
+/// Long user-given values are cut in messages (a bad 100 KB list must not echo 100 KB).
+pub(crate) fn cut(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        return s.to_string();
+    }
+    let head: String = s.chars().take(max).collect();
+    format!("{head}... ({} chars in all)", s.chars().count())
 }
 
 impl Manager {
@@ -338,6 +397,7 @@ impl Manager {
             chains: Mutex::new(HashMap::new()),
             served: Mutex::new(HashMap::new()),
             failures: Mutex::new(VecDeque::new()),
+            fail_states: Mutex::new(HashMap::new()),
             warned: Mutex::new(HashSet::new()),
         };
         m.warn_unknown_names();
@@ -363,6 +423,7 @@ impl Manager {
     pub fn call<O: Op>(&self, args: &O::Args) -> Result<O::Output> {
         let summary = args.summary(O::NAME)?;
         O::validate(args)?;
+        check_inout_aliasing(O::NAME, args)?;
         let chain = self.chain_for::<O>(&summary);
         self.run::<O>(&chain, &summary, args)
     }
@@ -372,6 +433,7 @@ impl Manager {
     pub fn call_impl<O: Op>(&self, impl_id: &str, args: &O::Args) -> Result<O::Output> {
         let summary = args.summary(O::NAME)?;
         O::validate(args)?;
+        check_inout_aliasing(O::NAME, args)?;
         let imp =
             read_lock(&self.registry).impls_of(O::NAME).iter().find(|i| i.impl_id() == impl_id).cloned().ok_or_else(
                 || Error::NoImplementation {
@@ -390,18 +452,19 @@ impl Manager {
                 expected: Device::new(imp.device_kind(), 0),
             });
         }
-        let entry = ChainEntry {
-            imp,
-            staged,
-            consecutive_failures: AtomicU32::new(0),
-            skip_remaining: AtomicU64::new(0),
-            staged_logged: AtomicBool::new(true),
-        };
+        if let Err(reason) = imp.check_supports::<O>(args) {
+            imp.counters.unsupported.fetch_add(1, Ordering::Relaxed);
+            return Err(Error::Unsupported { op: O::NAME, impl_id: impl_id.to_string(), reason });
+        }
+        let entry = ChainEntry { imp, staged, fail: Arc::default(), staged_logged: AtomicBool::new(true) };
         self.attempt::<O>(&entry, &summary, args)
     }
 
+    /// The cache-key part of this thread's scoped overrides for this manager: 0 without any,
+    /// else a fingerprint of the whole stack of overrides (so two stacks that give the same
+    /// policy share chains, and dropping scopes in any order never leaves a stale key).
     fn scope_id(&self, st: &ThreadState) -> u64 {
-        st.scopes.iter().rev().find(|(m, _, _)| *m == self.id).map_or(0, |(_, id, _)| *id)
+        st.scope_keys.iter().find(|(m, _)| *m == self.id).map_or(0, |(_, k)| *k)
     }
 
     #[inline]
@@ -465,9 +528,11 @@ impl Manager {
     fn effective_policy(&self) -> SelectionPolicy {
         let mut p = read_lock(&self.policy).clone();
         let _ = THREAD.try_with(|t| {
-            for (m, _, o) in &t.borrow().scopes {
-                if *m == self.id {
-                    o.apply(&mut p);
+            if let Ok(st) = t.try_borrow() {
+                for (m, _, o) in &st.scopes {
+                    if *m == self.id {
+                        o.apply(&mut p);
+                    }
                 }
             }
         });
@@ -486,11 +551,11 @@ impl Manager {
         let mut entries = Vec::new();
         for e in ex.entries.iter().filter(|e| e.position.is_some()) {
             if let Some(imp) = reg.impls_of(op).iter().find(|i| i.impl_id() == e.impl_id) {
+                let fail = self.fail_state(imp, &key);
                 entries.push(ChainEntry {
                     imp: imp.clone(),
                     staged: e.staged,
-                    consecutive_failures: AtomicU32::new(0),
-                    skip_remaining: AtomicU64::new(0),
+                    fail,
                     staged_logged: AtomicBool::new(false),
                 });
             }
@@ -509,6 +574,22 @@ impl Manager {
         map.entry(shared_key).or_insert(chain).clone()
     }
 
+    /// The failure memory of `imp` for calls like `key` (one per impl, device kind and dtype
+    /// signature, shared by every chain).
+    fn fail_state(&self, imp: &Arc<OpImpl>, key: &ChainKey) -> Arc<FailState> {
+        let k = FailKey {
+            imp: Arc::as_ptr(imp) as usize,
+            device: key.device.kind,
+            signature: key.signature,
+            primary: key.primary,
+        };
+        let mut map = lock(&self.fail_states);
+        if map.len() >= SHARED_CACHE_LIMIT {
+            map.retain(|_, v| Arc::strong_count(v) > 1);
+        }
+        map.entry(k).or_default().clone()
+    }
+
     fn run<O: Op>(&self, chain: &LocalChain, s: &ArgSummary, args: &O::Args) -> Result<O::Output> {
         let sh = &*chain.shared;
         if sh.entries.is_empty() {
@@ -520,17 +601,31 @@ impl Manager {
             });
         }
         let mut failures: Vec<(String, String)> = Vec::new();
+        let mut unsupported: Vec<usize> = Vec::new();
         let mut attempted = false;
         for pass in 0..2 {
             for (i, e) in sh.entries.iter().enumerate() {
+                if unsupported.contains(&i) {
+                    continue;
+                }
                 // Pass 0 honours the failure memory; pass 1 (only when pass 0 tried nothing)
                 // tries every impl rather than fail without an attempt.
                 if pass == 0 && !sh.strict && e.take_skip() {
                     e.imp.counters.skipped.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
-                attempted = true;
-                match self.attempt::<O>(e, s, args) {
+                // An impl that does not support these arguments is passed over, not failed.
+                let checked = if e.imp.has_supports_check() { e.imp.check_supports::<O>(args) } else { Ok(()) };
+                let result = match checked {
+                    Ok(()) => {
+                        attempted = true;
+                        self.attempt::<O>(e, s, args)
+                    }
+                    Err(reason) => {
+                        Err(Error::Unsupported { op: O::NAME, impl_id: e.imp.impl_id().to_string(), reason })
+                    }
+                };
+                match result {
                     Ok(out) => {
                         e.note_success();
                         e.imp.counters.calls.fetch_add(1, Ordering::Relaxed);
@@ -544,18 +639,36 @@ impl Manager {
                         }
                         return Ok(out);
                     }
+                    Err(err @ Error::Unsupported { .. }) => {
+                        e.imp.counters.unsupported.fetch_add(1, Ordering::Relaxed);
+                        tracing::debug!(target: LOG, "Implementation '{}' does not support this call of op '{}': {}", e.imp.impl_id(), O::NAME, failure_text(&err, e.imp.impl_id()));
+                        unsupported.push(i);
+                        failures.push((
+                            e.imp.impl_id().to_string(),
+                            format!("not supported: {}", failure_text(&err, e.imp.impl_id())),
+                        ));
+                    }
                     Err(err) => {
                         self.on_failure(e, O::NAME, s.device, &err);
                         if sh.strict {
                             return Err(err);
                         }
-                        failures.push((e.imp.impl_id().to_string(), err.to_string()));
+                        failures.push((e.imp.impl_id().to_string(), failure_text(&err, e.imp.impl_id())));
                     }
                 }
             }
             if attempted {
                 break;
             }
+        }
+        if !attempted && !failures.is_empty() && unsupported.len() == sh.entries.len() {
+            let why: Vec<String> = failures.iter().map(|(i, e)| format!("'{i}': {e}")).collect();
+            return Err(Error::NoImplementation {
+                op: O::NAME,
+                device: s.device,
+                dtype: s.primary,
+                reason: why.join("; "),
+            });
         }
         Err(Error::AllFailed { op: O::NAME, failures })
     }
@@ -577,13 +690,21 @@ impl Manager {
                 kernel(&ctx, args)
             }
         }));
-        result.unwrap_or_else(|p| {
+        let out = result.unwrap_or_else(|p| {
             Err(Error::ImplFailed {
                 op: O::NAME,
                 impl_id: e.imp.impl_id().to_string(),
                 reason: format!("panicked: {}", panic_message(&*p)),
             })
-        })
+        })?;
+        if !e.imp.is_compiled_in() {
+            crate::op::check_outputs::<O>(args, &out, s.device).map_err(|reason| Error::ImplFailed {
+                op: O::NAME,
+                impl_id: e.imp.impl_id().to_string(),
+                reason,
+            })?;
+        }
+        Ok(out)
     }
 
     #[cold]
@@ -591,7 +712,7 @@ impl Manager {
     fn on_failure(&self, e: &ChainEntry, op: &'static str, device: Device, err: &Error) {
         e.imp.counters.failures.fetch_add(1, Ordering::Relaxed);
         e.note_failure();
-        tracing::warn!(target: LOG, "Implementation '{}' failed for op '{}': {}", e.imp.impl_id(), op, err);
+        tracing::warn!(target: LOG, "Implementation '{}' failed for op '{}': {}", e.imp.impl_id(), op, failure_text(err, e.imp.impl_id()));
         self.remember_failure(op, e.imp.impl_id(), device, err);
     }
 
@@ -642,6 +763,38 @@ impl Manager {
             return Err(Error::UnknownOp(op.to_string()));
         };
         Ok(self.resolve(op, *device, dtype, &self.effective_policy()))
+    }
+
+    /// Like [`Manager::explain`], for one concrete call: the chain for these arguments' device
+    /// and dtypes, where each impl with a per-call check ([`OpImpl::supports_args`]) is asked
+    /// whether it supports them; one that does not is dropped with its reason.
+    pub fn explain_call<O: Op>(&self, args: &O::Args) -> Result<Explanation> {
+        let s = args.summary(O::NAME)?;
+        O::validate(args)?;
+        let mut ex = self.resolve(O::NAME, s.device, s.primary, &self.effective_policy());
+        let reg = read_lock(&self.registry);
+        let mut order: Vec<usize> = (0..ex.entries.len()).filter(|&i| ex.entries[i].position.is_some()).collect();
+        order.sort_by_key(|&i| ex.entries[i].position);
+        let mut next = 0;
+        for i in order {
+            let e = &mut ex.entries[i];
+            let verdict = reg
+                .impls_of(O::NAME)
+                .iter()
+                .find(|imp| imp.impl_id() == e.impl_id)
+                .map_or(Ok(()), |imp| imp.check_supports::<O>(args));
+            match verdict {
+                Ok(()) => {
+                    e.position = Some(next);
+                    next += 1;
+                }
+                Err(r) => {
+                    e.position = None;
+                    e.reason = format!("does not support these arguments: {r}");
+                }
+            }
+        }
+        Ok(ex)
     }
 
     fn resolve(&self, op: &str, device: Device, dtype: DType, policy: &SelectionPolicy) -> Explanation {
@@ -838,7 +991,12 @@ impl Manager {
     /// ```
     pub fn scoped(&self, o: PolicyOverride) -> ScopeGuard {
         let id = next_id();
-        let _ = THREAD.try_with(|t| t.borrow_mut().scopes.push((self.id, id, o)));
+        let _ = THREAD.try_with(|t| {
+            if let Ok(mut st) = t.try_borrow_mut() {
+                st.scopes.push((self.id, id, o));
+                st.refresh_scope_keys();
+            }
+        });
         ScopeGuard { scope: id, _not_send: std::marker::PhantomData }
     }
 
@@ -860,6 +1018,7 @@ impl Manager {
                 failures: i.counters.failures.load(Ordering::Relaxed),
                 fallbacks: i.counters.fallbacks.load(Ordering::Relaxed),
                 skipped: i.counters.skipped.load(Ordering::Relaxed),
+                unsupported: i.counters.unsupported.load(Ordering::Relaxed),
             })
             .collect();
         v.sort_by(|a, b| (a.op, &a.impl_id).cmp(&(b.op, &b.impl_id)));
@@ -879,6 +1038,7 @@ impl Manager {
     /// Forgets failures: every impl is tried again on the next call.
     pub fn reset_failures(&self) {
         lock(&self.failures).clear();
+        lock(&self.fail_states).clear();
         self.bump();
     }
 
@@ -997,7 +1157,12 @@ pub struct ScopeGuard {
 
 impl Drop for ScopeGuard {
     fn drop(&mut self) {
-        let _ = THREAD.try_with(|t| t.borrow_mut().scopes.retain(|(_, id, _)| *id != self.scope));
+        let _ = THREAD.try_with(|t| {
+            if let Ok(mut st) = t.try_borrow_mut() {
+                st.scopes.retain(|(_, id, _)| *id != self.scope);
+                st.refresh_scope_keys();
+            }
+        });
     }
 }
 

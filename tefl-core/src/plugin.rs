@@ -217,6 +217,10 @@ unsafe extern "C" fn host_alloc_output(
     if data.is_null() || index >= state.outputs.len() || !(0..=8).contains(&ndim) || (ndim > 0 && shape.is_null()) {
         return make_error(1, &format!("alloc_output: bad arguments (index {index}, ndim {ndim})"));
     }
+    if state.outputs[index].is_some() {
+        // Replacing the first buffer would free memory the plugin may still write through.
+        return make_error(1, &format!("alloc_output: output {index} is already allocated for this call"));
+    }
     let Some(dtype) = dtype_from_code(code, bits) else {
         return make_error(2, &format!("alloc_output: unknown dtype code {code}/{bits}"));
     };
@@ -435,6 +439,20 @@ pub fn load_plugin(reg: &mut Registry, entry: &str) -> Result<usize> {
             user: d.user as usize,
             _lib: lib.clone(),
         }));
+    }
+    // All or nothing: every impl is checked before anything is registered, so a plugin that
+    // is skipped leaves no trace in the registry.
+    for (i, imp) in impls.iter().enumerate() {
+        if impls[..i].iter().any(|o| o.op() == imp.op() && o.impl_id() == imp.impl_id()) {
+            return Err(err(format!("declares impl '{}' of op '{}' twice", imp.impl_id(), imp.op())));
+        }
+        if reg.contains(imp.op(), imp.impl_id()) {
+            return Err(err(format!(
+                "impl '{}' of op '{}' is already registered (duplicate registration)",
+                imp.impl_id(),
+                imp.op()
+            )));
+        }
     }
     reg.register_vendor(info);
     let n = impls.len();

@@ -177,11 +177,19 @@ impl SelectionPolicy {
         if let Some(v) = get("TE_FL_PER_OP")? {
             p.per_op = parse_per_op("TE_FL_PER_OP", &v)?;
         }
-        let backend = get("TE_BACKEND")?.map(|v| parse_backend_name("TE_BACKEND", &v)).transpose()?;
-        let plugin = get("TE_PLUGIN")?.map(|v| parse_backend_name("TE_PLUGIN", &v)).transpose()?;
+        let backend_raw = get("TE_BACKEND")?;
+        let plugin_raw = get("TE_PLUGIN")?;
+        let backend = backend_raw.as_deref().map(|v| parse_backend_name("TE_BACKEND", v)).transpose()?;
+        let plugin = plugin_raw.as_deref().map(|v| parse_backend_name("TE_PLUGIN", v)).transpose()?;
         p.backend = match (backend, plugin) {
             (Some(b), Some(pl)) if b != pl => {
-                return Err(Error::config("TE_PLUGIN", pl, format!("conflicts with TE_BACKEND={b}; set only one")));
+                // Messages quote what the user typed, not the parsed name (`torch` reads as itself).
+                let typed = |raw: &Option<String>| raw.as_deref().unwrap_or("").trim().to_string();
+                return Err(Error::config(
+                    "TE_PLUGIN",
+                    typed(&plugin_raw),
+                    format!("conflicts with TE_BACKEND={}; set only one", typed(&backend_raw)),
+                ));
             }
             (b, pl) => b.or(pl),
         };
@@ -234,7 +242,7 @@ impl SelectionPolicy {
 }
 
 /// A scoped change to the policy; see `Manager::scoped`. Unset fields leave the policy as is.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct PolicyOverride {
     /// Replaces the preference.
     pub prefer: Option<Prefer>,
@@ -387,7 +395,11 @@ fn parse_per_op_entry(var: &'static str, entry: &str) -> Result<(String, Vec<Tok
         return Err(Error::config(var, entry.trim(), "missing op name before '='"));
     }
     if catalogue::find(op).is_none() {
-        return Err(Error::config(var, op, "not an op of the catalogue"));
+        let hint = match catalogue::closest(op) {
+            Some(c) => format!("not an op of the catalogue; did you mean '{c}'?"),
+            None => "not an op of the catalogue".to_string(),
+        };
+        return Err(Error::config(var, op, hint));
     }
     if order.trim().is_empty() {
         return Err(Error::config(var, entry.trim(), "empty token list after '='"));

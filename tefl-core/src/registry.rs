@@ -54,6 +54,30 @@ pub type KernelFn<O> = Arc<dyn Fn(&KernelCtx<'_>, &<O as Op>::Args) -> Result<<O
 /// An availability check: `Ok(())` or the reason the impl cannot run here.
 pub type AvailabilityFn = Arc<dyn Fn() -> std::result::Result<(), String> + Send + Sync>;
 
+/// An impl's cheap check of one call's arguments (see [`OpImpl::supports_args`]): `Ok(())`
+/// when it can serve them, else why not.
+pub type SupportsFn<O> = Arc<dyn Fn(&<O as Op>::Args) -> std::result::Result<(), String> + Send + Sync>;
+
+/// The message of a caught panic payload.
+pub fn panic_message(p: &(dyn Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_string()
+    }
+}
+
+/// Runs vendor code that answers `Ok` or a reason, turning a panic into `Err` with its message.
+pub(crate) fn contained(
+    what: &str,
+    f: impl FnOnce() -> std::result::Result<(), String>,
+) -> std::result::Result<(), String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+        .unwrap_or_else(|p| Err(format!("{what} panicked: {}", panic_message(&*p))))
+}
+
 /// Per-(op, impl) counters, readable at any time.
 #[derive(Debug, Default)]
 pub struct ImplCounters {
@@ -65,6 +89,8 @@ pub struct ImplCounters {
     pub fallbacks: AtomicU64,
     /// Times the impl was passed over because it failed recently.
     pub skipped: AtomicU64,
+    /// Times the impl said it does not support a call's arguments (not a failure).
+    pub unsupported: AtomicU64,
 }
 
 /// One implementation of one op.
@@ -89,6 +115,8 @@ pub struct OpImpl {
     dtypes: Vec<DType>,
     available: Option<AvailabilityFn>,
     kernel: Box<dyn Any + Send + Sync>,
+    supports_args: Option<Box<dyn Any + Send + Sync>>,
+    compiled_in: bool,
     pub(crate) counters: ImplCounters,
 }
 
@@ -112,6 +140,8 @@ impl OpImpl {
             dtypes: Vec::new(),
             available: None,
             kernel: Box::new(kernel),
+            supports_args: None,
+            compiled_in: false,
             counters: ImplCounters::default(),
         }
     }
@@ -136,9 +166,33 @@ impl OpImpl {
         self.dtypes = dtypes.to_vec();
         self
     }
-    /// Adds an availability check, run when a chain is resolved (not per call).
+    /// Adds an availability check, run when a chain is resolved (not per call). A check
+    /// that panics means unavailable, with the panic's message.
     pub fn available(mut self, check: impl Fn() -> std::result::Result<(), String> + Send + Sync + 'static) -> Self {
         self.available = Some(Arc::new(check));
+        self
+    }
+    /// Adds a cheap per-call check of the arguments (like TE's `get_fused_attn_backend`): when
+    /// it answers `Err(reason)`, the manager moves on to the next impl of the chain without
+    /// counting a failure (the impl is not passed over for later calls with other arguments),
+    /// and `Manager::explain_call` shows the reason. A kernel may also return
+    /// [`Error::Unsupported`] to the same effect. `O` must be the op the impl was made for.
+    pub fn supports_args<O: Op>(
+        mut self,
+        check: impl Fn(&O::Args) -> std::result::Result<(), String> + Send + Sync + 'static,
+    ) -> Self {
+        if self.op_type == TypeId::of::<O>() {
+            let f: SupportsFn<O> = Arc::new(check);
+            self.supports_args = Some(Box::new(f));
+        }
+        self
+    }
+    /// Marks the impl as compiled into tefl (link-time registrations of tefl's own crates):
+    /// its outputs are trusted to follow the op's contract. Impls registered at run time and
+    /// plugin kernels are not, and the manager checks their outputs.
+    #[doc(hidden)]
+    pub fn compiled_in(mut self) -> Self {
+        self.compiled_in = true;
         self
     }
 
@@ -178,9 +232,28 @@ impl OpImpl {
     pub fn supports(&self, dtype: DType) -> bool {
         self.dtypes.is_empty() || self.dtypes.contains(&dtype)
     }
-    /// Runs the impl's own availability check.
+    /// Runs the impl's own availability check; a panic in it is an `Err` with its message.
     pub fn check_available(&self) -> std::result::Result<(), String> {
-        self.available.as_ref().map_or(Ok(()), |f| f())
+        match &self.available {
+            None => Ok(()),
+            Some(f) => contained("availability check", || f()),
+        }
+    }
+    /// Whether the impl is compiled into tefl (see [`OpImpl::compiled_in`]).
+    pub fn is_compiled_in(&self) -> bool {
+        self.compiled_in
+    }
+    /// Whether the impl has a per-call argument check.
+    pub fn has_supports_check(&self) -> bool {
+        self.supports_args.is_some()
+    }
+    /// Runs the impl's per-call argument check (`Ok` when it has none); a panic in it is an
+    /// `Err` with its message.
+    pub fn check_supports<O: Op>(&self, args: &O::Args) -> std::result::Result<(), String> {
+        match self.supports_args.as_ref().and_then(|b| b.downcast_ref::<SupportsFn<O>>()) {
+            None => Ok(()),
+            Some(f) => contained("supports check", || f(args)),
+        }
     }
     /// Whether this impl was registered for op type `O`.
     pub fn is_for<O: Op>(&self) -> bool {
@@ -274,9 +347,9 @@ impl VendorInfo {
     pub fn arch_family(&self, arch: &str) -> Option<&str> {
         self.arch_map.iter().find(|(p, _)| arch.starts_with(p.as_str())).map(|(_, f)| f.as_str())
     }
-    /// Runs the availability check.
+    /// Runs the availability check; a panic in it is an `Err` with its message.
     pub fn check_available(&self) -> std::result::Result<(), String> {
-        (self.availability)()
+        contained("vendor availability check", || (self.availability)())
     }
 }
 
@@ -307,6 +380,14 @@ pub struct VendorRegistration {
 }
 inventory::collect!(VendorRegistration);
 
+/// Runs a link-time registration's constructor (vendor code), containing a panic.
+fn make_contained<T>(make: fn() -> T) -> Result<T> {
+    std::panic::catch_unwind(make).map_err(|p| Error::Plugin {
+        plugin: "link-time registration".into(),
+        reason: format!("constructor panicked: {}", panic_message(&*p)),
+    })
+}
+
 /// Every impl and vendor known to one manager.
 ///
 /// ```
@@ -335,10 +416,13 @@ impl Registry {
     pub fn with_builtins() -> Self {
         let mut reg = Registry::new();
         for v in inventory::iter::<VendorRegistration> {
-            reg.register_vendor((v.make)());
+            match make_contained(v.make) {
+                Ok(info) => reg.register_vendor(info),
+                Err(e) => tracing::error!(target: "TE-FL", "{e}"),
+            }
         }
         for r in inventory::iter::<ImplRegistration> {
-            if let Err(e) = reg.register_impl((r.make)()) {
+            if let Err(e) = make_contained(r.make).and_then(|imp| reg.register_impl(imp)) {
                 tracing::error!(target: "TE-FL", "{e}");
             }
         }
@@ -349,12 +433,17 @@ impl Registry {
     pub fn try_with_builtins() -> Result<Self> {
         let mut reg = Registry::new();
         for v in inventory::iter::<VendorRegistration> {
-            reg.register_vendor((v.make)());
+            reg.register_vendor(make_contained(v.make)?);
         }
         for r in inventory::iter::<ImplRegistration> {
-            reg.register_impl((r.make)())?;
+            reg.register_impl(make_contained(r.make)?)?;
         }
         Ok(reg)
+    }
+
+    /// Whether `op` has an impl `impl_id`.
+    pub fn contains(&self, op: &str, impl_id: &str) -> bool {
+        self.impls_of(op).iter().any(|i| i.impl_id == impl_id)
     }
 
     /// Adds a vendor. Its `unused_ops` remove that vendor's impls of those ops, now and later.
@@ -443,7 +532,8 @@ macro_rules! register_impl {
                 let imp = $crate::OpImpl::new::<$op>($id, $crate::__impl_kind!($($kind)?), $k)
                     .priority($prio)
                     .device($dev)
-                    .dtypes(&[$($crate::DType::$dt),*]);
+                    .dtypes(&[$($crate::DType::$dt),*])
+                    .compiled_in();
                 $(let imp = imp.vendor($vendor);)?
                 $(let imp = imp.available($av);)?
                 imp

@@ -32,6 +32,15 @@ fn checked_numel(shape: &[usize]) -> Result<usize> {
         .ok_or_else(|| Error::Tensor(format!("shape {shape:?} overflows usize")))
 }
 
+/// The byte count of a `shape` of `dtype`; an error when it does not fit `isize` (no
+/// allocation or slice can be that large).
+fn checked_bytes(shape: &[usize], dtype: DType) -> Result<usize> {
+    checked_numel(shape)?
+        .checked_mul(dtype.size_in_bytes())
+        .filter(|b| *b <= isize::MAX as usize)
+        .ok_or_else(|| Error::Tensor(format!("shape {shape:?} of {dtype} is more than isize::MAX bytes")))
+}
+
 impl Tensor {
     /// Builds a CPU tensor of `dtype` from `data`, converting element by element when
     /// the element type differs (float to any float or FP8 dtype, rounding to nearest even).
@@ -49,17 +58,21 @@ impl Tensor {
         Ok(Tensor { dtype, device: Device::CPU, shape: shape.into(), storage })
     }
 
-    /// A tensor of zeros (all-zero bytes) on `device`.
+    /// A tensor of zeros (all-zero bytes) on `device`. A size the device cannot hold is
+    /// [`Error::OutOfMemory`] naming the tensor, never an abort.
     pub fn zeros(shape: impl AsRef<[usize]>, dtype: DType, device: &Device) -> Result<Tensor> {
         let shape = shape.as_ref();
-        let bytes = checked_numel(shape)?
-            .checked_mul(dtype.size_in_bytes())
-            .ok_or_else(|| Error::Tensor(format!("shape {shape:?} overflows usize")))?;
+        let bytes = checked_bytes(shape, dtype)?;
+        let what = || format!("a {dtype} tensor of shape {shape:?}");
+        let name = |e: Error| match e {
+            Error::OutOfMemory { device, bytes, .. } => Error::OutOfMemory { device, bytes, what: what() },
+            e => e,
+        };
         let rt = device::runtime(device.kind)?;
-        let storage = rt.alloc(*device, bytes)?;
+        let storage = rt.alloc(*device, bytes).map_err(name)?;
         // The CPU runtime hands out zeroed memory unless allocations are being poisoned.
         if !device.is_cpu() || device::poison_allocations() {
-            rt.copy_from_host(&*storage, &vec![0u8; bytes])?;
+            rt.copy_from_host(&*storage, &device::try_zeroed_bytes(bytes, what)?)?;
         }
         Ok(Tensor { dtype, device: *device, shape: shape.into(), storage })
     }
@@ -67,7 +80,7 @@ impl Tensor {
     /// Wraps a backend buffer as a tensor. The buffer must hold exactly `numel · size` bytes.
     pub fn from_buffer(storage: Arc<dyn Buffer>, shape: impl AsRef<[usize]>, dtype: DType) -> Result<Tensor> {
         let shape = shape.as_ref();
-        let want = checked_numel(shape)? * dtype.size_in_bytes();
+        let want = checked_bytes(shape, dtype)?;
         if storage.len_bytes() != want {
             return Err(Error::Tensor(format!(
                 "buffer of {} bytes for shape {shape:?} of {dtype} ({want} bytes)",
@@ -134,7 +147,7 @@ impl Tensor {
             return Ok(h.read().to_vec());
         }
         let rt = device::runtime(self.device().kind)?;
-        let mut out = vec![0u8; self.size_in_bytes()];
+        let mut out = device::try_zeroed_bytes(self.size_in_bytes(), || format!("a host copy of {self:?}"))?;
         rt.copy_to_host(&*self.storage, &mut out)?;
         Ok(out)
     }

@@ -89,14 +89,24 @@ pub fn layernorm_bwd(
     (dx, dg, db)
 }
 
+/// max(x, 0) that keeps NaN (NaN in, NaN out).
+fn relu(x: f64) -> f64 {
+    if x.is_nan() { x } else { x.max(0.0) }
+}
+
+/// min(x, limit) that keeps NaN.
+fn min_keep_nan(x: f64, limit: f64) -> f64 {
+    if x.is_nan() { x } else { x.min(limit) }
+}
+
 /// tanh-GELU and friends in f64.
 pub fn act(kind: Activation, x: f64) -> f64 {
     let sig = |z: f64| 1.0 / (1.0 + (-z).exp());
     match kind {
         Activation::Gelu => 0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x.powi(3))).tanh()),
         Activation::Qgelu => x * sig(1.702 * x),
-        Activation::Relu => x.max(0.0),
-        Activation::Srelu => x.max(0.0).powi(2),
+        Activation::Relu => relu(x),
+        Activation::Srelu => relu(x).powi(2),
         Activation::Silu => x * sig(x),
     }
 }
@@ -111,8 +121,9 @@ pub fn dact(kind: Activation, x: f64) -> f64 {
             0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * x * x)
         }
         Activation::Qgelu => sig(1.702 * x) + 1.702 * x * sig(1.702 * x) * (1.0 - sig(1.702 * x)),
+        Activation::Relu if x.is_nan() => x,
         Activation::Relu => f64::from(u8::from(x > 0.0)),
-        Activation::Srelu => 2.0 * x.max(0.0),
+        Activation::Srelu => 2.0 * relu(x),
         Activation::Silu => sig(x) * (1.0 + x * (1.0 - sig(x))),
     }
 }
@@ -127,12 +138,42 @@ pub fn clamped_swiglu(x: &[f64], n: usize, limit: f64, alpha: f64) -> Vec<f64> {
     x.chunks(2 * n)
         .flat_map(|r| {
             (0..n).map(move |j| {
-                let a = r[j].min(limit);
+                let a = min_keep_nan(r[j], limit);
                 let b = r[n + j].clamp(-limit, limit);
                 a / (1.0 + (-alpha * a).exp()) * (b + 1.0)
             })
         })
         .collect()
+}
+
+/// Clamped SwiGLU backward: the gradient of [`clamped_swiglu`] for rows of width 2n, given
+/// the output gradient `grad` (rows of width n). NaN in an input gives NaN where it is read.
+pub fn clamped_dswiglu(x: &[f64], grad: &[f64], n: usize, limit: f64, alpha: f64) -> Vec<f64> {
+    let mut out = vec![0.0; x.len()];
+    for (r, (xr, gr)) in x.chunks(2 * n).zip(grad.chunks(n)).enumerate() {
+        for j in 0..n {
+            let (ar, br, g) = (xr[j], xr[n + j], gr[j]);
+            let a = min_keep_nan(ar, limit);
+            let sg = 1.0 / (1.0 + (-alpha * a).exp());
+            let da = if ar.is_nan() {
+                ar
+            } else if ar < limit {
+                sg + alpha * a * sg * (1.0 - sg)
+            } else {
+                0.0
+            };
+            let db = if br.is_nan() {
+                br
+            } else if (-limit..=limit).contains(&br) {
+                1.0
+            } else {
+                0.0
+            };
+            out[r * 2 * n + j] = g * (br.clamp(-limit, limit) + 1.0) * da;
+            out[r * 2 * n + n + j] = g * a * sg * db;
+        }
+    }
+    out
 }
 
 /// The softmax family: rows of width sk over `[.., sq, sk]`; `masked(row, i, j)`.
@@ -209,8 +250,10 @@ pub fn attn_keep(g: &AttnGeometry, p: f64, seed: u64, offset: u64, b: usize, h: 
 
 /// Which keys query i of sequence b sees, written out from the mask definitions.
 pub fn visible(g: &AttnGeometry, mask: AttnMask, w: AttnWindow, b: usize, i: usize, j: usize) -> bool {
-    let (lq, lk) = (g.q_spans[b].len as i64, g.k_spans[b].len as i64);
-    let (i, j) = (i as i64, j as i64);
+    // i128: every usize window bound (up to usize::MAX) is exact, so a huge window is simply
+    // unbounded, by arithmetic rather than by a special case.
+    let (lq, lk) = (g.q_spans[b].len as i128, g.k_spans[b].len as i128);
+    let (i, j) = (i as i128, j as i128);
     if i >= lq || j >= lk {
         return false;
     }
@@ -220,12 +263,12 @@ pub fn visible(g: &AttnGeometry, mask: AttnMask, w: AttnWindow, b: usize, i: usi
         return false;
     }
     if let Some(l) = w.left
-        && j < i + diag - l as i64
+        && j < i + diag - l as i128
     {
         return false;
     }
     if let Some(r) = w.right
-        && j > i + diag + r as i64
+        && j > i + diag + r as i128
     {
         return false;
     }
@@ -284,7 +327,11 @@ impl AttnProblem<'_> {
                 })
             })
             .collect();
-        let m = s.iter().flatten().fold(f64::NEG_INFINITY, |a, &b| a.max(b));
+        // A NaN score (NaN in q or k) makes the row NaN: it must not be dropped by the max.
+        let m = s
+            .iter()
+            .flatten()
+            .fold(f64::NEG_INFINITY, |a, &b| if a.is_nan() || b.is_nan() { f64::NAN } else { a.max(b) });
         if m == f64::NEG_INFINITY {
             return (vec![0.0; lk], f64::NEG_INFINITY);
         }
@@ -384,7 +431,7 @@ pub fn adam(
     b1: f64,
     b2: f64,
     eps: f64,
-    step: i32,
+    step: u32,
     mode: AdamMode,
     bc: bool,
     wd: f64,
@@ -392,7 +439,7 @@ pub fn adam(
     let g = if mode == AdamMode::L2 { g + wd * p } else { g };
     let m = b1 * m + (1.0 - b1) * g;
     let v = b2 * v + (1.0 - b2) * g * g;
-    let (c1, c2) = if bc { (1.0 - b1.powi(step), 1.0 - b2.powi(step)) } else { (1.0, 1.0) };
+    let (c1, c2) = if bc { (1.0 - b1.powf(f64::from(step)), 1.0 - b2.powf(f64::from(step))) } else { (1.0, 1.0) };
     let mut u = (m / c1) / ((v / c2).sqrt() + eps);
     if mode == AdamMode::AdamW {
         u += wd * p;

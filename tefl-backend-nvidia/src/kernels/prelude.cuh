@@ -70,9 +70,23 @@ __device__ __forceinline__ float warp_sum(float v) {
     for (int o = WARP_SIZE / 2; o > 0; o >>= 1) v += shfl_xor(v, o);
     return v;
 }
+// max(a, b) that is NaN when either is (fmaxf returns the other operand: a NaN input must
+// reach the outputs it touches, not vanish in a row maximum).
+__device__ __forceinline__ float max_nan(float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    float d;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
+    return d;
+#else
+    return (a != a || b != b) ? __int_as_float(0x7fffffff) : fmaxf(a, b);
+#endif
+}
+// 1 / s for a positive sum, NaN for a NaN sum, else 0 (a fully masked row).
+__device__ __forceinline__ float recip_or_zero(float s) { return s > 0.0f ? 1.0f / s : (s != s ? s : 0.0f); }
+
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
-    for (int o = WARP_SIZE / 2; o > 0; o >>= 1) v = fmaxf(v, shfl_xor(v, o));
+    for (int o = WARP_SIZE / 2; o > 0; o >>= 1) v = max_nan(v, shfl_xor(v, o));
     return v;
 }
 

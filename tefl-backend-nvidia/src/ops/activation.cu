@@ -14,9 +14,9 @@ __device__ __forceinline__ float act(float x) {
 #elif ACT == 1
     return x * sigmoid(1.702f * x);
 #elif ACT == 2
-    return fmaxf(x, 0.0f);
+    return x < 0.0f ? 0.0f : x; // NaN stays NaN (fmaxf would give 0)
 #elif ACT == 3
-    const float r = fmaxf(x, 0.0f);
+    const float r = x < 0.0f ? 0.0f : x;
     return r * r;
 #else
     return x * sigmoid(x);
@@ -32,20 +32,23 @@ __device__ __forceinline__ float dact(float x) {
     const float s = sigmoid(1.702f * x);
     return s + 1.702f * x * s * (1.0f - s);
 #elif ACT == 2
-    return x > 0.0f ? 1.0f : 0.0f;
+    return x > 0.0f ? 1.0f : (x != x ? x : 0.0f);
 #elif ACT == 3
-    return 2.0f * fmaxf(x, 0.0f);
+    return 2.0f * (x < 0.0f ? 0.0f : x);
 #else
     const float s = sigmoid(x);
     return s + x * s * (1.0f - s);
 #endif
 }
 
+// b clamped to [-limit, limit], NaN kept.
+__device__ __forceinline__ float clamp_keep_nan(float b, float limit) { return b < -limit ? -limit : (b > limit ? limit : b); }
+
 // out = f(a, b) of the gated forms.
 __device__ __forceinline__ float gated(float a, float b, float limit, float alpha) {
 #if CLAMPED
-    const float av = fminf(a, limit);
-    return av * sigmoid(alpha * av) * (fminf(fmaxf(b, -limit), limit) + 1.0f);
+    const float av = a > limit ? limit : a; // comparisons, not fminf/fmaxf: NaN stays NaN
+    return av * sigmoid(alpha * av) * (clamp_keep_nan(b, limit) + 1.0f);
 #else
     return act(a) * b;
 #endif
@@ -54,11 +57,11 @@ __device__ __forceinline__ float gated(float a, float b, float limit, float alph
 // (d out / d a, d out / d b) times g.
 __device__ __forceinline__ void dgated(float a, float b, float g, float limit, float alpha, float* da, float* db) {
 #if CLAMPED
-    const float av = fminf(a, limit);
-    const float bv = fminf(fmaxf(b, -limit), limit);
+    const float av = a > limit ? limit : a;
+    const float bv = clamp_keep_nan(b, limit);
     const float s = sigmoid(alpha * av);
-    const float dav = a < limit ? s + alpha * av * s * (1.0f - s) : 0.0f;
-    const float dbv = (b >= -limit && b <= limit) ? 1.0f : 0.0f;
+    const float dav = a < limit ? s + alpha * av * s * (1.0f - s) : (a != a ? a : 0.0f);
+    const float dbv = (b >= -limit && b <= limit) ? 1.0f : (b != b ? b : 0.0f);
     *da = g * (bv + 1.0f) * dav;
     *db = g * av * s * dbv;
 #else

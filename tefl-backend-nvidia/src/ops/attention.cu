@@ -390,16 +390,16 @@ extern "C" __global__ void __launch_bounds__(128, FWD_MIN_BLOCKS) attn_fwd(const
         for (int x = 0; x < 2 * FWD_MT; ++x) mx[x] = NEG_INF;
         auto row_max = [&](int mt, int nb, int e, int x, int, bool visible) {
             if (!visible) sc[mt][nb][e] = NEG_INF;
-            mx[x] = fmaxf(mx[x], sc[mt][nb][e]);
+            mx[x] = max_nan(mx[x], sc[mt][nb][e]);
         };
         if (rows.all_see(j0, FWD_BC)) for_each_score<FWD_MT, FWD_BC / 8, false>(s, wr, j0, row_max);
         else for_each_score<FWD_MT, FWD_BC / 8, true>(s, wr, j0, row_max);
         float mu[2 * FWD_MT];
 #pragma unroll
         for (int x = 0; x < 2 * FWD_MT; ++x) {
-            mx[x] = fmaxf(mx[x], shfl_xor(mx[x], 1));
-            mx[x] = fmaxf(mx[x], shfl_xor(mx[x], 2));
-            const float mn = fmaxf(m[x], mx[x]);
+            mx[x] = max_nan(mx[x], shfl_xor(mx[x], 1));
+            mx[x] = max_nan(mx[x], shfl_xor(mx[x], 2));
+            const float mn = max_nan(m[x], mx[x]);
             mu[x] = mn == NEG_INF ? 0.0f : mn * scale2;
             const float c = fast_exp2(m[x] * scale2 - mu[x]);
             m[x] = mn;
@@ -440,10 +440,10 @@ extern "C" __global__ void __launch_bounds__(128, FWD_MIN_BLOCKS) attn_fwd(const
         const float lx = l[x];
         const int r = wr + x * 8 + g;
         if (r >= slot) continue;
-        const float inv = lx > 0.0f ? 1.0f / lx : 0.0f;
+        const float inv = recip_or_zero(lx); // NaN rows stay NaN
         store_row<FWD_MT>(o + ((s.qb + (long long)r * s.rs) * hq + h) * D, acc, x, r < s.lq, inv);
         if (t == 0)
-            lse[lse_index(s, b, h, hq, sq, tq, r)] = (r < s.lq && lx > 0.0f) ? m[x] * scale + logf(lx) : NEG_INF;
+            lse[lse_index(s, b, h, hq, sq, tq, r)] = (r < s.lq && !(lx <= 0.0f)) ? m[x] * scale + logf(lx) : NEG_INF;
     }
 }
 

@@ -47,9 +47,8 @@ fn check_smem(op: &'static str, ctx: &KernelCtx<'_>, bytes: usize) -> Result<u32
         .and_then(|c| c.attribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN).ok())
         .map_or(48 * 1024, |v| v.max(0) as usize);
     if bytes > limit {
-        return Err(Error::invalid(
+        return Err(super::unsupported(
             op,
-            "q",
             format!("this head dim and dtype need {bytes} bytes of shared memory per block; the device has {limit}"),
         ));
     }
@@ -94,12 +93,14 @@ fn setup(
 ) -> Result<Shape> {
     let g = attn_geometry(op, q, k, v, cu_q, cu_k, layout, mask)?;
     if v.shape().last() != Some(&g.d) {
-        return Err(Error::invalid(op, "v", format!("the CUDA kernels need v's head dim to be q's ({})", g.d)));
+        return Err(super::unsupported(op, format!("the CUDA kernels need v's head dim to be q's ({})", g.d)));
     }
     if g.d > 256 {
-        return Err(Error::invalid(op, "q", format!("head dim {} > 256 is not served by the CUDA kernels", g.d)));
+        return Err(super::unsupported(op, format!("head dim {} > 256 is not served by the CUDA kernels", g.d)));
     }
     let dp = padded(g.d);
+    // The normalised window: every bound left is below sq + sk (checked to fit i32 below).
+    let window = g.window(window);
     let win = |w: Option<usize>| w.map_or(-1i64, |x| x.min(i32::MAX as usize) as i64).to_string();
     let kernel = Kernel::new(
         ctx.device,
@@ -127,6 +128,8 @@ fn setup(
     for (what, n) in [("q", q.numel()), ("k", k.numel())] {
         i32_of(op, what, n / g.d.max(1))?;
     }
+    // Positions plus the diagonal and a window bound stay below 2·(sq + sk) in the kernels.
+    i32_of(op, "q", g.sq.saturating_add(g.sk).saturating_mul(2))?;
     Ok(Shape { g, dp, kernel })
 }
 

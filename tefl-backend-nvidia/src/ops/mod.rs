@@ -105,7 +105,13 @@ impl Kernel {
 
 /// `i32` from a size, or a typed error naming the op when it does not fit.
 pub(crate) fn i32_of(op: &'static str, what: &'static str, v: usize) -> Result<i32> {
-    i32::try_from(v).map_err(|_| Error::invalid(op, what, format!("{v} exceeds the CUDA kernels' 32-bit index range")))
+    i32::try_from(v).map_err(|_| unsupported(op, format!("'{what}': {v} exceeds the CUDA kernels' 32-bit index range")))
+}
+
+/// A valid call these kernels cannot serve (a size past their index range, tiles that do not
+/// fit the device): the manager moves on to the next impl without counting a failure.
+pub(crate) fn unsupported(op: &'static str, reason: String) -> Error {
+    Error::Unsupported { op, impl_id: crate::IMPL_ID.to_string(), reason }
 }
 
 /// Blocks for `work` items of `per_block` each, capped for grid-stride kernels.

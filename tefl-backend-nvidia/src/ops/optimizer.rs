@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use tefl_core::catalogue::*;
 use tefl_core::device::DeviceRuntime;
-use tefl_core::{DType, Error, KernelCtx, Result, Tensor};
+use tefl_core::{DType, KernelCtx, Result, Tensor};
 
 use super::{Kernel, cty, empty, zeros};
 use crate::compiler::{Arg, Grid, Source, ptr};
@@ -75,7 +75,7 @@ fn groups(op: &'static str, ctx: &KernelCtx<'_>, kind: Kind, lists: &[&[Tensor]]
         let buf = rt.alloc_uninit(ctx.device, bytes.len())?;
         rt.copy_from_host(buf.as_ref(), &bytes)?;
         if u32::try_from(chunks).is_err() {
-            return Err(Error::invalid(op, "tensors", format!("{chunks} chunks exceed one launch")));
+            return Err(super::unsupported(op, format!("'tensors': {chunks} chunks exceed one launch")));
         }
         out.push(Group { kernel: Kernel::new(ctx.device, &SRC, defines), table: buf, ntensors: idx.len(), chunks });
     }
@@ -163,11 +163,7 @@ pub fn multi_tensor_unscale_l2norm(
 }
 
 fn adam_args(h: &AdamHyper) -> Vec<Arg> {
-    let (bc1, bc2) = if h.bias_correction {
-        (1.0 - h.beta1.powi(h.step as i32), 1.0 - h.beta2.powi(h.step as i32))
-    } else {
-        (1.0, 1.0)
-    };
+    let (bc1, bc2) = h.bias_corrections();
     let mode = match h.mode {
         AdamMode::L2 => 0,
         AdamMode::AdamW => 1,

@@ -43,7 +43,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK) softmax_fwd(const TX* __rest
                 raw_copy<TX, NV>(c[it], xr + v * NV);
 #pragma unroll
                 for (int j = 0; j < NV; ++j)
-                    if (!masked(mask, row, v * NV + j, h, sq, sk, mask_batch)) m = fmaxf(m, to_f32(c[it][j]) * scale2);
+                    if (!masked(mask, row, v * NV + j, h, sq, sk, mask_batch)) m = max_nan(m, to_f32(c[it][j]) * scale2);
             }
         }
         m = block_max(m, scratch);
@@ -63,7 +63,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK) softmax_fwd(const TX* __rest
             }
         }
         s = block_sum(s, scratch);
-        const float inv = s > 0.0f ? 1.0f / s : 0.0f;
+        const float inv = recip_or_zero(s);
 #pragma unroll
         for (int it = 0; it < ROW_VECS; ++it) {
             const int v = threadIdx.x + it * BLOCK;
@@ -77,14 +77,14 @@ extern "C" __global__ void __launch_bounds__(BLOCK) softmax_fwd(const TX* __rest
 #else
         float m = NEG_INF;
         for (int j = threadIdx.x; j < sk; j += BLOCK)
-            if (!masked(mask, row, j, h, sq, sk, mask_batch)) m = fmaxf(m, to_f32(xr[j]) * scale);
+            if (!masked(mask, row, j, h, sq, sk, mask_batch)) m = max_nan(m, to_f32(xr[j]) * scale);
         m = block_max(m, scratch);
         float s = 0.0f;
         if (m != NEG_INF)
             for (int j = threadIdx.x; j < sk; j += BLOCK)
                 if (!masked(mask, row, j, h, sq, sk, mask_batch)) s += expf(to_f32(xr[j]) * scale - m);
         s = block_sum(s, scratch);
-        const float inv = s > 0.0f ? 1.0f / s : 0.0f;
+        const float inv = recip_or_zero(s);
         for (int j = threadIdx.x; j < sk; j += BLOCK) {
             const bool off = m == NEG_INF || masked(mask, row, j, h, sq, sk, mask_batch);
             yr[j] = from_f32<TX>(off ? 0.0f : expf(to_f32(xr[j]) * scale - m) * inv);

@@ -12,14 +12,19 @@ fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
 }
 
+/// max(x, 0), NaN for NaN (`f32::max` would give 0: NaN must propagate).
+fn relu_keep_nan(x: f32) -> f32 {
+    if x.is_nan() { x } else { x.max(0.0) }
+}
+
 /// act(x).
 pub fn act(kind: Activation, x: f32) -> f32 {
     match kind {
         Activation::Gelu => 0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)).tanh()),
         Activation::Qgelu => x * sigmoid(1.702 * x),
-        Activation::Relu => x.max(0.0),
+        Activation::Relu => relu_keep_nan(x),
         Activation::Srelu => {
-            let r = x.max(0.0);
+            let r = relu_keep_nan(x);
             r * r
         }
         Activation::Silu => x * sigmoid(x),
@@ -41,11 +46,13 @@ pub fn dact(kind: Activation, x: f32) -> f32 {
         Activation::Relu => {
             if x > 0.0 {
                 1.0
+            } else if x.is_nan() {
+                x
             } else {
                 0.0
             }
         }
-        Activation::Srelu => 2.0 * x.max(0.0),
+        Activation::Srelu => 2.0 * relu_keep_nan(x),
         Activation::Silu => {
             let s = sigmoid(x);
             s + x * s * (1.0 - s)
@@ -208,18 +215,31 @@ gated_kernels! {
 
 pub fn clamped_swiglu(_: &KernelCtx<'_>, a: &ClampedSwigluArgs) -> Result<ActOut> {
     gated_map(&a.x, |ar, br| {
-        let av = ar.min(a.limit);
+        let av = if ar.is_nan() { ar } else { ar.min(a.limit) };
         av * sigmoid(a.alpha * av) * (br.clamp(-a.limit, a.limit) + 1.0)
     })
 }
 
 pub fn clamped_dswiglu(_: &KernelCtx<'_>, a: &ClampedDSwigluArgs) -> Result<DActOut> {
     gated_bwd_map(&a.grad, &a.input, |ar, br, g| {
-        let av = ar.min(a.limit);
+        // NaN stays NaN through the clamps and their derivatives.
+        let av = if ar.is_nan() { ar } else { ar.min(a.limit) };
         let bv = br.clamp(-a.limit, a.limit);
         let s = sigmoid(a.alpha * av);
-        let da = if ar < a.limit { s + a.alpha * av * s * (1.0 - s) } else { 0.0 };
-        let db = if (-a.limit..=a.limit).contains(&br) { 1.0 } else { 0.0 };
+        let da = if ar.is_nan() {
+            ar
+        } else if ar < a.limit {
+            s + a.alpha * av * s * (1.0 - s)
+        } else {
+            0.0
+        };
+        let db = if br.is_nan() {
+            br
+        } else if (-a.limit..=a.limit).contains(&br) {
+            1.0
+        } else {
+            0.0
+        };
         (g * (bv + 1.0) * da, g * av * s * db)
     })
 }

@@ -116,11 +116,13 @@ pub fn fused_attn_fwd(_: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<AttnFwdOut> 
                             f32::NEG_INFINITY
                         };
                     }
-                    let tile_max = srow[..j1 - j0].iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    // NaN-propagating maxima: a NaN score (NaN in q or k) must reach the output,
+                    // not be dropped as `f32::max` drops it (which read as a fully masked row).
+                    let tile_max = srow[..j1 - j0].iter().copied().fold(f32::NEG_INFINITY, nan_max);
                     if tile_max == f32::NEG_INFINITY {
                         continue;
                     }
-                    let m_new = m[r].max(tile_max);
+                    let m_new = nan_max(m[r], tile_max);
                     let corr = (m[r] - m_new).exp();
                     l[r] *= corr;
                     let ar = &mut acc[r * d..(r + 1) * d];
@@ -143,7 +145,7 @@ pub fn fused_attn_fwd(_: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<AttnFwdOut> 
             }
             let mut lse = vec![f32::NEG_INFINITY; rows];
             for r in 0..rows {
-                if l[r] > 0.0 {
+                if l[r] > 0.0 || l[r].is_nan() {
                     let inv = 1.0 / l[r];
                     acc[r * d..(r + 1) * d].iter_mut().for_each(|x| *x *= inv);
                     lse[r] = m[r] + l[r].ln();
@@ -166,6 +168,11 @@ pub fn fused_attn_fwd(_: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<AttnFwdOut> 
         o: store(&o, a.q.shape(), a.q.dtype())?,
         softmax_lse: Tensor::from_slice(&lse, lse_shape, DType::F32)?,
     })
+}
+
+/// The larger of two scores, NaN when either is NaN.
+fn nan_max(a: f32, b: f32) -> f32 {
+    if a.is_nan() || b.is_nan() { f32::NAN } else { a.max(b) }
 }
 
 pub fn fused_attn_bwd(_: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut> {

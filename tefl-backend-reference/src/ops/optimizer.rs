@@ -109,11 +109,7 @@ struct Adam {
 
 impl Adam {
     fn new(h: &AdamHyper) -> Self {
-        let (bc1, bc2) = if h.bias_correction {
-            (1.0 - h.beta1.powi(h.step as i32), 1.0 - h.beta2.powi(h.step as i32))
-        } else {
-            (1.0, 1.0)
-        };
+        let (bc1, bc2) = h.bias_corrections();
         Adam { lr: h.lr, beta1: h.beta1, beta2: h.beta2, eps: h.eps, mode: h.mode, wd: h.weight_decay, bc1, bc2 }
     }
 

@@ -3,7 +3,7 @@
 //! Σ_rows of it. Formulas in OPS.md.
 
 use super::check;
-use crate::op::{Op, OpDescriptor};
+use crate::op::{Op, OpDescriptor, OutputSpec};
 use crate::{Error, Result, Tensor, declare_args, declare_op_with, declare_output};
 
 /// The elementwise activations.
@@ -119,6 +119,15 @@ fn check_bwd(op: &'static str, grad: &Tensor, input: &Tensor, gated: bool) -> Re
     check::shape_is(op, "grad", grad, &want)
 }
 
+/// The output shape of a forward activation: the input's, with the last dim halved when gated.
+fn act_out_shape(x: &Tensor, gated: bool) -> Vec<usize> {
+    let mut s = x.shape().to_vec();
+    if gated && let Some(last) = s.last_mut() {
+        *last /= 2;
+    }
+    s
+}
+
 fn check_clamp(op: &'static str, limit: f32, alpha: f32) -> Result<()> {
     check::positive(op, "limit", limit)?;
     if !alpha.is_finite() {
@@ -135,12 +144,14 @@ macro_rules! activation_ops {
                 pub struct $fwd = $fname;
                 args ActArgs; output ActOut;
                 validate(a) { check_fwd($fname, &a.x, $gated) }
+                outputs(a) { vec![OutputSpec::new("y", act_out_shape(&a.x, $gated), a.x.dtype())] }
             }
             declare_op_with! {
                 #[doc = concat!("`", $bname, "`: backward of `", $fname, "`.")]
                 pub struct $bwd = $bname;
                 args DActArgs; output DActOut;
                 validate(a) { check_bwd($bname, &a.grad, &a.input, $gated) }
+                outputs(a) { vec![OutputSpec::new("grad_input", a.input.shape(), a.input.dtype())] }
             }
         )*
         fn act_descriptors() -> Vec<&'static OpDescriptor> {
@@ -170,6 +181,12 @@ macro_rules! dbias_ops {
                 pub struct $op = $name;
                 args DActArgs; output DBiasOut;
                 validate(a) { check_bwd($name, &a.grad, &a.input, false) }
+                outputs(a) {
+                    vec![
+                        OutputSpec::new("dbias", [a.input.last_dim()], a.input.dtype()),
+                        OutputSpec::new("grad_input", a.input.shape(), a.input.dtype()),
+                    ]
+                }
             }
         )*
         fn dbias_descriptors() -> Vec<&'static OpDescriptor> {
@@ -195,6 +212,7 @@ declare_op_with! {
         check_fwd("clamped_swiglu", &a.x, true)?;
         check_clamp("clamped_swiglu", a.limit, a.alpha)
     }
+    outputs(a) { vec![OutputSpec::new("y", act_out_shape(&a.x, true), a.x.dtype())] }
 }
 
 declare_op_with! {
@@ -205,6 +223,7 @@ declare_op_with! {
         check_bwd("clamped_dswiglu", &a.grad, &a.input, true)?;
         check_clamp("clamped_dswiglu", a.limit, a.alpha)
     }
+    outputs(a) { vec![OutputSpec::new("grad_input", a.input.shape(), a.input.dtype())] }
 }
 
 pub(super) fn descriptors() -> Vec<&'static OpDescriptor> {

@@ -2,7 +2,7 @@
 //! cu_seqlens), masks, GQA/MQA, sliding windows and dropout (Philox, see [`crate::philox`]).
 
 use super::check;
-use crate::op::{Op, OpDescriptor};
+use crate::op::{Op, OpDescriptor, OutputSpec};
 use crate::{DType, Error, Result, Tensor, declare_op};
 
 /// How q, k and v are laid out.
@@ -101,6 +101,12 @@ declare_op! {
         attn_geometry("fused_attn_fwd", &a.q, &a.k, &a.v, a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref(), a.layout, a.mask)?;
         check_scalars("fused_attn_fwd", a.scale, a.dropout_p)
     }
+    outputs(a) {
+        let Ok(g) = attn_geometry("fused_attn_fwd", &a.q, &a.k, &a.v, a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref(), a.layout, a.mask) else {
+            return Vec::new();
+        };
+        vec![OutputSpec::new("o", a.q.shape(), a.q.dtype()), OutputSpec::new("softmax_lse", g.lse_shape(), DType::F32)]
+    }
 }
 
 declare_op! {
@@ -159,6 +165,13 @@ declare_op! {
         check::shape_is(OP, "d_o", &a.d_o, a.q.shape())?;
         check::dtype_is(OP, "softmax_lse", &a.softmax_lse, DType::F32)?;
         check::shape_is(OP, "softmax_lse", &a.softmax_lse, &g.lse_shape())
+    }
+    outputs(a) {
+        vec![
+            OutputSpec::new("dq", a.q.shape(), a.q.dtype()),
+            OutputSpec::new("dk", a.k.shape(), a.k.dtype()),
+            OutputSpec::new("dv", a.v.shape(), a.v.dtype()),
+        ]
     }
 }
 
@@ -254,24 +267,36 @@ impl AttnGeometry {
         }
     }
 
+    /// The window as kernels should apply it: a side at least `sq + sk` wide cannot exclude
+    /// any key, so it becomes unbounded (`None`). Every remaining bound is below `sq + sk`, so
+    /// `i + diagonal ± bound` fits any signed type the positions fit. Every backend applies
+    /// windows through this (or [`AttnGeometry::key_range`], which calls it).
+    pub fn window(&self, window: AttnWindow) -> AttnWindow {
+        let limit = self.sq.saturating_add(self.sk);
+        let side = |w: Option<usize>| w.filter(|&x| x < limit);
+        AttnWindow { left: side(window.left), right: side(window.right) }
+    }
+
     /// The keys query `i` of sequence `b` may see, as a half-open range (empty when none).
     pub fn key_range(&self, mask: AttnMask, window: AttnWindow, b: usize, i: usize) -> (usize, usize) {
-        let (lq, lk) = (self.q_spans[b].len as i64, self.k_spans[b].len as i64);
-        let i = i as i64;
+        let window = self.window(window);
+        // Positions and (normalised) window bounds are below sq + sk, far from i128's range.
+        let (lq, lk) = (self.q_spans[b].len as i128, self.k_spans[b].len as i128);
+        let i = i as i128;
         if i >= lq {
             return (0, 0);
         }
         let diag = if mask.bottom_right() { lk - lq } else { 0 };
-        let mut lo = 0i64;
+        let mut lo = 0i128;
         let mut hi = lk; // exclusive
         if mask.is_causal() {
             hi = hi.min(i + diag + 1);
         }
         if let Some(l) = window.left {
-            lo = lo.max(i + diag - l as i64);
+            lo = lo.max(i + diag - l as i128);
         }
         if let Some(r) = window.right {
-            hi = hi.min(i + diag + r as i64 + 1);
+            hi = hi.min(i + diag + r as i128 + 1);
         }
         if hi <= lo { (0, 0) } else { (lo as usize, hi as usize) }
     }

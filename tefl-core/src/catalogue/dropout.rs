@@ -2,7 +2,7 @@
 //! (seed, offset, element index) gives the same mask on every backend.
 
 use super::check;
-use crate::op::{Op, OpDescriptor};
+use crate::op::{Op, OpDescriptor, OutputSpec};
 use crate::{DType, Tensor, declare_op};
 
 declare_op! {
@@ -31,6 +31,9 @@ declare_op! {
         check::float("dropout_fwd", "x", &a.x)?;
         check::probability("dropout_fwd", "p", a.p)
     }
+    outputs(a) {
+        vec![OutputSpec::new("y", a.x.shape(), a.x.dtype()), OutputSpec::new("mask", a.x.shape(), DType::U8)]
+    }
 }
 
 declare_op! {
@@ -56,6 +59,7 @@ declare_op! {
         check::shape_is("dropout_bwd", "mask", &a.mask, a.dy.shape())?;
         check::probability("dropout_bwd", "p", a.p)
     }
+    outputs(a) { vec![OutputSpec::new("dx", a.dy.shape(), a.dy.dtype())] }
 }
 
 pub(super) fn descriptors() -> Vec<&'static OpDescriptor> {

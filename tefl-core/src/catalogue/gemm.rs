@@ -7,7 +7,7 @@
 //! `transa = false`, `b = weight [n, k]`, `transb = true`, giving `input · weightᵀ`.
 
 use super::check;
-use crate::op::{Op, OpDescriptor};
+use crate::op::{Op, OpDescriptor, OutputSpec};
 use crate::{DType, Error, Tensor, declare_op};
 
 /// The epilogue fused after the product P = alpha·op(A)·op(B) (+ C when accumulating).
@@ -122,7 +122,29 @@ declare_op! {
             (Some(_), false) => return Err(Error::invalid(OP, "c", "c is only read when accumulate is set")),
             (None, false) => {}
         }
+        // D (and aux_out) hold m·n elements: a size no allocation can have is rejected here,
+        // naming the operand that brings n (k = 0 makes tiny inputs with a huge product).
+        let widest = a.out_dtype.size_in_bytes().max(DType::F32.size_in_bytes());
+        if m.checked_mul(n).and_then(|e| e.checked_mul(widest)).is_none_or(|b| b > isize::MAX as usize) {
+            return Err(Error::Shape {
+                op: OP,
+                arg: "b",
+                got: a.b.shape().to_vec(),
+                expected: format!("a product [{m}, n] that fits in memory (m·n·{widest} bytes overflows)"),
+            });
+        }
         Ok(())
+    }
+    outputs(a) {
+        let Ok((m, _, n)) = gemm_dims(a) else { return Vec::new() };
+        let mut v = vec![OutputSpec::new("d", [m, n], a.out_dtype)];
+        if a.epilogue.writes_aux() {
+            v.push(OutputSpec::new("aux_out", [m, n], a.out_dtype));
+        }
+        if a.epilogue.writes_bias_grad() {
+            v.push(OutputSpec::new("bias_grad", [n], DType::F32));
+        }
+        v
     }
 }
 

@@ -201,6 +201,35 @@ pub fn all() -> &'static [&'static OpDescriptor] {
     })
 }
 
+/// The catalogue name closest to a name that is not in it (`rope_fwd` → `fused_rope_forward`),
+/// for "did you mean" hints: names are compared by their `_`-separated words, with TE's
+/// abbreviations (`fwd`, `bwd`) spelled out; `None` when no word is shared.
+pub fn closest(name: &str) -> Option<&'static str> {
+    fn words(s: &str) -> Vec<String> {
+        s.to_ascii_lowercase()
+            .split(['_', '-', ' '])
+            .filter(|w| !w.is_empty())
+            .map(|w| match w {
+                "fwd" => "forward".to_string(),
+                "bwd" => "backward".to_string(),
+                w => w.to_string(),
+            })
+            .collect()
+    }
+    let want = words(name);
+    all()
+        .iter()
+        .map(|d| {
+            let have = words(d.name);
+            let shared = want.iter().filter(|w| have.contains(w)).count();
+            let extra = have.len() + want.len() - 2 * shared;
+            (shared, std::cmp::Reverse(extra), std::cmp::Reverse(d.name.len()), d.name)
+        })
+        .filter(|(shared, ..)| *shared > 0)
+        .max()
+        .map(|(.., n)| n)
+}
+
 /// The catalogue entry named `name`.
 pub fn find(name: &str) -> Option<&'static OpDescriptor> {
     all().iter().copied().find(|d| d.name == name)

@@ -1,7 +1,7 @@
 //! Normalisation ops: RMSNorm and LayerNorm, forward and backward.
 
 use super::check;
-use crate::op::{Op, OpDescriptor};
+use crate::op::{Op, OpDescriptor, OutputSpec};
 use crate::{DType, Error, Tensor, declare_op};
 
 declare_op! {
@@ -30,6 +30,9 @@ declare_op! {
     }
     validate(a) {
         fwd_common("rmsnorm_fwd", &a.x, &a.gamma, a.eps, a.out_dtype)
+    }
+    outputs(a) {
+        vec![OutputSpec::new("y", a.x.shape(), a.out_dtype), OutputSpec::new("rsigma", [a.x.rows()], DType::F32)]
     }
 }
 
@@ -60,6 +63,7 @@ declare_op! {
     validate(a) {
         bwd_common("rmsnorm_bwd", &a.dy, &a.x, &a.rsigma, &a.gamma)
     }
+    outputs(a) { bwd_outputs(&a.x, &a.gamma, false) }
 }
 
 declare_op! {
@@ -94,6 +98,7 @@ declare_op! {
         check::float(OP, "add", &a.add)?;
         check::shape_is(OP, "add", &a.add, a.x.shape())
     }
+    outputs(a) { bwd_outputs(&a.x, &a.gamma, false) }
 }
 
 declare_op! {
@@ -129,6 +134,13 @@ declare_op! {
         fwd_common(OP, &a.x, &a.gamma, a.eps, a.out_dtype)?;
         check::float(OP, "beta", &a.beta)?;
         check::shape_is(OP, "beta", &a.beta, &[a.x.last_dim()])
+    }
+    outputs(a) {
+        vec![
+            OutputSpec::new("y", a.x.shape(), a.out_dtype),
+            OutputSpec::new("mu", [a.x.rows()], DType::F32),
+            OutputSpec::new("rsigma", [a.x.rows()], DType::F32),
+        ]
     }
 }
 
@@ -166,6 +178,7 @@ declare_op! {
         check::dtype_is(OP, "mu", &a.mu, DType::F32)?;
         check::shape_is(OP, "mu", &a.mu, &[a.x.rows()])
     }
+    outputs(a) { bwd_outputs(&a.x, &a.gamma, true) }
 }
 
 fn fwd_common(op: &'static str, x: &Tensor, gamma: &Tensor, eps: f32, out_dtype: DType) -> crate::Result<()> {
@@ -178,6 +191,16 @@ fn fwd_common(op: &'static str, x: &Tensor, gamma: &Tensor, eps: f32, out_dtype:
         return Err(Error::invalid(op, "out_dtype", format!("{out_dtype} is not f32, f16 or bf16")));
     }
     Ok(())
+}
+
+/// dx like x; dgamma (and dbeta) like gamma.
+fn bwd_outputs(x: &Tensor, gamma: &Tensor, dbeta: bool) -> Vec<OutputSpec> {
+    let mut v =
+        vec![OutputSpec::new("dx", x.shape(), x.dtype()), OutputSpec::new("dgamma", gamma.shape(), gamma.dtype())];
+    if dbeta {
+        v.push(OutputSpec::new("dbeta", gamma.shape(), gamma.dtype()));
+    }
+    v
 }
 
 fn bwd_common(op: &'static str, dy: &Tensor, x: &Tensor, rsigma: &Tensor, gamma: &Tensor) -> crate::Result<()> {

@@ -3,7 +3,7 @@
 //! inf or NaN.
 
 use super::check;
-use crate::op::{Op, OpDescriptor};
+use crate::op::{Op, OpDescriptor, OutputSpec};
 use crate::{DType, Error, Result, Tensor, declare_op};
 
 /// Adam's weight-decay mode.
@@ -38,6 +38,18 @@ pub struct AdamHyper {
 }
 
 impl AdamHyper {
+    /// The bias corrections (1 − β₁ᵗ, 1 − β₂ᵗ) for this step, or (1, 1) without bias
+    /// correction. Computed in f64 with a real exponent, so every step a `u32` holds is
+    /// exact to f32 (a large step gives 1, never an overflowed exponent). Every backend uses
+    /// this one helper.
+    pub fn bias_corrections(&self) -> (f32, f32) {
+        if !self.bias_correction {
+            return (1.0, 1.0);
+        }
+        let c = |beta: f32| (1.0 - f64::from(beta).powf(f64::from(self.step))) as f32;
+        (c(self.beta1), c(self.beta2))
+    }
+
     /// AdamW at `lr` with betas (0.9, 0.999), eps 1e-8, step 1, bias correction, no decay.
     pub fn adamw(lr: f32) -> Self {
         AdamHyper {
@@ -79,6 +91,15 @@ fn check_f32_list(op: &'static str, name: &'static str, list: &[Tensor]) -> Resu
         }
     }
     Ok(())
+}
+
+/// The l2norms' outputs: the total, and one norm per tensor when asked.
+fn norm_outputs(n: usize, per_tensor: bool) -> Vec<OutputSpec> {
+    let mut v = vec![OutputSpec::new("total", [1], DType::F32)];
+    if per_tensor {
+        v.push(OutputSpec::new("per_tensor_norms", [n], DType::F32));
+    }
+    v
 }
 
 fn finite(op: &'static str, name: &'static str, v: f32) -> Result<()> {
@@ -134,7 +155,7 @@ declare_op! {
     validate(a) {
         check_noop("multi_tensor_l2norm", &a.noop_flag)?;
         check_list("multi_tensor_l2norm", "tensors", &a.tensors, true)
-    }
+    }    outputs(a) { norm_outputs(a.tensors.len(), a.per_tensor) }
 }
 
 declare_op! {
@@ -163,7 +184,7 @@ declare_op! {
         check_noop(OP, &a.noop_flag)?;
         check_list(OP, "tensors", &a.tensors, true)?;
         check::scalar_f32(OP, "inv_scale", &a.inv_scale)
-    }
+    }    outputs(a) { norm_outputs(a.tensors.len(), a.per_tensor) }
 }
 
 declare_op! {

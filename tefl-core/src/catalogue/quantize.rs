@@ -1,7 +1,7 @@
 //! FP8 with per-tensor scaling: quantize, dequantize, amax, transpose and the delayed-scaling update.
 
 use super::check;
-use crate::op::{Op, OpDescriptor};
+use crate::op::{Op, OpDescriptor, OutputSpec};
 use crate::{DType, Error, Tensor, declare_op};
 
 /// How delayed scaling reduces the amax history.
@@ -52,6 +52,17 @@ declare_op! {
         }
         Ok(())
     }
+    outputs(a) {
+        let mut v = vec![
+            OutputSpec::new("q", a.x.shape(), a.fp8_dtype),
+            OutputSpec::new("amax", [1], DType::F32),
+            OutputSpec::new("scale_inv", [1], DType::F32),
+        ];
+        if a.want_transpose {
+            v.push(OutputSpec::new("q_t", [a.x.last_dim(), a.x.rows()], a.fp8_dtype));
+        }
+        v
+    }
 }
 
 declare_op! {
@@ -76,6 +87,7 @@ declare_op! {
         check::scalar_f32("dequantize", "scale_inv", &a.scale_inv)?;
         check::out_float("dequantize", "out_dtype", a.out_dtype)
     }
+    outputs(a) { vec![OutputSpec::new("y", a.q.shape(), a.out_dtype)] }
 }
 
 declare_op! {
@@ -92,6 +104,7 @@ declare_op! {
         tensor amax: Tensor,
     }
     validate(a) { check::float("compute_amax", "x", &a.x) }
+    outputs(a) { vec![OutputSpec::new("amax", [1], DType::F32)] }
 }
 
 declare_op! {
@@ -114,6 +127,7 @@ declare_op! {
         }
         Ok(())
     }
+    outputs(a) { vec![OutputSpec::new("q_t", [a.q.last_dim(), a.q.rows()], a.q.dtype())] }
 }
 
 declare_op! {

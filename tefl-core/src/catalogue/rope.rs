@@ -2,7 +2,7 @@
 
 use super::check;
 use crate::catalogue::QkvLayout;
-use crate::op::{Op, OpDescriptor};
+use crate::op::{Op, OpDescriptor, OutputSpec};
 use crate::{DType, Error, Result, Tensor, declare_args, declare_op_with, declare_output};
 
 declare_args! {
@@ -138,6 +138,7 @@ declare_op_with! {
     pub struct FusedRopeForward = "fused_rope_forward";
     args RopeArgs; output RopeOut;
     validate(a) { rope_geometry("fused_rope_forward", a).map(|_| ()) }
+    outputs(a) { vec![OutputSpec::new("y", a.x.shape(), a.x.dtype())] }
 }
 
 declare_op_with! {
@@ -145,6 +146,7 @@ declare_op_with! {
     pub struct FusedRopeBackward = "fused_rope_backward";
     args RopeArgs; output RopeOut;
     validate(a) { rope_geometry("fused_rope_backward", a).map(|_| ()) }
+    outputs(a) { vec![OutputSpec::new("y", a.x.shape(), a.x.dtype())] }
 }
 
 pub(super) fn descriptors() -> Vec<&'static OpDescriptor> {

@@ -2,7 +2,7 @@
 //! entries never contribute, a fully masked row gives zeros. Backward: dx = scale·y·(dy − Σ dy·y).
 
 use super::check;
-use crate::op::{Op, OpDescriptor};
+use crate::op::{Op, OpDescriptor, OutputSpec};
 use crate::{DType, Error, Result, Tensor, declare_args, declare_op_with, declare_output};
 
 declare_args! {
@@ -64,6 +64,11 @@ fn check_x(op: &'static str, x: &Tensor, scale: f32, square: bool) -> Result<()>
     Ok(())
 }
 
+/// An output shaped and typed like `x`.
+fn like_x(name: &'static str, x: &Tensor) -> Vec<OutputSpec> {
+    vec![OutputSpec::new(name, x.shape(), x.dtype())]
+}
+
 fn check_bwd(op: &'static str, a: &SoftmaxBwdArgs) -> Result<()> {
     check::rank_at_least(op, "y", &a.y, 2)?;
     check::float(op, "y", &a.y)?;
@@ -80,6 +85,7 @@ declare_op_with! {
     pub struct ScaledSoftmaxForward = "scaled_softmax_forward";
     args SoftmaxArgs; output SoftmaxOut;
     validate(a) { check_x("scaled_softmax_forward", &a.x, a.scale, false) }
+    outputs(a) { like_x("y", &a.x) }
 }
 
 declare_op_with! {
@@ -104,7 +110,7 @@ declare_op_with! {
             });
         }
         Ok(())
-    }
+    }    outputs(a) { like_x("y", &a.x) }
 }
 
 declare_op_with! {
@@ -112,6 +118,7 @@ declare_op_with! {
     pub struct ScaledUpperTriangMaskedSoftmaxForward = "scaled_upper_triang_masked_softmax_forward";
     args SoftmaxArgs; output SoftmaxOut;
     validate(a) { check_x("scaled_upper_triang_masked_softmax_forward", &a.x, a.scale, true) }
+    outputs(a) { like_x("y", &a.x) }
 }
 
 declare_op_with! {
@@ -120,6 +127,7 @@ declare_op_with! {
     pub struct ScaledAlignedCausalMaskedSoftmaxForward = "scaled_aligned_causal_masked_softmax_forward";
     args SoftmaxArgs; output SoftmaxOut;
     validate(a) { check_x("scaled_aligned_causal_masked_softmax_forward", &a.x, a.scale, false) }
+    outputs(a) { like_x("y", &a.x) }
 }
 
 macro_rules! softmax_bwd {
@@ -130,6 +138,7 @@ macro_rules! softmax_bwd {
                 pub struct $op = $name;
                 args SoftmaxBwdArgs; output SoftmaxBwdOut;
                 validate(a) { check_bwd($name, a) }
+                outputs(a) { like_x("dx", &a.y) }
             }
         )*
     };
