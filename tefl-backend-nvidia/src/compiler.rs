@@ -350,8 +350,7 @@ pub fn launch(device: Device, f: Function, grid: Grid, args: &[Arg]) -> Result<(
 /// `TEFL_KERNEL_TIMING=1`: every launch is timed with events (synchronously) and printed to
 /// stderr with its grid, for finding which kernel of an op takes the time.
 fn kernel_timing() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| matches!(tefl_core::policy::env_lookup("TEFL_KERNEL_TIMING"), Ok(Some(v)) if v.trim() == "1"))
+    tefl_core::policy::env().as_ref().is_ok_and(|e| e.kernel_timing)
 }
 
 fn launch_error(device: Device, f: Function, e: cudarc::driver::DriverError) -> Error {

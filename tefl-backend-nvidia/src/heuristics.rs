@@ -131,7 +131,7 @@ pub fn tuned_elementwise(
     let t = table(arch);
     let cands = t.configs("elementwise").to_vec();
     let bucket = format!("items={}", items.next_power_of_two());
-    let key = TuneKey::new(kernel, dtype, &bucket, &device.to_string(), arch, "cuda");
+    let key = tune_key(kernel, dtype, &bucket, device, arch);
     let chosen = autotuner().select(&key, &cands, |c| bench(ElementwiseConfig::from_candidate(c)), TuneConfig::new);
     if chosen.is_empty() { heuristic } else { ElementwiseConfig::from_candidate(&chosen) }
 }
@@ -139,9 +139,8 @@ pub fn tuned_elementwise(
 /// Forward attention blocks per SM the kernel's register budget is cut for (`attention`'s
 /// `fwd_min_blocks`, 2 by default; `TEFL_ATTN_FWD_MIN_BLOCKS` overrides it for experiments).
 pub fn attention_fwd_min_blocks(arch: &str) -> u32 {
-    if let Ok(Some(v)) = tefl_core::policy::env_lookup("TEFL_ATTN_FWD_MIN_BLOCKS")
-        && let Ok(n) = v.trim().parse::<u32>()
-        && (1..=4).contains(&n)
+    if let Ok(env) = tefl_core::policy::env()
+        && let Some(n) = env.attn_fwd_min_blocks
     {
         return n;
     }
@@ -176,7 +175,15 @@ pub fn autotuner() -> &'static Autotuner {
 /// Whether autotuning was asked for explicitly (`TEFL_AUTOTUNE=1`): measuring is opt-in on
 /// CUDA, so a first call never pays for timing every candidate unasked.
 pub fn autotune_requested() -> bool {
-    matches!(tefl_core::policy::env_lookup("TEFL_AUTOTUNE"), Ok(Some(v)) if v.trim() == "1")
+    tefl_core::policy::env().as_ref().is_ok_and(|e| e.autotune)
+}
+
+/// The key of a cached tuning result: the device's name (not its ordinal), its arch and the
+/// driver's version, so that another GPU model or a driver upgrade tunes again.
+fn tune_key(kernel: &str, dtype: DType, bucket: &str, device: Device, arch: &str) -> TuneKey {
+    use tefl_core::device::DeviceRuntime;
+    let name = crate::runtime::global().name(device.ordinal);
+    TuneKey::new(kernel, dtype, bucket, &name, arch, crate::vendor::driver_version())
 }
 
 /// A row-kernel config chosen by the autotuner when asked for (timing each candidate that
@@ -201,7 +208,7 @@ pub fn tuned_row_kernel(
         .cloned()
         .collect();
     let bucket = format!("n={}", n.next_power_of_two());
-    let key = TuneKey::new(family, dtype, &bucket, &device.to_string(), arch, "cuda");
+    let key = tune_key(family, dtype, &bucket, device, arch);
     let chosen = autotuner().select(
         &key,
         &cands,

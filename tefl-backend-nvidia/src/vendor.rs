@@ -31,13 +31,10 @@ pub fn availability() -> Result<(), String> {
 }
 
 fn probe() -> Result<(), String> {
-    match tefl_core::policy::env_lookup("TE_FL_SKIP_CUDA") {
-        Ok(Some(v)) => match tefl_core::policy::parse_flag("TE_FL_SKIP_CUDA", &v) {
-            Ok(true) => return Err("skipped by TE_FL_SKIP_CUDA=1".into()),
-            Ok(false) => {}
-            Err(e) => return Err(e.to_string()),
-        },
-        Ok(None) => {}
+    // The one reader of the environment decides; a malformed variable is its error.
+    match tefl_core::policy::env() {
+        Ok(env) if env.skip_cuda => return Err("skipped by TE_FL_SKIP_CUDA=1".into()),
+        Ok(_) => {}
         Err(e) => return Err(e.to_string()),
     }
     // SAFETY: is_culib_present only tries dlopen on candidate names and drops the handles;
@@ -51,6 +48,26 @@ fn probe() -> Result<(), String> {
         return Err("the CUDA driver reports no device".into());
     }
     Ok(())
+}
+
+/// The CUDA driver's version (`12.8` for 12080), for keys of cached tuning results: a driver
+/// upgrade invalidates them. `unknown` when no driver is usable.
+pub fn driver_version() -> &'static str {
+    static V: OnceLock<String> = OnceLock::new();
+    V.get_or_init(|| {
+        if availability().is_err() {
+            return "unknown".into();
+        }
+        let mut v: std::ffi::c_int = 0;
+        // SAFETY: availability() succeeded, so libcuda is loaded and cuInit ran; the call only
+        // writes one int through the pointer, which is valid for the call.
+        let r = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut v) };
+        if r == cudarc::driver::sys::CUresult::CUDA_SUCCESS {
+            format!("{}.{}", v / 1000, (v % 1000) / 10)
+        } else {
+            "unknown".into()
+        }
+    })
 }
 
 #[cfg(test)]

@@ -58,7 +58,7 @@ pub fn view(t: &Tensor) -> Result<F32View<'_>> {
 /// A host tensor of `dtype` from f32 values (converted in parallel, round to nearest even).
 pub fn store(data: &[f32], shape: &[usize], dtype: DType) -> Result<Tensor> {
     fn conv<T: tefl_core::Element>(data: &[f32], shape: &[usize], f: impl Fn(f32) -> T + Sync) -> Result<Tensor> {
-        let mut out: Vec<T> = vec![T::zeroed(); data.len()];
+        let mut out: Vec<T> = tefl_core::device::try_zeroed(data.len(), || format!("a {} output {shape:?}", T::DTYPE))?;
         out.par_chunks_mut(CHUNK).zip(data.par_chunks(CHUNK)).for_each(|(o, s)| {
             for (d, x) in o.iter_mut().zip(s) {
                 *d = f(*x);

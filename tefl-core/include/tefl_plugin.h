@@ -43,7 +43,7 @@ extern "C" {
 /* Error codes carried by tefl_error. */
 #define TEFL_OK 0
 #define TEFL_ERR_INVALID_ARGUMENT 1
-#define TEFL_ERR_UNSUPPORTED 2
+#define TEFL_ERR_UNSUPPORTED 2 /* these arguments are not served: tefl tries the next impl, no failure is counted */
 #define TEFL_ERR_DEVICE 3
 #define TEFL_ERR_OUT_OF_MEMORY 4
 #define TEFL_ERR_INTERNAL 5
@@ -84,7 +84,9 @@ struct tefl_call {
     const char *scalars;    /* "name=value;..." in declaration order */
     size_t n_outputs;       /* how many outputs the op returns */
     /* Allocates output `index` (0-based, in the op's output order) and returns its data
-     * pointer through `data`. Returns NULL, or an error the kernel should return. */
+     * pointer through `data`. Returns NULL, or an error the kernel should return. Each output
+     * is allocated at most once per call (a second call for an index is an error). Outputs
+     * are checked against the op's contract (shape, dtype) after the kernel returns. */
     tefl_error *(*alloc_output)(const tefl_call *call, size_t index, uint8_t dtype_code, uint8_t dtype_bits,
                                 int32_t ndim, const int64_t *shape, void **data);
     /* Makes an error (code TEFL_ERR_*, message copied) for the kernel to return. */

@@ -329,6 +329,16 @@ pub struct HostBuffer {
     len: usize,
 }
 
+/// `n` zeroed elements, or [`Error::OutOfMemory`] naming `what` when the allocator refuses
+/// (never an abort, unlike `vec!`). For buffers whose size a user's shapes decide.
+pub fn try_zeroed<T: bytemuck::Zeroable>(n: usize, what: impl FnOnce() -> String) -> Result<Vec<T>> {
+    try_zeroed_vec::<T>(n).ok_or_else(|| Error::OutOfMemory {
+        device: "cpu".into(),
+        bytes: n.saturating_mul(std::mem::size_of::<T>()),
+        what: what(),
+    })
+}
+
 /// `n` zeroed elements, or `None` when the allocator refuses (never aborts). Zeroed pages
 /// come from the allocator (`calloc`), so a large buffer is not written here.
 fn try_zeroed_vec<T: bytemuck::Zeroable>(n: usize) -> Option<Vec<T>> {
@@ -352,12 +362,6 @@ pub fn try_zeroed_bytes(n: usize, what: impl FnOnce() -> String) -> Result<Vec<u
 }
 
 impl HostBuffer {
-    /// A zero-filled buffer of `len` bytes. Aborts when the allocator refuses, like `vec!`:
-    /// use [`HostBuffer::try_zeroed`] for sizes a user chose.
-    pub fn zeroed(len: usize) -> Self {
-        HostBuffer { words: RwLock::new(vec![0u64; len.div_ceil(8)]), len }
-    }
-
     /// A zero-filled buffer of `len` bytes, or [`Error::OutOfMemory`] when the allocator
     /// refuses.
     pub fn try_zeroed(len: usize) -> Result<Self> {
@@ -369,10 +373,16 @@ impl HostBuffer {
         Ok(HostBuffer { words: RwLock::new(words), len })
     }
 
-    /// A buffer holding a copy of `data`'s bytes (one allocation, one copy).
-    pub fn from_pod<T: bytemuck::Pod>(data: &[T]) -> Self {
+    /// A buffer holding a copy of `data`'s bytes (one allocation, one copy); an
+    /// [`Error::OutOfMemory`] when the allocator refuses.
+    pub fn from_pod<T: bytemuck::Pod>(data: &[T]) -> Result<Self> {
         let bytes: &[u8] = bytemuck::cast_slice(data);
-        let mut words = Vec::<u64>::with_capacity(bytes.len().div_ceil(8));
+        let mut words = Vec::<u64>::new();
+        words.try_reserve_exact(bytes.len().div_ceil(8)).map_err(|_| Error::OutOfMemory {
+            device: "cpu".into(),
+            bytes: bytes.len(),
+            what: "a host copy".into(),
+        })?;
         let full = bytes.len() / 8;
         words.extend(bytes[..full * 8].chunks_exact(8).map(|c| u64::from_ne_bytes(c.try_into().unwrap_or([0; 8]))));
         if full * 8 < bytes.len() {
@@ -380,14 +390,14 @@ impl HostBuffer {
             last[..bytes.len() - full * 8].copy_from_slice(&bytes[full * 8..]);
             words.push(u64::from_ne_bytes(last));
         }
-        HostBuffer { words: RwLock::new(words), len: bytes.len() }
+        Ok(HostBuffer { words: RwLock::new(words), len: bytes.len() })
     }
 
-    /// A buffer holding a copy of `bytes`.
-    pub fn from_bytes(bytes: &[u8]) -> Self {
-        let b = HostBuffer::zeroed(bytes.len());
+    /// A buffer holding a copy of `bytes`; an [`Error::OutOfMemory`] when the allocator refuses.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        let b = HostBuffer::try_zeroed(bytes.len())?;
         write_lock(&b.words).as_mut_slice().pipe_bytes_mut(b.len).copy_from_slice(bytes);
-        b
+        Ok(b)
     }
 
     /// The address of the bytes, for foreign code (the C plugin ABI) that writes a buffer no
@@ -470,13 +480,13 @@ pub fn as_host(buf: &dyn Buffer) -> Option<&HostBuffer> {
 }
 
 /// Wraps host bytes as a CPU buffer.
-pub fn host_buffer(bytes: &[u8]) -> Arc<dyn Buffer> {
-    Arc::new(CpuBuffer(HostBuffer::from_bytes(bytes)))
+pub fn host_buffer(bytes: &[u8]) -> Result<Arc<dyn Buffer>> {
+    Ok(Arc::new(CpuBuffer(HostBuffer::from_bytes(bytes)?)))
 }
 
 /// A CPU buffer holding a copy of `data`.
-pub fn host_buffer_from<T: bytemuck::Pod>(data: &[T]) -> Arc<dyn Buffer> {
-    Arc::new(CpuBuffer(HostBuffer::from_pod(data)))
+pub fn host_buffer_from<T: bytemuck::Pod>(data: &[T]) -> Result<Arc<dyn Buffer>> {
+    Ok(Arc::new(CpuBuffer(HostBuffer::from_pod(data)?)))
 }
 
 /// The host CPU's runtime (always available).

@@ -22,7 +22,7 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::registry::LookupSpan;
 
 use crate::Result;
-use crate::policy::{EnvConfig, LogLevel};
+use crate::policy::LogLevel;
 
 /// The `tracing` target of every tefl event.
 pub const TARGET: &str = "TE-FL";
@@ -92,7 +92,7 @@ where
 /// environment asks for. A bad `TEFL_LOG_LEVEL` / `TE_FL_DEBUG` is a configuration error;
 /// a subscriber installed earlier (by tefl or the application) is kept.
 pub fn init() -> Result<()> {
-    let level = EnvConfig::from_env()?.log_level;
+    let level = crate::policy::env().as_ref().map_err(Clone::clone)?.log_level;
     let _ = tracing::subscriber::set_global_default(subscriber(level, std::io::stderr));
     Ok(())
 }

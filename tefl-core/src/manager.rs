@@ -407,7 +407,7 @@ impl Manager {
     /// The manager the environment describes: every linked-in impl, the policy from the
     /// `TE_FL_*` / `TE_*` variables (a bad value is an error naming the variable).
     pub fn from_env() -> Result<Self> {
-        Ok(Manager::from_config(EnvConfig::from_env()?))
+        Ok(Manager::from_config(crate::policy::env().clone()?))
     }
 
     /// The manager a parsed configuration describes: every linked-in impl, plus the plugins

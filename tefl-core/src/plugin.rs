@@ -7,7 +7,7 @@
 //! keeps working. At call time, a kernel that returns an error, an unknown error code or a
 //! handle tefl did not issue is a failure the manager can fall back from.
 
-use std::ffi::{CStr, CString, c_char, c_void};
+use std::ffi::{CStr, CString, OsStr, OsString, c_char, c_void};
 use std::sync::Arc;
 
 use crate::op::{ArgRef, Op, OpArgs, OpOutput};
@@ -126,11 +126,16 @@ fn make_error(code: i32, message: &str) -> ErrPtr {
 /// Takes back an error handle: `None` for NULL (success), the error for a handle we issued,
 /// and a description of the problem for any other pointer (never dereferenced).
 fn take_error(p: ErrPtr) -> Option<String> {
+    take_error_code(p).map(|(_, m)| m)
+}
+
+/// [`take_error`] with the error's code (0 for a handle tefl did not issue).
+fn take_error_code(p: ErrPtr) -> Option<(i32, String)> {
     if p.is_null() {
         return None;
     }
     if !issued().lock().unwrap_or_else(|e| e.into_inner()).remove(&(p as usize)) {
-        return Some(format!("returned an error handle tefl did not issue ({p:p})"));
+        return Some((0, format!("returned an error handle tefl did not issue ({p:p})")));
     }
     // SAFETY: `p` came from Box::into_raw in host_make_error and was still in the issued set,
     // which we just removed it from, so this is the only place that frees it.
@@ -141,9 +146,10 @@ fn take_error(p: ErrPtr) -> Option<String> {
         3 => "device error",
         4 => "out of memory",
         5 => "internal error",
-        other => return Some(format!("unknown error code {other}: {}", e.message)),
+        other => return Some((0, format!("unknown error code {other}: {}", e.message))),
     };
-    Some(if e.message.is_empty() { kind.to_string() } else { format!("{} (code {}: {kind})", e.message, e.code) })
+    let text = if e.message.is_empty() { kind.to_string() } else { format!("{} (code {}: {kind})", e.message, e.code) };
+    Some((e.code, text))
 }
 
 /// A plugin kernel, ready to become an impl of one op (see `OpDescriptor::plugin_adapter`).
@@ -335,8 +341,11 @@ fn call_plugin<O: Op>(k: &PluginKernel, args: &O::Args) -> Result<O::Output> {
     // the call state) outlive the call. The plugin contract is the header's.
     let returned = unsafe { (k.kernel)(k.user as *mut c_void, &call) };
     drop((reads, writes));
-    if let Some(reason) = take_error(returned) {
-        return Err(fail(reason));
+    match take_error_code(returned) {
+        None => {}
+        // TEFL_ERR_UNSUPPORTED: the kernel has no code for these arguments; not a failure.
+        Some((2, reason)) => return Err(Error::Unsupported { op: O::NAME, impl_id: k.impl_id.clone(), reason }),
+        Some((_, reason)) => return Err(fail(reason)),
     }
     O::Output::from_slots(O::NAME, state.outputs).map_err(|e| fail(e.to_string()))
 }
@@ -352,21 +361,28 @@ fn c_str(p: *const c_char) -> Option<String> {
 
 /// The file to open for a `TE_FL_PLUGIN_MODULES` entry: a path as given, or a library name
 /// `x` as `libx.so` (found by the system loader).
-fn library_file(entry: &str) -> String {
-    if entry.contains('/') || entry.contains(std::env::consts::DLL_SUFFIX) {
-        entry.to_string()
+fn library_file(entry: &OsStr) -> OsString {
+    let text = entry.to_string_lossy();
+    if text.contains('/') || text.contains(std::env::consts::DLL_SUFFIX) {
+        entry.to_os_string()
     } else {
-        format!("{}{entry}{}", std::env::consts::DLL_PREFIX, std::env::consts::DLL_SUFFIX)
+        let mut f = OsString::from(std::env::consts::DLL_PREFIX);
+        f.push(entry);
+        f.push(std::env::consts::DLL_SUFFIX);
+        f
     }
 }
 
 /// Loads one plugin into `reg`; the error says why it was skipped.
-pub fn load_plugin(reg: &mut Registry, entry: &str) -> Result<usize> {
-    let err = |reason: String| Error::Plugin { plugin: entry.to_string(), reason };
+pub fn load_plugin(reg: &mut Registry, entry: impl AsRef<OsStr>) -> Result<usize> {
+    let entry = entry.as_ref();
+    let name = entry.to_string_lossy().into_owned();
+    let err = |reason: String| Error::Plugin { plugin: name.clone(), reason };
     let file = library_file(entry);
     // SAFETY: loading runs the library's initialisers; a plugin is trusted code the user
     // named in TE_FL_PLUGIN_MODULES.
-    let lib = unsafe { libloading::Library::new(&file) }.map_err(|e| err(format!("cannot load {file}: {e}")))?;
+    let lib = unsafe { libloading::Library::new(&file) }
+        .map_err(|e| err(format!("cannot load {}: {e}", file.to_string_lossy())))?;
     // SAFETY: the symbol is declared in tefl_plugin.h with this signature.
     let init: InitFn = *unsafe { lib.get::<InitFn>(b"tefl_plugin_init\0") }
         .map_err(|e| err(format!("missing symbol tefl_plugin_init: {e}")))?;
@@ -430,7 +446,7 @@ pub fn load_plugin(reg: &mut Registry, entry: &str) -> Result<usize> {
             .collect::<Result<Vec<_>>>()
             .map_err(|e| err(format!("impl {i}: {e}")))?;
         impls.push((desc.plugin_adapter)(PluginKernel {
-            plugin: entry.to_string(),
+            plugin: name.clone(),
             impl_id,
             vendor: vendor_name.clone(),
             priority: d.priority,
@@ -464,10 +480,11 @@ pub fn load_plugin(reg: &mut Registry, entry: &str) -> Result<usize> {
 
 /// Loads every plugin of `TE_FL_PLUGIN_MODULES`; each failure is an ERROR log line naming
 /// the plugin and the reason, and the others still load. Returns how many loaded.
-pub fn load_plugins(reg: &mut Registry, entries: &[String]) -> usize {
+pub fn load_plugins(reg: &mut Registry, entries: &[OsString]) -> usize {
     let mut loaded = 0;
-    for e in entries {
-        match load_plugin(reg, e) {
+    for entry in entries {
+        let e = entry.to_string_lossy();
+        match load_plugin(reg, entry) {
             Ok(n) => {
                 tracing::info!(target: "TE-FL", "Plugin '{e}' loaded: {n} impl(s)");
                 loaded += 1;

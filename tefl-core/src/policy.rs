@@ -6,6 +6,7 @@
 //! is ignored; an empty variable counts as unset.
 
 use std::collections::BTreeMap;
+use std::ffi::{OsStr, OsString};
 use std::fmt;
 use std::path::PathBuf;
 
@@ -472,57 +473,135 @@ pub fn parse_log_level(var: &'static str, value: &str) -> Result<LogLevel> {
     }
 }
 
-/// Every tefl environment variable, parsed and checked at once.
+/// Every tefl environment variable, parsed and checked at once: the one reader of the
+/// environment. The manager takes its policy and plugins from it, and backends take their
+/// settings from [`env`] (skip flags, autotuning, caches, kernel timing), so each variable
+/// has one parser and one default.
+///
+/// Paths (`TEFL_CACHE_DIR`, `TE_FL_PLUGIN_MODULES` entries) are taken as raw OS strings:
+/// any valid path works, UTF-8 or not.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EnvConfig {
     /// The selection variables.
     pub policy: SelectionPolicy,
-    /// `TE_FL_PLUGIN_MODULES`.
-    pub plugin_modules: Vec<String>,
-    /// `TE_FL_SKIP_CUDA`.
+    /// `TE_FL_PLUGIN_MODULES`: plugin libraries (paths, or names `x` for `libx.so`).
+    pub plugin_modules: Vec<OsString>,
+    /// `TE_FL_SKIP_CUDA=1`: the nvidia backend reports unavailable.
     pub skip_cuda: bool,
     /// `TEFL_LOG_LEVEL`, or DEBUG when `TE_FL_DEBUG=1` (the explicit level wins).
     pub log_level: LogLevel,
-    /// `TEFL_AUTOTUNE` (default on).
+    /// `TEFL_AUTOTUNE=1`: time tune candidates on first use of a shape bucket. Off by
+    /// default (heuristics only), so that a first call never pays for measuring unasked.
     pub autotune: bool,
-    /// `TEFL_CACHE_DIR` (default `$XDG_CACHE_HOME/tefl` or `~/.cache/tefl`).
-    pub cache_dir: Option<PathBuf>,
+    /// The autotune and compiled-kernel cache folder: `TEFL_CACHE_DIR`, else
+    /// `$XDG_CACHE_HOME/tefl`, else `$HOME/.cache/tefl`.
+    pub cache_dir: PathBuf,
+    /// `TEFL_KERNEL_TIMING=1`: GPU backends time every kernel launch and print it.
+    pub kernel_timing: bool,
+    /// `TEFL_ATTN_FWD_MIN_BLOCKS` (1..=4): forward-attention blocks per SM the CUDA kernel's
+    /// register budget is cut for (experiments; `None` = the tune config's value).
+    pub attn_fwd_min_blocks: Option<u32>,
+}
+
+/// Reads one variable as an OS string (paths): `Ok(None)` when unset or empty.
+pub type OsLookup<'a> = &'a dyn Fn(&'static str) -> Result<Option<OsString>>;
+
+/// Reads the process environment as OS strings (never an error: any bytes are a valid path).
+pub fn env_lookup_os(var: &'static str) -> Result<Option<OsString>> {
+    Ok(std::env::var_os(var).filter(|v| !v.to_string_lossy().trim().is_empty()))
+}
+
+/// The process's configuration, read once, on first use. Every part of tefl that needs a
+/// variable reads it here; a malformed variable is the same error everywhere.
+pub fn env() -> &'static Result<EnvConfig> {
+    static ENV: std::sync::OnceLock<Result<EnvConfig>> = std::sync::OnceLock::new();
+    ENV.get_or_init(EnvConfig::from_env)
+}
+
+/// Splits a comma list of paths on the raw bytes (Unix) so non-UTF-8 entries survive.
+fn split_paths(var: &'static str, v: &OsStr) -> Result<Vec<OsString>> {
+    #[cfg(unix)]
+    let items: Vec<OsString> = {
+        use std::os::unix::ffi::{OsStrExt, OsStringExt};
+        v.as_bytes().split(|b| *b == b',').map(|b| OsString::from_vec(b.trim_ascii().to_vec())).collect()
+    };
+    #[cfg(not(unix))]
+    let items: Vec<OsString> = v.to_string_lossy().split(',').map(|s| OsString::from(s.trim())).collect();
+    if items.iter().any(|i| i.is_empty()) {
+        return Err(Error::config(var, v.to_string_lossy().trim(), "empty item in comma list"));
+    }
+    Ok(items)
+}
+
+/// A path variable's value with surrounding ASCII whitespace removed.
+fn trim_os(v: OsString) -> OsString {
+    #[cfg(unix)]
+    {
+        use std::os::unix::ffi::{OsStrExt, OsStringExt};
+        OsString::from_vec(v.as_bytes().trim_ascii().to_vec())
+    }
+    #[cfg(not(unix))]
+    {
+        OsString::from(v.to_string_lossy().trim())
+    }
 }
 
 impl EnvConfig {
     /// Reads the process environment.
     pub fn from_env() -> Result<Self> {
-        Self::from_lookup(&env_lookup)
+        Self::from_lookups(&env_lookup, &env_lookup_os)
     }
 
-    /// Reads variables through `get`.
+    /// Reads variables through `get` (tests pass a map); paths come from the same strings.
     pub fn from_lookup(get: Lookup<'_>) -> Result<Self> {
+        Self::from_lookups(get, &|k| get(k).map(|v| v.map(OsString::from)))
+    }
+
+    /// Reads text variables through `get` and path variables through `get_os`.
+    pub fn from_lookups(get: Lookup<'_>, get_os: OsLookup<'_>) -> Result<Self> {
         let policy = SelectionPolicy::from_lookup(get)?;
-        let plugin_modules = match get("TE_FL_PLUGIN_MODULES")? {
+        let plugin_modules = match get_os("TE_FL_PLUGIN_MODULES")? {
             None => Vec::new(),
-            Some(v) => v
-                .split(',')
-                .map(|s| {
-                    let s = s.trim();
-                    if s.is_empty() {
-                        Err(Error::config("TE_FL_PLUGIN_MODULES", v.trim(), "empty item in comma list"))
-                    } else {
-                        Ok(s.to_string())
-                    }
-                })
-                .collect::<Result<_>>()?,
+            Some(v) => split_paths("TE_FL_PLUGIN_MODULES", &v)?,
         };
-        let skip_cuda =
-            get("TE_FL_SKIP_CUDA")?.map(|v| parse_flag("TE_FL_SKIP_CUDA", &v)).transpose()?.unwrap_or(false);
-        let debug = get("TE_FL_DEBUG")?.map(|v| parse_flag("TE_FL_DEBUG", &v)).transpose()?.unwrap_or(false);
+        let flag = |var: &'static str| -> Result<bool> {
+            Ok(get(var)?.map(|v| parse_flag(var, &v)).transpose()?.unwrap_or(false))
+        };
+        let skip_cuda = flag("TE_FL_SKIP_CUDA")?;
+        let debug = flag("TE_FL_DEBUG")?;
         let log_level = match get("TEFL_LOG_LEVEL")? {
             Some(v) => parse_log_level("TEFL_LOG_LEVEL", &v)?,
             None if debug => LogLevel::Debug,
             None => LogLevel::Info,
         };
-        let autotune = get("TEFL_AUTOTUNE")?.map(|v| parse_flag("TEFL_AUTOTUNE", &v)).transpose()?.unwrap_or(true);
-        let cache_dir = get("TEFL_CACHE_DIR")?.map(|v| PathBuf::from(v.trim()));
-        Ok(EnvConfig { policy, plugin_modules, skip_cuda, log_level, autotune, cache_dir })
+        let autotune = flag("TEFL_AUTOTUNE")?;
+        let kernel_timing = flag("TEFL_KERNEL_TIMING")?;
+        let attn_fwd_min_blocks = match get("TEFL_ATTN_FWD_MIN_BLOCKS")? {
+            None => None,
+            Some(v) => match v.trim().parse::<u32>() {
+                Ok(n) if (1..=4).contains(&n) => Some(n),
+                _ => {
+                    return Err(Error::config("TEFL_ATTN_FWD_MIN_BLOCKS", v.trim(), "expected an integer from 1 to 4"));
+                }
+            },
+        };
+        let cache_dir = match get_os("TEFL_CACHE_DIR")? {
+            Some(d) => PathBuf::from(trim_os(d)),
+            None => match get_os("XDG_CACHE_HOME")? {
+                Some(x) => PathBuf::from(x).join("tefl"),
+                None => PathBuf::from(get_os("HOME")?.unwrap_or_else(|| ".".into())).join(".cache").join("tefl"),
+            },
+        };
+        Ok(EnvConfig {
+            policy,
+            plugin_modules,
+            skip_cuda,
+            log_level,
+            autotune,
+            cache_dir,
+            kernel_timing,
+            attn_fwd_min_blocks,
+        })
     }
 }
 
@@ -632,21 +711,56 @@ mod tests {
         let c = EnvConfig::from_lookup(&lookup(&[("TE_FL_DEBUG", "1"), ("TEFL_AUTOTUNE", "0")])).unwrap();
         assert_eq!(c.log_level, LogLevel::Debug);
         assert!(!c.autotune);
+        let c = EnvConfig::from_lookup(&lookup(&[
+            ("TEFL_AUTOTUNE", "1"),
+            ("TEFL_KERNEL_TIMING", "1"),
+            ("TEFL_ATTN_FWD_MIN_BLOCKS", " 3 "),
+            ("TEFL_CACHE_DIR", " /tmp/x "),
+        ]))
+        .unwrap();
+        assert!(c.autotune && c.kernel_timing);
+        assert_eq!(c.attn_fwd_min_blocks, Some(3));
+        assert_eq!(c.cache_dir, PathBuf::from("/tmp/x"));
+        let d = EnvConfig::from_lookup(&lookup(&[("XDG_CACHE_HOME", "/c")])).unwrap();
+        assert!(!d.autotune && !d.kernel_timing, "measuring and timing are opt-in");
+        assert_eq!(d.cache_dir, PathBuf::from("/c/tefl"));
         let c = EnvConfig::from_lookup(&lookup(&[("TE_FL_DEBUG", "1"), ("TEFL_LOG_LEVEL", "error")])).unwrap();
         assert_eq!(c.log_level, LogLevel::Error);
         let c = EnvConfig::from_lookup(&lookup(&[("TE_FL_PLUGIN_MODULES", "libx.so, y")])).unwrap();
-        assert_eq!(c.plugin_modules, vec!["libx.so".to_string(), "y".into()]);
+        assert_eq!(c.plugin_modules, vec![OsString::from("libx.so"), "y".into()]);
         for (var, val) in [
             ("TEFL_LOG_LEVEL", "LOUD"),
             ("TE_FL_SKIP_CUDA", "2"),
             ("TE_FL_PLUGIN_MODULES", "a,,b"),
             ("TEFL_AUTOTUNE", "off"),
+            ("TEFL_KERNEL_TIMING", "bogus"),
+            ("TEFL_ATTN_FWD_MIN_BLOCKS", "lots"),
+            ("TEFL_ATTN_FWD_MIN_BLOCKS", "9"),
         ] {
             match EnvConfig::from_lookup(&lookup(&[(var, val)])) {
                 Err(Error::Config { variable, .. }) => assert_eq!(variable, var),
                 other => panic!("{var}={val}: {other:?}"),
             }
         }
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn non_utf8_paths_are_accepted() {
+        use std::os::unix::ffi::OsStringExt;
+        let raw = OsString::from_vec(b"/tmp/caf\xe9".to_vec());
+        let plugins = OsString::from_vec(b"/opt/p\xff/libp.so,q".to_vec());
+        let (r, p) = (raw.clone(), plugins.clone());
+        let get_os = move |k: &'static str| {
+            Ok(match k {
+                "TEFL_CACHE_DIR" => Some(r.clone()),
+                "TE_FL_PLUGIN_MODULES" => Some(p.clone()),
+                _ => None,
+            })
+        };
+        let c = EnvConfig::from_lookups(&|_| Ok(None), &get_os).unwrap();
+        assert_eq!(c.cache_dir, PathBuf::from(raw));
+        assert_eq!(c.plugin_modules, vec![OsString::from_vec(b"/opt/p\xff/libp.so".to_vec()), "q".into()]);
     }
 
     #[test]
@@ -672,7 +786,8 @@ mod tests {
             for var in ["TE_FL_PREFER", "TE_FL_PREFER_VENDOR", "TE_FL_STRICT", "TE_FL_ALLOW_VENDORS",
                         "TE_FL_DENY_VENDORS", "TE_FL_PER_OP", "TE_BACKEND", "TE_PLUGIN",
                         "TE_FALLBACK_BACKEND", "TE_FL_PLUGIN_MODULES", "TE_FL_SKIP_CUDA",
-                        "TEFL_LOG_LEVEL", "TE_FL_DEBUG", "TEFL_AUTOTUNE", "TEFL_CACHE_DIR"] {
+                        "TEFL_LOG_LEVEL", "TE_FL_DEBUG", "TEFL_AUTOTUNE", "TEFL_CACHE_DIR",
+                        "TEFL_KERNEL_TIMING", "TEFL_ATTN_FWD_MIN_BLOCKS"] {
                 for v in [&s, &t] {
                     let vv = v.clone();
                     let get = move |k: &'static str| Ok(if k == var { Some(vv.clone()) } else { None });

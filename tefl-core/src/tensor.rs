@@ -51,9 +51,9 @@ impl Tensor {
             return Err(Error::Tensor(format!("{} elements given for shape {shape:?} ({numel} elements)", data.len())));
         }
         let storage = if T::DTYPE == dtype {
-            device::host_buffer_from(data)
+            device::host_buffer_from(data)?
         } else {
-            device::host_buffer(&encode_elements(data, dtype)?)
+            device::host_buffer(&encode_elements(data, dtype)?)?
         };
         Ok(Tensor { dtype, device: Device::CPU, shape: shape.into(), storage })
     }

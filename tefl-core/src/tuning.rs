@@ -31,7 +31,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
-use crate::policy::{env_lookup, parse_flag};
 use crate::{DType, Error, Result};
 
 /// One value of a tune parameter.
@@ -265,16 +264,10 @@ pub fn candidates_checksum(candidates: &[TuneConfig]) -> String {
     format!("{:016x}", fnv1a64(json.as_bytes()))
 }
 
-/// The default cache directory: `$TEFL_CACHE_DIR`, else `$XDG_CACHE_HOME/tefl`, else `~/.cache/tefl`.
+/// The cache directory: `$TEFL_CACHE_DIR`, else `$XDG_CACHE_HOME/tefl`, else `~/.cache/tefl`
+/// (read once, by [`crate::policy::env`]).
 pub fn default_cache_dir() -> Result<PathBuf> {
-    if let Some(d) = env_lookup("TEFL_CACHE_DIR")? {
-        return Ok(PathBuf::from(d.trim()));
-    }
-    if let Some(x) = env_lookup("XDG_CACHE_HOME")? {
-        return Ok(PathBuf::from(x).join("tefl"));
-    }
-    let home = env_lookup("HOME")?.unwrap_or_else(|| ".".into());
-    Ok(PathBuf::from(home).join(".cache").join("tefl"))
+    Ok(crate::policy::env().clone()?.cache_dir)
 }
 
 static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -313,14 +306,14 @@ impl Autotuner {
         Autotuner { dir: dir.into(), enabled, memo: Mutex::new(HashMap::new()) }
     }
 
-    /// The autotuner the environment describes (`TEFL_CACHE_DIR`, `TEFL_AUTOTUNE`).
+    /// The autotuner the environment describes (`TEFL_CACHE_DIR`; measuring only with
+    /// `TEFL_AUTOTUNE=1`, see [`crate::policy::EnvConfig::autotune`]).
     pub fn from_env() -> Result<Self> {
-        let enabled =
-            env_lookup("TEFL_AUTOTUNE")?.map(|v| parse_flag("TEFL_AUTOTUNE", &v)).transpose()?.unwrap_or(true);
-        Ok(Autotuner::new(default_cache_dir()?, enabled))
+        let env = crate::policy::env().clone()?;
+        Ok(Autotuner::new(env.cache_dir, env.autotune))
     }
 
-    /// Whether tuning runs (`TEFL_AUTOTUNE` not 0).
+    /// Whether tuning runs (`TEFL_AUTOTUNE=1`).
     pub fn enabled(&self) -> bool {
         self.enabled
     }

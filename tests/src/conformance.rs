@@ -14,6 +14,8 @@ use tefl_core::{DType, Device, Error, Manager, Op, Tensor};
 
 use crate::{Rng, oracle, rel_err, tolerance};
 
+mod nan;
+
 /// How one case ended.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Status {
@@ -51,10 +53,28 @@ struct Cmp {
     /// Lower bound on ‖want‖ in the relative error (for outputs that can be near 0 by
     /// cancellation, such as a log-sum-exp).
     floor: f64,
+    /// NaN expected where `want` has it (NaN-propagation cases): those positions must be NaN,
+    /// the others are compared as usual, and `want` must hold at least one NaN.
+    nan: bool,
 }
 
 fn cmp(name: &'static str, got: &Tensor, want: Vec<f64>, dtype: DType) -> tefl_core::Result<Cmp> {
-    Ok(Cmp { name, got: got.to_vec::<f64>()?, want, dtype, floor: 0.0 })
+    Ok(Cmp { name, got: got.to_vec::<f64>()?, want, dtype, floor: 0.0, nan: false })
+}
+
+/// For a NaN-propagation comparison: checks that `got` is NaN exactly where `want` is (and
+/// that `want` has a NaN at all), and returns the comparison of the remaining positions.
+fn nan_positions(c: &Cmp) -> Result<Cmp, String> {
+    let expected = c.want.iter().filter(|w| w.is_nan()).count();
+    if expected == 0 {
+        return Err(format!("{}: the oracle has no NaN, so this NaN case tests nothing", c.name));
+    }
+    if let Some(i) = c.want.iter().zip(&c.got).position(|(w, g)| w.is_nan() && !g.is_nan()) {
+        return Err(format!("{}: element {i} is {} where NaN must propagate", c.name, c.got[i]));
+    }
+    let (got, want): (Vec<f64>, Vec<f64>) =
+        c.got.iter().zip(&c.want).filter(|(_, w)| !w.is_nan()).map(|(g, w)| (*g, *w)).unzip();
+    Ok(Cmp { name: c.name, got, want, dtype: c.dtype, floor: c.floor, nan: false })
 }
 
 /// How big the cases are: `Full` adds hidden 16384 and long sequences.
@@ -176,6 +196,21 @@ impl<'m> Suite<'m> {
                         fail.get_or_insert(format!("{}: {} values, expected {}", c.name, c.got.len(), c.want.len()));
                         continue;
                     }
+                    let filtered;
+                    let c = if c.nan {
+                        match nan_positions(c) {
+                            Ok(rest) => {
+                                filtered = rest;
+                                &filtered
+                            }
+                            Err(why) => {
+                                fail.get_or_insert(why);
+                                continue;
+                            }
+                        }
+                    } else {
+                        c
+                    };
                     let r = rel_err(&c.got, &c.want);
                     let norm = c.want.iter().map(|w| w * w).sum::<f64>().sqrt();
                     let r = if norm > 0.0 && norm < c.floor { r * norm / c.floor } else { r };
@@ -204,13 +239,24 @@ impl<'m> Suite<'m> {
     }
 
     /// The op families, in the order [`Suite::run_all`] runs them.
-    pub const FAMILIES: [&'static str; 9] =
-        ["norms", "gemm", "activations", "softmax", "attention", "rope", "optimizers", "fp8", "dropout"];
+    pub const FAMILIES: [&'static str; 11] = [
+        "norms",
+        "gemm",
+        "activations",
+        "softmax",
+        "attention",
+        "rope",
+        "optimizers",
+        "fp8",
+        "dropout",
+        "nan",
+        "aliasing",
+    ];
 
     /// Runs the families named in `only` (all when `None`).
     pub fn run_families(&mut self, only: Option<&[String]>, progress: &mut dyn FnMut(&str)) {
         type Family<'a> = (&'static str, fn(&mut Suite<'a>));
-        let families: [Family<'m>; 9] = [
+        let families: [Family<'m>; 11] = [
             ("norms", Self::norms),
             ("gemm", Self::gemm),
             ("activations", Self::activations),
@@ -220,6 +266,8 @@ impl<'m> Suite<'m> {
             ("optimizers", Self::optimizers),
             ("fp8", Self::fp8),
             ("dropout", Self::dropout),
+            ("nan", Self::nan),
+            ("aliasing", Self::aliasing),
         ];
         for (name, f) in families {
             if only.is_some_and(|o| !o.iter().any(|x| x == name)) {
@@ -653,6 +701,19 @@ impl<'m> Suite<'m> {
             window: AttnWindow { left: Some(3), right: Some(2) },
             ..base(QkvLayout::Sbhd, AttnMask::None)
         });
+        // Windows wider than any sequence mean unbounded, whatever the integer (issue 12).
+        cases.push(AttnCase {
+            window: AttnWindow { left: Some(usize::MAX), right: None },
+            ..base(QkvLayout::Bshd, AttnMask::Causal)
+        });
+        cases.push(AttnCase {
+            window: AttnWindow { left: Some(i64::MAX as usize), right: Some(i64::MAX as usize) },
+            ..base(QkvLayout::Sbhd, AttnMask::None)
+        });
+        cases.push(AttnCase {
+            window: AttnWindow { left: Some(7), right: Some(usize::MAX - 1) },
+            ..base(QkvLayout::Bshd, AttnMask::CausalBottomRight)
+        });
         cases.push(AttnCase { p: 0.2, ..base(QkvLayout::Bshd, AttnMask::Causal) });
         cases.push(AttnCase {
             p: 0.1,
@@ -763,7 +824,14 @@ impl<'m> Suite<'m> {
                 got_lse.iter().zip(&want.lse).filter(|(a, _)| a.is_finite()).map(|(a, b)| (*a, *b)).unzip();
             Ok(vec![
                 cmp("o", &o.o, want.o, dtype)?,
-                Cmp { floor: (lf.len() as f64).sqrt(), name: "softmax_lse", got: lf, want: wf, dtype: DType::F32 },
+                Cmp {
+                    floor: (lf.len() as f64).sqrt(),
+                    name: "softmax_lse",
+                    got: lf,
+                    want: wf,
+                    dtype: DType::F32,
+                    nan: false,
+                },
             ])
         });
         self.case("fused_attn_bwd", dtype, case, |s| {
@@ -1033,7 +1101,7 @@ impl<'m> Suite<'m> {
                         crate::round(&bv.iter().map(|x| x * 3.0).collect::<Vec<_>>(), DType::F16),
                         DType::F16,
                     )?,
-                    Cmp { name: "noop_flag", got: flagv, want: vec![0.0], dtype: DType::F32, floor: 0.0 },
+                    Cmp { name: "noop_flag", got: flagv, want: vec![0.0], dtype: DType::F32, floor: 0.0, nan: false },
                 ])
             });
             self.case("multi_tensor_scale", dtype, "inf sets noop_flag".into(), |s| {
@@ -1047,7 +1115,14 @@ impl<'m> Suite<'m> {
                     scale: 1.0,
                 })?;
                 let flagv: Vec<f64> = flag.to_vec::<i32>()?.into_iter().map(f64::from).collect();
-                Ok(vec![Cmp { name: "noop_flag", got: flagv, want: vec![1.0], dtype: DType::F32, floor: 0.0 }])
+                Ok(vec![Cmp {
+                    name: "noop_flag",
+                    got: flagv,
+                    want: vec![1.0],
+                    dtype: DType::F32,
+                    floor: 0.0,
+                    nan: false,
+                }])
             });
             for per_tensor in [false, true] {
                 for unscale in [false, true] {
@@ -1167,7 +1242,7 @@ impl<'m> Suite<'m> {
                     .flat_map(|j| (0..33).map(move |i| (i, j)))
                     .map(|(i, j)| f64::from(codes[i * 1000 + j]))
                     .collect();
-                Ok(vec![Cmp { name: "q_t", got, want, dtype: DType::F32, floor: 0.0 }])
+                Ok(vec![Cmp { name: "q_t", got, want, dtype: DType::F32, floor: 0.0, nan: false }])
             });
         }
         for algo in [AmaxAlgo::Max, AmaxAlgo::MostRecent] {
@@ -1216,7 +1291,7 @@ impl<'m> Suite<'m> {
                     let mask: Vec<f64> = o.mask.to_vec::<u8>()?.into_iter().map(f64::from).collect();
                     Ok(vec![
                         cmp("y", &o.y, y, dtype)?,
-                        Cmp { name: "mask", got: mask, want: kept, dtype: DType::F32, floor: 0.0 },
+                        Cmp { name: "mask", got: mask, want: kept, dtype: DType::F32, floor: 0.0, nan: false },
                     ])
                 });
                 self.case("dropout_bwd", dtype, format!("{rows}x{n} p=0.3"), |s| {

@@ -351,6 +351,10 @@ impl AttnProblem<'_> {
                     lse[self.g.lse_index(b, h, i)] = l;
                     let qa = self.qa(b, i, h);
                     for (j, pj) in p.iter().enumerate() {
+                        // A masked key does not touch the output (a NaN in its v must not either).
+                        if !visible(self.g, self.mask, self.window, b, i, j) {
+                            continue;
+                        }
                         let w = pj * attn_keep(self.g, self.p, self.seed, self.offset, b, h, i, j);
                         let ka = self.ka(b, j, h);
                         for t in 0..d {

@@ -141,3 +141,70 @@ fn failing_and_garbage_status_codes_are_failures_with_fallback() {
         }
     }
 }
+
+/// Issue 12, defect 5: a plugin declaring the same impl twice is skipped whole: none of its
+/// impls serves, and the log says it was skipped.
+#[test]
+fn a_plugin_with_a_duplicate_impl_is_not_partly_registered() {
+    let lib = build_plugin("cplug_dup", &["DUPLICATE_IMPL"]);
+    let log = CapturedLog::new();
+    tracing::subscriber::with_default(subscriber(LogLevel::Info, log.clone()), || {
+        let m = manager(&[("TE_FL_PLUGIN_MODULES", lib.display().to_string()), ("TE_FL_PREFER", "vendor".into())]);
+        assert!(m.with_registry(|r| !r.impl_ids().iter().any(|i| i == "vendor.cplug")));
+        assert!(m.with_registry(|r| r.vendor("cplug").is_none()), "the vendor is not registered either");
+        let (args, _) = rmsnorm_case(&mut Rng::new(seed("c_plugin_dup")));
+        m.call::<RmsNormFwd>(&args).unwrap();
+        assert!(m.stats_of("rmsnorm_fwd", "vendor.cplug").is_none());
+    });
+    let errs = errors(&log);
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert!(errs[0].contains("skipped") && errs[0].contains("twice"), "{errs:?}");
+}
+
+/// Issue 12, defects 6, 7 and 4 (plugin side): outputs that break the op's contract, a second
+/// `alloc_output` for one index and a huge allocation are impl failures naming the problem;
+/// the reference serves instead, and the process carries on.
+#[test]
+fn plugin_outputs_and_allocations_are_checked() {
+    let mut rng = Rng::new(seed("c_plugin_outputs"));
+    for (define, reason) in [
+        ("WRONG_SHAPE", "output 'y' is [1] of f32"),
+        ("WRONG_DTYPE", "output 'y' is [5, 1000] of i32"),
+        ("DOUBLE_ALLOC", "output 0 is already allocated"),
+        ("HUGE_ALLOC", "out of memory"),
+    ] {
+        let lib = build_plugin(&format!("cplug_{}", define.to_ascii_lowercase()), &[define]);
+        let m = manager(&[("TE_FL_PLUGIN_MODULES", lib.display().to_string()), ("TE_FL_PREFER", "vendor".into())]);
+        let (args, want) = rmsnorm_case(&mut rng);
+        let out = m.call::<RmsNormFwd>(&args).unwrap();
+        assert_close("fallback after a bad plugin output", &values(&out.y), &want, DType::F32);
+        let f = m.recent_failures();
+        assert_eq!(f.len(), 1, "{define}: {f:?}");
+        assert_eq!(f[0].impl_id, "vendor.cplug");
+        assert!(f[0].error.contains(reason), "{define}: {} should say {reason:?}", f[0].error);
+    }
+}
+
+/// Issue 12, defect 9 (plugin side): TEFL_ERR_UNSUPPORTED for some shapes is "not supported",
+/// not a failure: other shapes keep going to the plugin.
+#[test]
+fn plugin_unsupported_is_not_a_failure() {
+    let lib = build_plugin("cplug_unsup3", &["UNSUPPORTED_3"]);
+    let m = manager(&[("TE_FL_PLUGIN_MODULES", lib.display().to_string()), ("TE_FL_PREFER", "vendor".into())]);
+    let mut rng = Rng::new(seed("c_plugin_unsupported"));
+    let case = |rows: usize, rng: &mut Rng| {
+        let n = 16;
+        let x = tensor(&rng.vec(rows * n, -2.0, 2.0), &[rows, n], DType::F32);
+        let g = tensor(&rng.vec(n, -1.0, 1.0), &[n], DType::F32);
+        RmsNormFwdArgs { x, gamma: g, eps: 1e-5, zero_centered_gamma: false, out_dtype: DType::F32 }
+    };
+    for _ in 0..5 {
+        m.call::<RmsNormFwd>(&case(3, &mut rng)).unwrap();
+        for _ in 0..10 {
+            m.call::<RmsNormFwd>(&case(2, &mut rng)).unwrap();
+        }
+    }
+    let s = m.stats_of("rmsnorm_fwd", "vendor.cplug").unwrap();
+    assert_eq!((s.calls, s.failures, s.unsupported), (50, 0, 5));
+    assert_eq!(m.stats_of("rmsnorm_fwd", "reference.cpu").unwrap().calls, 5);
+}

@@ -70,7 +70,11 @@ extern "C" __global__ void __launch_bounds__(BLOCK) softmax_fwd(const TX* __rest
             if (v < nvecs) {
                 float o[NV];
 #pragma unroll
-                for (int j = 0; j < NV; ++j) o[j] = e(it, v, j) * inv;
+                for (int j = 0; j < NV; ++j) {
+                    // Masked entries (e = 0) stay 0 even when a NaN made inv NaN.
+                    const float ej = e(it, v, j);
+                    o[j] = ej == 0.0f ? 0.0f : ej * inv;
+                }
                 store_n<TX, NV>(yr + v * NV, o);
             }
         }

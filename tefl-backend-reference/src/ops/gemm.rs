@@ -4,6 +4,7 @@
 
 use rayon::prelude::*;
 use tefl_core::catalogue::*;
+use tefl_core::device::try_zeroed;
 use tefl_core::{DType, KernelCtx, Result, Tensor};
 
 use super::activation::{act, dact};
@@ -14,10 +15,12 @@ pub fn generic_gemm(_: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
     let (m, k, n) = gemm_dims(a)?;
     let lhs = view(&a.a)?;
     let rhs = view(&a.b)?;
-    let mut d = match (&a.c, a.accumulate) {
-        (Some(c), true) => view(c)?.to_vec(),
-        _ => vec![0.0f32; m * n],
-    };
+    // The product's size comes from the user's shapes (k = 0 makes tiny inputs with a huge
+    // product): allocate it fallibly, so that too much is an error, not an abort.
+    let mut d: Vec<f32> = try_zeroed(m * n, || format!("generic_gemm output d [{m}, {n}]"))?;
+    if let (Some(c), true) = (&a.c, a.accumulate) {
+        d.copy_from_slice(&view(c)?);
+    }
     let am = if a.transa { MatRef { data: &lhs, rs: 1, cs: m } } else { MatRef { data: &lhs, rs: k, cs: 1 } };
     let bm = if a.transb { MatRef { data: &rhs, rs: 1, cs: k } } else { MatRef { data: &rhs, rs: n, cs: 1 } };
     sgemm(m, n, k, a.alpha, am, bm, &mut d);
@@ -25,7 +28,10 @@ pub fn generic_gemm(_: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
 
     let bias = a.bias.as_ref().map(view).transpose()?;
     let aux_in = a.aux.as_ref().map(view).transpose()?;
-    let mut aux_out = a.epilogue.writes_aux().then(|| vec![0.0f32; m * n]);
+    let mut aux_out = match a.epilogue.writes_aux() {
+        true => Some(try_zeroed::<f32>(m * n, || format!("generic_gemm output aux_out [{m}, {n}]"))?),
+        false => None,
+    };
     let ep = a.epilogue;
     if n > 0 {
         let rows = d.par_chunks_mut(n).enumerate();

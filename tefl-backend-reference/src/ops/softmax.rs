@@ -7,10 +7,12 @@ use crate::util::map_rows;
 
 /// Softmax of `scale·x` over one row, skipping masked entries; an all-masked row gives zeros.
 fn row_softmax(x: &[f32], y: &mut [f32], scale: f32, masked: impl Fn(usize) -> bool) {
+    // NaN-propagating maximum: a visible NaN makes the row NaN (masked entries stay 0).
     let mut max = f32::NEG_INFINITY;
     for (j, v) in x.iter().enumerate() {
         if !masked(j) {
-            max = max.max(v * scale);
+            let s = v * scale;
+            max = if s.is_nan() || max.is_nan() { f32::NAN } else { max.max(s) };
         }
     }
     if max == f32::NEG_INFINITY {
@@ -23,7 +25,11 @@ fn row_softmax(x: &[f32], y: &mut [f32], scale: f32, masked: impl Fn(usize) -> b
         sum += *o;
     }
     let inv = 1.0 / sum;
-    y.iter_mut().for_each(|v| *v *= inv);
+    for (j, v) in y.iter_mut().enumerate() {
+        if !masked(j) {
+            *v *= inv;
+        }
+    }
 }
 
 fn run(x: &Tensor, scale: f32, masked: impl Fn(usize, usize, usize) -> bool + Sync) -> Result<SoftmaxOut> {
