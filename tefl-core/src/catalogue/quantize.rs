@@ -59,7 +59,8 @@ declare_op! {
             OutputSpec::new("scale_inv", [1], DType::F32),
         ];
         if a.want_transpose {
-            v.push(OutputSpec::new("q_t", [a.x.last_dim(), a.x.rows()], a.fp8_dtype));
+            let s = a.x.shape(); // rank 2 (validated)
+            v.push(OutputSpec::new("q_t", [s[1], s[0]], a.fp8_dtype));
         }
         v
     }
@@ -127,7 +128,10 @@ declare_op! {
         }
         Ok(())
     }
-    outputs(a) { vec![OutputSpec::new("q_t", [a.q.last_dim(), a.q.rows()], a.q.dtype())] }
+    outputs(a) {
+        let s = a.q.shape(); // rank 2 (validated)
+        vec![OutputSpec::new("q_t", [s[1], s[0]], a.q.dtype())]
+    }
 }
 
 declare_op! {
