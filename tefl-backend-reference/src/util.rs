@@ -28,15 +28,16 @@ impl Deref for F32View<'_> {
     }
 }
 
-fn convert<T: bytemuck::Pod + Send + Sync>(bytes: &[u8], f: impl Fn(&T) -> f32 + Sync) -> Vec<f32> {
+fn convert<T: bytemuck::Pod + Send + Sync>(bytes: &[u8], f: impl Fn(&T) -> f32 + Sync) -> Result<Vec<f32>> {
     let src: &[T] = bytemuck::cast_slice(bytes);
-    let mut out = vec![0.0f32; src.len()];
+    let mut out: Vec<f32> =
+        tefl_core::device::try_zeroed(src.len(), || format!("an f32 copy of {} elements", src.len()))?;
     out.par_chunks_mut(CHUNK).zip(src.par_chunks(CHUNK)).for_each(|(o, s)| {
         for (d, x) in o.iter_mut().zip(s) {
             *d = f(x);
         }
     });
-    out
+    Ok(out)
 }
 
 /// Reads a float or FP8 tensor on the host as f32.
@@ -44,12 +45,12 @@ pub fn view(t: &Tensor) -> Result<F32View<'_>> {
     let bytes = t.host_bytes()?;
     Ok(match t.dtype() {
         DType::F32 => F32View::Host(bytes),
-        DType::F16 => F32View::Owned(convert::<f16>(&bytes, |x| x.to_f32())),
-        DType::BF16 => F32View::Owned(convert::<bf16>(&bytes, |x| x.to_f32())),
-        DType::F64 => F32View::Owned(convert::<f64>(&bytes, |x| *x as f32)),
+        DType::F16 => F32View::Owned(convert::<f16>(&bytes, |x| x.to_f32())?),
+        DType::BF16 => F32View::Owned(convert::<bf16>(&bytes, |x| x.to_f32())?),
+        DType::F64 => F32View::Owned(convert::<f64>(&bytes, |x| *x as f32)?),
         d @ (DType::F8E4M3 | DType::F8E5M2) => {
             let f = Fp8Format::of(d).ok_or_else(|| Error::Tensor(format!("{d} is not fp8")))?;
-            F32View::Owned(convert::<u8>(&bytes, |x| f.decode(*x)))
+            F32View::Owned(convert::<u8>(&bytes, |x| f.decode(*x))?)
         }
         d => return Err(Error::Tensor(format!("reference: cannot read {d} as floats"))),
     })

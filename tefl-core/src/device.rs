@@ -261,8 +261,12 @@ fn runtime_table() -> &'static RuntimeTable {
         let mut m: HashMap<DeviceKind, Arc<dyn DeviceRuntime>> = HashMap::new();
         m.insert(DeviceKind::CPU, Arc::new(CpuRuntime));
         for reg in inventory::iter::<DeviceRuntimeRegistration> {
-            let rt = (reg.make)();
-            m.entry(rt.kind()).or_insert(rt);
+            match std::panic::catch_unwind(reg.make).ok().and_then(Contained::new) {
+                Some(rt) => {
+                    m.entry(rt.kind).or_insert(Arc::new(rt));
+                }
+                None => tracing::error!(target: "TE-FL", "a device runtime's constructor panicked; its device kind is unavailable"),
+            }
         }
         RwLock::new(m)
     })
@@ -275,13 +279,75 @@ fn runtimes_snapshot() -> Vec<Arc<dyn DeviceRuntime>> {
 /// Registers a device runtime at run time (plugins). Replaces nothing: a kind that already
 /// has a runtime keeps it, and an error says so.
 pub fn register_device_runtime(rt: Arc<dyn DeviceRuntime>) -> Result<()> {
+    let rt = Contained::new(rt)
+        .ok_or_else(|| Error::Tensor("the device runtime's kind() panicked; it was not registered".into()))?;
     let mut t = write_lock(runtime_table());
-    let kind = rt.kind();
+    let kind = rt.kind;
     if t.contains_key(&kind) {
         return Err(Error::Tensor(format!("a device runtime for '{kind}' is already registered")));
     }
-    t.insert(kind, rt);
+    t.insert(kind, Arc::new(rt));
     Ok(())
+}
+
+/// A backend's runtime with every call contained: a panic in vendor code becomes an error
+/// (or "no device" for the counting and naming calls), never an unwind into the caller.
+struct Contained {
+    inner: Arc<dyn DeviceRuntime>,
+    kind: DeviceKind,
+}
+
+impl Contained {
+    fn new(inner: Arc<dyn DeviceRuntime>) -> Option<Self> {
+        let kind = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| inner.kind())).ok()?;
+        Some(Contained { inner, kind })
+    }
+
+    fn guard<T>(&self, what: &str, f: impl FnOnce() -> T) -> std::result::Result<T, String> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|p| {
+            format!("the {} runtime panicked in {what}: {}", self.kind, crate::registry::panic_message(&*p))
+        })
+    }
+
+    fn fallible<T>(&self, what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        self.guard(what, f).unwrap_or_else(|reason| Err(Error::DeviceFailure { device: self.kind.to_string(), reason }))
+    }
+}
+
+impl DeviceRuntime for Contained {
+    fn kind(&self) -> DeviceKind {
+        self.kind
+    }
+    fn device_count(&self) -> usize {
+        self.guard("device_count", || self.inner.device_count()).unwrap_or(0)
+    }
+    fn unavailable_reason(&self) -> Option<String> {
+        self.guard("unavailable_reason", || self.inner.unavailable_reason()).unwrap_or_else(Some)
+    }
+    fn name(&self, ordinal: u32) -> String {
+        self.guard("name", || self.inner.name(ordinal)).unwrap_or_else(|_| format!("unknown {} device", self.kind))
+    }
+    fn arch(&self, ordinal: u32) -> String {
+        self.guard("arch", || self.inner.arch(ordinal)).unwrap_or_else(|_| "unknown".into())
+    }
+    fn alloc(&self, device: Device, bytes: usize) -> Result<Arc<dyn Buffer>> {
+        self.fallible("alloc", || self.inner.alloc(device, bytes))
+    }
+    fn copy_from_host(&self, dst: &dyn Buffer, src: &[u8]) -> Result<()> {
+        self.fallible("copy_from_host", || self.inner.copy_from_host(dst, src))
+    }
+    fn copy_to_host(&self, src: &dyn Buffer, dst: &mut [u8]) -> Result<()> {
+        self.fallible("copy_to_host", || self.inner.copy_to_host(src, dst))
+    }
+    fn synchronize(&self, device: Device) -> Result<()> {
+        self.fallible("synchronize", || self.inner.synchronize(device))
+    }
+    fn time_on_device(&self, device: Device, work: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
+        self.fallible("time_on_device", || self.inner.time_on_device(device, work))
+    }
+    fn copy_device_to_device(&self, src: &dyn Buffer, dst: &dyn Buffer) -> Result<()> {
+        self.fallible("copy_device_to_device", || self.inner.copy_device_to_device(src, dst))
+    }
 }
 
 static POISON: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);

@@ -423,7 +423,7 @@ impl Manager {
     pub fn call<O: Op>(&self, args: &O::Args) -> Result<O::Output> {
         let summary = args.summary(O::NAME)?;
         O::validate(args)?;
-        check_inout_aliasing(O::NAME, args)?;
+        check_inout_aliasing::<O>(args)?;
         let chain = self.chain_for::<O>(&summary);
         self.run::<O>(&chain, &summary, args)
     }
@@ -433,7 +433,7 @@ impl Manager {
     pub fn call_impl<O: Op>(&self, impl_id: &str, args: &O::Args) -> Result<O::Output> {
         let summary = args.summary(O::NAME)?;
         O::validate(args)?;
-        check_inout_aliasing(O::NAME, args)?;
+        check_inout_aliasing::<O>(args)?;
         let imp =
             read_lock(&self.registry).impls_of(O::NAME).iter().find(|i| i.impl_id() == impl_id).cloned().ok_or_else(
                 || Error::NoImplementation {

@@ -25,6 +25,10 @@ pub trait Op: Send + Sync + 'static {
     fn validate(args: &Self::Args) -> Result<()>;
     /// The op's static description (fields and their kinds).
     fn descriptor() -> &'static OpDescriptor;
+    /// Pairs (written field, read field) whose tensors may be the same at the same list
+    /// index (an elementwise in-place update such as `multi_tensor_scale` with `dst = src`);
+    /// any other storage shared with an in-place argument is rejected.
+    const IN_PLACE: &'static [(&'static str, &'static str)] = &[];
     /// The shape and dtype each output must have for valid `args`: the op's output contract,
     /// checked against impls that are not compiled into tefl (plugins, run-time
     /// registrations). Outputs not listed are not checked beyond their device.
@@ -160,31 +164,54 @@ impl FromOutputTensor for Vec<Tensor> {
 /// Rejects arguments an op writes in place that share storage with another argument (the
 /// same tensor, or a reshape of it, passed twice): the write would race with the other
 /// use. The error names both arguments. Ops without in-place arguments pay nothing.
-pub fn check_inout_aliasing<A: OpArgs>(op: &'static str, args: &A) -> Result<()> {
-    if !A::FIELDS.iter().any(|f| f.kind == FieldKind::InOut) {
+pub fn check_inout_aliasing<O: Op>(args: &O::Args) -> Result<()> {
+    /// One tensor argument, as the aliasing check sees it.
+    struct Slot {
+        name: &'static str,
+        index: usize,
+        written: bool,
+        storage: usize,
+        dtype: DType,
+        shape: Vec<usize>,
+    }
+    let op = O::NAME;
+    if !<O::Args as OpArgs>::FIELDS.iter().any(|f| f.kind == FieldKind::InOut) {
         return Ok(());
     }
-    let mut all: Vec<(&'static str, bool, usize)> = Vec::new();
-    args.visit_tensors(&mut |name, inout, t| {
-        all.push((name, inout, std::sync::Arc::as_ptr(t.buffer()).cast::<u8>() as usize));
+    let mut all: Vec<Slot> = Vec::new();
+    args.visit_tensors(&mut |name, written, t| {
+        let index = all.iter().rev().take_while(|s| s.name == name).count();
+        let storage = std::sync::Arc::as_ptr(t.buffer()).cast::<u8>() as usize;
+        all.push(Slot { name, index, written, storage, dtype: t.dtype(), shape: t.shape().to_vec() });
     });
-    let mut seen: std::collections::HashMap<usize, (&'static str, bool)> = std::collections::HashMap::new();
-    for (name, inout, ptr) in all {
-        match seen.get(&ptr) {
-            Some(&(first, first_inout)) if inout || first_inout => {
-                let (written, other) = if first_inout { (first, name) } else { (name, first) };
+    // An elementwise in-place pair the op declares: same index, dtype and shape.
+    let allowed = |a: &Slot, b: &Slot| {
+        a.index == b.index
+            && a.dtype == b.dtype
+            && a.shape == b.shape
+            && O::IN_PLACE
+                .iter()
+                .any(|&(w, r)| (w == a.name && r == b.name && a.written) || (w == b.name && r == a.name && b.written))
+    };
+    let mut seen: std::collections::HashMap<usize, &Slot> = std::collections::HashMap::new();
+    for s in &all {
+        match seen.get(&s.storage) {
+            Some(first) if allowed(first, s) => {}
+            Some(first) if s.written || first.written => {
+                let (written, other) = if first.written { (first.name, s.name) } else { (s.name, first.name) };
                 let reason = if written == other {
                     format!("holds the same tensor twice; '{written}' is written in place")
                 } else {
                     format!(
-                        "shares storage with '{first}'; '{written}' is written in place, so they must be distinct tensors"
+                        "shares storage with '{}'; '{written}' is written in place, so they must be distinct tensors",
+                        first.name
                     )
                 };
-                return Err(Error::invalid(op, name, reason));
+                return Err(Error::invalid(op, s.name, reason));
             }
             Some(_) => {}
             None => {
-                seen.insert(ptr, (name, inout));
+                seen.insert(s.storage, s);
             }
         }
     }
@@ -421,12 +448,14 @@ macro_rules! declare_op {
         $(#[$outm:meta])* pub struct $out:ident { $($ofields:tt)* }
         validate($a:ident) $body:block
         $(outputs($oa:ident) $obody:block)?
+        $(in_place [$(($iw:literal, $ir:literal)),* $(,)?])?
     ) => {
         $crate::declare_args! { $(#[$am])* pub struct $args { $($afields)* } }
         $crate::declare_output! { $(#[$outm])* pub struct $out { $($ofields)* } }
         $crate::declare_op_with! {
             $(#[$om])* pub struct $op = $name; args $args; output $out; validate($a) $body
             $(outputs($oa) $obody)?
+            $(in_place [$(($iw, $ir)),*])?
         }
     };
 }
@@ -440,6 +469,7 @@ macro_rules! declare_op_with {
         args $args:ty; output $out:ty;
         validate($a:ident) $body:block
         $(outputs($oa:ident) $obody:block)?
+        $(in_place [$(($iw:literal, $ir:literal)),* $(,)?])?
     ) => {
         $(#[$om])*
         #[derive(Debug, Clone, Copy, Default)]
@@ -451,6 +481,7 @@ macro_rules! declare_op_with {
             type Output = $out;
             #[allow(unused_variables)]
             fn validate($a: &$args) -> $crate::Result<()> $body
+            $( const IN_PLACE: &'static [(&'static str, &'static str)] = &[$(($iw, $ir)),*]; )?
             $(
                 #[allow(unused_variables)]
                 fn output_contract($oa: &$args) -> ::std::vec::Vec<$crate::op::OutputSpec> $obody

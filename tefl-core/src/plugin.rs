@@ -470,7 +470,11 @@ pub fn load_plugin(reg: &mut Registry, entry: impl AsRef<OsStr>) -> Result<usize
             )));
         }
     }
-    reg.register_vendor(info);
+    // A vendor tefl already knows keeps its description (and its availability check): a
+    // plugin cannot replace, say, the nvidia backend's driver probe by naming "nvidia".
+    if reg.vendor(&vendor_name).is_none() {
+        reg.register_vendor(info);
+    }
     let n = impls.len();
     for imp in impls {
         reg.register_impl(imp).map_err(|e| err(e.to_string()))?;

@@ -327,3 +327,49 @@ fn messages_are_short_and_say_what_was_typed() {
     let warn: Vec<String> = log.messages().into_iter().filter(|(l, _)| l == "WARNING").map(|(_, m)| m).collect();
     assert_eq!(warn, ["Implementation 'x' failed for op 'rmsnorm_fwd': panicked: boom"]);
 }
+
+/// Defect 3's class: every call into a backend's device runtime is contained too.
+#[test]
+fn a_panicking_device_runtime_is_contained() {
+    use tefl_core::DeviceKind;
+    use tefl_core::device::{Buffer, DeviceRuntime};
+
+    struct Panicky;
+    impl DeviceRuntime for Panicky {
+        fn kind(&self) -> DeviceKind {
+            DeviceKind::new("panicky")
+        }
+        fn device_count(&self) -> usize {
+            panic!("count exploded")
+        }
+        fn name(&self, _: u32) -> String {
+            panic!("name exploded")
+        }
+        fn arch(&self, _: u32) -> String {
+            panic!("arch exploded")
+        }
+        fn alloc(&self, _: Device, _: usize) -> tefl_core::Result<Arc<dyn Buffer>> {
+            panic!("alloc exploded")
+        }
+        fn copy_from_host(&self, _: &dyn Buffer, _: &[u8]) -> tefl_core::Result<()> {
+            panic!("copy exploded")
+        }
+        fn copy_to_host(&self, _: &dyn Buffer, _: &mut [u8]) -> tefl_core::Result<()> {
+            panic!("copy exploded")
+        }
+        fn synchronize(&self, _: Device) -> tefl_core::Result<()> {
+            panic!("sync exploded")
+        }
+    }
+    tefl_core::device::register_device_runtime(Arc::new(Panicky)).unwrap();
+    let dev = Device::new(DeviceKind::new("panicky"), 0);
+    assert!(!dev.is_available());
+    let _ = Device::best_available();
+    match Tensor::zeros([4], DType::F32, &dev) {
+        Err(Error::DeviceFailure { reason, .. }) => assert!(reason.contains("alloc exploded"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    let rt = tefl_core::device::runtime(dev.kind).unwrap();
+    assert_eq!(rt.name(0), "unknown panicky device");
+    assert!(rt.synchronize(dev).is_err());
+}

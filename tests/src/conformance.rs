@@ -1300,7 +1300,7 @@ impl<'m> Suite<'m> {
                     let mask = Tensor::from_slice(&mv, [rows, n], DType::U8)?.to_device(&s.device)?;
                     let o = s.call::<DropoutBwd>(&DropoutBwdArgs { dy, mask, p: 0.3 })?;
                     let keep = 1.0 / (1.0 - f64::from(0.3f32));
-                    let want = dyv.iter().zip(&mv).map(|(d, m)| if *m == 1 { d * keep } else { 0.0 }).collect();
+                    let want = dyv.iter().zip(&mv).map(|(d, m)| d * f64::from(*m) * keep).collect();
                     Ok(vec![cmp("dx", &o.dx, want, dtype)?])
                 });
             }

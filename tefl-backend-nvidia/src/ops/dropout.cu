@@ -1,6 +1,7 @@
 // Dropout with the Philox stream of tefl_core::philox: element i keeps when
 // uniform(seed, offset, i) >= p. Defines: TX (x / y dtype), BLOCK.
-// One thread per Philox block of 4 elements.
+// One thread per Philox block of 4 elements. Outputs are products (x · 0 when dropped), as
+// torch's are, so a NaN input stays NaN whether or not it is dropped.
 
 extern "C" __global__ void __launch_bounds__(BLOCK) dropout_fwd(const TX* __restrict__ x, TX* __restrict__ y,
                                                              u8* __restrict__ mask, long long total, float p,
@@ -17,7 +18,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK) dropout_fwd(const TX* __rest
                 const float u = (float)(c[l] >> 8) * (1.0f / 16777216.0f);
                 const bool keep = u >= p;
                 mask[i] = keep ? 1 : 0;
-                y[i] = from_f32<TX>(keep ? to_f32(x[i]) * keep_scale : 0.0f);
+                y[i] = from_f32<TX>(to_f32(x[i]) * (keep ? keep_scale : 0.0f));
             }
         }
     }
@@ -27,6 +28,6 @@ extern "C" __global__ void __launch_bounds__(BLOCK) dropout_bwd(const TX* __rest
                                                              TX* __restrict__ dx, long long total, float p) {
     const float keep_scale = 1.0f / (1.0f - p);
     for (long long i = (long long)blockIdx.x * BLOCK + threadIdx.x; i < total; i += (long long)gridDim.x * BLOCK) {
-        dx[i] = from_f32<TX>(mask[i] ? to_f32(dy[i]) * keep_scale : 0.0f);
+        dx[i] = from_f32<TX>(to_f32(dy[i]) * (mask[i] ? keep_scale : 0.0f));
     }
 }

@@ -21,7 +21,8 @@ pub fn dropout_fwd(_: &KernelCtx<'_>, a: &DropoutFwdArgs) -> Result<DropoutFwdOu
                 for l in 0..xb.len() {
                     let keep = u[l] >= a.p;
                     mb[l] = u8::from(keep);
-                    yb[l] = if keep { xb[l] * keep_scale } else { 0.0 };
+                    // A product, as torch's: a dropped NaN stays NaN.
+                    yb[l] = xb[l] * if keep { keep_scale } else { 0.0 };
                 }
             }
         },
@@ -39,7 +40,7 @@ pub fn dropout_bwd(_: &KernelCtx<'_>, a: &DropoutBwdArgs) -> Result<DropoutBwdOu
     let mut dx = vec![0.0f32; dy.len()];
     dx.par_chunks_mut(CHUNK).zip(dy.par_chunks(CHUNK).zip(mask.par_chunks(CHUNK))).for_each(|(o, (d, m))| {
         for ((x, dv), mv) in o.iter_mut().zip(d).zip(m) {
-            *x = if *mv != 0 { dv * keep_scale } else { 0.0 };
+            *x = dv * if *mv != 0 { keep_scale } else { 0.0 };
         }
     });
     Ok(DropoutBwdOut { dx: store(&dx, a.dy.shape(), a.dy.dtype())? })

@@ -108,6 +108,7 @@ fn finite(op: &'static str, name: &'static str, v: f32) -> Result<()> {
 
 declare_op! {
     /// `multi_tensor_scale(noop, src[], dst[], scale)`: dst = src·scale; sets noop on inf/NaN in src.
+    /// In place is allowed: `dst[i]` may be `src[i]` itself (same dtype and shape).
     pub struct MultiTensorScale = "multi_tensor_scale";
     /// Arguments of [`MultiTensorScale`].
     pub struct MultiTensorScaleArgs {
@@ -131,6 +132,7 @@ declare_op! {
         check::pairwise_shapes(OP, "dst", &a.dst, &a.src)?;
         finite(OP, "scale", a.scale)
     }
+    in_place [("dst", "src")]
 }
 
 declare_op! {

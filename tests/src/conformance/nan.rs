@@ -258,6 +258,26 @@ impl Suite<'_> {
     }
 
     fn nan_misc(&mut self, dtype: DType) {
+        // Dropout multiplies (as torch does): NaN stays NaN at kept and dropped positions.
+        self.case("dropout_fwd", dtype, "NaN at a kept and a dropped position".into(), |s| {
+            let n = 64;
+            let kept: Vec<f64> =
+                (0..n).map(|i| f64::from(u8::from(tefl_core::philox::uniform(5, 9, i as u64) >= 0.5))).collect();
+            let (k_at, d_at) = (kept.iter().position(|k| *k == 1.0), kept.iter().position(|k| *k == 0.0));
+            let nan_at: Vec<usize> = [k_at, d_at].into_iter().flatten().collect();
+            let (x, xv) = s.rand_nan(&[n], dtype, -1.0, 1.0, &nan_at)?;
+            let o = s.call::<DropoutFwd>(&DropoutFwdArgs { x, p: 0.5, seed: 5, offset: 9 })?;
+            let y = xv.iter().zip(&kept).map(|(x, k)| x * k * 2.0).collect();
+            Ok(vec![nan_cmp("y", &o.y, y, dtype)?])
+        });
+        self.case("dropout_bwd", dtype, "NaN in dy at a dropped position".into(), |s| {
+            let mv: Vec<u8> = (0..16).map(|i| u8::from(i % 2 == 0)).collect();
+            let (dy, dyv) = s.rand_nan(&[16], dtype, -1.0, 1.0, &[3, 4])?;
+            let mask = Tensor::from_slice(&mv, [16], DType::U8)?.to_device(&s.device)?;
+            let o = s.call::<DropoutBwd>(&DropoutBwdArgs { dy, mask, p: 0.5 })?;
+            let want = dyv.iter().zip(&mv).map(|(d, m)| d * f64::from(*m) * 2.0).collect();
+            Ok(vec![nan_cmp("dx", &o.dx, want, dtype)?])
+        });
         self.case("compute_amax", dtype, "NaN in x[100]".into(), |s| {
             let (x, _) = s.rand_nan(&[3, 70], dtype, -3.0, 3.0, &[100])?;
             let o = s.call::<ComputeAmax>(&ComputeAmaxArgs { x })?;
@@ -340,6 +360,31 @@ impl Suite<'_> {
                     hyper: AdamHyper::adamw(1e-2),
                 });
                 expect_alias(r, &["grads", "exp_avg"])
+            });
+            self.case("multi_tensor_scale", dtype, "in place: dst[i] is src[i] (allowed)".into(), |s| {
+                let (a, av) = s.rand(&[33], dtype, -1.0, 1.0)?;
+                let (b, bv) = s.rand(&[33], DType::F32, -1.0, 1.0)?;
+                let (d, _) = s.rand(&[33], dtype, -1.0, 1.0)?;
+                s.call::<MultiTensorScale>(&MultiTensorScaleArgs {
+                    noop_flag: s.noop()?,
+                    src: vec![a.clone(), b.clone()],
+                    dst: vec![a.clone(), d],
+                    scale: 0.5,
+                })?;
+                let half = |v: &[f64]| v.iter().map(|x| x * 0.5).collect::<Vec<_>>();
+                let out = vec![
+                    cmp("dst[0] (in place)", &a, half(&av), dtype)?,
+                    cmp("src[1] (unchanged)", &b, bv, DType::F32)?,
+                ];
+                // src[0] passed as dst[1] (another index) is still refused.
+                let r = s.call::<MultiTensorScale>(&MultiTensorScaleArgs {
+                    noop_flag: s.noop()?,
+                    src: vec![a.clone(), b.clone()],
+                    dst: vec![b.clone(), a.clone()],
+                    scale: 0.5,
+                });
+                expect_alias(r, &["dst", "src"])?;
+                Ok(out)
             });
             self.case("multi_tensor_scale", dtype, "dst holds one tensor twice".into(), |s| {
                 let (a, _) = s.rand(&[8], dtype, -1.0, 1.0)?;
