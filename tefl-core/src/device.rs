@@ -405,13 +405,42 @@ pub fn try_zeroed<T: bytemuck::Zeroable>(n: usize, what: impl FnOnce() -> String
     })
 }
 
-/// `n` zeroed elements, or `None` when the allocator refuses (never aborts). Zeroed pages
-/// come from the allocator (`calloc`), so a large buffer is not written here.
+/// Host memory a new allocation can still get: `MemAvailable` + `SwapFree` (Linux), capped
+/// by the cgroup's remaining limit when there is one; `None` when unknown.
+fn host_memory_available() -> Option<usize> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib = |name: &str| {
+        meminfo.lines().find_map(|l| l.strip_prefix(name)?.trim().strip_suffix("kB")?.trim().parse::<usize>().ok())
+    };
+    let mut avail = kib("MemAvailable:")?.saturating_add(kib("SwapFree:").unwrap_or(0)).saturating_mul(1024);
+    let read = |f: &str| std::fs::read_to_string(f).ok()?.trim().parse::<usize>().ok();
+    if let (Some(max), Some(cur)) = (read("/sys/fs/cgroup/memory.max"), read("/sys/fs/cgroup/memory.current")) {
+        avail = avail.min(max.saturating_sub(cur));
+    }
+    Some(avail)
+}
+
+/// Requests at least this large are checked against [`host_memory_available`] first: with
+/// memory overcommit, a huge `calloc` succeeds and the process is killed when it touches the
+/// pages, which is an abort by another name.
+const LARGE_HOST_ALLOCATION: usize = 1 << 30;
+
+/// Whether a host allocation of `bytes` may be attempted.
+fn host_can_allocate(bytes: usize) -> bool {
+    bytes < LARGE_HOST_ALLOCATION || host_memory_available().is_none_or(|a| bytes <= a)
+}
+
+/// `n` zeroed elements, or `None` when the allocator refuses or the request is larger than
+/// the memory left (never aborts). Zeroed pages come from the allocator (`calloc`), so a
+/// large buffer is not written here.
 fn try_zeroed_vec<T: bytemuck::Zeroable>(n: usize) -> Option<Vec<T>> {
     if n == 0 || std::mem::size_of::<T>() == 0 {
         return Some(Vec::new());
     }
     let layout = std::alloc::Layout::array::<T>(n).ok()?;
+    if !host_can_allocate(layout.size()) {
+        return None;
+    }
     // SAFETY: the layout has a non-zero size (checked above).
     let p = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<T>();
     if p.is_null() {
@@ -444,7 +473,8 @@ impl HostBuffer {
     pub fn from_pod<T: bytemuck::Pod>(data: &[T]) -> Result<Self> {
         let bytes: &[u8] = bytemuck::cast_slice(data);
         let mut words = Vec::<u64>::new();
-        words.try_reserve_exact(bytes.len().div_ceil(8)).map_err(|_| Error::OutOfMemory {
+        let ok = host_can_allocate(bytes.len()).then(|| words.try_reserve_exact(bytes.len().div_ceil(8)).ok());
+        ok.flatten().ok_or_else(|| Error::OutOfMemory {
             device: "cpu".into(),
             bytes: bytes.len(),
             what: "a host copy".into(),
