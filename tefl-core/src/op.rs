@@ -161,6 +161,18 @@ impl FromOutputTensor for Vec<Tensor> {
     }
 }
 
+/// Whether any field is written in place.
+const fn has_inout(fields: &[FieldDesc]) -> bool {
+    let mut i = 0;
+    while i < fields.len() {
+        if matches!(fields[i].kind, FieldKind::InOut) {
+            return true;
+        }
+        i += 1;
+    }
+    false
+}
+
 /// Rejects arguments an op writes in place that share storage with another argument (the
 /// same tensor, or a reshape of it, passed twice): the write would race with the other
 /// use. The error names both arguments. Ops without in-place arguments pay nothing.
@@ -175,7 +187,8 @@ pub fn check_inout_aliasing<O: Op>(args: &O::Args) -> Result<()> {
         shape: Vec<usize>,
     }
     let op = O::NAME;
-    if !<O::Args as OpArgs>::FIELDS.iter().any(|f| f.kind == FieldKind::InOut) {
+    // Decided at compile time: ops without in-place arguments pay nothing per call.
+    if !const { has_inout(<O::Args as OpArgs>::FIELDS) } {
         return Ok(());
     }
     let mut all: Vec<Slot> = Vec::new();
@@ -276,6 +289,8 @@ pub struct OpDescriptor {
     pub outputs: &'static [FieldDesc],
     /// Builds an impl of this op from a C plugin's kernel (see [`crate::plugin`]).
     pub plugin_adapter: fn(crate::plugin::PluginKernel) -> crate::OpImpl,
+    /// Whether the op declares an output contract ([`Op::output_contract`]).
+    pub has_output_contract: bool,
 }
 
 /// Tensor-valued fields: `Tensor`, `Option<Tensor>` and `Vec<Tensor>`.
@@ -493,6 +508,7 @@ macro_rules! declare_op_with {
                     args: <$args as $crate::op::OpArgs>::FIELDS,
                     outputs: <$out as $crate::op::OpOutput>::FIELDS,
                     plugin_adapter: $crate::plugin::adapter::<$op>,
+                    has_output_contract: $crate::__has_contract!($($oa)?),
                 };
                 &D
             }
@@ -646,6 +662,17 @@ macro_rules! __field_visit {
         $crate::op::TensorField::each_slot($x, &mut |t| {
             $v($crate::op::ArgRef::Tensor { name: $name, inout: true, tensor: t })
         })
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __has_contract {
+    () => {
+        false
+    };
+    ($oa:ident) => {
+        true
     };
 }
 

@@ -272,10 +272,20 @@ fn call_plugin<O: Op>(k: &PluginKernel, args: &O::Args) -> Result<O::Output> {
     if let Some((_, Some(t))) = slots.iter().find(|(_, t)| t.as_ref().is_some_and(|t| !t.device().is_cpu())) {
         return Err(fail(format!("the C plugin ABI passes host tensors only; got one on {}", t.device())));
     }
+    // The ABI's dims are int64: a (zero-sized) tensor with a larger dim cannot be described.
     let shapes: Vec<Vec<i64>> = slots
         .iter()
-        .map(|(_, t)| t.as_ref().map_or(Vec::new(), |t| t.shape().iter().map(|d| *d as i64).collect()))
-        .collect();
+        .map(|(_, t)| {
+            t.as_ref().map_or(Ok(Vec::new()), |t| {
+                t.shape().iter().map(|d| i64::try_from(*d)).collect::<std::result::Result<Vec<_>, _>>()
+            })
+        })
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|_| Error::Unsupported {
+            op: O::NAME,
+            impl_id: k.impl_id.clone(),
+            reason: "a dimension does not fit the C ABI's int64".into(),
+        })?;
     // Hold every input's guard for the duration of the call.
     let mut reads = Vec::new();
     let mut writes = Vec::new();

@@ -328,6 +328,17 @@ mod tests {
     }
 
     #[test]
+    fn every_op_with_tensor_outputs_declares_its_contract() {
+        use crate::op::FieldKind;
+        for d in all() {
+            let tensors = d.outputs.iter().any(|f| f.kind != FieldKind::Scalar);
+            assert!(!tensors || d.has_output_contract, "op '{}' has tensor outputs but no output contract", d.name);
+        }
+        let with = all().iter().filter(|d| d.has_output_contract).count();
+        assert!(with >= 48, "only {with} ops declare a contract");
+    }
+
+    #[test]
     fn names_are_unique_and_findable() {
         let mut names: Vec<_> = all().iter().map(|d| d.name).collect();
         names.sort();
