@@ -226,6 +226,19 @@ mod tests {
     use super::*;
 
     #[test]
+    fn tune_keys_carry_the_driver_version_and_device_name() {
+        let k = tune_key("norm", DType::BF16, "n=4096", Device::cuda(0), "sm_90");
+        assert_eq!(k.driver, crate::vendor::driver_version());
+        assert_ne!(k.driver, "cuda", "the driver field is a version, not the API's name");
+        assert_ne!(k.device, "cuda:0", "the device field is the device's name, not its ordinal");
+        if crate::vendor::availability().is_err() {
+            assert_eq!(k.driver, "unknown");
+        } else {
+            assert!(k.driver.split('.').all(|p| p.parse::<u32>().is_ok()), "{}", k.driver);
+        }
+    }
+
+    #[test]
     fn hopper_overrides_norm_but_not_softmax() {
         let h = table("sm_90");
         let d = table("sm_80");
