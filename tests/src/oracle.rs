@@ -424,6 +424,12 @@ pub fn rope_vec(x: &[f64], f: &[f64], interleaved: bool) -> Vec<f64> {
     y
 }
 
+/// [`adam`] with the op's own hyper-parameters (each f32 widened to f64).
+pub fn adam_step(p: f64, g: f64, m: f64, v: f64, h: &tefl_core::catalogue::AdamHyper) -> (f64, f64, f64) {
+    let f = f64::from;
+    adam(p, g, m, v, f(h.lr), f(h.beta1), f(h.beta2), f(h.eps), h.step, h.mode, h.bias_correction, f(h.weight_decay))
+}
+
 /// One Adam element step (TE/apex semantics); returns (p, m, v).
 #[allow(clippy::too_many_arguments)]
 pub fn adam(

@@ -11,20 +11,7 @@ fn m() -> &'static tefl_core::Manager {
 }
 
 fn attn(q: &Tensor, k: &Tensor, v: &Tensor, window: AttnWindow) -> tefl_core::Result<AttnFwdOut> {
-    m().call::<FusedAttnFwd>(&AttnFwdArgs {
-        q: q.clone(),
-        k: k.clone(),
-        v: v.clone(),
-        cu_seqlens_q: None,
-        cu_seqlens_kv: None,
-        layout: QkvLayout::Bshd,
-        mask: AttnMask::Causal,
-        scale: 0.5,
-        dropout_p: 0.0,
-        seed: 0,
-        offset: 0,
-        window,
-    })
+    tefl_ops::fused_attn_fwd(q, k, v).mask(AttnMask::Causal).scale(0.5).window(window).call_with(m())
 }
 
 /// Defect 1: a window wider than the sequence means unbounded, whatever the integer.
@@ -57,19 +44,9 @@ fn huge_windows_are_unbounded() {
 #[test]
 fn huge_gemm_products_are_errors() {
     let gemm = |m_: usize, n: usize| {
-        m().call::<GenericGemm>(&GemmArgs {
-            a: Tensor::zeros([m_, 0], DType::F32, &Device::CPU).unwrap(),
-            b: Tensor::zeros([0, n], DType::F32, &Device::CPU).unwrap(),
-            bias: None,
-            aux: None,
-            c: None,
-            transa: false,
-            transb: false,
-            alpha: 1.0,
-            accumulate: false,
-            epilogue: GemmEpilogue::None,
-            out_dtype: DType::F32,
-        })
+        let a = Tensor::zeros([m_, 0], DType::F32, &Device::CPU).unwrap();
+        let b = Tensor::zeros([0, n], DType::F32, &Device::CPU).unwrap();
+        tefl_ops::generic_gemm(&a, &b).call_with(m())
     };
     match gemm(1 << 30, 1 << 30) {
         Err(Error::AllFailed { failures, .. }) => {
@@ -95,22 +72,7 @@ fn nan_in_the_query_propagates() {
     let shape = [1, 3, 1, 4];
     let q = tensor(&qv, &shape, DType::F32);
     let kv = tensor(&(0..12).map(|i| f64::from(i % 5) / 4.0).collect::<Vec<_>>(), &shape, DType::F32);
-    let o = m()
-        .call::<FusedAttnFwd>(&AttnFwdArgs {
-            q,
-            k: kv.clone(),
-            v: kv,
-            cu_seqlens_q: None,
-            cu_seqlens_kv: None,
-            layout: QkvLayout::Bshd,
-            mask: AttnMask::None,
-            scale: 0.5,
-            dropout_p: 0.0,
-            seed: 0,
-            offset: 0,
-            window: AttnWindow::default(),
-        })
-        .unwrap();
+    let o = tefl_ops::fused_attn_fwd(&q, &kv, &kv).scale(0.5).call_with(m()).unwrap();
     let (ov, lse) = (values(&o.o), values(&o.softmax_lse));
     assert!(ov[..4].iter().all(|x| x.is_nan()), "row 0: {:?}", &ov[..4]);
     assert!(lse[0].is_nan());
@@ -137,13 +99,8 @@ fn huge_adam_steps_are_exact() {
         let p = tensor(&pv, &[9], DType::F32);
         let (mm, v) = (tensor(&[0.0; 9], &[9], DType::F32), tensor(&[0.0; 9], &[9], DType::F32));
         m().call::<MultiTensorAdam>(&adam_args(tensor(&gv, &[9], DType::F32), p.clone(), mm, v, step)).unwrap();
-        let want: Vec<f64> = (0..9)
-            .map(|j| {
-                let f = |x: f32| f64::from(x);
-                let (b1, b2) = (f(0.9), f(0.999));
-                oracle::adam(pv[j], gv[j], 0.0, 0.0, f(1e-2), b1, b2, f(1e-8), step, AdamMode::AdamW, true, 0.0).0
-            })
-            .collect();
+        let hyper = AdamHyper { step, ..AdamHyper::adamw(1e-2) };
+        let want: Vec<f64> = (0..9).map(|j| oracle::adam_step(pv[j], gv[j], 0.0, 0.0, &hyper).0).collect();
         tefl_tests::assert_close(&format!("adam params at step {step}"), &values(&p), &want, DType::F32);
     }
 }

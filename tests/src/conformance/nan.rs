@@ -307,33 +307,17 @@ impl Suite<'_> {
             let (p, pv) = s.rand(&[n], dtype, -1.0, 1.0)?;
             let (m, mv) = s.rand(&[n], DType::F32, -0.1, 0.1)?;
             let (v, vv) = s.rand(&[n], DType::F32, 0.0, 0.1)?;
+            let hyper = AdamHyper::adamw(1e-2);
             s.call::<MultiTensorAdam>(&MultiTensorAdamArgs {
                 noop_flag: s.noop()?,
                 grads: vec![g],
                 params: vec![p.clone()],
                 exp_avg: vec![m.clone()],
                 exp_avg_sq: vec![v.clone()],
-                hyper: AdamHyper::adamw(1e-2),
+                hyper,
             })?;
-            let r: Vec<(f64, f64, f64)> = (0..n)
-                .map(|j| {
-                    let f = |x: f32| f64::from(x);
-                    oracle::adam(
-                        pv[j],
-                        gv[j],
-                        mv[j],
-                        vv[j],
-                        f(1e-2),
-                        f(0.9),
-                        f(0.999),
-                        f(1e-8),
-                        1,
-                        AdamMode::AdamW,
-                        true,
-                        0.0,
-                    )
-                })
-                .collect();
+            let r: Vec<(f64, f64, f64)> =
+                (0..n).map(|j| oracle::adam_step(pv[j], gv[j], mv[j], vv[j], &hyper)).collect();
             Ok(vec![
                 nan_cmp("params", &p, crate::round(&r.iter().map(|x| x.0).collect::<Vec<_>>(), dtype), dtype)?,
                 nan_cmp("exp_avg", &m, r.iter().map(|x| x.1).collect(), DType::F32)?,
