@@ -197,6 +197,16 @@ impl Error {
     /// Shorthand for [`Error::Config`]. A token longer than 200 characters is cut, so that
     /// a bad 100 KB value does not come back whole in the message.
     pub fn config(variable: &'static str, token: impl Into<String>, reason: impl Into<String>) -> Self {
-        Error::Config { variable, token: crate::manager::cut(&token.into(), 200), reason: reason.into() }
+        Error::Config { variable, token: cut(&token.into(), 200), reason: reason.into() }
     }
+}
+
+/// Long user-given values are cut in messages (a bad 100 KB list must not echo 100 KB).
+fn cut(s: &str, max: usize) -> String {
+    let total = s.chars().count();
+    if total <= max {
+        return s.to_string();
+    }
+    let head: String = s.chars().take(max).collect();
+    format!("{head}... ({total} chars in all)")
 }

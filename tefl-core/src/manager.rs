@@ -374,15 +374,6 @@ fn failure_text(err: &Error, impl_id: &str) -> String {
     }
 }
 
-/// Long user-given values are cut in messages (a bad 100 KB list must not echo 100 KB).
-pub(crate) fn cut(s: &str, max: usize) -> String {
-    if s.chars().count() <= max {
-        return s.to_string();
-    }
-    let head: String = s.chars().take(max).collect();
-    format!("{head}... ({} chars in all)", s.chars().count())
-}
-
 impl Manager {
     /// A manager over `registry` with `policy`. Logs `Registered impl_ids: [...]`.
     pub fn new(registry: Registry, policy: SelectionPolicy) -> Self {

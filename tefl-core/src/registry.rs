@@ -116,6 +116,8 @@ pub struct OpImpl {
     available: Option<AvailabilityFn>,
     kernel: Box<dyn Any + Send + Sync>,
     supports_args: Option<Box<dyn Any + Send + Sync>>,
+    /// The op a `supports_args` check was written for, when it is not this impl's op.
+    misplaced_supports: Option<&'static str>,
     compiled_in: bool,
     pub(crate) counters: ImplCounters,
 }
@@ -141,6 +143,7 @@ impl OpImpl {
             available: None,
             kernel: Box::new(kernel),
             supports_args: None,
+            misplaced_supports: None,
             compiled_in: false,
             counters: ImplCounters::default(),
         }
@@ -176,7 +179,8 @@ impl OpImpl {
     /// it answers `Err(reason)`, the manager moves on to the next impl of the chain without
     /// counting a failure (the impl is not passed over for later calls with other arguments),
     /// and `Manager::explain_call` shows the reason. A kernel may also return
-    /// [`Error::Unsupported`] to the same effect. `O` must be the op the impl was made for.
+    /// [`Error::Unsupported`] to the same effect. `O` must be the op the impl was made for
+    /// (registering an impl whose check names another op is an error).
     pub fn supports_args<O: Op>(
         mut self,
         check: impl Fn(&O::Args) -> std::result::Result<(), String> + Send + Sync + 'static,
@@ -184,6 +188,8 @@ impl OpImpl {
         if self.op_type == TypeId::of::<O>() {
             let f: SupportsFn<O> = Arc::new(check);
             self.supports_args = Some(Box::new(f));
+        } else {
+            self.misplaced_supports = Some(O::NAME);
         }
         self
     }
@@ -460,6 +466,13 @@ impl Registry {
     /// Adds an impl. A second impl with the same (op, impl_id) is an error. An impl of an op
     /// its vendor lists in `unused_ops` is dropped (logged at INFO), not an error.
     pub fn register_impl(&mut self, imp: OpImpl) -> Result<()> {
+        if let Some(other) = imp.misplaced_supports {
+            return Err(Error::invalid(
+                "register_impl",
+                "supports_args",
+                format!("impl '{}' of op '{}' has a supports check written for op '{other}'", imp.impl_id, imp.op),
+            ));
+        }
         let list = self.impls.entry(imp.op).or_default();
         if list.iter().any(|i| i.impl_id == imp.impl_id) {
             return Err(Error::DuplicateImpl { op: imp.op, impl_id: imp.impl_id });
@@ -598,6 +611,16 @@ mod tests {
         assert_eq!(r.impl_ids(), vec!["vendor.b".to_string()]);
         r.register_impl(failing("vendor.c").vendor("ACME")).unwrap();
         assert_eq!(r.impl_ids(), vec!["vendor.b".to_string()]);
+    }
+
+    #[test]
+    fn a_supports_check_for_another_op_is_refused() {
+        let mut r = Registry::new();
+        let imp = failing("vendor.a").supports_args::<RmsNormBwd>(|_| Ok(()));
+        assert!(matches!(r.register_impl(imp), Err(Error::InvalidArgument { arg: "supports_args", .. })));
+        let imp = failing("vendor.a").supports_args::<RmsNormFwd>(|_| Ok(()));
+        assert!(imp.has_supports_check());
+        r.register_impl(imp).unwrap();
     }
 
     #[test]
