@@ -278,6 +278,26 @@ impl Suite<'_> {
             let want = dyv.iter().zip(&mv).map(|(d, m)| d * f64::from(*m) * 2.0).collect();
             Ok(vec![nan_cmp("dx", &o.dx, want, dtype)?])
         });
+        for fp8 in [DType::F8E4M3, DType::F8E5M2] {
+            self.case("quantize", dtype, format!("NaN in x[2, 7], to {fp8}"), |s| {
+                let f = tefl_core::fp8::Fp8Format::of(fp8).ok_or_else(|| Error::Tensor("fp8".into()))?;
+                let (x, xv) = s.rand_nan(&[3, 50], dtype, -3.0, 3.0, &[107])?;
+                let scale = s.put(&[4.0], &[1], DType::F32)?;
+                let o = s.call::<Quantize>(&QuantizeArgs { x, scale, fp8_dtype: fp8, want_transpose: true })?;
+                let want: Vec<f64> = xv
+                    .iter()
+                    .map(|v| f64::from(f.decode(oracle::fp8_nearest(f, f64::from(*v as f32 * 4.0)))))
+                    .collect();
+                let q_t = o.q_t.ok_or_else(|| Error::Tensor("q_t missing".into()))?;
+                let want_t: Vec<f64> =
+                    (0..50).flat_map(|j| (0..3).map(move |i| (i, j))).map(|(i, j)| want[i * 50 + j]).collect();
+                Ok(vec![
+                    nan_cmp("q", &o.q, want, DType::F32)?,
+                    nan_cmp("q_t", &q_t, want_t, DType::F32)?,
+                    nan_cmp("amax", &o.amax, vec![f64::NAN], DType::F32)?,
+                ])
+            });
+        }
         self.case("compute_amax", dtype, "NaN in x[100]".into(), |s| {
             let (x, _) = s.rand_nan(&[3, 70], dtype, -3.0, 3.0, &[100])?;
             let o = s.call::<ComputeAmax>(&ComputeAmaxArgs { x })?;
