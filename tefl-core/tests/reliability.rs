@@ -373,3 +373,43 @@ fn a_panicking_device_runtime_is_contained() {
     assert_eq!(rt.name(0), "unknown panicky device");
     assert!(rt.synchronize(dev).is_err());
 }
+
+/// Defect 2 under concurrency: threads with different scopes (pushed and dropped out of
+/// order) and one failing impl never see another thread's chain, and the failing impl's
+/// memory is shared (it runs a bounded number of times in all).
+#[test]
+fn scopes_and_failure_memory_hold_across_threads() {
+    let bad_hits = counter();
+    let mut reg = Registry::new();
+    reg.register_impl(tagged("vendor.a", Kind::Vendor, Some("a"), 7.0, counter())).unwrap();
+    reg.register_impl(failing("vendor.bad", "bad", bad_hits.clone()).priority(100)).unwrap();
+    reg.register_impl(tagged("reference.cpu", Kind::Reference, None, 1.0, counter())).unwrap();
+    let m = Arc::new(Manager::new(reg, SelectionPolicy::default()));
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let m = m.clone();
+            std::thread::spawn(move || {
+                for i in 0..2000 {
+                    let prefer_ref = (t + i) % 2 == 0;
+                    let g1 = m.scoped(PolicyOverride::new().prefer(if prefer_ref {
+                        Prefer::Reference
+                    } else {
+                        Prefer::Vendor
+                    }));
+                    let g2 = m.scoped(PolicyOverride::new().strict(false));
+                    let want = if prefer_ref { 1.0 } else { 7.0 };
+                    assert_eq!(tag(&m, 2).unwrap(), want, "thread {t} call {i}");
+                    // Out of order: the outer scope goes first.
+                    drop(g1);
+                    assert_eq!(tag(&m, 2).unwrap(), 7.0, "thread {t} call {i}: base policy (flagos: vendors first)");
+                    drop(g2);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let tries = bad_hits.load(Ordering::Relaxed);
+    assert!(tries < 200, "the failing impl ran {tries} times in 32000 vendor-first calls");
+}
