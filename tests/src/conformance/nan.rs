@@ -54,13 +54,7 @@ impl Suite<'_> {
         self.case("rmsnorm_fwd", dtype, "NaN in x[1, 5]".into(), |s| {
             let (x, xv) = s.rand_nan(&[rows, n], dtype, -2.0, 2.0, &[n + 5])?;
             let (g, gv) = s.rand(&[n], dtype, -1.0, 1.0)?;
-            let o = s.call::<RmsNormFwd>(&RmsNormFwdArgs {
-                x,
-                gamma: g,
-                eps: 1e-5,
-                zero_centered_gamma: false,
-                out_dtype: dtype,
-            })?;
+            let o = s.call::<RmsNormFwd>(tefl_ops::rmsnorm_fwd(&x, &g, 1e-5).args())?;
             let (y, rs) = oracle::rmsnorm_fwd(&xv, n, &gv, 1e-5, false);
             Ok(vec![nan_cmp("y", &o.y, y, dtype)?, nan_cmp("rsigma", &o.rsigma, rs, DType::F32)?])
         });
@@ -68,14 +62,7 @@ impl Suite<'_> {
             let (x, xv) = s.rand_nan(&[rows, n], dtype, -2.0, 2.0, &[2 * n])?;
             let (g, gv) = s.rand(&[n], dtype, -1.0, 1.0)?;
             let (b, bv) = s.rand(&[n], dtype, -1.0, 1.0)?;
-            let o = s.call::<LayerNormFwd>(&LayerNormFwdArgs {
-                x,
-                gamma: g,
-                beta: b,
-                eps: 1e-5,
-                zero_centered_gamma: false,
-                out_dtype: dtype,
-            })?;
+            let o = s.call::<LayerNormFwd>(tefl_ops::layernorm_fwd(&x, &g, &b, 1e-5).args())?;
             let (y, mu, rs) = oracle::layernorm_fwd(&xv, n, &gv, &bv, 1e-5, false);
             Ok(vec![
                 nan_cmp("y", &o.y, y, dtype)?,
@@ -91,8 +78,7 @@ impl Suite<'_> {
             let rs_t = s.put(&rs, &[rows], DType::F32)?;
             let rsv = rs_t.to_vec::<f64>()?;
             let (dx, dg) = oracle::rmsnorm_bwd(&dyv, &xv, &rsv, n, &gv, false);
-            let o =
-                s.call::<RmsNormBwd>(&RmsNormBwdArgs { dy, x, rsigma: rs_t, gamma: g, zero_centered_gamma: false })?;
+            let o = s.call::<RmsNormBwd>(tefl_ops::rmsnorm_bwd(&dy, &x, &rs_t, &g).args())?;
             Ok(vec![nan_cmp("dx", &o.dx, dx, dtype)?, nan_cmp("dgamma", &o.dgamma, dg, dtype)?])
         });
     }
@@ -103,19 +89,7 @@ impl Suite<'_> {
             self.case("generic_gemm", dtype, format!("NaN in a[2, 3], {ep:?}"), |s| {
                 let (a, av) = s.rand_nan(&[m, k], dtype, -1.0, 1.0, &[2 * k + 3])?;
                 let (b, bv) = s.rand(&[k, n], dtype, -1.0, 1.0)?;
-                let o = s.call::<GenericGemm>(&GemmArgs {
-                    a,
-                    b,
-                    bias: None,
-                    aux: None,
-                    c: None,
-                    transa: false,
-                    transb: false,
-                    alpha: 1.0,
-                    accumulate: false,
-                    epilogue: ep,
-                    out_dtype: dtype,
-                })?;
+                let o = s.call::<GenericGemm>(tefl_ops::generic_gemm(&a, &b).epilogue(ep).args())?;
                 let (d, aux_out, _) = oracle::gemm(&av, &bv, (m, k, n), false, false, 1.0, None, None, None, ep);
                 let mut out = vec![nan_cmp("d", &o.d, d, dtype)?];
                 if let (Some(w), Some(g)) = (aux_out, &o.aux_out) {
