@@ -1,0 +1,214 @@
+//! Fused attention, forward and backward: layouts, masks, GQA, windows, dropout, head dims.
+
+use tefl_core::catalogue::*;
+use tefl_core::{DType, Error};
+
+use super::{Cmp, FLOATS, Size, Suite, cmp};
+use crate::oracle;
+
+impl Suite<'_> {
+    pub(super) fn attention(&mut self) {
+        let none = AttnWindow::default();
+        let base = |layout, mask| AttnCase {
+            layout,
+            mask,
+            b: 2,
+            sq: 37,
+            sk: 45,
+            hq: 4,
+            hk: 2,
+            d: 64,
+            cu_q: None,
+            cu_k: None,
+            window: none,
+            p: 0.0,
+        };
+        let mut cases = Vec::new();
+        for layout in [QkvLayout::Bshd, QkvLayout::Sbhd] {
+            for mask in [AttnMask::None, AttnMask::Causal, AttnMask::CausalBottomRight] {
+                cases.push(base(layout, mask));
+            }
+            for mask in [AttnMask::Padding, AttnMask::PaddingCausal] {
+                cases.push(AttnCase { cu_q: Some(vec![0, 30, 67]), cu_k: Some(vec![0, 45, 57]), ..base(layout, mask) });
+            }
+        }
+        for mask in
+            [AttnMask::None, AttnMask::Causal, AttnMask::CausalBottomRight, AttnMask::Padding, AttnMask::PaddingCausal]
+        {
+            cases.push(AttnCase {
+                cu_q: Some(vec![0, 5, 17, 18, 40]),
+                cu_k: Some(vec![0, 7, 19, 19, 70]),
+                b: 4,
+                ..base(QkvLayout::Thd, mask)
+            });
+        }
+        cases.push(AttnCase { hq: 3, hk: 1, d: 128, ..base(QkvLayout::Bshd, AttnMask::Causal) });
+        cases.push(AttnCase {
+            window: AttnWindow { left: Some(5), right: Some(0) },
+            ..base(QkvLayout::Bshd, AttnMask::Causal)
+        });
+        cases.push(AttnCase {
+            window: AttnWindow { left: Some(3), right: Some(2) },
+            ..base(QkvLayout::Sbhd, AttnMask::None)
+        });
+        // Windows wider than any sequence mean unbounded, whatever the integer (issue 12).
+        cases.push(AttnCase {
+            window: AttnWindow { left: Some(usize::MAX), right: None },
+            ..base(QkvLayout::Bshd, AttnMask::Causal)
+        });
+        cases.push(AttnCase {
+            window: AttnWindow { left: Some(i64::MAX as usize), right: Some(i64::MAX as usize) },
+            ..base(QkvLayout::Sbhd, AttnMask::None)
+        });
+        cases.push(AttnCase {
+            window: AttnWindow { left: Some(7), right: Some(usize::MAX - 1) },
+            ..base(QkvLayout::Bshd, AttnMask::CausalBottomRight)
+        });
+        cases.push(AttnCase { p: 0.2, ..base(QkvLayout::Bshd, AttnMask::Causal) });
+        cases.push(AttnCase {
+            p: 0.1,
+            cu_q: Some(vec![0, 3, 20]),
+            cu_k: Some(vec![0, 8, 30]),
+            ..base(QkvLayout::Thd, AttnMask::None)
+        });
+        cases.push(AttnCase { b: 1, sq: 1, sk: 1, hq: 1, hk: 1, d: 8, ..base(QkvLayout::Bshd, AttnMask::None) });
+        // Head dims off the fast paths: 256 (the largest, tiles cut to fit), 96 (not a power of
+        // two) and 33 (odd: scalar loads and stores).
+        cases.push(AttnCase { b: 1, sq: 70, sk: 70, hq: 2, hk: 1, d: 256, ..base(QkvLayout::Bshd, AttnMask::Causal) });
+        cases.push(AttnCase {
+            d: 96,
+            cu_q: Some(vec![0, 9, 50]),
+            cu_k: Some(vec![0, 20, 41]),
+            ..base(QkvLayout::Thd, AttnMask::None)
+        });
+        cases.push(AttnCase { d: 33, ..base(QkvLayout::Sbhd, AttnMask::CausalBottomRight) });
+        let long = if self.size == Size::Full { 1024 } else { 300 };
+        cases.push(AttnCase {
+            b: 1,
+            sq: long,
+            sk: long,
+            hq: 2,
+            hk: 1,
+            d: 64,
+            ..base(QkvLayout::Bshd, AttnMask::Causal)
+        });
+        for dtype in FLOATS {
+            for c in &cases {
+                self.attn_case(c, dtype);
+            }
+        }
+    }
+
+    fn attn_case(&mut self, c: &AttnCase, dtype: DType) {
+        let case = format!(
+            "{:?} {:?} b{} sq{} sk{} hq{} hk{} d{} window({:?},{:?}) p={}",
+            c.layout, c.mask, c.b, c.sq, c.sk, c.hq, c.hk, c.d, c.window.left, c.window.right, c.p
+        );
+        let tq = c.cu_q.as_ref().and_then(|v| v.last()).map_or(c.b * c.sq, |t| *t as usize);
+        let tk = c.cu_k.as_ref().and_then(|v| v.last()).map_or(c.b * c.sk, |t| *t as usize);
+        let shape = |s: usize, h: usize, total: usize| match c.layout {
+            QkvLayout::Bshd => vec![c.b, s, h, c.d],
+            QkvLayout::Sbhd => vec![s, c.b, h, c.d],
+            QkvLayout::Thd => vec![total, h, c.d],
+        };
+        let (qs, ks) = (shape(c.sq, c.hq, tq), shape(c.sk, c.hk, tk));
+        let scale = 1.0 / (c.d as f32).sqrt();
+        // Inputs drawn once and shared by the forward and backward cases.
+        let inputs = (|| -> tefl_core::Result<_> {
+            let q = self.rand(&qs, dtype, -1.0, 1.0)?;
+            let k = self.rand(&ks, dtype, -1.0, 1.0)?;
+            let v = self.rand(&ks, dtype, -1.0, 1.0)?;
+            let d_o = self.rand(&qs, dtype, -1.0, 1.0)?;
+            let cu_q = c.cu_q.as_deref().map(|x| self.put_i32(x)).transpose()?;
+            let cu_k = c.cu_k.as_deref().map(|x| self.put_i32(x)).transpose()?;
+            Ok((q, k, v, d_o, cu_q, cu_k))
+        })();
+        let ((q, qv), (k, kv), (v, vv), (d_o, dov), cu_q, cu_k) = match inputs {
+            Ok(x) => x,
+            Err(e) => {
+                self.case("fused_attn_fwd", dtype, case, |_| Err(e));
+                return;
+            }
+        };
+        let fwd_args = AttnFwdArgs {
+            q: q.clone(),
+            k: k.clone(),
+            v: v.clone(),
+            cu_seqlens_q: cu_q.clone(),
+            cu_seqlens_kv: cu_k.clone(),
+            layout: c.layout,
+            mask: c.mask,
+            scale,
+            dropout_p: c.p,
+            seed: 1234,
+            offset: 99,
+            window: c.window,
+        };
+        let g = match attn_geometry("conformance", &q, &k, &v, cu_q.as_ref(), cu_k.as_ref(), c.layout, c.mask) {
+            Ok(g) => g,
+            Err(e) => {
+                self.case("fused_attn_fwd", dtype, case, |_| Err(e));
+                return;
+            }
+        };
+        let prob = oracle::AttnProblem {
+            g: &g,
+            q: &qv,
+            k: &kv,
+            v: &vv,
+            mask: c.mask,
+            window: c.window,
+            scale: f64::from(scale),
+            p: f64::from(c.p),
+            seed: 1234,
+            offset: 99,
+        };
+        self.case("fused_attn_fwd", dtype, case.clone(), |s| {
+            let o = s.call::<FusedAttnFwd>(&fwd_args)?;
+            let want = prob.forward();
+            let got_lse = o.softmax_lse.to_vec::<f64>()?;
+            if got_lse.iter().zip(&want.lse).any(|(a, b)| a.is_finite() != b.is_finite()) {
+                return Err(Error::Tensor("softmax_lse: -inf rows differ from the oracle's".into()));
+            }
+            let (lf, wf): (Vec<f64>, Vec<f64>) =
+                got_lse.iter().zip(&want.lse).filter(|(a, _)| a.is_finite()).map(|(a, b)| (*a, *b)).unzip();
+            Ok(vec![
+                cmp("o", &o.o, want.o, dtype)?,
+                Cmp {
+                    floor: (lf.len() as f64).sqrt(),
+                    name: "softmax_lse",
+                    got: lf,
+                    want: wf,
+                    dtype: DType::F32,
+                    nan: false,
+                },
+            ])
+        });
+        self.case("fused_attn_bwd", dtype, case, |s| {
+            let p = &prob;
+            let fw = p.forward();
+            let o = s.put(&fw.o, &qs, dtype)?;
+            let lse = s.put(&fw.lse, &g.lse_shape(), DType::F32)?;
+            let args = fwd_args.backward(o, d_o.clone(), lse);
+            let got = s.call::<FusedAttnBwd>(&args)?;
+            let (dq, dk, dv) = p.backward(&dov);
+            Ok(vec![cmp("dq", &got.dq, dq, dtype)?, cmp("dk", &got.dk, dk, dtype)?, cmp("dv", &got.dv, dv, dtype)?])
+        });
+    }
+}
+
+/// One attention case.
+struct AttnCase {
+    layout: QkvLayout,
+    mask: AttnMask,
+    b: usize,
+    sq: usize,
+    sk: usize,
+    hq: usize,
+    hk: usize,
+    d: usize,
+    cu_q: Option<Vec<i32>>,
+    cu_k: Option<Vec<i32>>,
+    window: AttnWindow,
+    p: f32,
+}

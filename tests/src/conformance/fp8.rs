@@ -1,0 +1,95 @@
+//! FP8: quantize, dequantize, amax, transpose and the delayed-scaling update.
+
+use tefl_core::catalogue::*;
+use tefl_core::fp8::Fp8Format;
+use tefl_core::{DType, Error, Tensor};
+
+use super::{Cmp, FLOATS, Suite, cmp};
+use crate::oracle;
+
+impl Suite<'_> {
+    pub(super) fn fp8(&mut self) {
+        for fp8 in [DType::F8E4M3, DType::F8E5M2] {
+            let f = Fp8Format::of(fp8).expect("fp8 dtype");
+            let sc = if fp8 == DType::F8E4M3 { 100.0 } else { 1000.0 };
+            for dtype in FLOATS {
+                self.case("quantize", dtype, format!("13x1000 to {fp8} with transpose"), |s| {
+                    let (x, xv) = s.rand(&[13, 1000], dtype, -3.0, 3.0)?;
+                    let scale = s.put(&[sc], &[1], DType::F32)?;
+                    let o = s.call::<Quantize>(&QuantizeArgs { x, scale, fp8_dtype: fp8, want_transpose: true })?;
+                    let codes = o.q.to_vec::<u8>()?;
+                    let want: Vec<u8> =
+                        xv.iter().map(|v| oracle::fp8_nearest(f, f64::from(*v as f32 * sc as f32))).collect();
+                    if let Some(i) = codes.iter().zip(&want).position(|(a, b)| a != b) {
+                        return Err(Error::Tensor(format!("code {i}: {:#04x}, expected {:#04x}", codes[i], want[i])));
+                    }
+                    let qt = o.q_t.ok_or_else(|| Error::Tensor("q_t missing".into()))?.to_vec::<u8>()?;
+                    if (0..13).any(|i| (0..1000).any(|j| qt[j * 13 + i] != codes[i * 1000 + j])) {
+                        return Err(Error::Tensor("q_t is not the transpose of q".into()));
+                    }
+                    let amax = xv.iter().fold(0.0f64, |a, b| a.max(b.abs()));
+                    Ok(vec![
+                        cmp("amax", &o.amax, vec![amax], DType::F32)?,
+                        cmp("scale_inv", &o.scale_inv, vec![1.0 / sc], DType::F32)?,
+                    ])
+                });
+                self.case("compute_amax", dtype, "4097".into(), |s| {
+                    let (x, xv) = s.rand(&[4097], dtype, -3.0, 3.0)?;
+                    let o = s.call::<ComputeAmax>(&ComputeAmaxArgs { x })?;
+                    Ok(vec![cmp("amax", &o.amax, vec![xv.iter().fold(0.0f64, |a, b| a.max(b.abs()))], DType::F32)?])
+                });
+            }
+            for out_dtype in FLOATS {
+                self.case("dequantize", out_dtype, format!("{fp8} 4097"), |s| {
+                    let codes: Vec<u8> =
+                        (0..4097).map(|i| (i * 37 % 256) as u8).filter(|c| f.decode(*c).is_finite()).collect();
+                    let n = codes.len();
+                    let q = Tensor::from_slice(&codes, [n], fp8)?.to_device(&s.device)?;
+                    let si = s.put(&[0.5], &[1], DType::F32)?;
+                    let o = s.call::<Dequantize>(&DequantizeArgs { q, scale_inv: si, out_dtype })?;
+                    let want: Vec<f64> = codes.iter().map(|c| f64::from(f.decode(*c)) * 0.5).collect();
+                    Ok(vec![cmp("y", &o.y, crate::round(&want, out_dtype), out_dtype)?])
+                });
+            }
+            self.case("fp8_transpose", fp8, "33x1000".into(), |s| {
+                let codes: Vec<u8> = (0..33 * 1000).map(|i| (i * 7 % 251) as u8).collect();
+                let q = Tensor::from_slice(&codes, [33, 1000], fp8)?.to_device(&s.device)?;
+                let o = s.call::<Fp8Transpose>(&Fp8TransposeArgs { q })?;
+                let got: Vec<f64> = o.q_t.to_vec::<u8>()?.into_iter().map(f64::from).collect();
+                let want: Vec<f64> = (0..1000)
+                    .flat_map(|j| (0..33).map(move |i| (i, j)))
+                    .map(|(i, j)| f64::from(codes[i * 1000 + j]))
+                    .collect();
+                Ok(vec![Cmp { name: "q_t", got, want, dtype: DType::F32, floor: 0.0, nan: false }])
+            });
+        }
+        for algo in [AmaxAlgo::Max, AmaxAlgo::MostRecent] {
+            self.case("fused_amax_and_scale_update_after_reduction", DType::F32, format!("{algo:?} margin 1"), |s| {
+                let mut hv = s.rng.vec(16 * 5, 0.0, 10.0);
+                // column 3: zeros (the scale is kept); column 4: an inf (kept, for Max)
+                for r in 0..16 {
+                    hv[r * 5 + 3] = 0.0;
+                }
+                hv[7 * 5 + 4] = f64::INFINITY;
+                let h = s.put(&hv, &[16, 5], DType::F32)?;
+                let hv = h.to_vec::<f64>()?;
+                let scale = s.put(&[1.0, 2.0, 3.0, 4.0, 5.0], &[5], DType::F32)?;
+                let scale_inv = s.poisoned(&[5], DType::F32)?;
+                s.call::<FusedAmaxAndScaleUpdate>(&DelayedScalingArgs {
+                    amax_history: h.clone(),
+                    scale: scale.clone(),
+                    scale_inv: scale_inv.clone(),
+                    fp8_max: 448.0,
+                    margin: 1.0,
+                    algo,
+                })?;
+                let (nh, ns, nsi) = oracle::delayed_scaling(&hv, 5, &[1.0, 2.0, 3.0, 4.0, 5.0], 448.0, 1.0, algo);
+                Ok(vec![
+                    cmp("amax_history", &h, nh, DType::F32)?,
+                    cmp("scale", &scale, ns, DType::F32)?,
+                    cmp("scale_inv", &scale_inv, nsi, DType::F32)?,
+                ])
+            });
+        }
+    }
+}

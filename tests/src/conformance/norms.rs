@@ -1,0 +1,115 @@
+//! RMSNorm and LayerNorm, forward and backward, every float dtype.
+
+use tefl_core::DType;
+use tefl_core::catalogue::*;
+
+use super::{Cmp, FLOATS, Size, Suite, cmp};
+use crate::oracle;
+
+impl Suite<'_> {
+    pub(super) fn norms(&mut self) {
+        let mut shapes = vec![(1, 1000), (3, 4097), (17, 64), (2, 16384)];
+        if self.size == Size::Full {
+            shapes.push((33, 16384));
+        }
+        for dtype in FLOATS {
+            for &(rows, n) in &shapes {
+                for zc in [false, true] {
+                    let out_dtype = if zc { DType::F32 } else { dtype };
+                    let case = format!("{rows}x{n} zero_centered={zc}");
+                    self.case("rmsnorm_fwd", dtype, case.clone(), |s| {
+                        let (x, xv) = s.rand(&[rows, n], dtype, -2.0, 2.0)?;
+                        let (g, gv) = s.rand(&[n], dtype, -1.0, 1.0)?;
+                        let o = s.call::<RmsNormFwd>(&RmsNormFwdArgs {
+                            x,
+                            gamma: g,
+                            eps: 1e-5,
+                            zero_centered_gamma: zc,
+                            out_dtype,
+                        })?;
+                        let (y, rs) = oracle::rmsnorm_fwd(&xv, n, &gv, 1e-5, zc);
+                        Ok(vec![cmp("y", &o.y, y, out_dtype)?, cmp("rsigma", &o.rsigma, rs, DType::F32)?])
+                    });
+                    for add in [false, true] {
+                        let op = if add { "rmsnorm_bwd_add" } else { "rmsnorm_bwd" };
+                        self.case(op, dtype, case.clone(), |s| {
+                            let (x, xv) = s.rand(&[rows, n], dtype, -2.0, 2.0)?;
+                            let (g, gv) = s.rand(&[n], dtype, -1.0, 1.0)?;
+                            let (dy, dyv) = s.rand(&[rows, n], dtype, -1.0, 1.0)?;
+                            let (_, rs) = oracle::rmsnorm_fwd(&xv, n, &gv, 1e-5, zc);
+                            let rs_t = s.put(&rs, &[rows], DType::F32)?;
+                            let rsv = rs_t.to_vec::<f64>()?;
+                            let (mut dx, dg) = oracle::rmsnorm_bwd(&dyv, &xv, &rsv, n, &gv, zc);
+                            let o = if add {
+                                let (a, av) = s.rand(&[rows, n], dtype, -1.0, 1.0)?;
+                                dx.iter_mut().zip(&av).for_each(|(d, a)| *d += a);
+                                let r = s.call::<RmsNormBwdAdd>(&RmsNormBwdAddArgs {
+                                    dy,
+                                    x,
+                                    rsigma: rs_t,
+                                    gamma: g,
+                                    add: a,
+                                    zero_centered_gamma: zc,
+                                })?;
+                                (r.dx, r.dgamma)
+                            } else {
+                                let r = s.call::<RmsNormBwd>(&RmsNormBwdArgs {
+                                    dy,
+                                    x,
+                                    rsigma: rs_t,
+                                    gamma: g,
+                                    zero_centered_gamma: zc,
+                                })?;
+                                (r.dx, r.dgamma)
+                            };
+                            Ok(vec![cmp("dx", &o.0, dx, dtype)?, cmp("dgamma", &o.1, dg, dtype)?])
+                        });
+                    }
+                    self.case("layernorm_fwd", dtype, case.clone(), |s| {
+                        let (x, xv) = s.rand(&[rows, n], dtype, -3.0, 3.0)?;
+                        let (g, gv) = s.rand(&[n], dtype, -1.0, 1.0)?;
+                        let (b, bv) = s.rand(&[n], dtype, -1.0, 1.0)?;
+                        let o = s.call::<LayerNormFwd>(&LayerNormFwdArgs {
+                            x,
+                            gamma: g,
+                            beta: b,
+                            eps: 1e-5,
+                            zero_centered_gamma: zc,
+                            out_dtype,
+                        })?;
+                        let (y, mu, rs) = oracle::layernorm_fwd(&xv, n, &gv, &bv, 1e-5, zc);
+                        Ok(vec![
+                            cmp("y", &o.y, y, out_dtype)?,
+                            // A row mean can cancel to nearly 0; measure it against the size a
+                            // mean of n values in [-3, 3] typically has (1.7 / sqrt(n)).
+                            Cmp { floor: (rows as f64 / n as f64).sqrt(), ..cmp("mu", &o.mu, mu, DType::F32)? },
+                            cmp("rsigma", &o.rsigma, rs, DType::F32)?,
+                        ])
+                    });
+                    self.case("layernorm_bwd", dtype, case, |s| {
+                        let (x, xv) = s.rand(&[rows, n], dtype, -3.0, 3.0)?;
+                        let (g, gv) = s.rand(&[n], dtype, -1.0, 1.0)?;
+                        let (dy, dyv) = s.rand(&[rows, n], dtype, -1.0, 1.0)?;
+                        let (_, mu, rs) = oracle::layernorm_fwd(&xv, n, &gv, &vec![0.0; n], 1e-5, zc);
+                        let (mu_t, rs_t) = (s.put(&mu, &[rows], DType::F32)?, s.put(&rs, &[rows], DType::F32)?);
+                        let (muv, rsv) = (mu_t.to_vec::<f64>()?, rs_t.to_vec::<f64>()?);
+                        let o = s.call::<LayerNormBwd>(&LayerNormBwdArgs {
+                            dy,
+                            x,
+                            mu: mu_t,
+                            rsigma: rs_t,
+                            gamma: g,
+                            zero_centered_gamma: zc,
+                        })?;
+                        let (dx, dg, db) = oracle::layernorm_bwd(&dyv, &xv, &muv, &rsv, n, &gv, zc);
+                        Ok(vec![
+                            cmp("dx", &o.dx, dx, dtype)?,
+                            cmp("dgamma", &o.dgamma, dg, dtype)?,
+                            cmp("dbeta", &o.dbeta, db, dtype)?,
+                        ])
+                    });
+                }
+            }
+        }
+    }
+}
