@@ -5,24 +5,33 @@ use tefl_core::catalogue::*;
 use super::{FLOATS, Size, Suite, cmp};
 use crate::oracle;
 
+/// Calls a forward activation on the impl under test.
+type Fwd = fn(&Suite<'_>, ActArgs) -> tefl_core::Result<ActOut>;
+/// Calls a backward activation on the impl under test.
+type Bwd = fn(&Suite<'_>, DActArgs) -> tefl_core::Result<DActOut>;
+/// An activation pair as the suite runs it: forward name, backward name, the formula, the calls.
+pub(super) type ActPair = (&'static str, &'static str, Activation, Fwd, Bwd);
+
+/// The plain activations (shared with the NaN cases).
+pub(super) const PLAIN: [ActPair; 5] = [
+    ("gelu", "dgelu", Activation::Gelu, |s, a| s.call::<Gelu>(&a), |s, a| s.call::<DGelu>(&a)),
+    ("qgelu", "dqgelu", Activation::Qgelu, |s, a| s.call::<Qgelu>(&a), |s, a| s.call::<DQgelu>(&a)),
+    ("relu", "drelu", Activation::Relu, |s, a| s.call::<Relu>(&a), |s, a| s.call::<DRelu>(&a)),
+    ("srelu", "dsrelu", Activation::Srelu, |s, a| s.call::<Srelu>(&a), |s, a| s.call::<DSrelu>(&a)),
+    ("silu", "dsilu", Activation::Silu, |s, a| s.call::<Silu>(&a), |s, a| s.call::<DSilu>(&a)),
+];
+
+/// The gated activations, act(a)·b (shared with the NaN cases).
+pub(super) const GATED: [ActPair; 5] = [
+    ("geglu", "dgeglu", Activation::Gelu, |s, a| s.call::<Geglu>(&a), |s, a| s.call::<DGeglu>(&a)),
+    ("qgeglu", "dqgeglu", Activation::Qgelu, |s, a| s.call::<Qgeglu>(&a), |s, a| s.call::<DQgeglu>(&a)),
+    ("reglu", "dreglu", Activation::Relu, |s, a| s.call::<Reglu>(&a), |s, a| s.call::<DReglu>(&a)),
+    ("sreglu", "dsreglu", Activation::Srelu, |s, a| s.call::<Sreglu>(&a), |s, a| s.call::<DSreglu>(&a)),
+    ("swiglu", "dswiglu", Activation::Silu, |s, a| s.call::<Swiglu>(&a), |s, a| s.call::<DSwiglu>(&a)),
+];
+
 impl Suite<'_> {
     pub(super) fn activations(&mut self) {
-        type Fwd = fn(&Suite, ActArgs) -> tefl_core::Result<ActOut>;
-        type Bwd = fn(&Suite, DActArgs) -> tefl_core::Result<DActOut>;
-        let plain: [(&'static str, &'static str, Activation, Fwd, Bwd); 5] = [
-            ("gelu", "dgelu", Activation::Gelu, |s, a| s.call::<Gelu>(&a), |s, a| s.call::<DGelu>(&a)),
-            ("qgelu", "dqgelu", Activation::Qgelu, |s, a| s.call::<Qgelu>(&a), |s, a| s.call::<DQgelu>(&a)),
-            ("relu", "drelu", Activation::Relu, |s, a| s.call::<Relu>(&a), |s, a| s.call::<DRelu>(&a)),
-            ("srelu", "dsrelu", Activation::Srelu, |s, a| s.call::<Srelu>(&a), |s, a| s.call::<DSrelu>(&a)),
-            ("silu", "dsilu", Activation::Silu, |s, a| s.call::<Silu>(&a), |s, a| s.call::<DSilu>(&a)),
-        ];
-        let gated: [(&'static str, &'static str, Activation, Fwd, Bwd); 5] = [
-            ("geglu", "dgeglu", Activation::Gelu, |s, a| s.call::<Geglu>(&a), |s, a| s.call::<DGeglu>(&a)),
-            ("qgeglu", "dqgeglu", Activation::Qgelu, |s, a| s.call::<Qgeglu>(&a), |s, a| s.call::<DQgeglu>(&a)),
-            ("reglu", "dreglu", Activation::Relu, |s, a| s.call::<Reglu>(&a), |s, a| s.call::<DReglu>(&a)),
-            ("sreglu", "dsreglu", Activation::Srelu, |s, a| s.call::<Sreglu>(&a), |s, a| s.call::<DSreglu>(&a)),
-            ("swiglu", "dswiglu", Activation::Silu, |s, a| s.call::<Swiglu>(&a), |s, a| s.call::<DSwiglu>(&a)),
-        ];
         type DB = fn(&Suite, DActArgs) -> tefl_core::Result<DBiasOut>;
         let dbias: [(&'static str, Activation, DB); 5] = [
             ("dbias_dgelu", Activation::Gelu, |s, a| s.call::<DBiasDGelu>(&a)),
@@ -38,7 +47,7 @@ impl Suite<'_> {
         for dtype in FLOATS {
             for &(rows, n) in &shapes {
                 let case = format!("{rows}x{n}");
-                for (fname, bname, kind, f, b) in plain {
+                for (fname, bname, kind, f, b) in PLAIN {
                     self.case(fname, dtype, case.clone(), |s| {
                         let (x, xv) = s.rand(&[rows, n], dtype, -4.0, 4.0)?;
                         let o = f(s, ActArgs { x })?;
@@ -52,7 +61,7 @@ impl Suite<'_> {
                         Ok(vec![cmp("grad_input", &o.grad_input, want, dtype)?])
                     });
                 }
-                for (fname, bname, kind, f, b) in gated {
+                for (fname, bname, kind, f, b) in GATED {
                     self.case(fname, dtype, case.clone(), |s| {
                         let (x, xv) = s.rand(&[rows, 2 * n], dtype, -4.0, 4.0)?;
                         let o = f(s, ActArgs { x })?;

@@ -9,6 +9,7 @@
 use tefl_core::catalogue::*;
 use tefl_core::{DType, Error, Tensor};
 
+use super::activations::{GATED, PLAIN};
 use super::{Cmp, FLOATS, Suite, cmp};
 use crate::oracle;
 
@@ -101,24 +102,8 @@ impl Suite<'_> {
     }
 
     fn nan_activations(&mut self, dtype: DType) {
-        type Fwd = fn(&Suite, ActArgs) -> tefl_core::Result<ActOut>;
-        type Bwd = fn(&Suite, DActArgs) -> tefl_core::Result<DActOut>;
-        let plain: [(&'static str, &'static str, Activation, Fwd, Bwd); 5] = [
-            ("gelu", "dgelu", Activation::Gelu, |s, a| s.call::<Gelu>(&a), |s, a| s.call::<DGelu>(&a)),
-            ("qgelu", "dqgelu", Activation::Qgelu, |s, a| s.call::<Qgelu>(&a), |s, a| s.call::<DQgelu>(&a)),
-            ("relu", "drelu", Activation::Relu, |s, a| s.call::<Relu>(&a), |s, a| s.call::<DRelu>(&a)),
-            ("srelu", "dsrelu", Activation::Srelu, |s, a| s.call::<Srelu>(&a), |s, a| s.call::<DSrelu>(&a)),
-            ("silu", "dsilu", Activation::Silu, |s, a| s.call::<Silu>(&a), |s, a| s.call::<DSilu>(&a)),
-        ];
-        let gated: [(&'static str, Activation, Fwd); 5] = [
-            ("geglu", Activation::Gelu, |s, a| s.call::<Geglu>(&a)),
-            ("qgeglu", Activation::Qgelu, |s, a| s.call::<Qgeglu>(&a)),
-            ("reglu", Activation::Relu, |s, a| s.call::<Reglu>(&a)),
-            ("sreglu", Activation::Srelu, |s, a| s.call::<Sreglu>(&a)),
-            ("swiglu", Activation::Silu, |s, a| s.call::<Swiglu>(&a)),
-        ];
         let (rows, n) = (2, 40);
-        for (fname, bname, kind, f, b) in plain {
+        for (fname, bname, kind, f, b) in PLAIN {
             self.case(fname, dtype, "NaN in x[0, 3] and x[1, 39]".into(), |s| {
                 let (x, xv) = s.rand_nan(&[rows, n], dtype, -3.0, 3.0, &[3, 2 * n - 1])?;
                 let o = f(s, ActArgs { x })?;
@@ -132,7 +117,7 @@ impl Suite<'_> {
                 Ok(vec![nan_cmp("grad_input", &o.grad_input, want, dtype)?])
             });
         }
-        for (fname, kind, f) in gated {
+        for (fname, _, kind, f, _) in GATED {
             self.case(fname, dtype, "NaN in a[0, 1] and b[1, 2]".into(), |s| {
                 let (x, xv) = s.rand_nan(&[rows, 2 * n], dtype, -3.0, 3.0, &[1, 2 * n + n + 2])?;
                 let o = f(s, ActArgs { x })?;
