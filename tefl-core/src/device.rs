@@ -473,12 +473,9 @@ impl HostBuffer {
     pub fn from_pod<T: bytemuck::Pod>(data: &[T]) -> Result<Self> {
         let bytes: &[u8] = bytemuck::cast_slice(data);
         let mut words = Vec::<u64>::new();
-        let ok = host_can_allocate(bytes.len()).then(|| words.try_reserve_exact(bytes.len().div_ceil(8)).ok());
-        ok.flatten().ok_or_else(|| Error::OutOfMemory {
-            device: "cpu".into(),
-            bytes: bytes.len(),
-            what: "a host copy".into(),
-        })?;
+        if !host_can_allocate(bytes.len()) || words.try_reserve_exact(bytes.len().div_ceil(8)).is_err() {
+            return Err(Error::OutOfMemory { device: "cpu".into(), bytes: bytes.len(), what: "a host copy".into() });
+        }
         let full = bytes.len() / 8;
         words.extend(bytes[..full * 8].chunks_exact(8).map(|c| u64::from_ne_bytes(c.try_into().unwrap_or([0; 8]))));
         if full * 8 < bytes.len() {
