@@ -1,11 +1,8 @@
 // FP8 (OCP e4m3 / e5m2) with per-tensor scaling. Defines: TX (float input / output dtype),
 // MANT, BIAS, MAXV, MAXCODE (the format), BLOCK.
-// Amax propagates NaN: |x| is non-negative and a NaN is kept as the positive quiet NaN
-// 0x7fffffff, which orders above +inf as an integer, so integer max reductions keep it.
-
-__device__ __forceinline__ float nan_max(float m, float a) {
-    return (a != a || m != m) ? __int_as_float(0x7fffffff) : fmaxf(m, a);
-}
+// Amax propagates NaN: |x| is non-negative and the prelude's max_nan gives the positive
+// canonical NaN 0x7fffffff, which orders above +inf as an integer, so integer max reductions
+// keep it.
 
 __device__ __forceinline__ void amax_reduce(float m, float* amax) {
     int b = __float_as_int(m);
@@ -23,7 +20,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK) quantize(const TX* __restric
     for (long long i = (long long)blockIdx.x * BLOCK + threadIdx.x; i < n; i += (long long)gridDim.x * BLOCK) {
         const float v = to_f32(x[i]);
         const float a = fabsf(v);
-        m = nan_max(m, a);
+        m = max_nan(m, a);
         q[i] = fp8_encode(v * s, MANT, BIAS, MAXV, MAXCODE);
     }
     amax_reduce(m, amax);
@@ -32,7 +29,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK) quantize(const TX* __restric
 extern "C" __global__ void __launch_bounds__(BLOCK) compute_amax(const TX* __restrict__ x, float* __restrict__ amax, long long n) {
     float m = 0.0f;
     for (long long i = (long long)blockIdx.x * BLOCK + threadIdx.x; i < n; i += (long long)gridDim.x * BLOCK) {
-        m = nan_max(m, fabsf(to_f32(x[i])));
+        m = max_nan(m, fabsf(to_f32(x[i])));
     }
     amax_reduce(m, amax);
 }
@@ -71,7 +68,7 @@ extern "C" __global__ void delayed_scaling(float* __restrict__ h, float* __restr
         amax = 0.0f;
         for (int r = 0; r < hist; ++r) {
             const float v = h[(size_t)r * n + j];
-            amax = (amax != amax || v != v) ? __int_as_float(0x7fc00000) : fmaxf(amax, v);
+            amax = max_nan(amax, v);
         }
     } else {
         amax = h[j];
