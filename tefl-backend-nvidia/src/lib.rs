@@ -4,19 +4,23 @@
 //! like a FlagGems vendor folder:
 //!
 //! - `vendor.rs`: the [`VendorInfo`](tefl_core::VendorInfo) and the driver check;
-//! - `runtime.rs`: the CUDA device runtime (memory, copies, the stream, event timing);
-//! - `compiler.rs`: NVRTC compilation of the kernel sources with the embedded prelude
-//!   (`kernels/prelude.cuh`), the on-disk cubin cache and kernel launch;
-//! - `ops/`: one Rust file and one `.cu` file per op family, registered with `inventory`;
-//! - `tune_configs.toml`, `hopper/tune_configs.toml` and `heuristics.rs`: launch parameters.
+//! - `runtime.rs`: the CUDA device runtime (memory, copies, fills, streams and external
+//!   streams, event timing, device facts);
+//! - `nvrtc.rs`: NVRTC behind `tefl_gpu::RtcCompiler`; `launch.rs`: loading and launching
+//!   kernel variants;
+//! - `ops/`: one file per op family, building variants of the `tefl-kernels` sources and
+//!   launching them; `ops/mod.rs` registers them with `inventory`;
+//! - `tune_configs.toml`, `hopper/tune_configs.toml` and `heuristics.rs`: launch parameters,
+//!   layered over the GPU defaults of `tefl-gpu`.
 //!
 //! GEMM goes through cuBLASLt. Loading is dynamic (cudarc's `dynamic-loading`): a binary
 //! built with this backend starts on a machine without the driver and reports the backend
 //! unavailable; without libnvrtc the kernels report unavailable too, and the manager picks
 //! another impl.
 
-pub mod compiler;
 pub mod heuristics;
+pub mod launch;
+pub mod nvrtc;
 pub mod ops;
 pub mod runtime;
 pub mod vendor;
@@ -33,5 +37,72 @@ pub const IMPL_ID: &str = "vendor.nvidia";
 /// Whether the kernels can run: a CUDA device is usable and libnvrtc loads.
 pub fn kernels_available() -> Result<(), String> {
     availability()?;
-    compiler::nvrtc_available()
+    nvrtc::nvrtc_available()
+}
+
+/// Every kernel variant the op files launch, built by the same functions the launches use
+/// (the NVRTC compile test and cache warm-up).
+pub fn kernel_variants() -> Vec<tefl_gpu::Variant> {
+    let mut v = Vec::new();
+    v.extend(ops::norm::variants());
+    v.extend(ops::activation::variants());
+    v.extend(ops::softmax::variants());
+    v.extend(ops::dropout::variants());
+    v.extend(ops::gemm::variants());
+    v.extend(ops::attention::variants());
+    v.extend(ops::rope::variants());
+    v.extend(ops::optimizer::variants());
+    v.extend(ops::quantize::variants());
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use tefl_gpu::rtc::{binary_has_entry, compile};
+
+    /// Compiles every kernel variant the op files launch for sm_80 and sm_90 with NVRTC when
+    /// libnvrtc is present (no GPU needed; CI installs libnvrtc from the `nvidia-cuda-nvrtc`
+    /// wheel), and checks each binary defines every entry point the variant launches, so a
+    /// kernel that does not compile fails here rather than on the GPU machine.
+    #[test]
+    fn every_kernel_compiles_with_nvrtc() {
+        if let Err(reason) = crate::nvrtc::nvrtc_available() {
+            eprintln!("skipped: {reason}");
+            return;
+        }
+        let mut failures = Vec::new();
+        // TEFL_COMPILE_ONLY=attention,norm limits the test to those sources while iterating.
+        let only = std::env::var("TEFL_COMPILE_ONLY").ok();
+        let variants: Vec<_> = super::kernel_variants()
+            .into_iter()
+            .filter(|v| only.as_deref().is_none_or(|o| o.split(',').any(|n| n == v.source.name)))
+            .collect();
+        for arch in ["sm_80", "sm_90"] {
+            for v in &variants {
+                match compile(&crate::nvrtc::Nvrtc, v, arch) {
+                    Ok(cubin) => {
+                        for e in v.entries.iter().filter(|e| !binary_has_entry(&cubin, e)) {
+                            failures.push(format!("{arch} {}: no entry {e} ({:?})", v.source.name, v.defines));
+                        }
+                    }
+                    Err(e) => failures.push(format!("{arch} {:?}: {e}", v.defines)),
+                }
+            }
+        }
+        assert!(failures.is_empty(), "{} of {} failed:\n{}", failures.len(), 2 * variants.len(), failures.join("\n"));
+    }
+
+    #[test]
+    fn every_source_has_variants_and_entries() {
+        let variants = super::kernel_variants();
+        for src in tefl_kernels::SOURCES.iter().filter(|s| s.supports(tefl_gpu::Target::Cuda)) {
+            let of: Vec<_> = variants.iter().filter(|v| std::ptr::eq(v.source, *src)).collect();
+            assert!(!of.is_empty(), "{} has no variant", src.path);
+            for v in of {
+                for e in v.entries {
+                    assert!(src.text.contains(&format!(" {e}(")), "{}: entry {e} not in the source", src.path);
+                }
+            }
+        }
+    }
 }

@@ -6,7 +6,7 @@ use std::any::Any;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DriverError};
-use tefl_core::device::{Buffer, DeviceRuntime, DeviceRuntimeRegistration};
+use tefl_core::device::{Buffer, DeviceInfo, DeviceRuntime, DeviceRuntimeRegistration, Queue};
 use tefl_core::{Device, DeviceKind, Error, Result};
 
 /// Device memory of one tensor, with the stream its work is queued on.
@@ -106,14 +106,48 @@ impl CudaRuntime {
         ctxs.get(device.ordinal as usize).ok_or_else(|| unavailable(format!("only {} CUDA device(s)", ctxs.len())))
     }
 
-    /// The stream all work on `device` is queued on.
-    pub fn stream(&self, device: Device) -> Result<Arc<CudaStream>> {
-        Ok(self.context(device)?.default_stream())
+    /// Runs `f` with the stream an op's kernels go on: the device's default stream, or the
+    /// caller's stream inside `tefl_core::device::with_queue`. An external stream first waits
+    /// for the default stream's work (allocations, uploads), and the default stream then waits
+    /// for what `f` queued (downloads, frees), so both orders hold without a host wait.
+    pub fn on_queue<R>(&self, device: Device, f: impl FnOnce(&CudaStream) -> Result<R>) -> Result<R> {
+        let ctx = self.context(device)?;
+        let default = ctx.default_stream();
+        let Some(queue) = tefl_core::device::current_queue(device).filter(|q| q.handle != 0) else {
+            return f(&default);
+        };
+        let external = self.external_stream(device, queue.handle)?;
+        external.join(&default).map_err(|e| device_error(device, e))?;
+        let r = f(&external);
+        default.join(&external).map_err(|e| device_error(device, e))?;
+        r
+    }
+
+    /// Wraps a stream handed in by the caller after checking that the driver knows it as a
+    /// stream of this device's context (a handle of another device is a typed error).
+    fn external_stream(&self, device: Device, handle: u64) -> Result<Arc<CudaStream>> {
+        use cudarc::driver::sys;
+        let ctx = self.context(device)?;
+        ctx.bind_to_thread().map_err(|e| device_error(device, e))?;
+        let raw = handle as usize as sys::CUstream;
+        let mut owner: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: the call only reads the handle and writes one pointer through `owner`, valid
+        // for the call; the caller promised (with_queue) that the handle is a live stream.
+        let r = unsafe { sys::cuStreamGetCtx(raw, &mut owner) };
+        if r != sys::CUresult::CUDA_SUCCESS || owner != ctx.cu_ctx() {
+            return Err(Error::DeviceFailure {
+                device: device.to_string(),
+                reason: format!("queue handle {handle:#x} is not a CUDA stream of {device} ({r:?})"),
+            });
+        }
+        // SAFETY: the driver reports the stream as one of this context; the caller keeps it
+        // alive for the with_queue scope, and on_queue orders it against the default stream.
+        Ok(unsafe { ctx.wrap_borrowed_stream(raw) })
     }
 
     /// `bytes` of device memory whose contents are unspecified (NaN-poisoned when
     /// allocations are poisoned): output buffers every element of which a kernel writes.
-    pub fn alloc_uninit(&self, device: Device, bytes: usize) -> Result<Arc<CudaBuffer>> {
+    pub fn alloc_uninit_buffer(&self, device: Device, bytes: usize) -> Result<Arc<CudaBuffer>> {
         let stream = self.context(device)?.default_stream();
         // SAFETY: the memory is only handed out inside a CudaBuffer, whose users either write
         // it fully before reading (kernels' outputs) or poison it just below.
@@ -209,6 +243,45 @@ impl DeviceRuntime for CudaRuntime {
         let end = stream.record_event(Some(CU_EVENT_DEFAULT)).map_err(err)?;
         end.synchronize().map_err(err)?;
         Ok(f64::from(start.elapsed_ms(&end).map_err(err)?) / 1e3)
+    }
+    fn alloc_uninit(&self, device: Device, bytes: usize) -> Result<Arc<dyn Buffer>> {
+        Ok(self.alloc_uninit_buffer(device, bytes)?)
+    }
+    fn fill(&self, dst: &dyn Buffer, byte: u8) -> Result<()> {
+        let d = self.buffer(dst)?;
+        if d.len == 0 {
+            return Ok(());
+        }
+        self.context(d.device)?.bind_to_thread().map_err(|e| device_error(d.device, e))?;
+        // SAFETY: the pointer and length describe this live buffer's allocation; the memset
+        // is queued on the stream the buffer's work goes on.
+        unsafe { cudarc::driver::result::memset_d8_async(d.ptr, byte, d.len, d.stream.cu_stream()) }
+            .map_err(|e| device_error(d.device, e))
+    }
+    fn device_info(&self, ordinal: u32) -> Result<DeviceInfo> {
+        use cudarc::driver::sys::CUdevice_attribute as A;
+        let device = Device::cuda(ordinal);
+        let ctx = self.context(device)?;
+        let attr = |a: A| ctx.attribute(a).map_err(|e| device_error(device, e)).map(|v| v.max(0) as u32);
+        let arch = self.arch(ordinal);
+        let mut info = DeviceInfo::basic(device, self.name(ordinal), arch.clone());
+        info.arch_family = crate::vendor_info().arch_family(&arch).map(str::to_owned);
+        info.compute_units = attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1);
+        info.warp_size = attr(A::CU_DEVICE_ATTRIBUTE_WARP_SIZE)?;
+        info.max_threads_per_block = attr(A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?;
+        info.shared_memory_per_block = attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK)? as usize;
+        info.shared_memory_per_block_optin = (attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as usize)
+            .max(info.shared_memory_per_block);
+        info.total_memory = ctx.total_mem().unwrap_or(0);
+        info.driver_version = crate::vendor::driver_version().to_string();
+        Ok(info)
+    }
+    fn queue(&self, device: Device) -> Result<Queue> {
+        self.context(device)?;
+        Ok(tefl_core::device::current_queue(device).unwrap_or(Queue { device, handle: 0, external: false }))
+    }
+    fn accepts_external_queues(&self) -> bool {
+        true
     }
     fn copy_device_to_device(&self, src: &dyn Buffer, dst: &dyn Buffer) -> Result<()> {
         let (s, d) = (self.buffer(src)?, self.buffer(dst)?);

@@ -235,15 +235,155 @@ pub trait DeviceRuntime: Send + Sync + 'static {
         self.synchronize(device)?;
         Ok(start.elapsed().as_secs_f64())
     }
-    /// Copies `src` into `dst` on the device (equal sizes), without a host round trip. The
-    /// benchmark's copy-bandwidth yardstick; runtimes that cannot say so.
+    /// Copies `src` into `dst` (equal sizes, both of this runtime). Runtimes copy on the
+    /// device; this default stages the bytes through the host.
     fn copy_device_to_device(&self, src: &dyn Buffer, dst: &dyn Buffer) -> Result<()> {
-        let _ = (src, dst);
-        Err(Error::DeviceFailure {
-            device: self.kind().to_string(),
-            reason: "this runtime has no device-to-device copy".into(),
-        })
+        if src.len_bytes() != dst.len_bytes() {
+            return Err(Error::Tensor(format!("copy of {} bytes into {} bytes", src.len_bytes(), dst.len_bytes())));
+        }
+        let mut staged = try_zeroed_bytes(src.len_bytes(), || "a host staging copy".into())?;
+        self.copy_to_host(src, &mut staged)?;
+        self.copy_from_host(dst, &staged)
     }
+    /// `bytes` bytes on `device` whose contents the caller overwrites before reading (kernel
+    /// outputs): no zero fill where the runtime can skip it. Poisoned like [`alloc`](Self::alloc)
+    /// when allocations are poisoned. Defaults to `alloc`.
+    fn alloc_uninit(&self, device: Device, bytes: usize) -> Result<Arc<dyn Buffer>> {
+        self.alloc(device, bytes)
+    }
+    /// Sets every byte of `dst` to `byte` on the device. This default uploads a host buffer.
+    fn fill(&self, dst: &dyn Buffer, byte: u8) -> Result<()> {
+        let mut host = try_zeroed_bytes(dst.len_bytes(), || "a host fill buffer".into())?;
+        if byte != 0 {
+            host.fill(byte);
+        }
+        self.copy_from_host(dst, &host)
+    }
+    /// The facts about a device that kernels and launch heuristics need. This default knows
+    /// only the name and arch; GPU runtimes query the rest once. Read it through [`info`],
+    /// which caches it per device.
+    fn device_info(&self, ordinal: u32) -> Result<DeviceInfo> {
+        Ok(DeviceInfo::basic(Device::new(self.kind(), ordinal), self.name(ordinal), self.arch(ordinal)))
+    }
+    /// The queue (CUDA/HIP stream, Vulkan queue) ops on `device` run on from this thread: the
+    /// one handed in with [`with_queue`] when there is one, else the runtime's own. A caller
+    /// that shares the device with another library orders its work against this one.
+    fn queue(&self, device: Device) -> Result<Queue> {
+        Ok(current_queue(device).unwrap_or(Queue { device, handle: 0, external: false }))
+    }
+    /// Whether ops can run on a queue handed in with [`with_queue`] (else such a scope is an
+    /// error when an op runs in it).
+    fn accepts_external_queues(&self) -> bool {
+        false
+    }
+}
+
+/// Facts about one device, looked up once per device ([`info`]) and passed down to launch
+/// heuristics and kernel builds instead of each querying the driver its own way.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// The device.
+    pub device: Device,
+    /// Its human-readable name (keys of cached tuning results).
+    pub name: String,
+    /// The architecture string (`sm_90`, `gfx942`).
+    pub arch: String,
+    /// The arch family tune configs are layered by (`hopper`, `cdna3`), from the vendor's
+    /// [`VendorInfo::arch_family`](crate::VendorInfo::arch_family); `None` when unknown.
+    pub arch_family: Option<String>,
+    /// Streaming multiprocessors / compute units.
+    pub compute_units: u32,
+    /// Lanes of a warp, wavefront or subgroup (1 on the CPU).
+    pub warp_size: u32,
+    /// The most threads a block may have.
+    pub max_threads_per_block: u32,
+    /// Shared memory a block gets without opting in, in bytes.
+    pub shared_memory_per_block: usize,
+    /// Shared memory a block can opt in to, in bytes (≥ `shared_memory_per_block`).
+    pub shared_memory_per_block_optin: usize,
+    /// Device memory in bytes (0 when unknown).
+    pub total_memory: usize,
+    /// Whether 16-bit floats can be stored and loaded (Vulkan's `storageBuffer16BitAccess`).
+    pub storage_16bit: bool,
+    /// The driver's version, for keys of cached tuning results (`unknown` when not known).
+    pub driver_version: String,
+}
+
+impl DeviceInfo {
+    /// What every runtime knows: name and arch, one compute unit, no shared memory.
+    pub fn basic(device: Device, name: String, arch: String) -> DeviceInfo {
+        DeviceInfo {
+            device,
+            name,
+            arch,
+            arch_family: None,
+            compute_units: 1,
+            warp_size: 1,
+            max_threads_per_block: 1,
+            shared_memory_per_block: 0,
+            shared_memory_per_block_optin: 0,
+            total_memory: 0,
+            storage_16bit: true,
+            driver_version: "unknown".into(),
+        }
+    }
+}
+
+/// The facts of `device`, queried from its runtime once per process and shared.
+pub fn info(device: Device) -> Result<Arc<DeviceInfo>> {
+    static CACHE: OnceLock<RwLock<HashMap<Device, Arc<DeviceInfo>>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some(i) = read_lock(cache).get(&device) {
+        return Ok(i.clone());
+    }
+    let rt = runtime(device.kind)?;
+    if device.ordinal as usize >= rt.device_count() {
+        return Err(Error::DeviceUnavailable {
+            device: device.to_string(),
+            reason: rt
+                .unavailable_reason()
+                .unwrap_or_else(|| format!("{} has {} device(s)", device.kind, rt.device_count())),
+        });
+    }
+    let i = Arc::new(rt.device_info(device.ordinal)?);
+    Ok(write_lock(cache).entry(device).or_insert(i).clone())
+}
+
+/// A queue of a device: the raw handle of a CUDA/HIP stream (0: the runtime's own default),
+/// or of a Vulkan queue, and whether it was handed in from outside.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Queue {
+    /// The device it belongs to.
+    pub device: Device,
+    /// The raw handle (`CUstream`, `hipStream_t`, `VkQueue` as an integer).
+    pub handle: u64,
+    /// Whether the caller handed it in ([`with_queue`]).
+    pub external: bool,
+}
+
+thread_local! {
+    static EXTERNAL_QUEUES: std::cell::RefCell<Vec<Queue>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` with ops on `device` from this thread queued on the caller's stream `handle`
+/// (PyTorch's current stream, say) instead of the runtime's own; scopes nest. The caller
+/// keeps the stream alive for the scope. A runtime that cannot adopt an external stream makes
+/// an op in the scope fail with a typed error rather than run unordered.
+pub fn with_queue<R>(device: Device, handle: u64, f: impl FnOnce() -> R) -> R {
+    struct Pop;
+    impl Drop for Pop {
+        fn drop(&mut self) {
+            EXTERNAL_QUEUES.with(|q| q.borrow_mut().pop());
+        }
+    }
+    EXTERNAL_QUEUES.with(|q| q.borrow_mut().push(Queue { device, handle, external: true }));
+    let _pop = Pop;
+    f()
+}
+
+/// The external queue handed in for `device` on this thread (innermost [`with_queue`]).
+pub fn current_queue(device: Device) -> Option<Queue> {
+    EXTERNAL_QUEUES.with(|q| q.borrow().iter().rev().find(|q| q.device == device).copied())
 }
 
 /// A link-time registration of a device runtime (`inventory`). Backends submit one.
@@ -347,6 +487,21 @@ impl DeviceRuntime for Contained {
     }
     fn copy_device_to_device(&self, src: &dyn Buffer, dst: &dyn Buffer) -> Result<()> {
         self.fallible("copy_device_to_device", || self.inner.copy_device_to_device(src, dst))
+    }
+    fn alloc_uninit(&self, device: Device, bytes: usize) -> Result<Arc<dyn Buffer>> {
+        self.fallible("alloc_uninit", || self.inner.alloc_uninit(device, bytes))
+    }
+    fn fill(&self, dst: &dyn Buffer, byte: u8) -> Result<()> {
+        self.fallible("fill", || self.inner.fill(dst, byte))
+    }
+    fn device_info(&self, ordinal: u32) -> Result<DeviceInfo> {
+        self.fallible("device_info", || self.inner.device_info(ordinal))
+    }
+    fn queue(&self, device: Device) -> Result<Queue> {
+        self.fallible("queue", || self.inner.queue(device))
+    }
+    fn accepts_external_queues(&self) -> bool {
+        self.guard("accepts_external_queues", || self.inner.accepts_external_queues()).unwrap_or(false)
     }
 }
 
@@ -597,6 +752,17 @@ impl DeviceRuntime for CpuRuntime {
     }
     fn arch(&self, _ordinal: u32) -> String {
         std::env::consts::ARCH.into()
+    }
+    fn device_info(&self, ordinal: u32) -> Result<DeviceInfo> {
+        let mut i = DeviceInfo::basic(Device::CPU, self.name(ordinal), self.arch(ordinal));
+        i.compute_units = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+        i.max_threads_per_block = 1;
+        Ok(i)
+    }
+    fn fill(&self, dst: &dyn Buffer, byte: u8) -> Result<()> {
+        let host = as_host(dst).ok_or_else(|| Error::Tensor("not a CPU buffer".into()))?;
+        host.try_write().ok_or_else(|| Error::Tensor("destination buffer is borrowed".into()))?.fill(byte);
+        Ok(())
     }
     fn alloc(&self, device: Device, bytes: usize) -> Result<Arc<dyn Buffer>> {
         if !device.is_cpu() {

@@ -558,6 +558,89 @@ macro_rules! register_impl {
     };
 }
 
+/// Registers one backend's kernels, the one registration macro every backend uses:
+///
+/// ```ignore
+/// tefl_core::register_backend! {
+///     impl_id: "vendor.acme", kind: Vendor, vendor: "acme", device: DeviceKind::CUDA,
+///     available: crate::kernels_available,
+///     ops: all
+/// }
+/// ```
+///
+/// `ops: all` registers every op of the catalogue with the kernel a complete backend names
+/// for it by convention (`ops/norm.rs` → `norm::rmsnorm_fwd`; the list is in
+/// `catalogue/mod.rs`); a partial backend lists its own:
+/// `ops: { floats { RmsNormFwd => norm::rmsnorm_fwd; } any { } }`. `floats` ops accept
+/// f32/f16/bf16 as their primary dtype, `any` ops (first tensor not a float) accept any.
+/// It also defines `pub const OPS: &[&str]`, the names registered. `vendor` and `available`
+/// are optional; the priority is 0.
+#[macro_export]
+macro_rules! register_backend {
+    (
+        impl_id: $id:expr, kind: $kind:ident, $(vendor: $vendor:expr,)? device: $dev:expr,
+        $(available: $av:expr,)? ops: all $(,)?
+    ) => {
+        $crate::__catalogue_kernels! {
+            impl_id: $id, kind: $kind, $(vendor: $vendor,)? device: $dev, $(available: $av,)?
+        }
+    };
+    (
+        impl_id: $id:expr, kind: $kind:ident, $(vendor: $vendor:expr,)? device: $dev:expr,
+        $(available: $av:expr,)?
+        ops: { floats { $($fop:ident => $fk:path;)* } any { $($aop:ident => $ak:path;)* } } $(,)?
+    ) => {
+        const _: () = {
+            const VENDOR: ::std::option::Option<&str> = $crate::__optional!($($vendor)?);
+            const AVAILABLE: ::std::option::Option<fn() -> ::std::result::Result<(), ::std::string::String>> =
+                $crate::__optional!($($av)?);
+            fn backend_impl<O: $crate::Op>(
+                dtypes: &[$crate::DType],
+                kernel: fn(&$crate::KernelCtx<'_>, &O::Args) -> $crate::Result<O::Output>,
+            ) -> $crate::OpImpl {
+                let imp = $crate::OpImpl::new::<O>($id, $crate::__impl_kind!($kind), kernel)
+                    .priority(0)
+                    .device($dev)
+                    .dtypes(dtypes)
+                    .compiled_in();
+                let imp = match VENDOR {
+                    Some(v) => imp.vendor(v),
+                    None => imp,
+                };
+                match AVAILABLE {
+                    Some(check) => imp.available(check),
+                    None => imp,
+                }
+            }
+            $(
+                $crate::__private::inventory::submit! {
+                    $crate::registry::ImplRegistration {
+                        make: || backend_impl::<$fop>(&[$crate::DType::F32, $crate::DType::F16, $crate::DType::BF16], $fk),
+                    }
+                }
+            )*
+            $(
+                $crate::__private::inventory::submit! {
+                    $crate::registry::ImplRegistration { make: || backend_impl::<$aop>(&[], $ak) }
+                }
+            )*
+        };
+        /// The ops this backend registers, by name.
+        pub const OPS: &[&str] = &[$(<$fop as $crate::Op>::NAME,)* $(<$aop as $crate::Op>::NAME,)*];
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __optional {
+    () => {
+        ::std::option::Option::None
+    };
+    ($e:expr) => {
+        ::std::option::Option::Some($e)
+    };
+}
+
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __impl_kind {

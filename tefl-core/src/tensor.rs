@@ -72,8 +72,22 @@ impl Tensor {
         let storage = rt.alloc(*device, bytes).map_err(name)?;
         // The CPU runtime hands out zeroed memory unless allocations are being poisoned.
         if !device.is_cpu() || device::poison_allocations() {
-            rt.copy_from_host(&*storage, &device::try_zeroed_bytes(bytes, what)?)?;
+            rt.fill(&*storage, 0).map_err(name)?;
         }
+        Ok(Tensor { dtype, device: *device, shape: shape.into(), storage })
+    }
+
+    /// A tensor on `device` whose contents are unspecified (NaN-poisoned when allocations
+    /// are poisoned): for outputs a kernel writes in full. [`Error::OutOfMemory`] names it.
+    pub fn uninit(shape: impl AsRef<[usize]>, dtype: DType, device: &Device) -> Result<Tensor> {
+        let shape = shape.as_ref();
+        let bytes = checked_bytes(shape, dtype)?;
+        let storage = device::runtime(device.kind)?.alloc_uninit(*device, bytes).map_err(|e| match e {
+            Error::OutOfMemory { device, bytes, .. } => {
+                Error::OutOfMemory { device, bytes, what: format!("a {dtype} tensor of shape {shape:?}") }
+            }
+            e => e,
+        })?;
         Ok(Tensor { dtype, device: *device, shape: shape.into(), storage })
     }
 
@@ -185,8 +199,13 @@ impl Tensor {
         if self.shares_storage(src) {
             return Ok(());
         }
+        let rt = device::runtime(self.device().kind)?;
+        if src.device() == self.device() {
+            // Same device: the runtime copies there, without a host round trip.
+            return rt.copy_device_to_device(&*src.storage, &*self.storage);
+        }
         let bytes = src.to_bytes()?;
-        device::runtime(self.device().kind)?.copy_from_host(&*self.storage, &bytes)
+        rt.copy_from_host(&*self.storage, &bytes)
     }
 
     /// Shared host access to the bytes of a CPU tensor.

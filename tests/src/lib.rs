@@ -19,18 +19,13 @@ pub fn promised_impls(backend: &str) -> Vec<(&'static str, &'static str)> {
     }
 }
 
-/// The backends the enabled features link (`reference` always).
+include!(concat!(env!("OUT_DIR"), "/enabled_features.rs"));
+
+/// The backends the enabled features link (`reference` always), sorted: this crate's own
+/// features (each enables `tefl-ops/<backend>`), independent of what `tefl-ops` reports.
 pub fn enabled_backends() -> Vec<&'static str> {
     let mut v = vec!["reference"];
-    if cfg!(feature = "nvidia") {
-        v.push("nvidia");
-    }
-    if cfg!(feature = "amd") {
-        v.push("amd");
-    }
-    if cfg!(feature = "vulkan") {
-        v.push("vulkan");
-    }
+    v.extend(ENABLED_FEATURES.iter().copied());
     v.sort();
     v
 }

@@ -30,8 +30,8 @@ const USAGE: &str = "usage: cargo xtask <command>
   explain <op> [--device cpu|cuda|hip|vulkan] [--dtype bf16]
         the candidate chain under the current TE_FL_* environment, with reasons
   new-backend <vendor>
-        scaffold tefl-backend-<vendor> (vendor.rs, ops/, tune_configs.toml, heuristics.rs,
-        kernels/) and wire its feature into the workspace
+        scaffold tefl-backend-<vendor> (vendor.rs, ops/, tune_configs.toml, heuristics.rs)
+        and wire its feature into the workspace (root, tefl-ops and tests)
   bundle <backend>
         release conformance/bench/explain/quickstart binaries and a run.sh for the GPU
         machine, in target/bundle/<backend>/ (under 64 MiB)

@@ -15,16 +15,23 @@ rust-version.workspace = true
 
 [dependencies]
 tefl-core.workspace = true
+tefl-gpu.workspace = true
 "#;
 
 const LIB_RS: &str = r#"//! # tefl-backend-@V@
 //!
 //! The @V@ backend of tefl, laid out like a FlagGems `_vendor` folder:
 //! - `vendor.rs`: the vendor description (`VendorInfo`) and the availability check;
-//! - `ops/`: one file per op family, each registering its impls with `register_impl!`;
-//! - `tune_configs.toml` (+ `<arch>/tune_configs.toml`): candidate kernel configs;
-//! - `heuristics.rs`: named functions that pick kernel parameters from problem sizes;
-//! - `kernels/`: the kernel sources.
+//! - `ops/`: one file per op family, each registering its impls with `register_impl!`
+//!   (`tefl_core::register_backend!` registers a whole family list at once);
+//! - `tune_configs.toml` (+ `<arch family>/tune_configs.toml`), under `src/`: candidate kernel
+//!   configs, layered over the GPU defaults of `tefl-gpu`;
+//! - `heuristics.rs`: the tune configs and named functions that pick kernel parameters.
+//!
+//! Kernel sources compiled at run time live in `tefl-kernels` (`simt/` for kernels every GPU
+//! target shares, written against its prelude; `<target>/` for target-specific ones), and
+//! `tefl-gpu` holds the host side every GPU backend shares (variants, run-time compiler
+//! caches, launch geometry, tune layering).
 //!
 //! Check it with `cargo xtask test-backend @V@`: every op this crate registers is compared
 //! with the f64 oracle; ops it does not register are reported as skipped.
@@ -90,16 +97,18 @@ const OPS_MOD_RS: &str = r#"//! The @V@ impls, one file per op family (`norm.rs`
 //! synchronize), registered with `tefl_core::device::DeviceRuntimeRegistration`.
 "#;
 
-const HEURISTICS_RS: &str = r#"//! Named heuristics (FlagGems' `heuristics_config_utils.py`) and the tune-config table.
+const HEURISTICS_RS: &str = r#"//! Named heuristics (FlagGems' `heuristics_config_utils.py`) and the tune configs.
 
-use tefl_core::tuning::TuneTable;
+use tefl_gpu::tune::{TuneConfigs, TuneFile};
 
-/// The candidate configs: this crate's `tune_configs.toml` over tefl's defaults (none here);
-/// an arch folder (`<arch>/tune_configs.toml`) can be layered on top with `TuneTable::layered`.
-pub fn tune_table() -> Result<TuneTable, tefl_core::Error> {
-    let vendor = TuneTable::parse(include_str!("../tune_configs.toml"), "tefl-backend-@V@/tune_configs.toml")?;
-    Ok(TuneTable::layered(&TuneTable::default(), Some(&vendor), None))
-}
+/// This backend's tune configs: `tune_configs.toml` over the GPU defaults of `tefl-gpu`,
+/// under one file per arch family (add `("family", TuneFile { .. })` entries for folders
+/// like `src/<family>/tune_configs.toml`; the family comes from `vendor_info().arch_map`).
+pub static TUNE_CONFIGS: TuneConfigs = TuneConfigs {
+    vendor: crate::vendor::vendor_info,
+    vendor_file: TuneFile { path: "tefl-backend-@V@/src/tune_configs.toml", text: include_str!("tune_configs.toml") },
+    families: &[],
+};
 
 /// Threads per row block of a normalisation kernel, from the row width.
 pub fn norm_block_size(n: usize) -> usize {
@@ -112,28 +121,32 @@ mod tests {
 
     #[test]
     fn tune_configs_parse_and_heuristics_stay_in_range() {
-        let t = tune_table().unwrap();
-        assert!(!t.configs("rmsnorm").is_empty());
+        for f in TUNE_CONFIGS.files() {
+            tefl_core::tuning::TuneTable::parse(f.text, f.path).unwrap();
+        }
+        let t = TUNE_CONFIGS.table("any-arch");
+        assert_eq!(t.configs("norm").len(), 2, "this crate's norm list replaces the default's");
+        assert!(!t.configs("softmax").is_empty(), "the GPU defaults stay under it");
         assert_eq!(norm_block_size(1), 64);
         assert_eq!(norm_block_size(5000), 1024);
     }
 }
 "#;
 
-const TUNE_TOML: &str = r#"# Candidate configs per kernel (FlagGems' tune_configs.yaml, in TOML). An entry is one
-# config, or `gen = true` with lists expanded to their cartesian product; `param_map`
-# renames list keys to kernel parameters. The autotuner times the candidates on first use
-# and caches the winner (TEFL_CACHE_DIR); TEFL_AUTOTUNE=0 uses heuristics.rs instead.
+const TUNE_TOML: &str = r#"# Candidate configs per kernel family (FlagGems' tune_configs.yaml, in TOML), over the GPU
+# defaults of tefl-gpu/src/tune_configs.toml: a family listed here replaces the default's
+# list; a `<arch family>/tune_configs.toml` folder replaces this file's in turn. An entry is
+# one config, or `gen = true` with lists expanded to their cartesian product; `param_map`
+# renames list keys to kernel parameters. With TEFL_AUTOTUNE=1 the autotuner times the
+# candidates on first use and caches the winner (TEFL_CACHE_DIR); else heuristics pick.
 
-[[rmsnorm]]
+[[norm]]
 gen = true
-param_map = { BLOCK = "blocks" }
-blocks = [128, 256, 512, 1024]
-vec = [4, 8]
+param_map = { block = "blocks" }
+blocks = [256, 512]
+vec_bytes = 16
+max_row_vecs = 8
 "#;
-
-const KERNELS_README: &str =
-    "# kernels\n\nKernel sources of the @V@ backend (compiled at build time or at first use).\n";
 
 fn write(path: &Path, text: &str, vendor: &str) -> Result<(), String> {
     if let Some(dir) = path.parent() {
@@ -180,8 +193,10 @@ pub fn new_backend(root: &Path, args: &[String]) -> Result<ExitCode, String> {
     }
     let root_toml = root.join("Cargo.toml");
     let ops_toml = root.join("tefl-ops/Cargo.toml");
+    let tests_toml = root.join("tests/Cargo.toml");
     let rt = fs::read_to_string(&root_toml).map_err(|e| e.to_string())?;
     let ot = fs::read_to_string(&ops_toml).map_err(|e| e.to_string())?;
+    let tt = fs::read_to_string(&tests_toml).map_err(|e| e.to_string())?;
     if ot.lines().any(|l| l.trim_start().starts_with(&format!("{vendor} ="))) {
         return Err(format!("tefl-ops already has a feature '{vendor}'"));
     }
@@ -192,18 +207,20 @@ pub fn new_backend(root: &Path, args: &[String]) -> Result<ExitCode, String> {
     let ot = insert_after(&ot, "vulkan = [\"dep:tefl-backend-vulkan\"]", &format!("{vendor} = [\"dep:{krate}\"]"))?;
     let ot =
         insert_after(&ot, "tefl-backend-vulkan = {", &format!("{krate} = {{ workspace = true, optional = true }}"))?;
+    // The tests crate reads its backends from its features (tests/build.rs).
+    let tt = insert_after(&tt, "vulkan = [\"tefl-ops/vulkan\"]", &format!("{vendor} = [\"tefl-ops/{vendor}\"]"))?;
 
     write(&dir.join("Cargo.toml"), CARGO_TOML, vendor)?;
     write(&dir.join("src/lib.rs"), LIB_RS, vendor)?;
     write(&dir.join("src/vendor.rs"), VENDOR_RS, vendor)?;
     write(&dir.join("src/ops/mod.rs"), OPS_MOD_RS, vendor)?;
     write(&dir.join("src/heuristics.rs"), HEURISTICS_RS, vendor)?;
-    write(&dir.join("tune_configs.toml"), TUNE_TOML, vendor)?;
-    write(&dir.join("src/kernels/README.md"), KERNELS_README, vendor)?;
+    write(&dir.join("src/tune_configs.toml"), TUNE_TOML, vendor)?;
     fs::write(&root_toml, rt).map_err(|e| e.to_string())?;
     fs::write(&ops_toml, ot).map_err(|e| e.to_string())?;
-    println!("created {krate}/ (vendor.rs, ops/, tune_configs.toml, heuristics.rs, kernels/)");
-    println!("wired feature '{vendor}' (tefl-ops and the root package)");
+    fs::write(&tests_toml, tt).map_err(|e| e.to_string())?;
+    println!("created {krate}/ (src/vendor.rs, src/ops/, src/tune_configs.toml, src/heuristics.rs)");
+    println!("wired feature '{vendor}' (tefl-ops, tests and the root package)");
     println!("next: cargo build --features {vendor} && cargo xtask test-backend {vendor}");
     Ok(ExitCode::SUCCESS)
 }

@@ -5,11 +5,13 @@
 use tefl_core::catalogue::*;
 use tefl_core::{DType, KernelCtx, Result, Tensor};
 
-use super::{Kernel, blocks_for, cty, empty, i32_of, sm_count};
-use crate::compiler::{Arg, Grid, Source, ptr};
-use crate::heuristics::{self, ElementwiseConfig};
+use tefl_gpu::tune::{self, ElementwiseConfig};
+use tefl_gpu::{Defines, Variant};
 
-static SRC: Source = Source { name: "activation", text: include_str!("activation.cu") };
+use crate::launch::{Arg, Grid, OnDevice, blocks_for, cty, empty, i32_of, info, ptr, sm_count, tune_table};
+
+/// The kernels of `simt/activation.cu` these ops launch.
+const ENTRIES: &[&str] = &["act_fwd", "act_bwd", "gated_fwd", "gated_bwd", "dbias_partial", "sum_parts"];
 
 fn act_code(kind: Activation) -> u8 {
     match kind {
@@ -22,10 +24,31 @@ fn act_code(kind: Activation) -> u8 {
 }
 
 struct Launch {
-    k: Kernel,
+    k: OnDevice,
     cfg: ElementwiseConfig,
     nv: usize,
     sms: u32,
+}
+
+/// The variant of `activation.cu` for these dtypes, activation and launch config: the one
+/// place its defines are built (launches and the compile test both call it).
+fn variant(
+    op: &'static str,
+    x: DType,
+    g: DType,
+    kind: Activation,
+    clamped: bool,
+    cfg: ElementwiseConfig,
+) -> Result<Variant> {
+    let defines = Defines::new()
+        .set("TX", cty(op, "input", x)?)
+        .set("TG", cty(op, "grad", g)?)
+        .set("ACT", act_code(kind))
+        .flag("CLAMPED", clamped)
+        .set("BLOCK", cfg.block)
+        .set("UNROLL", cfg.unroll)
+        .set("VEC_BYTES", cfg.vec_bytes);
+    Ok(Variant::new(&tefl_kernels::ACTIVATION, ENTRIES, defines))
 }
 
 fn setup(
@@ -37,17 +60,9 @@ fn setup(
     clamped: bool,
     cfg: ElementwiseConfig,
 ) -> Result<Launch> {
-    let defines = vec![
-        ("TX", cty(op, "input", x)?.to_string()),
-        ("TG", cty(op, "grad", g)?.to_string()),
-        ("ACT", act_code(kind).to_string()),
-        ("CLAMPED", u8::from(clamped).to_string()),
-        ("BLOCK", cfg.block.to_string()),
-        ("UNROLL", cfg.unroll.to_string()),
-        ("VEC_BYTES", cfg.vec_bytes.to_string()),
-    ];
+    let k = OnDevice::new(ctx.device, variant(op, x, g, kind, clamped, cfg)?);
     let nv = (cfg.vec_bytes as usize / x.size_in_bytes()).max(1);
-    Ok(Launch { k: Kernel::new(ctx.device, &SRC, defines), cfg, nv, sms: sm_count(ctx.device) })
+    Ok(Launch { k, cfg, nv, sms: sm_count(ctx.device) })
 }
 
 impl Launch {
@@ -71,9 +86,8 @@ fn launch_tuned(
     body: impl Fn(&Launch) -> Result<()>,
 ) -> Result<()> {
     let run = |cfg: ElementwiseConfig| setup(op, ctx, x, g, kind, clamped, cfg).and_then(|l| body(&l));
-    let cfg = heuristics::tuned_elementwise(op, ctx.device, super::arch(ctx.device), x, items, |cfg| {
-        heuristics::measure(ctx.device, &|| run(cfg))
-    });
+    let (table, info) = (tune_table(ctx.device)?, info(ctx.device)?);
+    let cfg = tune::tuned_elementwise(&table, op, &info, x, items, |cfg| tune::measure(ctx.device, &|| run(cfg)));
     run(cfg)
 }
 
@@ -168,7 +182,7 @@ fn gated_bwd(
 
 fn dbias(op: &'static str, ctx: &KernelCtx<'_>, a: &DActArgs, kind: Activation) -> Result<DBiasOut> {
     let grad_input = plain_bwd(op, ctx, &a.grad, &a.input, kind)?;
-    let cfg = heuristics::elementwise(super::arch(ctx.device));
+    let cfg = tune::elementwise(&*tune_table(ctx.device)?);
     let l = setup(op, ctx, a.input.dtype(), a.grad.dtype(), kind, false, cfg)?;
     let (rows, n) = (a.input.rows(), a.input.last_dim());
     let dbias = empty(ctx.device, &[n], a.input.dtype())?;
@@ -245,24 +259,15 @@ pub fn clamped_dswiglu(ctx: &KernelCtx<'_>, a: &ClampedDSwigluArgs) -> Result<DA
     gated_bwd("clamped_dswiglu", ctx, &a.grad, &a.input, Activation::Silu, Some((a.limit, a.alpha)))
 }
 
-/// Define sets covering every code path (the NVRTC compile test and cache warm-up).
-pub fn compile_variants() -> Vec<(&'static Source, Vec<(&'static str, String)>)> {
+/// Variants covering every code path (the NVRTC compile test and cache warm-up).
+pub fn variants() -> Vec<Variant> {
+    use DType::{BF16, F16, F32};
+    let cfg = ElementwiseConfig { block: 256, unroll: 2, vec_bytes: 16 };
     let mut v = Vec::new();
-    for (x, g) in [("bf16", "bf16"), ("f16", "float"), ("float", "bf16")] {
-        for act in 0..5 {
-            for clamped in [0, 1] {
-                v.push((
-                    &SRC,
-                    vec![
-                        ("TX", x.to_string()),
-                        ("TG", g.to_string()),
-                        ("ACT", act.to_string()),
-                        ("CLAMPED", clamped.to_string()),
-                        ("BLOCK", "256".into()),
-                        ("UNROLL", "2".into()),
-                        ("VEC_BYTES", "16".into()),
-                    ],
-                ));
+    for (x, g) in [(BF16, BF16), (F16, F32), (F32, BF16)] {
+        for kind in [Activation::Gelu, Activation::Qgelu, Activation::Relu, Activation::Srelu, Activation::Silu] {
+            for clamped in [false, true] {
+                v.extend(variant("activation", x, g, kind, clamped, cfg));
             }
         }
     }

@@ -5,10 +5,16 @@
 use tefl_core::catalogue::*;
 use tefl_core::{DType, Error, KernelCtx, Result, Tensor};
 
-use super::{Kernel, blocks_for, cty, empty, i32_of, sm_count, zeros};
-use crate::compiler::{Arg, Grid, Source, opt_ptr, ptr};
+use tefl_gpu::{Defines, Variant};
 
-static SRC: Source = Source { name: "attention", text: include_str!("attention.cu") };
+use crate::launch::{
+    Arg, Grid, OnDevice, blocks_for, cty, empty, i32_of, info, opt_ptr, ptr, sm_count, tune_table, zeros,
+};
+
+/// The kernels of `cuda/attention/attention.cu` these ops launch.
+const ENTRIES: &[&str] = &["attn_fwd", "attn_bwd_delta", "attn_bwd_dkdv", "attn_bwd_dq_out", "fill_f32"];
+/// Lanes of the warps the tensor-core tiles are laid out for (the kernels assert it).
+const MMA_WARP: usize = 32;
 
 /// Queries per forward block (4 warps): 128 on tensor cores (32 per warp), 64 for f32 and for
 /// head dims over 128 (whose 32-row accumulators would not fit in registers).
@@ -38,16 +44,11 @@ fn dkv_mtiles(dp: usize) -> usize {
     if dp > 128 { 1 } else { 2 }
 }
 
-/// Checks a kernel's shared memory against the device's per-block limit.
+/// Checks a kernel's shared memory against the device's opt-in per-block limit.
 fn check_smem(op: &'static str, ctx: &KernelCtx<'_>, bytes: usize) -> Result<u32> {
-    use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN;
-    let limit = crate::runtime::global()
-        .context(ctx.device)
-        .ok()
-        .and_then(|c| c.attribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN).ok())
-        .map_or(48 * 1024, |v| v.max(0) as usize);
+    let limit = info(ctx.device)?.shared_memory_per_block_optin.max(48 * 1024);
     if bytes > limit {
-        return Err(super::unsupported(
+        return Err(crate::launch::unsupported(
             op,
             format!("this head dim and dtype need {bytes} bytes of shared memory per block; the device has {limit}"),
         ));
@@ -55,13 +56,52 @@ fn check_smem(op: &'static str, ctx: &KernelCtx<'_>, bytes: usize) -> Result<u32
     Ok(bytes as u32)
 }
 
-struct Shape {
-    g: AttnGeometry,
-    dp: usize,
-    kernel: Kernel,
+/// The attention variant's build parameters: everything its defines come from.
+struct Build {
+    dtype: DType,
+    d: usize,
+    layout: QkvLayout,
+    mask: AttnMask,
+    /// The normalised window bounds (`None`: unbounded).
+    window: (Option<usize>, Option<usize>),
+    dropout: bool,
+    fwd_min_blocks: u32,
 }
 
-impl Shape {
+/// The variant of `attention.cu` for a build: the one place its defines are made (launches
+/// and the compile test both call it).
+fn variant(op: &'static str, b: &Build) -> Result<Variant> {
+    let dp = padded(b.d);
+    let win = |w: Option<usize>| w.map_or(-1i64, |x| x.min(i32::MAX as usize) as i64);
+    let defines = Defines::new()
+        .set("T", cty(op, "q", b.dtype)?)
+        .set("D", b.d)
+        .set("DP", dp)
+        .set("LAYOUT", b.layout as u8)
+        .flag("CAUSAL", b.mask.is_causal())
+        .flag("BOTTOM_RIGHT", b.mask.bottom_right())
+        .flag("PADDING", b.mask.is_padding())
+        .set("WIN_LEFT", win(b.window.0))
+        .set("WIN_RIGHT", win(b.window.1))
+        .flag("DROPOUT", b.dropout)
+        .set("FWD_BR", fwd_br(b.dtype, dp))
+        .set("FWD_BC", fwd_bc(b.dtype, dp))
+        .flag("HALF", b.dtype != DType::F32)
+        .set("FWD_MIN_BLOCKS", b.fwd_min_blocks)
+        .set("DKV_KB", dkv_keys(b.dtype, dp))
+        .set("DKV_BR", dkv_rows(b.dtype, dp))
+        .set("DKV_MT", dkv_mtiles(dp));
+    Ok(Variant::new(&tefl_kernels::ATTENTION_CUDA, ENTRIES, defines))
+}
+
+/// One call's geometry and the variant it launches.
+struct Plan {
+    g: AttnGeometry,
+    dp: usize,
+    kernel: OnDevice,
+}
+
+impl Plan {
     /// The grid of the tiled kernels: a block of `threads` per `tile` of `rows` positions, per
     /// head (of `heads`) and sequence.
     fn tile_grid(&self, rows: usize, tile: usize, heads: usize, threads: u32, smem: u32) -> Grid {
@@ -90,50 +130,39 @@ fn setup(
     mask: AttnMask,
     window: AttnWindow,
     dropout: bool,
-) -> Result<Shape> {
+) -> Result<Plan> {
     let g = attn_geometry(op, q, k, v, cu_q, cu_k, layout, mask)?;
     if v.shape().last() != Some(&g.d) {
-        return Err(super::unsupported(op, format!("the CUDA kernels need v's head dim to be q's ({})", g.d)));
+        return Err(crate::launch::unsupported(op, format!("the CUDA kernels need v's head dim to be q's ({})", g.d)));
     }
     if g.d > 256 {
-        return Err(super::unsupported(op, format!("head dim {} > 256 is not served by the CUDA kernels", g.d)));
+        return Err(crate::launch::unsupported(
+            op,
+            format!("head dim {} > 256 is not served by the CUDA kernels", g.d),
+        ));
     }
     let dp = padded(g.d);
     // The normalised window: every bound left is below sq + sk (checked to fit i32 below).
     let window = g.window(window);
-    let win = |w: Option<usize>| w.map_or(-1i64, |x| x.min(i32::MAX as usize) as i64).to_string();
-    let kernel = Kernel::new(
-        ctx.device,
-        &SRC,
-        vec![
-            ("T", cty(op, "q", q.dtype())?.to_string()),
-            ("D", g.d.to_string()),
-            ("DP", dp.to_string()),
-            ("LAYOUT", (layout as u8).to_string()),
-            ("CAUSAL", u8::from(mask.is_causal()).to_string()),
-            ("BOTTOM_RIGHT", u8::from(mask.bottom_right()).to_string()),
-            ("PADDING", u8::from(mask.is_padding()).to_string()),
-            ("WIN_LEFT", win(window.left)),
-            ("WIN_RIGHT", win(window.right)),
-            ("DROPOUT", u8::from(dropout).to_string()),
-            ("FWD_BR", fwd_br(q.dtype(), dp).to_string()),
-            ("FWD_BC", fwd_bc(q.dtype(), dp).to_string()),
-            ("HALF", u8::from(q.dtype() != DType::F32).to_string()),
-            ("FWD_MIN_BLOCKS", crate::heuristics::attention_fwd_min_blocks(super::arch(ctx.device)).to_string()),
-            ("DKV_KB", dkv_keys(q.dtype(), dp).to_string()),
-            ("DKV_BR", dkv_rows(q.dtype(), dp).to_string()),
-            ("DKV_MT", dkv_mtiles(dp).to_string()),
-        ],
-    );
+    let build = Build {
+        dtype: q.dtype(),
+        d: g.d,
+        layout,
+        mask,
+        window: (window.left, window.right),
+        dropout,
+        fwd_min_blocks: crate::heuristics::attention_fwd_min_blocks(&*tune_table(ctx.device)?),
+    };
+    let kernel = OnDevice::new(ctx.device, variant(op, &build)?);
     for (what, n) in [("q", q.numel()), ("k", k.numel())] {
         i32_of(op, what, n / g.d.max(1))?;
     }
     // Positions plus the diagonal and a window bound stay below 2·(sq + sk) in the kernels.
     i32_of(op, "q", g.sq.saturating_add(g.sk).saturating_mul(2))?;
-    Ok(Shape { g, dp, kernel })
+    Ok(Plan { g, dp, kernel })
 }
 
-fn fill(k: &Kernel, ctx: &KernelCtx<'_>, t: &Tensor, v: f32) -> Result<()> {
+fn fill(k: &OnDevice, ctx: &KernelCtx<'_>, t: &Tensor, v: f32) -> Result<()> {
     let n = t.numel();
     k.launch(
         "fill_f32",
@@ -142,7 +171,7 @@ fn fill(k: &Kernel, ctx: &KernelCtx<'_>, t: &Tensor, v: f32) -> Result<()> {
     )
 }
 
-fn common_args(s: &Shape, a_scale: f32, p: f32, seed: u64, offset: u64) -> Vec<Arg> {
+fn common_args(s: &Plan, a_scale: f32, p: f32, seed: u64, offset: u64) -> Vec<Arg> {
     let g = &s.g;
     vec![
         Arg::I32(g.batch as i32),
@@ -186,7 +215,7 @@ pub fn fused_attn_fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<AttnFwdOut
         Arg::Ptr(opt_ptr(cu_k)?),
     ];
     args.extend(common_args(&s, a.scale, a.dropout_p, a.seed, a.offset));
-    s.kernel.launch("attn_fwd", s.tile_grid(s.g.sq, br, s.g.hq, 128, smem), &args)?;
+    s.kernel.launch("attn_fwd", s.tile_grid(s.g.sq, br, s.g.hq, 4 * MMA_WARP as u32, smem), &args)?;
     Ok(AttnFwdOut { o, softmax_lse: lse })
 }
 
@@ -214,7 +243,7 @@ pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut
     let (dk, dv) = (mk(&a.k)?, mk(&a.v)?);
     s.kernel.launch(
         "attn_bwd_delta",
-        Grid::linear((rows_heads * 32).div_ceil(256).max(1) as u32, 256),
+        Grid::linear((rows_heads * MMA_WARP).div_ceil(256).max(1) as u32, 256),
         &[
             Arg::Ptr(ptr(&a.o)?),
             Arg::Ptr(ptr(&a.d_o)?),
@@ -247,7 +276,7 @@ pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut
     let smem =
         check_smem(OP, ctx, ((2 * kb + 2 * stages * br) * ld + handover + own_tile) * elem + 2 * stages * br * 4)?;
     // A dV and a dK warp per 16 DKV_MT keys.
-    let threads = (2 * kb / (16 * dkv_mtiles(s.dp)) * 32) as u32;
+    let threads = (2 * kb / (16 * dkv_mtiles(s.dp)) * MMA_WARP) as u32;
     s.kernel.launch("attn_bwd_dkdv", s.tile_grid(s.g.sk, kb, s.g.hk, threads, smem), &args)?;
     let n = a.q.numel();
     s.kernel.launch(
@@ -258,37 +287,19 @@ pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut
     Ok(AttnBwdOut { dq, dk, dv })
 }
 
-/// Define sets covering every code path (the NVRTC compile test and cache warm-up).
-pub fn compile_variants() -> Vec<(&'static Source, Vec<(&'static str, String)>)> {
+/// Variants covering every code path (the NVRTC compile test and cache warm-up).
+pub fn variants() -> Vec<Variant> {
+    use DType::{BF16, F16, F32};
     let mut v = Vec::new();
-    for (t, d) in [("bf16", 128), ("f16", 64), ("float", 64), ("bf16", 8), ("float", 40), ("f16", 256), ("float", 256)]
-    {
-        let dtype = if t == "float" { DType::F32 } else { DType::BF16 };
-        for (layout, causal, br, padding, win, drop) in
-            [(0, 1, 0, 0, -1, 0), (1, 1, 1, 0, 5, 1), (2, 0, 0, 1, 3, 1), (0, 0, 0, 1, -1, 0)]
-        {
-            v.push((
-                &SRC,
-                vec![
-                    ("T", t.to_string()),
-                    ("D", d.to_string()),
-                    ("DP", padded(d).to_string()),
-                    ("LAYOUT", layout.to_string()),
-                    ("CAUSAL", causal.to_string()),
-                    ("BOTTOM_RIGHT", br.to_string()),
-                    ("PADDING", padding.to_string()),
-                    ("WIN_LEFT", win.to_string()),
-                    ("WIN_RIGHT", win.to_string()),
-                    ("DROPOUT", drop.to_string()),
-                    ("FWD_BR", fwd_br(dtype, padded(d)).to_string()),
-                    ("FWD_BC", fwd_bc(dtype, padded(d)).to_string()),
-                    ("HALF", if t == "float" { "0" } else { "1" }.to_string()),
-                    ("FWD_MIN_BLOCKS", "2".to_string()),
-                    ("DKV_KB", dkv_keys(dtype, padded(d)).to_string()),
-                    ("DKV_BR", dkv_rows(dtype, padded(d)).to_string()),
-                    ("DKV_MT", dkv_mtiles(padded(d)).to_string()),
-                ],
-            ));
+    for (dtype, d) in [(BF16, 128), (F16, 64), (F32, 64), (BF16, 8), (F32, 40), (F16, 256), (F32, 256)] {
+        for (layout, mask, win, dropout) in [
+            (QkvLayout::Bshd, AttnMask::Causal, None, false),
+            (QkvLayout::Sbhd, AttnMask::CausalBottomRight, Some(5), true),
+            (QkvLayout::Thd, AttnMask::Padding, Some(3), true),
+            (QkvLayout::Bshd, AttnMask::Padding, None, false),
+        ] {
+            let build = Build { dtype, d, layout, mask, window: (win, win), dropout, fwd_min_blocks: 2 };
+            v.extend(variant("attention", &build));
         }
     }
     v

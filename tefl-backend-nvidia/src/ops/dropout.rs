@@ -3,14 +3,20 @@
 use tefl_core::catalogue::*;
 use tefl_core::{DType, KernelCtx, Result};
 
-use super::{Kernel, blocks_for, cty, empty, sm_count};
-use crate::compiler::{Arg, Grid, Source, ptr};
+use tefl_gpu::{Defines, Variant};
 
-static SRC: Source = Source { name: "dropout", text: include_str!("dropout.cu") };
+use crate::launch::{Arg, Grid, OnDevice, blocks_for, cty, empty, ptr, sm_count};
+
 const BLOCK: u32 = 256;
 
-fn kernel(op: &'static str, ctx: &KernelCtx<'_>, dtype: DType) -> Result<Kernel> {
-    Ok(Kernel::new(ctx.device, &SRC, vec![("TX", cty(op, "x", dtype)?.to_string()), ("BLOCK", BLOCK.to_string())]))
+/// The variant of `simt/dropout.cu` for a dtype (launches and the compile test).
+fn variant(op: &'static str, dtype: DType) -> Result<Variant> {
+    let defines = Defines::new().set("TX", cty(op, "x", dtype)?).set("BLOCK", BLOCK);
+    Ok(Variant::new(&tefl_kernels::DROPOUT, &["dropout_fwd", "dropout_bwd"], defines))
+}
+
+fn kernel(op: &'static str, ctx: &KernelCtx<'_>, dtype: DType) -> Result<OnDevice> {
+    Ok(OnDevice::new(ctx.device, variant(op, dtype)?))
 }
 
 pub fn dropout_fwd(ctx: &KernelCtx<'_>, a: &DropoutFwdArgs) -> Result<DropoutFwdOut> {
@@ -46,7 +52,7 @@ pub fn dropout_bwd(ctx: &KernelCtx<'_>, a: &DropoutBwdArgs) -> Result<DropoutBwd
     Ok(DropoutBwdOut { dx })
 }
 
-/// Define sets covering every code path (the NVRTC compile test and cache warm-up).
-pub fn compile_variants() -> Vec<(&'static Source, Vec<(&'static str, String)>)> {
-    ["float", "f16", "bf16"].iter().map(|t| (&SRC, vec![("TX", t.to_string()), ("BLOCK", BLOCK.to_string())])).collect()
+/// Variants covering every code path (the NVRTC compile test and cache warm-up).
+pub fn variants() -> Vec<Variant> {
+    [DType::F32, DType::F16, DType::BF16].into_iter().filter_map(|d| variant("dropout", d).ok()).collect()
 }

@@ -8,7 +8,7 @@
 //! When every dtype matches (a = b, c = bias = aux = out) and the aux leading dimension is
 //! aligned, the epilogue is cuBLASLt's own (BIAS, GELU_AUX, GELU_AUX_BIAS, DGELU, and beta = 1
 //! for accumulate). Otherwise, and for the bias-gradient epilogues (the sum of the unrounded
-//! values over m), cuBLASLt writes f32 and `gemm.cu` finishes the epilogue.
+//! values over m), cuBLASLt writes f32 and `simt/gemm_epilogue.cu` (tefl-kernels) finishes the epilogue.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -19,11 +19,32 @@ use cudarc::cublaslt::sys;
 use tefl_core::catalogue::*;
 use tefl_core::{DType, Device, Error, KernelCtx, Result, Tensor};
 
-use super::{Kernel, blocks_for, cty, empty, i32_of, sm_count};
-use crate::compiler::{Arg, Grid, Source, opt_ptr, ptr};
+use tefl_gpu::{Defines, Variant};
+
+use crate::launch::{Arg, Grid, OnDevice, blocks_for, cty, empty, i32_of, opt_ptr, ptr, sm_count, zeros};
 use crate::runtime::{self, CudaBuffer, device_error};
 
-static SRC: Source = Source { name: "gemm", text: include_str!("gemm.cu") };
+/// The epilogue variant of `simt/gemm_epilogue.cu` for the c, bias, aux and output dtypes
+/// (`None`: the output's) and an epilogue (launches and the compile test).
+fn epilogue_variant(
+    c: Option<DType>,
+    bias: Option<DType>,
+    aux: Option<DType>,
+    out: DType,
+    ep: GemmEpilogue,
+) -> Result<Variant> {
+    const OP: &str = "generic_gemm";
+    let out_t = cty(OP, "out_dtype", out)?;
+    let or_out =
+        |arg: &'static str, d: Option<DType>| d.map(|d| cty(OP, arg, d)).transpose().map(|t| t.unwrap_or(out_t));
+    let defines = Defines::new()
+        .set("TC", or_out("c", c)?)
+        .set("TB", or_out("bias", bias)?)
+        .set("TAUX", or_out("aux", aux)?)
+        .set("TD", out_t)
+        .set("EP", ep_code(ep));
+    Ok(Variant::new(&tefl_kernels::GEMM_EPILOGUE, &["gemm_epilogue", "col_sum_partial", "col_sum_finish"], defines))
+}
 const WORKSPACE_BYTES: usize = 32 << 20;
 
 fn lt_error(device: Device, what: &str, e: lt::CublasError) -> Error {
@@ -62,7 +83,7 @@ fn device_lt(device: Device) -> Result<Arc<DeviceLt>> {
     let rt = runtime::global();
     rt.context(device)?.bind_to_thread().map_err(|e| device_error(device, e))?;
     let handle = lt::create_handle().map_err(|e| lt_error(device, "create", e))?;
-    let workspace = rt.alloc_uninit(device, WORKSPACE_BYTES)?;
+    let workspace = rt.alloc_uninit_buffer(device, WORKSPACE_BYTES)?;
     let d = Arc::new(DeviceLt { handle, workspace });
     g.insert(device.ordinal, d.clone());
     Ok(d)
@@ -218,32 +239,33 @@ fn run_lt(
     }
     let rt = runtime::global();
     rt.context(device)?.bind_to_thread().map_err(|e| device_error(device, e))?;
-    let stream = rt.stream(device)?;
     let c = if c_ptr == 0 { d_ptr } else { c_ptr };
-    // SAFETY: descriptors and algorithm come from the plan for exactly these shapes and
-    // dtypes; a, b, c, d are live device buffers of those sizes (validated by the op); the
-    // workspace holds WORKSPACE_BYTES; alpha and beta are f32 (the scale type).
-    unsafe {
-        lt::matmul(
-            lt_dev.handle,
-            p.desc,
-            &alpha as *const f32 as *const c_void,
-            &beta as *const f32 as *const c_void,
-            ptr(b)? as *const c_void,
-            p.a,
-            ptr(a)? as *const c_void,
-            p.b,
-            c as *const c_void,
-            p.d,
-            d_ptr as *mut c_void,
-            p.d,
-            &p.algo,
-            lt_dev.workspace.device_ptr() as *mut c_void,
-            WORKSPACE_BYTES,
-            stream.cu_stream() as sys::cudaStream_t,
-        )
-    }
-    .map_err(|e| lt_error(device, "matmul", e))
+    rt.on_queue(device, |stream| {
+        // SAFETY: descriptors and algorithm come from the plan for exactly these shapes and
+        // dtypes; a, b, c, d are live device buffers of those sizes (validated by the op); the
+        // workspace holds WORKSPACE_BYTES; alpha and beta are f32 (the scale type).
+        unsafe {
+            lt::matmul(
+                lt_dev.handle,
+                p.desc,
+                &alpha as *const f32 as *const c_void,
+                &beta as *const f32 as *const c_void,
+                ptr(b)? as *const c_void,
+                p.a,
+                ptr(a)? as *const c_void,
+                p.b,
+                c as *const c_void,
+                p.d,
+                d_ptr as *mut c_void,
+                p.d,
+                &p.algo,
+                lt_dev.workspace.device_ptr() as *mut c_void,
+                WORKSPACE_BYTES,
+                stream.cu_stream() as sys::cudaStream_t,
+            )
+        }
+        .map_err(|e| lt_error(device, "matmul", e))
+    })
 }
 
 fn native_epilogue(ep: GemmEpilogue) -> Option<sys::cublasLtEpilogue_t> {
@@ -286,12 +308,12 @@ pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
             && (!a.epilogue.needs_aux() && !a.epilogue.writes_aux() || n % 8 == 0)
     });
     if m == 0 || n == 0 {
-        let bias_grad = if a.epilogue.writes_bias_grad() { Some(super::zeros(dev, &[n], DType::F32)?) } else { None };
+        let bias_grad = if a.epilogue.writes_bias_grad() { Some(zeros(dev, &[n], DType::F32)?) } else { None };
         return Ok(GemmOut { d, aux_out, bias_grad });
     }
     if k == 0 {
         // No product: D is C (or zero) through the epilogue; run the epilogue kernel on zeros.
-        return finish(ctx, a, m, n, super::zeros(dev, &[m, n], DType::F32)?, d, aux_out);
+        return finish(ctx, a, m, n, zeros(dev, &[m, n], DType::F32)?, d, aux_out);
     }
     if let Some(epilogue) = native {
         let key = PlanKey {
@@ -345,18 +367,14 @@ fn finish(
     const OP: &str = "generic_gemm";
     let dev = ctx.device;
     let c = a.c.as_ref().filter(|_| a.accumulate);
-    let out_t = cty(OP, "out_dtype", a.out_dtype)?;
-    let k = Kernel::new(
-        dev,
-        &SRC,
-        vec![
-            ("TC", c.map(|t| cty(OP, "c", t.dtype())).transpose()?.unwrap_or(out_t).to_string()),
-            ("TB", a.bias.as_ref().map(|t| cty(OP, "bias", t.dtype())).transpose()?.unwrap_or(out_t).to_string()),
-            ("TAUX", a.aux.as_ref().map(|t| cty(OP, "aux", t.dtype())).transpose()?.unwrap_or(out_t).to_string()),
-            ("TD", out_t.to_string()),
-            ("EP", ep_code(a.epilogue).to_string()),
-        ],
-    );
+    let variant = epilogue_variant(
+        c.map(Tensor::dtype),
+        a.bias.as_ref().map(Tensor::dtype),
+        a.aux.as_ref().map(Tensor::dtype),
+        a.out_dtype,
+        a.epilogue,
+    )?;
+    let k = OnDevice::new(dev, variant);
     let total = m * n;
     let sms = sm_count(dev);
     k.launch(
@@ -397,20 +415,11 @@ fn finish(
     Ok(GemmOut { d, aux_out, bias_grad })
 }
 
-/// Define sets covering every code path (the NVRTC compile test and cache warm-up).
-pub fn compile_variants() -> Vec<(&'static Source, Vec<(&'static str, String)>)> {
-    (0..7)
-        .map(|ep| {
-            (
-                &SRC,
-                vec![
-                    ("TC", "float".to_string()),
-                    ("TB", "bf16".to_string()),
-                    ("TAUX", "f16".to_string()),
-                    ("TD", "bf16".to_string()),
-                    ("EP", ep.to_string()),
-                ],
-            )
-        })
+/// Variants covering every code path (the NVRTC compile test and cache warm-up).
+pub fn variants() -> Vec<Variant> {
+    use GemmEpilogue as E;
+    [E::None, E::Bias, E::Gelu, E::BiasGelu, E::DGelu, E::DGeluBiasGrad, E::BiasGrad]
+        .into_iter()
+        .filter_map(|ep| epilogue_variant(Some(DType::F32), Some(DType::BF16), Some(DType::F16), DType::BF16, ep).ok())
         .collect()
 }

@@ -5,11 +5,13 @@
 use tefl_core::catalogue::*;
 use tefl_core::{DType, KernelCtx, Result, Tensor};
 
-use super::{Kernel, blocks_for, cty, empty, i32_of, sm_count};
-use crate::compiler::{Arg, Grid, Source, opt_ptr, ptr};
-use crate::heuristics::{self, RowConfig};
+use tefl_gpu::tune::{self, RowConfig};
+use tefl_gpu::{Defines, Variant};
 
-static SRC: Source = Source { name: "norm", text: include_str!("norm.cu") };
+use crate::launch::{Arg, Grid, OnDevice, blocks_for, cty, empty, i32_of, info, opt_ptr, ptr, sm_count, tune_table};
+
+/// The kernels of `simt/norm.cu` these ops launch.
+const ENTRIES: &[&str] = &["norm_fwd", "norm_bwd", "norm_bwd_cols", "norm_reduce_ws"];
 
 struct Types {
     x: DType,
@@ -18,28 +20,33 @@ struct Types {
     add: Option<DType>,
 }
 
-fn kernel(op: &'static str, ctx: &KernelCtx<'_>, t: &Types, is_ln: bool, cfg: RowConfig) -> Result<Kernel> {
-    let defines = vec![
-        ("TX", cty(op, "x", t.x)?.to_string()),
-        ("TG", cty(op, "gamma", t.g)?.to_string()),
-        ("TY", cty(op, "y", t.y)?.to_string()),
-        ("TA", t.add.map(|d| cty(op, "add", d)).transpose()?.unwrap_or("float").to_string()),
-        ("IS_LN", u8::from(is_ln).to_string()),
-        ("HAS_ADD", u8::from(t.add.is_some()).to_string()),
-        ("BLOCK", cfg.block.to_string()),
-        ("ROW_VECS", cfg.row_vecs.max(1).to_string()),
-        ("FUSED", u8::from(cfg.row_vecs > 0).to_string()),
-        ("VEC_BYTES", cfg.vec_bytes.to_string()),
-    ];
-    Ok(Kernel::new(ctx.device, &SRC, defines))
+/// The variant of `norm.cu` for these dtypes, norm kind and row config: the one place its
+/// defines are built (launches and the compile test both call it).
+fn variant(op: &'static str, t: &Types, is_ln: bool, cfg: RowConfig) -> Result<Variant> {
+    let defines = Defines::new()
+        .set("TX", cty(op, "x", t.x)?)
+        .set("TG", cty(op, "gamma", t.g)?)
+        .set("TY", cty(op, "y", t.y)?)
+        .set("TA", t.add.map(|d| cty(op, "add", d)).transpose()?.unwrap_or("float"))
+        .flag("IS_LN", is_ln)
+        .flag("HAS_ADD", t.add.is_some())
+        .set("BLOCK", cfg.block)
+        .set("ROW_VECS", cfg.row_vecs.max(1))
+        .flag("FUSED", cfg.fused())
+        .set("VEC_BYTES", cfg.vec_bytes);
+    Ok(Variant::new(&tefl_kernels::NORM, ENTRIES, defines))
+}
+
+fn kernel(op: &'static str, ctx: &KernelCtx<'_>, t: &Types, is_ln: bool, cfg: RowConfig) -> Result<OnDevice> {
+    Ok(OnDevice::new(ctx.device, variant(op, t, is_ln, cfg)?))
 }
 
 /// Row config for `n` elements: the heuristic, or the autotuner's pick when asked for.
-fn config(ctx: &KernelCtx<'_>, x: &Tensor, run: &dyn Fn(RowConfig) -> Result<()>) -> RowConfig {
-    let arch = super::arch(ctx.device);
-    heuristics::tuned_row_kernel("norm", ctx.device, arch, x.dtype(), x.last_dim(), |cfg| {
-        heuristics::measure(ctx.device, &|| run(cfg))
-    })
+fn config(ctx: &KernelCtx<'_>, x: &Tensor, run: &dyn Fn(RowConfig) -> Result<()>) -> Result<RowConfig> {
+    let (table, info) = (tune_table(ctx.device)?, info(ctx.device)?);
+    Ok(tune::tuned_row_kernel(&table, "norm", &info, x.dtype(), x.last_dim(), |cfg| {
+        tune::measure(ctx.device, &|| run(cfg))
+    }))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -77,7 +84,7 @@ fn forward(
         let k = kernel(op, ctx, &types, beta.is_some(), cfg)?;
         k.launch("norm_fwd", Grid::linear(blocks_for(rows, 1, i32::MAX as u32), cfg.block), &args)
     };
-    let cfg = config(ctx, x, &run);
+    let cfg = config(ctx, x, &run)?;
     run(cfg)?;
     Ok((y, mu, rsigma))
 }
@@ -103,9 +110,8 @@ fn backward(
         return Ok((dx, dgamma, dbeta));
     }
     let types = Types { x: x.dtype(), g: gamma.dtype(), y: dy.dtype(), add: add.map(Tensor::dtype) };
-    let arch = super::arch(ctx.device);
     // The backward holds more per vector (x̂, d, two column sums): fewer vectors per thread.
-    let cfg = heuristics::row_kernel_within("norm", arch, n, x.dtype().size_in_bytes(), 2);
+    let cfg = tune::row_kernel(&*tune_table(ctx.device)?, "norm", n, x.dtype().size_in_bytes(), 2);
     let k = kernel(op, ctx, &types, is_ln, cfg)?;
     let (rows_i, n_i) = (i32_of(op, "x", rows)?, i32_of(op, "x", n)?);
     let col_grid = Grid::linear(n.div_ceil(256) as u32, 256);
@@ -196,31 +202,19 @@ pub fn layernorm_bwd(ctx: &KernelCtx<'_>, a: &LayerNormBwdArgs) -> Result<LayerN
     Ok(LayerNormBwdOut { dx, dgamma, dbeta })
 }
 
-/// Define sets covering every code path (the NVRTC compile test and cache warm-up).
-pub fn compile_variants() -> Vec<(&'static Source, Vec<(&'static str, String)>)> {
+/// Variants covering every code path (the NVRTC compile test and cache warm-up).
+pub fn variants() -> Vec<Variant> {
+    use DType::{BF16, F16, F32};
     let mut v = Vec::new();
     for (x, g, y, add, ln) in [
-        ("bf16", "bf16", "bf16", "bf16", 0),
-        ("f16", "float", "f16", "f16", 1),
-        ("float", "float", "bf16", "float", 0),
-        ("float", "bf16", "float", "float", 1),
+        (BF16, BF16, BF16, BF16, false),
+        (F16, F32, F16, F16, true),
+        (F32, F32, BF16, F32, false),
+        (F32, BF16, F32, F32, true),
     ] {
-        for (fused, row_vecs) in [(1, 4), (0, 1)] {
-            v.push((
-                &SRC,
-                vec![
-                    ("TX", x.to_string()),
-                    ("TG", g.to_string()),
-                    ("TY", y.to_string()),
-                    ("TA", add.to_string()),
-                    ("IS_LN", ln.to_string()),
-                    ("HAS_ADD", (1 - ln).to_string()),
-                    ("BLOCK", "256".to_string()),
-                    ("ROW_VECS", row_vecs.to_string()),
-                    ("FUSED", fused.to_string()),
-                    ("VEC_BYTES", "16".to_string()),
-                ],
-            ));
+        let types = Types { x, g, y, add: (!ln).then_some(add) };
+        for cfg in [RowConfig { block: 256, vec_bytes: 16, row_vecs: 4 }, RowConfig::two_pass(256)] {
+            v.extend(variant("norm", &types, ln, cfg));
         }
     }
     v

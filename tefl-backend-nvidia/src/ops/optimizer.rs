@@ -9,11 +9,14 @@ use tefl_core::catalogue::*;
 use tefl_core::device::DeviceRuntime;
 use tefl_core::{DType, KernelCtx, Result, Tensor};
 
-use super::{Kernel, cty, empty, zeros};
-use crate::compiler::{Arg, Grid, Source, ptr};
+use tefl_gpu::{Defines, Variant};
+
+use crate::launch::{Arg, Grid, OnDevice, cty, empty, ptr, zeros};
 use crate::runtime::{self, CudaBuffer};
 
-static SRC: Source = Source { name: "optimizer", text: include_str!("optimizer.cu") };
+/// The kernels of `simt/optimizer.cu` these ops launch.
+const ENTRIES: &[&str] =
+    &["noop_snapshot", "mt_scale", "mt_l2norm", "mt_l2norm_finish", "mt_adam", "mt_sgd", "mt_compute_scale"];
 const BLOCK: u32 = 512;
 const CHUNK: usize = 65536;
 const ENTRY: usize = 7;
@@ -30,7 +33,7 @@ enum Kind {
 
 /// One launch's worth: a dtype signature and the tensor indices that share it.
 struct Group {
-    kernel: Kernel,
+    kernel: OnDevice,
     table: Arc<CudaBuffer>,
     ntensors: usize,
     chunks: usize,
@@ -53,7 +56,7 @@ fn groups(op: &'static str, ctx: &KernelCtx<'_>, kind: Kind, lists: &[&[Tensor]]
         for (slot, l) in lists.iter().enumerate().take(5) {
             types[slot] = cty(op, "tensor list", l[first].dtype())?;
         }
-        let defines = defines(kind as u8, types);
+        let variant = variant(kind as u8, types);
         let mut table: Vec<u64> = Vec::with_capacity(idx.len() * (ENTRY + 2));
         let mut chunk_list: Vec<u64> = Vec::new();
         for (local, &i) in idx.iter().enumerate() {
@@ -72,27 +75,28 @@ fn groups(op: &'static str, ctx: &KernelCtx<'_>, kind: Kind, lists: &[&[Tensor]]
         let chunks = chunk_list.len() / 2;
         table.extend(chunk_list);
         let bytes: Vec<u8> = table.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let buf = rt.alloc_uninit(ctx.device, bytes.len())?;
+        let buf = rt.alloc_uninit_buffer(ctx.device, bytes.len())?;
         rt.copy_from_host(buf.as_ref(), &bytes)?;
         if u32::try_from(chunks).is_err() {
-            return Err(super::unsupported(op, format!("'tensors': {chunks} chunks exceed one launch")));
+            return Err(crate::launch::unsupported(op, format!("'tensors': {chunks} chunks exceed one launch")));
         }
-        out.push(Group { kernel: Kernel::new(ctx.device, &SRC, defines), table: buf, ntensors: idx.len(), chunks });
+        out.push(Group { kernel: OnDevice::new(ctx.device, variant), table: buf, ntensors: idx.len(), chunks });
     }
     Ok(out)
 }
 
-/// The defines of one build of `optimizer.cu`: the kernel kind and the five list dtypes.
-fn defines(kind: u8, types: [&str; 5]) -> Vec<(&'static str, String)> {
-    let mut d = vec![("KIND", kind.to_string()), ("BLOCK", BLOCK.to_string()), ("CHUNK", CHUNK.to_string())];
-    d.extend(["T0", "T1", "T2", "T3", "T4"].into_iter().zip(types).map(|(n, t)| (n, t.to_string())));
-    d
+/// The variant of `simt/optimizer.cu` for a kernel kind and the five list dtypes (launches
+/// and the compile test).
+fn variant(kind: u8, types: [&str; 5]) -> Variant {
+    let defines = Defines::new().set("KIND", kind).set("BLOCK", BLOCK).set("CHUNK", CHUNK);
+    let defines = ["T0", "T1", "T2", "T3", "T4"].into_iter().zip(types).fold(defines, |d, (n, t)| d.set(n, t));
+    Variant::new(&tefl_kernels::OPTIMIZER, ENTRIES, defines)
 }
 
 /// The all-f32 build, for the kernels that touch no tensor list (the noop snapshot, the norm
 /// finish).
-fn f32_kernel(ctx: &KernelCtx<'_>) -> Kernel {
-    Kernel::new(ctx.device, &SRC, defines(Kind::L2Norm as u8, ["float"; 5]))
+fn f32_kernel(ctx: &KernelCtx<'_>) -> OnDevice {
+    OnDevice::new(ctx.device, variant(Kind::L2Norm as u8, ["float"; 5]))
 }
 
 /// The noop flag as it is before the op (device to device, no host round trip).
@@ -250,7 +254,7 @@ pub fn multi_tensor_compute_scale_and_scale_inv(ctx: &KernelCtx<'_>, a: &Compute
     Ok(ComputeScaleOut {})
 }
 
-/// Define sets covering every code path (the NVRTC compile test and cache warm-up).
-pub fn compile_variants() -> Vec<(&'static Source, Vec<(&'static str, String)>)> {
-    (0..6).map(|kind| (&SRC, defines(kind, ["bf16", "f16", "float", "float", "float"]))).collect()
+/// Variants covering every code path (the NVRTC compile test and cache warm-up).
+pub fn variants() -> Vec<Variant> {
+    (0..6).map(|kind| variant(kind, ["bf16", "f16", "float", "float", "float"])).collect()
 }

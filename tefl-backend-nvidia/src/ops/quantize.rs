@@ -5,42 +5,47 @@ use tefl_core::catalogue::*;
 use tefl_core::fp8::Fp8Format;
 use tefl_core::{DType, Error, KernelCtx, Result, Tensor};
 
-use super::{Kernel, blocks_for, cty, empty, i32_of, sm_count, zeros};
-use crate::compiler::{Arg, Grid, Source, ptr};
+use tefl_gpu::{Defines, Variant};
 
-static SRC: Source = Source { name: "quantize", text: include_str!("quantize.cu") };
+use crate::launch::{Arg, Grid, OnDevice, blocks_for, cty, empty, i32_of, ptr, sm_count, zeros};
+
 const BLOCK: u32 = 256;
+/// The transpose's tile edge (`TILE` in `simt/quantize.cu`).
+const TILE: usize = 32;
 
-fn kernel(op: &'static str, ctx: &KernelCtx<'_>, float: DType, fp8: DType) -> Result<Kernel> {
+/// The variant of `simt/quantize.cu` for a float dtype and an FP8 format (launches and the
+/// compile test).
+fn variant(op: &'static str, float: DType, fp8: DType) -> Result<Variant> {
     let f = Fp8Format::of(fp8).ok_or_else(|| Error::invalid(op, "fp8_dtype", format!("{fp8} is not an fp8 dtype")))?;
     let (mant, bias) = match f {
         Fp8Format::E4M3 => (3, 7),
         Fp8Format::E5M2 => (2, 15),
     };
-    Ok(Kernel::new(
-        ctx.device,
-        &SRC,
-        vec![
-            ("TX", cty(op, "x", float)?.to_string()),
-            ("MANT", mant.to_string()),
-            ("BIAS", bias.to_string()),
-            ("MAXV", format!("{:.1}f", f.max())),
-            ("MAXCODE", f.max_code().to_string()),
-            ("BLOCK", BLOCK.to_string()),
-        ],
-    ))
+    let defines = Defines::new()
+        .set("TX", cty(op, "x", float)?)
+        .set("MANT", mant)
+        .set("BIAS", bias)
+        .set("MAXV", format!("{:.1}f", f.max()))
+        .set("MAXCODE", f.max_code())
+        .set("BLOCK", BLOCK);
+    let entries = &["quantize", "compute_amax", "dequantize", "transpose_u8", "delayed_scaling"];
+    Ok(Variant::new(&tefl_kernels::QUANTIZE, entries, defines))
+}
+
+fn kernel(op: &'static str, ctx: &KernelCtx<'_>, float: DType, fp8: DType) -> Result<OnDevice> {
+    Ok(OnDevice::new(ctx.device, variant(op, float, fp8)?))
 }
 
 fn grid(ctx: &KernelCtx<'_>, n: usize) -> Grid {
     Grid::linear(blocks_for(n, BLOCK as usize, sm_count(ctx.device) * 8), BLOCK)
 }
 
-fn transpose(k: &Kernel, op: &'static str, q: &Tensor) -> Result<Tensor> {
+fn transpose(k: &OnDevice, op: &'static str, q: &Tensor) -> Result<Tensor> {
     let (m, n) = (q.shape()[0], q.shape()[1]);
     let qt = empty(q.device(), &[n, m], q.dtype())?;
     k.launch(
         "transpose_u8",
-        Grid { blocks: (n.div_ceil(32) as u32, m.div_ceil(32) as u32, 1), threads: (32, 8, 1), smem: 0 },
+        Grid { blocks: (n.div_ceil(TILE) as u32, m.div_ceil(TILE) as u32, 1), threads: (TILE as u32, 8, 1), smem: 0 },
         &[Arg::Ptr(ptr(q)?), Arg::Ptr(ptr(&qt)?), Arg::I32(i32_of(op, "q", m)?), Arg::I32(i32_of(op, "q", n)?)],
     )?;
     Ok(qt)
@@ -115,22 +120,12 @@ pub fn delayed_scaling(ctx: &KernelCtx<'_>, a: &DelayedScalingArgs) -> Result<De
     Ok(DelayedScalingOut {})
 }
 
-/// Define sets covering every code path (the NVRTC compile test and cache warm-up).
-pub fn compile_variants() -> Vec<(&'static Source, Vec<(&'static str, String)>)> {
+/// Variants covering every code path (the NVRTC compile test and cache warm-up).
+pub fn variants() -> Vec<Variant> {
     let mut v = Vec::new();
-    for t in ["float", "f16", "bf16"] {
-        for (mant, bias, maxv, code) in [(3, 7, "448.0f", 126), (2, 15, "57344.0f", 123)] {
-            v.push((
-                &SRC,
-                vec![
-                    ("TX", t.to_string()),
-                    ("MANT", mant.to_string()),
-                    ("BIAS", bias.to_string()),
-                    ("MAXV", maxv.to_string()),
-                    ("MAXCODE", code.to_string()),
-                    ("BLOCK", BLOCK.to_string()),
-                ],
-            ));
+    for t in [DType::F32, DType::F16, DType::BF16] {
+        for fp8 in [DType::F8E4M3, DType::F8E5M2] {
+            v.extend(variant("quantize", t, fp8));
         }
     }
     v

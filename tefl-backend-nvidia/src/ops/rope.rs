@@ -2,27 +2,36 @@
 //! half-split pairs, cu_seqlens and start positions.
 
 use tefl_core::catalogue::*;
-use tefl_core::{KernelCtx, Result};
+use tefl_core::{DType, KernelCtx, Result};
+use tefl_gpu::{Defines, Variant};
 
-use super::{Kernel, blocks_for, cty, empty, i32_of};
-use crate::compiler::{Arg, Grid, Source, opt_ptr, ptr};
+use crate::launch::{Arg, Grid, OnDevice, blocks_for, cty, empty, i32_of, opt_ptr, ptr};
 
-static SRC: Source = Source { name: "rope", text: include_str!("rope.cu") };
+/// The variant of `simt/rope.cu` for a dtype, layout, direction and head / rotated dims
+/// (launches and the compile test).
+#[allow(clippy::too_many_arguments)]
+fn variant(
+    op: &'static str,
+    x: DType,
+    layout: QkvLayout,
+    interleaved: bool,
+    backward: bool,
+    d: usize,
+    d_rot: usize,
+) -> Result<Variant> {
+    let defines = Defines::new()
+        .set("TX", cty(op, "x", x)?)
+        .set("LAYOUT", layout as u8)
+        .flag("INTERLEAVED", interleaved)
+        .flag("BACKWARD", backward)
+        .set("D", d)
+        .set("DROT", d_rot);
+    Ok(Variant::new(&tefl_kernels::ROPE, &["rope", "rope_vec"], defines))
+}
 
 fn run(op: &'static str, ctx: &KernelCtx<'_>, a: &RopeArgs, backward: bool) -> Result<RopeOut> {
     let g = rope_geometry(op, a)?;
-    let k = Kernel::new(
-        ctx.device,
-        &SRC,
-        vec![
-            ("TX", cty(op, "x", a.x.dtype())?.to_string()),
-            ("LAYOUT", (a.layout as u8).to_string()),
-            ("INTERLEAVED", u8::from(a.interleaved).to_string()),
-            ("BACKWARD", u8::from(backward).to_string()),
-            ("D", g.d.to_string()),
-            ("DROT", g.d_rot.to_string()),
-        ],
-    );
+    let k = OnDevice::new(ctx.device, variant(op, a.x.dtype(), a.layout, a.interleaved, backward, g.d, g.d_rot)?);
     let y = empty(ctx.device, a.x.shape(), a.x.dtype())?;
     let rows = a.x.numel() / (g.h * g.d).max(1);
     // The vector kernel has h · (rotated + copied vectors per head) slots, about h·d/16 of them.
@@ -60,23 +69,14 @@ pub fn fused_rope_backward(ctx: &KernelCtx<'_>, a: &RopeArgs) -> Result<RopeOut>
 }
 
 /// Define sets covering every code path (the NVRTC compile test and cache warm-up).
-pub fn compile_variants() -> Vec<(&'static Source, Vec<(&'static str, String)>)> {
+/// Variants covering every code path (the NVRTC compile test and cache warm-up).
+pub fn variants() -> Vec<Variant> {
     let mut v = Vec::new();
-    for t in ["float", "bf16"] {
-        for layout in 0..3 {
-            for il in 0..2 {
-                for bw in 0..2 {
-                    v.push((
-                        &SRC,
-                        vec![
-                            ("TX", t.to_string()),
-                            ("LAYOUT", layout.to_string()),
-                            ("INTERLEAVED", il.to_string()),
-                            ("BACKWARD", bw.to_string()),
-                            ("D", "64".to_string()),
-                            ("DROT", "32".to_string()),
-                        ],
-                    ));
+    for t in [DType::F32, DType::BF16] {
+        for layout in [QkvLayout::Bshd, QkvLayout::Sbhd, QkvLayout::Thd] {
+            for interleaved in [false, true] {
+                for backward in [false, true] {
+                    v.extend(variant("rope", t, layout, interleaved, backward, 64, 32));
                 }
             }
         }

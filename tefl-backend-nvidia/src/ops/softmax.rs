@@ -3,11 +3,13 @@
 use tefl_core::catalogue::*;
 use tefl_core::{DType, KernelCtx, Result, Tensor};
 
-use super::{Kernel, blocks_for, cty, empty, i32_of};
-use crate::compiler::{Arg, Grid, Source, ptr};
-use crate::heuristics::{self, RowConfig};
+use tefl_gpu::tune::{self, RowConfig};
+use tefl_gpu::{Defines, Variant};
 
-static SRC: Source = Source { name: "softmax", text: include_str!("softmax.cu") };
+use crate::launch::{Arg, Grid, OnDevice, blocks_for, cty, empty, i32_of, info, ptr, tune_table};
+
+/// The kernels of `simt/softmax.cu` these ops launch.
+const ENTRIES: &[&str] = &["softmax_fwd", "softmax_bwd"];
 
 #[derive(Clone, Copy)]
 enum MaskKind {
@@ -17,20 +19,29 @@ enum MaskKind {
     AlignedCausal = 3,
 }
 
-fn kernel(op: &'static str, ctx: &KernelCtx<'_>, x: DType, g: DType, mask: MaskKind, cfg: RowConfig) -> Result<Kernel> {
-    Ok(Kernel::new(
-        ctx.device,
-        &SRC,
-        vec![
-            ("TX", cty(op, "x", x)?.to_string()),
-            ("TG", cty(op, "dy", g)?.to_string()),
-            ("MASK", (mask as u8).to_string()),
-            ("BLOCK", cfg.block.to_string()),
-            ("ROW_VECS", cfg.row_vecs.max(1).to_string()),
-            ("FUSED", u8::from(cfg.row_vecs > 0).to_string()),
-            ("VEC_BYTES", cfg.vec_bytes.to_string()),
-        ],
-    ))
+/// The variant of `softmax.cu` for these dtypes, mask and row config: the one place its
+/// defines are built (launches and the compile test both call it).
+fn variant(op: &'static str, x: DType, g: DType, mask: MaskKind, cfg: RowConfig) -> Result<Variant> {
+    let defines = Defines::new()
+        .set("TX", cty(op, "x", x)?)
+        .set("TG", cty(op, "dy", g)?)
+        .set("MASK", mask as u8)
+        .set("BLOCK", cfg.block)
+        .set("ROW_VECS", cfg.row_vecs.max(1))
+        .flag("FUSED", cfg.fused())
+        .set("VEC_BYTES", cfg.vec_bytes);
+    Ok(Variant::new(&tefl_kernels::SOFTMAX, ENTRIES, defines))
+}
+
+fn kernel(
+    op: &'static str,
+    ctx: &KernelCtx<'_>,
+    x: DType,
+    g: DType,
+    mask: MaskKind,
+    cfg: RowConfig,
+) -> Result<OnDevice> {
+    Ok(OnDevice::new(ctx.device, variant(op, x, g, mask, cfg)?))
 }
 
 fn forward(
@@ -69,9 +80,9 @@ fn forward(
         k.launch("softmax_fwd", Grid::linear(blocks_for(rows, 1, i32::MAX as u32), cfg.block), &args)
     };
     // The heuristic, or (TEFL_AUTOTUNE=1) the fastest candidate for this row length.
-    let cfg = heuristics::tuned_row_kernel("softmax", ctx.device, super::arch(ctx.device), x.dtype(), sk, |cfg| {
-        heuristics::measure(ctx.device, &|| run(cfg))
-    });
+    let (table, info) = (tune_table(ctx.device)?, info(ctx.device)?);
+    let cfg =
+        tune::tuned_row_kernel(&table, "softmax", &info, x.dtype(), sk, |cfg| tune::measure(ctx.device, &|| run(cfg)));
     run(cfg)?;
     Ok(SoftmaxOut { y })
 }
@@ -82,7 +93,7 @@ fn backward(op: &'static str, ctx: &KernelCtx<'_>, a: &SoftmaxBwdArgs) -> Result
     if rows == 0 || sk == 0 {
         return Ok(SoftmaxBwdOut { dx });
     }
-    let cfg = heuristics::row_kernel("softmax", super::arch(ctx.device), sk, a.y.dtype().size_in_bytes());
+    let cfg = tune::row_kernel(&*tune_table(ctx.device)?, "softmax", sk, a.y.dtype().size_in_bytes(), 4);
     let k = kernel(op, ctx, a.y.dtype(), a.dy.dtype(), MaskKind::None, cfg)?;
     k.launch(
         "softmax_bwd",
@@ -124,24 +135,14 @@ pub fn scaled_aligned_causal_masked_softmax_backward(ctx: &KernelCtx<'_>, a: &So
     backward("scaled_aligned_causal_masked_softmax_backward", ctx, a)
 }
 
-/// Define sets covering every code path (the NVRTC compile test and cache warm-up).
-pub fn compile_variants() -> Vec<(&'static Source, Vec<(&'static str, String)>)> {
+/// Variants covering every code path (the NVRTC compile test and cache warm-up).
+pub fn variants() -> Vec<Variant> {
+    use DType::{BF16, F16, F32};
     let mut v = Vec::new();
-    for (x, g) in [("bf16", "bf16"), ("float", "f16"), ("f16", "float")] {
-        for mask in 0..4 {
-            for fused in [0, 1] {
-                v.push((
-                    &SRC,
-                    vec![
-                        ("TX", x.to_string()),
-                        ("TG", g.to_string()),
-                        ("MASK", mask.to_string()),
-                        ("BLOCK", "256".into()),
-                        ("ROW_VECS", "2".into()),
-                        ("FUSED", fused.to_string()),
-                        ("VEC_BYTES", "16".into()),
-                    ],
-                ));
+    for (x, g) in [(BF16, BF16), (F32, F16), (F16, F32)] {
+        for mask in [MaskKind::None, MaskKind::Tensor, MaskKind::UpperTriang, MaskKind::AlignedCausal] {
+            for cfg in [RowConfig { block: 256, vec_bytes: 16, row_vecs: 2 }, RowConfig::two_pass(256)] {
+                v.extend(variant("softmax", x, g, mask, cfg));
             }
         }
     }

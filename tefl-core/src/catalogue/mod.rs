@@ -235,17 +235,18 @@ pub fn find(name: &str) -> Option<&'static OpDescriptor> {
     all().iter().copied().find(|d| d.name == name)
 }
 
-/// Calls `$callback! { floats { Op => module::function; .. } any { .. } }` with every op of the
-/// wave-1 catalogue and the kernel function a complete backend names for it by convention
-/// (`ops/norm.rs` → `norm::rmsnorm_fwd`, ...): `floats` ops take f32/f16/bf16 as their primary
-/// dtype, `any` ops start with a non-float tensor (FP8 codes, the optimizers' noop flag). A
-/// backend that implements every op with that layout registers them all with
-/// `tefl_core::wave1_kernels!(my_register_macro);` instead of repeating the list; a partial
-/// backend writes its own list in the same form.
+/// The catalogue's ops with the kernel function a complete backend names for each by
+/// convention (`ops/norm.rs` → `norm::rmsnorm_fwd`, ...), handed to
+/// [`register_backend!`](crate::register_backend) with the backend's header: `floats` ops take
+/// f32/f16/bf16 as their primary dtype, `any` ops start with a non-float tensor (FP8 codes,
+/// the optimizers' noop flag). Backends use it through `register_backend! { ..; ops: all }`.
+#[doc(hidden)]
 #[macro_export]
-macro_rules! wave1_kernels {
-    ($callback:ident) => {
-        $callback! {
+macro_rules! __catalogue_kernels {
+    ($($head:tt)*) => {
+        $crate::register_backend! {
+            $($head)*
+            ops: {
             floats {
                 RmsNormFwd => norm::rmsnorm_fwd;
                 RmsNormBwd => norm::rmsnorm_bwd;
@@ -308,6 +309,7 @@ macro_rules! wave1_kernels {
                 MultiTensorAdamMaster => optimizer::multi_tensor_adam_master;
                 MultiTensorSgd => optimizer::multi_tensor_sgd;
                 MultiTensorComputeScaleAndScaleInv => optimizer::multi_tensor_compute_scale_and_scale_inv;
+            }
             }
         }
     };

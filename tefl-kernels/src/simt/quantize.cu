@@ -5,10 +5,8 @@
 // keep it.
 
 __device__ __forceinline__ void amax_reduce(float m, float* amax) {
-    int b = __float_as_int(m);
-#pragma unroll
-    for (int o = WARP_SIZE / 2; o > 0; o >>= 1) b = max(b, __shfl_xor_sync(0xffffffffu, b, o, WARP_SIZE));
-    if (threadIdx.x % WARP_SIZE == 0 && b != 0) atomicMax((int*)amax, b);
+    const int b = warp_max_i32(__float_as_int(m));
+    if (lane_id() == 0 && b != 0) atomicMax((int*)amax, b);
 }
 
 extern "C" __global__ void __launch_bounds__(BLOCK) quantize(const TX* __restrict__ x, const float* __restrict__ scale,
@@ -41,16 +39,18 @@ extern "C" __global__ void __launch_bounds__(BLOCK) dequantize(const u8* __restr
         y[i] = from_f32<TX>(fp8_decode(q[i], MANT, BIAS) * s);
 }
 
-// q_t[n, m] = q[m, n]^T through 32 x 32 shared tiles (blockDim 32 x 8).
+// q_t[n, m] = q[m, n]^T through TILE x TILE shared tiles (blockDim TILE x 8; the tile size is
+// not tied to the warp width).
+#define TILE 32
 extern "C" __global__ void transpose_u8(const u8* __restrict__ q, u8* __restrict__ qt, int m, int n) {
-    __shared__ u8 tile[32][33];
-    const int c0 = blockIdx.x * 32, r0 = blockIdx.y * 32;
-    for (int dy = threadIdx.y; dy < 32; dy += blockDim.y) {
+    __shared__ u8 tile[TILE][TILE + 1];
+    const int c0 = blockIdx.x * TILE, r0 = blockIdx.y * TILE;
+    for (int dy = threadIdx.y; dy < TILE; dy += blockDim.y) {
         const int r = r0 + dy, c = c0 + threadIdx.x;
         if (r < m && c < n) tile[dy][threadIdx.x] = q[(size_t)r * n + c];
     }
     __syncthreads();
-    for (int dy = threadIdx.y; dy < 32; dy += blockDim.y) {
+    for (int dy = threadIdx.y; dy < TILE; dy += blockDim.y) {
         const int c = c0 + dy, r = r0 + threadIdx.x;
         if (r < m && c < n) qt[(size_t)c * m + r] = tile[threadIdx.x][dy];
     }

@@ -22,58 +22,14 @@
 // Rows: query position i of sequence b is token row  qbase(b) + i * rstride, its (row, head)
 // element at ((row * H) + h) * D (H = hq for q, o, hk for k, v).
 
+// The MMA fragment layout (g = lane / 4, t = lane % 4) is that of a 32-lane warp.
+static_assert(WARP_SIZE == 32, "the tensor-core attention kernels need 32-lane warps");
+// A forward block is 4 warps.
+#define FWD_THREADS (4 * WARP_SIZE)
 #define PAD (16 / (int)sizeof(T))
 #define LDD (DP + PAD)
 #define LDP (FWD_BC + PAD)
 #define NEG_INF (-__int_as_float(0x7f800000))
-
-struct Seq {
-    int lq, lk;     // valid lengths
-    long long qb, kb; // token row of position 0
-    int rs;         // token rows between positions
-};
-
-__device__ __forceinline__ Seq seq_of(int b, int batch, int sq, int sk, const i32* cu_q, const i32* cu_k) {
-    Seq s;
-#if LAYOUT == 2
-    s.qb = cu_q[b]; s.kb = cu_k[b];
-    s.lq = cu_q[b + 1] - cu_q[b]; s.lk = cu_k[b + 1] - cu_k[b];
-    s.rs = 1;
-#else
-#if LAYOUT == 0
-    s.qb = (long long)b * sq; s.kb = (long long)b * sk; s.rs = 1;
-#else
-    s.qb = b; s.kb = b; s.rs = batch;
-#endif
-#if PADDING
-    s.lq = cu_q[b + 1] - cu_q[b]; s.lk = cu_k[b + 1] - cu_k[b];
-#else
-    s.lq = sq; s.lk = sk;
-#endif
-#endif
-    return s;
-}
-
-// Keys [lo, hi) query i sees (empty when hi <= lo).
-__device__ __forceinline__ void key_range(const Seq& s, int i, int* lo, int* hi) {
-    const int diag = BOTTOM_RIGHT ? s.lk - s.lq : 0;
-    int l = 0, h = s.lk;
-    if (i >= s.lq) { *lo = 0; *hi = 0; return; }
-    if (CAUSAL) h = min(h, i + diag + 1);
-    if (WIN_LEFT >= 0) l = max(l, i + diag - WIN_LEFT);
-    if (WIN_RIGHT >= 0) h = min(h, i + diag + WIN_RIGHT + 1);
-    *lo = l; *hi = max(h, l);
-}
-
-__device__ __forceinline__ float keep_factor(u64 seed, u64 offset, float p, int b, int h, int hq, int sq, int sk, int i, int j) {
-#if DROPOUT
-    const u64 idx = (((u64)b * hq + h) * sq + i) * (u64)sk + j;
-    return philox_uniform(seed, offset, idx) >= p ? 1.0f / (1.0f - p) : 0.0f;
-#else
-    return 1.0f;
-#endif
-}
-
 
 // acc[MT][NB][4] += A(16 MT x KD) * B(KD x 8 NB) for one warp, fragments in the MMA layout:
 // m-tile mt holds rows 16 mt.. of A. A(r, k) = As[r * lda + k] (or As[k * lda + r] when AT);
@@ -83,7 +39,7 @@ __device__ __forceinline__ float keep_factor(u64 seed, u64 offset, float p, int 
 // discarded. NB is even.
 template <int MT, int NB, int KD, bool AT, bool BT, typename E>
 __device__ __forceinline__ void warp_mm(float (*acc)[NB][4], const E* As, int lda, const E* Bs, int ldb) {
-    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
     if constexpr (sizeof(E) == 2) {
         const int mi = lane / 8, r = lane % 8;
         // This lane's row address in each operand; every step adds a constant byte offset.
@@ -137,7 +93,7 @@ __device__ __forceinline__ void warp_mm(float (*acc)[NB][4], const E* As, int ld
 // and dS never go through shared memory. 16-bit E only (HALF builds).
 template <int MT, int NB, int KD, typename E>
 __device__ __forceinline__ void warp_mm_regA(float (*acc)[NB][4], const float (*c)[KD / 8][4], const E* Bs, int ldb) {
-    const int lane = threadIdx.x % 32, mi = lane / 8, r = lane % 8;
+    const int lane = threadIdx.x % WARP_SIZE, mi = lane / 8, r = lane % 8;
     const u32 b0 = smem_addr(Bs + ((mi % 2) * 8 + r) * ldb + (mi / 2) * 8);
 #pragma unroll
     for (int kk = 0; kk < KD / 16; ++kk) {
@@ -181,7 +137,7 @@ __device__ __forceinline__ void warp_mm_c(float (*acc)[NB][4], const float (*c)[
     (void)lds;
     warp_mm_regA<MT, NB, KD>(acc, c, Bs, ldb);
 #else
-    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -274,8 +230,8 @@ __device__ __forceinline__ void issue_kv(T* KV, int stage, const T* k, const T* 
                                          int hkv) {
     const int nvalid = min(ROWS, bhi - j0);
     T* Kd = KV + stage * 2 * ROWS * LDD;
-    load_tile<ROWS, 128>(Kd, k, s.kb + (long long)j0 * s.rs, s.rs, nvalid, hk, hkv);
-    load_tile<ROWS, 128>(Kd + ROWS * LDD, v, s.kb + (long long)j0 * s.rs, s.rs, nvalid, hk, hkv);
+    load_tile<ROWS, FWD_THREADS>(Kd, k, s.kb + (long long)j0 * s.rs, s.rs, nvalid, hk, hkv);
+    load_tile<ROWS, FWD_THREADS>(Kd + ROWS * LDD, v, s.kb + (long long)j0 * s.rs, s.rs, nvalid, hk, hkv);
     cp_async_commit();
 }
 
@@ -305,7 +261,7 @@ template <bool B> struct Flag {
 // is false (a tile every row sees whole), else whether row x sees key j.
 template <int MT, int NB, bool MASKED, typename F>
 __device__ __forceinline__ void for_each_score(const Seq& s, int wr, int j0, F&& f) {
-    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
     int lo[2 * MT], hi[2 * MT]; // (recomputed per masked tile, the few on an edge: registers are short)
 #pragma unroll
     for (int x = 0; x < 2 * MT; ++x)
@@ -341,7 +297,7 @@ struct WarpRows {
 // wr + 16 mt + 8 half + g.
 #define FWD_MT (FWD_BR / 64)
 
-extern "C" __global__ void __launch_bounds__(128, FWD_MIN_BLOCKS) attn_fwd(const T* __restrict__ q, const T* __restrict__ k,
+extern "C" __global__ void __launch_bounds__(FWD_THREADS, FWD_MIN_BLOCKS) attn_fwd(const T* __restrict__ q, const T* __restrict__ k,
                                                                const T* __restrict__ v, T* __restrict__ o,
                                                                float* __restrict__ lse, const i32* __restrict__ cu_q,
                                                                const i32* __restrict__ cu_k, int batch, int sq, int sk,
@@ -359,11 +315,11 @@ extern "C" __global__ void __launch_bounds__(128, FWD_MIN_BLOCKS) attn_fwd(const
     const Seq s = seq_of(b, batch, sq, sk, cu_q, cu_k);
     const int slot = LAYOUT == 2 ? s.lq : sq; // rows this sequence owns in o / lse
     if (q0 >= slot) return;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
     const int wr = q0 + warp * 16 * FWD_MT; // the warp's first query row
     const WarpRows rows(s, wr, 16 * FWD_MT);
     if (threadIdx.x == 0) tile_keys(s, q0, FWD_BR, &s_lo, &s_hi);
-    load_tile<FWD_BR, 128>(Qs, q, s.qb + (long long)q0 * s.rs, s.rs, min(FWD_BR, s.lq - q0), hq, h);
+    load_tile<FWD_BR, FWD_THREADS>(Qs, q, s.qb + (long long)q0 * s.rs, s.rs, min(FWD_BR, s.lq - q0), hq, h);
     cp_async_commit();
     __syncthreads();
     const int blo = s_lo, bhi = s_hi;
@@ -451,13 +407,13 @@ extern "C" __global__ void __launch_bounds__(128, FWD_MIN_BLOCKS) attn_fwd(const
 // row of the dQ accumulator.
 extern "C" __global__ void attn_bwd_delta(const T* __restrict__ o, const T* __restrict__ d_o, float* __restrict__ delta,
                                           float* __restrict__ dq_acc, long long rows_heads) {
-    const long long w = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / 32;
-    const int lane = threadIdx.x % 32;
+    const long long w = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / WARP_SIZE;
+    const int lane = threadIdx.x % WARP_SIZE;
     if (w >= rows_heads) return;
     // Rows of D elements start 16-byte aligned when D is a multiple of 8: 8 per lane and step.
     constexpr int V = D % 8 == 0 ? 8 : 1;
     float acc = 0.0f;
-    for (int c = lane * V; c < D; c += 32 * V) {
+    for (int c = lane * V; c < D; c += WARP_SIZE * V) {
         float a[V], b[V], z[V];
         load_n<T, V>(o + w * D + c, a);
         load_n<T, V>(d_o + w * D + c, b);
@@ -494,7 +450,7 @@ extern "C" __global__ void attn_bwd_dq_out(const float* __restrict__ dq_acc, T* 
 #define DQ_COLS (DP % 64 == 0 ? 64 : DP % 32 == 0 ? 32 : DP)
 __device__ __forceinline__ void add_dq_share(float* dq_acc, const T* DSs, const T* Ks, const Seq& s, int i0, int nq,
                                              int h, int hq) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
     constexpr int ROW_GROUPS = DKV_BR / 16, COL_GROUPS = DKV_WARPS / ROW_GROUPS;
     const int qr = 16 * (warp % ROW_GROUPS);
 #pragma unroll 1
@@ -536,7 +492,7 @@ __device__ __forceinline__ void add_dq_share(float* dq_acc, const T* DSs, const 
 // (Q, dO, lse, delta) are double-buffered: the next visible tile loads while this one is
 // computed (f32 tiles need the shared memory for P and dS and load one tile at a time).
 #define QSTAGES (HALF ? 2 : 1)
-extern "C" __global__ void __launch_bounds__(32 * DKV_WARPS) attn_bwd_dkdv(const T* __restrict__ q, const T* __restrict__ k,
+extern "C" __global__ void __launch_bounds__(WARP_SIZE * DKV_WARPS) attn_bwd_dkdv(const T* __restrict__ q, const T* __restrict__ k,
                                                              const T* __restrict__ v, const T* __restrict__ d_o,
                                                              const float* __restrict__ lse,
                                                              const float* __restrict__ delta, T* __restrict__ dk,
@@ -566,13 +522,13 @@ extern "C" __global__ void __launch_bounds__(32 * DKV_WARPS) attn_bwd_dkdv(const
     const Seq s = seq_of(b, batch, sq, sk, cu_q, cu_k);
     const int kslot = LAYOUT == 2 ? s.lk : sk;
     if (j0 >= kslot) return;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
     const int kq = warp % (DKV_KB / KW);        // keys KW kq.. of the block
     const bool dk_warp = warp >= DKV_KB / KW;   // else the dV warp of those keys
     const int kw = j0 + KW * kq; // the warp's first key; thread key x (x = 2 mt + half) is kw + 8 x + g
     const int nk = max(0, min(DKV_KB, s.lk - j0));
-    load_tile<DKV_KB, 32 * DKV_WARPS>(Ks, k, s.kb + (long long)j0 * s.rs, s.rs, nk, hk, hkv);
-    load_tile<DKV_KB, 32 * DKV_WARPS>(Vs, v, s.kb + (long long)j0 * s.rs, s.rs, nk, hk, hkv);
+    load_tile<DKV_KB, WARP_SIZE * DKV_WARPS>(Ks, k, s.kb + (long long)j0 * s.rs, s.rs, nk, hk, hkv);
+    load_tile<DKV_KB, WARP_SIZE * DKV_WARPS>(Vs, v, s.kb + (long long)j0 * s.rs, s.rs, nk, hk, hkv);
     cp_async_commit();
 
     float acc[DKV_MT][DP / 8][4];
@@ -601,8 +557,8 @@ extern "C" __global__ void __launch_bounds__(32 * DKV_WARPS) attn_bwd_dkdv(const
         const int h = hkv * group + hi;
         const int nq = min(DKV_BR, s.lq - i0);
         T* Qd = QO + stage * 2 * DKV_BR * LDD;
-        load_tile<DKV_BR, 32 * DKV_WARPS>(Qd, q, s.qb + (long long)i0 * s.rs, s.rs, nq, hq, h);
-        load_tile<DKV_BR, 32 * DKV_WARPS>(Qd + DKV_BR * LDD, d_o, s.qb + (long long)i0 * s.rs, s.rs, nq, hq, h);
+        load_tile<DKV_BR, WARP_SIZE * DKV_WARPS>(Qd, q, s.qb + (long long)i0 * s.rs, s.rs, nq, hq, h);
+        load_tile<DKV_BR, WARP_SIZE * DKV_WARPS>(Qd + DKV_BR * LDD, d_o, s.qb + (long long)i0 * s.rs, s.rs, nq, hq, h);
         float* rv = rowv + stage * 2 * DKV_BR;
         for (int r = threadIdx.x; r < DKV_BR; r += blockDim.x) {
             const bool ok = r < nq;
@@ -680,11 +636,11 @@ extern "C" __global__ void __launch_bounds__(32 * DKV_WARPS) attn_bwd_dkdv(const
                     const uint4 w = {pack2_f32<T>(sc[mt][nb][0], sc[mt][nb][1]), pack2_f32<T>(sc[mt][nb][2], sc[mt][nb][3]),
                                      pack2_f32<T>(sc[mt][nb + 1][0], sc[mt][nb + 1][1]),
                                      pack2_f32<T>(sc[mt][nb + 1][2], sc[mt][nb + 1][3])};
-                    px[(mt * (DKV_BR / 8) + nb) / 2 * 32] = w;
+                    px[(mt * (DKV_BR / 8) + nb) / 2 * WARP_SIZE] = w;
 #else
                     const uint4 w = {__float_as_uint(sc[mt][nb][0]), __float_as_uint(sc[mt][nb][1]),
                                      __float_as_uint(sc[mt][nb][2]), __float_as_uint(sc[mt][nb][3])};
-                    px[(mt * (DKV_BR / 8) + nb) * 32] = w;
+                    px[(mt * (DKV_BR / 8) + nb) * WARP_SIZE] = w;
 #endif
                 }
 #if DROPOUT
@@ -707,7 +663,7 @@ extern "C" __global__ void __launch_bounds__(32 * DKV_WARPS) attn_bwd_dkdv(const
             for (int mt = 0; mt < DKV_MT; ++mt)
 #pragma unroll
                 for (int nb = 0; nb < DKV_BR / 8; nb += (HALF ? 2 : 1)) {
-                    const uint4 w = px[(mt * (DKV_BR / 8) + nb) / (HALF ? 2 : 1) * 32];
+                    const uint4 w = px[(mt * (DKV_BR / 8) + nb) / (HALF ? 2 : 1) * WARP_SIZE];
                     const u32 ws[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
                     for (int f = 0; f < (HALF ? 8 : 4); ++f) {

@@ -56,9 +56,8 @@ extern "C" __global__ void __launch_bounds__(BLOCK) mt_l2norm(const u64* table, 
         s += (double)y * (double)y;
     }
     if (bad) *noop = 1;
-#pragma unroll
-    for (int o = WARP_SIZE / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o, WARP_SIZE);
-    if (threadIdx.x % WARP_SIZE == 0) part[threadIdx.x / WARP_SIZE] = s;
+    s = warp_sum_f64(s);
+    if (lane_id() == 0) part[warp_id()] = s;
     __syncthreads();
     if (threadIdx.x == 0) {
         double t = 0.0;

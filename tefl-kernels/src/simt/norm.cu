@@ -16,7 +16,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK) norm_fwd(const TX* __restric
                                                           const TG* __restrict__ beta, TY* __restrict__ y,
                                                           float* __restrict__ mu_out, float* __restrict__ rsigma,
                                                           int rows, int n, float eps, int zc) {
-    __shared__ float scratch[32];
+    __shared__ float scratch[MAX_WARPS];
     for (int row = blockIdx.x; row < rows; row += gridDim.x) {
         const TX* xr = x + (size_t)row * n;
         TY* yr = y + (size_t)row * n;
@@ -105,7 +105,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK) norm_bwd(const TY* __restric
                                                           const TG* __restrict__ gamma, const TA* __restrict__ add,
                                                           TX* __restrict__ dx, float* __restrict__ ws, int rows, int n,
                                                           int zc) {
-    __shared__ float scratch[32];
+    __shared__ float scratch[MAX_WARPS];
 #if FUSED
     const int nvecs = n / NV;
     float accg[ROW_VECS][NV], accb[ROW_VECS][NV], g[ROW_VECS][NV];

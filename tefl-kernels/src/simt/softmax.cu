@@ -24,7 +24,7 @@ __device__ __forceinline__ bool masked(const u8* mask, int row, int j, int h, in
 extern "C" __global__ void __launch_bounds__(BLOCK) softmax_fwd(const TX* __restrict__ x, const u8* __restrict__ mask,
                                                              TX* __restrict__ y, int rows, int sq, int sk, int h,
                                                              int mask_batch, float scale) {
-    __shared__ float scratch[32];
+    __shared__ float scratch[MAX_WARPS];
     for (int row = blockIdx.x; row < rows; row += gridDim.x) {
         const TX* xr = x + (size_t)row * sk;
         TX* yr = y + (size_t)row * sk;
@@ -100,7 +100,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK) softmax_fwd(const TX* __rest
 // dx = scale * y * (dy - Σ dy·y), dx in y's dtype.
 extern "C" __global__ void __launch_bounds__(BLOCK) softmax_bwd(const TG* __restrict__ dy, const TX* __restrict__ y,
                                                              TX* __restrict__ dx, int rows, int sk, float scale) {
-    __shared__ float scratch[32];
+    __shared__ float scratch[MAX_WARPS];
     for (int row = blockIdx.x; row < rows; row += gridDim.x) {
         const size_t base = (size_t)row * sk;
 #if FUSED

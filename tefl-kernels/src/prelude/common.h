@@ -1,11 +1,7 @@
-// tefl's embedded CUDA prelude: the only thing kernels include (NVRTC 13 ships no toolkit
-// headers, and an end user's machine may have none). Types, conversions, warp and block
-// reductions, atomics, vector access, tensor-core MMA and Philox, behind small wrappers so a
-// HIP build can swap the bodies (warp size is a compile-time parameter, never a literal).
-
-#ifndef WARP_SIZE
-#define WARP_SIZE 32
-#endif
+// tefl's kernel prelude, target-neutral part: types, conversions, warp and block reductions,
+// atomics, vector access, Philox and FP8, written against the primitives of the target header
+// that precedes it (prelude/cuda.h or prelude/hip.h). Kernels include nothing else: the warp
+// width is WARP_SIZE and every cross-lane step goes through shfl_xor / shfl.
 
 typedef unsigned char u8;
 typedef unsigned short u16;
@@ -20,66 +16,28 @@ struct __align__(2) f16 { u16 bits; };
 
 __device__ __forceinline__ float to_f32(float v) { return v; }
 __device__ __forceinline__ float to_f32(bf16 v) { return __uint_as_float(((u32)v.bits) << 16); }
-__device__ __forceinline__ float to_f32(f16 v) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v.bits));
-    return f;
-}
+__device__ __forceinline__ float to_f32(f16 v) { return half_bits_to_f32(v.bits); }
 
 template <typename T> __device__ __forceinline__ T from_f32(float v);
 template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
-template <> __device__ __forceinline__ bf16 from_f32<bf16>(float v) {
-    // Round to nearest even; NaN stays NaN. One cvt from sm_80 on, integer steps before.
-    bf16 r;
-#if __CUDA_ARCH__ >= 800
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r.bits) : "f"(v));
-#else
-    const u32 u = __float_as_uint(v);
-    r.bits = (u & 0x7fffffffu) > 0x7f800000u ? (u16)((u >> 16) | 0x40u) : (u16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-#endif
-    return r;
-}
-template <> __device__ __forceinline__ f16 from_f32<f16>(float v) {
-    f16 r;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r.bits) : "f"(v));
-    return r;
-}
+template <> __device__ __forceinline__ bf16 from_f32<bf16>(float v) { return bf16{f32_to_bf16_bits(v)}; }
+
+template <> __device__ __forceinline__ f16 from_f32<f16>(float v) { return f16{f32_to_half_bits(v)}; }
 
 // Two f32 rounded to T (bf16 or f16) and packed, `lo` in the low half: one instruction.
 template <typename T> __device__ __forceinline__ u32 pack2_f32(float lo, float hi);
-template <> __device__ __forceinline__ u32 pack2_f32<bf16>(float lo, float hi) {
-    u32 r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-template <> __device__ __forceinline__ u32 pack2_f32<f16>(float lo, float hi) {
-    u32 r;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
+template <> __device__ __forceinline__ u32 pack2_f32<bf16>(float lo, float hi) { return pack2_bf16_bits(lo, hi); }
+template <> __device__ __forceinline__ u32 pack2_f32<f16>(float lo, float hi) { return pack2_half_bits(lo, hi); }
 // The inverse: the low and high halves of a packed pair as f32.
 template <typename T> __device__ __forceinline__ float lo_f32(u32 w) { return to_f32(T{(u16)(w & 0xffffu)}); }
 template <typename T> __device__ __forceinline__ float hi_f32(u32 w) { return to_f32(T{(u16)(w >> 16)}); }
 
 // ---- warp and block reductions ----
-__device__ __forceinline__ float shfl_xor(float v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask, WARP_SIZE); }
-__device__ __forceinline__ float shfl(float v, int lane) { return __shfl_sync(0xffffffffu, v, lane, WARP_SIZE); }
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = WARP_SIZE / 2; o > 0; o >>= 1) v += shfl_xor(v, o);
     return v;
-}
-// max(a, b) that is NaN when either is (fmaxf returns the other operand: a NaN input must
-// reach the outputs it touches, not vanish in a row maximum).
-__device__ __forceinline__ float max_nan(float a, float b) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    float d;
-    asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
-    return d;
-#else
-    return (a != a || b != b) ? __int_as_float(0x7fffffff) : fmaxf(a, b);
-#endif
 }
 // 1 / s for a positive sum, NaN for a NaN sum, else 0 (a fully masked row).
 __device__ __forceinline__ float recip_or_zero(float s) { return s > 0.0f ? 1.0f / s : (s != s ? s : 0.0f); }
@@ -90,8 +48,23 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// The sum over the warp in f64 (multi-tensor norms), and the max over the warp of an int.
+__device__ __forceinline__ double warp_sum_f64(double v) {
+#pragma unroll
+    for (int o = WARP_SIZE / 2; o > 0; o >>= 1) v += shfl_xor(v, o);
+    return v;
+}
+__device__ __forceinline__ int warp_max_i32(int v) {
+#pragma unroll
+    for (int o = WARP_SIZE / 2; o > 0; o >>= 1) v = max(v, shfl_xor(v, o));
+    return v;
+}
+// This thread's lane in its warp, and its warp in the block.
+__device__ __forceinline__ int lane_id() { return threadIdx.x % WARP_SIZE; }
+__device__ __forceinline__ int warp_id() { return threadIdx.x / WARP_SIZE; }
+
 // Reduces v over the block with a warp reduction (blockDim.x a multiple of WARP_SIZE;
-// `identity` stands in for absent warps); `scratch` holds >= 32 floats. Every thread gets the
+// `identity` stands in for absent warps); `scratch` holds >= MAX_WARPS floats. Every thread gets the
 // result. Safe to call repeatedly with the same scratch.
 template <float (*WarpReduce)(float)>
 __device__ __forceinline__ float block_reduce(float v, float* scratch, float identity) {
@@ -110,15 +83,6 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
 
 // ---- atomics ----
 __device__ __forceinline__ void atomic_add_f32(float* p, float v) { atomicAdd(p, v); }
-// p[0] += a, p[1] += b for a global p aligned to 8 bytes: one vector reduction from sm_90 on.
-__device__ __forceinline__ void atomic_add2_f32(float* p, float a, float b) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(a), "f"(b) : "memory");
-#else
-    atomicAdd(p, a);
-    atomicAdd(p + 1, b);
-#endif
-}
 // max over non-negative floats (and NaN, whose bits order above +inf): integer max on the bits.
 __device__ __forceinline__ void atomic_max_nonneg_f32(float* p, float v) {
     atomicMax((int*)p, __float_as_int(v));
@@ -171,59 +135,6 @@ template <typename T, int N> __device__ __forceinline__ void store_n(T* p, const
     for (int i = 0; i < N; ++i) tmp[i] = from_f32<T>(in[i]);
     raw_copy<T, N>(p, tmp);
 }
-
-// ---- tensor-core MMA: D(16x8 f32) += A(16x16) * B(16x8), fragments in the PTX layout ----
-// A: a0 (row g, k 2t..2t+1), a1 (row g+8, k 2t..), a2 (row g, k 2t+8..), a3 (row g+8, k 2t+8..)
-// B: b0 (k 2t..2t+1, col g), b1 (k 2t+8.., col g); C: c0,c1 (row g, cols 2t, 2t+1), c2,c3 (row g+8)
-// with g = lane / 4, t = lane % 4.
-__device__ __forceinline__ void mma_16816(float* c, const u32* a, const u32* b, bf16*) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-__device__ __forceinline__ void mma_16816(float* c, const u32* a, const u32* b, f16*) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-// 2^x in one instruction (denormal results flush to zero): softmax exponents.
-__device__ __forceinline__ float fast_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
-// ---- shared-memory matrix loads and async copies (sm_80+) ----
-__device__ __forceinline__ u32 smem_addr(const void* p) {
-    u32 a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-// Four 8x8 b16 matrices; lane l gives the address of row l % 8 of matrix l / 8, and receives
-// element pairs (row l / 4, cols 2(l % 4), +1) of each (transposed first with ldsm_x4_t).
-__device__ __forceinline__ void ldsm_x4(u32* r, u32 addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_t(u32* r, u32 addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-// (The address is the shared-window offset smem_addr gives; adding constant byte offsets to
-// one converted base lets the loads use immediate offsets.)
-// 16 bytes global -> shared without a register round trip; `valid` false zero-fills.
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(smem)), "l"(gmem), "r"(valid ? 16 : 0));
-}
-// 4 bytes global -> shared (cp.async.ca); `valid` false zero-fills.
-__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, bool valid) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_addr(smem)), "l"(gmem), "r"(valid ? 4 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
 
 // ---- Philox 4x32-10 (Random123), the stream tefl_core::philox defines ----
 __device__ __forceinline__ void philox4x32_10(u32* ctr, u32 k0, u32 k1) {

@@ -1,0 +1,218 @@
+//! Loading and launching kernel variants on CUDA devices, and the small helpers every op file
+//! uses (output tensors, device addresses, size checks). Everything target-neutral (variants,
+//! grids, argument packing, caches, tune tables) comes from `tefl-gpu`.
+
+use std::collections::HashMap;
+use std::ffi::{CString, c_void};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::sys::{CUfunction, CUfunction_attribute, CUmodule};
+use tefl_core::device::DeviceInfo;
+use tefl_core::tuning::TuneTable;
+use tefl_core::{DType, Device, Error, Result, Tensor};
+use tefl_gpu::rtc::{ModuleCache, compile_cached};
+use tefl_gpu::{PackedArgs, Variant};
+
+pub use tefl_gpu::{Arg, Defines, Grid, blocks_for};
+
+use crate::nvrtc::Nvrtc;
+use crate::runtime::{self, device_error};
+
+/// A module loaded on one device, with its functions resolved on demand.
+struct Module {
+    module: CUmodule,
+    functions: Mutex<HashMap<&'static str, CUfunction>>,
+}
+
+// SAFETY: CUmodule and CUfunction are driver handles usable from any thread once the owning
+// context is current; the map is behind a mutex.
+unsafe impl Send for Module {}
+// SAFETY: as above.
+unsafe impl Sync for Module {}
+
+fn modules() -> &'static ModuleCache<Module> {
+    static M: OnceLock<ModuleCache<Module>> = OnceLock::new();
+    M.get_or_init(ModuleCache::new)
+}
+
+/// A kernel entry point ready to launch on one device.
+#[derive(Clone, Copy, Debug)]
+struct Function {
+    f: CUfunction,
+    name: &'static str,
+}
+
+/// The entry `name` of `variant` on `device` (compiled, loaded and resolved on first use).
+fn function(device: Device, variant: &Variant, name: &'static str) -> Result<Function> {
+    if !variant.has_entry(name) {
+        return Err(Error::DeviceFailure {
+            device: device.to_string(),
+            reason: format!(
+                "{name} is not an entry point of {}'s variant ({:?})",
+                variant.source.name, variant.entries
+            ),
+        });
+    }
+    let module = modules().get_or_load(device.ordinal, variant, || {
+        let ctx = runtime::global().context(device)?;
+        let cubin = compile_cached(&Nvrtc, variant, &info(device)?.arch)?;
+        ctx.bind_to_thread().map_err(|e| device_error(device, e))?;
+        // SAFETY: the context is current; `cubin` is a complete cubin image that outlives the
+        // call (the driver copies it).
+        let module = unsafe { cudarc::driver::result::module::load_data(cubin.as_ptr() as *const c_void) }
+            .map_err(|e| device_error(device, e))?;
+        Ok(Module { module, functions: Mutex::new(HashMap::new()) })
+    })?;
+    let mut fns = module.functions.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(&f) = fns.get(name) {
+        return Ok(Function { f, name });
+    }
+    let cname = CString::new(name).map_err(|e| Error::Tensor(e.to_string()))?;
+    // SAFETY: `module.module` is a loaded module of this device's context.
+    let f = unsafe { cudarc::driver::result::module::get_function(module.module, cname) }.map_err(|e| {
+        Error::DeviceFailure {
+            device: device.to_string(),
+            reason: format!("kernel {name} not in {}: {e:?}", variant.source.path),
+        }
+    })?;
+    fns.insert(name, f);
+    Ok(Function { f, name })
+}
+
+/// Queues the entry `name` of `variant` on the device's queue (the caller's stream inside
+/// `tefl_core::device::with_queue`). Nothing waits for it; a launch the driver refuses comes
+/// back as a typed error.
+pub fn launch(device: Device, variant: &Variant, name: &'static str, grid: Grid, args: &[Arg]) -> Result<()> {
+    if grid.is_empty() {
+        return Ok(());
+    }
+    let f = function(device, variant, name)?;
+    let rt = runtime::global();
+    rt.context(device)?.bind_to_thread().map_err(|e| device_error(device, e))?;
+    if grid.smem > 48 * 1024 {
+        // SAFETY: `f.f` is a function of this context's module.
+        unsafe {
+            cudarc::driver::result::function::set_function_attribute(
+                f.f,
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                grid.smem as i32,
+            )
+        }
+        .map_err(|e| launch_error(device, f, e))?;
+    }
+    let timing = kernel_timing();
+    rt.on_queue(device, |stream| {
+        let event = || stream.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT));
+        let start = if timing { Some(event().map_err(|e| launch_error(device, f, e))?) } else { None };
+        let mut packed = PackedArgs::new(args);
+        // SAFETY: each parameter points at 8 bytes holding the argument in its low bytes (the
+        // kernel reads sizeof(param) <= 8 bytes, little-endian); `packed` outlives the call; the
+        // kernel's signature matches `args` (each op file passes the arguments its kernel
+        // declares); pointers are live device allocations of this device.
+        unsafe {
+            cudarc::driver::result::launch_kernel(
+                f.f,
+                grid.blocks,
+                grid.threads,
+                grid.smem,
+                stream.cu_stream(),
+                packed.pointers(),
+            )
+        }
+        .map_err(|e| launch_error(device, f, e))?;
+        if let Some(start) = start {
+            let end = event().map_err(|e| launch_error(device, f, e))?;
+            end.synchronize().map_err(|e| launch_error(device, f, e))?;
+            let ms = start.elapsed_ms(&end).map_err(|e| launch_error(device, f, e))?;
+            eprintln!(
+                "[TE-FL kernel] {} grid {:?} block {:?} smem {} : {ms:.3} ms",
+                f.name, grid.blocks, grid.threads, grid.smem
+            );
+        }
+        Ok(())
+    })
+}
+
+/// `TEFL_KERNEL_TIMING=1`: every launch is timed with events (synchronously) and printed to
+/// stderr with its grid, for finding which kernel of an op takes the time.
+fn kernel_timing() -> bool {
+    tefl_core::policy::env().as_ref().is_ok_and(|e| e.kernel_timing)
+}
+
+fn launch_error(device: Device, f: Function, e: cudarc::driver::DriverError) -> Error {
+    match device_error(device, e) {
+        Error::DeviceFailure { device, reason } => {
+            Error::DeviceFailure { device, reason: format!("launch of {}: {reason}", f.name) }
+        }
+        other => other,
+    }
+}
+
+/// A variant bound to the device its op runs on: launches its entries by name.
+pub(crate) struct OnDevice {
+    device: Device,
+    variant: Variant,
+}
+
+impl OnDevice {
+    /// `variant` on `device`.
+    pub(crate) fn new(device: Device, variant: Variant) -> Self {
+        OnDevice { device, variant }
+    }
+
+    /// Queues the entry `name`.
+    pub(crate) fn launch(&self, name: &'static str, grid: Grid, args: &[Arg]) -> Result<()> {
+        launch(self.device, &self.variant, name, grid, args)
+    }
+}
+
+/// The device address of a CUDA tensor (a typed error for a tensor elsewhere).
+pub fn ptr(t: &Tensor) -> Result<u64> {
+    Ok(runtime::global().buffer(t.buffer().as_ref())?.device_ptr())
+}
+
+/// The device address of an optional CUDA tensor, 0 when absent.
+pub fn opt_ptr(t: Option<&Tensor>) -> Result<u64> {
+    t.map(ptr).transpose().map(|p| p.unwrap_or(0))
+}
+
+/// The facts of a device, looked up once (`tefl_core::device::info`).
+pub(crate) fn info(device: Device) -> Result<Arc<DeviceInfo>> {
+    tefl_core::device::info(device)
+}
+
+/// The number of SMs of a device (grid sizes of persistent and grid-stride kernels).
+pub(crate) fn sm_count(device: Device) -> u32 {
+    info(device).map_or(132, |i| i.compute_units.max(1))
+}
+
+/// The layered tune table of a device's arch.
+pub(crate) fn tune_table(device: Device) -> Result<Arc<TuneTable>> {
+    Ok(crate::heuristics::TUNE_CONFIGS.table(&info(device)?.arch))
+}
+
+/// The C type name a kernel source uses for a dtype (`TX=bf16`).
+pub(crate) fn cty(op: &'static str, arg: &'static str, d: DType) -> Result<&'static str> {
+    tefl_gpu::ctype(op, arg, d)
+}
+
+/// A CUDA tensor whose every element the caller's kernel writes (no zero fill).
+pub(crate) fn empty(device: Device, shape: &[usize], dtype: DType) -> Result<Tensor> {
+    Tensor::uninit(shape, dtype, &device)
+}
+
+/// A zero-filled CUDA tensor (accumulators).
+pub(crate) fn zeros(device: Device, shape: &[usize], dtype: DType) -> Result<Tensor> {
+    Tensor::zeros(shape, dtype, &device)
+}
+
+/// `i32` from a size, or [`Error::Unsupported`] naming the op when it does not fit.
+pub(crate) fn i32_of(op: &'static str, what: &'static str, v: usize) -> Result<i32> {
+    tefl_gpu::i32_of(op, crate::IMPL_ID, what, v)
+}
+
+/// A valid call these kernels cannot serve (a size past their index range, tiles that do not
+/// fit the device): the manager moves on to the next impl without counting a failure.
+pub(crate) fn unsupported(op: &'static str, reason: String) -> Error {
+    Error::Unsupported { op, impl_id: crate::IMPL_ID.to_string(), reason }
+}

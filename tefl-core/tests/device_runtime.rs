@@ -1,0 +1,154 @@
+//! What `DeviceRuntime` offers beyond memory and copies: fills, uninitialised allocations,
+//! same-device copies, device facts looked up once, and queues handed in by the caller. A
+//! minimal runtime ("fakegpu", host memory behind the trait's defaults) shows the defaults
+//! work for a backend that implements only the required methods.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tefl_core::device::{self, Buffer, DeviceRuntime};
+use tefl_core::{DType, Device, DeviceKind, Error, Result, Tensor};
+
+const FAKE: DeviceKind = DeviceKind::new("fakegpu");
+
+/// Host memory presented as a device of its own kind.
+struct FakeBuffer(Arc<dyn Buffer>);
+
+impl Buffer for FakeBuffer {
+    fn device(&self) -> Device {
+        Device::new(FAKE, 0)
+    }
+    fn len_bytes(&self) -> usize {
+        self.0.len_bytes()
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+#[derive(Default)]
+struct FakeRuntime {
+    uploads: AtomicUsize,
+    downloads: AtomicUsize,
+    infos: AtomicUsize,
+}
+
+fn inner(b: &dyn Buffer) -> Result<&dyn Buffer> {
+    b.as_any().downcast_ref::<FakeBuffer>().map(|f| &*f.0).ok_or_else(|| Error::Tensor("not fakegpu memory".into()))
+}
+
+impl DeviceRuntime for FakeRuntime {
+    fn kind(&self) -> DeviceKind {
+        FAKE
+    }
+    fn device_count(&self) -> usize {
+        1
+    }
+    fn name(&self, _: u32) -> String {
+        "Fake GPU".into()
+    }
+    fn arch(&self, _: u32) -> String {
+        "fake_1".into()
+    }
+    fn alloc(&self, _: Device, bytes: usize) -> Result<Arc<dyn Buffer>> {
+        Ok(Arc::new(FakeBuffer(device::host_buffer(&vec![0xAB; bytes])?)))
+    }
+    fn copy_from_host(&self, dst: &dyn Buffer, src: &[u8]) -> Result<()> {
+        self.uploads.fetch_add(1, Ordering::SeqCst);
+        device::runtime(DeviceKind::CPU)?.copy_from_host(inner(dst)?, src)
+    }
+    fn copy_to_host(&self, src: &dyn Buffer, dst: &mut [u8]) -> Result<()> {
+        self.downloads.fetch_add(1, Ordering::SeqCst);
+        device::runtime(DeviceKind::CPU)?.copy_to_host(inner(src)?, dst)
+    }
+    fn synchronize(&self, _: Device) -> Result<()> {
+        Ok(())
+    }
+    fn device_info(&self, ordinal: u32) -> Result<device::DeviceInfo> {
+        self.infos.fetch_add(1, Ordering::SeqCst);
+        let mut i = device::DeviceInfo::basic(Device::new(FAKE, ordinal), self.name(ordinal), self.arch(ordinal));
+        i.compute_units = 7;
+        i.warp_size = 64;
+        Ok(i)
+    }
+}
+
+fn fake() -> Arc<FakeRuntime> {
+    static RT: std::sync::OnceLock<Arc<FakeRuntime>> = std::sync::OnceLock::new();
+    RT.get_or_init(|| {
+        let rt = Arc::new(FakeRuntime::default());
+        device::register_device_runtime(rt.clone()).expect("fakegpu registers once");
+        rt
+    })
+    .clone()
+}
+
+#[test]
+fn zeros_fill_on_the_device_and_uninit_does_not() {
+    let rt = fake();
+    let dev = Device::new(FAKE, 0);
+    let z = Tensor::zeros([3, 5], DType::F32, &dev).unwrap();
+    assert_eq!(z.to_bytes().unwrap(), vec![0u8; 60], "alloc gives 0xAB bytes: zeros must fill");
+    let u = Tensor::uninit([4], DType::BF16, &dev).unwrap();
+    assert_eq!(u.to_bytes().unwrap(), vec![0xAB; 8], "uninit skips the fill (the default alloc_uninit is alloc)");
+    rt.fill(&**u.buffer(), 0x3C).unwrap();
+    assert_eq!(u.to_bytes().unwrap(), vec![0x3C; 8]);
+}
+
+#[test]
+fn same_device_copies_stay_on_the_device_side() {
+    let _ = fake();
+    let dev = Device::new(FAKE, 0);
+    let src = Tensor::from_slice(&[1.0f32, 2.0, 3.0], [3], DType::F32).unwrap().to_device(&dev).unwrap();
+    let dst = Tensor::zeros([3], DType::F32, &dev).unwrap();
+    dst.copy_from(&src).unwrap();
+    assert_eq!(dst.to_vec::<f32>().unwrap(), vec![1.0, 2.0, 3.0]);
+    let wrong = Tensor::zeros([4], DType::F32, &dev).unwrap();
+    assert!(wrong.copy_from(&src).is_err(), "sizes must match");
+    // The CPU runtime's own device copy.
+    let a = Tensor::from_slice(&[4.0f32, 5.0], [2], DType::F32).unwrap();
+    let b = Tensor::zeros([2], DType::F32, &Device::CPU).unwrap();
+    b.copy_from(&a).unwrap();
+    assert_eq!(b.to_vec::<f32>().unwrap(), vec![4.0, 5.0]);
+}
+
+#[test]
+fn device_info_is_looked_up_once_and_bad_ordinals_are_errors() {
+    let rt = fake();
+    let dev = Device::new(FAKE, 0);
+    let a = device::info(dev).unwrap();
+    let b = device::info(dev).unwrap();
+    assert!(Arc::ptr_eq(&a, &b));
+    assert_eq!((a.compute_units, a.warp_size, a.name.as_str(), a.arch.as_str()), (7, 64, "Fake GPU", "fake_1"));
+    assert_eq!(rt.infos.load(Ordering::SeqCst), 1);
+    let e = device::info(Device::new(FAKE, 3)).unwrap_err();
+    assert!(matches!(e, Error::DeviceUnavailable { .. }) && e.to_string().contains("fakegpu:3"), "{e}");
+    let cpu = device::info(Device::CPU).unwrap();
+    assert!(cpu.compute_units >= 1);
+}
+
+#[test]
+fn queues_nest_per_device_and_thread() {
+    let rt = fake();
+    let (d0, cpu) = (Device::new(FAKE, 0), Device::CPU);
+    assert_eq!(device::current_queue(d0), None);
+    assert!(!rt.queue(d0).unwrap().external);
+    device::with_queue(d0, 0x10, || {
+        assert_eq!(device::current_queue(d0).map(|q| q.handle), Some(0x10));
+        assert_eq!(device::current_queue(cpu), None, "a queue belongs to its device");
+        device::with_queue(d0, 0x20, || {
+            assert_eq!(rt.queue(d0).unwrap().handle, 0x20);
+            // Another thread does not see this thread's queue.
+            std::thread::scope(|s| {
+                s.spawn(|| assert_eq!(device::current_queue(d0), None));
+            });
+        });
+        assert_eq!(device::current_queue(d0).map(|q| q.handle), Some(0x10));
+    });
+    assert_eq!(device::current_queue(d0), None);
+    // A panic inside the scope still pops it.
+    let r = std::panic::catch_unwind(|| device::with_queue(d0, 0x30, || panic!("inside")));
+    assert!(r.is_err());
+    assert_eq!(device::current_queue(d0), None);
+    assert!(!rt.accepts_external_queues());
+}

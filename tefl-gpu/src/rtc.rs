@@ -1,0 +1,232 @@
+//! Run-time compilation: the [`RtcCompiler`] a backend binds (NVRTC, hiprtc), the on-disk
+//! binary cache (`$TEFL_CACHE_DIR/<compiler>/`, keyed by the full source text with its
+//! defines, the options, the arch and the compiler's version) and the in-memory cache of
+//! modules loaded per device.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use tefl_core::tuning::{fnv1a64, write_atomic};
+use tefl_core::{Error, Result};
+use tefl_kernels::Target;
+
+use crate::variant::{Variant, full_source};
+
+/// A run-time compiler of kernel sources into device binaries (cubin, code object).
+pub trait RtcCompiler: Send + Sync {
+    /// The target whose prelude the sources get.
+    fn target(&self) -> Target;
+    /// The compiler's name (cache folder, messages): `nvrtc`, `hiprtc`.
+    fn name(&self) -> &'static str;
+    /// The device kind errors name (`cuda`, `hip`).
+    fn device_kind(&self) -> &'static str;
+    /// Whether the compiler's library loads (checked before any other call).
+    fn available(&self) -> std::result::Result<(), String>;
+    /// The compiler's version (part of the cache key: an upgrade compiles again).
+    fn version(&self) -> Result<String>;
+    /// The options for `arch` (`sm_90`, `gfx942`).
+    fn options(&self, arch: &str) -> Vec<String>;
+    /// The extension of cached binaries (`cubin`, `hsaco`).
+    fn binary_extension(&self) -> &'static str;
+    /// Compiles the full text of `file_name` with `options` into a binary, or the compiler's
+    /// log when it fails.
+    fn compile_text(&self, text: &str, file_name: &str, options: &[String]) -> std::result::Result<Vec<u8>, String>;
+}
+
+fn compile_error(c: &dyn RtcCompiler, v: &Variant, log: String) -> Error {
+    Error::DeviceFailure {
+        device: c.device_kind().into(),
+        reason: format!("{} could not compile {} ({}): {log}", c.name(), v.source.name, v.source.path),
+    }
+}
+
+/// Compiles `variant` for `arch`, without a cache.
+pub fn compile(c: &dyn RtcCompiler, variant: &Variant, arch: &str) -> Result<Vec<u8>> {
+    c.available().map_err(|reason| Error::DeviceUnavailable { device: c.device_kind().into(), reason })?;
+    if !variant.source.supports(c.target()) {
+        return Err(compile_error(c, variant, format!("the source has no {} version", c.target().name())));
+    }
+    let text = full_source(c.target(), variant);
+    c.compile_text(&text, variant.source.path, &c.options(arch)).map_err(|log| compile_error(c, variant, log))
+}
+
+/// The cache key of a compilation: full source (prelude, defines, headers), options, arch,
+/// compiler name and version.
+pub fn cache_key(c: &dyn RtcCompiler, variant: &Variant, arch: &str, version: &str) -> u64 {
+    let mut bytes = full_source(c.target(), variant).into_bytes();
+    bytes.extend(c.options(arch).join(" ").bytes());
+    bytes.extend(format!("|{arch}|{} {version}", c.name()).bytes());
+    fnv1a64(&bytes)
+}
+
+/// Where `c`'s binaries are cached (`$TEFL_CACHE_DIR/<compiler>`).
+pub fn cache_dir(c: &dyn RtcCompiler) -> Result<PathBuf> {
+    Ok(tefl_core::tuning::default_cache_dir()?.join(c.name()))
+}
+
+/// Compiles through the on-disk cache: a hit reads the binary, a miss compiles and stores it
+/// (atomically; a cache that cannot be written only costs a warning).
+pub fn compile_cached(c: &dyn RtcCompiler, variant: &Variant, arch: &str) -> Result<Vec<u8>> {
+    let version = c.version()?;
+    let key = cache_key(c, variant, arch, &version);
+    let path =
+        cache_dir(c).map(|d| d.join(format!("{}-{arch}-{key:016x}.{}", variant.source.name, c.binary_extension())));
+    if let Ok(p) = &path
+        && let Ok(bytes) = std::fs::read(p)
+        && !bytes.is_empty()
+    {
+        tracing::debug!(target: "TE-FL", "kernel cache hit {}", p.display());
+        return Ok(bytes);
+    }
+    let binary = compile(c, variant, arch)?;
+    match &path {
+        Ok(p) => {
+            if let Err(e) = write_atomic(p, &binary) {
+                tracing::warn!(target: "TE-FL", "kernel cache not written: {e}");
+            }
+        }
+        Err(e) => tracing::warn!(target: "TE-FL", "no kernel cache directory: {e}"),
+    }
+    Ok(binary)
+}
+
+/// Whether a device binary defines the kernel `entry` (its symbol table holds the name as a
+/// NUL-terminated string): the compile test checks every variant's entry points this way.
+pub fn binary_has_entry(binary: &[u8], entry: &str) -> bool {
+    let needle: Vec<u8> = [&[0u8][..], entry.as_bytes(), &[0u8][..]].concat();
+    binary.windows(needle.len()).any(|w| w == needle.as_slice())
+}
+
+type ModuleKey = (u32, &'static str, String);
+
+/// Modules of type `M` loaded per (device ordinal, source, defines), each loaded once.
+pub struct ModuleCache<M> {
+    modules: Mutex<HashMap<ModuleKey, Arc<M>>>,
+}
+
+impl<M> Default for ModuleCache<M> {
+    fn default() -> Self {
+        ModuleCache { modules: Mutex::new(HashMap::new()) }
+    }
+}
+
+impl<M> ModuleCache<M> {
+    /// An empty cache.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The module of `variant` on device `ordinal`, loaded with `load` on first use. Two
+    /// threads racing on a first use may both load; one module is kept.
+    pub fn get_or_load(&self, ordinal: u32, variant: &Variant, load: impl FnOnce() -> Result<M>) -> Result<Arc<M>> {
+        let key = (ordinal, variant.source.name, variant.defines.key());
+        if let Some(m) = self.lock().get(&key) {
+            return Ok(m.clone());
+        }
+        let m = Arc::new(load()?);
+        Ok(self.lock().entry(key).or_insert(m).clone())
+    }
+
+    /// How many modules are loaded.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether none is.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ModuleKey, Arc<M>>> {
+        self.modules.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::variant::Defines;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A compiler that "compiles" to the text's length and counts its calls.
+    struct Counting(AtomicUsize);
+
+    impl RtcCompiler for Counting {
+        fn target(&self) -> Target {
+            Target::Hip
+        }
+        fn name(&self) -> &'static str {
+            "counting-rtc-test"
+        }
+        fn device_kind(&self) -> &'static str {
+            "test"
+        }
+        fn available(&self) -> std::result::Result<(), String> {
+            Ok(())
+        }
+        fn version(&self) -> Result<String> {
+            Ok("1.0".into())
+        }
+        fn options(&self, arch: &str) -> Vec<String> {
+            vec![format!("--arch={arch}")]
+        }
+        fn binary_extension(&self) -> &'static str {
+            "bin"
+        }
+        fn compile_text(&self, text: &str, _: &str, _: &[String]) -> std::result::Result<Vec<u8>, String> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            if text.contains("#define FAIL 1") {
+                Err("error: FAIL".into())
+            } else {
+                Ok(text.len().to_le_bytes().to_vec())
+            }
+        }
+    }
+
+    #[test]
+    fn keys_change_with_defines_arch_and_version() {
+        let c = Counting(AtomicUsize::new(0));
+        let v = Variant::new(&tefl_kernels::NORM, &[], Defines::new().set("BLOCK", 256));
+        let w = Variant::new(&tefl_kernels::NORM, &[], Defines::new().set("BLOCK", 512));
+        let k = cache_key(&c, &v, "gfx942", "1.0");
+        assert_eq!(k, cache_key(&c, &v, "gfx942", "1.0"));
+        assert_ne!(k, cache_key(&c, &w, "gfx942", "1.0"));
+        assert_ne!(k, cache_key(&c, &v, "gfx90a", "1.0"));
+        assert_ne!(k, cache_key(&c, &v, "gfx942", "1.1"));
+    }
+
+    #[test]
+    fn a_source_without_the_target_is_an_error_and_failures_name_the_file() {
+        let c = Counting(AtomicUsize::new(0));
+        let attn = Variant::new(&tefl_kernels::ATTENTION_CUDA, &[], Defines::new());
+        let e = compile(&c, &attn, "gfx942").unwrap_err().to_string();
+        assert!(e.contains("no hip version"), "{e}");
+        let bad = Variant::new(&tefl_kernels::NORM, &[], Defines::new().set("FAIL", 1));
+        let e = compile(&c, &bad, "gfx942").unwrap_err().to_string();
+        assert!(e.contains("simt/norm.cu") && e.contains("error: FAIL"), "{e}");
+    }
+
+    #[test]
+    fn module_cache_loads_once_per_device_and_variant() {
+        let cache: ModuleCache<u32> = ModuleCache::new();
+        let v = Variant::new(&tefl_kernels::NORM, &[], Defines::new().set("BLOCK", 256));
+        let loads = AtomicUsize::new(0);
+        let load = || {
+            loads.fetch_add(1, Ordering::SeqCst);
+            Ok(7)
+        };
+        assert_eq!(*cache.get_or_load(0, &v, load).unwrap(), 7);
+        assert_eq!(*cache.get_or_load(0, &v, || Ok(8)).unwrap(), 7);
+        assert_eq!(*cache.get_or_load(1, &v, || Ok(9)).unwrap(), 9);
+        assert!(cache.get_or_load(2, &v, || Err(Error::Tensor("no".into()))).is_err());
+        assert_eq!((loads.load(Ordering::SeqCst), cache.len()), (1, 2));
+    }
+
+    #[test]
+    fn entries_are_found_in_symbol_tables() {
+        let bin = b"\x7fELF..\0norm_fwd\0norm_bwd\0";
+        assert!(binary_has_entry(bin, "norm_fwd") && binary_has_entry(bin, "norm_bwd"));
+        assert!(!binary_has_entry(bin, "norm") && !binary_has_entry(bin, "norm_bwd_cols"));
+    }
+}

@@ -1,0 +1,302 @@
+//! Launch parameters from tune configs (FlagGems' `configs_loader` and
+//! `heuristics_config_utils`): the GPU defaults (`tefl-gpu/src/tune_configs.toml`) under the
+//! vendor's `tune_configs.toml` under the arch family's file (`hopper/tune_configs.toml`),
+//! the family coming from the vendor's [`VendorInfo::arch_family`]. Rules pick a candidate
+//! without measuring; with `TEFL_AUTOTUNE=1` the autotuner times the candidates once per
+//! shape bucket, through `tefl_core`'s device runtime.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use tefl_core::device::DeviceInfo;
+use tefl_core::tuning::{Autotuner, TuneConfig, TuneKey, TuneTable};
+use tefl_core::{DType, Device, Error, Result, VendorInfo};
+
+/// One tune-config file: where it lives (for error messages) and its text.
+#[derive(Debug)]
+pub struct TuneFile {
+    /// The path, from the workspace root.
+    pub path: &'static str,
+    /// The TOML text.
+    pub text: &'static str,
+}
+
+/// The GPU defaults every backend's configs are layered over.
+pub static GPU_DEFAULTS: TuneFile =
+    TuneFile { path: "tefl-gpu/src/tune_configs.toml", text: include_str!("tune_configs.toml") };
+
+/// A backend's tune configs: its own file and one per arch family it tunes for.
+#[derive(Debug)]
+pub struct TuneConfigs {
+    /// The vendor whose `arch_family` maps an arch to a family folder.
+    pub vendor: fn() -> VendorInfo,
+    /// The vendor's `tune_configs.toml`.
+    pub vendor_file: TuneFile,
+    /// `(family, file)` per arch-family folder (`("hopper", hopper/tune_configs.toml)`).
+    pub families: &'static [(&'static str, TuneFile)],
+}
+
+fn parse(file: &TuneFile) -> Option<TuneTable> {
+    TuneTable::parse(file.text, file.path)
+        .map_err(|e| tracing::error!(target: "TE-FL", "tune configs ignored: {e}"))
+        .ok()
+}
+
+impl TuneConfigs {
+    /// The layered table for `arch` (arch family over vendor over GPU defaults), parsed once
+    /// per vendor and arch.
+    pub fn table(&self, arch: &str) -> Arc<TuneTable> {
+        type Cache = Mutex<HashMap<(String, String), Arc<TuneTable>>>;
+        static CACHE: OnceLock<Cache> = OnceLock::new();
+        let vendor = (self.vendor)();
+        let key = (vendor.vendor_name.clone(), arch.to_owned());
+        let mut cache = CACHE.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+        cache.entry(key).or_insert_with(|| Arc::new(self.layered(&vendor, arch))).clone()
+    }
+
+    fn layered(&self, vendor: &VendorInfo, arch: &str) -> TuneTable {
+        let defaults = parse(&GPU_DEFAULTS).unwrap_or_default();
+        let own = parse(&self.vendor_file);
+        let family = vendor.arch_family(arch);
+        let arch_table = self.families.iter().find(|(f, _)| Some(*f) == family).and_then(|(_, file)| parse(file));
+        TuneTable::layered(&defaults, own.as_ref(), arch_table.as_ref())
+    }
+
+    /// Every file, for a test that each parses.
+    pub fn files(&self) -> impl Iterator<Item = &TuneFile> {
+        std::iter::once(&GPU_DEFAULTS)
+            .chain(std::iter::once(&self.vendor_file))
+            .chain(self.families.iter().map(|(_, f)| f))
+    }
+}
+
+/// An integer parameter of a candidate, clamped to [1, 2^20].
+pub fn int(c: &TuneConfig, key: &str, default: i64) -> u32 {
+    c.get(key).and_then(|v| v.as_int()).unwrap_or(default).clamp(1, 1 << 20) as u32
+}
+
+/// How a row kernel (norm, softmax) runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RowConfig {
+    /// Threads per block.
+    pub block: u32,
+    /// Bytes per vector access.
+    pub vec_bytes: u32,
+    /// Vectors per thread kept in registers; 0 means the two-pass (scalar) path.
+    pub row_vecs: u32,
+}
+
+impl RowConfig {
+    /// The config a candidate gives for rows of `n` elements of `elem` bytes: the row fits
+    /// in registers when `n` is a whole number of vectors and at most block · max_row_vecs.
+    pub fn from_candidate(c: &TuneConfig, n: usize, elem: usize) -> Option<RowConfig> {
+        let (block, vec_bytes, max) = (int(c, "block", 256), int(c, "vec_bytes", 16), int(c, "max_row_vecs", 8));
+        let nv = (vec_bytes as usize / elem.max(1)).max(1);
+        let nvecs = n / nv;
+        if n.is_multiple_of(nv) && nvecs <= (block * max) as usize {
+            Some(RowConfig { block, vec_bytes, row_vecs: nvecs.div_ceil(block as usize).max(1) as u32 })
+        } else {
+            None
+        }
+    }
+
+    /// The two-pass config (any `n`).
+    pub fn two_pass(block: u32) -> RowConfig {
+        RowConfig { block, vec_bytes: 16, row_vecs: 0 }
+    }
+
+    /// Whether the row is kept in registers (read once).
+    pub fn fused(&self) -> bool {
+        self.row_vecs > 0
+    }
+}
+
+/// The heuristic for a row kernel of `family`: the first candidate (in table order) that keeps
+/// the row in registers with at most `pref` vectors per thread and no more threads than half
+/// the row, else the first with at most `pref`, else any that keeps it, else the two-pass path
+/// with 256 threads (128 for rows under 1024).
+pub fn row_kernel(t: &TuneTable, family: &str, n: usize, elem: usize, pref: u32) -> RowConfig {
+    let fits: Vec<RowConfig> = t.configs(family).iter().filter_map(|c| RowConfig::from_candidate(c, n, elem)).collect();
+    fits.iter()
+        .find(|r| r.row_vecs <= pref && (r.block as usize) * 2 <= n.max(64))
+        .or_else(|| fits.iter().find(|r| r.row_vecs <= pref))
+        .or(fits.first())
+        .copied()
+        .unwrap_or_else(|| RowConfig::two_pass(if n < 1024 { 128 } else { 256 }))
+}
+
+/// How an elementwise kernel runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ElementwiseConfig {
+    /// Threads per block.
+    pub block: u32,
+    /// Vectors per thread per grid-stride step.
+    pub unroll: u32,
+    /// Bytes per vector access.
+    pub vec_bytes: u32,
+}
+
+impl ElementwiseConfig {
+    /// The config a candidate describes.
+    pub fn from_candidate(c: &TuneConfig) -> Self {
+        ElementwiseConfig {
+            block: int(c, "block", 256),
+            unroll: int(c, "unroll", 2),
+            vec_bytes: int(c, "vec_bytes", 16),
+        }
+    }
+}
+
+/// The heuristic for an elementwise kernel: the table's first candidate.
+pub fn elementwise(t: &TuneTable) -> ElementwiseConfig {
+    ElementwiseConfig::from_candidate(&t.configs("elementwise").first().cloned().unwrap_or_default())
+}
+
+/// Seconds one candidate takes, as the autotuner compares them: a first untimed run (it
+/// compiles and loads the kernel variant), then the fastest of three timed runs on the
+/// device's runtime.
+pub fn measure(device: Device, run: &dyn Fn() -> Result<()>) -> Result<f64> {
+    let rt = tefl_core::device::runtime(device.kind)?;
+    run()?;
+    let mut best = f64::INFINITY;
+    for _ in 0..3 {
+        best = best.min(rt.time_on_device(device, &mut || run())?);
+    }
+    Ok(best)
+}
+
+/// The autotuner of the process (`TEFL_AUTOTUNE`, `TEFL_CACHE_DIR`); off when misconfigured.
+pub fn autotuner() -> &'static Autotuner {
+    static A: OnceLock<Autotuner> = OnceLock::new();
+    A.get_or_init(|| {
+        Autotuner::from_env().unwrap_or_else(|e| {
+            tracing::warn!(target: "TE-FL", "autotuning off: {e}");
+            Autotuner::new(std::env::temp_dir(), false)
+        })
+    })
+}
+
+/// Whether autotuning was asked for (`TEFL_AUTOTUNE=1`): measuring is opt-in on GPUs, so a
+/// first call never pays for timing every candidate unasked.
+pub fn autotune_requested() -> bool {
+    tefl_core::policy::env().as_ref().is_ok_and(|e| e.autotune)
+}
+
+/// The key of a cached tuning result: the device's name (not its ordinal), its arch and the
+/// driver's version, so that another GPU model or a driver upgrade tunes again.
+pub fn tune_key(kernel: &str, dtype: DType, bucket: &str, info: &DeviceInfo) -> TuneKey {
+    TuneKey::new(kernel, dtype, bucket, &info.name, &info.arch, &info.driver_version)
+}
+
+/// A row-kernel config of `family` chosen by the autotuner when asked for (timing each
+/// candidate that fits with `bench`, per power-of-two bucket of `n`), else by [`row_kernel`]
+/// with at most 4 vectors per thread.
+pub fn tuned_row_kernel(
+    t: &TuneTable,
+    family: &str,
+    info: &DeviceInfo,
+    dtype: DType,
+    n: usize,
+    mut bench: impl FnMut(RowConfig) -> Result<f64>,
+) -> RowConfig {
+    let elem = dtype.size_in_bytes();
+    let heuristic = row_kernel(t, family, n, elem, 4);
+    if !autotune_requested() {
+        return heuristic;
+    }
+    let cands: Vec<TuneConfig> =
+        t.configs(family).iter().filter(|c| RowConfig::from_candidate(c, n, elem).is_some()).cloned().collect();
+    let key = tune_key(family, dtype, &format!("n={}", n.next_power_of_two()), info);
+    let chosen = autotuner().select(
+        &key,
+        &cands,
+        |c| match RowConfig::from_candidate(c, n, elem) {
+            Some(r) => bench(r),
+            None => Err(Error::Tuning("candidate does not fit".into())),
+        },
+        TuneConfig::new,
+    );
+    RowConfig::from_candidate(&chosen, n, elem).unwrap_or(heuristic)
+}
+
+/// An elementwise config chosen by the autotuner when asked for (per power-of-two bucket of
+/// `items`), else by [`elementwise`].
+pub fn tuned_elementwise(
+    t: &TuneTable,
+    kernel: &str,
+    info: &DeviceInfo,
+    dtype: DType,
+    items: usize,
+    mut bench: impl FnMut(ElementwiseConfig) -> Result<f64>,
+) -> ElementwiseConfig {
+    let heuristic = elementwise(t);
+    if !autotune_requested() {
+        return heuristic;
+    }
+    let cands = t.configs("elementwise").to_vec();
+    let key = tune_key(kernel, dtype, &format!("items={}", items.next_power_of_two()), info);
+    let chosen = autotuner().select(&key, &cands, |c| bench(ElementwiseConfig::from_candidate(c)), TuneConfig::new);
+    if chosen.is_empty() { heuristic } else { ElementwiseConfig::from_candidate(&chosen) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn acme() -> VendorInfo {
+        VendorInfo::new("acme-tune-test", "acme", "acme-smi").arch_map(&[("gfx94", "cdna3"), ("gfx90", "cdna2")])
+    }
+
+    static ACME: TuneConfigs = TuneConfigs {
+        vendor: acme,
+        vendor_file: TuneFile {
+            path: "acme/tune_configs.toml",
+            text: "[[softmax]]\nblock = 64\nvec_bytes = 8\nmax_row_vecs = 2\n",
+        },
+        families: &[(
+            "cdna3",
+            TuneFile { path: "acme/cdna3/tune_configs.toml", text: "[[norm]]\nblock = 1024\nvec_bytes = 16\n" },
+        )],
+    };
+
+    #[test]
+    fn family_over_vendor_over_gpu_defaults() {
+        let mi300 = ACME.table("gfx942");
+        let mi200 = ACME.table("gfx90a");
+        // The family file replaces norm on cdna3 only.
+        assert_eq!(mi300.configs("norm").len(), 1);
+        assert_eq!(int(&mi300.configs("norm")[0], "block", 0), 1024);
+        assert_eq!(mi200.configs("norm").len(), 4, "cdna2 keeps the GPU defaults");
+        // The vendor file replaces softmax everywhere; elementwise stays the default.
+        for t in [&mi300, &mi200] {
+            assert_eq!(t.configs("softmax").len(), 1);
+            assert_eq!(int(&t.configs("softmax")[0], "block", 0), 64);
+            assert_eq!(t.configs("elementwise").len(), 9);
+        }
+        assert!(ACME.files().count() == 3);
+    }
+
+    #[test]
+    fn rows_fit_in_registers_when_they_can() {
+        let t = ACME.table("gfx90a");
+        // 8192 bf16 = 1024 vectors of 16 bytes.
+        let r = row_kernel(&t, "norm", 8192, 2, 4);
+        assert!(r.fused() && r.row_vecs <= 4, "{r:?}");
+        assert!((r.block * r.row_vecs * 8) as usize >= 8192);
+        // An odd length cannot be vectorised: the two-pass path.
+        assert_eq!(row_kernel(&t, "norm", 4097, 2, 4).row_vecs, 0);
+        // Longer than 1024 threads x 8 vectors x 8 elements.
+        assert_eq!(row_kernel(&t, "norm", 1 << 17, 2, 4).row_vecs, 0);
+        // A tiny row still gets a block.
+        assert_eq!(row_kernel(&t, "norm", 8, 4, 4).row_vecs, 1);
+        assert_eq!(elementwise(&t), ElementwiseConfig { block: 128, unroll: 1, vec_bytes: 16 });
+    }
+
+    #[test]
+    fn tune_keys_hold_the_device_name_arch_and_driver() {
+        let mut info = DeviceInfo::basic(Device::CPU, "Acme X1".into(), "gfx942".into());
+        info.driver_version = "6.2".into();
+        let k = tune_key("norm", DType::BF16, "n=4096", &info);
+        assert_eq!((k.device.as_str(), k.arch.as_str(), k.driver.as_str()), ("Acme X1", "gfx942", "6.2"));
+    }
+}

@@ -1,0 +1,82 @@
+// tefl prelude, CUDA target (NVRTC): the hardware primitives common.h builds on, on built-in
+// types only, with their PTX bodies. Nothing else in a SIMT kernel is target-specific: the
+// warp width, the lane mask and every shuffle come from here.
+// No toolkit header is included: NVRTC 13 ships none, and an end user's machine may have none.
+
+#define TEFL_TARGET_CUDA 1
+// Lanes per warp, and the most warps a block of 1024 threads has.
+#define WARP_SIZE 32
+#define MAX_WARPS (1024 / WARP_SIZE)
+#define FULL_LANE_MASK 0xffffffffu
+
+// ---- shuffles and warp synchronisation ----
+__device__ __forceinline__ float shfl_xor(float v, int mask) { return __shfl_xor_sync(FULL_LANE_MASK, v, mask, WARP_SIZE); }
+__device__ __forceinline__ double shfl_xor(double v, int mask) { return __shfl_xor_sync(FULL_LANE_MASK, v, mask, WARP_SIZE); }
+__device__ __forceinline__ int shfl_xor(int v, int mask) { return __shfl_xor_sync(FULL_LANE_MASK, v, mask, WARP_SIZE); }
+__device__ __forceinline__ float shfl(float v, int lane) { return __shfl_sync(FULL_LANE_MASK, v, lane, WARP_SIZE); }
+__device__ __forceinline__ void warp_sync() { __syncwarp(); }
+
+// ---- 16-bit float bit patterns <-> f32 ----
+__device__ __forceinline__ float half_bits_to_f32(unsigned short h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+__device__ __forceinline__ unsigned short f32_to_half_bits(float v) {
+    unsigned short r;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(v));
+    return r;
+}
+// Round to nearest even; NaN stays NaN. One cvt from sm_80 on, integer steps before.
+__device__ __forceinline__ unsigned short f32_to_bf16_bits(float v) {
+#if __CUDA_ARCH__ >= 800
+    unsigned short r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(v));
+    return r;
+#else
+    const unsigned int u = __float_as_uint(v);
+    return (u & 0x7fffffffu) > 0x7f800000u ? (unsigned short)((u >> 16) | 0x40u)
+                                           : (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+#endif
+}
+// Two f32 rounded and packed, `lo` in the low half: one instruction.
+__device__ __forceinline__ unsigned int pack2_bf16_bits(float lo, float hi) {
+    unsigned int r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+__device__ __forceinline__ unsigned int pack2_half_bits(float lo, float hi) {
+    unsigned int r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// ---- arithmetic ----
+// max(a, b) that is NaN when either is (fmaxf returns the other operand: a NaN input must
+// reach the outputs it touches, not vanish in a row maximum).
+__device__ __forceinline__ float max_nan(float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    float d;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
+    return d;
+#else
+    return (a != a || b != b) ? __int_as_float(0x7fffffff) : fmaxf(a, b);
+#endif
+}
+// 2^x in one instruction (denormal results flush to zero): softmax exponents.
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// ---- atomics ----
+// p[0] += a, p[1] += b for a global p aligned to 8 bytes: one vector reduction from sm_90 on.
+__device__ __forceinline__ void atomic_add2_f32(float* p, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(a), "f"(b) : "memory");
+#else
+    atomicAdd(p, a);
+    atomicAdd(p + 1, b);
+#endif
+}

@@ -1,0 +1,49 @@
+// tefl prelude, HIP target (hiprtc, amdgcn): the same primitives as cuda.h for wavefronts of
+// 64 lanes. HIP shuffles take no lane mask and there is no __syncwarp: a wavefront executes
+// in lockstep, so warp_sync only orders the wavefront's memory accesses.
+// hiprtc provides the HIP device built-ins without any include.
+
+#define TEFL_TARGET_HIP 1
+// Lanes per wavefront (CDNA; RDNA's wave32 mode is not used by these kernels), and the most
+// wavefronts a block of 1024 threads has.
+#define WARP_SIZE 64
+#define MAX_WARPS (1024 / WARP_SIZE)
+#define FULL_LANE_MASK 0xffffffffffffffffull
+
+// ---- shuffles and wavefront synchronisation ----
+__device__ __forceinline__ float shfl_xor(float v, int mask) { return __shfl_xor(v, mask, WARP_SIZE); }
+__device__ __forceinline__ double shfl_xor(double v, int mask) { return __shfl_xor(v, mask, WARP_SIZE); }
+__device__ __forceinline__ int shfl_xor(int v, int mask) { return __shfl_xor(v, mask, WARP_SIZE); }
+__device__ __forceinline__ float shfl(float v, int lane) { return __shfl(v, lane, WARP_SIZE); }
+__device__ __forceinline__ void warp_sync() { __builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront"); __builtin_amdgcn_wave_barrier(); __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront"); }
+
+// ---- 16-bit float bit patterns <-> f32 ----
+__device__ __forceinline__ float half_bits_to_f32(unsigned short h) { return (float)__builtin_bit_cast(_Float16, h); }
+__device__ __forceinline__ unsigned short f32_to_half_bits(float v) { return __builtin_bit_cast(unsigned short, (_Float16)v); }
+// Round to nearest even; NaN stays NaN (integer steps: not every amdgcn target has a cvt).
+__device__ __forceinline__ unsigned short f32_to_bf16_bits(float v) {
+    const unsigned int u = __float_as_uint(v);
+    return (u & 0x7fffffffu) > 0x7f800000u ? (unsigned short)((u >> 16) | 0x40u)
+                                           : (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+__device__ __forceinline__ unsigned int pack2_bf16_bits(float lo, float hi) {
+    return (unsigned int)f32_to_bf16_bits(lo) | ((unsigned int)f32_to_bf16_bits(hi) << 16);
+}
+__device__ __forceinline__ unsigned int pack2_half_bits(float lo, float hi) {
+    return (unsigned int)f32_to_half_bits(lo) | ((unsigned int)f32_to_half_bits(hi) << 16);
+}
+
+// ---- arithmetic ----
+// max(a, b) that is NaN when either is (fmaxf drops a NaN operand).
+__device__ __forceinline__ float max_nan(float a, float b) {
+    return (a != a || b != b) ? __int_as_float(0x7fffffff) : fmaxf(a, b);
+}
+// 2^x (v_exp_f32; denormal results may flush to zero, as on CUDA).
+__device__ __forceinline__ float fast_exp2(float x) { return __builtin_amdgcn_exp2f(x); }
+
+// ---- atomics ----
+// p[0] += a, p[1] += b (two f32 atomics: amdgcn has no packed f32 add to global memory).
+__device__ __forceinline__ void atomic_add2_f32(float* p, float a, float b) {
+    atomicAdd(p, a);
+    atomicAdd(p + 1, b);
+}

@@ -1,0 +1,50 @@
+// Sequences, masks and dropout of attention, target-neutral (any attention kernel of any
+// backend shares them). Uses the attention defines: LAYOUT (0 bshd, 1 sbhd, 2 thd), PADDING,
+// CAUSAL, BOTTOM_RIGHT, WIN_LEFT, WIN_RIGHT (-1: unbounded), DROPOUT.
+
+struct Seq {
+    int lq, lk;     // valid lengths
+    long long qb, kb; // token row of position 0
+    int rs;         // token rows between positions
+};
+
+__device__ __forceinline__ Seq seq_of(int b, int batch, int sq, int sk, const i32* cu_q, const i32* cu_k) {
+    Seq s;
+#if LAYOUT == 2
+    s.qb = cu_q[b]; s.kb = cu_k[b];
+    s.lq = cu_q[b + 1] - cu_q[b]; s.lk = cu_k[b + 1] - cu_k[b];
+    s.rs = 1;
+#else
+#if LAYOUT == 0
+    s.qb = (long long)b * sq; s.kb = (long long)b * sk; s.rs = 1;
+#else
+    s.qb = b; s.kb = b; s.rs = batch;
+#endif
+#if PADDING
+    s.lq = cu_q[b + 1] - cu_q[b]; s.lk = cu_k[b + 1] - cu_k[b];
+#else
+    s.lq = sq; s.lk = sk;
+#endif
+#endif
+    return s;
+}
+
+// Keys [lo, hi) query i sees (empty when hi <= lo).
+__device__ __forceinline__ void key_range(const Seq& s, int i, int* lo, int* hi) {
+    const int diag = BOTTOM_RIGHT ? s.lk - s.lq : 0;
+    int l = 0, h = s.lk;
+    if (i >= s.lq) { *lo = 0; *hi = 0; return; }
+    if (CAUSAL) h = min(h, i + diag + 1);
+    if (WIN_LEFT >= 0) l = max(l, i + diag - WIN_LEFT);
+    if (WIN_RIGHT >= 0) h = min(h, i + diag + WIN_RIGHT + 1);
+    *lo = l; *hi = max(h, l);
+}
+
+__device__ __forceinline__ float keep_factor(u64 seed, u64 offset, float p, int b, int h, int hq, int sq, int sk, int i, int j) {
+#if DROPOUT
+    const u64 idx = (((u64)b * hq + h) * sq + i) * (u64)sk + j;
+    return philox_uniform(seed, offset, idx) >= p ? 1.0f / (1.0f - p) : 0.0f;
+#else
+    return 1.0f;
+#endif
+}
