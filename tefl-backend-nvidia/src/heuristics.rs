@@ -7,20 +7,17 @@ use tefl_gpu::tune::{TuneConfigs, TuneFile, int};
 
 /// The tune configs: `tune_configs.toml`, then `hopper/tune_configs.toml` for the arch family
 /// `hopper` (from `vendor_info().arch_family`).
-pub static TUNE_CONFIGS: TuneConfigs = TuneConfigs {
-    vendor: crate::vendor_info,
-    vendor_file: TuneFile {
-        path: "tefl-backend-nvidia/src/tune_configs.toml",
-        text: include_str!("tune_configs.toml"),
-    },
-    families: &[(
+pub static TUNE_CONFIGS: TuneConfigs = TuneConfigs::new(
+    crate::vendor_info,
+    TuneFile { path: "tefl-backend-nvidia/src/tune_configs.toml", text: include_str!("tune_configs.toml") },
+    &[(
         "hopper",
         TuneFile {
             path: "tefl-backend-nvidia/src/hopper/tune_configs.toml",
             text: include_str!("hopper/tune_configs.toml"),
         },
     )],
-};
+);
 
 /// Forward attention blocks per SM the kernel's register budget is cut for (`attention`'s
 /// `fwd_min_blocks`, 2 by default; `TEFL_ATTN_FWD_MIN_BLOCKS` overrides it for experiments).

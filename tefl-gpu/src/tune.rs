@@ -25,7 +25,8 @@ pub struct TuneFile {
 pub static GPU_DEFAULTS: TuneFile =
     TuneFile { path: "tefl-gpu/src/tune_configs.toml", text: include_str!("tune_configs.toml") };
 
-/// A backend's tune configs: its own file and one per arch family it tunes for.
+/// A backend's tune configs: its own file and one per arch family it tunes for. Declare it
+/// as a `static` with [`TuneConfigs::new`]; each arch's layered table is parsed once.
 #[derive(Debug)]
 pub struct TuneConfigs {
     /// The vendor whose `arch_family` maps an arch to a family folder.
@@ -34,6 +35,7 @@ pub struct TuneConfigs {
     pub vendor_file: TuneFile,
     /// `(family, file)` per arch-family folder (`("hopper", hopper/tune_configs.toml)`).
     pub families: &'static [(&'static str, TuneFile)],
+    tables: OnceLock<Mutex<HashMap<String, Arc<TuneTable>>>>,
 }
 
 fn parse(file: &TuneFile) -> Option<TuneTable> {
@@ -43,15 +45,25 @@ fn parse(file: &TuneFile) -> Option<TuneTable> {
 }
 
 impl TuneConfigs {
-    /// The layered table for `arch` (arch family over vendor over GPU defaults), parsed once
-    /// per vendor and arch.
+    /// The configs of `vendor`: its own file, then one file per arch family.
+    pub const fn new(
+        vendor: fn() -> VendorInfo,
+        vendor_file: TuneFile,
+        families: &'static [(&'static str, TuneFile)],
+    ) -> Self {
+        TuneConfigs { vendor, vendor_file, families, tables: OnceLock::new() }
+    }
+
+    /// The layered table for `arch` (arch family over vendor over GPU defaults), parsed on
+    /// the first call per arch; later calls are one map lookup (it is on every op's path).
     pub fn table(&self, arch: &str) -> Arc<TuneTable> {
-        type Cache = Mutex<HashMap<(String, String), Arc<TuneTable>>>;
-        static CACHE: OnceLock<Cache> = OnceLock::new();
-        let vendor = (self.vendor)();
-        let key = (vendor.vendor_name.clone(), arch.to_owned());
-        let mut cache = CACHE.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
-        cache.entry(key).or_insert_with(|| Arc::new(self.layered(&vendor, arch))).clone()
+        let mut tables = self.tables.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = tables.get(arch) {
+            return t.clone();
+        }
+        let t = Arc::new(self.layered(&(self.vendor)(), arch));
+        tables.insert(arch.to_owned(), t.clone());
+        t
     }
 
     fn layered(&self, vendor: &VendorInfo, arch: &str) -> TuneTable {
@@ -247,17 +259,14 @@ mod tests {
         VendorInfo::new("acme-tune-test", "acme", "acme-smi").arch_map(&[("gfx94", "cdna3"), ("gfx90", "cdna2")])
     }
 
-    static ACME: TuneConfigs = TuneConfigs {
-        vendor: acme,
-        vendor_file: TuneFile {
-            path: "acme/tune_configs.toml",
-            text: "[[softmax]]\nblock = 64\nvec_bytes = 8\nmax_row_vecs = 2\n",
-        },
-        families: &[(
+    static ACME: TuneConfigs = TuneConfigs::new(
+        acme,
+        TuneFile { path: "acme/tune_configs.toml", text: "[[softmax]]\nblock = 64\nvec_bytes = 8\nmax_row_vecs = 2\n" },
+        &[(
             "cdna3",
             TuneFile { path: "acme/cdna3/tune_configs.toml", text: "[[norm]]\nblock = 1024\nvec_bytes = 16\n" },
         )],
-    };
+    );
 
     #[test]
     fn family_over_vendor_over_gpu_defaults() {
@@ -274,6 +283,7 @@ mod tests {
             assert_eq!(t.configs("elementwise").len(), 9);
         }
         assert!(ACME.files().count() == 3);
+        assert!(Arc::ptr_eq(&ACME.table("gfx942"), &mi300), "parsed once per arch");
     }
 
     #[test]

@@ -104,11 +104,11 @@ use tefl_gpu::tune::{TuneConfigs, TuneFile};
 /// This backend's tune configs: `tune_configs.toml` over the GPU defaults of `tefl-gpu`,
 /// under one file per arch family (add `("family", TuneFile { .. })` entries for folders
 /// like `src/<family>/tune_configs.toml`; the family comes from `vendor_info().arch_map`).
-pub static TUNE_CONFIGS: TuneConfigs = TuneConfigs {
-    vendor: crate::vendor::vendor_info,
-    vendor_file: TuneFile { path: "tefl-backend-@V@/src/tune_configs.toml", text: include_str!("tune_configs.toml") },
-    families: &[],
-};
+pub static TUNE_CONFIGS: TuneConfigs = TuneConfigs::new(
+    crate::vendor::vendor_info,
+    TuneFile { path: "tefl-backend-@V@/src/tune_configs.toml", text: include_str!("tune_configs.toml") },
+    &[],
+);
 
 /// Threads per row block of a normalisation kernel, from the row width.
 pub fn norm_block_size(n: usize) -> usize {
