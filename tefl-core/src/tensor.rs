@@ -69,11 +69,15 @@ impl Tensor {
             e => e,
         };
         let rt = device::runtime(device.kind)?;
-        let storage = rt.alloc(*device, bytes).map_err(name)?;
-        // The CPU runtime hands out zeroed memory unless allocations are being poisoned.
-        if !device.is_cpu() || device::poison_allocations() {
+        // The CPU runtime hands out zeroed memory unless allocations are being poisoned; any
+        // other memory is zeroed once, by the device's fill (not also by its allocator).
+        let storage = if device.is_cpu() && !device::poison_allocations() {
+            rt.alloc(*device, bytes).map_err(name)?
+        } else {
+            let storage = rt.alloc_uninit(*device, bytes).map_err(name)?;
             rt.fill(&*storage, 0).map_err(name)?;
-        }
+            storage
+        };
         Ok(Tensor { dtype, device: *device, shape: shape.into(), storage })
     }
 
