@@ -271,8 +271,8 @@ pub trait DeviceRuntime: Send + Sync + 'static {
     fn queue(&self, device: Device) -> Result<Queue> {
         Ok(current_queue(device).unwrap_or(Queue { device, handle: 0, external: false }))
     }
-    /// Whether ops can run on a queue handed in with [`with_queue`] (else such a scope is an
-    /// error when an op runs in it).
+    /// Whether ops can run on a queue handed in with [`with_queue`] (else opening such a scope
+    /// is an error).
     fn accepts_external_queues(&self) -> bool {
         false
     }
@@ -367,18 +367,25 @@ thread_local! {
 
 /// Runs `f` with ops on `device` from this thread queued on the caller's stream `handle`
 /// (PyTorch's current stream, say) instead of the runtime's own; scopes nest. The caller
-/// keeps the stream alive for the scope. A runtime that cannot adopt an external stream makes
-/// an op in the scope fail with a typed error rather than run unordered.
-pub fn with_queue<R>(device: Device, handle: u64, f: impl FnOnce() -> R) -> R {
+/// keeps the stream alive for the scope. When the device's runtime cannot adopt an external
+/// stream ([`DeviceRuntime::accepts_external_queues`]) this is a typed error and `f` does not
+/// run, rather than ops running unordered on the runtime's own queue.
+pub fn with_queue<R>(device: Device, handle: u64, f: impl FnOnce() -> R) -> Result<R> {
     struct Pop;
     impl Drop for Pop {
         fn drop(&mut self) {
             EXTERNAL_QUEUES.with(|q| q.borrow_mut().pop());
         }
     }
+    if !runtime(device.kind)?.accepts_external_queues() {
+        return Err(Error::DeviceFailure {
+            device: device.to_string(),
+            reason: format!("the {} runtime cannot run ops on an external queue", device.kind),
+        });
+    }
     EXTERNAL_QUEUES.with(|q| q.borrow_mut().push(Queue { device, handle, external: true }));
     let _pop = Pop;
-    f()
+    Ok(f())
 }
 
 /// The external queue handed in for `device` on this thread (innermost [`with_queue`]).

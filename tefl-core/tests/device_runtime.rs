@@ -64,6 +64,9 @@ impl DeviceRuntime for FakeRuntime {
     fn synchronize(&self, _: Device) -> Result<()> {
         Ok(())
     }
+    fn accepts_external_queues(&self) -> bool {
+        true
+    }
     fn device_info(&self, ordinal: u32) -> Result<device::DeviceInfo> {
         self.infos.fetch_add(1, Ordering::SeqCst);
         let mut i = device::DeviceInfo::basic(Device::new(FAKE, ordinal), self.name(ordinal), self.arch(ordinal));
@@ -133,6 +136,7 @@ fn queues_nest_per_device_and_thread() {
     let (d0, cpu) = (Device::new(FAKE, 0), Device::CPU);
     assert_eq!(device::current_queue(d0), None);
     assert!(!rt.queue(d0).unwrap().external);
+    assert!(rt.accepts_external_queues());
     device::with_queue(d0, 0x10, || {
         assert_eq!(device::current_queue(d0).map(|q| q.handle), Some(0x10));
         assert_eq!(device::current_queue(cpu), None, "a queue belongs to its device");
@@ -142,13 +146,29 @@ fn queues_nest_per_device_and_thread() {
             std::thread::scope(|s| {
                 s.spawn(|| assert_eq!(device::current_queue(d0), None));
             });
-        });
+        })
+        .unwrap();
         assert_eq!(device::current_queue(d0).map(|q| q.handle), Some(0x10));
-    });
+    })
+    .unwrap();
     assert_eq!(device::current_queue(d0), None);
     // A panic inside the scope still pops it.
     let r = std::panic::catch_unwind(|| device::with_queue(d0, 0x30, || panic!("inside")));
     assert!(r.is_err());
     assert_eq!(device::current_queue(d0), None);
-    assert!(!rt.accepts_external_queues());
+}
+
+#[test]
+fn runtimes_without_external_queues_refuse_the_scope() {
+    // The CPU runtime keeps the trait's default: no external queues.
+    let cpu = device::runtime(DeviceKind::CPU).unwrap();
+    assert!(!cpu.accepts_external_queues());
+    let ran = std::cell::Cell::new(false);
+    let e = device::with_queue(Device::CPU, 0x10, || ran.set(true)).unwrap_err();
+    assert!(!ran.get(), "the scope's body must not run");
+    assert!(matches!(e, Error::DeviceFailure { .. }) && e.to_string().contains("external queue"), "{e}");
+    assert_eq!(device::current_queue(Device::CPU), None);
+    // A device kind without a runtime is an error too.
+    let none = DeviceKind::new("no-such-runtime");
+    assert!(device::with_queue(Device::new(none, 0), 0x10, || ()).is_err());
 }
