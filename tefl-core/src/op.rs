@@ -9,7 +9,78 @@
 //!
 //! Output fields are `tensor` or `scalar` with the same meaning.
 
+use std::any::{Any, TypeId};
+use std::sync::Arc;
+
 use crate::{DType, Device, Error, Result, Tensor};
+
+/// What a kernel gets besides its arguments.
+#[derive(Debug, Clone, Copy)]
+pub struct KernelCtx<'a> {
+    /// The device the kernel runs on (the CPU for a staged reference call).
+    pub device: Device,
+    /// The op.
+    pub op: &'static str,
+    /// The impl being called.
+    pub impl_id: &'a str,
+}
+
+/// The typed kernel function of an impl of op `O`.
+pub type KernelFn<O> = Arc<dyn Fn(&KernelCtx<'_>, &<O as Op>::Args) -> Result<<O as Op>::Output> + Send + Sync>;
+
+/// A kernel that serves an op without knowing its Rust types: it reads the arguments
+/// through [`DynCall::visit_args`] and returns one tensor slot per output field, in
+/// declaration order. Impls made at run time (C plugins, and any other host language) are
+/// built on it with [`OpImpl::dynamic`](crate::OpImpl::dynamic).
+pub type DynKernel = Arc<dyn Fn(&KernelCtx<'_>, &DynCall<'_>) -> Result<Vec<Option<Tensor>>> + Send + Sync>;
+
+/// One call of a [`DynKernel`].
+pub struct DynCall<'a> {
+    /// The op.
+    pub op: &'static str,
+    /// The op's output fields: the kernel returns one slot for each.
+    pub outputs: &'static [FieldDesc],
+    visit: &'a ArgVisitor<'a>,
+}
+
+/// Something that visits a call's arguments (see [`OpArgs::visit_args`]).
+type ArgVisitor<'a> = dyn Fn(&mut dyn FnMut(ArgRef<'_>)) + 'a;
+
+impl DynCall<'_> {
+    /// Visits every argument in declaration order (see [`OpArgs::visit_args`]).
+    pub fn visit_args(&self, v: &mut dyn FnMut(ArgRef<'_>)) {
+        (self.visit)(v)
+    }
+}
+
+/// A kernel of one op with its type erased, as an [`OpImpl`](crate::OpImpl) holds it.
+pub struct ErasedKernel {
+    pub(crate) op: &'static str,
+    pub(crate) op_type: TypeId,
+    pub(crate) kernel: Box<dyn Any + Send + Sync>,
+}
+
+impl ErasedKernel {
+    /// Erases the type of a kernel of op `O`.
+    pub fn of<O: Op>(kernel: KernelFn<O>) -> Self {
+        ErasedKernel { op: O::NAME, op_type: TypeId::of::<O>(), kernel: Box::new(kernel) }
+    }
+}
+
+/// The kernel of op `O` that calls the run-time kernel `k` and builds `O`'s output from the
+/// slots it returns (an output that cannot be built fails the call, naming the impl).
+pub fn erase_dyn<O: Op>(k: DynKernel) -> ErasedKernel {
+    ErasedKernel::of::<O>(Arc::new(move |ctx: &KernelCtx<'_>, args: &O::Args| {
+        let visit = |v: &mut dyn FnMut(ArgRef<'_>)| args.visit_args(v);
+        let call = DynCall { op: O::NAME, outputs: <O::Output as OpOutput>::FIELDS, visit: &visit };
+        let slots = k(ctx, &call)?;
+        O::Output::from_slots(O::NAME, slots).map_err(|e| Error::ImplFailed {
+            op: O::NAME,
+            impl_id: ctx.impl_id.to_string(),
+            reason: e.to_string(),
+        })
+    }))
+}
 
 /// One op of the catalogue: a zero-sized marker type tying a name to its argument and
 /// output types. Implemented by [`declare_op!`].
@@ -137,7 +208,7 @@ pub enum ArgRef<'a> {
     },
 }
 
-/// Builds an op's output from tensors produced in output order (the C plugin ABI).
+/// Builds an op's output from tensors produced in output order (run-time kernels, see [`DynKernel`]).
 pub trait FromOutputTensor: Sized {
     /// The value of one output field from its slot.
     fn from_output(op: &'static str, field: &'static str, slot: Option<Tensor>) -> Result<Self>;
@@ -145,7 +216,7 @@ pub trait FromOutputTensor: Sized {
 
 impl FromOutputTensor for Tensor {
     fn from_output(op: &'static str, field: &'static str, slot: Option<Tensor>) -> Result<Self> {
-        slot.ok_or_else(|| Error::invalid(op, field, "the plugin did not produce this output"))
+        slot.ok_or_else(|| Error::invalid(op, field, "the run-time kernel did not produce this output"))
     }
 }
 
@@ -157,7 +228,7 @@ impl FromOutputTensor for Option<Tensor> {
 
 impl FromOutputTensor for Vec<Tensor> {
     fn from_output(op: &'static str, field: &'static str, _: Option<Tensor>) -> Result<Self> {
-        Err(Error::invalid(op, field, "tensor-list outputs are not supported over the C plugin ABI"))
+        Err(Error::invalid(op, field, "tensor-list outputs are not supported for run-time kernels"))
     }
 }
 
@@ -246,7 +317,7 @@ pub struct ArgSummary {
 pub trait OpOutput: Send + Sized + 'static {
     /// The fields, in declaration order.
     const FIELDS: &'static [FieldDesc];
-    /// Builds the output from one tensor slot per field (the C plugin ABI).
+    /// Builds the output from one tensor slot per field (run-time kernels, see [`DynKernel`]).
     fn from_slots(op: &'static str, slots: Vec<Option<Tensor>>) -> Result<Self>;
     /// Moves every tensor of the output to `device`.
     fn to_device(self, device: &Device) -> Result<Self>;
@@ -287,8 +358,8 @@ pub struct OpDescriptor {
     pub args: &'static [FieldDesc],
     /// Output fields.
     pub outputs: &'static [FieldDesc],
-    /// Builds an impl of this op from a C plugin's kernel (see [`crate::plugin`]).
-    pub plugin_adapter: fn(crate::plugin::PluginKernel) -> crate::OpImpl,
+    /// Wraps a run-time kernel as this op's typed kernel ([`erase_dyn`] of the op).
+    pub erase_dyn: fn(DynKernel) -> ErasedKernel,
     /// Whether the op declares an output contract ([`Op::output_contract`]).
     pub has_output_contract: bool,
 }
@@ -507,7 +578,7 @@ macro_rules! declare_op_with {
                     type_name: stringify!($op),
                     args: <$args as $crate::op::OpArgs>::FIELDS,
                     outputs: <$out as $crate::op::OpOutput>::FIELDS,
-                    plugin_adapter: $crate::plugin::adapter::<$op>,
+                    erase_dyn: $crate::op::erase_dyn::<$op>,
                     has_output_contract: $crate::__has_contract!($($oa)?),
                 };
                 &D
@@ -709,7 +780,7 @@ macro_rules! __field_visit_tensors {
 #[macro_export]
 macro_rules! __field_from_slot {
     (scalar, $t:ty, $op:expr, $name:expr, $slot:expr) => {
-        return Err($crate::Error::invalid($op, $name, "scalar outputs are not supported over the C plugin ABI"))
+        return Err($crate::Error::invalid($op, $name, "scalar outputs are not supported for run-time kernels"))
     };
     ($k:ident, $t:ty, $op:expr, $name:expr, $slot:expr) => {
         <$t as $crate::op::FromOutputTensor>::from_output($op, $name, $slot)?

@@ -10,7 +10,7 @@
 use std::ffi::{CStr, CString, OsStr, OsString, c_char, c_void};
 use std::sync::Arc;
 
-use crate::op::{ArgRef, Op, OpArgs, OpOutput};
+use crate::op::{ArgRef, DynCall, OpDescriptor};
 use crate::registry::{BackendImplKind, OpImpl, Registry, VendorInfo};
 use crate::{DType, Device, DeviceKind, Error, Result, Tensor};
 
@@ -152,19 +152,9 @@ fn take_error_code(p: ErrPtr) -> Option<(i32, String)> {
     Some((e.code, text))
 }
 
-/// A plugin kernel, ready to become an impl of one op (see `OpDescriptor::plugin_adapter`).
-#[derive(Clone)]
-pub struct PluginKernel {
-    /// The plugin's name, for errors.
-    pub plugin: String,
-    /// The impl id.
-    pub impl_id: String,
-    /// The vendor.
-    pub vendor: String,
-    /// Priority.
-    pub priority: i32,
-    /// Accepted primary dtypes (empty: any).
-    pub dtypes: Vec<DType>,
+/// One kernel of a loaded plugin: its C function and the library that keeps it loaded.
+struct PluginKernel {
+    impl_id: String,
     kernel: KernelFn,
     user: usize,
     _lib: Arc<libloading::Library>,
@@ -249,23 +239,24 @@ unsafe extern "C" fn host_alloc_output(
     std::ptr::null_mut()
 }
 
-/// Builds the impl of op `O` that calls a plugin kernel. Arguments are marshalled from the
-/// op's declaration; tensors must be on the host in this ABI version.
-pub fn adapter<O: Op>(k: PluginKernel) -> OpImpl {
-    let PluginKernel { impl_id, vendor, priority, dtypes, .. } = k.clone();
-    OpImpl::new::<O>(impl_id, BackendImplKind::Vendor, move |_ctx, args: &O::Args| call_plugin::<O>(&k, args))
+/// The impl of the catalogue op `desc` that calls a plugin kernel: a run-time kernel
+/// ([`OpImpl::dynamic`]) that marshals the op's arguments in declaration order. Tensors must be
+/// on the host in this ABI version.
+fn plugin_impl(desc: &OpDescriptor, k: PluginKernel, vendor: &str, priority: i32, dtypes: &[DType]) -> OpImpl {
+    let impl_id = k.impl_id.clone();
+    OpImpl::dynamic(desc, impl_id, BackendImplKind::Vendor, Arc::new(move |_ctx, call| call_plugin(&k, call)))
         .vendor(vendor)
         .priority(priority)
         .device(DeviceKind::CPU)
-        .dtypes(&dtypes)
+        .dtypes(dtypes)
 }
 
-fn call_plugin<O: Op>(k: &PluginKernel, args: &O::Args) -> Result<O::Output> {
-    let fail = |reason: String| Error::ImplFailed { op: O::NAME, impl_id: k.impl_id.clone(), reason };
+fn call_plugin(k: &PluginKernel, call: &DynCall<'_>) -> Result<Vec<Option<Tensor>>> {
+    let fail = |reason: String| Error::ImplFailed { op: call.op, impl_id: k.impl_id.clone(), reason };
     // Collect the argument slots and scalars in declaration order.
     let mut slots: Vec<(bool, Option<Tensor>)> = Vec::new();
     let mut scalars = Vec::new();
-    args.visit_args(&mut |a| match a {
+    call.visit_args(&mut |a| match a {
         ArgRef::Tensor { inout, tensor, .. } => slots.push((inout, tensor.cloned())),
         ArgRef::Scalar { name, text } => scalars.push(format!("{name}={text}")),
     });
@@ -282,7 +273,7 @@ fn call_plugin<O: Op>(k: &PluginKernel, args: &O::Args) -> Result<O::Output> {
         })
         .collect::<std::result::Result<_, _>>()
         .map_err(|_| Error::Unsupported {
-            op: O::NAME,
+            op: call.op,
             impl_id: k.impl_id.clone(),
             reason: "a dimension does not fit the C ABI's int64".into(),
         })?;
@@ -331,11 +322,11 @@ fn call_plugin<O: Op>(k: &PluginKernel, args: &O::Args) -> Result<O::Output> {
             strides: std::ptr::null(),
         });
     }
-    let n_outputs = <O::Output as OpOutput>::FIELDS.len();
+    let n_outputs = call.outputs.len();
     let mut state = CallState { outputs: vec![None; n_outputs] };
-    let op_c = CString::new(O::NAME).map_err(|e| fail(e.to_string()))?;
+    let op_c = CString::new(call.op).map_err(|e| fail(e.to_string()))?;
     let scalars_c = CString::new(scalars.join(";")).map_err(|e| fail(e.to_string()))?;
-    let call = CCall {
+    let c_call = CCall {
         struct_size: std::mem::size_of::<CCall>(),
         op: op_c.as_ptr(),
         inputs: descs.as_ptr(),
@@ -346,18 +337,18 @@ fn call_plugin<O: Op>(k: &PluginKernel, args: &O::Args) -> Result<O::Output> {
         make_error: host_make_error,
         host_state: (&mut state as *mut CallState).cast(),
     };
-    // SAFETY: the kernel pointer came from a plugin whose library `k` keeps loaded; `call`
+    // SAFETY: the kernel pointer came from a plugin whose library `k` keeps loaded; `c_call`
     // and everything it points to (descriptors, shapes, strings, guarded tensor memory and
     // the call state) outlive the call. The plugin contract is the header's.
-    let returned = unsafe { (k.kernel)(k.user as *mut c_void, &call) };
+    let returned = unsafe { (k.kernel)(k.user as *mut c_void, &c_call) };
     drop((reads, writes));
     match take_error_code(returned) {
         None => {}
         // TEFL_ERR_UNSUPPORTED: the kernel has no code for these arguments; not a failure.
-        Some((2, reason)) => return Err(Error::Unsupported { op: O::NAME, impl_id: k.impl_id.clone(), reason }),
+        Some((2, reason)) => return Err(Error::Unsupported { op: call.op, impl_id: k.impl_id.clone(), reason }),
         Some((_, reason)) => return Err(fail(reason)),
     }
-    O::Output::from_slots(O::NAME, state.outputs).map_err(|e| fail(e.to_string()))
+    Ok(state.outputs)
 }
 
 /// Reads a C string owned by the plugin; `None` when null or not UTF-8.
@@ -455,16 +446,8 @@ pub fn load_plugin(reg: &mut Registry, entry: impl AsRef<OsStr>) -> Result<usize
             .map(|s| s.parse::<DType>())
             .collect::<Result<Vec<_>>>()
             .map_err(|e| err(format!("impl {i}: {e}")))?;
-        impls.push((desc.plugin_adapter)(PluginKernel {
-            plugin: name.clone(),
-            impl_id,
-            vendor: vendor_name.clone(),
-            priority: d.priority,
-            dtypes,
-            kernel,
-            user: d.user as usize,
-            _lib: lib.clone(),
-        }));
+        let k = PluginKernel { impl_id, kernel, user: d.user as usize, _lib: lib.clone() };
+        impls.push(plugin_impl(desc, k, &vendor_name, d.priority, &dtypes));
     }
     // All or nothing: every impl is checked before anything is registered, so a plugin that
     // is skipped leaves no trace in the registry.

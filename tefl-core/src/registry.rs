@@ -6,8 +6,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
-use crate::op::Op;
-use crate::{DType, Device, DeviceKind, Error, Result};
+use crate::op::{DynKernel, ErasedKernel, Op, OpDescriptor};
+pub use crate::op::{KernelCtx, KernelFn};
+use crate::{DType, DeviceKind, Error, Result};
 
 /// The three kinds of implementation, as in TE-FL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -36,20 +37,6 @@ impl fmt::Display for BackendImplKind {
         f.write_str(self.token())
     }
 }
-
-/// What a kernel gets besides its arguments.
-#[derive(Debug, Clone, Copy)]
-pub struct KernelCtx<'a> {
-    /// The device the kernel runs on (the CPU for a staged reference call).
-    pub device: Device,
-    /// The op.
-    pub op: &'static str,
-    /// The impl being called.
-    pub impl_id: &'a str,
-}
-
-/// The typed kernel function of an impl of op `O`.
-pub type KernelFn<O> = Arc<dyn Fn(&KernelCtx<'_>, &<O as Op>::Args) -> Result<<O as Op>::Output> + Send + Sync>;
 
 /// An availability check: `Ok(())` or the reason the impl cannot run here.
 pub type AvailabilityFn = Arc<dyn Fn() -> std::result::Result<(), String> + Send + Sync>;
@@ -131,17 +118,28 @@ impl OpImpl {
         kernel: impl Fn(&KernelCtx<'_>, &O::Args) -> Result<O::Output> + Send + Sync + 'static,
     ) -> Self {
         let kernel: KernelFn<O> = Arc::new(kernel);
+        OpImpl::from_erased(ErasedKernel::of::<O>(kernel), impl_id.into(), kind)
+    }
+
+    /// An impl of the catalogue op `desc` served by a run-time kernel that does not know the
+    /// op's Rust types (see [`DynKernel`]): how C plugins and other host languages' impls are
+    /// made. Refine it with the builder methods, as for [`OpImpl::new`].
+    pub fn dynamic(desc: &OpDescriptor, impl_id: impl Into<String>, kind: BackendImplKind, kernel: DynKernel) -> Self {
+        OpImpl::from_erased((desc.erase_dyn)(kernel), impl_id.into(), kind)
+    }
+
+    fn from_erased(k: ErasedKernel, impl_id: String, kind: BackendImplKind) -> Self {
         OpImpl {
-            op: O::NAME,
-            op_type: TypeId::of::<O>(),
-            impl_id: impl_id.into(),
+            op: k.op,
+            op_type: k.op_type,
+            impl_id,
             kind,
             vendor: None,
             priority: 0,
             device: DeviceKind::CPU,
             dtypes: Vec::new(),
             available: None,
-            kernel: Box::new(kernel),
+            kernel: k.kernel,
             supports_args: None,
             misplaced_supports: None,
             compiled_in: false,

@@ -1,0 +1,233 @@
+//! The call path: run a resolved chain, contain each impl, fall back, count and log.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::SystemTime;
+
+use crate::device::read_lock;
+use crate::op::{ArgSummary, Op, OpArgs, OpOutput, check_inout_aliasing};
+use crate::registry::{BackendImplKind, KernelCtx, OpImpl, panic_message};
+use crate::{Device, Error, Result};
+
+use super::cache::{ChainEntry, LocalChain};
+use super::{FAILURE_MEMORY, FailureRecord, LOG, Manager, lock};
+
+/// What a failure says, without repeating the "implementation 'x' failed for op 'y'" the
+/// log line or the list it goes into already says.
+fn failure_text(err: &Error, impl_id: &str) -> String {
+    match err {
+        Error::ImplFailed { impl_id: i, reason, .. } | Error::Unsupported { impl_id: i, reason, .. }
+            if i == impl_id =>
+        {
+            reason.clone()
+        }
+        e => e.to_string(),
+    }
+}
+
+impl Manager {
+    /// Calls op `O`: validates the arguments, then runs the cached chain.
+    pub fn call<O: Op>(&self, args: &O::Args) -> Result<O::Output> {
+        let summary = args.summary(O::NAME)?;
+        O::validate(args)?;
+        check_inout_aliasing::<O>(args)?;
+        let chain = self.chain_for::<O>(&summary);
+        self.run::<O>(&chain, &summary, args)
+    }
+
+    /// Calls one impl directly by id, bypassing the policy (the conformance suite does this).
+    /// A reference impl serves other devices through host staging, as in a normal call.
+    pub fn call_impl<O: Op>(&self, impl_id: &str, args: &O::Args) -> Result<O::Output> {
+        let summary = args.summary(O::NAME)?;
+        O::validate(args)?;
+        check_inout_aliasing::<O>(args)?;
+        let imp =
+            read_lock(&self.registry).impls_of(O::NAME).iter().find(|i| i.impl_id() == impl_id).cloned().ok_or_else(
+                || Error::NoImplementation {
+                    op: O::NAME,
+                    device: summary.device,
+                    dtype: summary.primary,
+                    reason: format!("no impl '{impl_id}' registered"),
+                },
+            )?;
+        let staged = imp.device_kind() != summary.device.kind;
+        if staged && !(imp.kind() == BackendImplKind::Reference && imp.device_kind() == Device::CPU.kind) {
+            return Err(Error::DeviceMismatch {
+                op: O::NAME,
+                arg: "impl",
+                got: summary.device,
+                expected: Device::new(imp.device_kind(), 0),
+            });
+        }
+        if let Err(reason) = imp.check_supports::<O>(args) {
+            imp.counters.unsupported.fetch_add(1, Ordering::Relaxed);
+            return Err(Error::Unsupported { op: O::NAME, impl_id: impl_id.to_string(), reason });
+        }
+        let entry = ChainEntry { imp, staged, fail: Arc::default(), staged_logged: AtomicBool::new(true) };
+        self.attempt::<O>(&entry, &summary, args)
+    }
+
+    fn run<O: Op>(&self, chain: &LocalChain, s: &ArgSummary, args: &O::Args) -> Result<O::Output> {
+        let sh = &*chain.shared;
+        if sh.entries.is_empty() {
+            return Err(Error::NoImplementation {
+                op: O::NAME,
+                device: s.device,
+                dtype: s.primary,
+                reason: sh.empty_reason.clone(),
+            });
+        }
+        let mut failures: Vec<(String, String)> = Vec::new();
+        let mut unsupported: Vec<usize> = Vec::new();
+        let mut attempted = false;
+        for pass in 0..2 {
+            for (i, e) in sh.entries.iter().enumerate() {
+                if unsupported.contains(&i) {
+                    continue;
+                }
+                // Pass 0 honours the failure memory; pass 1 (only when pass 0 tried nothing)
+                // tries every impl rather than fail without an attempt.
+                if pass == 0 && !sh.strict && e.take_skip() {
+                    e.imp.counters.skipped.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                // An impl that does not support these arguments is passed over, not failed.
+                let checked = if e.imp.has_supports_check() { e.imp.check_supports::<O>(args) } else { Ok(()) };
+                let result = match checked {
+                    Ok(()) => {
+                        attempted = true;
+                        self.attempt::<O>(e, s, args)
+                    }
+                    Err(reason) => {
+                        Err(Error::Unsupported { op: O::NAME, impl_id: e.imp.impl_id().to_string(), reason })
+                    }
+                };
+                match result {
+                    Ok(out) => {
+                        e.note_success();
+                        e.imp.counters.calls.fetch_add(1, Ordering::Relaxed);
+                        let fell_back = !failures.is_empty();
+                        if fell_back {
+                            Self::on_fallback(e, O::NAME);
+                        }
+                        if chain.last_served.get() != i {
+                            self.note_served(O::NAME, s.device, &e.imp, fell_back);
+                            chain.last_served.set(i);
+                        }
+                        return Ok(out);
+                    }
+                    Err(err @ Error::Unsupported { .. }) => {
+                        e.imp.counters.unsupported.fetch_add(1, Ordering::Relaxed);
+                        tracing::debug!(target: LOG, "Implementation '{}' does not support this call of op '{}': {}", e.imp.impl_id(), O::NAME, failure_text(&err, e.imp.impl_id()));
+                        unsupported.push(i);
+                        failures.push((
+                            e.imp.impl_id().to_string(),
+                            format!("not supported: {}", failure_text(&err, e.imp.impl_id())),
+                        ));
+                    }
+                    Err(err) => {
+                        self.on_failure(e, O::NAME, s.device, &err);
+                        if sh.strict {
+                            return Err(err);
+                        }
+                        failures.push((e.imp.impl_id().to_string(), failure_text(&err, e.imp.impl_id())));
+                    }
+                }
+            }
+            if attempted {
+                break;
+            }
+        }
+        if !attempted && !failures.is_empty() && unsupported.len() == sh.entries.len() {
+            let why: Vec<String> = failures.iter().map(|(i, e)| format!("'{i}': {e}")).collect();
+            return Err(Error::NoImplementation {
+                op: O::NAME,
+                device: s.device,
+                dtype: s.primary,
+                reason: why.join("; "),
+            });
+        }
+        Err(Error::AllFailed { op: O::NAME, failures })
+    }
+
+    fn attempt<O: Op>(&self, e: &ChainEntry, s: &ArgSummary, args: &O::Args) -> Result<O::Output> {
+        let kernel = e.imp.kernel::<O>()?;
+        let device = if e.staged { Device::CPU } else { s.device };
+        let ctx = KernelCtx { device, op: O::NAME, impl_id: e.imp.impl_id() };
+        if e.staged && !e.staged_logged.swap(true, Ordering::Relaxed) {
+            tracing::info!(target: LOG, "Op '{}' staged through host memory for '{}' (call on {})", O::NAME, e.imp.impl_id(), s.device);
+        }
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            if e.staged {
+                let host = args.to_host()?;
+                let out = kernel(&ctx, &host)?;
+                args.write_back(&host)?;
+                out.to_device(&s.device)
+            } else {
+                kernel(&ctx, args)
+            }
+        }));
+        let out = result.unwrap_or_else(|p| {
+            Err(Error::ImplFailed {
+                op: O::NAME,
+                impl_id: e.imp.impl_id().to_string(),
+                reason: format!("panicked: {}", panic_message(&*p)),
+            })
+        })?;
+        if !e.imp.is_compiled_in() {
+            crate::op::check_outputs::<O>(args, &out, s.device).map_err(|reason| Error::ImplFailed {
+                op: O::NAME,
+                impl_id: e.imp.impl_id().to_string(),
+                reason,
+            })?;
+        }
+        Ok(out)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn on_failure(&self, e: &ChainEntry, op: &'static str, device: Device, err: &Error) {
+        e.imp.counters.failures.fetch_add(1, Ordering::Relaxed);
+        e.note_failure();
+        tracing::warn!(target: LOG, "Implementation '{}' failed for op '{}': {}", e.imp.impl_id(), op, failure_text(err, e.imp.impl_id()));
+        self.remember_failure(op, e.imp.impl_id(), device, err);
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn on_fallback(e: &ChainEntry, op: &'static str) {
+        e.imp.counters.fallbacks.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(target: LOG, "Op '{}' fallback to '{}' {}", op, e.imp.impl_id(), e.imp.describe());
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn note_served(&self, op: &'static str, device: Device, imp: &OpImpl, fell_back: bool) {
+        let mut served = lock(&self.served);
+        match served.get(&(op, device)) {
+            None => {
+                tracing::info!(target: LOG, "Op '{}' using '{}' {}", op, imp.impl_id(), imp.describe());
+            }
+            Some(prev) if prev != imp.impl_id() && !fell_back => {
+                tracing::info!(target: LOG, "Op '{}' switched from '{}' to '{}' {}", op, prev, imp.impl_id(), imp.describe());
+            }
+            Some(_) => {}
+        }
+        served.insert((op, device), imp.impl_id().to_string());
+    }
+
+    fn remember_failure(&self, op: &'static str, impl_id: &str, device: Device, err: &Error) {
+        let mut f = lock(&self.failures);
+        if f.len() == FAILURE_MEMORY {
+            f.pop_front();
+        }
+        f.push_back(FailureRecord {
+            op,
+            impl_id: impl_id.to_string(),
+            device,
+            error: err.to_string(),
+            at: SystemTime::now(),
+        });
+    }
+}
