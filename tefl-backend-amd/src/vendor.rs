@@ -23,44 +23,20 @@ pub fn vendor_info() -> VendorInfo {
 
 tefl_core::register_vendor!(vendor_info);
 
-/// The library names tried, in order.
-const HIP_LIBS: [&str; 3] = ["libamdhip64.so", "libamdhip64.so.6", "libamdhip64.so.5"];
-
-/// Whether a HIP device is usable: libamdhip64 loads (from the loader path, `$ROCM_PATH/lib`
-/// or `/opt/rocm/lib`), and `hipGetDeviceCount` reports at least one device. Checked once.
+/// Whether a HIP device is usable: the runtime loads (ROCm 7, 6 or 5; from the loader path,
+/// `$ROCM_PATH/lib` or `/opt/rocm/lib`), `hipInit(0)` succeeds and `hipGetDeviceCount` reports
+/// at least one device. Checked once; the reason names the library or the HIP error.
 pub fn availability() -> Result<(), String> {
     static RESULT: OnceLock<Result<(), String>> = OnceLock::new();
     RESULT.get_or_init(probe).clone()
 }
 
-fn candidates() -> Vec<String> {
-    let mut v: Vec<String> = HIP_LIBS.iter().map(|s| s.to_string()).collect();
-    let rocm = std::env::var("ROCM_PATH").unwrap_or_else(|_| "/opt/rocm".into());
-    v.extend(HIP_LIBS.iter().map(|l| format!("{rocm}/lib/{l}")));
-    v
-}
-
 fn probe() -> Result<(), String> {
-    let names = candidates();
-    let lib = names
-        .iter()
-        .find_map(|n| {
-            // SAFETY: loading libamdhip64 runs its initialisers, which only set up the HIP
-            // runtime; the library stays loaded for the life of the process (leaked below).
-            unsafe { libloading::Library::new(n) }.ok()
-        })
-        .ok_or_else(|| format!("the HIP runtime (libamdhip64) was not found; tried {names:?}"))?;
-    let lib: &'static libloading::Library = Box::leak(Box::new(lib));
-    type GetCount = unsafe extern "C" fn(*mut c_int) -> c_int;
-    // SAFETY: hipGetDeviceCount has this C signature in every HIP release.
-    let get_count: libloading::Symbol<'static, GetCount> =
-        unsafe { lib.get(b"hipGetDeviceCount\0") }.map_err(|e| format!("libamdhip64 has no hipGetDeviceCount: {e}"))?;
+    let api = crate::hip::api()?;
     let mut n: c_int = 0;
     // SAFETY: `n` is a valid, writable c_int for the duration of the call.
-    let status = unsafe { get_count(&mut n) };
-    if status != 0 {
-        return Err(format!("hipGetDeviceCount failed with status {status}"));
-    }
+    let status = unsafe { (api.get_device_count)(&mut n) };
+    api.check(status, "hipGetDeviceCount")?;
     if n < 1 {
         return Err("the HIP runtime reports no device".into());
     }

@@ -148,6 +148,29 @@ fn launch_error(device: Device, f: Function, e: cudarc::driver::DriverError) -> 
     }
 }
 
+/// The CUDA target of the shared op code (`tefl_gpu::simt`).
+struct CudaTarget;
+
+impl tefl_gpu::target::GpuTarget for CudaTarget {
+    fn device_kind(&self) -> tefl_core::DeviceKind {
+        tefl_core::DeviceKind::CUDA
+    }
+    fn impl_id(&self) -> &'static str {
+        crate::IMPL_ID
+    }
+    fn launch(&self, device: Device, variant: &Variant, entry: &'static str, grid: Grid, args: &[Arg]) -> Result<()> {
+        launch(device, variant, entry, grid, args)
+    }
+    fn address(&self, t: &Tensor) -> Result<u64> {
+        ptr(t)
+    }
+    fn tune_table(&self, device: Device) -> Result<Arc<TuneTable>> {
+        tune_table(device)
+    }
+}
+
+tefl_gpu::register_gpu_target!(&CudaTarget);
+
 /// A variant bound to the device its op runs on: launches its entries by name.
 pub(crate) struct OnDevice {
     device: Device,

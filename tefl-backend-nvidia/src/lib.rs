@@ -8,8 +8,10 @@
 //!   streams, event timing, device facts);
 //! - `nvrtc.rs`: NVRTC behind `tefl_gpu::RtcCompiler`; `launch.rs`: loading and launching
 //!   kernel variants;
-//! - `ops/`: one file per op family, building variants of the `tefl-kernels` sources and
-//!   launching them; `ops/mod.rs` registers them with `inventory`;
+//! - `ops/`: GEMM (cuBLASLt plus the epilogue kernels) and tensor-core attention, CUDA's own;
+//!   the SIMT families (norms, softmax, activations, RoPE, dropout, FP8, optimizers) are the
+//!   shared host code of `tefl_gpu::simt`, launched through this crate's `GpuTarget`;
+//!   `ops/mod.rs` registers them all with `inventory`;
 //! - `tune_configs.toml`, `hopper/tune_configs.toml` and `heuristics.rs`: launch parameters,
 //!   layered over the GPU defaults of `tefl-gpu`.
 //!
@@ -44,15 +46,9 @@ pub fn kernels_available() -> Result<(), String> {
 /// (the NVRTC compile test and cache warm-up).
 pub fn kernel_variants() -> Vec<tefl_gpu::Variant> {
     let mut v = Vec::new();
-    v.extend(ops::norm::variants());
-    v.extend(ops::activation::variants());
-    v.extend(ops::softmax::variants());
-    v.extend(ops::dropout::variants());
+    v.extend(tefl_gpu::simt::variants());
     v.extend(ops::gemm::variants());
     v.extend(ops::attention::variants());
-    v.extend(ops::rope::variants());
-    v.extend(ops::optimizer::variants());
-    v.extend(ops::quantize::variants());
     v
 }
 

@@ -10,6 +10,10 @@
 //! - [`rtc`]: the run-time compiler trait ([`RtcCompiler`]: NVRTC, hiprtc) with the on-disk
 //!   binary cache and the in-memory per-device module cache;
 //! - [`launch`]: [`Grid`], kernel arguments and their packing, `blocks_for`, 32-bit index checks;
+//! - [`target`]: the [`GpuTarget`](target::GpuTarget) a backend registers per device kind
+//!   (launch, device addresses, tune table);
+//! - [`simt`]: the host side of the SIMT kernels (norms, softmax, activations, RoPE, dropout,
+//!   FP8 quantize, multi-tensor optimizers), written once and registered by every GPU backend;
 //! - [`tune`]: tune configs layered arch family → vendor → GPU default
 //!   (FlagGems' `configs_loader`), the row and elementwise heuristics and the autotuner's
 //!   measurements through `tefl_core`'s device runtime.
@@ -19,8 +23,13 @@
 
 pub mod launch;
 pub mod rtc;
+pub mod simt;
+pub mod target;
 pub mod tune;
 pub mod variant;
+
+#[doc(hidden)]
+pub use inventory;
 
 pub use launch::{Arg, Grid, PackedArgs, blocks_for, ctype, i32_of};
 pub use rtc::{ModuleCache, RtcCompiler};

@@ -14,6 +14,12 @@ pub fn promised_impls(backend: &str) -> Vec<(&'static str, &'static str)> {
         "reference" => tefl_core::catalogue::all().iter().map(|d| (d.name, "reference.cpu")).collect(),
         // So does the CUDA backend.
         "nvidia" => tefl_core::catalogue::all().iter().map(|d| (d.name, "vendor.nvidia")).collect(),
+        // The HIP backend serves every op but GEMM and attention (not written for HIP yet).
+        "amd" => tefl_core::catalogue::all()
+            .iter()
+            .filter(|d| !matches!(d.name, "generic_gemm" | "fused_attn_fwd" | "fused_attn_bwd"))
+            .map(|d| (d.name, "vendor.amd"))
+            .collect(),
         // The other GPU backends hold only their vendor description and availability check so far.
         _ => Vec::new(),
     }

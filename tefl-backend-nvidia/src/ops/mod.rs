@@ -1,16 +1,12 @@
-//! The CUDA kernels' host side, one file per op family (FlagGems' `ops/`), each building its
-//! kernel variants from `tefl-kernels` sources and launching them; registered here under
-//! `vendor.nvidia` for every op of the catalogue.
+//! The CUDA backend's ops, registered here under `vendor.nvidia` for every op of the
+//! catalogue: GEMM (cuBLASLt) and tensor-core attention are CUDA's own (one file each, FlagGems'
+//! `ops/`); the SIMT families are the shared host code of `tefl_gpu::simt`, launched through
+//! this crate's [`GpuTarget`](tefl_gpu::target::GpuTarget) (`launch.rs`).
 
-pub mod activation;
 pub mod attention;
-pub mod dropout;
 pub mod gemm;
-pub mod norm;
-pub mod optimizer;
-pub mod quantize;
-pub mod rope;
-pub mod softmax;
+
+pub use tefl_gpu::simt::{activation, dropout, norm, optimizer, quantize, rope, softmax};
 
 use tefl_core::catalogue::*;
 

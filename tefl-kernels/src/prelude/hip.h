@@ -1,14 +1,24 @@
 // tefl prelude, HIP target (hiprtc, amdgcn): the same primitives as cuda.h for wavefronts of
-// 64 lanes. HIP shuffles take no lane mask and there is no __syncwarp: a wavefront executes
-// in lockstep, so warp_sync only orders the wavefront's memory accesses.
+// 64 lanes (GCN/CDNA) or 32 (RDNA's wave32). HIP shuffles take no lane mask and there is no
+// __syncwarp: a wavefront executes in lockstep, so warp_sync only orders its memory accesses.
 // hiprtc provides the HIP device built-ins without any include.
 
 #define TEFL_TARGET_HIP 1
-// Lanes per wavefront (CDNA; RDNA's wave32 mode is not used by these kernels), and the most
-// wavefronts a block of 1024 threads has.
-#define WARP_SIZE 64
+// Lanes per wavefront: the host passes the device's (-DTEFL_WAVE_SIZE=64 or 32), never assumed.
+#ifndef TEFL_WAVE_SIZE
+#error "TEFL_WAVE_SIZE (the device's wavefront size) must be defined by the host"
+#endif
+#define WARP_SIZE TEFL_WAVE_SIZE
+#if WARP_SIZE != 32 && WARP_SIZE != 64
+#error "TEFL_WAVE_SIZE must be 32 or 64"
+#endif
+// The most wavefronts a block of 1024 threads has.
 #define MAX_WARPS (1024 / WARP_SIZE)
+#if WARP_SIZE == 64
 #define FULL_LANE_MASK 0xffffffffffffffffull
+#else
+#define FULL_LANE_MASK 0xffffffffu
+#endif
 
 // ---- shuffles and wavefront synchronisation ----
 __device__ __forceinline__ float shfl_xor(float v, int mask) { return __shfl_xor(v, mask, WARP_SIZE); }
@@ -38,8 +48,13 @@ __device__ __forceinline__ unsigned int pack2_half_bits(float lo, float hi) {
 __device__ __forceinline__ float max_nan(float a, float b) {
     return (a != a || b != b) ? __int_as_float(0x7fffffff) : fmaxf(a, b);
 }
-// 2^x (v_exp_f32; denormal results may flush to zero, as on CUDA).
+// 2^x: v_exp_f32 directly where the compiler has the builtin (clang 17+, ROCm 6+; denormal
+// results may flush to zero, as on CUDA), else the device library's exp2f.
+#if defined(__has_builtin) && __has_builtin(__builtin_amdgcn_exp2f)
 __device__ __forceinline__ float fast_exp2(float x) { return __builtin_amdgcn_exp2f(x); }
+#else
+__device__ __forceinline__ float fast_exp2(float x) { return exp2f(x); }
+#endif
 
 // ---- atomics ----
 // p[0] += a, p[1] += b (two f32 atomics: amdgcn has no packed f32 add to global memory).

@@ -5,9 +5,9 @@ use tefl_core::catalogue::*;
 use tefl_core::fp8::Fp8Format;
 use tefl_core::{DType, Error, KernelCtx, Result, Tensor};
 
-use tefl_gpu::{Defines, Variant};
+use crate::{Defines, Variant};
 
-use crate::launch::{Arg, Grid, OnDevice, blocks_for, cty, empty, i32_of, ptr, sm_count, zeros};
+use super::host::{Arg, Grid, OnDevice, blocks_for, cty, empty, i32_of, ptr, sm_count, zeros};
 
 const BLOCK: u32 = 256;
 /// The transpose's tile edge (`TILE` in `simt/quantize.cu`).
@@ -33,20 +33,25 @@ fn variant(op: &'static str, float: DType, fp8: DType) -> Result<Variant> {
 }
 
 fn kernel(op: &'static str, ctx: &KernelCtx<'_>, float: DType, fp8: DType) -> Result<OnDevice> {
-    Ok(OnDevice::new(ctx.device, variant(op, float, fp8)?))
+    OnDevice::new(ctx.device, variant(op, float, fp8)?)
 }
 
 fn grid(ctx: &KernelCtx<'_>, n: usize) -> Grid {
     Grid::linear(blocks_for(n, BLOCK as usize, sm_count(ctx.device) * 8), BLOCK)
 }
 
-fn transpose(k: &OnDevice, op: &'static str, q: &Tensor) -> Result<Tensor> {
+fn transpose(ctx: &KernelCtx<'_>, k: &OnDevice, op: &'static str, q: &Tensor) -> Result<Tensor> {
     let (m, n) = (q.shape()[0], q.shape()[1]);
     let qt = empty(q.device(), &[n, m], q.dtype())?;
     k.launch(
         "transpose_u8",
         Grid { blocks: (n.div_ceil(TILE) as u32, m.div_ceil(TILE) as u32, 1), threads: (TILE as u32, 8, 1), smem: 0 },
-        &[Arg::Ptr(ptr(q)?), Arg::Ptr(ptr(&qt)?), Arg::I32(i32_of(op, "q", m)?), Arg::I32(i32_of(op, "q", n)?)],
+        &[
+            Arg::Ptr(ptr(q)?),
+            Arg::Ptr(ptr(&qt)?),
+            Arg::I32(i32_of(ctx, op, "q", m)?),
+            Arg::I32(i32_of(ctx, op, "q", n)?),
+        ],
     )?;
     Ok(qt)
 }
@@ -70,7 +75,7 @@ pub fn quantize(ctx: &KernelCtx<'_>, a: &QuantizeArgs) -> Result<QuantizeOut> {
             Arg::U64(n as u64),
         ],
     )?;
-    let q_t = if a.want_transpose { Some(transpose(&k, OP, &q)?) } else { None };
+    let q_t = if a.want_transpose { Some(transpose(ctx, &k, OP, &q)?) } else { None };
     Ok(QuantizeOut { q, q_t, amax, scale_inv })
 }
 
@@ -96,7 +101,7 @@ pub fn compute_amax(ctx: &KernelCtx<'_>, a: &ComputeAmaxArgs) -> Result<ComputeA
 
 pub fn fp8_transpose(ctx: &KernelCtx<'_>, a: &Fp8TransposeArgs) -> Result<Fp8TransposeOut> {
     let k = kernel("fp8_transpose", ctx, DType::F32, a.q.dtype())?;
-    Ok(Fp8TransposeOut { q_t: transpose(&k, "fp8_transpose", &a.q)? })
+    Ok(Fp8TransposeOut { q_t: transpose(ctx, &k, "fp8_transpose", &a.q)? })
 }
 
 pub fn delayed_scaling(ctx: &KernelCtx<'_>, a: &DelayedScalingArgs) -> Result<DelayedScalingOut> {
@@ -110,8 +115,8 @@ pub fn delayed_scaling(ctx: &KernelCtx<'_>, a: &DelayedScalingArgs) -> Result<De
             Arg::Ptr(ptr(&a.amax_history)?),
             Arg::Ptr(ptr(&a.scale)?),
             Arg::Ptr(ptr(&a.scale_inv)?),
-            Arg::I32(i32_of(OP, "amax_history", hist)?),
-            Arg::I32(i32_of(OP, "amax_history", n)?),
+            Arg::I32(i32_of(ctx, OP, "amax_history", hist)?),
+            Arg::I32(i32_of(ctx, OP, "amax_history", n)?),
             Arg::F32(a.fp8_max),
             Arg::F32(a.margin),
             Arg::I32(i32::from(matches!(a.algo, AmaxAlgo::Max))),

@@ -5,10 +5,10 @@
 use tefl_core::catalogue::*;
 use tefl_core::{DType, KernelCtx, Result, Tensor};
 
-use tefl_gpu::tune::{self, ElementwiseConfig};
-use tefl_gpu::{Defines, Variant};
+use crate::tune::{self, ElementwiseConfig};
+use crate::{Defines, Variant};
 
-use crate::launch::{Arg, Grid, OnDevice, blocks_for, cty, empty, i32_of, info, ptr, sm_count, tune_table};
+use super::host::{Arg, Grid, OnDevice, blocks_for, cty, empty, i32_of, info, ptr, sm_count, tune_table};
 
 /// The kernels of `simt/activation.cu` these ops launch.
 const ENTRIES: &[&str] = &["act_fwd", "act_bwd", "gated_fwd", "gated_bwd", "dbias_partial", "sum_parts"];
@@ -60,7 +60,7 @@ fn setup(
     clamped: bool,
     cfg: ElementwiseConfig,
 ) -> Result<Launch> {
-    let k = OnDevice::new(ctx.device, variant(op, x, g, kind, clamped, cfg)?);
+    let k = OnDevice::new(ctx.device, variant(op, x, g, kind, clamped, cfg)?)?;
     let nv = (cfg.vec_bytes as usize / x.size_in_bytes()).max(1);
     Ok(Launch { k, cfg, nv, sms: sm_count(ctx.device) })
 }
@@ -144,7 +144,7 @@ fn launch_gated(
 ) -> Result<()> {
     let (rows, n) = (x.rows(), x.last_dim() / 2);
     let (limit, alpha) = clamp.unwrap_or((0.0, 0.0));
-    let (rows_i, n_i) = (i32_of(op, arg, rows)?, i32_of(op, arg, n)?);
+    let (rows_i, n_i) = (i32_of(ctx, op, arg, rows)?, i32_of(ctx, op, arg, n)?);
     launch_tuned(op, ctx, x.dtype(), g, kind, clamp.is_some(), rows * n, |l| {
         let vec = n.is_multiple_of(l.nv);
         let grid = l.grid(if vec { rows * n / l.nv } else { rows * n });
@@ -192,7 +192,7 @@ fn dbias(op: &'static str, ctx: &KernelCtx<'_>, a: &DActArgs, kind: Activation) 
     let col_blocks = n.div_ceil(256) as u32;
     let parts = (l.sms * 4).div_ceil(col_blocks).clamp(1, rows.max(1) as u32);
     let ws = empty(ctx.device, &[parts as usize, n], DType::F32)?;
-    let (rows_i, n_i) = (i32_of(op, "input", rows)?, i32_of(op, "input", n)?);
+    let (rows_i, n_i) = (i32_of(ctx, op, "input", rows)?, i32_of(ctx, op, "input", n)?);
     l.k.launch(
         "dbias_partial",
         Grid { blocks: (col_blocks, parts, 1), threads: (256, 1, 1), smem: 0 },

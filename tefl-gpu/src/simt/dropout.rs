@@ -3,9 +3,9 @@
 use tefl_core::catalogue::*;
 use tefl_core::{DType, KernelCtx, Result};
 
-use tefl_gpu::{Defines, Variant};
+use crate::{Defines, Variant};
 
-use crate::launch::{Arg, Grid, OnDevice, blocks_for, cty, empty, ptr, sm_count};
+use super::host::{Arg, Grid, OnDevice, blocks_for, cty, empty, ptr, sm_count};
 
 const BLOCK: u32 = 256;
 
@@ -16,7 +16,7 @@ fn variant(op: &'static str, dtype: DType) -> Result<Variant> {
 }
 
 fn kernel(op: &'static str, ctx: &KernelCtx<'_>, dtype: DType) -> Result<OnDevice> {
-    Ok(OnDevice::new(ctx.device, variant(op, dtype)?))
+    OnDevice::new(ctx.device, variant(op, dtype)?)
 }
 
 pub fn dropout_fwd(ctx: &KernelCtx<'_>, a: &DropoutFwdArgs) -> Result<DropoutFwdOut> {

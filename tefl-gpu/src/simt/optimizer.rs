@@ -3,16 +3,13 @@
 //! host round trip).
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use tefl_core::catalogue::*;
-use tefl_core::device::DeviceRuntime;
 use tefl_core::{DType, KernelCtx, Result, Tensor};
 
-use tefl_gpu::{Defines, Variant};
+use crate::{Defines, Variant};
 
-use crate::launch::{Arg, Grid, OnDevice, cty, empty, ptr, zeros};
-use crate::runtime::{self, CudaBuffer};
+use super::host::{Arg, Grid, OnDevice, cty, empty, ptr, zeros};
 
 /// The kernels of `simt/optimizer.cu` these ops launch.
 const ENTRIES: &[&str] =
@@ -34,7 +31,7 @@ enum Kind {
 /// One launch's worth: a dtype signature and the tensor indices that share it.
 struct Group {
     kernel: OnDevice,
-    table: Arc<CudaBuffer>,
+    table: Tensor,
     ntensors: usize,
     chunks: usize,
 }
@@ -48,7 +45,6 @@ fn groups(op: &'static str, ctx: &KernelCtx<'_>, kind: Kind, lists: &[&[Tensor]]
         let sig = lists.iter().map(|l| l[i].dtype() as u8).collect();
         by_sig.entry(sig).or_default().push(i);
     }
-    let rt = runtime::global();
     let mut out = Vec::new();
     for idx in by_sig.values() {
         let first = idx[0];
@@ -74,13 +70,13 @@ fn groups(op: &'static str, ctx: &KernelCtx<'_>, kind: Kind, lists: &[&[Tensor]]
         }
         let chunks = chunk_list.len() / 2;
         table.extend(chunk_list);
-        let bytes: Vec<u8> = table.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let buf = rt.alloc_uninit_buffer(ctx.device, bytes.len())?;
-        rt.copy_from_host(buf.as_ref(), &bytes)?;
+        // The kernel reads the table as 64-bit words (addresses and counts): i64 carries the bits.
+        let words: Vec<i64> = table.iter().map(|&w| w as i64).collect();
+        let table = Tensor::from_slice(&words, [words.len()], DType::I64)?.to_device(&ctx.device)?;
         if u32::try_from(chunks).is_err() {
-            return Err(crate::launch::unsupported(op, format!("'tensors': {chunks} chunks exceed one launch")));
+            return Err(super::host::unsupported(ctx, op, format!("'tensors': {chunks} chunks exceed one launch")));
         }
-        out.push(Group { kernel: OnDevice::new(ctx.device, variant), table: buf, ntensors: idx.len(), chunks });
+        out.push(Group { kernel: OnDevice::new(ctx.device, variant)?, table, ntensors: idx.len(), chunks });
     }
     Ok(out)
 }
@@ -95,19 +91,19 @@ fn variant(kind: u8, types: [&str; 5]) -> Variant {
 
 /// The all-f32 build, for the kernels that touch no tensor list (the noop snapshot, the norm
 /// finish).
-fn f32_kernel(ctx: &KernelCtx<'_>) -> OnDevice {
+fn f32_kernel(ctx: &KernelCtx<'_>) -> Result<OnDevice> {
     OnDevice::new(ctx.device, variant(Kind::L2Norm as u8, ["float"; 5]))
 }
 
 /// The noop flag as it is before the op (device to device, no host round trip).
 fn snapshot(ctx: &KernelCtx<'_>, noop: &Tensor) -> Result<Tensor> {
     let snap = empty(ctx.device, &[1], DType::I32)?;
-    f32_kernel(ctx).launch("noop_snapshot", Grid::linear(1, 1), &[Arg::Ptr(ptr(noop)?), Arg::Ptr(ptr(&snap)?)])?;
+    f32_kernel(ctx)?.launch("noop_snapshot", Grid::linear(1, 1), &[Arg::Ptr(ptr(noop)?), Arg::Ptr(ptr(&snap)?)])?;
     Ok(snap)
 }
 
 fn run(g: &Group, name: &'static str, snap: &Tensor, extra: &[Arg]) -> Result<()> {
-    let mut args = vec![Arg::Ptr(g.table.device_ptr()), Arg::I32(g.ntensors as i32), Arg::Ptr(ptr(snap)?)];
+    let mut args = vec![Arg::Ptr(ptr(&g.table)?), Arg::I32(g.ntensors as i32), Arg::Ptr(ptr(snap)?)];
     args.extend_from_slice(extra);
     g.kernel.launch(name, Grid::linear(g.chunks as u32, BLOCK), &args)
 }
@@ -138,7 +134,7 @@ fn l2norm(
     for g in groups(op, ctx, Kind::L2Norm, &[tensors])? {
         run(&g, "mt_l2norm", &snap, &[Arg::Ptr(ptr(noop)?), Arg::Ptr(inv), Arg::Ptr(ptr(&ws)?)])?;
     }
-    f32_kernel(ctx).launch(
+    f32_kernel(ctx)?.launch(
         "mt_l2norm_finish",
         Grid::linear(1, 32),
         &[

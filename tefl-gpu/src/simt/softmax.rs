@@ -3,10 +3,10 @@
 use tefl_core::catalogue::*;
 use tefl_core::{DType, KernelCtx, Result, Tensor};
 
-use tefl_gpu::tune::{self, RowConfig};
-use tefl_gpu::{Defines, Variant};
+use crate::tune::{self, RowConfig};
+use crate::{Defines, Variant};
 
-use crate::launch::{Arg, Grid, OnDevice, blocks_for, cty, empty, i32_of, info, ptr, tune_table};
+use super::host::{Arg, Grid, OnDevice, blocks_for, cty, empty, i32_of, info, ptr, tune_table};
 
 /// The kernels of `simt/softmax.cu` these ops launch.
 const ENTRIES: &[&str] = &["softmax_fwd", "softmax_bwd"];
@@ -41,7 +41,7 @@ fn kernel(
     mask: MaskKind,
     cfg: RowConfig,
 ) -> Result<OnDevice> {
-    Ok(OnDevice::new(ctx.device, variant(op, x, g, mask, cfg)?))
+    OnDevice::new(ctx.device, variant(op, x, g, mask, cfg)?)
 }
 
 fn forward(
@@ -68,11 +68,11 @@ fn forward(
         Arg::Ptr(ptr(x)?),
         Arg::Ptr(mask_ptr),
         Arg::Ptr(ptr(&y)?),
-        Arg::I32(i32_of(op, "x", rows)?),
-        Arg::I32(i32_of(op, "x", sq)?),
-        Arg::I32(i32_of(op, "x", sk)?),
-        Arg::I32(i32_of(op, "x", h)?),
-        Arg::I32(i32_of(op, "mask", mask_batch)?),
+        Arg::I32(i32_of(ctx, op, "x", rows)?),
+        Arg::I32(i32_of(ctx, op, "x", sq)?),
+        Arg::I32(i32_of(ctx, op, "x", sk)?),
+        Arg::I32(i32_of(ctx, op, "x", h)?),
+        Arg::I32(i32_of(ctx, op, "mask", mask_batch)?),
         Arg::F32(scale),
     ];
     let run = |cfg: RowConfig| -> Result<()> {
@@ -102,8 +102,8 @@ fn backward(op: &'static str, ctx: &KernelCtx<'_>, a: &SoftmaxBwdArgs) -> Result
             Arg::Ptr(ptr(&a.dy)?),
             Arg::Ptr(ptr(&a.y)?),
             Arg::Ptr(ptr(&dx)?),
-            Arg::I32(i32_of(op, "y", rows)?),
-            Arg::I32(i32_of(op, "y", sk)?),
+            Arg::I32(i32_of(ctx, op, "y", rows)?),
+            Arg::I32(i32_of(ctx, op, "y", sk)?),
             Arg::F32(a.scale),
         ],
     )?;

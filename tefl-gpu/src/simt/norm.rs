@@ -5,10 +5,10 @@
 use tefl_core::catalogue::*;
 use tefl_core::{DType, KernelCtx, Result, Tensor};
 
-use tefl_gpu::tune::{self, RowConfig};
-use tefl_gpu::{Defines, Variant};
+use crate::tune::{self, RowConfig};
+use crate::{Defines, Variant};
 
-use crate::launch::{Arg, Grid, OnDevice, blocks_for, cty, empty, i32_of, info, opt_ptr, ptr, sm_count, tune_table};
+use super::host::{Arg, Grid, OnDevice, blocks_for, cty, empty, i32_of, info, opt_ptr, ptr, sm_count, tune_table};
 
 /// The kernels of `simt/norm.cu` these ops launch.
 const ENTRIES: &[&str] = &["norm_fwd", "norm_bwd", "norm_bwd_cols", "norm_reduce_ws"];
@@ -38,7 +38,7 @@ fn variant(op: &'static str, t: &Types, is_ln: bool, cfg: RowConfig) -> Result<V
 }
 
 fn kernel(op: &'static str, ctx: &KernelCtx<'_>, t: &Types, is_ln: bool, cfg: RowConfig) -> Result<OnDevice> {
-    Ok(OnDevice::new(ctx.device, variant(op, t, is_ln, cfg)?))
+    OnDevice::new(ctx.device, variant(op, t, is_ln, cfg)?)
 }
 
 /// Row config for `n` elements: the heuristic, or the autotuner's pick when asked for.
@@ -75,8 +75,8 @@ fn forward(
         Arg::Ptr(ptr(&y)?),
         Arg::Ptr(ptr(&mu)?),
         Arg::Ptr(ptr(&rsigma)?),
-        Arg::I32(i32_of(op, "x", rows)?),
-        Arg::I32(i32_of(op, "x", n)?),
+        Arg::I32(i32_of(ctx, op, "x", rows)?),
+        Arg::I32(i32_of(ctx, op, "x", n)?),
         Arg::F32(eps),
         Arg::I32(i32::from(zc)),
     ];
@@ -113,7 +113,7 @@ fn backward(
     // The backward holds more per vector (x̂, d, two column sums): fewer vectors per thread.
     let cfg = tune::row_kernel(&*tune_table(ctx.device)?, "norm", n, x.dtype().size_in_bytes(), 2);
     let k = kernel(op, ctx, &types, is_ln, cfg)?;
-    let (rows_i, n_i) = (i32_of(op, "x", rows)?, i32_of(op, "x", n)?);
+    let (rows_i, n_i) = (i32_of(ctx, op, "x", rows)?, i32_of(ctx, op, "x", n)?);
     let col_grid = Grid::linear(n.div_ceil(256) as u32, 256);
     // Fused: a grid of `parts` blocks sums dgamma/dbeta per block into ws, reduced after.
     // Otherwise one block per row computes dx and a column kernel the sums.

@@ -1,11 +1,11 @@
 //! Rotary position embedding on CUDA: one block per token row, every layout, interleaved or
 //! half-split pairs, cu_seqlens and start positions.
 
+use crate::{Defines, Variant};
 use tefl_core::catalogue::*;
 use tefl_core::{DType, KernelCtx, Result};
-use tefl_gpu::{Defines, Variant};
 
-use crate::launch::{Arg, Grid, OnDevice, blocks_for, cty, empty, i32_of, opt_ptr, ptr};
+use super::host::{Arg, Grid, OnDevice, blocks_for, cty, empty, i32_of, opt_ptr, ptr};
 
 /// The variant of `simt/rope.cu` for a dtype, layout, direction and head / rotated dims
 /// (launches and the compile test).
@@ -31,7 +31,7 @@ fn variant(
 
 fn run(op: &'static str, ctx: &KernelCtx<'_>, a: &RopeArgs, backward: bool) -> Result<RopeOut> {
     let g = rope_geometry(op, a)?;
-    let k = OnDevice::new(ctx.device, variant(op, a.x.dtype(), a.layout, a.interleaved, backward, g.d, g.d_rot)?);
+    let k = OnDevice::new(ctx.device, variant(op, a.x.dtype(), a.layout, a.interleaved, backward, g.d, g.d_rot)?)?;
     let y = empty(ctx.device, a.x.shape(), a.x.dtype())?;
     let rows = a.x.numel() / (g.h * g.d).max(1);
     // The vector kernel has h · (rotated + copied vectors per head) slots, about h·d/16 of them.
@@ -45,16 +45,16 @@ fn run(op: &'static str, ctx: &KernelCtx<'_>, a: &RopeArgs, backward: bool) -> R
         Arg::Ptr(ptr(&y)?),
         Arg::Ptr(opt_ptr(a.cu_seqlens.as_ref())?),
         Arg::Ptr(opt_ptr(a.start_positions.as_ref())?),
-        Arg::I32(i32_of(op, "x", rows)?),
-        Arg::I32(i32_of(op, "x", g.batch)?),
-        Arg::I32(i32_of(op, "x", g.s)?),
-        Arg::I32(i32_of(op, "x", g.h)?),
+        Arg::I32(i32_of(ctx, op, "x", rows)?),
+        Arg::I32(i32_of(ctx, op, "x", g.batch)?),
+        Arg::I32(i32_of(ctx, op, "x", g.s)?),
+        Arg::I32(i32_of(ctx, op, "x", g.h)?),
     ];
     if g.d.is_multiple_of(ve) && rotated.is_multiple_of(ve) {
         k.launch("rope_vec", grid, &common)?;
     } else {
         let mut args = common.to_vec();
-        args.extend([Arg::I32(i32_of(op, "x", g.d)?), Arg::I32(i32_of(op, "freqs", g.d_rot)?)]);
+        args.extend([Arg::I32(i32_of(ctx, op, "x", g.d)?), Arg::I32(i32_of(ctx, op, "freqs", g.d_rot)?)]);
         k.launch("rope", grid, &args)?;
     }
     Ok(RopeOut { y })

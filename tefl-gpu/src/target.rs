@@ -1,0 +1,50 @@
+//! The GPU targets linked into this build: what the shared op code ([`crate::simt`]) needs from a
+//! backend to run a launch plan on one of its devices. A backend registers one
+//! [`GpuTarget`] per device kind with [`register_gpu_target!`](crate::register_gpu_target);
+//! the shared code finds it from the device of the call.
+
+use std::sync::Arc;
+
+use tefl_core::tuning::TuneTable;
+use tefl_core::{Device, DeviceKind, Error, Result, Tensor};
+
+use crate::{Arg, Grid, Variant};
+
+/// A backend's runtime seen by the shared op code.
+pub trait GpuTarget: Send + Sync {
+    /// The device kind it serves (`cuda`, `hip`).
+    fn device_kind(&self) -> DeviceKind;
+    /// The impl id its errors name (`vendor.nvidia`).
+    fn impl_id(&self) -> &'static str;
+    /// Queues the entry `entry` of `variant` on the device's current queue: compiled for the
+    /// device's arch and loaded on first use.
+    fn launch(&self, device: Device, variant: &Variant, entry: &'static str, grid: Grid, args: &[Arg]) -> Result<()>;
+    /// The device address of a tensor on one of its devices (a typed error for any other).
+    fn address(&self, t: &Tensor) -> Result<u64>;
+    /// The layered tune table of a device (vendor and arch-family files over the GPU defaults).
+    fn tune_table(&self, device: Device) -> Result<Arc<TuneTable>>;
+}
+
+/// One registered target (see [`register_gpu_target!`](crate::register_gpu_target)).
+pub struct TargetEntry(pub &'static dyn GpuTarget);
+
+inventory::collect!(TargetEntry);
+
+/// Registers a `&'static` [`GpuTarget`] for the shared op code.
+#[macro_export]
+macro_rules! register_gpu_target {
+    ($target:expr) => {
+        $crate::inventory::submit! { $crate::target::TargetEntry($target) }
+    };
+}
+
+/// The target serving `device`, or [`Error::DeviceUnavailable`] when no backend linked into this
+/// build serves its kind.
+pub fn target_of(device: Device) -> Result<&'static dyn GpuTarget> {
+    inventory::iter::<TargetEntry>.into_iter().map(|e| e.0).find(|t| t.device_kind() == device.kind).ok_or_else(|| {
+        Error::DeviceUnavailable {
+            device: device.to_string(),
+            reason: "no GPU backend for this device kind is linked into this build".into(),
+        }
+    })
+}
