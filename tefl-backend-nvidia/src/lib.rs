@@ -47,7 +47,6 @@ pub fn kernels_available() -> Result<(), String> {
 pub fn kernel_variants() -> Vec<tefl_gpu::Variant> {
     let mut v = Vec::new();
     v.extend(tefl_gpu::simt::variants());
-    v.extend(ops::gemm::variants());
     v.extend(ops::attention::variants());
     v
 }

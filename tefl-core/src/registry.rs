@@ -106,6 +106,7 @@ pub struct OpImpl {
     /// The op a `supports_args` check was written for, when it is not this impl's op.
     misplaced_supports: Option<&'static str>,
     compiled_in: bool,
+    by_name_only: bool,
     pub(crate) counters: ImplCounters,
 }
 
@@ -143,6 +144,7 @@ impl OpImpl {
             supports_args: None,
             misplaced_supports: None,
             compiled_in: false,
+            by_name_only: false,
             counters: ImplCounters::default(),
         }
     }
@@ -199,6 +201,14 @@ impl OpImpl {
         self.compiled_in = true;
         self
     }
+    /// Takes the impl out of automatic selection: it serves only calls whose op
+    /// `TE_FL_PER_OP` routes to it by id (`op=impl:<id>`), and direct calls by id (the
+    /// conformance suite). For alternative kernels kept to be tested, such as the portable
+    /// kernels on a GPU that has faster ones.
+    pub fn by_name_only(mut self) -> Self {
+        self.by_name_only = true;
+        self
+    }
 
     /// The op's name.
     pub fn op(&self) -> &'static str {
@@ -246,6 +256,10 @@ impl OpImpl {
     /// Whether the impl is compiled into tefl (see [`OpImpl::compiled_in`]).
     pub fn is_compiled_in(&self) -> bool {
         self.compiled_in
+    }
+    /// Whether only routing by id selects it (see [`OpImpl::by_name_only`]).
+    pub fn is_by_name_only(&self) -> bool {
+        self.by_name_only
     }
     /// Whether the impl has a per-call argument check.
     pub fn has_supports_check(&self) -> bool {

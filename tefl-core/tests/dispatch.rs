@@ -559,3 +559,31 @@ fn eight_threads_hammering_get_the_right_impl_and_exact_counters() {
     assert_eq!(calls("reference.cpu"), 2 * CALLS as u64);
     assert_eq!(calls("vendor.f32") + calls("vendor.bf16") + calls("default.any"), 6 * CALLS as u64);
 }
+
+#[test]
+fn by_name_only_impls_serve_only_when_routed_by_id() {
+    let (mut reg, _) = registry(&[]);
+    let hits = Arc::new(AtomicUsize::new(0));
+    reg.register_impl(
+        imp("vendor.y.portable", Kind::Vendor, Some("Y"), 1000, 9.0, Behaviour::Ok, hits.clone()).by_name_only(),
+    )
+    .unwrap();
+    let m = Manager::new(reg, SelectionPolicy::default().prefer(Prefer::Vendor));
+    // Highest priority, yet outside every automatic chain, with the reason in explain.
+    assert_eq!(chain(&m), ["vendor.y", "vendor.x", "default.a", "default.b", "reference.cpu"]);
+    let ex = m.explain("rmsnorm_fwd", &Device::CPU, DType::F32).unwrap();
+    let e = ex.entries.iter().find(|e| e.impl_id == "vendor.y.portable").unwrap();
+    assert!(e.position.is_none() && e.reason.contains("only by name"), "{e:?}");
+    // A `vendor` token does not name it either.
+    m.set_policy(SelectionPolicy::default().per_op("rmsnorm_fwd", "vendor|reference").unwrap());
+    assert_eq!(chain(&m), ["vendor.y", "vendor.x", "reference.cpu"]);
+    assert_eq!(hits.load(Ordering::Relaxed), 0);
+    // Routed by id, it serves.
+    m.set_policy(SelectionPolicy::default().per_op("rmsnorm_fwd", "impl:vendor.y.portable|reference").unwrap());
+    assert_eq!(chain(&m), ["vendor.y.portable", "reference.cpu"]);
+    assert_eq!(served_tag(&m).unwrap(), 9.0);
+    assert_eq!(
+        m.call_impl::<RmsNormFwd>("vendor.y.portable", &args()).unwrap().rsigma.to_vec::<f32>().unwrap()[0],
+        9.0
+    );
+}

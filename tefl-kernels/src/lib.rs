@@ -122,6 +122,8 @@ simt_source! {
     OPTIMIZER = "optimizer", "optimizer.cu";
     /// The GEMM epilogue for the cases a vendor GEMM library does not fuse.
     GEMM_EPILOGUE = "gemm", "gemm_epilogue.cu";
+    /// The portable tiled GEMM (f32 accumulate, no tensor cores) of any SIMT target.
+    GEMM_TILED = "gemm_tiled", "gemm.cu";
 }
 
 /// Attention's sequences, masks and dropout (target-neutral; uses the attention defines).
@@ -141,8 +143,18 @@ pub static ATTENTION_CUDA: Source = Source {
 };
 
 /// Every source of the crate.
-pub static SOURCES: &[&Source] =
-    &[&NORM, &SOFTMAX, &ACTIVATION, &ROPE, &DROPOUT, &QUANTIZE, &OPTIMIZER, &GEMM_EPILOGUE, &ATTENTION_CUDA];
+pub static SOURCES: &[&Source] = &[
+    &NORM,
+    &SOFTMAX,
+    &ACTIVATION,
+    &ROPE,
+    &DROPOUT,
+    &QUANTIZE,
+    &OPTIMIZER,
+    &GEMM_EPILOGUE,
+    &GEMM_TILED,
+    &ATTENTION_CUDA,
+];
 
 #[cfg(test)]
 mod tests {

@@ -12,12 +12,16 @@ pub fn promised_impls(backend: &str) -> Vec<(&'static str, &'static str)> {
     match backend {
         // The reference backend implements the whole catalogue.
         "reference" => tefl_core::catalogue::all().iter().map(|d| (d.name, "reference.cpu")).collect(),
-        // So does the CUDA backend.
-        "nvidia" => tefl_core::catalogue::all().iter().map(|d| (d.name, "vendor.nvidia")).collect(),
-        // The HIP backend serves every op but GEMM and attention (not written for HIP yet).
+        // So does the CUDA backend, plus the portable GEMM registered by id only.
+        "nvidia" => {
+            let mut v: Vec<_> = tefl_core::catalogue::all().iter().map(|d| (d.name, "vendor.nvidia")).collect();
+            v.push(("generic_gemm", "vendor.nvidia.portable"));
+            v
+        }
+        // The HIP backend serves every op but attention (not written for HIP yet).
         "amd" => tefl_core::catalogue::all()
             .iter()
-            .filter(|d| !matches!(d.name, "generic_gemm" | "fused_attn_fwd" | "fused_attn_bwd"))
+            .filter(|d| !matches!(d.name, "fused_attn_fwd" | "fused_attn_bwd"))
             .map(|d| (d.name, "vendor.amd"))
             .collect(),
         // The other GPU backends hold only their vendor description and availability check so far.

@@ -1,10 +1,11 @@
 //! The HIP backend's ops, registered under `vendor.amd`: the SIMT families are the shared
 //! host code of `tefl_gpu::simt` (the same launch plans as CUDA's), compiled by hiprtc from the
 //! `tefl-kernels` sources and launched through this crate's `GpuTarget` (`launch.rs`).
-//! GEMM and attention are not registered yet: the manager serves them from the next impl
-//! (the reference, staged through the host), and `cargo xtask coverage` shows the gap.
+//! GEMM is the portable tiled kernel with the shared epilogue (hipBLASLt is not bound yet).
+//! Attention is not registered yet: the manager serves it from the next impl (the reference,
+//! staged through the host), and `cargo xtask coverage` shows the gap.
 
-pub use tefl_gpu::simt::{activation, dropout, norm, optimizer, quantize, rope, softmax};
+pub use tefl_gpu::simt::{activation, dropout, gemm, norm, optimizer, quantize, rope, softmax};
 
 use tefl_core::catalogue::*;
 
@@ -18,6 +19,7 @@ tefl_core::register_backend! {
             RmsNormBwdAdd => norm::rmsnorm_bwd_add;
             LayerNormFwd => norm::layernorm_fwd;
             LayerNormBwd => norm::layernorm_bwd;
+            GenericGemm => gemm::generic_gemm;
             Gelu => activation::gelu;
             Qgelu => activation::qgelu;
             Relu => activation::relu;

@@ -19,32 +19,11 @@ use cudarc::cublaslt::sys;
 use tefl_core::catalogue::*;
 use tefl_core::{DType, Device, Error, KernelCtx, Result, Tensor};
 
-use tefl_gpu::{Defines, Variant};
+use tefl_gpu::simt::gemm::finish_epilogue;
 
-use crate::launch::{Arg, Grid, OnDevice, blocks_for, cty, empty, i32_of, opt_ptr, ptr, sm_count, zeros};
+use crate::launch::{empty, i32_of, opt_ptr, ptr, zeros};
 use crate::runtime::{self, CudaBuffer, device_error};
 
-/// The epilogue variant of `simt/gemm_epilogue.cu` for the c, bias, aux and output dtypes
-/// (`None`: the output's) and an epilogue (launches and the compile test).
-fn epilogue_variant(
-    c: Option<DType>,
-    bias: Option<DType>,
-    aux: Option<DType>,
-    out: DType,
-    ep: GemmEpilogue,
-) -> Result<Variant> {
-    const OP: &str = "generic_gemm";
-    let out_t = cty(OP, "out_dtype", out)?;
-    let or_out =
-        |arg: &'static str, d: Option<DType>| d.map(|d| cty(OP, arg, d)).transpose().map(|t| t.unwrap_or(out_t));
-    let defines = Defines::new()
-        .set("TC", or_out("c", c)?)
-        .set("TB", or_out("bias", bias)?)
-        .set("TAUX", or_out("aux", aux)?)
-        .set("TD", out_t)
-        .set("EP", ep_code(ep));
-    Ok(Variant::new(&tefl_kernels::GEMM_EPILOGUE, &["gemm_epilogue", "col_sum_partial", "col_sum_finish"], defines))
-}
 const WORKSPACE_BYTES: usize = 32 << 20;
 
 fn lt_error(device: Device, what: &str, e: lt::CublasError) -> Error {
@@ -280,18 +259,6 @@ fn native_epilogue(ep: GemmEpilogue) -> Option<sys::cublasLtEpilogue_t> {
     })
 }
 
-fn ep_code(ep: GemmEpilogue) -> u8 {
-    match ep {
-        GemmEpilogue::None => 0,
-        GemmEpilogue::Bias => 1,
-        GemmEpilogue::Gelu => 2,
-        GemmEpilogue::BiasGelu => 3,
-        GemmEpilogue::DGelu => 4,
-        GemmEpilogue::DGeluBiasGrad => 5,
-        GemmEpilogue::BiasGrad => 6,
-    }
-}
-
 pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
     const OP: &str = "generic_gemm";
     let (m, k, n) = gemm_dims(a)?;
@@ -313,7 +280,7 @@ pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
     }
     if k == 0 {
         // No product: D is C (or zero) through the epilogue; run the epilogue kernel on zeros.
-        return finish(ctx, a, m, n, zeros(dev, &[m, n], DType::F32)?, d, aux_out);
+        return finish_epilogue(ctx, a, m, n, zeros(dev, &[m, n], DType::F32)?, d, aux_out);
     }
     if let Some(epilogue) = native {
         let key = PlanKey {
@@ -351,75 +318,5 @@ pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
     };
     run_lt(dev, &key, &a.a, &a.b, a.alpha, 0.0, 0, ptr(&w)?, 0, 0)?;
     let _ = i32_of(OP, "b", n)?;
-    finish(ctx, a, m, n, w, d, aux_out)
-}
-
-/// The epilogue kernel on the f32 product `w`, then the bias gradient when asked for.
-fn finish(
-    ctx: &KernelCtx<'_>,
-    a: &GemmArgs,
-    m: usize,
-    n: usize,
-    w: Tensor,
-    d: Tensor,
-    aux_out: Option<Tensor>,
-) -> Result<GemmOut> {
-    const OP: &str = "generic_gemm";
-    let dev = ctx.device;
-    let c = a.c.as_ref().filter(|_| a.accumulate);
-    let variant = epilogue_variant(
-        c.map(Tensor::dtype),
-        a.bias.as_ref().map(Tensor::dtype),
-        a.aux.as_ref().map(Tensor::dtype),
-        a.out_dtype,
-        a.epilogue,
-    )?;
-    let k = OnDevice::new(dev, variant);
-    let total = m * n;
-    let sms = sm_count(dev);
-    k.launch(
-        "gemm_epilogue",
-        Grid::linear(blocks_for(total, 256, sms * 16), 256),
-        &[
-            Arg::Ptr(ptr(&w)?),
-            Arg::Ptr(opt_ptr(c)?),
-            Arg::Ptr(opt_ptr(a.bias.as_ref())?),
-            Arg::Ptr(opt_ptr(a.aux.as_ref())?),
-            Arg::Ptr(ptr(&d)?),
-            Arg::Ptr(opt_ptr(aux_out.as_ref())?),
-            Arg::U64(total as u64),
-            Arg::I32(i32_of(OP, "b", n)?),
-            Arg::I32(i32::from(c.is_some())),
-        ],
-    )?;
-    let bias_grad = if a.epilogue.writes_bias_grad() {
-        let col_blocks = n.div_ceil(256) as u32;
-        let parts = (sms * 4).div_ceil(col_blocks).clamp(1, m as u32);
-        let ws = empty(dev, &[parts as usize, n], DType::F32)?;
-        let bg = empty(dev, &[n], DType::F32)?;
-        let n_i = i32_of(OP, "b", n)?;
-        k.launch(
-            "col_sum_partial",
-            Grid { blocks: (col_blocks, parts, 1), threads: (256, 1, 1), smem: 0 },
-            &[Arg::Ptr(ptr(&w)?), Arg::Ptr(ptr(&ws)?), Arg::I32(i32_of(OP, "a", m)?), Arg::I32(n_i)],
-        )?;
-        k.launch(
-            "col_sum_finish",
-            Grid::linear(col_blocks, 256),
-            &[Arg::Ptr(ptr(&ws)?), Arg::Ptr(ptr(&bg)?), Arg::I32(parts as i32), Arg::I32(n_i)],
-        )?;
-        Some(bg)
-    } else {
-        None
-    };
-    Ok(GemmOut { d, aux_out, bias_grad })
-}
-
-/// Variants covering every code path (the NVRTC compile test and cache warm-up).
-pub fn variants() -> Vec<Variant> {
-    use GemmEpilogue as E;
-    [E::None, E::Bias, E::Gelu, E::BiasGelu, E::DGelu, E::DGeluBiasGrad, E::BiasGrad]
-        .into_iter()
-        .filter_map(|ep| epilogue_variant(Some(DType::F32), Some(DType::BF16), Some(DType::F16), DType::BF16, ep).ok())
-        .collect()
+    finish_epilogue(ctx, a, m, n, w, d, aux_out)
 }

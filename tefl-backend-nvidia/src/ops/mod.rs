@@ -5,6 +5,7 @@
 
 pub mod attention;
 pub mod gemm;
+pub mod portable;
 
 pub use tefl_gpu::simt::{activation, dropout, norm, optimizer, quantize, rope, softmax};
 

@@ -147,8 +147,16 @@ impl Manager {
             let staged = imp.device_kind() != device.kind
                 && imp.kind() == BackendImplKind::Reference
                 && imp.device_kind() == Device::CPU.kind;
+            let named = |imp: &OpImpl| {
+                policy
+                    .per_op
+                    .get(op)
+                    .is_some_and(|toks| toks.iter().any(|t| matches!(t, Token::Impl(id) if id == imp.impl_id())))
+            };
             let why_not = if imp.device_kind() != device.kind && !staged {
                 Some(format!("runs on {}, the call is on {device}", imp.device_kind()))
+            } else if imp.is_by_name_only() && !named(imp) {
+                Some(format!("selected only by name (TE_FL_PER_OP='{op}=impl:{}')", imp.impl_id()))
             } else if !imp.supports(dtype) {
                 let list: Vec<_> = imp.supported_dtypes().iter().map(|d| d.name()).collect();
                 Some(format!("does not support {dtype} (supports {})", list.join(", ")))

@@ -1,5 +1,5 @@
 //! The host side of the SIMT kernels of `tefl-kernels` (`simt/*.cu`), shared by every GPU
-//! backend: one file per op family, each building its launch plans ([`Variant`]s, grids,
+//! backend (including the portable tiled GEMM and the GEMM epilogue): one file per op family, each building its launch plans ([`Variant`]s, grids,
 //! arguments) and launching them through the [`GpuTarget`](crate::target::GpuTarget) of the
 //! call's device. A backend registers these functions under its own impl id (see the CUDA and
 //! HIP crates' `ops/mod.rs`); `variants()` lists every variant they can build, for each
@@ -9,6 +9,7 @@ pub(crate) mod host;
 
 pub mod activation;
 pub mod dropout;
+pub mod gemm;
 pub mod norm;
 pub mod optimizer;
 pub mod quantize;
@@ -27,5 +28,6 @@ pub fn variants() -> Vec<Variant> {
     v.extend(rope::variants());
     v.extend(optimizer::variants());
     v.extend(quantize::variants());
+    v.extend(gemm::variants());
     v
 }

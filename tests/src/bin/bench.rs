@@ -356,7 +356,8 @@ fn main() -> ExitCode {
         mgr.with_registry(|r| {
             r.impls_of(op)
                 .iter()
-                .find(|i| i.backend_name().eq_ignore_ascii_case(&backend))
+                // The backend's own impl, not one kept for tests and selected only by id.
+                .find(|i| i.backend_name().eq_ignore_ascii_case(&backend) && !i.is_by_name_only())
                 .map(|i| (i.impl_id().to_string(), i.device_kind()))
         })
     };

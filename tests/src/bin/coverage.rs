@@ -31,7 +31,7 @@ primary dtypes they accept (`any` when unrestricted); `—` means the backend do
             .iter()
             .enumerate()
             .map(|(bi, b)| {
-                let impls: Vec<String> = reg
+                let mut impls: Vec<String> = reg
                     .impls_of(d.name)
                     .iter()
                     .filter(|i| i.backend_name().eq_ignore_ascii_case(b))
@@ -42,9 +42,11 @@ primary dtypes they accept (`any` when unrestricted); `—` means the backend do
                         } else {
                             dt.iter().map(|d| d.name()).collect::<Vec<_>>().join(", ")
                         };
-                        format!("`{}` ({dts})", i.impl_id())
+                        let by_id = if i.is_by_name_only() { ", by id only" } else { "" };
+                        format!("`{}` ({dts}{by_id})", i.impl_id())
                     })
                     .collect();
+                impls.sort();
                 if impls.is_empty() {
                     "—".to_string()
                 } else {

@@ -262,7 +262,9 @@ fn run(backend: &str, dir: &Path) -> std::result::Result<(), String> {
     let impl_id = mgr
         .with_registry(|r| {
             r.all_impls()
-                .find(|i| i.backend_name().eq_ignore_ascii_case(backend) && i.op() == "generic_gemm")
+                .find(|i| {
+                    i.backend_name().eq_ignore_ascii_case(backend) && i.op() == "generic_gemm" && !i.is_by_name_only()
+                })
                 .map(|i| (i.impl_id().to_string(), i.device_kind()))
         })
         .ok_or_else(|| format!("backend '{backend}' has no generic_gemm impl in this build"))?;
