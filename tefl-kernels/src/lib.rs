@@ -142,6 +142,16 @@ pub static ATTENTION_CUDA: Source = Source {
     targets: &[Target::Cuda],
 };
 
+/// Portable flash attention (forward) for any SIMT target: shared-memory key tiles, online
+/// softmax, the masks and sequences of `shared/attention_mask.h`.
+pub static ATTENTION_SIMT: Source = Source {
+    name: "attention_simt",
+    path: "simt/attention.cu",
+    text: include_str!("simt/attention.cu"),
+    headers: &[&ATTENTION_MASK],
+    targets: SIMT,
+};
+
 /// Every source of the crate.
 pub static SOURCES: &[&Source] = &[
     &NORM,

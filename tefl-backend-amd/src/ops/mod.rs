@@ -2,10 +2,11 @@
 //! host code of `tefl_gpu::simt` (the same launch plans as CUDA's), compiled by hiprtc from the
 //! `tefl-kernels` sources and launched through this crate's `GpuTarget` (`launch.rs`).
 //! GEMM is the portable tiled kernel with the shared epilogue (hipBLASLt is not bound yet).
-//! Attention is not registered yet: the manager serves it from the next impl (the reference,
-//! staged through the host), and `cargo xtask coverage` shows the gap.
+//! Attention's forward is the portable flash-attention kernel; its backward is not written yet:
+//! the manager serves it from the next impl (the reference, staged through the host), and
+//! `cargo xtask coverage` shows the gap.
 
-pub use tefl_gpu::simt::{activation, dropout, gemm, norm, optimizer, quantize, rope, softmax};
+pub use tefl_gpu::simt::{activation, attention, dropout, gemm, norm, optimizer, quantize, rope, softmax};
 
 use tefl_core::catalogue::*;
 
@@ -55,6 +56,7 @@ tefl_core::register_backend! {
             ScaledMaskedSoftmaxBackward => softmax::scaled_masked_softmax_backward;
             ScaledUpperTriangMaskedSoftmaxBackward => softmax::scaled_upper_triang_masked_softmax_backward;
             ScaledAlignedCausalMaskedSoftmaxBackward => softmax::scaled_aligned_causal_masked_softmax_backward;
+            FusedAttnFwd => attention::fused_attn_fwd;
             FusedRopeForward => rope::fused_rope_forward;
             FusedRopeBackward => rope::fused_rope_backward;
             Quantize => quantize::quantize;

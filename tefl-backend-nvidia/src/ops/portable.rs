@@ -1,17 +1,18 @@
-//! The portable kernels of `tefl-gpu` (the ones the HIP backend runs for GEMM), registered on
-//! CUDA as `vendor.nvidia.portable` so that the conformance suite checks them on real hardware.
-//! Selected only by id (`TE_FL_PER_OP='generic_gemm=impl:vendor.nvidia.portable'`) and by the
-//! conformance suite: cuBLASLt stays the CUDA backend's GEMM.
+//! The portable kernels of `tefl-gpu` (the ones the HIP backend runs for GEMM and attention),
+//! registered on CUDA as `vendor.nvidia.portable` so that the conformance suite checks them on
+//! real hardware. Selected only by id (`TE_FL_PER_OP='generic_gemm=impl:vendor.nvidia.portable'`)
+//! and by the conformance suite: cuBLASLt and the tensor-core attention stay the CUDA backend's.
 
-use tefl_core::catalogue::GenericGemm;
+use tefl_core::catalogue::{FusedAttnFwd, GenericGemm};
+use tefl_core::op::Op;
 use tefl_core::registry::ImplRegistration;
 use tefl_core::{BackendImplKind, DType, DeviceKind, OpImpl};
 
 /// The impl id of the portable kernels on CUDA.
 pub const PORTABLE_IMPL_ID: &str = "vendor.nvidia.portable";
 
-fn portable_gemm() -> OpImpl {
-    OpImpl::new::<GenericGemm>(PORTABLE_IMPL_ID, BackendImplKind::Vendor, tefl_gpu::simt::gemm::generic_gemm)
+fn portable<O: Op>(kernel: fn(&tefl_core::KernelCtx<'_>, &O::Args) -> tefl_core::Result<O::Output>) -> OpImpl {
+    OpImpl::new::<O>(PORTABLE_IMPL_ID, BackendImplKind::Vendor, kernel)
         .vendor(crate::vendor::VENDOR)
         .device(DeviceKind::CUDA)
         .dtypes(&[DType::F32, DType::F16, DType::BF16])
@@ -20,4 +21,7 @@ fn portable_gemm() -> OpImpl {
         .by_name_only()
 }
 
-inventory::submit! { ImplRegistration { make: portable_gemm } }
+inventory::submit! { ImplRegistration { make: || portable::<GenericGemm>(tefl_gpu::simt::gemm::generic_gemm) } }
+inventory::submit! {
+    ImplRegistration { make: || portable::<FusedAttnFwd>(tefl_gpu::simt::attention::fused_attn_fwd) }
+}

@@ -8,6 +8,7 @@
 pub(crate) mod host;
 
 pub mod activation;
+pub mod attention;
 pub mod dropout;
 pub mod gemm;
 pub mod norm;
@@ -29,5 +30,6 @@ pub fn variants() -> Vec<Variant> {
     v.extend(optimizer::variants());
     v.extend(quantize::variants());
     v.extend(gemm::variants());
+    v.extend(attention::variants());
     v
 }

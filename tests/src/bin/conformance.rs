@@ -1,5 +1,5 @@
-//! `conformance <backend> [--allow-unavailable] [--full] [--verbose] [--seed N]`: runs the conformance
-//! suite against every impl the backend registers, prints the op × dtype table and
+//! `conformance <backend> [--allow-unavailable] [--full] [--verbose] [--seed N] [--families a,b]
+//! [--impl ID]`: runs the conformance suite against every impl the backend registers (or only `ID`), prints the op × dtype table and
 //! `N passed, N failed, N skipped`, and exits non-zero on any failure (or when the backend
 //! is unavailable here, unless `--allow-unavailable`). `cargo xtask test-backend` runs it.
 
@@ -13,12 +13,14 @@ fn main() -> ExitCode {
     let mut backend = None;
     let (mut allow_unavailable, mut size, mut seed, mut verbose) = (false, Size::Quick, None, false);
     let mut families: Option<Vec<String>> = None;
+    let mut only_impl: Option<String> = None;
     while let Some(a) = args.next() {
         match a.as_str() {
             "--allow-unavailable" => allow_unavailable = true,
             "--full" => size = Size::Full,
             "--verbose" => verbose = true,
             "--seed" => seed = args.next().and_then(|s| s.parse::<u64>().ok()),
+            "--impl" => only_impl = args.next(),
             "--families" => {
                 let list: Vec<String> = args.next().unwrap_or_default().split(',').map(str::to_owned).collect();
                 if let Some(bad) = list.iter().find(|f| !Suite::FAMILIES.contains(&f.as_str())) {
@@ -36,7 +38,7 @@ fn main() -> ExitCode {
     }
     let Some(backend) = backend else {
         eprintln!(
-            "usage: conformance <backend> [--allow-unavailable] [--full] [--verbose] [--seed N] [--families a,b]"
+            "usage: conformance <backend> [--allow-unavailable] [--full] [--verbose] [--seed N] [--families a,b] [--impl ID]"
         );
         return ExitCode::from(2);
     };
@@ -63,6 +65,13 @@ fn main() -> ExitCode {
     });
     impl_ids.sort();
     impl_ids.dedup();
+    if let Some(only) = &only_impl {
+        if !impl_ids.contains(only) {
+            eprintln!("conformance: backend '{backend}' has no impl '{only}' (it has {impl_ids:?})");
+            return ExitCode::from(2);
+        }
+        impl_ids.retain(|i| i == only);
+    }
     if impl_ids.is_empty() {
         // Nothing registered yet (a fresh scaffold): every op is a skip.
         impl_ids.push(format!("{backend}.none"));

@@ -1,0 +1,112 @@
+// Portable flash attention, forward, for any SIMT target (no tensor cores, no warp primitives):
+// tiles of BC keys in shared memory, an online softmax per query row, no sq x sk buffer. Every
+// layout, mask, window, GQA and dropout option comes from shared/attention_mask.h, exactly as
+// the CUDA tensor-core kernel reads them, so both give the same outputs (up to rounding).
+//
+// A block is BR threads, one query row each (queries q0 .. q0 + BR of one head of one
+// sequence); the row's q and its f32 accumulator are per-thread arrays (registers, or local
+// memory for large head dims: the loops over the head dim unroll by 8 to keep compiles short). Keys go by tiles of BC
+// rows of K and V, converted to f32 in shared memory, over the union of the block's key ranges.
+//
+// Defines: T, D (head dim), BR, BC, LAYOUT, CAUSAL, BOTTOM_RIGHT, PADDING, WIN_LEFT,
+// WIN_RIGHT, DROPOUT.
+
+#define NEG_INF (-__int_as_float(0x7f800000))
+
+// The (row, head) index of lse: per head of the total rows for thd, else [batch, hq, sq].
+__device__ __forceinline__ long long lse_at(const Seq& s, int b, int h, int hq, int sq, int tq, int i) {
+    return LAYOUT == 2 ? (long long)h * tq + s.qb + i : ((long long)b * hq + h) * sq + i;
+}
+
+extern "C" __global__ void __launch_bounds__(BR) attn_fwd_simt(const T* __restrict__ q, const T* __restrict__ k,
+                                                            const T* __restrict__ v, T* __restrict__ o,
+                                                            float* __restrict__ lse, const i32* __restrict__ cu_q,
+                                                            const i32* __restrict__ cu_k, int batch, int sq, int sk,
+                                                            int hq, int hk, int tq, float scale, float p_drop,
+                                                            u64 seed, u64 offset) {
+    __shared__ float ks[BC][D];
+    __shared__ float vs[BC][D];
+    __shared__ int s_lo, s_hi;
+    const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * BR;
+    const int hkv = h / (hq / hk);
+    const Seq s = seq_of(b, batch, sq, sk, cu_q, cu_k);
+    const int slot = LAYOUT == 2 ? s.lq : sq; // rows this sequence owns in o / lse
+    if (q0 >= slot) return;                   // the whole block: nothing to write
+    const int i = q0 + (int)threadIdx.x;
+    const bool valid = i < s.lq;
+    int lo = 0, hi = 0;
+    if (valid) key_range(s, i, &lo, &hi);
+    if (threadIdx.x == 0) { s_lo = 0x7fffffff; s_hi = 0; }
+    __syncthreads();
+    if (lo < hi) { atomicMin(&s_lo, lo); atomicMax(&s_hi, hi); }
+    __syncthreads();
+    const int blo = s_lo, bhi = s_hi;
+
+    float qr[D], acc[D];
+    const T* qrow = q + ((s.qb + (long long)(valid ? i : 0) * s.rs) * hq + h) * D;
+#pragma unroll 8
+    for (int d = 0; d < D; ++d) {
+        qr[d] = valid ? to_f32(qrow[d]) : 0.0f;
+        acc[d] = 0.0f;
+    }
+    // m: running max of the raw scores; probabilities are exp2(scale2 s - mu), mu = scale2 m
+    // (0 while the row has seen no key, so exp2(-inf) = 0).
+    const float scale2 = scale * 1.4426950408889634f;
+    float m = NEG_INF, l = 0.0f;
+    for (int j0 = blo; j0 < bhi; j0 += BC) {
+        __syncthreads(); // the previous tile is consumed
+        for (int e = threadIdx.x; e < BC * D; e += BR) {
+            const int r = e / D, c = e % D, j = j0 + r;
+            float kv = 0.0f, vv = 0.0f;
+            if (j < bhi) {
+                const long long at = ((s.kb + (long long)j * s.rs) * hk + hkv) * D + c;
+                kv = to_f32(k[at]);
+                vv = to_f32(v[at]);
+            }
+            ks[r][c] = kv;
+            vs[r][c] = vv;
+        }
+        __syncthreads();
+        float sc[BC];
+        float mx = NEG_INF;
+#pragma unroll
+        for (int r = 0; r < BC; ++r) {
+            const int j = j0 + r;
+            float dot = 0.0f;
+#pragma unroll 8
+            for (int d = 0; d < D; ++d) dot = fmaf(qr[d], ks[r][d], dot);
+            sc[r] = (j >= lo && j < hi) ? dot : NEG_INF;
+            mx = max_nan(mx, sc[r]);
+        }
+        const float mn = max_nan(m, mx);
+        const float mu = mn == NEG_INF ? 0.0f : mn * scale2;
+        const float corr = fast_exp2(m * scale2 - mu);
+        m = mn;
+        l *= corr;
+#pragma unroll 8
+        for (int d = 0; d < D; ++d) acc[d] *= corr;
+#pragma unroll
+        for (int r = 0; r < BC; ++r) {
+            float p = fast_exp2(fmaf(sc[r], scale2, -mu));
+            l += p;
+#if DROPOUT
+            p = p == 0.0f ? 0.0f : p * keep_factor(seed, offset, p_drop, b, h, hq, sq, sk, i, j0 + r);
+#endif
+            if (p != 0.0f) {
+#pragma unroll 8
+                for (int d = 0; d < D; ++d) acc[d] = fmaf(p, vs[r][d], acc[d]);
+            }
+        }
+    }
+    if (i >= slot) return;
+    const float inv = recip_or_zero(l); // NaN rows stay NaN
+    T* orow = o + ((s.qb + (long long)i * s.rs) * hq + h) * D;
+#pragma unroll 8
+    for (int d = 0; d < D; ++d) orow[d] = from_f32<T>(valid ? acc[d] * inv : 0.0f);
+    lse[lse_at(s, b, h, hq, sq, tq, i)] = (valid && !(l <= 0.0f)) ? m * scale + logf(l) : NEG_INF;
+}
+
+extern "C" __global__ void fill_f32_simt(float* __restrict__ p, long long n, float x) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        p[i] = x;
+}
