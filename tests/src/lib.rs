@@ -17,14 +17,11 @@ pub fn promised_impls(backend: &str) -> Vec<(&'static str, &'static str)> {
             let mut v: Vec<_> = tefl_core::catalogue::all().iter().map(|d| (d.name, "vendor.nvidia")).collect();
             v.push(("generic_gemm", "vendor.nvidia.portable"));
             v.push(("fused_attn_fwd", "vendor.nvidia.portable"));
+            v.push(("fused_attn_bwd", "vendor.nvidia.portable"));
             v
         }
-        // The HIP backend serves every op but the attention backward (not written yet).
-        "amd" => tefl_core::catalogue::all()
-            .iter()
-            .filter(|d| d.name != "fused_attn_bwd")
-            .map(|d| (d.name, "vendor.amd"))
-            .collect(),
+        // So does the HIP backend.
+        "amd" => tefl_core::catalogue::all().iter().map(|d| (d.name, "vendor.amd")).collect(),
         // The other GPU backends hold only their vendor description and availability check so far.
         _ => Vec::new(),
     }

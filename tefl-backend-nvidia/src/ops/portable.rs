@@ -3,7 +3,7 @@
 //! real hardware. Selected only by id (`TE_FL_PER_OP='generic_gemm=impl:vendor.nvidia.portable'`)
 //! and by the conformance suite: cuBLASLt and the tensor-core attention stay the CUDA backend's.
 
-use tefl_core::catalogue::{FusedAttnFwd, GenericGemm};
+use tefl_core::catalogue::{FusedAttnBwd, FusedAttnFwd, GenericGemm};
 use tefl_core::op::Op;
 use tefl_core::registry::ImplRegistration;
 use tefl_core::{BackendImplKind, DType, DeviceKind, OpImpl};
@@ -24,4 +24,7 @@ fn portable<O: Op>(kernel: fn(&tefl_core::KernelCtx<'_>, &O::Args) -> tefl_core:
 inventory::submit! { ImplRegistration { make: || portable::<GenericGemm>(tefl_gpu::simt::gemm::generic_gemm) } }
 inventory::submit! {
     ImplRegistration { make: || portable::<FusedAttnFwd>(tefl_gpu::simt::attention::fused_attn_fwd) }
+}
+inventory::submit! {
+    ImplRegistration { make: || portable::<FusedAttnBwd>(tefl_gpu::simt::attention::fused_attn_bwd) }
 }

@@ -1,16 +1,18 @@
-//! `fused_attn_fwd` on any SIMT target: the portable flash-attention kernel of
-//! `simt/attention.cu` (shared-memory key tiles, online softmax, one query row per thread),
-//! with the geometry, masks and windows of the catalogue's `attn_geometry` and the sequence and
-//! dropout helpers every attention kernel shares. No sq × sk buffer.
+//! `fused_attn_fwd` and `fused_attn_bwd` on any SIMT target: the portable flash-attention
+//! kernels of `simt/attention.cu` (shared-memory tiles, online softmax forward; a backward that
+//! recomputes P from lse, with dK/dV per key row and dQ per query row, no atomics), with the
+//! geometry, masks and windows of the catalogue's `attn_geometry` and the sequence and dropout
+//! helpers every attention kernel shares. No sq × sk buffer.
 
 use tefl_core::catalogue::*;
-use tefl_core::{DType, KernelCtx, Result};
+use tefl_core::{DType, KernelCtx, Result, Tensor};
 
 use super::host::{Arg, Grid, OnDevice, blocks_for, cty, empty, i32_of, opt_ptr, ptr, sm_count, unsupported, zeros};
 use crate::{Defines, Variant};
 
 /// The kernels of `simt/attention.cu` these ops launch.
-const ENTRIES: &[&str] = &["attn_fwd_simt", "fill_f32_simt"];
+const ENTRIES: &[&str] =
+    &["attn_fwd_simt", "fill_f32_simt", "attn_bwd_delta_simt", "attn_bwd_dkdv_simt", "attn_bwd_dq_simt"];
 /// Query rows per block (one per thread; a whole number of 64-lane wavefronts).
 const BR: usize = 64;
 /// The largest head dim served (the row's q and accumulator are registers).
@@ -50,49 +52,99 @@ fn variant(op: &'static str, b: &Build) -> Result<Variant> {
     Ok(Variant::new(&tefl_kernels::ATTENTION_SIMT, ENTRIES, defines))
 }
 
+/// One call's geometry and the variant it launches.
+struct Plan {
+    g: AttnGeometry,
+    kernel: OnDevice,
+}
+
+impl Plan {
+    /// A block of BR threads per BR positions of `rows`, per head (of `heads`) and sequence.
+    fn grid(&self, rows: usize, heads: usize) -> Grid {
+        Grid {
+            blocks: (rows.div_ceil(BR) as u32, heads as u32, self.g.batch as u32),
+            threads: (BR as u32, 1, 1),
+            smem: 0,
+        }
+    }
+
+    /// The arguments after the pointers: sizes, scale and dropout.
+    fn common_args(&self, scale: f32, p: f32, seed: u64, offset: u64) -> [Arg; 10] {
+        let g = &self.g;
+        [
+            Arg::I32(g.batch as i32),
+            Arg::I32(g.sq as i32),
+            Arg::I32(g.sk as i32),
+            Arg::I32(g.hq as i32),
+            Arg::I32(g.hk as i32),
+            Arg::I32(g.tq as i32),
+            Arg::F32(scale),
+            Arg::F32(p),
+            Arg::U64(seed),
+            Arg::U64(offset),
+        ]
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn setup(
+    op: &'static str,
+    ctx: &KernelCtx<'_>,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    cu_q: Option<&Tensor>,
+    cu_k: Option<&Tensor>,
+    layout: QkvLayout,
+    mask: AttnMask,
+    window: AttnWindow,
+    dropout: bool,
+) -> Result<Plan> {
+    let g = attn_geometry(op, q, k, v, cu_q, cu_k, layout, mask)?;
+    if v.shape().last() != Some(&g.d) {
+        return Err(unsupported(ctx, op, format!("the portable kernels need v's head dim to be q's ({})", g.d)));
+    }
+    if g.d > MAX_D {
+        return Err(unsupported(ctx, op, format!("head dim {} > {MAX_D} is not served by the portable kernels", g.d)));
+    }
+    for (what, n) in [("q", q.numel()), ("k", k.numel())] {
+        i32_of(ctx, op, what, n / g.d.max(1))?;
+    }
+    // Positions plus the diagonal and a window bound stay below 2·(sq + sk) in the kernels.
+    i32_of(ctx, op, "q", g.sq.saturating_add(g.sk).saturating_mul(2))?;
+    let window = g.window(window);
+    let build = Build { dtype: q.dtype(), d: g.d, layout, mask, window: (window.left, window.right), dropout };
+    let kernel = OnDevice::new(ctx.device, variant(op, &build)?)?;
+    Ok(Plan { g, kernel })
+}
+
+fn fill(ctx: &KernelCtx<'_>, kernel: &OnDevice, t: &Tensor, x: f32) -> Result<()> {
+    let n = t.numel();
+    kernel.launch(
+        "fill_f32_simt",
+        Grid::linear(blocks_for(n, 256, sm_count(ctx.device) * 8), 256),
+        &[Arg::Ptr(ptr(t)?), Arg::U64(n as u64), Arg::F32(x)],
+    )
+}
+
 /// `fused_attn_fwd` with the portable kernel.
 pub fn fused_attn_fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<AttnFwdOut> {
     const OP: &str = "fused_attn_fwd";
     let (cu_q, cu_k) = (a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref());
-    let g = attn_geometry(OP, &a.q, &a.k, &a.v, cu_q, cu_k, a.layout, a.mask)?;
-    if a.v.shape().last() != Some(&g.d) {
-        return Err(unsupported(ctx, OP, format!("the portable kernel needs v's head dim to be q's ({})", g.d)));
-    }
-    if g.d > MAX_D {
-        return Err(unsupported(ctx, OP, format!("head dim {} > {MAX_D} is not served by the portable kernel", g.d)));
-    }
-    for (what, n) in [("q", a.q.numel()), ("k", a.k.numel())] {
-        i32_of(ctx, OP, what, n / g.d.max(1))?;
-    }
-    // Positions plus the diagonal and a window bound stay below 2·(sq + sk) in the kernel.
-    i32_of(ctx, OP, "q", g.sq.saturating_add(g.sk).saturating_mul(2))?;
-    let window = g.window(a.window);
-    let build = Build {
-        dtype: a.q.dtype(),
-        d: g.d,
-        layout: a.layout,
-        mask: a.mask,
-        window: (window.left, window.right),
-        dropout: a.dropout_p > 0.0,
-    };
-    let kernel = OnDevice::new(ctx.device, variant(OP, &build)?)?;
+    let plan = setup(OP, ctx, &a.q, &a.k, &a.v, cu_q, cu_k, a.layout, a.mask, a.window, a.dropout_p > 0.0)?;
+    let (g, kernel) = (&plan.g, &plan.kernel);
     let thd = a.layout == QkvLayout::Thd;
     // thd rows past the last sequence belong to none: zero them (and -inf their lse).
     let o =
         if thd { zeros(ctx.device, a.q.shape(), a.q.dtype())? } else { empty(ctx.device, a.q.shape(), a.q.dtype())? };
     let lse = empty(ctx.device, &g.lse_shape(), DType::F32)?;
     if thd {
-        let n = lse.numel();
-        kernel.launch(
-            "fill_f32_simt",
-            Grid::linear(blocks_for(n, 256, sm_count(ctx.device) * 8), 256),
-            &[Arg::Ptr(ptr(&lse)?), Arg::U64(n as u64), Arg::F32(f32::NEG_INFINITY)],
-        )?;
+        fill(ctx, kernel, &lse, f32::NEG_INFINITY)?;
     }
     if g.batch == 0 || g.sq == 0 || g.hq == 0 {
         return Ok(AttnFwdOut { o, softmax_lse: lse });
     }
-    let args = [
+    let mut args = vec![
         Arg::Ptr(ptr(&a.q)?),
         Arg::Ptr(ptr(&a.k)?),
         Arg::Ptr(ptr(&a.v)?),
@@ -100,21 +152,59 @@ pub fn fused_attn_fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<AttnFwdOut
         Arg::Ptr(ptr(&lse)?),
         Arg::Ptr(opt_ptr(cu_q)?),
         Arg::Ptr(opt_ptr(cu_k)?),
-        Arg::I32(g.batch as i32),
-        Arg::I32(g.sq as i32),
-        Arg::I32(g.sk as i32),
-        Arg::I32(g.hq as i32),
-        Arg::I32(g.hk as i32),
-        Arg::I32(g.tq as i32),
-        Arg::F32(a.scale),
-        Arg::F32(a.dropout_p),
-        Arg::U64(a.seed),
-        Arg::U64(a.offset),
     ];
-    let grid =
-        Grid { blocks: (g.sq.div_ceil(BR) as u32, g.hq as u32, g.batch as u32), threads: (BR as u32, 1, 1), smem: 0 };
-    kernel.launch("attn_fwd_simt", grid, &args)?;
+    args.extend(plan.common_args(a.scale, a.dropout_p, a.seed, a.offset));
+    kernel.launch("attn_fwd_simt", plan.grid(g.sq, g.hq), &args)?;
     Ok(AttnFwdOut { o, softmax_lse: lse })
+}
+
+/// `fused_attn_bwd` with the portable kernels: delta = Σ dO·O, then dK/dV per key row and dQ
+/// per query row (each recomputing P from lse).
+pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut> {
+    const OP: &str = "fused_attn_bwd";
+    let (cu_q, cu_k) = (a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref());
+    let plan = setup(OP, ctx, &a.q, &a.k, &a.v, cu_q, cu_k, a.layout, a.mask, a.window, a.dropout_p > 0.0)?;
+    if a.d_o.dtype() != a.q.dtype() {
+        return Err(tefl_core::Error::DType {
+            op: OP,
+            arg: "d_o",
+            got: a.d_o.dtype(),
+            expected: format!("{} (that of q)", a.q.dtype()),
+        });
+    }
+    let (g, kernel, dev) = (&plan.g, &plan.kernel, ctx.device);
+    let thd = a.layout == QkvLayout::Thd;
+    // thd rows outside every sequence get zero gradients.
+    let out = |t: &Tensor| if thd { zeros(dev, t.shape(), t.dtype()) } else { empty(dev, t.shape(), t.dtype()) };
+    let (dq, dk, dv) = (out(&a.q)?, out(&a.k)?, out(&a.v)?);
+    let rows_heads = a.q.numel() / g.d.max(1);
+    if rows_heads == 0 || g.batch == 0 {
+        return Ok(AttnBwdOut { dq, dk, dv });
+    }
+    let delta = empty(dev, &[rows_heads], DType::F32)?;
+    kernel.launch(
+        "attn_bwd_delta_simt",
+        Grid::linear(blocks_for(rows_heads, 256, sm_count(dev) * 8), 256),
+        &[Arg::Ptr(ptr(&a.o)?), Arg::Ptr(ptr(&a.d_o)?), Arg::Ptr(ptr(&delta)?), Arg::U64(rows_heads as u64)],
+    )?;
+    let inputs = [
+        Arg::Ptr(ptr(&a.q)?),
+        Arg::Ptr(ptr(&a.k)?),
+        Arg::Ptr(ptr(&a.v)?),
+        Arg::Ptr(ptr(&a.d_o)?),
+        Arg::Ptr(ptr(&a.softmax_lse)?),
+        Arg::Ptr(ptr(&delta)?),
+    ];
+    let tail = plan.common_args(a.scale, a.dropout_p, a.seed, a.offset);
+    let mut args = inputs.to_vec();
+    args.extend([Arg::Ptr(ptr(&dk)?), Arg::Ptr(ptr(&dv)?), Arg::Ptr(opt_ptr(cu_q)?), Arg::Ptr(opt_ptr(cu_k)?)]);
+    args.extend(tail);
+    kernel.launch("attn_bwd_dkdv_simt", plan.grid(g.sk, g.hk), &args)?;
+    let mut args = inputs.to_vec();
+    args.extend([Arg::Ptr(ptr(&dq)?), Arg::Ptr(opt_ptr(cu_q)?), Arg::Ptr(opt_ptr(cu_k)?)]);
+    args.extend(tail);
+    kernel.launch("attn_bwd_dq_simt", plan.grid(g.sq, g.hq), &args)?;
+    Ok(AttnBwdOut { dq, dk, dv })
 }
 
 /// Variants covering every code path: each dtype, small and large head dims, every layout
