@@ -43,33 +43,40 @@ pub mod attr {
 /// The library names tried for the runtime (newest ROCm first).
 pub const RUNTIME_LIBS: [&str; 4] = ["libamdhip64.so.7", "libamdhip64.so.6", "libamdhip64.so.5", "libamdhip64.so"];
 
-macro_rules! hip_api {
-    ($( $(#[$m:meta])* $field:ident = $sym:literal : fn($($arg:ty),*) $(-> $ret:ty)?; )*) => {
-        /// The HIP runtime's entry points this backend calls, resolved once.
-        pub struct HipApi {
-            /// The file the runtime was loaded from.
+/// Declares a table of a run-time loaded library's entry points: a struct with the library's
+/// file name, the library handle and one typed function pointer per entry, and `resolve`,
+/// which looks every entry up once (an error names the first missing one).
+macro_rules! library_api {
+    ($(#[$sm:meta])* $name:ident { $( $(#[$m:meta])* $field:ident = $sym:literal : fn($($arg:ty),*) $(-> $ret:ty)?; )* }) => {
+        $(#[$sm])*
+        pub struct $name {
+            /// The file the library was loaded from.
             pub library: String,
             _lib: libloading::Library,
             $( $(#[$m])* pub $field: unsafe extern "C" fn($($arg),*) $(-> $ret)?, )*
         }
 
-        impl HipApi {
+        impl $name {
             /// Resolves every entry point of `lib` (an error names the first missing one).
-            fn resolve(lib: libloading::Library, library: String) -> Result<HipApi, String> {
+            pub(crate) fn resolve(lib: libloading::Library, library: String) -> Result<$name, String> {
                 $(
-                    // SAFETY: the symbol is declared with this C signature in every HIP release
-                    // this backend loads (5.x to 7.x); the library outlives the pointer (it is
-                    // stored next to it and never unloaded while the table lives).
+                    // SAFETY: the symbol is declared with this C signature in every ROCm
+                    // release this backend loads (see the table's docs); the library outlives
+                    // the pointer (it is stored next to it and never unloaded while the table
+                    // lives).
                     let $field = *unsafe { lib.get::<unsafe extern "C" fn($($arg),*) $(-> $ret)?>($sym) }
                         .map_err(|e| format!("{library} has no {}: {e}", String::from_utf8_lossy(&$sym[..$sym.len() - 1])))?;
                 )*
-                Ok(HipApi { library, _lib: lib, $($field,)* })
+                Ok($name { library, _lib: lib, $($field,)* })
             }
         }
     };
 }
+pub(crate) use library_api;
 
-hip_api! {
+library_api! {
+    /// The HIP runtime's entry points this backend calls (HIP 5.x to 7.x), resolved once.
+    HipApi {
     /// `hipInit`.
     init = b"hipInit\0": fn(c_uint) -> HipError;
     /// `hipGetDeviceCount`.
@@ -118,7 +125,7 @@ hip_api! {
     module_launch_kernel = b"hipModuleLaunchKernel\0": fn(
         HipFunction, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, HipStream, *mut *mut c_void, *mut *mut c_void
     ) -> HipError;
-}
+}}
 
 impl HipApi {
     /// The name of a HIP error code (`hipErrorNoDevice`), or its number when the runtime does

@@ -120,9 +120,6 @@ impl GpuTarget for HipTarget {
     fn device_kind(&self) -> DeviceKind {
         DeviceKind::HIP
     }
-    fn impl_id(&self) -> &'static str {
-        crate::IMPL_ID
-    }
     fn launch(&self, device: Device, variant: &Variant, entry: &'static str, grid: Grid, args: &[Arg]) -> Result<()> {
         launch(device, variant, entry, grid, args)
     }

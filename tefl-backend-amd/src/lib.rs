@@ -9,11 +9,12 @@
 //!   `runtime.rs`: the device runtime (memory, copies, fills, streams and external streams,
 //!   event timing, device facts); `hiprtc.rs`: hiprtc behind `tefl_gpu::RtcCompiler`;
 //!   `launch.rs`: loading and launching kernel variants, and the `GpuTarget` of this backend;
+//!   `hipblaslt.rs`: hipBLASLt (ROCm 7 or 6), loaded at run time, for `generic_gemm`;
 //! - `ops/`: the registrations (the SIMT families are `tefl_gpu::simt`'s shared host code);
 //! - `tune_configs.toml`, `cdna2/`, `cdna3/` and `heuristics.rs`: launch parameters, layered
 //!   over the GPU defaults of `tefl-gpu`.
 //!
-//! The HIP runtime and hiprtc are loaded with `libloading`, never linked: the `hip-sys` crate
+//! The HIP runtime, hiprtc and hipBLASLt are loaded with `libloading`, never linked: the `hip-sys` crate
 //! links libamdhip64 at build time, so a binary built with it does not even start without
 //! that exact ROCm installed. With this crate, `--features nvidia,amd` builds and starts
 //! anywhere; without a runtime, `hipInit` failing or no device, the backend reports itself
@@ -25,6 +26,7 @@
 
 pub mod heuristics;
 pub mod hip;
+pub mod hipblaslt;
 pub mod hiprtc;
 pub mod launch;
 pub mod ops;

@@ -155,9 +155,6 @@ impl tefl_gpu::target::GpuTarget for CudaTarget {
     fn device_kind(&self) -> tefl_core::DeviceKind {
         tefl_core::DeviceKind::CUDA
     }
-    fn impl_id(&self) -> &'static str {
-        crate::IMPL_ID
-    }
     fn launch(&self, device: Device, variant: &Variant, entry: &'static str, grid: Grid, args: &[Arg]) -> Result<()> {
         launch(device, variant, entry, grid, args)
     }
@@ -214,11 +211,6 @@ pub(crate) fn tune_table(device: Device) -> Result<Arc<TuneTable>> {
     Ok(crate::heuristics::TUNE_CONFIGS.table(&info(device)?.arch))
 }
 
-/// The C type name a kernel source uses for a dtype (`TX=bf16`).
-pub(crate) fn cty(op: &'static str, arg: &'static str, d: DType) -> Result<&'static str> {
-    tefl_gpu::ctype(op, arg, d)
-}
-
 /// A CUDA tensor whose every element the caller's kernel writes (no zero fill).
 pub(crate) fn empty(device: Device, shape: &[usize], dtype: DType) -> Result<Tensor> {
     Tensor::uninit(shape, dtype, &device)
@@ -227,11 +219,6 @@ pub(crate) fn empty(device: Device, shape: &[usize], dtype: DType) -> Result<Ten
 /// A zero-filled CUDA tensor (accumulators).
 pub(crate) fn zeros(device: Device, shape: &[usize], dtype: DType) -> Result<Tensor> {
     Tensor::zeros(shape, dtype, &device)
-}
-
-/// `i32` from a size, or [`Error::Unsupported`] naming the op when it does not fit.
-pub(crate) fn i32_of(op: &'static str, what: &'static str, v: usize) -> Result<i32> {
-    tefl_gpu::i32_of(op, crate::IMPL_ID, what, v)
 }
 
 /// A valid call these kernels cannot serve (a size past their index range, tiles that do not

@@ -14,6 +14,8 @@
 //!   (launch, device addresses, tune table);
 //! - [`simt`]: the host side of the SIMT kernels (norms, softmax, activations, RoPE, dropout,
 //!   FP8 quantize, multi-tensor optimizers), written once and registered by every GPU backend;
+//! - [`blaslt`]: `generic_gemm` through a vendor BLAS-Lt library (cuBLASLt, hipBLASLt): the
+//!   column-major view, fused or finished epilogues, plan caching; a backend binds the calls;
 //! - [`tune`]: tune configs layered arch family → vendor → GPU default
 //!   (FlagGems' `configs_loader`), the row and elementwise heuristics and the autotuner's
 //!   measurements through `tefl_core`'s device runtime.
@@ -21,6 +23,7 @@
 //! Device facts (arch, family, compute units, shared memory) come from
 //! [`tefl_core::device::info`], looked up once per device.
 
+pub mod blaslt;
 pub mod launch;
 pub mod rtc;
 pub mod simt;

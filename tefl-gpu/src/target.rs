@@ -14,8 +14,6 @@ use crate::{Arg, Grid, Variant};
 pub trait GpuTarget: Send + Sync {
     /// The device kind it serves (`cuda`, `hip`).
     fn device_kind(&self) -> DeviceKind;
-    /// The impl id its errors name (`vendor.nvidia`).
-    fn impl_id(&self) -> &'static str;
     /// Queues the entry `entry` of `variant` on the device's current queue: compiled for the
     /// device's arch and loaded on first use.
     fn launch(&self, device: Device, variant: &Variant, entry: &'static str, grid: Grid, args: &[Arg]) -> Result<()>;

@@ -1,11 +1,14 @@
 //! The HIP backend's ops, registered under `vendor.amd`: the SIMT families are the shared
 //! host code of `tefl_gpu::simt` (the same launch plans as CUDA's), compiled by hiprtc from the
 //! `tefl-kernels` sources and launched through this crate's `GpuTarget` (`launch.rs`).
-//! GEMM is the portable tiled kernel with the shared epilogue (hipBLASLt is not bound yet).
+//! GEMM is hipBLASLt when it is installed (`gemm.rs`), else the portable tiled kernel with the
+//! shared epilogue.
 //! Attention is the portable flash attention (forward and backward). So `vendor.amd` serves
 //! every op of the catalogue.
 
-pub use tefl_gpu::simt::{activation, attention, dropout, gemm, norm, optimizer, quantize, rope, softmax};
+pub mod gemm;
+
+pub use tefl_gpu::simt::{activation, attention, dropout, norm, optimizer, quantize, rope, softmax};
 
 use tefl_core::catalogue::*;
 

@@ -5,11 +5,10 @@
 use tefl_core::catalogue::*;
 use tefl_core::{DType, Error, KernelCtx, Result, Tensor};
 
-use tefl_gpu::{Defines, Variant};
+use tefl_gpu::Variant;
+use tefl_gpu::simt::attention::AttnBuild;
 
-use crate::launch::{
-    Arg, Grid, OnDevice, blocks_for, cty, empty, i32_of, info, opt_ptr, ptr, sm_count, tune_table, zeros,
-};
+use crate::launch::{Arg, Grid, OnDevice, blocks_for, empty, info, opt_ptr, ptr, sm_count, tune_table, zeros};
 
 /// The kernels of `cuda/attention/attention.cu` these ops launch.
 const ENTRIES: &[&str] = &["attn_fwd", "attn_bwd_delta", "attn_bwd_dkdv", "attn_bwd_dq_out", "fill_f32"];
@@ -56,38 +55,17 @@ fn check_smem(op: &'static str, ctx: &KernelCtx<'_>, bytes: usize) -> Result<u32
     Ok(bytes as u32)
 }
 
-/// The attention variant's build parameters: everything its defines come from.
-struct Build {
-    dtype: DType,
-    d: usize,
-    layout: QkvLayout,
-    mask: AttnMask,
-    /// The normalised window bounds (`None`: unbounded).
-    window: (Option<usize>, Option<usize>),
-    dropout: bool,
-    fwd_min_blocks: u32,
-}
-
-/// The variant of `attention.cu` for a build: the one place its defines are made (launches
-/// and the compile test both call it).
-fn variant(op: &'static str, b: &Build) -> Result<Variant> {
+/// The variant of `attention.cu` for a call's build and the forward's minimum resident
+/// blocks: the one place its defines are made (launches and the compile test both call it).
+fn variant(op: &'static str, b: &AttnBuild, fwd_min_blocks: u32) -> Result<Variant> {
     let dp = padded(b.d);
-    let win = |w: Option<usize>| w.map_or(-1i64, |x| x.min(i32::MAX as usize) as i64);
-    let defines = Defines::new()
-        .set("T", cty(op, "q", b.dtype)?)
-        .set("D", b.d)
+    let defines = b
+        .defines(op)?
         .set("DP", dp)
-        .set("LAYOUT", b.layout as u8)
-        .flag("CAUSAL", b.mask.is_causal())
-        .flag("BOTTOM_RIGHT", b.mask.bottom_right())
-        .flag("PADDING", b.mask.is_padding())
-        .set("WIN_LEFT", win(b.window.0))
-        .set("WIN_RIGHT", win(b.window.1))
-        .flag("DROPOUT", b.dropout)
         .set("FWD_BR", fwd_br(b.dtype, dp))
         .set("FWD_BC", fwd_bc(b.dtype, dp))
         .flag("HALF", b.dtype != DType::F32)
-        .set("FWD_MIN_BLOCKS", b.fwd_min_blocks)
+        .set("FWD_MIN_BLOCKS", fwd_min_blocks)
         .set("DKV_KB", dkv_keys(b.dtype, dp))
         .set("DKV_BR", dkv_rows(b.dtype, dp))
         .set("DKV_MT", dkv_mtiles(dp));
@@ -131,34 +109,11 @@ fn setup(
     window: AttnWindow,
     dropout: bool,
 ) -> Result<Plan> {
-    let g = attn_geometry(op, q, k, v, cu_q, cu_k, layout, mask)?;
-    if v.shape().last() != Some(&g.d) {
-        return Err(crate::launch::unsupported(op, format!("the CUDA kernels need v's head dim to be q's ({})", g.d)));
-    }
-    if g.d > 256 {
-        return Err(crate::launch::unsupported(
-            op,
-            format!("head dim {} > 256 is not served by the CUDA kernels", g.d),
-        ));
-    }
+    let (g, build) =
+        AttnBuild::checked(op, ctx, q, k, v, cu_q, cu_k, layout, mask, window, dropout, 256, "the CUDA kernels")?;
     let dp = padded(g.d);
-    // The normalised window: every bound left is below sq + sk (checked to fit i32 below).
-    let window = g.window(window);
-    let build = Build {
-        dtype: q.dtype(),
-        d: g.d,
-        layout,
-        mask,
-        window: (window.left, window.right),
-        dropout,
-        fwd_min_blocks: crate::heuristics::attention_fwd_min_blocks(&*tune_table(ctx.device)?),
-    };
-    let kernel = OnDevice::new(ctx.device, variant(op, &build)?);
-    for (what, n) in [("q", q.numel()), ("k", k.numel())] {
-        i32_of(op, what, n / g.d.max(1))?;
-    }
-    // Positions plus the diagonal and a window bound stay below 2·(sq + sk) in the kernels.
-    i32_of(op, "q", g.sq.saturating_add(g.sk).saturating_mul(2))?;
+    let fwd_min_blocks = crate::heuristics::attention_fwd_min_blocks(&*tune_table(ctx.device)?);
+    let kernel = OnDevice::new(ctx.device, variant(op, &build, fwd_min_blocks)?);
     Ok(Plan { g, dp, kernel })
 }
 
@@ -298,8 +253,8 @@ pub fn variants() -> Vec<Variant> {
             (QkvLayout::Thd, AttnMask::Padding, Some(3), true),
             (QkvLayout::Bshd, AttnMask::Padding, None, false),
         ] {
-            let build = Build { dtype, d, layout, mask, window: (win, win), dropout, fwd_min_blocks: 2 };
-            v.extend(variant("attention", &build));
+            let build = AttnBuild { dtype, d, layout, mask, window: (win, win), dropout };
+            v.extend(variant("attention", &build, 2));
         }
     }
     v

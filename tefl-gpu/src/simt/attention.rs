@@ -23,32 +23,82 @@ fn keys_per_tile(d: usize) -> usize {
     if d <= 128 { 32 } else { 16 }
 }
 
-/// What a variant's defines come from.
-struct Build {
-    dtype: DType,
-    d: usize,
-    layout: QkvLayout,
-    mask: AttnMask,
+/// One attention call's kernel build: the dtype, head dim, layout, mask, window and dropout
+/// every attention kernel's defines start with (this SIMT kernel and CUDA's tensor-core one).
+#[derive(Clone, Copy, Debug)]
+pub struct AttnBuild {
+    /// The dtype of q, k and v.
+    pub dtype: DType,
+    /// The head dim.
+    pub d: usize,
+    /// The layout of q, k and v.
+    pub layout: QkvLayout,
+    /// The mask.
+    pub mask: AttnMask,
     /// The normalised window bounds (`None`: unbounded).
-    window: (Option<usize>, Option<usize>),
-    dropout: bool,
+    pub window: (Option<usize>, Option<usize>),
+    /// Whether dropout is applied.
+    pub dropout: bool,
+}
+
+impl AttnBuild {
+    /// The geometry and build of a call, after the checks every attention kernel of tefl's
+    /// needs: v's head dim is q's, the head dim is at most `max_d`, and rows and positions fit
+    /// `i32` (positions plus the diagonal and a window bound stay below 2·(sq + sk) in the
+    /// kernels). A call past them is [`Error::Unsupported`](tefl_core::Error::Unsupported)
+    /// naming `kernels` (e.g. "the portable kernels").
+    #[allow(clippy::too_many_arguments)]
+    pub fn checked(
+        op: &'static str,
+        ctx: &KernelCtx<'_>,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        cu_q: Option<&Tensor>,
+        cu_k: Option<&Tensor>,
+        layout: QkvLayout,
+        mask: AttnMask,
+        window: AttnWindow,
+        dropout: bool,
+        max_d: usize,
+        kernels: &str,
+    ) -> Result<(AttnGeometry, AttnBuild)> {
+        let g = attn_geometry(op, q, k, v, cu_q, cu_k, layout, mask)?;
+        if v.shape().last() != Some(&g.d) {
+            return Err(unsupported(ctx, op, format!("{kernels} need v's head dim to be q's ({})", g.d)));
+        }
+        if g.d > max_d {
+            return Err(unsupported(ctx, op, format!("head dim {} > {max_d} is not served by {kernels}", g.d)));
+        }
+        for (what, n) in [("q", q.numel()), ("k", k.numel())] {
+            i32_of(ctx, op, what, n / g.d.max(1))?;
+        }
+        i32_of(ctx, op, "q", g.sq.saturating_add(g.sk).saturating_mul(2))?;
+        let window = g.window(window);
+        let build = AttnBuild { dtype: q.dtype(), d: g.d, layout, mask, window: (window.left, window.right), dropout };
+        Ok((g, build))
+    }
+
+    /// The defines of the shared mask and sequence helpers (`shared/attention_mask.h`): `T`,
+    /// `D`, `LAYOUT`, the mask flags, `WIN_LEFT`/`WIN_RIGHT` (-1: unbounded) and `DROPOUT`.
+    pub fn defines(&self, op: &'static str) -> Result<Defines> {
+        let win = |w: Option<usize>| w.map_or(-1i64, |x| x.min(i32::MAX as usize) as i64);
+        Ok(Defines::new()
+            .set("T", cty(op, "q", self.dtype)?)
+            .set("D", self.d)
+            .set("LAYOUT", self.layout as u8)
+            .flag("CAUSAL", self.mask.is_causal())
+            .flag("BOTTOM_RIGHT", self.mask.bottom_right())
+            .flag("PADDING", self.mask.is_padding())
+            .set("WIN_LEFT", win(self.window.0))
+            .set("WIN_RIGHT", win(self.window.1))
+            .flag("DROPOUT", self.dropout))
+    }
 }
 
 /// The variant of `simt/attention.cu` for a build (launches and the compile tests).
-fn variant(op: &'static str, b: &Build) -> Result<Variant> {
-    let win = |w: Option<usize>| w.map_or(-1i64, |x| x.min(i32::MAX as usize) as i64);
-    let defines = Defines::new()
-        .set("T", cty(op, "q", b.dtype)?)
-        .set("D", b.d)
-        .set("BR", BR)
-        .set("BC", keys_per_tile(b.d))
-        .set("LAYOUT", b.layout as u8)
-        .flag("CAUSAL", b.mask.is_causal())
-        .flag("BOTTOM_RIGHT", b.mask.bottom_right())
-        .flag("PADDING", b.mask.is_padding())
-        .set("WIN_LEFT", win(b.window.0))
-        .set("WIN_RIGHT", win(b.window.1))
-        .flag("DROPOUT", b.dropout);
+fn variant(op: &'static str, b: &AttnBuild) -> Result<Variant> {
+    let defines = b.defines(op)?.set("BR", BR).set("BC", keys_per_tile(b.d));
     Ok(Variant::new(&tefl_kernels::ATTENTION_SIMT, ENTRIES, defines))
 }
 
@@ -100,20 +150,8 @@ fn setup(
     window: AttnWindow,
     dropout: bool,
 ) -> Result<Plan> {
-    let g = attn_geometry(op, q, k, v, cu_q, cu_k, layout, mask)?;
-    if v.shape().last() != Some(&g.d) {
-        return Err(unsupported(ctx, op, format!("the portable kernels need v's head dim to be q's ({})", g.d)));
-    }
-    if g.d > MAX_D {
-        return Err(unsupported(ctx, op, format!("head dim {} > {MAX_D} is not served by the portable kernels", g.d)));
-    }
-    for (what, n) in [("q", q.numel()), ("k", k.numel())] {
-        i32_of(ctx, op, what, n / g.d.max(1))?;
-    }
-    // Positions plus the diagonal and a window bound stay below 2·(sq + sk) in the kernels.
-    i32_of(ctx, op, "q", g.sq.saturating_add(g.sk).saturating_mul(2))?;
-    let window = g.window(window);
-    let build = Build { dtype: q.dtype(), d: g.d, layout, mask, window: (window.left, window.right), dropout };
+    let (g, build) =
+        AttnBuild::checked(op, ctx, q, k, v, cu_q, cu_k, layout, mask, window, dropout, MAX_D, "the portable kernels")?;
     let kernel = OnDevice::new(ctx.device, variant(op, &build)?)?;
     Ok(Plan { g, kernel })
 }
@@ -219,7 +257,7 @@ pub fn variants() -> Vec<Variant> {
             (QkvLayout::Thd, AttnMask::Padding, Some(3), true),
             (QkvLayout::Bshd, AttnMask::None, None, false),
         ] {
-            let build = Build { dtype, d, layout, mask, window: (win, win), dropout };
+            let build = AttnBuild { dtype, d, layout, mask, window: (win, win), dropout };
             v.extend(variant("attention", &build));
         }
     }

@@ -1,0 +1,20 @@
+//! `generic_gemm` on HIP: hipBLASLt when it is installed and has an algorithm for the shape
+//! (through the shared host logic of `tefl_gpu::blaslt`, fused epilogues included), otherwise
+//! the portable tiled kernel with the shared epilogue (`tefl_gpu::simt::gemm`).
+
+use tefl_core::catalogue::{GemmArgs, GemmOut};
+use tefl_core::{KernelCtx, Result};
+
+use crate::hipblaslt::{HipBlasLt, usable};
+
+/// `generic_gemm`: hipBLASLt, or the portable kernel where hipBLASLt cannot serve.
+pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
+    match usable(ctx.device) {
+        Ok(()) => match tefl_gpu::blaslt::generic_gemm(ctx, a, &HipBlasLt)? {
+            Some(out) => return Ok(out),
+            None => tracing::debug!(target: "TE-FL", "generic_gemm: hipBLASLt has no algorithm; portable kernel"),
+        },
+        Err(e) => tracing::debug!(target: "TE-FL", "generic_gemm: {e}; portable kernel"),
+    }
+    tefl_gpu::simt::gemm::generic_gemm(ctx, a)
+}
