@@ -1,14 +1,35 @@
 //! # tefl-backend-vulkan
 //!
-//! tefl's portable backend (kind `flagos`, impl ids `default.vulkan`, vendor name `vulkan`,
-//! device `vulkan`): Vulkan compute through `ash`, with the loader opened at run time.
+//! tefl's portable tier (impl id `default.vulkan`, kind default, vendor name `vulkan`, device
+//! `vulkan`): any GPU with a Vulkan 1.2 driver, and Mesa's lavapipe on a CPU. Laid out like a
+//! FlagGems vendor folder:
 //!
-//! This crate currently holds the backend description and the availability check; it
-//! registers no op yet (WGSL kernels compiled by naga come with the Vulkan backend issue).
+//! - `vendor.rs`: the [`VendorInfo`](tefl_core::VendorInfo) and the availability check;
+//! - `context.rs`: the loader (opened at run time through `ash`), the instance, device order
+//!   and `TEFL_VULKAN_DEVICE`, the validation-message counter; `gpu.rs`: an opened device
+//!   (queue, `gpu-allocator` memory, pipelines, the command recorder); `runtime.rs`: the
+//!   device runtime (`DeviceKind::VULKAN`);
+//! - `shaders/*.wgsl`: the kernels, in WGSL, compiled to SPIR-V by naga in `build.rs` (no
+//!   external tools), one module per variant (dtypes and workgroup size);
+//! - `ops/`: the registrations; `tune_configs.toml`, `lavapipe/` and `heuristics.rs`: launch
+//!   parameters layered over the GPU defaults of `tefl-gpu`.
+//!
+//! Tensors are bound as arrays of 32-bit words: f16 and bf16 travel as 16-bit halves and are
+//! converted on the bits, so no 16-bit storage feature is needed (lavapipe lacks some).
+//! Submission is synchronous for now (each op waits for its fence).
 
+pub mod context;
+pub mod gpu;
+pub mod heuristics;
+pub mod ops;
+pub mod runtime;
 pub mod vendor;
 
+pub use context::validation_messages;
 pub use vendor::{availability, vendor_info};
 
 /// The backend's name (`TE_BACKEND`, `cargo xtask test-backend`).
 pub const BACKEND: &str = vendor::VENDOR;
+
+/// The impl id every op registers.
+pub const IMPL_ID: &str = "default.vulkan";

@@ -276,6 +276,12 @@ pub trait DeviceRuntime: Send + Sync + 'static {
     fn accepts_external_queues(&self) -> bool {
         false
     }
+    /// How many warnings and errors the driver's debug layers reported so far in this process
+    /// (Vulkan's validation layers when `VK_INSTANCE_LAYERS` enables them); the conformance
+    /// suite fails on any. 0 for runtimes without such layers.
+    fn validation_messages(&self) -> usize {
+        0
+    }
 }
 
 /// Facts about one device, looked up once per device ([`info`]) and passed down to launch

@@ -22,7 +22,39 @@ pub fn promised_impls(backend: &str) -> Vec<(&'static str, &'static str)> {
         }
         // So does the HIP backend.
         "amd" => tefl_core::catalogue::all().iter().map(|d| (d.name, "vendor.amd")).collect(),
-        // The other GPU backends hold only their vendor description and availability check so far.
+        // The Vulkan backend serves the norms, the activations and the softmax family so far.
+        "vulkan" => [
+            "rmsnorm_fwd",
+            "rmsnorm_bwd",
+            "rmsnorm_bwd_add",
+            "layernorm_fwd",
+            "layernorm_bwd",
+            "gelu",
+            "dgelu",
+            "qgelu",
+            "dqgelu",
+            "relu",
+            "drelu",
+            "srelu",
+            "dsrelu",
+            "silu",
+            "dsilu",
+            "geglu",
+            "dgeglu",
+            "qgeglu",
+            "dqgeglu",
+            "reglu",
+            "dreglu",
+            "sreglu",
+            "dsreglu",
+            "swiglu",
+            "dswiglu",
+            "clamped_swiglu",
+            "clamped_dswiglu",
+        ]
+        .into_iter()
+        .map(|n| (n, "default.vulkan"))
+        .collect(),
         _ => Vec::new(),
     }
 }

@@ -97,6 +97,15 @@ fn main() -> ExitCode {
         }
         print!("{}", suite.report());
         failed |= suite.counts().1 > 0;
+        // Driver debug layers (Vulkan validation under VK_INSTANCE_LAYERS): any message fails.
+        let messages = tefl_core::device::runtime(suite.device.kind).map_or(0, |rt| rt.validation_messages());
+        if messages > 0 {
+            println!(
+                "{} driver validation message(s) on {} (logged above as warnings): failed",
+                messages, suite.device
+            );
+            failed = true;
+        }
     }
     if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS }
 }

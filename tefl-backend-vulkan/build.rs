@@ -1,0 +1,108 @@
+//! Compiles the WGSL shaders of `shaders/` to SPIR-V 1.3 with naga, one module per variant
+//! (the dtype codes and workgroup size a variant bakes in as constants), and writes
+//! `$OUT_DIR/shaders.rs`: the table `SHADERS` of (variant name, SPIR-V bytes) the backend
+//! loads from. A shader that naga rejects fails the build with naga's message.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+/// The dtype codes of `common.wgsl`.
+const DTYPES: [(&str, u32); 3] = [("f32", 0), ("f16", 1), ("bf16", 2)];
+/// The workgroup sizes every elementwise variant is built for (the tune configs pick one).
+const WORKGROUPS: [u32; 3] = [64, 128, 256];
+
+/// A variant: the shader, the files it is made of after `common.wgsl` (in order), and its
+/// constants, in order (`name=value`).
+struct Variant {
+    shader: &'static str,
+    files: &'static [&'static str],
+    consts: Vec<(&'static str, String, u32)>,
+}
+
+impl Variant {
+    /// `activation.tx=f16.tg=f32.wg=256`: the name the backend looks a module up by.
+    fn name(&self) -> String {
+        let mut s = self.shader.to_string();
+        for (k, shown, _) in &self.consts {
+            let _ = write!(s, ".{}={shown}", k.to_ascii_lowercase());
+        }
+        s
+    }
+
+    /// The WGSL constants prepended to `common.wgsl` and the shader.
+    fn prelude(&self) -> String {
+        self.consts.iter().map(|(k, _, v)| format!("const {k}: u32 = {v}u;\n")).collect()
+    }
+}
+
+fn variants() -> Vec<Variant> {
+    let mut v = Vec::new();
+    for (tx, cx) in DTYPES {
+        for (tg, cg) in DTYPES {
+            for wg in WORKGROUPS {
+                let consts = vec![("TX", tx.into(), cx), ("TG", tg.into(), cg), ("WG", wg.to_string(), wg)];
+                v.push(Variant {
+                    shader: "activation",
+                    files: &["act_fns.wgsl", "activation.wgsl"],
+                    consts: consts.clone(),
+                });
+                v.push(Variant {
+                    shader: "activation_dbias",
+                    files: &["act_fns.wgsl", "activation_dbias.wgsl"],
+                    consts: consts.clone(),
+                });
+                v.push(Variant { shader: "softmax", files: &["rows.wgsl", "softmax.wgsl"], consts });
+            }
+        }
+    }
+    for wg in WORKGROUPS {
+        v.push(Variant {
+            shader: "norm",
+            files: &["rows.wgsl", "norm.wgsl"],
+            consts: vec![("WG", wg.to_string(), wg)],
+        });
+    }
+    v
+}
+
+fn compile(name: &str, text: &str) -> Vec<u32> {
+    let module = naga::front::wgsl::parse_str(text)
+        .unwrap_or_else(|e| panic!("{name}: WGSL does not parse:\n{}", e.emit_to_string(text)));
+    let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
+        .validate(&module)
+        .unwrap_or_else(|e| panic!("{name}: WGSL does not validate:\n{}", e.emit_to_string(text)));
+    let options = naga::back::spv::Options { lang_version: (1, 3), ..Default::default() };
+    let pipeline =
+        naga::back::spv::PipelineOptions { shader_stage: naga::ShaderStage::Compute, entry_point: "main".into() };
+    naga::back::spv::write_vec(&module, &info, &options, Some(&pipeline))
+        .unwrap_or_else(|e| panic!("{name}: SPIR-V output failed: {e}"))
+}
+
+fn main() {
+    let dir = Path::new("shaders");
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
+    println!("cargo:rerun-if-changed=shaders");
+    let read = |f: &str| {
+        let p = dir.join(f);
+        println!("cargo:rerun-if-changed={}", p.display());
+        std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+    };
+    let common = read("common.wgsl");
+    let mut table = String::from("/// Every shader variant: its name and its SPIR-V (little-endian words).\n");
+    table.push_str("pub static SHADERS: &[(&str, &[u8])] = &[\n");
+    for v in variants() {
+        let name = v.name();
+        let mut text = format!("{}{common}\n", v.prelude());
+        for f in v.files {
+            text.push_str(&read(f));
+            text.push('\n');
+        }
+        let words = compile(&name, &text);
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let file = out.join(format!("{name}.spv"));
+        std::fs::write(&file, bytes).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        let _ = writeln!(table, "    ({name:?}, include_bytes!(concat!(env!(\"OUT_DIR\"), \"/{name}.spv\"))),");
+    }
+    table.push_str("];\n");
+    std::fs::write(out.join("shaders.rs"), table).expect("write shaders.rs");
+}

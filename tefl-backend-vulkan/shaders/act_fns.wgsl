@@ -1,0 +1,48 @@
+// The activations and their derivatives, selected by `p.act` (0 gelu, 1 qgelu, 2 relu,
+// 3 srelu, 4 silu); shared by activation.wgsl and activation_dbias.wgsl, after their `p`.
+
+fn act(v: f32) -> f32 {
+    switch p.act {
+        case 0u: {
+            return 0.5 * v * (1.0 + tanh_safe(0.7978845608 * (v + 0.044715 * v * v * v)));
+        }
+        case 1u: {
+            return v * sigmoid(1.702 * v);
+        }
+        case 2u: {
+            return select(v, 0.0, v < 0.0);
+        }
+        case 3u: {
+            let r = select(v, 0.0, v < 0.0);
+            return r * r;
+        }
+        default: {
+            return v * sigmoid(v);
+        }
+    }
+}
+
+fn dact(v: f32) -> f32 {
+    switch p.act {
+        case 0u: {
+            let t = tanh_safe(0.7978845608 * (v + 0.044715 * v * v * v));
+            return 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * 0.7978845608 * (1.0 + 3.0 * 0.044715 * v * v);
+        }
+        case 1u: {
+            let s = sigmoid(1.702 * v);
+            return s + 1.702 * v * s * (1.0 - s);
+        }
+        case 2u: {
+            // NaN stays NaN.
+            return select(select(0.0, v, is_nan(v)), 1.0, v > 0.0);
+        }
+        case 3u: {
+            return 2.0 * select(v, 0.0, v < 0.0);
+        }
+        default: {
+            let s = sigmoid(v);
+            return s + v * s * (1.0 - s);
+        }
+    }
+}
+

@@ -1,0 +1,205 @@
+// RMSNorm and LayerNorm, forward and backward, on a workgroup per row (two rows for a 16-bit
+// output row of odd length). Dtypes are push constants (codes of common.wgsl) since x, gamma,
+// beta, dy, add and y may each differ. Constant: WG.
+//
+// Stages: 0 RMSNorm forward, 1 LayerNorm forward (y, mu, rsigma); 2 RMSNorm backward, 3
+// LayerNorm backward (dx, and per-workgroup partial column sums of dy·x̂ and dy in ws); 4 the
+// column sums of ws's parts at `ws_offset` written as one gamma-typed vector (dgamma, dbeta).
+
+struct Params {
+    stage: u32,
+    rows: u32,
+    n: u32,
+    rpg: u32,
+    // Dtype codes: x, gamma, aux (beta forward, dy backward), add, out (y or dx; dgamma/dbeta).
+    tx: u32,
+    tg: u32,
+    ta: u32,
+    tadd: u32,
+    to: u32,
+    zero_centered: u32,
+    has_add: u32,
+    // Workgroups of the backward (rows of ws), and where stage 4 reads.
+    parts: u32,
+    ws_offset: u32,
+    eps: f32,
+}
+
+@group(0) @binding(0) var<storage, read> x: array<u32>;
+@group(0) @binding(1) var<storage, read> gamma: array<u32>;
+@group(0) @binding(2) var<storage, read> aux: array<u32>;
+@group(0) @binding(3) var<storage, read> addt: array<u32>;
+@group(0) @binding(4) var<storage, read_write> mu: array<f32>;
+@group(0) @binding(5) var<storage, read_write> rs: array<f32>;
+@group(0) @binding(6) var<storage, read_write> out: array<u32>;
+@group(0) @binding(7) var<storage, read_write> ws: array<f32>;
+var<immediate> p: Params;
+
+// Per row of the block: (mean or 0, rsigma, mean(d), mean(d·x̂)).
+var<workgroup> stat: array<vec4<f32>, 2>;
+
+fn ld_x(i: u32) -> f32 {
+    return unpack(x[word_of(i, p.tx)], i, p.tx);
+}
+
+fn ld_aux(i: u32) -> f32 {
+    return unpack(aux[word_of(i, p.ta)], i, p.ta);
+}
+
+fn ld_add(i: u32) -> f32 {
+    return unpack(addt[word_of(i, p.tadd)], i, p.tadd);
+}
+
+fn scale_of(j: u32) -> f32 {
+    let g = unpack(gamma[word_of(j, p.tg)], j, p.tg);
+    return select(g, g + 1.0, p.zero_centered != 0u);
+}
+
+fn layer() -> bool {
+    return p.stage == 1u || p.stage == 3u;
+}
+
+// Output element e of the block starting at row0.
+fn element(e: u32, row0: u32) -> f32 {
+    let r = e / p.n;
+    let j = e - r * p.n;
+    let st = stat[r - row0];
+    let xh = (ld_x(e) - st.x) * st.y;
+    if (p.stage <= 1u) {
+        var y = xh * scale_of(j);
+        if (p.stage == 1u) {
+            y += ld_aux(j);
+        }
+        return y;
+    }
+    let d = ld_aux(e) * scale_of(j);
+    var dx = st.y * (d - st.z - xh * st.w);
+    if (p.has_add != 0u) {
+        dx += ld_add(e);
+    }
+    return dx;
+}
+
+fn column_sums(j: u32) -> f32 {
+    var s = 0.0;
+    for (var q = 0u; q < p.parts; q++) {
+        s += ws[p.ws_offset + q * p.n + j];
+    }
+    return s;
+}
+
+@compute @workgroup_size(WG)
+fn main(
+    @builtin(workgroup_id) group: vec3<u32>,
+    @builtin(local_invocation_index) lane: u32,
+    @builtin(num_workgroups) groups: vec3<u32>,
+    @builtin(global_invocation_id) gid: vec3<u32>,
+) {
+    let per = per_word(p.to);
+    if (p.stage == 4u) {
+        let words = (p.n + per - 1u) / per;
+        for (var w = gid.x; w < words; w += groups.x * WG) {
+            let j = w * per;
+            var hi = 0.0;
+            if (per == 2u && j + 1u < p.n) {
+                hi = column_sums(j + 1u);
+            }
+            out[w] = pack(column_sums(j), hi, p.to);
+        }
+        return;
+    }
+    let blocks = (p.rows + p.rpg - 1u) / p.rpg;
+    let nf = f32(p.n);
+    for (var blk = group.x; blk < blocks; blk += groups.x) {
+        let row0 = blk * p.rpg;
+        let nrows = min(p.rpg, p.rows - row0);
+        for (var k = 0u; k < nrows; k++) {
+            let row = row0 + k;
+            let base = row * p.n;
+            var mean = 0.0;
+            var rsig = 0.0;
+            if (p.stage <= 1u) {
+                if (layer()) {
+                    var s = 0.0;
+                    for (var j = lane; j < p.n; j += WG) {
+                        s += ld_x(base + j);
+                    }
+                    mean = reduce_sum(s, lane) / nf;
+                }
+                var q = 0.0;
+                for (var j = lane; j < p.n; j += WG) {
+                    let c = ld_x(base + j) - mean;
+                    q += c * c;
+                }
+                rsig = inverseSqrt(reduce_sum(q, lane) / nf + p.eps);
+                if (lane == 0u) {
+                    rs[row] = rsig;
+                    if (layer()) {
+                        mu[row] = mean;
+                    }
+                }
+                if (lane == 0u) {
+                    stat[k] = vec4<f32>(mean, rsig, 0.0, 0.0);
+                }
+            } else {
+                if (layer()) {
+                    mean = mu[row];
+                }
+                rsig = rs[row];
+                var sd = 0.0;
+                var sdx = 0.0;
+                for (var j = lane; j < p.n; j += WG) {
+                    let d = ld_aux(base + j) * scale_of(j);
+                    sd += d;
+                    sdx += d * (ld_x(base + j) - mean) * rsig;
+                }
+                var md = 0.0;
+                if (layer()) {
+                    md = reduce_sum(sd, lane) / nf;
+                }
+                let mdx = reduce_sum(sdx, lane) / nf;
+                if (lane == 0u) {
+                    stat[k] = vec4<f32>(mean, rsig, md, mdx);
+                }
+            }
+        }
+        workgroupBarrier();
+        let e0 = row0 * p.n;
+        let e1 = (row0 + nrows) * p.n;
+        for (var w = e0 / per + lane; w < (e1 + per - 1u) / per; w += WG) {
+            let e = w * per;
+            let lo = element(e, row0);
+            var hi = 0.0;
+            if (per == 2u && e + 1u < e1) {
+                hi = element(e + 1u, row0);
+            }
+            out[w] = pack(lo, hi, p.to);
+        }
+        if (p.stage >= 2u) {
+            // This workgroup's partial column sums of dy·x̂ (ws row `group`) and dy (after
+            // parts·n): one invocation per column, so no two write one sum.
+            let first = blk == group.x;
+            for (var j = lane; j < p.n; j += WG) {
+                var sg = 0.0;
+                var sb = 0.0;
+                for (var k = 0u; k < nrows; k++) {
+                    let i = (row0 + k) * p.n + j;
+                    let dy = ld_aux(i);
+                    let st = stat[k];
+                    sg += dy * (ld_x(i) - st.x) * st.y;
+                    sb += dy;
+                }
+                let at = group.x * p.n + j;
+                let bt = p.parts * p.n + at;
+                if (first) {
+                    ws[at] = sg;
+                    ws[bt] = sb;
+                } else {
+                    ws[at] += sg;
+                    ws[bt] += sb;
+                }
+            }
+        }
+        workgroupBarrier();
+    }
+}

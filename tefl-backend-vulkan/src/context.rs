@@ -1,0 +1,287 @@
+//! The Vulkan instance and devices: the loader opened at run time (`ash`'s `loaded`), one
+//! instance per process (Vulkan 1.2), the physical devices with a compute queue in tefl's
+//! order (discrete GPUs first, then integrated, virtual and CPU devices; `TEFL_VULKAN_DEVICE`
+//! narrows the list to one by index or name), and on first use a logical device per entry with
+//! one compute queue, a memory allocator and the shader pipelines.
+//!
+//! When the instance offers `VK_EXT_debug_utils` (e.g. with `VK_INSTANCE_LAYERS` naming the
+//! Khronos validation layer), a messenger counts every warning and error the layers report and
+//! logs it ([`validation_messages`]); the CI run under the validation layer fails on any.
+
+use std::ffi::{CStr, c_void};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use ash::vk;
+
+/// The variable that picks one Vulkan device (an index into tefl's order, or part of a name).
+pub const DEVICE_VAR: &str = "TEFL_VULKAN_DEVICE";
+
+/// The Vulkan version tefl asks for (timeline semaphores, 16-bit storage queries).
+pub const API_VERSION: u32 = vk::API_VERSION_1_2;
+
+static MESSAGES: AtomicUsize = AtomicUsize::new(0);
+
+/// How many warnings and errors the validation layers reported so far in this process (0 when
+/// no layer is enabled).
+pub fn validation_messages() -> usize {
+    MESSAGES.load(Ordering::SeqCst)
+}
+
+/// What tefl knows of a physical device before opening it.
+#[derive(Clone, Debug)]
+pub struct PhysicalInfo {
+    /// The handle.
+    pub handle: vk::PhysicalDevice,
+    /// `deviceName`.
+    pub name: String,
+    /// `deviceType`.
+    pub device_type: vk::PhysicalDeviceType,
+    /// `vendorID` (0x10DE NVIDIA, 0x1002 AMD, 0x8086 Intel, 0x10005 Mesa's CPU devices).
+    pub vendor_id: u32,
+    /// The first queue family with compute.
+    pub queue_family: u32,
+    /// The properties' limits tefl sizes work from.
+    pub limits: vk::PhysicalDeviceLimits,
+    /// The subgroup size.
+    pub subgroup_size: u32,
+    /// `storageBuffer16BitAccess`.
+    pub storage_16bit: bool,
+    /// `driverVersion`, as the driver reports it.
+    pub driver_version: u32,
+    /// Whether the queue family can write timestamps.
+    pub timestamps: bool,
+}
+
+impl PhysicalInfo {
+    /// The arch string tune configs are keyed by: the vendor (`nvidia`, `amd`, `intel`,
+    /// `lavapipe` for Mesa's CPU device, else `vk-<vendor id>`).
+    pub fn arch(&self) -> String {
+        match self.vendor_id {
+            0x10DE => "nvidia".into(),
+            0x1002 => "amd".into(),
+            0x8086 => "intel".into(),
+            0x10005 => "lavapipe".into(),
+            id => format!("vk-{id:04x}"),
+        }
+    }
+}
+
+/// The process's Vulkan instance and the devices tefl may use.
+pub struct Instance {
+    /// The loader (kept alive while the instance lives).
+    pub entry: ash::Entry,
+    /// The instance.
+    pub instance: ash::Instance,
+    /// The usable devices, in tefl's order.
+    pub devices: Vec<PhysicalInfo>,
+    /// The opened logical devices, by ordinal.
+    pub(crate) opened: Mutex<Vec<Option<Arc<crate::gpu::Gpu>>>>,
+    _messenger: Option<(ash::ext::debug_utils::Instance, vk::DebugUtilsMessengerEXT)>,
+}
+
+// SAFETY: the ash handles are plain Vulkan handles; Vulkan instances and physical devices may be
+// used from any thread (the calls made through them here are externally synchronised or
+// thread-safe per the spec).
+unsafe impl Send for Instance {}
+// SAFETY: as above.
+unsafe impl Sync for Instance {}
+
+/// The instance, created once; `Err` says why Vulkan cannot be used (no loader, no instance, no
+/// device with a compute queue, a bad `TEFL_VULKAN_DEVICE`).
+pub fn instance() -> Result<&'static Instance, String> {
+    static I: OnceLock<Result<Instance, String>> = OnceLock::new();
+    I.get_or_init(create).as_ref().map_err(Clone::clone)
+}
+
+unsafe extern "system" fn on_message(
+    severity: vk::DebugUtilsMessageSeverityFlagsEXT,
+    _types: vk::DebugUtilsMessageTypeFlagsEXT,
+    data: *const vk::DebugUtilsMessengerCallbackDataEXT<'_>,
+    _user: *mut c_void,
+) -> vk::Bool32 {
+    if severity
+        .intersects(vk::DebugUtilsMessageSeverityFlagsEXT::WARNING | vk::DebugUtilsMessageSeverityFlagsEXT::ERROR)
+    {
+        MESSAGES.fetch_add(1, Ordering::SeqCst);
+        // SAFETY: the layer passes a valid callback-data struct whose message, when non-null, is a
+        // NUL-terminated string valid for the duration of the call.
+        let text = unsafe { data.as_ref() }
+            .filter(|d| !d.p_message.is_null())
+            // SAFETY: as above.
+            .map(|d| unsafe { CStr::from_ptr(d.p_message) }.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        // Printed too: the layers are on only when asked for, and their messages must be seen.
+        eprintln!("tefl: Vulkan validation: {text}");
+        tracing::warn!(target: "TE-FL", "Vulkan validation: {text}");
+    }
+    vk::FALSE
+}
+
+fn create() -> Result<Instance, String> {
+    // SAFETY: opens the system's Vulkan loader; the entry is stored in the instance it creates
+    // and outlives it.
+    let entry =
+        unsafe { ash::Entry::load() }.map_err(|e| format!("the Vulkan loader (libvulkan) was not found: {e}"))?;
+    // SAFETY: a plain query of the loader.
+    let extensions = unsafe { entry.enumerate_instance_extension_properties(None) }.unwrap_or_default();
+    let has_debug =
+        extensions.iter().any(|e| e.extension_name_as_c_str().is_ok_and(|n| n == ash::ext::debug_utils::NAME));
+    let enabled: Vec<*const std::ffi::c_char> =
+        if has_debug { vec![ash::ext::debug_utils::NAME.as_ptr()] } else { Vec::new() };
+    let app = vk::ApplicationInfo::default().application_name(c"tefl").engine_name(c"tefl").api_version(API_VERSION);
+    let info = vk::InstanceCreateInfo::default().application_info(&app).enabled_extension_names(&enabled);
+    // SAFETY: `info`, `app` and the extension names outlive the call.
+    let instance =
+        unsafe { entry.create_instance(&info, None) }.map_err(|e| format!("vkCreateInstance failed: {e}"))?;
+    let messenger = has_debug.then(|| {
+        let du = ash::ext::debug_utils::Instance::new(&entry, &instance);
+        let info = vk::DebugUtilsMessengerCreateInfoEXT::default()
+            .message_severity(
+                vk::DebugUtilsMessageSeverityFlagsEXT::WARNING | vk::DebugUtilsMessageSeverityFlagsEXT::ERROR,
+            )
+            .message_type(
+                vk::DebugUtilsMessageTypeFlagsEXT::GENERAL
+                    | vk::DebugUtilsMessageTypeFlagsEXT::VALIDATION
+                    | vk::DebugUtilsMessageTypeFlagsEXT::PERFORMANCE,
+            )
+            .pfn_user_callback(Some(on_message));
+        // SAFETY: the callback is a plain function; the messenger lives as long as the instance.
+        unsafe { du.create_debug_utils_messenger(&info, None) }.ok().map(|m| (du, m))
+    });
+    let devices = match list_devices(&instance) {
+        Ok(d) => d,
+        Err(e) => {
+            // SAFETY: nothing created from the instance is alive except the messenger.
+            unsafe {
+                if let Some(Some((du, m))) = &messenger {
+                    du.destroy_debug_utils_messenger(*m, None);
+                }
+                instance.destroy_instance(None);
+            }
+            return Err(e);
+        }
+    };
+    let n = devices.len();
+    Ok(Instance { entry, instance, devices, opened: Mutex::new(vec![None; n]), _messenger: messenger.flatten() })
+}
+
+/// The rank of a device type in tefl's order (discrete first).
+fn type_rank(t: vk::PhysicalDeviceType) -> u8 {
+    match t {
+        vk::PhysicalDeviceType::DISCRETE_GPU => 0,
+        vk::PhysicalDeviceType::INTEGRATED_GPU => 1,
+        vk::PhysicalDeviceType::VIRTUAL_GPU => 2,
+        vk::PhysicalDeviceType::CPU => 3,
+        _ => 4,
+    }
+}
+
+fn list_devices(instance: &ash::Instance) -> Result<Vec<PhysicalInfo>, String> {
+    // SAFETY: `instance` is live; the handles it returns are only queried while it lives.
+    let handles = unsafe { instance.enumerate_physical_devices() }
+        .map_err(|e| format!("vkEnumeratePhysicalDevices failed: {e}"))?;
+    let mut devices = Vec::new();
+    for h in handles {
+        // SAFETY: `h` is a physical device of the live instance; the chained structs outlive the
+        // calls that fill them.
+        let (props, subgroup, queues, f11) = unsafe {
+            let props = instance.get_physical_device_properties(h);
+            if props.api_version < API_VERSION {
+                continue;
+            }
+            let mut subgroup = vk::PhysicalDeviceSubgroupProperties::default();
+            let mut p2 = vk::PhysicalDeviceProperties2::default().push_next(&mut subgroup);
+            instance.get_physical_device_properties2(h, &mut p2);
+            let mut f11 = vk::PhysicalDeviceVulkan11Features::default();
+            let mut f2 = vk::PhysicalDeviceFeatures2::default().push_next(&mut f11);
+            instance.get_physical_device_features2(h, &mut f2);
+            (props, subgroup, instance.get_physical_device_queue_family_properties(h), f11)
+        };
+        let Some((family, q)) =
+            queues.iter().enumerate().find(|(_, q)| q.queue_flags.contains(vk::QueueFlags::COMPUTE))
+        else {
+            continue;
+        };
+        devices.push(PhysicalInfo {
+            handle: h,
+            name: props.device_name_as_c_str().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default(),
+            device_type: props.device_type,
+            vendor_id: props.vendor_id,
+            queue_family: family as u32,
+            limits: props.limits,
+            subgroup_size: subgroup.subgroup_size.max(1),
+            storage_16bit: f11.storage_buffer16_bit_access == vk::TRUE,
+            driver_version: props.driver_version,
+            timestamps: q.timestamp_valid_bits > 0,
+        });
+    }
+    devices.sort_by_key(|d| type_rank(d.device_type));
+    if devices.is_empty() {
+        return Err("no Vulkan 1.2 device with a compute queue".into());
+    }
+    select(devices, std::env::var(DEVICE_VAR).ok().as_deref())
+}
+
+/// Narrows `devices` to the one `choice` names (an index into the list, or a case-insensitive
+/// part of a name); `None` keeps them all.
+pub fn select(devices: Vec<PhysicalInfo>, choice: Option<&str>) -> Result<Vec<PhysicalInfo>, String> {
+    let Some(choice) = choice.map(str::trim).filter(|c| !c.is_empty()) else { return Ok(devices) };
+    let names: Vec<&str> = devices.iter().map(|d| d.name.as_str()).collect();
+    let picked = match choice.parse::<usize>() {
+        Ok(i) => devices
+            .get(i)
+            .cloned()
+            .ok_or_else(|| format!("{DEVICE_VAR}={choice}: there are {} Vulkan device(s): {names:?}", devices.len()))?,
+        Err(_) => {
+            let lower = choice.to_ascii_lowercase();
+            devices.iter().find(|d| d.name.to_ascii_lowercase().contains(&lower)).cloned().ok_or_else(|| {
+                format!("{DEVICE_VAR}={choice}: no Vulkan device is named like it; there are {names:?}")
+            })?
+        }
+    };
+    Ok(vec![picked])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dev(name: &str, t: vk::PhysicalDeviceType) -> PhysicalInfo {
+        PhysicalInfo {
+            handle: vk::PhysicalDevice::null(),
+            name: name.into(),
+            device_type: t,
+            vendor_id: 0x10DE,
+            queue_family: 0,
+            limits: vk::PhysicalDeviceLimits::default(),
+            subgroup_size: 32,
+            storage_16bit: true,
+            driver_version: 0,
+            timestamps: true,
+        }
+    }
+
+    #[test]
+    fn the_device_variable_picks_by_index_or_name_and_names_itself_when_wrong() {
+        let all = || {
+            vec![
+                dev("NVIDIA H100 80GB HBM3", vk::PhysicalDeviceType::DISCRETE_GPU),
+                dev("llvmpipe (LLVM 15.0.6, 256 bits)", vk::PhysicalDeviceType::CPU),
+            ]
+        };
+        assert_eq!(select(all(), None).unwrap().len(), 2);
+        assert_eq!(select(all(), Some("1")).unwrap()[0].name, "llvmpipe (LLVM 15.0.6, 256 bits)");
+        assert_eq!(select(all(), Some("h100")).unwrap()[0].name, "NVIDIA H100 80GB HBM3");
+        let e = select(all(), Some("7")).unwrap_err();
+        assert!(e.contains(DEVICE_VAR) && e.contains("2 Vulkan device"), "{e}");
+        let e = select(all(), Some("radeon")).unwrap_err();
+        assert!(e.contains("radeon") && e.contains("llvmpipe"), "{e}");
+    }
+
+    #[test]
+    fn discrete_devices_come_first() {
+        assert!(type_rank(vk::PhysicalDeviceType::DISCRETE_GPU) < type_rank(vk::PhysicalDeviceType::CPU));
+        assert_eq!(dev("x", vk::PhysicalDeviceType::CPU).arch(), "nvidia");
+    }
+}

@@ -1,0 +1,464 @@
+//! One opened Vulkan device: the logical device with its compute queue, the memory allocator
+//! (`gpu-allocator`: sub-allocated device-local memory, host-visible staging buffers), the
+//! compute pipelines of the SPIR-V that `build.rs` made, and the recorder every op's commands go
+//! through.
+//!
+//! Submission is synchronous in this first version: [`Gpu::run`] records one command buffer,
+//! submits it and waits for its fence, so a buffer dropped after an op returns is free to go
+//! (no deferred frees yet) and descriptor sets are reset after each submission.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use ash::vk;
+use gpu_allocator::MemoryLocation;
+use gpu_allocator::vulkan::{Allocation, AllocationCreateDesc, AllocationScheme, Allocator, AllocatorCreateDesc};
+use tefl_core::{Device, DeviceKind, Error, Result};
+
+use crate::context::{Instance, PhysicalInfo, instance};
+
+include!(concat!(env!("OUT_DIR"), "/shaders.rs"));
+
+/// Descriptor sets one submission may allocate, and storage-buffer descriptors among them.
+const MAX_SETS: u32 = 256;
+const MAX_STORAGE_DESCRIPTORS: u32 = 2048;
+
+/// A failure of a Vulkan call on `device`.
+pub(crate) fn vk_error(device: Device, what: &str, e: vk::Result) -> Error {
+    if e == vk::Result::ERROR_OUT_OF_DEVICE_MEMORY || e == vk::Result::ERROR_OUT_OF_HOST_MEMORY {
+        return Error::OutOfMemory { device: device.to_string(), bytes: 0, what: format!("{what} ({e})") };
+    }
+    Error::DeviceFailure { device: device.to_string(), reason: format!("{what}: {e}") }
+}
+
+/// A compute pipeline and its layouts.
+pub struct Pipeline {
+    set_layout: vk::DescriptorSetLayout,
+    layout: vk::PipelineLayout,
+    pipeline: vk::Pipeline,
+    bindings: u32,
+    push_bytes: u32,
+}
+
+/// The command buffer, fence and descriptor pool of the device's queue.
+struct Submitter {
+    queue: vk::Queue,
+    /// The pool `cmd` comes from (lives as long as the device).
+    _pool: vk::CommandPool,
+    cmd: vk::CommandBuffer,
+    fence: vk::Fence,
+    descriptors: vk::DescriptorPool,
+}
+
+/// An opened device.
+pub struct Gpu {
+    /// The tefl device.
+    pub device_id: Device,
+    /// What tefl knows of the physical device.
+    pub physical: PhysicalInfo,
+    /// The logical device.
+    pub device: ash::Device,
+    allocator: Mutex<Allocator>,
+    submitter: Mutex<Submitter>,
+    pipelines: Mutex<HashMap<String, Arc<Pipeline>>>,
+}
+
+// SAFETY: every Vulkan object that needs external synchronisation (the queue, the command pool
+// and buffer, the descriptor pool, the allocator) is used under its mutex; the device handle and
+// pipelines may be used from any thread.
+unsafe impl Send for Gpu {}
+// SAFETY: as above.
+unsafe impl Sync for Gpu {}
+
+/// The opened device of a tefl Vulkan device (opened on first use).
+pub fn gpu(device: Device) -> Result<Arc<Gpu>> {
+    let unavailable = |reason: String| Error::DeviceUnavailable { device: device.to_string(), reason };
+    if device.kind != DeviceKind::VULKAN {
+        return Err(Error::Tensor(format!("{device} is not a Vulkan device")));
+    }
+    let inst = instance().map_err(unavailable)?;
+    let i = device.ordinal as usize;
+    let Some(physical) = inst.devices.get(i) else {
+        return Err(unavailable(format!("only {} Vulkan device(s)", inst.devices.len())));
+    };
+    let mut opened = inst.opened.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(g) = &opened[i] {
+        return Ok(g.clone());
+    }
+    let g = Arc::new(Gpu::open(inst, device, physical.clone())?);
+    opened[i] = Some(g.clone());
+    Ok(g)
+}
+
+impl Gpu {
+    fn open(inst: &Instance, device_id: Device, physical: PhysicalInfo) -> Result<Gpu> {
+        let err = |what: &str, e: vk::Result| vk_error(device_id, what, e);
+        let priorities = [1.0f32];
+        let queues = [vk::DeviceQueueCreateInfo::default()
+            .queue_family_index(physical.queue_family)
+            .queue_priorities(&priorities)];
+        let info = vk::DeviceCreateInfo::default().queue_create_infos(&queues);
+        // SAFETY: the physical device belongs to the live instance; `info` outlives the call.
+        let device = unsafe { inst.instance.create_device(physical.handle, &info, None) }
+            .map_err(|e| err("vkCreateDevice", e))?;
+        let allocator = Allocator::new(&AllocatorCreateDesc {
+            instance: inst.instance.clone(),
+            device: device.clone(),
+            physical_device: physical.handle,
+            debug_settings: Default::default(),
+            buffer_device_address: false,
+            allocation_sizes: Default::default(),
+        })
+        .map_err(|e| Error::DeviceFailure { device: device_id.to_string(), reason: format!("gpu-allocator: {e}") })?;
+        // SAFETY: the device is live; each object created here is owned by the returned Gpu.
+        let submitter = unsafe {
+            let queue = device.get_device_queue(physical.queue_family, 0);
+            let pool = device
+                .create_command_pool(
+                    &vk::CommandPoolCreateInfo::default()
+                        .queue_family_index(physical.queue_family)
+                        .flags(vk::CommandPoolCreateFlags::RESET_COMMAND_BUFFER),
+                    None,
+                )
+                .map_err(|e| err("vkCreateCommandPool", e))?;
+            let cmd = device
+                .allocate_command_buffers(
+                    &vk::CommandBufferAllocateInfo::default()
+                        .command_pool(pool)
+                        .level(vk::CommandBufferLevel::PRIMARY)
+                        .command_buffer_count(1),
+                )
+                .map_err(|e| err("vkAllocateCommandBuffers", e))?[0];
+            let fence =
+                device.create_fence(&vk::FenceCreateInfo::default(), None).map_err(|e| err("vkCreateFence", e))?;
+            let sizes = [vk::DescriptorPoolSize {
+                ty: vk::DescriptorType::STORAGE_BUFFER,
+                descriptor_count: MAX_STORAGE_DESCRIPTORS,
+            }];
+            let descriptors = device
+                .create_descriptor_pool(
+                    &vk::DescriptorPoolCreateInfo::default().max_sets(MAX_SETS).pool_sizes(&sizes),
+                    None,
+                )
+                .map_err(|e| err("vkCreateDescriptorPool", e))?;
+            Submitter { queue, _pool: pool, cmd, fence, descriptors }
+        };
+        Ok(Gpu {
+            device_id,
+            physical,
+            device,
+            allocator: Mutex::new(allocator),
+            submitter: Mutex::new(submitter),
+            pipelines: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// A buffer of `bytes` bytes (rounded up to whole 32-bit words, at least one) in `location`.
+    pub(crate) fn create_buffer(
+        &self,
+        bytes: usize,
+        location: MemoryLocation,
+    ) -> Result<(vk::Buffer, Allocation, u64)> {
+        let dev = self.device_id;
+        let size = (bytes.max(4).div_ceil(4) * 4) as u64;
+        let info = vk::BufferCreateInfo::default()
+            .size(size)
+            .usage(
+                vk::BufferUsageFlags::STORAGE_BUFFER
+                    | vk::BufferUsageFlags::TRANSFER_SRC
+                    | vk::BufferUsageFlags::TRANSFER_DST,
+            )
+            .sharing_mode(vk::SharingMode::EXCLUSIVE);
+        // SAFETY: the device is live; `info` outlives the call.
+        let buffer =
+            unsafe { self.device.create_buffer(&info, None) }.map_err(|e| vk_error(dev, "vkCreateBuffer", e))?;
+        // SAFETY: `buffer` is a live buffer of this device.
+        let requirements = unsafe { self.device.get_buffer_memory_requirements(buffer) };
+        let allocation = self.allocator.lock().unwrap_or_else(|p| p.into_inner()).allocate(&AllocationCreateDesc {
+            name: "tefl tensor",
+            requirements,
+            location,
+            linear: true,
+            allocation_scheme: AllocationScheme::GpuAllocatorManaged,
+        });
+        let allocation = match allocation {
+            Ok(a) => a,
+            Err(e) => {
+                // SAFETY: the buffer was never bound or used.
+                unsafe { self.device.destroy_buffer(buffer, None) };
+                return Err(match e {
+                    gpu_allocator::AllocationError::OutOfMemory => {
+                        Error::OutOfMemory { device: dev.to_string(), bytes, what: "a Vulkan buffer".into() }
+                    }
+                    e => Error::DeviceFailure { device: dev.to_string(), reason: format!("gpu-allocator: {e}") },
+                });
+            }
+        };
+        // SAFETY: the allocation satisfies the buffer's requirements (asked for with them) and is
+        // bound once, before any use.
+        let bound = unsafe { self.device.bind_buffer_memory(buffer, allocation.memory(), allocation.offset()) };
+        if let Err(e) = bound {
+            self.destroy_buffer(buffer, allocation);
+            return Err(vk_error(dev, "vkBindBufferMemory", e));
+        }
+        Ok((buffer, allocation, size))
+    }
+
+    /// Destroys a buffer and frees its memory (no command using it may be pending: submissions
+    /// are synchronous).
+    pub(crate) fn destroy_buffer(&self, buffer: vk::Buffer, allocation: Allocation) {
+        // SAFETY: the buffer is this device's and no pending command uses it.
+        unsafe { self.device.destroy_buffer(buffer, None) };
+        let _ = self.allocator.lock().unwrap_or_else(|p| p.into_inner()).free(allocation);
+    }
+
+    /// The pipeline of the shader variant `name` with `bindings` storage buffers and
+    /// `push_bytes` bytes of push constants (created once).
+    pub fn pipeline(&self, name: &str, bindings: u32, push_bytes: u32) -> Result<Arc<Pipeline>> {
+        let dev = self.device_id;
+        let mut map = self.pipelines.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = map.get(name) {
+            return Ok(p.clone());
+        }
+        let spirv = SHADERS.iter().find(|(n, _)| *n == name).map(|(_, b)| *b).ok_or_else(|| Error::DeviceFailure {
+            device: dev.to_string(),
+            reason: format!("no shader variant {name}"),
+        })?;
+        let words = ash::util::read_spv(&mut std::io::Cursor::new(spirv))
+            .map_err(|e| Error::DeviceFailure { device: dev.to_string(), reason: format!("{name}: {e}") })?;
+        let err = |what: &str, e: vk::Result| vk_error(dev, &format!("{what} ({name})"), e);
+        let layout_bindings: Vec<vk::DescriptorSetLayoutBinding<'_>> = (0..bindings)
+            .map(|b| {
+                vk::DescriptorSetLayoutBinding::default()
+                    .binding(b)
+                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                    .descriptor_count(1)
+                    .stage_flags(vk::ShaderStageFlags::COMPUTE)
+            })
+            .collect();
+        let ranges = [vk::PushConstantRange::default().stage_flags(vk::ShaderStageFlags::COMPUTE).size(push_bytes)];
+        // SAFETY: the device is live; every create-info outlives its call; the module is
+        // destroyed after the pipeline is made from it.
+        unsafe {
+            let module = self
+                .device
+                .create_shader_module(&vk::ShaderModuleCreateInfo::default().code(&words), None)
+                .map_err(|e| err("vkCreateShaderModule", e))?;
+            let set_layout = self
+                .device
+                .create_descriptor_set_layout(
+                    &vk::DescriptorSetLayoutCreateInfo::default().bindings(&layout_bindings),
+                    None,
+                )
+                .map_err(|e| err("vkCreateDescriptorSetLayout", e))?;
+            let set_layouts = [set_layout];
+            let mut layout_info = vk::PipelineLayoutCreateInfo::default().set_layouts(&set_layouts);
+            if push_bytes > 0 {
+                layout_info = layout_info.push_constant_ranges(&ranges);
+            }
+            let layout =
+                self.device.create_pipeline_layout(&layout_info, None).map_err(|e| err("vkCreatePipelineLayout", e))?;
+            let stage = vk::PipelineShaderStageCreateInfo::default()
+                .stage(vk::ShaderStageFlags::COMPUTE)
+                .module(module)
+                .name(c"main");
+            let info = [vk::ComputePipelineCreateInfo::default().stage(stage).layout(layout)];
+            let made = self.device.create_compute_pipelines(vk::PipelineCache::null(), &info, None);
+            self.device.destroy_shader_module(module, None);
+            let pipeline = made.map_err(|(_, e)| err("vkCreateComputePipelines", e))?[0];
+            let p = Arc::new(Pipeline { set_layout, layout, pipeline, bindings, push_bytes });
+            map.insert(name.to_string(), p.clone());
+            Ok(p)
+        }
+    }
+
+    /// Records the commands `record` adds, submits them and waits for them to finish.
+    pub(crate) fn run(&self, record: impl FnOnce(&mut Recorder<'_>) -> Result<()>) -> Result<()> {
+        let dev = self.device_id;
+        let s = self.submitter.lock().unwrap_or_else(|p| p.into_inner());
+        let err = |what: &str, e: vk::Result| vk_error(dev, what, e);
+        // SAFETY: the command buffer, fence and descriptor pool are used only under the
+        // submitter's lock; the previous submission was waited for, so resetting them is allowed.
+        unsafe {
+            self.device
+                .reset_descriptor_pool(s.descriptors, vk::DescriptorPoolResetFlags::empty())
+                .map_err(|e| err("vkResetDescriptorPool", e))?;
+            self.device
+                .reset_command_buffer(s.cmd, vk::CommandBufferResetFlags::empty())
+                .map_err(|e| err("vkResetCommandBuffer", e))?;
+            self.device
+                .begin_command_buffer(
+                    s.cmd,
+                    &vk::CommandBufferBeginInfo::default().flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT),
+                )
+                .map_err(|e| err("vkBeginCommandBuffer", e))?;
+        }
+        let mut rec = Recorder { gpu: self, cmd: s.cmd, pool: s.descriptors, commands: 0 };
+        let recorded = record(&mut rec);
+        // SAFETY: the command buffer is in the recording state (begun above).
+        let ended = unsafe { self.device.end_command_buffer(s.cmd) }.map_err(|e| err("vkEndCommandBuffer", e));
+        recorded?;
+        ended?;
+        if rec.commands == 0 {
+            return Ok(());
+        }
+        let cmds = [s.cmd];
+        let submit = [vk::SubmitInfo::default().command_buffers(&cmds)];
+        // SAFETY: the queue and fence are used under the lock; the command buffer is executable;
+        // the fence is unsignalled (reset after each wait).
+        unsafe {
+            self.device.queue_submit(s.queue, &submit, s.fence).map_err(|e| err("vkQueueSubmit", e))?;
+            let waited = self.device.wait_for_fences(&[s.fence], true, u64::MAX).map_err(|e| err("vkWaitForFences", e));
+            self.device.reset_fences(&[s.fence]).map_err(|e| err("vkResetFences", e))?;
+            waited
+        }
+    }
+
+    /// Waits until the device's queue is idle.
+    pub(crate) fn wait_idle(&self) -> Result<()> {
+        let s = self.submitter.lock().unwrap_or_else(|p| p.into_inner());
+        // SAFETY: the queue is used under the submitter's lock.
+        unsafe { self.device.queue_wait_idle(s.queue) }.map_err(|e| vk_error(self.device_id, "vkQueueWaitIdle", e))
+    }
+}
+
+/// A storage buffer bound to a dispatch: the buffer and its size in bytes.
+#[derive(Clone, Copy)]
+pub struct Binding {
+    /// The buffer.
+    pub buffer: vk::Buffer,
+    /// Its size (whole words).
+    pub size: u64,
+}
+
+/// Records one submission's commands, with a full memory barrier between consecutive ones.
+pub struct Recorder<'a> {
+    gpu: &'a Gpu,
+    cmd: vk::CommandBuffer,
+    pool: vk::DescriptorPool,
+    commands: usize,
+}
+
+impl Recorder<'_> {
+    /// Makes every earlier command's writes visible to the next command.
+    fn barrier(&mut self) {
+        if self.commands > 0 {
+            let all = vk::AccessFlags::SHADER_READ
+                | vk::AccessFlags::SHADER_WRITE
+                | vk::AccessFlags::TRANSFER_READ
+                | vk::AccessFlags::TRANSFER_WRITE;
+            let barrier = [vk::MemoryBarrier::default().src_access_mask(all).dst_access_mask(all)];
+            let stages = vk::PipelineStageFlags::COMPUTE_SHADER | vk::PipelineStageFlags::TRANSFER;
+            // SAFETY: the command buffer is recording; the barrier struct outlives the call.
+            unsafe {
+                self.gpu.device.cmd_pipeline_barrier(
+                    self.cmd,
+                    stages,
+                    stages,
+                    vk::DependencyFlags::empty(),
+                    &barrier,
+                    &[],
+                    &[],
+                )
+            };
+        }
+        self.commands += 1;
+    }
+
+    /// Fills a whole buffer with a repeated byte.
+    pub fn fill(&mut self, dst: Binding, byte: u8) {
+        self.barrier();
+        let word = u32::from_ne_bytes([byte; 4]);
+        // SAFETY: the command buffer is recording; `dst` is a live buffer of this device.
+        unsafe { self.gpu.device.cmd_fill_buffer(self.cmd, dst.buffer, 0, vk::WHOLE_SIZE, word) };
+    }
+
+    /// Copies `bytes` bytes from the start of `src` to the start of `dst`.
+    pub fn copy(&mut self, src: vk::Buffer, dst: vk::Buffer, bytes: u64) {
+        if bytes == 0 {
+            return;
+        }
+        self.barrier();
+        let region = [vk::BufferCopy { src_offset: 0, dst_offset: 0, size: bytes }];
+        // SAFETY: the command buffer is recording; both buffers are live and hold `bytes` bytes.
+        unsafe { self.gpu.device.cmd_copy_buffer(self.cmd, src, dst, &region) };
+    }
+
+    /// Dispatches `groups` workgroups of `pipeline` with `bindings` (in binding order) and the
+    /// push constants `push`.
+    pub fn dispatch(
+        &mut self,
+        pipeline: &Pipeline,
+        bindings: &[Binding],
+        push: &[u8],
+        groups: (u32, u32, u32),
+    ) -> Result<()> {
+        let dev = self.gpu.device_id;
+        if bindings.len() != pipeline.bindings as usize || push.len() != pipeline.push_bytes as usize {
+            return Err(Error::DeviceFailure {
+                device: dev.to_string(),
+                reason: format!(
+                    "a dispatch with {} bindings and {} push bytes for a pipeline of {} and {}",
+                    bindings.len(),
+                    push.len(),
+                    pipeline.bindings,
+                    pipeline.push_bytes
+                ),
+            });
+        }
+        if groups.0 == 0 || groups.1 == 0 || groups.2 == 0 {
+            return Ok(());
+        }
+        let layouts = [pipeline.set_layout];
+        // SAFETY: the pool is used under the submitter's lock (held by `Gpu::run`); the layout is
+        // live.
+        let set = unsafe {
+            self.gpu
+                .device
+                .allocate_descriptor_sets(
+                    &vk::DescriptorSetAllocateInfo::default().descriptor_pool(self.pool).set_layouts(&layouts),
+                )
+                .map_err(|e| vk_error(dev, "vkAllocateDescriptorSets (too many dispatches in one submission?)", e))?[0]
+        };
+        let infos: Vec<[vk::DescriptorBufferInfo; 1]> = bindings
+            .iter()
+            .map(|b| [vk::DescriptorBufferInfo { buffer: b.buffer, offset: 0, range: b.size }])
+            .collect();
+        let writes: Vec<vk::WriteDescriptorSet<'_>> = infos
+            .iter()
+            .enumerate()
+            .map(|(i, info)| {
+                vk::WriteDescriptorSet::default()
+                    .dst_set(set)
+                    .dst_binding(i as u32)
+                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                    .buffer_info(info)
+            })
+            .collect();
+        self.barrier();
+        // SAFETY: the set was just allocated and is not in use; the buffers are live; the command
+        // buffer is recording; push constants match the pipeline layout's range (checked above).
+        unsafe {
+            self.gpu.device.update_descriptor_sets(&writes, &[]);
+            self.gpu.device.cmd_bind_pipeline(self.cmd, vk::PipelineBindPoint::COMPUTE, pipeline.pipeline);
+            self.gpu.device.cmd_bind_descriptor_sets(
+                self.cmd,
+                vk::PipelineBindPoint::COMPUTE,
+                pipeline.layout,
+                0,
+                &[set],
+                &[],
+            );
+            if !push.is_empty() {
+                self.gpu.device.cmd_push_constants(self.cmd, pipeline.layout, vk::ShaderStageFlags::COMPUTE, 0, push);
+            }
+            self.gpu.device.cmd_dispatch(self.cmd, groups.0, groups.1, groups.2);
+        }
+        Ok(())
+    }
+}
+
+/// Every shader variant's name (tests).
+pub fn shader_names() -> impl Iterator<Item = &'static str> {
+    SHADERS.iter().map(|(n, _)| *n)
+}

@@ -1,0 +1,43 @@
+//! The Vulkan backend's ops, registered as `default.vulkan` (kind default: the routing tokens
+//! `flagos` and `default` select it). So far it serves the norms, the activations (with the dbias forms) and the softmax family; the other
+//! families follow (docs/coverage.md shows what is registered).
+
+pub mod activation;
+pub mod norm;
+pub mod softmax;
+
+use tefl_core::catalogue::*;
+
+tefl_core::register_backend! {
+    impl_id: crate::IMPL_ID, kind: Default, vendor: crate::vendor::VENDOR, device: tefl_core::DeviceKind::VULKAN,
+    available: crate::availability,
+    ops: {
+        floats {
+            RmsNormFwd => norm::rmsnorm_fwd; RmsNormBwd => norm::rmsnorm_bwd; RmsNormBwdAdd => norm::rmsnorm_bwd_add;
+            LayerNormFwd => norm::layernorm_fwd; LayerNormBwd => norm::layernorm_bwd;
+            Gelu => activation::gelu; DGelu => activation::dgelu;
+            Qgelu => activation::qgelu; DQgelu => activation::dqgelu;
+            Relu => activation::relu; DRelu => activation::drelu;
+            Srelu => activation::srelu; DSrelu => activation::dsrelu;
+            Silu => activation::silu; DSilu => activation::dsilu;
+            Geglu => activation::geglu; DGeglu => activation::dgeglu;
+            Qgeglu => activation::qgeglu; DQgeglu => activation::dqgeglu;
+            Reglu => activation::reglu; DReglu => activation::dreglu;
+            Sreglu => activation::sreglu; DSreglu => activation::dsreglu;
+            Swiglu => activation::swiglu; DSwiglu => activation::dswiglu;
+            ClampedSwiglu => activation::clamped_swiglu; ClampedDSwiglu => activation::clamped_dswiglu;
+            DBiasDGelu => activation::dbias_dgelu; DBiasDQgelu => activation::dbias_dqgelu;
+            DBiasDRelu => activation::dbias_drelu; DBiasDSrelu => activation::dbias_dsrelu;
+            DBiasDSilu => activation::dbias_dsilu;
+            ScaledSoftmaxForward => softmax::scaled_softmax_forward;
+            ScaledMaskedSoftmaxForward => softmax::scaled_masked_softmax_forward;
+            ScaledUpperTriangMaskedSoftmaxForward => softmax::scaled_upper_triang_masked_softmax_forward;
+            ScaledAlignedCausalMaskedSoftmaxForward => softmax::scaled_aligned_causal_masked_softmax_forward;
+            ScaledSoftmaxBackward => softmax::scaled_softmax_backward;
+            ScaledMaskedSoftmaxBackward => softmax::scaled_masked_softmax_backward;
+            ScaledUpperTriangMaskedSoftmaxBackward => softmax::scaled_upper_triang_masked_softmax_backward;
+            ScaledAlignedCausalMaskedSoftmaxBackward => softmax::scaled_aligned_causal_masked_softmax_backward;
+        }
+        any {}
+    }
+}

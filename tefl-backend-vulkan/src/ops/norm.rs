@@ -1,0 +1,262 @@
+//! RMSNorm and LayerNorm on Vulkan (`shaders/norm.wgsl`): forward and backward, a workgroup
+//! per row (two for a 16-bit output row of odd length), the row statistics reduced in shared
+//! memory. The backward writes dx and per-workgroup partial column sums of dy·x̂ and dy into an
+//! f32 workspace, which a last pass sums into dgamma and dbeta (gamma's dtype).
+
+use tefl_core::catalogue::*;
+use tefl_core::{DType, Error, KernelCtx, Result, Tensor};
+
+use crate::gpu::{Binding, gpu};
+use crate::runtime;
+
+/// Bytes of the shader's push constants (fourteen 32-bit fields).
+const PUSH_BYTES: u32 = 56;
+/// The most workgroups one dispatch asks for (the shader strides over the rest).
+const MAX_GROUPS: u32 = 65535;
+/// The most workgroups (rows of partial column sums) of a backward.
+const MAX_PARTS: usize = 256;
+
+fn code(op: &'static str, arg: &'static str, d: DType) -> Result<u32> {
+    Ok(match d {
+        DType::F32 => 0,
+        DType::F16 => 1,
+        DType::BF16 => 2,
+        other => return Err(Error::DType { op, arg, got: other, expected: "f32, f16 or bf16".into() }),
+    })
+}
+
+/// Every field of the shader's `Params`.
+#[derive(Default, Clone, Copy)]
+struct Params {
+    stage: u32,
+    rows: u32,
+    n: u32,
+    rpg: u32,
+    tx: u32,
+    tg: u32,
+    ta: u32,
+    tadd: u32,
+    to: u32,
+    zero_centered: u32,
+    has_add: u32,
+    parts: u32,
+    ws_offset: u32,
+    eps: f32,
+}
+
+impl Params {
+    fn bytes(&self) -> Vec<u8> {
+        let ints = [
+            self.stage,
+            self.rows,
+            self.n,
+            self.rpg,
+            self.tx,
+            self.tg,
+            self.ta,
+            self.tadd,
+            self.to,
+            self.zero_centered,
+            self.has_add,
+            self.parts,
+            self.ws_offset,
+        ];
+        let mut v: Vec<u8> = ints.iter().flat_map(|i| i.to_le_bytes()).collect();
+        v.extend_from_slice(&self.eps.to_le_bytes());
+        v
+    }
+}
+
+/// The tensors bound to the shader (`x`, `gamma`, aux (beta or dy), add, mu, rsigma, out, ws);
+/// an absent one is bound as `x`.
+struct Binds<'a> {
+    x: &'a Tensor,
+    gamma: &'a Tensor,
+    aux: Option<&'a Tensor>,
+    add: Option<&'a Tensor>,
+    mu: Option<&'a Tensor>,
+    rs: &'a Tensor,
+    out: &'a Tensor,
+    ws: Option<&'a Tensor>,
+}
+
+impl Binds<'_> {
+    fn bindings(&self, out: Option<&Tensor>) -> Result<[Binding; 8]> {
+        let rt = runtime::global();
+        let b = |t: &Tensor| rt.buffer(t.buffer().as_ref()).map(|b| b.binding());
+        Ok([
+            b(self.x)?,
+            b(self.gamma)?,
+            b(self.aux.unwrap_or(self.x))?,
+            b(self.add.unwrap_or(self.x))?,
+            b(self.mu.unwrap_or(self.rs))?,
+            b(self.rs)?,
+            b(out.unwrap_or(self.out))?,
+            b(self.ws.unwrap_or(self.rs))?,
+        ])
+    }
+}
+
+fn too_big(op: &'static str, ctx: &KernelCtx<'_>, what: usize) -> Error {
+    Error::Unsupported {
+        op,
+        impl_id: ctx.impl_id.to_string(),
+        reason: format!("{what} elements; the Vulkan shaders index with 32 bits"),
+    }
+}
+
+fn rpg(out: DType, n: usize) -> usize {
+    if out != DType::F32 && n % 2 == 1 { 2 } else { 1 }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn forward(
+    op: &'static str,
+    ctx: &KernelCtx<'_>,
+    layer: bool,
+    x: &Tensor,
+    gamma: &Tensor,
+    beta: Option<&Tensor>,
+    eps: f32,
+    zero_centered: bool,
+    out_dtype: DType,
+) -> Result<(Tensor, Option<Tensor>, Tensor)> {
+    let (rows, n) = (x.rows(), x.last_dim());
+    let y = Tensor::uninit(x.shape(), out_dtype, &ctx.device)?;
+    let mu = if layer { Some(Tensor::uninit([rows], DType::F32, &ctx.device)?) } else { None };
+    let rsigma = Tensor::uninit([rows], DType::F32, &ctx.device)?;
+    if rows == 0 {
+        return Ok((y, mu, rsigma));
+    }
+    if x.numel() >= (1usize << 31) {
+        return Err(too_big(op, ctx, x.numel()));
+    }
+    let rpg = rpg(out_dtype, n);
+    let p = Params {
+        stage: u32::from(layer),
+        rows: rows as u32,
+        n: n as u32,
+        rpg: rpg as u32,
+        tx: code(op, "x", x.dtype())?,
+        tg: code(op, "gamma", gamma.dtype())?,
+        ta: beta.map(|b| code(op, "beta", b.dtype())).transpose()?.unwrap_or(0),
+        to: code(op, "out_dtype", out_dtype)?,
+        zero_centered: u32::from(zero_centered),
+        eps,
+        ..Default::default()
+    };
+    let binds = Binds { x, gamma, aux: beta, add: None, mu: mu.as_ref(), rs: &rsigma, out: &y, ws: None };
+    let wg = crate::heuristics::elementwise_workgroup(ctx.device)?;
+    let gpu = gpu(ctx.device)?;
+    let pipeline = gpu.pipeline(&format!("norm.wg={wg}"), 8, PUSH_BYTES)?;
+    let bindings = binds.bindings(None)?;
+    let groups = (rows.div_ceil(rpg) as u32).clamp(1, MAX_GROUPS);
+    gpu.run(|r| r.dispatch(&pipeline, &bindings, &p.bytes(), (groups, 1, 1)))?;
+    Ok((y, mu, rsigma))
+}
+
+/// The backward's outputs: dx, dgamma and (LayerNorm) dbeta.
+#[allow(clippy::too_many_arguments)]
+fn backward(
+    op: &'static str,
+    ctx: &KernelCtx<'_>,
+    dy: &Tensor,
+    x: &Tensor,
+    mu: Option<&Tensor>,
+    rsigma: &Tensor,
+    gamma: &Tensor,
+    add: Option<&Tensor>,
+    zero_centered: bool,
+) -> Result<(Tensor, Tensor, Option<Tensor>)> {
+    let layer = mu.is_some();
+    let (rows, n) = (x.rows(), x.last_dim());
+    let dev = ctx.device;
+    let dx = Tensor::uninit(x.shape(), x.dtype(), &dev)?;
+    if rows == 0 || n == 0 {
+        let dgamma = Tensor::zeros(gamma.shape(), gamma.dtype(), &dev)?;
+        let dbeta = if layer { Some(Tensor::zeros(gamma.shape(), gamma.dtype(), &dev)?) } else { None };
+        return Ok((dx, dgamma, dbeta));
+    }
+    if x.numel() >= (1usize << 31) {
+        return Err(too_big(op, ctx, x.numel()));
+    }
+    let dgamma = Tensor::uninit(gamma.shape(), gamma.dtype(), &dev)?;
+    let dbeta = if layer { Some(Tensor::uninit(gamma.shape(), gamma.dtype(), &dev)?) } else { None };
+    let rpg = rpg(x.dtype(), n);
+    let parts = rows.div_ceil(rpg).min(MAX_PARTS);
+    if 2 * parts * n >= (1usize << 31) {
+        return Err(too_big(op, ctx, 2 * parts * n));
+    }
+    let ws = Tensor::uninit([2, parts, n], DType::F32, &dev)?;
+    let p = Params {
+        stage: if layer { 3 } else { 2 },
+        rows: rows as u32,
+        n: n as u32,
+        rpg: rpg as u32,
+        tx: code(op, "x", x.dtype())?,
+        tg: code(op, "gamma", gamma.dtype())?,
+        ta: code(op, "dy", dy.dtype())?,
+        tadd: add.map(|a| code(op, "add", a.dtype())).transpose()?.unwrap_or(0),
+        to: code(op, "x", x.dtype())?,
+        zero_centered: u32::from(zero_centered),
+        has_add: u32::from(add.is_some()),
+        parts: parts as u32,
+        ..Default::default()
+    };
+    let binds = Binds { x, gamma, aux: Some(dy), add, mu, rs: rsigma, out: &dx, ws: Some(&ws) };
+    let wg = crate::heuristics::elementwise_workgroup(ctx.device)?;
+    let gpu = gpu(dev)?;
+    let pipeline = gpu.pipeline(&format!("norm.wg={wg}"), 8, PUSH_BYTES)?;
+    let main = binds.bindings(None)?;
+    let finish = |offset: usize| Params { stage: 4, to: p.tg, ws_offset: offset as u32, ..p };
+    let to_dgamma = binds.bindings(Some(&dgamma))?;
+    let to_dbeta = dbeta.as_ref().map(|b| binds.bindings(Some(b))).transpose()?;
+    let per_word = if gamma.dtype() == DType::F32 { 1 } else { 2 };
+    let col_groups = (n.div_ceil(per_word) as u32).div_ceil(wg).clamp(1, MAX_GROUPS);
+    gpu.run(|r| {
+        r.dispatch(&pipeline, &main, &p.bytes(), (parts as u32, 1, 1))?;
+        r.dispatch(&pipeline, &to_dgamma, &finish(0).bytes(), (col_groups, 1, 1))?;
+        if let Some(b) = &to_dbeta {
+            r.dispatch(&pipeline, b, &finish(parts * n).bytes(), (col_groups, 1, 1))?;
+        }
+        Ok(())
+    })?;
+    Ok((dx, dgamma, dbeta))
+}
+
+/// `rmsnorm_fwd`.
+pub fn rmsnorm_fwd(ctx: &KernelCtx<'_>, a: &RmsNormFwdArgs) -> Result<RmsNormFwdOut> {
+    let (y, _, rsigma) =
+        forward("rmsnorm_fwd", ctx, false, &a.x, &a.gamma, None, a.eps, a.zero_centered_gamma, a.out_dtype)?;
+    Ok(RmsNormFwdOut { y, rsigma })
+}
+
+/// `layernorm_fwd`.
+pub fn layernorm_fwd(ctx: &KernelCtx<'_>, a: &LayerNormFwdArgs) -> Result<LayerNormFwdOut> {
+    let (y, mu, rsigma) =
+        forward("layernorm_fwd", ctx, true, &a.x, &a.gamma, Some(&a.beta), a.eps, a.zero_centered_gamma, a.out_dtype)?;
+    let mu = mu.ok_or_else(|| Error::Tensor("layernorm_fwd: no mu".into()))?;
+    Ok(LayerNormFwdOut { y, mu, rsigma })
+}
+
+/// `rmsnorm_bwd`.
+pub fn rmsnorm_bwd(ctx: &KernelCtx<'_>, a: &RmsNormBwdArgs) -> Result<RmsNormBwdOut> {
+    let (dx, dgamma, _) =
+        backward("rmsnorm_bwd", ctx, &a.dy, &a.x, None, &a.rsigma, &a.gamma, None, a.zero_centered_gamma)?;
+    Ok(RmsNormBwdOut { dx, dgamma })
+}
+
+/// `rmsnorm_bwd_add`.
+pub fn rmsnorm_bwd_add(ctx: &KernelCtx<'_>, a: &RmsNormBwdAddArgs) -> Result<RmsNormBwdAddOut> {
+    let (dx, dgamma, _) =
+        backward("rmsnorm_bwd_add", ctx, &a.dy, &a.x, None, &a.rsigma, &a.gamma, Some(&a.add), a.zero_centered_gamma)?;
+    Ok(RmsNormBwdAddOut { dx, dgamma })
+}
+
+/// `layernorm_bwd`.
+pub fn layernorm_bwd(ctx: &KernelCtx<'_>, a: &LayerNormBwdArgs) -> Result<LayerNormBwdOut> {
+    let (dx, dgamma, dbeta) =
+        backward("layernorm_bwd", ctx, &a.dy, &a.x, Some(&a.mu), &a.rsigma, &a.gamma, None, a.zero_centered_gamma)?;
+    let dbeta = dbeta.ok_or_else(|| Error::Tensor("layernorm_bwd: no dbeta".into()))?;
+    Ok(LayerNormBwdOut { dx, dgamma, dbeta })
+}
