@@ -55,6 +55,15 @@ fn variants() -> Vec<Variant> {
             }
         }
     }
+    for (tx, cx) in DTYPES {
+        for wg in WORKGROUPS {
+            v.push(Variant {
+                shader: "rope",
+                files: &["rope.wgsl"],
+                consts: vec![("TX", tx.into(), cx), ("WG", wg.to_string(), wg)],
+            });
+        }
+    }
     for wg in WORKGROUPS {
         v.push(Variant {
             shader: "norm",

@@ -10,9 +10,16 @@ fn act(v: f32) -> f32 {
             return v * sigmoid(1.702 * v);
         }
         case 2u: {
+            // NaN first, on the bits: a driver may fold the select into a max that drops it.
+            if (is_nan(v)) {
+                return v;
+            }
             return select(v, 0.0, v < 0.0);
         }
         case 3u: {
+            if (is_nan(v)) {
+                return v;
+            }
             let r = select(v, 0.0, v < 0.0);
             return r * r;
         }
@@ -34,9 +41,15 @@ fn dact(v: f32) -> f32 {
         }
         case 2u: {
             // NaN stays NaN.
-            return select(select(0.0, v, is_nan(v)), 1.0, v > 0.0);
+            if (is_nan(v)) {
+                return v;
+            }
+            return select(0.0, 1.0, v > 0.0);
         }
         case 3u: {
+            if (is_nan(v)) {
+                return v;
+            }
             return 2.0 * select(v, 0.0, v < 0.0);
         }
         default: {

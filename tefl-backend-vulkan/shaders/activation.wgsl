@@ -29,14 +29,28 @@ fn ld_g(i: u32) -> f32 {
     return unpack(g[word_of(i, TG)], i, TG);
 }
 
+// NaN is tested first, on the bits, throughout: drivers may fold a compare-and-select into a
+// min or max that drops NaN, or evaluate an ordered comparison as unordered.
+
 // b clamped to [-limit, limit], NaN kept.
 fn clamp_keep_nan(b: f32, limit: f32) -> f32 {
-    return select(select(b, limit, b > limit), -limit, b < -limit);
+    if (is_nan(b)) {
+        return b;
+    }
+    return clamp(b, -limit, limit);
+}
+
+// min(a, limit), NaN kept.
+fn cap_keep_nan(a: f32, limit: f32) -> f32 {
+    if (is_nan(a)) {
+        return a;
+    }
+    return min(a, limit);
 }
 
 fn gated(a: f32, b: f32) -> f32 {
     if (p.act == 5u) {
-        let av = select(a, p.limit, a > p.limit);
+        let av = cap_keep_nan(a, p.limit);
         return av * sigmoid(p.alpha * av) * (clamp_keep_nan(b, p.limit) + 1.0);
     }
     return act(a) * b;
@@ -45,13 +59,23 @@ fn gated(a: f32, b: f32) -> f32 {
 // d out / d a (half 0) or d out / d b (half 1), times gv.
 fn dgated(a: f32, b: f32, gv: f32, half: u32) -> f32 {
     if (p.act == 5u) {
-        let av = select(a, p.limit, a > p.limit);
+        let av = cap_keep_nan(a, p.limit);
         let s = sigmoid(p.alpha * av);
         if (half == 0u) {
-            let dav = select(select(0.0, a, is_nan(a)), s + p.alpha * av * s * (1.0 - s), a < p.limit);
+            var dav = 0.0;
+            if (is_nan(a)) {
+                dav = a;
+            } else if (a < p.limit) {
+                dav = s + p.alpha * av * s * (1.0 - s);
+            }
             return gv * (clamp_keep_nan(b, p.limit) + 1.0) * dav;
         }
-        let dbv = select(select(0.0, b, is_nan(b)), 1.0, b >= -p.limit && b <= p.limit);
+        var dbv = 0.0;
+        if (is_nan(b)) {
+            dbv = b;
+        } else if (b >= -p.limit && b <= p.limit) {
+            dbv = 1.0;
+        }
         return gv * av * s * dbv;
     }
     if (half == 0u) {

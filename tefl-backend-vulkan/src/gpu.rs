@@ -50,6 +50,25 @@ struct Submitter {
     descriptors: vk::DescriptorPool,
 }
 
+/// Device-local buffers whose tensors were dropped, kept by size class for the next
+/// allocation of that class (allocating device memory is slow on real drivers: a fresh 256 MiB
+/// buffer per op costs milliseconds). Submissions are synchronous, so a returned buffer is idle.
+#[derive(Default)]
+struct BufferPool {
+    free: HashMap<u64, Vec<(vk::Buffer, Allocation)>>,
+    bytes: u64,
+}
+
+/// The most bytes the pool keeps idle.
+const POOL_LIMIT: u64 = 4 << 30;
+
+/// The size a buffer of `bytes` is made with: whole words, powers of two up to 1 MiB, then
+/// whole MiB (so buffers of similar sizes are reused).
+pub(crate) fn size_class(bytes: usize) -> u64 {
+    let b = (bytes.max(4).div_ceil(4) * 4) as u64;
+    if b <= 1 << 20 { b.next_power_of_two() } else { b.div_ceil(1 << 20) << 20 }
+}
+
 /// An opened device.
 pub struct Gpu {
     /// The tefl device.
@@ -61,6 +80,7 @@ pub struct Gpu {
     allocator: Mutex<Allocator>,
     submitter: Mutex<Submitter>,
     pipelines: Mutex<HashMap<String, Arc<Pipeline>>>,
+    pool: Mutex<BufferPool>,
 }
 
 // SAFETY: every Vulkan object that needs external synchronisation (the queue, the command pool
@@ -150,7 +170,49 @@ impl Gpu {
             allocator: Mutex::new(allocator),
             submitter: Mutex::new(submitter),
             pipelines: Mutex::new(HashMap::new()),
+            pool: Mutex::new(BufferPool::default()),
         })
+    }
+
+    /// A device-local buffer for a tensor of `bytes` bytes: an idle one of its size class from
+    /// the pool, else a new one (after emptying the pool when memory runs out). Returns the
+    /// buffer, its memory and its size.
+    pub(crate) fn tensor_buffer(&self, bytes: usize) -> Result<(vk::Buffer, Allocation, u64)> {
+        let class = size_class(bytes);
+        {
+            let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((b, a)) = pool.free.get_mut(&class).and_then(Vec::pop) {
+                pool.bytes -= class;
+                return Ok((b, a, class));
+            }
+        }
+        match self.create_buffer(class as usize, MemoryLocation::GpuOnly) {
+            Err(Error::OutOfMemory { .. }) => {
+                self.empty_pool();
+                self.create_buffer(class as usize, MemoryLocation::GpuOnly)
+            }
+            r => r,
+        }
+    }
+
+    /// Gives a tensor's buffer back: kept for reuse while the pool has room, else destroyed.
+    pub(crate) fn return_buffer(&self, buffer: vk::Buffer, allocation: Allocation, size: u64) {
+        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        if pool.bytes + size <= POOL_LIMIT {
+            pool.bytes += size;
+            pool.free.entry(size).or_default().push((buffer, allocation));
+            return;
+        }
+        drop(pool);
+        self.destroy_buffer(buffer, allocation);
+    }
+
+    /// Destroys every idle pooled buffer.
+    pub(crate) fn empty_pool(&self) {
+        let free = std::mem::take(&mut *self.pool.lock().unwrap_or_else(|p| p.into_inner()));
+        for (b, a) in free.free.into_values().flatten() {
+            self.destroy_buffer(b, a);
+        }
     }
 
     /// A buffer of `bytes` bytes (rounded up to whole 32-bit words, at least one) in `location`.
@@ -461,4 +523,22 @@ impl Recorder<'_> {
 /// Every shader variant's name (tests).
 pub fn shader_names() -> impl Iterator<Item = &'static str> {
     SHADERS.iter().map(|(n, _)| *n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::size_class;
+
+    #[test]
+    fn size_classes_are_whole_words_then_powers_of_two_then_whole_mib() {
+        assert_eq!(size_class(0), 4);
+        assert_eq!(size_class(5), 8);
+        assert_eq!(size_class(1000), 1024);
+        assert_eq!(size_class(1 << 20), 1 << 20);
+        assert_eq!(size_class((1 << 20) + 1), 2 << 20);
+        assert_eq!(size_class(256 << 20), 256 << 20);
+        for b in [1usize, 3, 4, 17, 4095, 3 << 20, (7 << 20) + 5] {
+            assert!(size_class(b) >= b as u64 && size_class(b).is_multiple_of(4), "{b}");
+        }
+    }
 }

@@ -16,7 +16,7 @@ use tefl_core::{Device, DeviceKind, Error, Result};
 use crate::context::instance;
 use crate::gpu::{Binding, Gpu, gpu};
 
-/// Device memory of one Vulkan device, freed when dropped.
+/// Device memory of one Vulkan device, given back to the device's pool when dropped.
 pub struct VulkanBuffer {
     gpu: Arc<Gpu>,
     len: usize,
@@ -47,7 +47,7 @@ impl Buffer for VulkanBuffer {
 impl Drop for VulkanBuffer {
     fn drop(&mut self) {
         if let Some(a) = self.allocation.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            self.gpu.destroy_buffer(self.buffer, a);
+            self.gpu.return_buffer(self.buffer, a, self.size);
         }
     }
 }
@@ -93,7 +93,7 @@ impl VulkanRuntime {
 
     fn alloc_raw(&self, device: Device, bytes: usize) -> Result<VulkanBuffer> {
         let gpu = gpu(device)?;
-        let (buffer, allocation, size) = gpu.create_buffer(bytes, MemoryLocation::GpuOnly)?;
+        let (buffer, allocation, size) = gpu.tensor_buffer(bytes)?;
         let buf = VulkanBuffer { gpu, len: bytes, buffer, size, allocation: Mutex::new(Some(allocation)) };
         if tefl_core::device::poison_allocations() {
             self.fill(&buf, 0xFF)?;

@@ -22,7 +22,7 @@ pub fn promised_impls(backend: &str) -> Vec<(&'static str, &'static str)> {
         }
         // So does the HIP backend.
         "amd" => tefl_core::catalogue::all().iter().map(|d| (d.name, "vendor.amd")).collect(),
-        // The Vulkan backend serves the norms, the activations and the softmax family so far.
+        // The Vulkan backend serves the norms, the activations, the softmax family and RoPE so far.
         "vulkan" => [
             "rmsnorm_fwd",
             "rmsnorm_bwd",
@@ -51,6 +51,21 @@ pub fn promised_impls(backend: &str) -> Vec<(&'static str, &'static str)> {
             "dswiglu",
             "clamped_swiglu",
             "clamped_dswiglu",
+            "dbias_dgelu",
+            "dbias_dqgelu",
+            "dbias_drelu",
+            "dbias_dsrelu",
+            "dbias_dsilu",
+            "scaled_softmax_forward",
+            "scaled_masked_softmax_forward",
+            "scaled_upper_triang_masked_softmax_forward",
+            "scaled_aligned_causal_masked_softmax_forward",
+            "scaled_softmax_backward",
+            "scaled_masked_softmax_backward",
+            "scaled_upper_triang_masked_softmax_backward",
+            "scaled_aligned_causal_masked_softmax_backward",
+            "fused_rope_forward",
+            "fused_rope_backward",
         ]
         .into_iter()
         .map(|n| (n, "default.vulkan"))

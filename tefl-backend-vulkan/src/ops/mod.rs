@@ -1,9 +1,10 @@
 //! The Vulkan backend's ops, registered as `default.vulkan` (kind default: the routing tokens
-//! `flagos` and `default` select it). So far it serves the norms, the activations (with the dbias forms) and the softmax family; the other
+//! `flagos` and `default` select it). So far it serves the norms, the activations (with the dbias forms), the softmax family and RoPE; the other
 //! families follow (docs/coverage.md shows what is registered).
 
 pub mod activation;
 pub mod norm;
+pub mod rope;
 pub mod softmax;
 
 use tefl_core::catalogue::*;
@@ -15,6 +16,7 @@ tefl_core::register_backend! {
         floats {
             RmsNormFwd => norm::rmsnorm_fwd; RmsNormBwd => norm::rmsnorm_bwd; RmsNormBwdAdd => norm::rmsnorm_bwd_add;
             LayerNormFwd => norm::layernorm_fwd; LayerNormBwd => norm::layernorm_bwd;
+            FusedRopeForward => rope::fused_rope_forward; FusedRopeBackward => rope::fused_rope_backward;
             Gelu => activation::gelu; DGelu => activation::dgelu;
             Qgelu => activation::qgelu; DQgelu => activation::dqgelu;
             Relu => activation::relu; DRelu => activation::drelu;
