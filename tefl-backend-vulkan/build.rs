@@ -62,6 +62,16 @@ fn variants() -> Vec<Variant> {
                 files: &["rope.wgsl"],
                 consts: vec![("TX", tx.into(), cx), ("WG", wg.to_string(), wg)],
             });
+            v.push(Variant {
+                shader: "fp8",
+                files: &["fp8.wgsl"],
+                consts: vec![("TX", tx.into(), cx), ("WG", wg.to_string(), wg)],
+            });
+            v.push(Variant {
+                shader: "dropout",
+                files: &["dropout.wgsl"],
+                consts: vec![("TX", tx.into(), cx), ("WG", wg.to_string(), wg)],
+            });
         }
     }
     for wg in WORKGROUPS {

@@ -22,7 +22,7 @@ pub fn promised_impls(backend: &str) -> Vec<(&'static str, &'static str)> {
         }
         // So does the HIP backend.
         "amd" => tefl_core::catalogue::all().iter().map(|d| (d.name, "vendor.amd")).collect(),
-        // The Vulkan backend serves the norms, the activations, the softmax family and RoPE so far.
+        // The Vulkan backend serves the norms, the activations, the softmax family, RoPE, dropout and FP8 so far.
         "vulkan" => [
             "rmsnorm_fwd",
             "rmsnorm_bwd",
@@ -66,6 +66,13 @@ pub fn promised_impls(backend: &str) -> Vec<(&'static str, &'static str)> {
             "scaled_aligned_causal_masked_softmax_backward",
             "fused_rope_forward",
             "fused_rope_backward",
+            "dropout_fwd",
+            "dropout_bwd",
+            "quantize",
+            "compute_amax",
+            "dequantize",
+            "fp8_transpose",
+            "fused_amax_and_scale_update_after_reduction",
         ]
         .into_iter()
         .map(|n| (n, "default.vulkan"))

@@ -1,8 +1,11 @@
 //! The Vulkan backend's ops, registered as `default.vulkan` (kind default: the routing tokens
-//! `flagos` and `default` select it). So far it serves the norms, the activations (with the dbias forms), the softmax family and RoPE; the other
-//! families follow (docs/coverage.md shows what is registered).
+//! `flagos` and `default` select it). So far it serves the norms, the activations (with the
+//! dbias forms), the softmax family, RoPE, dropout and FP8; the other families follow
+//! (docs/coverage.md shows what is registered).
 
 pub mod activation;
+pub mod dropout;
+pub mod fp8;
 pub mod norm;
 pub mod rope;
 pub mod softmax;
@@ -17,6 +20,8 @@ tefl_core::register_backend! {
             RmsNormFwd => norm::rmsnorm_fwd; RmsNormBwd => norm::rmsnorm_bwd; RmsNormBwdAdd => norm::rmsnorm_bwd_add;
             LayerNormFwd => norm::layernorm_fwd; LayerNormBwd => norm::layernorm_bwd;
             FusedRopeForward => rope::fused_rope_forward; FusedRopeBackward => rope::fused_rope_backward;
+            DropoutFwd => dropout::dropout_fwd; DropoutBwd => dropout::dropout_bwd;
+            Quantize => fp8::quantize; ComputeAmax => fp8::compute_amax;
             Gelu => activation::gelu; DGelu => activation::dgelu;
             Qgelu => activation::qgelu; DQgelu => activation::dqgelu;
             Relu => activation::relu; DRelu => activation::drelu;
@@ -40,6 +45,9 @@ tefl_core::register_backend! {
             ScaledUpperTriangMaskedSoftmaxBackward => softmax::scaled_upper_triang_masked_softmax_backward;
             ScaledAlignedCausalMaskedSoftmaxBackward => softmax::scaled_aligned_causal_masked_softmax_backward;
         }
-        any {}
+        any {
+            Dequantize => fp8::dequantize; Fp8Transpose => fp8::fp8_transpose;
+            FusedAmaxAndScaleUpdate => fp8::delayed_scaling;
+        }
     }
 }
