@@ -76,6 +76,11 @@ fn variants() -> Vec<Variant> {
     }
     for wg in WORKGROUPS {
         v.push(Variant {
+            shader: "optimizer",
+            files: &["rows.wgsl", "optimizer.wgsl"],
+            consts: vec![("WG", wg.to_string(), wg)],
+        });
+        v.push(Variant {
             shader: "norm",
             files: &["rows.wgsl", "norm.wgsl"],
             consts: vec![("WG", wg.to_string(), wg)],

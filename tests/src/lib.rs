@@ -22,7 +22,8 @@ pub fn promised_impls(backend: &str) -> Vec<(&'static str, &'static str)> {
         }
         // So does the HIP backend.
         "amd" => tefl_core::catalogue::all().iter().map(|d| (d.name, "vendor.amd")).collect(),
-        // The Vulkan backend serves the norms, the activations, the softmax family, RoPE, dropout and FP8 so far.
+        // The Vulkan backend serves the norms, the activations, the softmax family, RoPE, dropout, FP8 and the
+        // optimizers so far: every op but GEMM and attention.
         "vulkan" => [
             "rmsnorm_fwd",
             "rmsnorm_bwd",
@@ -73,6 +74,13 @@ pub fn promised_impls(backend: &str) -> Vec<(&'static str, &'static str)> {
             "dequantize",
             "fp8_transpose",
             "fused_amax_and_scale_update_after_reduction",
+            "multi_tensor_scale",
+            "multi_tensor_l2norm",
+            "multi_tensor_unscale_l2norm",
+            "multi_tensor_adam",
+            "multi_tensor_adam_master",
+            "multi_tensor_sgd",
+            "multi_tensor_compute_scale_and_scale_inv",
         ]
         .into_iter()
         .map(|n| (n, "default.vulkan"))

@@ -1,12 +1,13 @@
 //! The Vulkan backend's ops, registered as `default.vulkan` (kind default: the routing tokens
 //! `flagos` and `default` select it). So far it serves the norms, the activations (with the
-//! dbias forms), the softmax family, RoPE, dropout and FP8; the other families follow
-//! (docs/coverage.md shows what is registered).
+//! dbias forms), the softmax family, RoPE, dropout, FP8 and the multi-tensor optimizers;
+//! GEMM and attention follow (docs/coverage.md shows what is registered).
 
 pub mod activation;
 pub mod dropout;
 pub mod fp8;
 pub mod norm;
+pub mod optimizer;
 pub mod rope;
 pub mod softmax;
 
@@ -48,6 +49,13 @@ tefl_core::register_backend! {
         any {
             Dequantize => fp8::dequantize; Fp8Transpose => fp8::fp8_transpose;
             FusedAmaxAndScaleUpdate => fp8::delayed_scaling;
+            MultiTensorScale => optimizer::multi_tensor_scale;
+            MultiTensorL2Norm => optimizer::multi_tensor_l2norm;
+            MultiTensorUnscaleL2Norm => optimizer::multi_tensor_unscale_l2norm;
+            MultiTensorAdam => optimizer::multi_tensor_adam;
+            MultiTensorAdamMaster => optimizer::multi_tensor_adam_master;
+            MultiTensorSgd => optimizer::multi_tensor_sgd;
+            MultiTensorComputeScaleAndScaleInv => optimizer::multi_tensor_compute_scale_and_scale_inv;
         }
     }
 }
