@@ -74,6 +74,13 @@ fn variants() -> Vec<Variant> {
             });
         }
     }
+    for (tx, cx) in DTYPES {
+        v.push(Variant {
+            shader: "gemm",
+            files: &["gemm.wgsl"],
+            consts: vec![("TX", tx.into(), cx), ("WG", "256".into(), 256)],
+        });
+    }
     for wg in WORKGROUPS {
         v.push(Variant {
             shader: "optimizer",

@@ -23,7 +23,7 @@ pub fn promised_impls(backend: &str) -> Vec<(&'static str, &'static str)> {
         // So does the HIP backend.
         "amd" => tefl_core::catalogue::all().iter().map(|d| (d.name, "vendor.amd")).collect(),
         // The Vulkan backend serves the norms, the activations, the softmax family, RoPE, dropout, FP8 and the
-        // optimizers so far: every op but GEMM and attention.
+        // optimizers and GEMM so far: every op but attention.
         "vulkan" => [
             "rmsnorm_fwd",
             "rmsnorm_bwd",
@@ -81,6 +81,7 @@ pub fn promised_impls(backend: &str) -> Vec<(&'static str, &'static str)> {
             "multi_tensor_adam_master",
             "multi_tensor_sgd",
             "multi_tensor_compute_scale_and_scale_inv",
+            "generic_gemm",
         ]
         .into_iter()
         .map(|n| (n, "default.vulkan"))

@@ -1,11 +1,12 @@
 //! The Vulkan backend's ops, registered as `default.vulkan` (kind default: the routing tokens
 //! `flagos` and `default` select it). So far it serves the norms, the activations (with the
-//! dbias forms), the softmax family, RoPE, dropout, FP8 and the multi-tensor optimizers;
-//! GEMM and attention follow (docs/coverage.md shows what is registered).
+//! dbias forms), the softmax family, RoPE, dropout, FP8, the multi-tensor optimizers and
+//! GEMM (portable tiles); attention follows (docs/coverage.md shows what is registered).
 
 pub mod activation;
 pub mod dropout;
 pub mod fp8;
+pub mod gemm;
 pub mod norm;
 pub mod optimizer;
 pub mod rope;
@@ -23,6 +24,7 @@ tefl_core::register_backend! {
             FusedRopeForward => rope::fused_rope_forward; FusedRopeBackward => rope::fused_rope_backward;
             DropoutFwd => dropout::dropout_fwd; DropoutBwd => dropout::dropout_bwd;
             Quantize => fp8::quantize; ComputeAmax => fp8::compute_amax;
+            GenericGemm => gemm::generic_gemm;
             Gelu => activation::gelu; DGelu => activation::dgelu;
             Qgelu => activation::qgelu; DQgelu => activation::dqgelu;
             Relu => activation::relu; DRelu => activation::drelu;

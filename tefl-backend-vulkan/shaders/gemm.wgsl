@@ -1,0 +1,194 @@
+// generic_gemm, the portable path: stage 0 writes W = alpha·op(A)·op(B) in f32 from 64×64
+// tiles (K in steps of 16 through shared memory, 4×4 outputs per invocation); stage 1 is the
+// epilogue (C, bias, GELU with aux, dGELU) rounding to D; stages 2 and 3 sum the unrounded
+// values over the rows for the bias gradient. Constants: TX (A and B), WG (= 256).
+// Dtypes of C, bias, aux and D are push constants.
+
+struct Params {
+    stage: u32,
+    m: u32,
+    n: u32,
+    k: u32,
+    transa: u32,
+    transb: u32,
+    tc: u32,
+    tb: u32,
+    taux: u32,
+    td: u32,
+    // 0 none, 1 bias, 2 gelu, 3 bias+gelu, 4 dgelu, 5 dgelu+bias grad, 6 bias grad.
+    ep: u32,
+    accumulate: u32,
+    parts: u32,
+    alpha: f32,
+}
+
+@group(0) @binding(0) var<storage, read> a: array<u32>;
+@group(0) @binding(1) var<storage, read> b: array<u32>;
+@group(0) @binding(2) var<storage, read_write> w: array<f32>;
+@group(0) @binding(3) var<storage, read> c: array<u32>;
+@group(0) @binding(4) var<storage, read> bias: array<u32>;
+@group(0) @binding(5) var<storage, read> aux: array<u32>;
+@group(0) @binding(6) var<storage, read_write> d: array<u32>;
+// The aux output (stage 1), or the f32 partial column sums (stages 2 and 3).
+@group(0) @binding(7) var<storage, read_write> aux_out: array<u32>;
+var<immediate> p: Params;
+
+const TM: u32 = 64u;
+const TN: u32 = 64u;
+const TK: u32 = 16u;
+
+var<workgroup> tile_a: array<f32, 1024>;
+var<workgroup> tile_b: array<f32, 1024>;
+
+fn ld_a(i: u32) -> f32 {
+    return unpack(a[word_of(i, TX)], i, TX);
+}
+
+fn ld_b(i: u32) -> f32 {
+    return unpack(b[word_of(i, TX)], i, TX);
+}
+
+// op(A)[r, kk], 0 outside.
+fn op_a(r: u32, kk: u32) -> f32 {
+    if (r >= p.m || kk >= p.k) {
+        return 0.0;
+    }
+    return ld_a(select(r * p.k + kk, kk * p.m + r, p.transa != 0u));
+}
+
+// op(B)[kk, col], 0 outside.
+fn op_b(kk: u32, col: u32) -> f32 {
+    if (kk >= p.k || col >= p.n) {
+        return 0.0;
+    }
+    return ld_b(select(kk * p.n + col, col * p.k + kk, p.transb != 0u));
+}
+
+fn gelu(x: f32) -> f32 {
+    return 0.5 * x * (1.0 + tanh_safe(0.7978845608 * (x + 0.044715 * x * x * x)));
+}
+
+fn dgelu(x: f32) -> f32 {
+    let t = tanh_safe(0.7978845608 * (x + 0.044715 * x * x * x));
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * 0.7978845608 * (1.0 + 3.0 * 0.044715 * x * x);
+}
+
+// The epilogue of element i: (d value, aux_out value).
+fn epilogue(i: u32) -> vec2<f32> {
+    var v = w[i];
+    if (p.accumulate != 0u) {
+        v += unpack(c[word_of(i, p.tc)], i, p.tc);
+    }
+    let j = i % p.n;
+    if (p.ep == 1u || p.ep == 3u) {
+        v += unpack(bias[word_of(j, p.tb)], j, p.tb);
+    }
+    var pre = 0.0;
+    if (p.ep == 2u || p.ep == 3u) {
+        pre = v;
+        v = gelu(v);
+    }
+    if (p.ep == 4u || p.ep == 5u) {
+        v *= dgelu(unpack(aux[word_of(i, p.taux)], i, p.taux));
+    }
+    if (p.ep == 5u || p.ep == 6u) {
+        w[i] = v;
+    }
+    return vec2<f32>(v, pre);
+}
+
+@compute @workgroup_size(WG)
+fn main(
+    @builtin(workgroup_id) group: vec3<u32>,
+    @builtin(local_invocation_index) lane: u32,
+    @builtin(global_invocation_id) gid: vec3<u32>,
+    @builtin(num_workgroups) groups: vec3<u32>,
+) {
+    switch p.stage {
+        case 0u: {
+            let row0 = group.y * TM;
+            let col0 = group.x * TN;
+            let tx = lane % 16u;
+            let ty = lane / 16u;
+            var acc: array<f32, 16>;
+            for (var q = 0u; q < 16u; q++) {
+                acc[q] = 0.0;
+            }
+            for (var k0 = 0u; k0 < p.k; k0 += TK) {
+                for (var q = 0u; q < 4u; q++) {
+                    let idx = lane + q * WG;
+                    let kk = idx / TM;
+                    let mm = idx % TM;
+                    tile_a[idx] = op_a(row0 + mm, k0 + kk);
+                    tile_b[idx] = op_b(k0 + kk, col0 + mm);
+                }
+                workgroupBarrier();
+                for (var kk = 0u; kk < TK; kk++) {
+                    var fa: array<f32, 4>;
+                    var fb: array<f32, 4>;
+                    for (var q = 0u; q < 4u; q++) {
+                        fa[q] = tile_a[kk * TM + ty * 4u + q];
+                        fb[q] = tile_b[kk * TN + tx * 4u + q];
+                    }
+                    for (var i = 0u; i < 4u; i++) {
+                        for (var j = 0u; j < 4u; j++) {
+                            acc[i * 4u + j] += fa[i] * fb[j];
+                        }
+                    }
+                }
+                workgroupBarrier();
+            }
+            for (var i = 0u; i < 4u; i++) {
+                let r = row0 + ty * 4u + i;
+                for (var j = 0u; j < 4u; j++) {
+                    let col = col0 + tx * 4u + j;
+                    if (r < p.m && col < p.n) {
+                        w[r * p.n + col] = p.alpha * acc[i * 4u + j];
+                    }
+                }
+            }
+        }
+        case 1u: {
+            let total = p.m * p.n;
+            let per = per_word(p.td);
+            let words = (total + per - 1u) / per;
+            let writes_aux = p.ep == 2u || p.ep == 3u;
+            for (var wd = gid.x; wd < words; wd += groups.x * WG) {
+                let i = wd * per;
+                let lo = epilogue(i);
+                var hi = vec2<f32>(0.0, 0.0);
+                if (per == 2u && i + 1u < total) {
+                    hi = epilogue(i + 1u);
+                }
+                d[wd] = pack(lo.x, hi.x, p.td);
+                if (writes_aux) {
+                    aux_out[wd] = pack(lo.y, hi.y, p.td);
+                }
+            }
+        }
+        case 2u: {
+            // Partial column sums of w: workgroup (x, y) sums rows y, y + parts, ... of columns
+            // x·WG + lane into aux_out[y·n + col].
+            let col = group.x * WG + lane;
+            if (col >= p.n) {
+                return;
+            }
+            var s = 0.0;
+            for (var r = group.y; r < p.m; r += p.parts) {
+                s += w[r * p.n + col];
+            }
+            aux_out[group.y * p.n + col] = bitcast<u32>(s);
+        }
+        default: {
+            let col = gid.x;
+            if (col >= p.n) {
+                return;
+            }
+            var s = 0.0;
+            for (var q = 0u; q < p.parts; q++) {
+                s += bitcast<f32>(aux_out[q * p.n + col]);
+            }
+            d[col] = bitcast<u32>(s);
+        }
+    }
+}

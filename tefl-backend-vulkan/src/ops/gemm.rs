@@ -1,0 +1,135 @@
+//! `generic_gemm` on Vulkan (`shaders/gemm.wgsl`), the portable path every Vulkan device has:
+//! a shared-memory tiled product in f32 (64×64 tiles, 4×4 outputs per invocation), then the
+//! epilogue (C, bias, GELU with the pre-activation in aux, dGELU) rounding to D, and for the
+//! bias-gradient epilogues the column sums of the unrounded values. f32, f16 and bf16 inputs,
+//! f32 accumulation; no tensor cores yet.
+
+use tefl_core::catalogue::*;
+use tefl_core::{DType, Error, KernelCtx, Result, Tensor};
+
+use super::activation::dtype_name;
+use crate::gpu::gpu;
+use crate::runtime;
+
+/// Bytes of the shader's push constants (fourteen 32-bit fields).
+const PUSH_BYTES: u32 = 56;
+/// Rows and columns of D per workgroup of the product.
+const TILE: usize = 64;
+/// Invocations per workgroup (the shader's WG).
+const WG: u32 = 256;
+/// The most workgroups along one dispatch dimension.
+const MAX_GROUPS: usize = 65535;
+/// Row parts of the bias-gradient column sums.
+const PARTS: usize = 64;
+
+fn code(op: &'static str, arg: &'static str, d: DType) -> Result<u32> {
+    Ok(match d {
+        DType::F32 => 0,
+        DType::F16 => 1,
+        DType::BF16 => 2,
+        other => return Err(Error::DType { op, arg, got: other, expected: "f32, f16 or bf16".into() }),
+    })
+}
+
+fn ep_code(ep: GemmEpilogue) -> u32 {
+    match ep {
+        GemmEpilogue::None => 0,
+        GemmEpilogue::Bias => 1,
+        GemmEpilogue::Gelu => 2,
+        GemmEpilogue::BiasGelu => 3,
+        GemmEpilogue::DGelu => 4,
+        GemmEpilogue::DGeluBiasGrad => 5,
+        GemmEpilogue::BiasGrad => 6,
+    }
+}
+
+/// `generic_gemm`.
+pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
+    const OP: &str = "generic_gemm";
+    let (m, k, n) = gemm_dims(a)?;
+    let dev = ctx.device;
+    let d = Tensor::uninit([m, n], a.out_dtype, &dev)?;
+    let aux_out = if a.epilogue.writes_aux() { Some(Tensor::uninit([m, n], a.out_dtype, &dev)?) } else { None };
+    if m == 0 || n == 0 {
+        let bias_grad = if a.epilogue.writes_bias_grad() { Some(Tensor::zeros([n], DType::F32, &dev)?) } else { None };
+        return Ok(GemmOut { d, aux_out, bias_grad });
+    }
+    let unsupported = |reason: String| Error::Unsupported { op: OP, impl_id: ctx.impl_id.to_string(), reason };
+    for (what, elems) in [("d", m * n), ("a", m * k), ("b", k * n), ("bias-gradient parts", PARTS * n)] {
+        if elems >= (1usize << 31) {
+            return Err(unsupported(format!("{what} has {elems} elements; the Vulkan shaders index with 32 bits")));
+        }
+    }
+    let (tiles_n, tiles_m) = (n.div_ceil(TILE), m.div_ceil(TILE));
+    if tiles_n > MAX_GROUPS || tiles_m > MAX_GROUPS {
+        return Err(unsupported(format!("{m}x{n} needs {tiles_m}x{tiles_n} tiles, over {MAX_GROUPS} per side")));
+    }
+    let c = a.c.as_ref().filter(|_| a.accumulate);
+    let w = if k == 0 { Tensor::zeros([m, n], DType::F32, &dev)? } else { Tensor::uninit([m, n], DType::F32, &dev)? };
+    let bias_grad = if a.epilogue.writes_bias_grad() { Some(Tensor::uninit([n], DType::F32, &dev)?) } else { None };
+    let parts = PARTS.min(m);
+    let ws = if bias_grad.is_some() { Some(Tensor::uninit([parts, n], DType::F32, &dev)?) } else { None };
+
+    let name = format!("gemm.tx={}.wg={WG}", dtype_name(OP, "a", a.a.dtype())?);
+    let gpu = gpu(dev)?;
+    let pipeline = gpu.pipeline(&name, 8, PUSH_BYTES)?;
+    let rt = runtime::global();
+    let bind = |t: &Tensor| rt.buffer(t.buffer().as_ref()).map(|b| b.binding());
+    let or_w = |t: Option<&Tensor>| t.map_or_else(|| bind(&w), bind);
+    let push = |stage: u32| -> Result<Vec<u8>> {
+        let ints = [
+            stage,
+            m as u32,
+            n as u32,
+            k as u32,
+            u32::from(a.transa),
+            u32::from(a.transb),
+            c.map(|t| code(OP, "c", t.dtype())).transpose()?.unwrap_or(0),
+            a.bias.as_ref().map(|t| code(OP, "bias", t.dtype())).transpose()?.unwrap_or(0),
+            a.aux.as_ref().map(|t| code(OP, "aux", t.dtype())).transpose()?.unwrap_or(0),
+            code(OP, "out_dtype", a.out_dtype)?,
+            ep_code(a.epilogue),
+            u32::from(c.is_some()),
+            parts as u32,
+        ];
+        let mut v: Vec<u8> = ints.iter().flat_map(|i| i.to_le_bytes()).collect();
+        v.extend_from_slice(&a.alpha.to_le_bytes());
+        Ok(v)
+    };
+    let main = [
+        bind(&a.a)?,
+        bind(&a.b)?,
+        bind(&w)?,
+        or_w(c)?,
+        or_w(a.bias.as_ref())?,
+        or_w(a.aux.as_ref())?,
+        bind(&d)?,
+        or_w(aux_out.as_ref())?,
+    ];
+    let per_word = if a.out_dtype == DType::F32 { 1 } else { 2 };
+    let epi_groups = ((m * n).div_ceil(per_word) as u32).div_ceil(WG).clamp(1, MAX_GROUPS as u32);
+    let (p0, p1) = (push(0)?, push(1)?);
+    let sums = match (&bias_grad, &ws) {
+        (Some(bg), Some(ws)) => {
+            let mut partial = main;
+            partial[7] = bind(ws)?;
+            let mut finish = partial;
+            finish[6] = bind(bg)?;
+            Some((partial, finish, push(2)?, push(3)?))
+        }
+        _ => None,
+    };
+    gpu.run(|r| {
+        if k > 0 {
+            r.dispatch(&pipeline, &main, &p0, (tiles_n as u32, tiles_m as u32, 1))?;
+        }
+        r.dispatch(&pipeline, &main, &p1, (epi_groups, 1, 1))?;
+        if let Some((partial, finish, p2, p3)) = &sums {
+            let col_groups = n.div_ceil(WG as usize) as u32;
+            r.dispatch(&pipeline, partial, p2, (col_groups, parts as u32, 1))?;
+            r.dispatch(&pipeline, finish, p3, (col_groups, 1, 1))?;
+        }
+        Ok(())
+    })?;
+    Ok(GemmOut { d, aux_out, bias_grad })
+}
