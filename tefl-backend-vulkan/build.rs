@@ -69,7 +69,7 @@ fn variants() -> Vec<Variant> {
             });
             v.push(Variant {
                 shader: "dropout",
-                files: &["dropout.wgsl"],
+                files: &["philox.wgsl", "dropout.wgsl"],
                 consts: vec![("TX", tx.into(), cx), ("WG", wg.to_string(), wg)],
             });
         }

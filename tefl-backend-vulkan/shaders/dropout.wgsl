@@ -23,35 +23,8 @@ fn ld_x(i: u32) -> f32 {
     return unpack(x[word_of(i, TX)], i, TX);
 }
 
-// The high 32 bits of a · b.
-fn mulhi(a: u32, b: u32) -> u32 {
-    let al = a & 0xFFFFu;
-    let ah = a >> 16u;
-    let bl = b & 0xFFFFu;
-    let bh = b >> 16u;
-    let ll = al * bl;
-    let hl = ah * bl;
-    let lh = al * bh;
-    let cross = (ll >> 16u) + (hl & 0xFFFFu) + (lh & 0xFFFFu);
-    return ah * bh + (hl >> 16u) + (lh >> 16u) + (cross >> 16u);
-}
-
-fn philox(block: u32) -> vec4<u32> {
-    var c = vec4<u32>(block, 0u, p.offset_lo, p.offset_hi);
-    var k0 = p.seed_lo;
-    var k1 = p.seed_hi;
-    for (var round = 0u; round < 10u; round++) {
-        if (round > 0u) {
-            k0 += 0x9E3779B9u;
-            k1 += 0xBB67AE85u;
-        }
-        let hi0 = mulhi(0xD2511F53u, c.x);
-        let lo0 = 0xD2511F53u * c.x;
-        let hi1 = mulhi(0xCD9E8D57u, c.z);
-        let lo1 = 0xCD9E8D57u * c.z;
-        c = vec4<u32>(hi1 ^ c.y ^ k0, lo1, hi0 ^ c.w ^ k1, lo0);
-    }
-    return c;
+fn philox_block(block: u32) -> vec4<u32> {
+    return philox(vec4<u32>(block, 0u, p.offset_lo, p.offset_hi), p.seed_lo, p.seed_hi);
 }
 
 @compute @workgroup_size(WG)
@@ -61,7 +34,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     if (p.stage == 0u) {
         let blocks = (p.total + 3u) / 4u;
         for (var blk = gid.x; blk < blocks; blk += stride) {
-            let c = philox(blk);
+            let c = philox_block(blk);
             var y = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
             var m = 0u;
             for (var l = 0u; l < 4u; l++) {
