@@ -7,23 +7,12 @@
 use tefl_core::catalogue::*;
 use tefl_core::{DType, Error, KernelCtx, Result, Tensor};
 
+use super::{MAX_GROUPS, dtype_name};
 use crate::gpu::gpu;
 use crate::runtime;
 
 /// Bytes of the shader's push constants (six 32-bit fields).
 const PUSH_BYTES: u32 = 24;
-/// The most workgroups one dispatch asks for (the shader strides over the rest).
-const MAX_GROUPS: u32 = 65535;
-
-/// The shader's name of a dtype (`common.wgsl`'s codes), or a typed error.
-pub(crate) fn dtype_name(op: &'static str, arg: &'static str, d: DType) -> Result<&'static str> {
-    Ok(match d {
-        DType::F32 => "f32",
-        DType::F16 => "f16",
-        DType::BF16 => "bf16",
-        other => return Err(Error::DType { op, arg, got: other, expected: "f32, f16 or bf16".into() }),
-    })
-}
 
 fn act_code(kind: Activation) -> u32 {
     match kind {

@@ -5,14 +5,12 @@
 use tefl_core::catalogue::*;
 use tefl_core::{DType, Error, KernelCtx, Result, Tensor};
 
-use super::activation::dtype_name;
+use super::{MAX_GROUPS, dtype_name};
 use crate::gpu::gpu;
 use crate::runtime;
 
 /// Bytes of the shader's push constants (seven 32-bit fields).
 const PUSH_BYTES: u32 = 28;
-/// The most workgroups one dispatch asks for (the shader strides over the rest).
-const MAX_GROUPS: u32 = 65535;
 
 #[allow(clippy::too_many_arguments)]
 fn launch(

@@ -7,7 +7,7 @@
 use tefl_core::catalogue::*;
 use tefl_core::{DType, Error, KernelCtx, Result, Tensor};
 
-use super::activation::dtype_name;
+use super::{MAX_GROUPS, dtype_code, dtype_name};
 use crate::gpu::gpu;
 use crate::runtime;
 
@@ -17,19 +17,8 @@ const PUSH_BYTES: u32 = 56;
 const TILE: usize = 64;
 /// Invocations per workgroup (the shader's WG).
 const WG: u32 = 256;
-/// The most workgroups along one dispatch dimension.
-const MAX_GROUPS: usize = 65535;
 /// Row parts of the bias-gradient column sums.
 const PARTS: usize = 64;
-
-fn code(op: &'static str, arg: &'static str, d: DType) -> Result<u32> {
-    Ok(match d {
-        DType::F32 => 0,
-        DType::F16 => 1,
-        DType::BF16 => 2,
-        other => return Err(Error::DType { op, arg, got: other, expected: "f32, f16 or bf16".into() }),
-    })
-}
 
 fn ep_code(ep: GemmEpilogue) -> u32 {
     match ep {
@@ -61,7 +50,7 @@ pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
         }
     }
     let (tiles_n, tiles_m) = (n.div_ceil(TILE), m.div_ceil(TILE));
-    if tiles_n > MAX_GROUPS || tiles_m > MAX_GROUPS {
+    if tiles_n > MAX_GROUPS as usize || tiles_m > MAX_GROUPS as usize {
         return Err(unsupported(format!("{m}x{n} needs {tiles_m}x{tiles_n} tiles, over {MAX_GROUPS} per side")));
     }
     let c = a.c.as_ref().filter(|_| a.accumulate);
@@ -84,10 +73,10 @@ pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
             k as u32,
             u32::from(a.transa),
             u32::from(a.transb),
-            c.map(|t| code(OP, "c", t.dtype())).transpose()?.unwrap_or(0),
-            a.bias.as_ref().map(|t| code(OP, "bias", t.dtype())).transpose()?.unwrap_or(0),
-            a.aux.as_ref().map(|t| code(OP, "aux", t.dtype())).transpose()?.unwrap_or(0),
-            code(OP, "out_dtype", a.out_dtype)?,
+            c.map(|t| dtype_code(OP, "c", t.dtype())).transpose()?.unwrap_or(0),
+            a.bias.as_ref().map(|t| dtype_code(OP, "bias", t.dtype())).transpose()?.unwrap_or(0),
+            a.aux.as_ref().map(|t| dtype_code(OP, "aux", t.dtype())).transpose()?.unwrap_or(0),
+            dtype_code(OP, "out_dtype", a.out_dtype)?,
             ep_code(a.epilogue),
             u32::from(c.is_some()),
             parts as u32,
@@ -107,7 +96,7 @@ pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
         or_w(aux_out.as_ref())?,
     ];
     let per_word = if a.out_dtype == DType::F32 { 1 } else { 2 };
-    let epi_groups = ((m * n).div_ceil(per_word) as u32).div_ceil(WG).clamp(1, MAX_GROUPS as u32);
+    let epi_groups = ((m * n).div_ceil(per_word) as u32).div_ceil(WG).clamp(1, MAX_GROUPS);
     let (p0, p1) = (push(0)?, push(1)?);
     let sums = match (&bias_grad, &ws) {
         (Some(bg), Some(ws)) => {

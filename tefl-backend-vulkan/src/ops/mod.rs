@@ -13,6 +13,27 @@ pub mod rope;
 pub mod softmax;
 
 use tefl_core::catalogue::*;
+use tefl_core::{DType, Error, Result};
+
+/// The most workgroups one dispatch asks for along a dimension (the Vulkan minimum of
+/// `maxComputeWorkGroupCount`); the shaders stride over the rest.
+pub(crate) const MAX_GROUPS: u32 = 65535;
+
+/// The dtype code of `shaders/common.wgsl` (0 f32, 1 f16, 2 bf16), or a typed error naming
+/// the argument.
+pub(crate) fn dtype_code(op: &'static str, arg: &'static str, d: DType) -> Result<u32> {
+    Ok(match d {
+        DType::F32 => 0,
+        DType::F16 => 1,
+        DType::BF16 => 2,
+        other => return Err(Error::DType { op, arg, got: other, expected: "f32, f16 or bf16".into() }),
+    })
+}
+
+/// The name a shader variant uses for a dtype (`activation.tx=bf16...`).
+pub(crate) fn dtype_name(op: &'static str, arg: &'static str, d: DType) -> Result<&'static str> {
+    Ok(["f32", "f16", "bf16"][dtype_code(op, arg, d)? as usize])
+}
 
 tefl_core::register_backend! {
     impl_id: crate::IMPL_ID, kind: Default, vendor: crate::vendor::VENDOR, device: tefl_core::DeviceKind::VULKAN,

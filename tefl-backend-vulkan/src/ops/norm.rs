@@ -6,24 +6,14 @@
 use tefl_core::catalogue::*;
 use tefl_core::{DType, Error, KernelCtx, Result, Tensor};
 
+use super::{MAX_GROUPS, dtype_code};
 use crate::gpu::{Binding, gpu};
 use crate::runtime;
 
 /// Bytes of the shader's push constants (fourteen 32-bit fields).
 const PUSH_BYTES: u32 = 56;
-/// The most workgroups one dispatch asks for (the shader strides over the rest).
-const MAX_GROUPS: u32 = 65535;
 /// The most workgroups (rows of partial column sums) of a backward.
 const MAX_PARTS: usize = 256;
-
-fn code(op: &'static str, arg: &'static str, d: DType) -> Result<u32> {
-    Ok(match d {
-        DType::F32 => 0,
-        DType::F16 => 1,
-        DType::BF16 => 2,
-        other => return Err(Error::DType { op, arg, got: other, expected: "f32, f16 or bf16".into() }),
-    })
-}
 
 /// Every field of the shader's `Params`.
 #[derive(Default, Clone, Copy)]
@@ -137,10 +127,10 @@ fn forward(
         rows: rows as u32,
         n: n as u32,
         rpg: rpg as u32,
-        tx: code(op, "x", x.dtype())?,
-        tg: code(op, "gamma", gamma.dtype())?,
-        ta: beta.map(|b| code(op, "beta", b.dtype())).transpose()?.unwrap_or(0),
-        to: code(op, "out_dtype", out_dtype)?,
+        tx: dtype_code(op, "x", x.dtype())?,
+        tg: dtype_code(op, "gamma", gamma.dtype())?,
+        ta: beta.map(|b| dtype_code(op, "beta", b.dtype())).transpose()?.unwrap_or(0),
+        to: dtype_code(op, "out_dtype", out_dtype)?,
         zero_centered: u32::from(zero_centered),
         eps,
         ..Default::default()
@@ -193,11 +183,11 @@ fn backward(
         rows: rows as u32,
         n: n as u32,
         rpg: rpg as u32,
-        tx: code(op, "x", x.dtype())?,
-        tg: code(op, "gamma", gamma.dtype())?,
-        ta: code(op, "dy", dy.dtype())?,
-        tadd: add.map(|a| code(op, "add", a.dtype())).transpose()?.unwrap_or(0),
-        to: code(op, "x", x.dtype())?,
+        tx: dtype_code(op, "x", x.dtype())?,
+        tg: dtype_code(op, "gamma", gamma.dtype())?,
+        ta: dtype_code(op, "dy", dy.dtype())?,
+        tadd: add.map(|a| dtype_code(op, "add", a.dtype())).transpose()?.unwrap_or(0),
+        to: dtype_code(op, "x", x.dtype())?,
         zero_centered: u32::from(zero_centered),
         has_add: u32::from(add.is_some()),
         parts: parts as u32,

@@ -7,13 +7,12 @@
 use tefl_core::catalogue::*;
 use tefl_core::{DType, Error, KernelCtx, Result, Tensor};
 
+use super::{MAX_GROUPS, dtype_code};
 use crate::gpu::{Binding, gpu};
 use crate::runtime;
 
 /// Bytes of the shader's push constants (26 32-bit fields).
 const PUSH_BYTES: u32 = 104;
-/// The most workgroups one dispatch asks for (the shader strides over the rest).
-const MAX_GROUPS: u32 = 65535;
 /// Workgroups (f32 partial sums) per tensor of an l2 norm.
 const PARTS: usize = 128;
 /// Dispatches per submission (each takes a descriptor set of the device's per-submission pool).
@@ -86,15 +85,6 @@ impl Params {
     }
 }
 
-fn code(op: &'static str, arg: &'static str, d: DType) -> Result<u32> {
-    Ok(match d {
-        DType::F32 => 0,
-        DType::F16 => 1,
-        DType::BF16 => 2,
-        other => return Err(Error::DType { op, arg, got: other, expected: "f32, f16 or bf16".into() }),
-    })
-}
-
 /// One dispatch: its bindings (lists a0..a4; absent ones are the workspace), params and
 /// workgroups.
 struct Dispatch {
@@ -105,7 +95,7 @@ struct Dispatch {
 }
 
 /// Runs the noop snapshot and then `dispatches`, on `noop` and a workspace of `ws_words`.
-fn run(op: &'static str, ctx: &KernelCtx<'_>, noop: &Tensor, ws: &Tensor, dispatches: Vec<Dispatch>) -> Result<()> {
+fn run(ctx: &KernelCtx<'_>, noop: &Tensor, ws: &Tensor, dispatches: Vec<Dispatch>) -> Result<()> {
     let wg = crate::heuristics::elementwise_workgroup(ctx.device)?;
     let gpu = gpu(ctx.device)?;
     let pipeline = gpu.pipeline(&format!("optimizer.wg={wg}"), 8, PUSH_BYTES)?;
@@ -128,7 +118,6 @@ fn run(op: &'static str, ctx: &KernelCtx<'_>, noop: &Tensor, ws: &Tensor, dispat
             Ok(())
         })?;
     }
-    let _ = op;
     Ok(())
 }
 
@@ -164,8 +153,8 @@ pub fn multi_tensor_scale(ctx: &KernelCtx<'_>, a: &MultiTensorScaleArgs) -> Resu
         let params = Params {
             stage: 1,
             n,
-            t0: code(OP, "src", s.dtype())?,
-            t1: code(OP, "dst", t.dtype())?,
+            t0: dtype_code(OP, "src", s.dtype())?,
+            t1: dtype_code(OP, "dst", t.dtype())?,
             scale: a.scale,
             ..Default::default()
         };
@@ -176,7 +165,7 @@ pub fn multi_tensor_scale(ctx: &KernelCtx<'_>, a: &MultiTensorScaleArgs) -> Resu
             groups: word_groups(ctx, n, t.dtype())?,
         });
     }
-    run(OP, ctx, &a.noop_flag, &workspace(ctx, 1)?, d)?;
+    run(ctx, &a.noop_flag, &workspace(ctx, 1)?, d)?;
     Ok(MultiTensorScaleOut {})
 }
 
@@ -197,7 +186,7 @@ fn l2norm(
         let params = Params {
             stage: 2,
             n,
-            t0: code(op, "tensors", t.dtype())?,
+            t0: dtype_code(op, "tensors", t.dtype())?,
             tensor: i as u32,
             parts: PARTS as u32,
             has_inv_scale: u32::from(inv_scale.is_some()),
@@ -223,7 +212,7 @@ fn l2norm(
         params: finish,
         groups: 1,
     });
-    run(op, ctx, noop, &ws, d)?;
+    run(ctx, noop, &ws, d)?;
     Ok((total, per))
 }
 
@@ -270,8 +259,12 @@ pub fn multi_tensor_adam(ctx: &KernelCtx<'_>, a: &MultiTensorAdamArgs) -> Result
     for i in 0..a.params.len() {
         let p = &a.params[i];
         let n = check_size(OP, ctx, p)?;
-        let params =
-            Params { n, t0: code(OP, "grads", a.grads[i].dtype())?, t1: code(OP, "params", p.dtype())?, ..base };
+        let params = Params {
+            n,
+            t0: dtype_code(OP, "grads", a.grads[i].dtype())?,
+            t1: dtype_code(OP, "params", p.dtype())?,
+            ..base
+        };
         d.push(Dispatch {
             lists: [
                 Some(a.grads[i].clone()),
@@ -285,7 +278,7 @@ pub fn multi_tensor_adam(ctx: &KernelCtx<'_>, a: &MultiTensorAdamArgs) -> Result
             groups: word_groups(ctx, n, p.dtype())?,
         });
     }
-    run(OP, ctx, &a.noop_flag, &workspace(ctx, 1)?, d)?;
+    run(ctx, &a.noop_flag, &workspace(ctx, 1)?, d)?;
     Ok(MultiTensorAdamOut {})
 }
 
@@ -300,8 +293,12 @@ pub fn multi_tensor_adam_master(
     for i in 0..a.model_params.len() {
         let p = &a.model_params[i];
         let n = check_size(OP, ctx, p)?;
-        let params =
-            Params { n, t0: code(OP, "grads", a.grads[i].dtype())?, t1: code(OP, "model_params", p.dtype())?, ..base };
+        let params = Params {
+            n,
+            t0: dtype_code(OP, "grads", a.grads[i].dtype())?,
+            t1: dtype_code(OP, "model_params", p.dtype())?,
+            ..base
+        };
         d.push(Dispatch {
             lists: [
                 Some(a.grads[i].clone()),
@@ -315,7 +312,7 @@ pub fn multi_tensor_adam_master(
             groups: word_groups(ctx, n, p.dtype())?,
         });
     }
-    run(OP, ctx, &a.noop_flag, &workspace(ctx, 1)?, d)?;
+    run(ctx, &a.noop_flag, &workspace(ctx, 1)?, d)?;
     Ok(MultiTensorAdamMasterOut {})
 }
 
@@ -338,8 +335,12 @@ pub fn multi_tensor_sgd(ctx: &KernelCtx<'_>, a: &MultiTensorSgdArgs) -> Result<M
     for i in 0..a.params.len() {
         let p = &a.params[i];
         let n = check_size(OP, ctx, p)?;
-        let params =
-            Params { n, t0: code(OP, "grads", a.grads[i].dtype())?, t1: code(OP, "params", p.dtype())?, ..base };
+        let params = Params {
+            n,
+            t0: dtype_code(OP, "grads", a.grads[i].dtype())?,
+            t1: dtype_code(OP, "params", p.dtype())?,
+            ..base
+        };
         d.push(Dispatch {
             lists: [Some(a.grads[i].clone()), Some(p.clone()), Some(a.momentum_buf[i].clone()), None, None],
             inv_scale: None,
@@ -347,7 +348,7 @@ pub fn multi_tensor_sgd(ctx: &KernelCtx<'_>, a: &MultiTensorSgdArgs) -> Result<M
             groups: word_groups(ctx, n, p.dtype())?,
         });
     }
-    run(OP, ctx, &a.noop_flag, &workspace(ctx, 1)?, d)?;
+    run(ctx, &a.noop_flag, &workspace(ctx, 1)?, d)?;
     Ok(MultiTensorSgdOut {})
 }
 
@@ -371,6 +372,6 @@ pub fn multi_tensor_compute_scale_and_scale_inv(ctx: &KernelCtx<'_>, a: &Compute
             groups: word_groups(ctx, n, DType::F32)?,
         });
     }
-    run(OP, ctx, &a.noop_flag, &workspace(ctx, 1)?, d)?;
+    run(ctx, &a.noop_flag, &workspace(ctx, 1)?, d)?;
     Ok(ComputeScaleOut {})
 }

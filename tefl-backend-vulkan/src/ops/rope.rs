@@ -5,14 +5,12 @@
 use tefl_core::catalogue::*;
 use tefl_core::{Error, KernelCtx, Result, Tensor};
 
-use super::activation::dtype_name;
+use super::{MAX_GROUPS, dtype_name};
 use crate::gpu::gpu;
 use crate::runtime;
 
 /// Bytes of the shader's push constants (ten 32-bit fields).
 const PUSH_BYTES: u32 = 40;
-/// The most workgroups one dispatch asks for (the shader strides over the rest).
-const MAX_GROUPS: u32 = 65535;
 
 fn run(op: &'static str, ctx: &KernelCtx<'_>, a: &RopeArgs, backward: bool) -> Result<RopeOut> {
     let g = rope_geometry(op, a)?;
