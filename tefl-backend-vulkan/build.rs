@@ -10,6 +10,16 @@ use std::path::{Path, PathBuf};
 const DTYPES: [(&str, u32); 3] = [("f32", 0), ("f16", 1), ("bf16", 2)];
 /// The workgroup sizes every elementwise variant is built for (the tune configs pick one).
 const WORKGROUPS: [u32; 3] = [64, 128, 256];
+/// The largest head dims attention variants are built for (a call takes the smallest that fits).
+const ATTN_HEAD_DIMS: [u32; 4] = [32, 64, 128, 256];
+/// Query (or key) rows per attention workgroup, one per invocation.
+const ATTN_ROWS: u32 = 64;
+/// The attention stages with a head-dim bucket and the files each is made of.
+const ATTN_STAGES: [(&str, &[&str]); 3] = [
+    ("attn_fwd", &["philox.wgsl", "attn_common.wgsl", "attn_fwd.wgsl"]),
+    ("attn_dq", &["philox.wgsl", "attn_common.wgsl", "attn_dq.wgsl"]),
+    ("attn_dkdv", &["philox.wgsl", "attn_common.wgsl", "attn_dkdv.wgsl"]),
+];
 
 /// A variant: the shader, the files it is made of after `common.wgsl` (in order), and its
 /// constants, in order (`name=value`).
@@ -78,6 +88,28 @@ fn variants() -> Vec<Variant> {
         v.push(Variant {
             shader: "gemm",
             files: &["gemm.wgsl"],
+            consts: vec![("TX", tx.into(), cx), ("WG", "256".into(), 256)],
+        });
+    }
+    // Attention: each stage per dtype and largest head dim, BR rows per workgroup
+    // (ops/attention.rs names the same values).
+    for (tx, cx) in DTYPES {
+        for dm in ATTN_HEAD_DIMS {
+            for (shader, files) in ATTN_STAGES {
+                v.push(Variant {
+                    shader,
+                    files,
+                    consts: vec![
+                        ("TX", tx.into(), cx),
+                        ("DM", dm.to_string(), dm),
+                        ("BR", ATTN_ROWS.to_string(), ATTN_ROWS),
+                    ],
+                });
+            }
+        }
+        v.push(Variant {
+            shader: "attn_delta",
+            files: &["attn_delta.wgsl"],
             consts: vec![("TX", tx.into(), cx), ("WG", "256".into(), 256)],
         });
     }

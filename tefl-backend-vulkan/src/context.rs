@@ -49,8 +49,8 @@ pub struct PhysicalInfo {
     pub storage_16bit: bool,
     /// `driverVersion`, as the driver reports it.
     pub driver_version: u32,
-    /// Whether the queue family can write timestamps.
-    pub timestamps: bool,
+    /// The valid bits of the queue family's timestamps (0: it cannot write them).
+    pub timestamp_bits: u32,
 }
 
 impl PhysicalInfo {
@@ -64,6 +64,16 @@ impl PhysicalInfo {
             0x10005 => "lavapipe".into(),
             id => format!("vk-{id:04x}"),
         }
+    }
+}
+
+impl PhysicalInfo {
+    /// The most loop iterations one shader invocation may run in all, where the driver ends
+    /// loops past a budget: Mesa's llvmpipe (lavapipe) stops every loop of an invocation once
+    /// they have run 65535 iterations together (`LP_MAX_TGSI_LOOP_ITERATIONS`), silently. `None`:
+    /// no such budget.
+    pub fn loop_iteration_limit(&self) -> Option<u64> {
+        (self.vendor_id == 0x10005).then_some(65535)
     }
 }
 
@@ -213,7 +223,7 @@ fn list_devices(instance: &ash::Instance) -> Result<Vec<PhysicalInfo>, String> {
             subgroup_size: subgroup.subgroup_size.max(1),
             storage_16bit: f11.storage_buffer16_bit_access == vk::TRUE,
             driver_version: props.driver_version,
-            timestamps: q.timestamp_valid_bits > 0,
+            timestamp_bits: q.timestamp_valid_bits,
         });
     }
     devices.sort_by_key(|d| type_rank(d.device_type));
@@ -258,7 +268,7 @@ mod tests {
             subgroup_size: 32,
             storage_16bit: true,
             driver_version: 0,
-            timestamps: true,
+            timestamp_bits: 64,
         }
     }
 

@@ -3,9 +3,10 @@
 //! compute pipelines of the SPIR-V that `build.rs` made, and the recorder every op's commands go
 //! through.
 //!
-//! Submission is synchronous in this first version: [`Gpu::run`] records one command buffer,
-//! submits it and waits for its fence, so a buffer dropped after an op returns is free to go
-//! (no deferred frees yet) and descriptor sets are reset after each submission.
+//! Submission is synchronous: [`Gpu::run`] records one command buffer (with timestamps around
+//! it while `Gpu::timed` measures), submits it and waits for its fence, so a buffer dropped
+//! after an op returns is free to go (no deferred frees yet) and descriptor sets are reset after
+//! each submission.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -48,6 +49,8 @@ struct Submitter {
     cmd: vk::CommandBuffer,
     fence: vk::Fence,
     descriptors: vk::DescriptorPool,
+    /// Two timestamps around each submission's commands (when the queue can write them).
+    queries: Option<vk::QueryPool>,
 }
 
 /// Device-local buffers whose tensors were dropped, kept by size class for the next
@@ -81,6 +84,8 @@ pub struct Gpu {
     submitter: Mutex<Submitter>,
     pipelines: Mutex<HashMap<String, Arc<Pipeline>>>,
     pool: Mutex<BufferPool>,
+    /// While timing (`Some`), the device seconds of every submission so far.
+    timing: Mutex<Option<f64>>,
 }
 
 // SAFETY: every Vulkan object that needs external synchronisation (the queue, the command pool
@@ -161,7 +166,13 @@ impl Gpu {
                     None,
                 )
                 .map_err(|e| err("vkCreateDescriptorPool", e))?;
-            Submitter { queue, _pool: pool, cmd, fence, descriptors }
+            let queries = if physical.timestamp_bits > 0 {
+                let info = vk::QueryPoolCreateInfo::default().query_type(vk::QueryType::TIMESTAMP).query_count(2);
+                Some(device.create_query_pool(&info, None).map_err(|e| err("vkCreateQueryPool", e))?)
+            } else {
+                None
+            };
+            Submitter { queue, _pool: pool, cmd, fence, descriptors, queries }
         };
         Ok(Gpu {
             device_id,
@@ -171,6 +182,7 @@ impl Gpu {
             submitter: Mutex::new(submitter),
             pipelines: Mutex::new(HashMap::new()),
             pool: Mutex::new(BufferPool::default()),
+            timing: Mutex::new(None),
         })
     }
 
@@ -355,8 +367,21 @@ impl Gpu {
                 )
                 .map_err(|e| err("vkBeginCommandBuffer", e))?;
         }
+        let timed = s.queries.filter(|_| self.timing.lock().unwrap_or_else(|p| p.into_inner()).is_some());
+        if let Some(q) = timed {
+            // SAFETY: the command buffer is recording; the query pool is this device's, used only
+            // under the submitter's lock.
+            unsafe {
+                self.device.cmd_reset_query_pool(s.cmd, q, 0, 2);
+                self.device.cmd_write_timestamp(s.cmd, vk::PipelineStageFlags::TOP_OF_PIPE, q, 0);
+            }
+        }
         let mut rec = Recorder { gpu: self, cmd: s.cmd, pool: s.descriptors, commands: 0 };
         let recorded = record(&mut rec);
+        if let Some(q) = timed {
+            // SAFETY: as above.
+            unsafe { self.device.cmd_write_timestamp(s.cmd, vk::PipelineStageFlags::BOTTOM_OF_PIPE, q, 1) };
+        }
         // SAFETY: the command buffer is in the recording state (begun above).
         let ended = unsafe { self.device.end_command_buffer(s.cmd) }.map_err(|e| err("vkEndCommandBuffer", e));
         recorded?;
@@ -372,8 +397,45 @@ impl Gpu {
             self.device.queue_submit(s.queue, &submit, s.fence).map_err(|e| err("vkQueueSubmit", e))?;
             let waited = self.device.wait_for_fences(&[s.fence], true, u64::MAX).map_err(|e| err("vkWaitForFences", e));
             self.device.reset_fences(&[s.fence]).map_err(|e| err("vkResetFences", e))?;
-            waited
+            waited?;
         }
+        if let Some(q) = timed {
+            let mut stamps = [0u64; 2];
+            // SAFETY: both queries were written by the submission just waited for; `stamps`
+            // holds two 64-bit results.
+            unsafe {
+                self.device.get_query_pool_results(
+                    q,
+                    0,
+                    &mut stamps,
+                    vk::QueryResultFlags::TYPE_64 | vk::QueryResultFlags::WAIT,
+                )
+            }
+            .map_err(|e| err("vkGetQueryPoolResults", e))?;
+            let bits = self.physical.timestamp_bits;
+            let mask = if bits >= 64 { u64::MAX } else { (1u64 << bits) - 1 };
+            let ticks = stamps[1].wrapping_sub(stamps[0]) & mask;
+            let seconds = ticks as f64 * f64::from(self.physical.limits.timestamp_period) * 1e-9;
+            if let Some(t) = self.timing.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+                *t += seconds;
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs `work` and returns the device time of the submissions made meanwhile (timestamps
+    /// around each submission's commands, summed; host gaps between submissions do not count),
+    /// or `None` when the queue cannot write timestamps. Submissions of other threads during
+    /// `work` count too.
+    pub(crate) fn timed(&self, work: &mut dyn FnMut() -> Result<()>) -> Result<Option<f64>> {
+        if self.physical.timestamp_bits == 0 {
+            work()?;
+            return Ok(None);
+        }
+        *self.timing.lock().unwrap_or_else(|p| p.into_inner()) = Some(0.0);
+        let r = work();
+        let t = self.timing.lock().unwrap_or_else(|p| p.into_inner()).take();
+        r.map(|()| t)
     }
 
     /// Waits until the device's queue is idle.
@@ -429,8 +491,12 @@ impl Recorder<'_> {
 
     /// Fills a whole buffer with a repeated byte.
     pub fn fill(&mut self, dst: Binding, byte: u8) {
+        self.fill_word(dst, u32::from_ne_bytes([byte; 4]));
+    }
+
+    /// Fills a whole buffer with a repeated 32-bit word (e.g. the bits of an f32).
+    pub fn fill_word(&mut self, dst: Binding, word: u32) {
         self.barrier();
-        let word = u32::from_ne_bytes([byte; 4]);
         // SAFETY: the command buffer is recording; `dst` is a live buffer of this device.
         unsafe { self.gpu.device.cmd_fill_buffer(self.cmd, dst.buffer, 0, vk::WHOLE_SIZE, word) };
     }

@@ -16,7 +16,7 @@
 //!
 //! Tensors are bound as arrays of 32-bit words: f16 and bf16 travel as 16-bit halves and are
 //! converted on the bits, so no 16-bit storage feature is needed (lavapipe lacks some).
-//! Submission is synchronous for now (each op waits for its fence).
+//! Submission is synchronous for now (each op waits for its fence); timestamp queries time it.
 
 pub mod context;
 pub mod gpu;

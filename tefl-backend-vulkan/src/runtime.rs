@@ -187,6 +187,12 @@ impl DeviceRuntime for VulkanRuntime {
     fn synchronize(&self, device: Device) -> Result<()> {
         gpu(device)?.wait_idle()
     }
+    fn time_on_device(&self, device: Device, work: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
+        let g = gpu(device)?;
+        let start = std::time::Instant::now();
+        // Submissions are synchronous, so the host clock is the fallback without timestamps.
+        Ok(g.timed(work)?.unwrap_or_else(|| start.elapsed().as_secs_f64()))
+    }
     fn fill(&self, dst: &dyn Buffer, byte: u8) -> Result<()> {
         let d = self.buffer(dst)?;
         d.gpu.run(|r| {

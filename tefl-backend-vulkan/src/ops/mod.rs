@@ -1,9 +1,8 @@
 //! The Vulkan backend's ops, registered as `default.vulkan` (kind default: the routing tokens
-//! `flagos` and `default` select it). So far it serves the norms, the activations (with the
-//! dbias forms), the softmax family, RoPE, dropout, FP8, the multi-tensor optimizers and
-//! GEMM (portable tiles); attention follows (docs/coverage.md shows what is registered).
+//! `flagos` and `default` select it): every op of the catalogue (docs/coverage.md).
 
 pub mod activation;
+pub mod attention;
 pub mod dropout;
 pub mod fp8;
 pub mod gemm;
@@ -46,6 +45,7 @@ tefl_core::register_backend! {
             DropoutFwd => dropout::dropout_fwd; DropoutBwd => dropout::dropout_bwd;
             Quantize => fp8::quantize; ComputeAmax => fp8::compute_amax;
             GenericGemm => gemm::generic_gemm;
+            FusedAttnFwd => attention::fused_attn_fwd; FusedAttnBwd => attention::fused_attn_bwd;
             Gelu => activation::gelu; DGelu => activation::dgelu;
             Qgelu => activation::qgelu; DQgelu => activation::dqgelu;
             Relu => activation::relu; DRelu => activation::drelu;

@@ -299,6 +299,10 @@ fn torch_times(
         "cpu".to_string()
     } else if device.kind.name() == "cuda" {
         format!("cuda:{}", device.ordinal)
+    } else if device.kind.name() == "vulkan" {
+        // A Vulkan device is compared with torch on the machine's CUDA device (on the GPU
+        // machine, the same GPU).
+        "cuda:0".to_string()
     } else {
         return Err(format!("torch has no equivalent of device {device}"));
     };
