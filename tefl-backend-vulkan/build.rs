@@ -25,6 +25,8 @@ const ATTN_STAGES: [(&str, &[&str]); 3] = [
 /// constants, in order (`name=value`).
 struct Variant {
     shader: &'static str,
+    /// `enable` directives (they must open the module).
+    header: &'static str,
     files: &'static [&'static str],
     consts: Vec<(&'static str, String, u32)>,
 }
@@ -53,15 +55,17 @@ fn variants() -> Vec<Variant> {
                 let consts = vec![("TX", tx.into(), cx), ("TG", tg.into(), cg), ("WG", wg.to_string(), wg)];
                 v.push(Variant {
                     shader: "activation",
+                    header: "",
                     files: &["act_fns.wgsl", "activation.wgsl"],
                     consts: consts.clone(),
                 });
                 v.push(Variant {
                     shader: "activation_dbias",
+                    header: "",
                     files: &["act_fns.wgsl", "activation_dbias.wgsl"],
                     consts: consts.clone(),
                 });
-                v.push(Variant { shader: "softmax", files: &["rows.wgsl", "softmax.wgsl"], consts });
+                v.push(Variant { shader: "softmax", header: "", files: &["rows.wgsl", "softmax.wgsl"], consts });
             }
         }
     }
@@ -69,16 +73,19 @@ fn variants() -> Vec<Variant> {
         for wg in WORKGROUPS {
             v.push(Variant {
                 shader: "rope",
+                header: "",
                 files: &["rope.wgsl"],
                 consts: vec![("TX", tx.into(), cx), ("WG", wg.to_string(), wg)],
             });
             v.push(Variant {
                 shader: "fp8",
+                header: "",
                 files: &["fp8.wgsl"],
                 consts: vec![("TX", tx.into(), cx), ("WG", wg.to_string(), wg)],
             });
             v.push(Variant {
                 shader: "dropout",
+                header: "",
                 files: &["philox.wgsl", "dropout.wgsl"],
                 consts: vec![("TX", tx.into(), cx), ("WG", wg.to_string(), wg)],
             });
@@ -87,10 +94,18 @@ fn variants() -> Vec<Variant> {
     for (tx, cx) in DTYPES {
         v.push(Variant {
             shader: "gemm",
-            files: &["gemm.wgsl"],
+            header: "",
+            files: &["gemm_params.wgsl", "gemm.wgsl"],
             consts: vec![("TX", tx.into(), cx), ("WG", "256".into(), 256)],
         });
     }
+    // The product on cooperative matrices, for 16-bit inputs.
+    v.push(Variant {
+        shader: "gemm_coop",
+        header: "enable f16;\nenable wgpu_cooperative_matrix;\n",
+        files: &["gemm_params.wgsl", "gemm_coop.wgsl"],
+        consts: vec![("TX", "f16".into(), 1)],
+    });
     // Attention: each stage per dtype and largest head dim, BR rows per workgroup
     // (ops/attention.rs names the same values).
     for (tx, cx) in DTYPES {
@@ -98,6 +113,7 @@ fn variants() -> Vec<Variant> {
             for (shader, files) in ATTN_STAGES {
                 v.push(Variant {
                     shader,
+                    header: "",
                     files,
                     consts: vec![
                         ("TX", tx.into(), cx),
@@ -109,18 +125,22 @@ fn variants() -> Vec<Variant> {
         }
         v.push(Variant {
             shader: "attn_delta",
+            header: "",
             files: &["attn_delta.wgsl"],
             consts: vec![("TX", tx.into(), cx), ("WG", "256".into(), 256)],
         });
     }
+    v.push(Variant { shader: "copy", header: "", files: &["copy.wgsl"], consts: vec![("WG", "256".into(), 256)] });
     for wg in WORKGROUPS {
         v.push(Variant {
             shader: "optimizer",
+            header: "",
             files: &["rows.wgsl", "optimizer.wgsl"],
             consts: vec![("WG", wg.to_string(), wg)],
         });
         v.push(Variant {
             shader: "norm",
+            header: "",
             files: &["rows.wgsl", "norm.wgsl"],
             consts: vec![("WG", wg.to_string(), wg)],
         });
@@ -134,7 +154,16 @@ fn compile(name: &str, text: &str) -> Vec<u32> {
     let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
         .validate(&module)
         .unwrap_or_else(|e| panic!("{name}: WGSL does not validate:\n{}", e.emit_to_string(text)));
-    let options = naga::back::spv::Options { lang_version: (1, 3), ..Default::default() };
+    // No 16-bit inputs or outputs between stages exist in compute shaders; naga would otherwise
+    // declare StorageInputOutput16, which drivers without it reject. Loops are not given naga's
+    // extra iteration counters: every loop here is bounded by its sizes, and the counters keep
+    // drivers from unrolling (private arrays then go to memory).
+    let options = naga::back::spv::Options {
+        lang_version: (1, 3),
+        use_storage_input_output_16: false,
+        force_loop_bounding: false,
+        ..Default::default()
+    };
     let pipeline =
         naga::back::spv::PipelineOptions { shader_stage: naga::ShaderStage::Compute, entry_point: "main".into() };
     naga::back::spv::write_vec(&module, &info, &options, Some(&pipeline))
@@ -155,7 +184,7 @@ fn main() {
     table.push_str("pub static SHADERS: &[(&str, &[u8])] = &[\n");
     for v in variants() {
         let name = v.name();
-        let mut text = format!("{}{common}\n", v.prelude());
+        let mut text = format!("{}{}{common}\n", v.header, v.prelude());
         for f in v.files {
             text.push_str(&read(f));
             text.push('\n');

@@ -2,36 +2,14 @@
 // tiles (K in steps of 16 through shared memory, 4×4 outputs per invocation); stage 1 is the
 // epilogue (C, bias, GELU with aux, dGELU) rounding to D; stages 2 and 3 sum the unrounded
 // values over the rows for the bias gradient. Constants: TX (A and B), WG (= 256).
-// Dtypes of C, bias, aux and D are push constants.
+// Dtypes of C, bias, aux and D are push constants (gemm_params.wgsl, shared with gemm_coop.wgsl).
 
-struct Params {
-    stage: u32,
-    m: u32,
-    n: u32,
-    k: u32,
-    transa: u32,
-    transb: u32,
-    tc: u32,
-    tb: u32,
-    taux: u32,
-    td: u32,
-    // 0 none, 1 bias, 2 gelu, 3 bias+gelu, 4 dgelu, 5 dgelu+bias grad, 6 bias grad.
-    ep: u32,
-    accumulate: u32,
-    parts: u32,
-    alpha: f32,
-}
-
-@group(0) @binding(0) var<storage, read> a: array<u32>;
-@group(0) @binding(1) var<storage, read> b: array<u32>;
-@group(0) @binding(2) var<storage, read_write> w: array<f32>;
 @group(0) @binding(3) var<storage, read> c: array<u32>;
 @group(0) @binding(4) var<storage, read> bias: array<u32>;
 @group(0) @binding(5) var<storage, read> aux: array<u32>;
 @group(0) @binding(6) var<storage, read_write> d: array<u32>;
 // The aux output (stage 1), or the f32 partial column sums (stages 2 and 3).
 @group(0) @binding(7) var<storage, read_write> aux_out: array<u32>;
-var<immediate> p: Params;
 
 const TM: u32 = 64u;
 const TN: u32 = 64u;

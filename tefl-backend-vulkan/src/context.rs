@@ -51,6 +51,10 @@ pub struct PhysicalInfo {
     pub driver_version: u32,
     /// The valid bits of the queue family's timestamps (0: it cannot write them).
     pub timestamp_bits: u32,
+    /// Whether `gemm_coop.wgsl` can run: `VK_KHR_cooperative_matrix` with 16×16×16 f16 × f16 →
+    /// f32 at subgroup scope, f16 arithmetic, 16-bit storage, the Vulkan memory model, and
+    /// 32-lane subgroups (the shader's subgroup layout).
+    pub coop_matrix_f16: bool,
 }
 
 impl PhysicalInfo {
@@ -159,7 +163,7 @@ fn create() -> Result<Instance, String> {
         // SAFETY: the callback is a plain function; the messenger lives as long as the instance.
         unsafe { du.create_debug_utils_messenger(&info, None) }.ok().map(|m| (du, m))
     });
-    let devices = match list_devices(&instance) {
+    let devices = match list_devices(&entry, &instance) {
         Ok(d) => d,
         Err(e) => {
             // SAFETY: nothing created from the instance is alive except the messenger.
@@ -187,7 +191,7 @@ fn type_rank(t: vk::PhysicalDeviceType) -> u8 {
     }
 }
 
-fn list_devices(instance: &ash::Instance) -> Result<Vec<PhysicalInfo>, String> {
+fn list_devices(entry: &ash::Entry, instance: &ash::Instance) -> Result<Vec<PhysicalInfo>, String> {
     // SAFETY: `instance` is live; the handles it returns are only queried while it lives.
     let handles = unsafe { instance.enumerate_physical_devices() }
         .map_err(|e| format!("vkEnumeratePhysicalDevices failed: {e}"))?;
@@ -208,6 +212,7 @@ fn list_devices(instance: &ash::Instance) -> Result<Vec<PhysicalInfo>, String> {
             instance.get_physical_device_features2(h, &mut f2);
             (props, subgroup, instance.get_physical_device_queue_family_properties(h), f11)
         };
+        let coop_matrix_f16 = subgroup.subgroup_size == 32 && coop_matrix_f16(entry, instance, h);
         let Some((family, q)) =
             queues.iter().enumerate().find(|(_, q)| q.queue_flags.contains(vk::QueueFlags::COMPUTE))
         else {
@@ -224,6 +229,7 @@ fn list_devices(instance: &ash::Instance) -> Result<Vec<PhysicalInfo>, String> {
             storage_16bit: f11.storage_buffer16_bit_access == vk::TRUE,
             driver_version: props.driver_version,
             timestamp_bits: q.timestamp_valid_bits,
+            coop_matrix_f16,
         });
     }
     devices.sort_by_key(|d| type_rank(d.device_type));
@@ -231,6 +237,44 @@ fn list_devices(instance: &ash::Instance) -> Result<Vec<PhysicalInfo>, String> {
         return Err("no Vulkan 1.2 device with a compute queue".into());
     }
     select(devices, std::env::var(DEVICE_VAR).ok().as_deref())
+}
+
+/// The device extensions `gemm_coop.wgsl` needs.
+pub(crate) const COOP_EXTENSIONS: [&std::ffi::CStr; 1] = [ash::khr::cooperative_matrix::NAME];
+
+/// Whether device `h` offers what `gemm_coop.wgsl` needs (see [`PhysicalInfo::coop_matrix_f16`]).
+fn coop_matrix_f16(entry: &ash::Entry, instance: &ash::Instance, h: vk::PhysicalDevice) -> bool {
+    // SAFETY: a query of a physical device of the live instance.
+    let extensions = unsafe { instance.enumerate_device_extension_properties(h) }.unwrap_or_default();
+    let has = |name: &std::ffi::CStr| extensions.iter().any(|e| e.extension_name_as_c_str().is_ok_and(|n| n == name));
+    if !COOP_EXTENSIONS.iter().all(|n| has(n)) {
+        return false;
+    }
+    let mut coop = vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default();
+    let mut f11 = vk::PhysicalDeviceVulkan11Features::default();
+    let mut f12 = vk::PhysicalDeviceVulkan12Features::default();
+    let mut f2 = vk::PhysicalDeviceFeatures2::default().push_next(&mut coop).push_next(&mut f11).push_next(&mut f12);
+    // SAFETY: the chained structs outlive the call; the extension of `coop` is supported.
+    unsafe { instance.get_physical_device_features2(h, &mut f2) };
+    let features = coop.cooperative_matrix == vk::TRUE
+        && f11.storage_buffer16_bit_access == vk::TRUE
+        && f11.uniform_and_storage_buffer16_bit_access == vk::TRUE
+        && f12.shader_float16 == vk::TRUE
+        && f12.vulkan_memory_model == vk::TRUE;
+    if !features {
+        return false;
+    }
+    let ext = ash::khr::cooperative_matrix::Instance::new(entry, instance);
+    // SAFETY: the extension is supported by `h`; a plain query.
+    let shapes = unsafe { ext.get_physical_device_cooperative_matrix_properties(h) }.unwrap_or_default();
+    shapes.iter().any(|p| {
+        (p.m_size, p.n_size, p.k_size) == (16, 16, 16)
+            && p.a_type == vk::ComponentTypeKHR::FLOAT16
+            && p.b_type == vk::ComponentTypeKHR::FLOAT16
+            && p.c_type == vk::ComponentTypeKHR::FLOAT32
+            && p.result_type == vk::ComponentTypeKHR::FLOAT32
+            && p.scope == vk::ScopeKHR::SUBGROUP
+    })
 }
 
 /// Narrows `devices` to the one `choice` names (an index into the list, or a case-insensitive
@@ -269,6 +313,7 @@ mod tests {
             storage_16bit: true,
             driver_version: 0,
             timestamp_bits: 64,
+            coop_matrix_f16: false,
         }
     }
 

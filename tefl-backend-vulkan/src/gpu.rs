@@ -86,6 +86,24 @@ pub struct Gpu {
     pool: Mutex<BufferPool>,
     /// While timing (`Some`), the device seconds of every submission so far.
     timing: Mutex<Option<f64>>,
+    /// Whether the cooperative-matrix shaders may run (the device has what they need, enabled
+    /// at creation, and `TEFL_VULKAN_COOPMAT=1` asks for them).
+    pub coop: bool,
+}
+
+/// The variable that turns the cooperative-matrix GEMM on (`1`) where the device has it; `0` or
+/// unset: the portable tiles only. Off by default: on the H100 the portable kernel ran f16 4096³
+/// at 16 TFLOP/s and `gemm_coop.wgsl` at 5 (NVIDIA's Vulkan driver, 2026-11-24).
+pub const COOPMAT_VAR: &str = "TEFL_VULKAN_COOPMAT";
+
+/// Whether the value of `TEFL_VULKAN_COOPMAT` lets tefl use cooperative matrices; a value other
+/// than 0/1 is an error naming the variable.
+fn coop_wanted(value: Option<&str>) -> Result<bool> {
+    match value.map(str::trim) {
+        Some("1") => Ok(true),
+        None | Some("") | Some("0") => Ok(false),
+        Some(other) => Err(Error::config(COOPMAT_VAR, other, "expected 1 (cooperative matrices) or 0 (the default)")),
+    }
 }
 
 // SAFETY: every Vulkan object that needs external synchronisation (the queue, the command pool
@@ -122,8 +140,26 @@ impl Gpu {
         let queues = [vk::DeviceQueueCreateInfo::default()
             .queue_family_index(physical.queue_family)
             .queue_priorities(&priorities)];
-        let info = vk::DeviceCreateInfo::default().queue_create_infos(&queues);
-        // SAFETY: the physical device belongs to the live instance; `info` outlives the call.
+        let wanted = coop_wanted(std::env::var(COOPMAT_VAR).ok().as_deref())?;
+        let coop = physical.coop_matrix_f16 && wanted;
+        let extensions: Vec<*const std::ffi::c_char> =
+            if coop { crate::context::COOP_EXTENSIONS.iter().map(|n| n.as_ptr()).collect() } else { Vec::new() };
+        let mut coop_features = vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default().cooperative_matrix(true);
+        let mut f11 = vk::PhysicalDeviceVulkan11Features::default()
+            .storage_buffer16_bit_access(true)
+            .uniform_and_storage_buffer16_bit_access(true);
+        let mut f12 = vk::PhysicalDeviceVulkan12Features::default().shader_float16(true).vulkan_memory_model(true);
+        let mut info = vk::DeviceCreateInfo::default().queue_create_infos(&queues);
+        if coop {
+            // Each was checked to be supported (context.rs, coop_matrix_f16).
+            info = info
+                .enabled_extension_names(&extensions)
+                .push_next(&mut coop_features)
+                .push_next(&mut f11)
+                .push_next(&mut f12);
+        }
+        // SAFETY: the physical device belongs to the live instance; `info` and what it points to
+        // outlive the call.
         let device = unsafe { inst.instance.create_device(physical.handle, &info, None) }
             .map_err(|e| err("vkCreateDevice", e))?;
         let allocator = Allocator::new(&AllocatorCreateDesc {
@@ -183,6 +219,7 @@ impl Gpu {
             pipelines: Mutex::new(HashMap::new()),
             pool: Mutex::new(BufferPool::default()),
             timing: Mutex::new(None),
+            coop,
         })
     }
 
@@ -593,7 +630,16 @@ pub fn shader_names() -> impl Iterator<Item = &'static str> {
 
 #[cfg(test)]
 mod tests {
-    use super::size_class;
+    use super::{COOPMAT_VAR, coop_wanted, size_class};
+
+    #[test]
+    fn the_coopmat_knob_takes_0_or_1_and_names_itself_otherwise() {
+        assert!(!coop_wanted(None).unwrap());
+        assert!(coop_wanted(Some("1")).unwrap());
+        assert!(!coop_wanted(Some(" 0 ")).unwrap());
+        let e = coop_wanted(Some("yes")).unwrap_err().to_string();
+        assert!(e.contains(COOPMAT_VAR) && e.contains("yes"), "{e}");
+    }
 
     #[test]
     fn size_classes_are_whole_words_then_powers_of_two_then_whole_mib() {

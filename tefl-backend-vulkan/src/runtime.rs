@@ -179,10 +179,23 @@ impl DeviceRuntime for VulkanRuntime {
                 s.len, s.gpu.device_id, d.len, d.gpu.device_id
             )));
         }
-        d.gpu.run(|r| {
-            r.copy(s.buffer, d.buffer, s.len as u64);
-            Ok(())
-        })
+        if s.len == 0 {
+            return Ok(());
+        }
+        // A compute copy (NVIDIA's transfer path is far slower), of whole words: both buffers
+        // are rounded up to words (`Gpu::create_buffer`), so it stays inside them. Buffers past
+        // what one storage binding may cover take the transfer path.
+        let range = u64::from(d.gpu.physical.limits.max_storage_buffer_range);
+        if s.size.max(d.size) > range {
+            return d.gpu.run(|r| {
+                r.copy(s.buffer, d.buffer, s.len as u64);
+                Ok(())
+            });
+        }
+        let words = (s.len.div_ceil(4)) as u32; // below 2^30: the range is at most 4 GiB
+        let pipeline = d.gpu.pipeline("copy.wg=256", 2, 4)?;
+        let groups = words.div_ceil(256 * 4).clamp(1, crate::ops::MAX_GROUPS);
+        d.gpu.run(|r| r.dispatch(&pipeline, &[s.binding(), d.binding()], &words.to_le_bytes(), (groups, 1, 1)))
     }
     fn synchronize(&self, device: Device) -> Result<()> {
         gpu(device)?.wait_idle()

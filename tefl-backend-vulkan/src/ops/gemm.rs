@@ -2,7 +2,10 @@
 //! a shared-memory tiled product in f32 (64×64 tiles, 4×4 outputs per invocation), then the
 //! epilogue (C, bias, GELU with the pre-activation in aux, dGELU) rounding to D, and for the
 //! bias-gradient epilogues the column sums of the unrounded values. f32, f16 and bf16 inputs,
-//! f32 accumulation; no tensor cores yet.
+//! f32 accumulation. With `TEFL_VULKAN_COOPMAT=1` on a device with cooperative matrices
+//! (`Gpu::coop`), f16 products run on them (`shaders/gemm_coop.wgsl`, tensor cores on NVIDIA);
+//! not by default, since it is slower than the portable tiles so far. bf16 stays on the portable
+//! tiles (WGSL has no bf16 type).
 
 use tefl_core::catalogue::*;
 use tefl_core::{DType, Error, KernelCtx, Result, Tensor};
@@ -15,6 +18,8 @@ use crate::runtime;
 const PUSH_BYTES: u32 = 56;
 /// Rows and columns of D per workgroup of the product.
 const TILE: usize = 64;
+/// Rows and columns of W per workgroup of the cooperative-matrix product.
+const COOP_TILE: usize = 128;
 /// Invocations per workgroup (the shader's WG).
 const WG: u32 = 256;
 /// Row parts of the bias-gradient column sums.
@@ -62,6 +67,13 @@ pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
     let name = format!("gemm.tx={}.wg={WG}", dtype_name(OP, "a", a.a.dtype())?);
     let gpu = gpu(dev)?;
     let pipeline = gpu.pipeline(&name, 8, PUSH_BYTES)?;
+    // The product on cooperative matrices for f16 (same tiles, bindings and push constants).
+    let (product, product_groups) = if gpu.coop && a.a.dtype() == DType::F16 && a.b.dtype() == DType::F16 {
+        let groups = (n.div_ceil(COOP_TILE) as u32, m.div_ceil(COOP_TILE) as u32, 1);
+        (gpu.pipeline("gemm_coop.tx=f16", 8, PUSH_BYTES)?, groups)
+    } else {
+        (pipeline.clone(), (tiles_n as u32, tiles_m as u32, 1))
+    };
     let rt = runtime::global();
     let bind = |t: &Tensor| rt.buffer(t.buffer().as_ref()).map(|b| b.binding());
     let or_w = |t: Option<&Tensor>| t.map_or_else(|| bind(&w), bind);
@@ -110,7 +122,7 @@ pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
     };
     gpu.run(|r| {
         if k > 0 {
-            r.dispatch(&pipeline, &main, &p0, (tiles_n as u32, tiles_m as u32, 1))?;
+            r.dispatch(&product, &main, &p0, product_groups)?;
         }
         r.dispatch(&pipeline, &main, &p1, (epi_groups, 1, 1))?;
         if let Some((partial, finish, p2, p3)) = &sums {

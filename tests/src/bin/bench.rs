@@ -129,11 +129,14 @@ fn cases(c: &Ctx, small: bool) -> tefl_core::Result<Vec<Case>> {
         },
     ));
     let sizes: &[usize] = if small { &[1024, 2048] } else { &[4096, 8192] };
-    for &m in sizes {
-        let a = c.t(&[m, m], bf)?;
+    // bf16 at each size, and f16 at the first (backends whose fast path differs by dtype: Vulkan's
+    // cooperative matrices take f16 only).
+    let gemms = sizes.iter().map(|&m| (m, bf, "")).chain([(sizes[0], DType::F16, " f16")]);
+    for (m, dt, tag) in gemms {
+        let a = c.t(&[m, m], dt)?;
         v.push(c.case::<GenericGemm>(
-            format!("gemm {m}^3"),
-            format!("gemm {m}"),
+            format!("gemm{tag} {m}^3"),
+            format!("gemm{} {m}", tag.replace(' ', "_")),
             0.0,
             2.0 * (m as f64).powi(3),
             GemmArgs {
@@ -147,7 +150,7 @@ fn cases(c: &Ctx, small: bool) -> tefl_core::Result<Vec<Case>> {
                 alpha: 1.0,
                 accumulate: false,
                 epilogue: GemmEpilogue::None,
-                out_dtype: bf,
+                out_dtype: dt,
             },
         ));
     }
@@ -266,6 +269,8 @@ for spec, reps in cases:
             f = lambda: x * c + torch.cat((-x[..., d // 2:], x[..., : d // 2]), -1) * sn
         elif op == "gemm":
             m = a[0]; x = t(m, m); f = lambda: x @ x
+        elif op == "gemm_f16":
+            m = a[0]; x = t(m, m, dt=torch.float16); f = lambda: x @ x
         elif op in ("attn_fwd", "attn_bwd"):
             b, h, s, d = a; q = t(b, h, s, d).requires_grad_(op == "attn_bwd")
             from torch.nn.attention import sdpa_kernel, SDPBackend
