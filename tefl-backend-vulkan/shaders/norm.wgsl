@@ -62,8 +62,11 @@ fn layer() -> bool {
 // Output element e of the block starting at row0.
 fn element(e: u32, row0: u32) -> f32 {
     let r = e / p.n;
-    let j = e - r * p.n;
-    let st = stat[r - row0];
+    return element_at(e, e - r * p.n, stat[r - row0]);
+}
+
+// Output element e, column j of its row, whose statistics are st.
+fn element_at(e: u32, j: u32, st: vec4<f32>) -> f32 {
     let xh = (ld_x(e) - st.x) * st.y;
     if (p.stage <= 1u) {
         var y = xh * scale_of(j);
@@ -78,6 +81,28 @@ fn element(e: u32, row0: u32) -> f32 {
         dx += ld_add(e);
     }
     return dx;
+}
+
+// This invocation's part of Σ (x − c) (squared when `sq`) over the row starting at element
+// `base`: whole words of two elements where the row starts on a word and has even length (one
+// load per word instead of one per element), else element by element.
+fn row_moment(base: u32, c: f32, sq: bool, lane: u32) -> f32 {
+    var s = 0.0;
+    if (p.tx != F32 && (base & 1u) == 0u && (p.n & 1u) == 0u) {
+        let w0 = base >> 1u;
+        for (var w = lane; w < (p.n >> 1u); w += WG) {
+            let word = x[w0 + w];
+            let lo = unpack(word, 0u, p.tx) - c;
+            let hi = unpack(word, 1u, p.tx) - c;
+            s += select(lo + hi, lo * lo + hi * hi, sq);
+        }
+        return s;
+    }
+    for (var j = lane; j < p.n; j += WG) {
+        let v = ld_x(base + j) - c;
+        s += select(v, v * v, sq);
+    }
+    return s;
 }
 
 fn column_sums(j: u32) -> f32 {
@@ -120,18 +145,9 @@ fn main(
             var rsig = 0.0;
             if (p.stage <= 1u) {
                 if (layer()) {
-                    var s = 0.0;
-                    for (var j = lane; j < p.n; j += WG) {
-                        s += ld_x(base + j);
-                    }
-                    mean = reduce_sum(s, lane) / nf;
+                    mean = reduce_sum(row_moment(base, 0.0, false, lane), lane) / nf;
                 }
-                var q = 0.0;
-                for (var j = lane; j < p.n; j += WG) {
-                    let c = ld_x(base + j) - mean;
-                    q += c * c;
-                }
-                rsig = inverseSqrt(reduce_sum(q, lane) / nf + p.eps);
+                rsig = inverseSqrt(reduce_sum(row_moment(base, mean, true, lane), lane) / nf + p.eps);
                 if (lane == 0u) {
                     rs[row] = rsig;
                     if (layer()) {
@@ -166,14 +182,28 @@ fn main(
         workgroupBarrier();
         let e0 = row0 * p.n;
         let e1 = (row0 + nrows) * p.n;
-        for (var w = e0 / per + lane; w < (e1 + per - 1u) / per; w += WG) {
-            let e = w * per;
-            let lo = element(e, row0);
-            var hi = 0.0;
-            if (per == 2u && e + 1u < e1) {
-                hi = element(e + 1u, row0);
+        if (nrows == 1u) {
+            // One row (rows start on a word): columns follow from the word, no division.
+            let st = stat[0];
+            for (var w = e0 / per + lane; w < (e1 + per - 1u) / per; w += WG) {
+                let e = w * per;
+                let lo = element_at(e, e - e0, st);
+                var hi = 0.0;
+                if (per == 2u && e + 1u < e1) {
+                    hi = element_at(e + 1u, e + 1u - e0, st);
+                }
+                out[w] = pack(lo, hi, p.to);
             }
-            out[w] = pack(lo, hi, p.to);
+        } else {
+            for (var w = e0 / per + lane; w < (e1 + per - 1u) / per; w += WG) {
+                let e = w * per;
+                let lo = element(e, row0);
+                var hi = 0.0;
+                if (per == 2u && e + 1u < e1) {
+                    hi = element(e + 1u, row0);
+                }
+                out[w] = pack(lo, hi, p.to);
+            }
         }
         if (p.stage >= 2u) {
             // This workgroup's partial column sums of dy·x̂ (ws row `group`) and dy (after

@@ -221,8 +221,17 @@ fn cases(c: &Ctx, small: bool) -> tefl_core::Result<Vec<Case>> {
 /// timed by the device's runtime (device events where it has them).
 fn median_secs(reps: usize, device: Device, f: &dyn Fn() -> tefl_core::Result<()>) -> tefl_core::Result<f64> {
     let rt = tefl_core::device::runtime(device.kind)?;
-    f()?;
-    rt.synchronize(device)?;
+    // Warm-up: repeated for at least 0.2 s (at most 50 calls), so that a GPU idle before the case
+    // has raised its clocks (the H100 under Vulkan showed 345 MHz between short submissions, and
+    // single warm-ups left medians up to 4x apart from one run to the next).
+    let warm = Instant::now();
+    for _ in 0..50 {
+        f()?;
+        rt.synchronize(device)?;
+        if warm.elapsed().as_secs_f64() >= 0.2 {
+            break;
+        }
+    }
     let budget = Instant::now();
     let mut ts = Vec::new();
     while ts.len() < reps && (ts.len() < 3 || budget.elapsed().as_secs_f64() < 20.0) {
