@@ -49,6 +49,10 @@ pub struct PhysicalInfo {
     pub storage_16bit: bool,
     /// `driverVersion`, as the driver reports it.
     pub driver_version: u32,
+    /// `deviceID`.
+    pub device_id: u32,
+    /// `pipelineCacheUUID`: pipeline cache data is only valid for this value.
+    pub pipeline_cache_uuid: [u8; 16],
     /// The valid bits of the queue family's timestamps (0: it cannot write them).
     pub timestamp_bits: u32,
     /// Whether `gemm_coop.wgsl` can run: `VK_KHR_cooperative_matrix` with 16×16×16 f16 × f16 →
@@ -228,6 +232,8 @@ fn list_devices(entry: &ash::Entry, instance: &ash::Instance) -> Result<Vec<Phys
             subgroup_size: subgroup.subgroup_size.max(1),
             storage_16bit: f11.storage_buffer16_bit_access == vk::TRUE,
             driver_version: props.driver_version,
+            device_id: props.device_id,
+            pipeline_cache_uuid: props.pipeline_cache_uuid,
             timestamp_bits: q.timestamp_valid_bits,
             coop_matrix_f16,
         });
@@ -312,6 +318,8 @@ mod tests {
             subgroup_size: 32,
             storage_16bit: true,
             driver_version: 0,
+            device_id: 0,
+            pipeline_cache_uuid: [0; 16],
             timestamp_bits: 64,
             coop_matrix_f16: false,
         }

@@ -1,7 +1,8 @@
 //! One opened Vulkan device: the logical device with its compute queue, the memory allocator
 //! (`gpu-allocator`: sub-allocated device-local memory, host-visible staging buffers), the
-//! compute pipelines of the SPIR-V that `build.rs` made, and the recorder every op's commands go
-//! through.
+//! compute pipelines of the SPIR-V that `build.rs` made (through a `VkPipelineCache` kept in
+//! `$TEFL_CACHE_DIR/vulkan/`, checksummed, written atomically), and the recorder every op's
+//! commands go through.
 //!
 //! Submission is synchronous: [`Gpu::run`] records one command buffer (with timestamps around
 //! it while `Gpu::timed` measures), submits it and waits for its fence, so a buffer dropped
@@ -9,6 +10,7 @@
 //! each submission.
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use ash::vk;
@@ -86,6 +88,10 @@ pub struct Gpu {
     pool: Mutex<BufferPool>,
     /// While timing (`Some`), the device seconds of every submission so far.
     timing: Mutex<Option<f64>>,
+    /// The pipeline cache every pipeline is created through, loaded from and saved to
+    /// `cache_file` (`$TEFL_CACHE_DIR/vulkan/`).
+    pipeline_cache: vk::PipelineCache,
+    cache_file: Option<PathBuf>,
     /// Whether the cooperative-matrix shaders may run (the device has what they need, enabled
     /// at creation, and `TEFL_VULKAN_COOPMAT=1` asks for them).
     pub coop: bool,
@@ -210,6 +216,20 @@ impl Gpu {
             };
             Submitter { queue, _pool: pool, cmd, fence, descriptors, queries }
         };
+        let cache_file = pipeline_cache_file(&physical);
+        let initial = cache_file.as_deref().and_then(read_pipeline_cache).unwrap_or_default();
+        // SAFETY: the device is live; the initial data outlives the call (a driver ignores data
+        // it does not recognise; tefl only offers data saved for this device's cache UUID).
+        let pipeline_cache = unsafe {
+            let made =
+                device.create_pipeline_cache(&vk::PipelineCacheCreateInfo::default().initial_data(&initial), None);
+            match made {
+                Ok(c) => c,
+                Err(_) => device
+                    .create_pipeline_cache(&vk::PipelineCacheCreateInfo::default(), None)
+                    .map_err(|e| err("vkCreatePipelineCache", e))?,
+            }
+        };
         Ok(Gpu {
             device_id,
             physical,
@@ -219,6 +239,8 @@ impl Gpu {
             pipelines: Mutex::new(HashMap::new()),
             pool: Mutex::new(BufferPool::default()),
             timing: Mutex::new(None),
+            pipeline_cache,
+            cache_file,
             coop,
         })
     }
@@ -374,12 +396,33 @@ impl Gpu {
                 .module(module)
                 .name(c"main");
             let info = [vk::ComputePipelineCreateInfo::default().stage(stage).layout(layout)];
-            let made = self.device.create_compute_pipelines(vk::PipelineCache::null(), &info, None);
+            let made = self.device.create_compute_pipelines(self.pipeline_cache, &info, None);
             self.device.destroy_shader_module(module, None);
             let pipeline = made.map_err(|(_, e)| err("vkCreateComputePipelines", e))?[0];
             let p = Arc::new(Pipeline { set_layout, layout, pipeline, bindings, push_bytes });
             map.insert(name.to_string(), p.clone());
+            self.save_pipeline_cache();
             Ok(p)
+        }
+    }
+
+    /// Writes the pipeline cache's data to its file (atomically, with a checksum); a cache that
+    /// cannot be written costs a warning, nothing else.
+    fn save_pipeline_cache(&self) {
+        let Some(path) = &self.cache_file else { return };
+        // SAFETY: the cache is this device's; calls creating pipelines through it are serialised
+        // by the pipelines' lock, which the caller holds.
+        let data = match unsafe { self.device.get_pipeline_cache_data(self.pipeline_cache) } {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!(target: "TE-FL", "Vulkan pipeline cache not saved: {e}");
+                return;
+            }
+        };
+        let mut bytes = tefl_core::tuning::fnv1a64(&data).to_le_bytes().to_vec();
+        bytes.extend_from_slice(&data);
+        if let Err(e) = tefl_core::tuning::write_atomic(path, &bytes) {
+            tracing::warn!(target: "TE-FL", "Vulkan pipeline cache not saved: {e}");
         }
     }
 
@@ -481,6 +524,31 @@ impl Gpu {
         // SAFETY: the queue is used under the submitter's lock.
         unsafe { self.device.queue_wait_idle(s.queue) }.map_err(|e| vk_error(self.device_id, "vkQueueWaitIdle", e))
     }
+}
+
+/// The pipeline cache file of a device: `$TEFL_CACHE_DIR/vulkan/<vendor>-<device>-<driver>-<cache
+/// UUID>.bin` (`None` when no cache folder can be named).
+fn pipeline_cache_file(p: &PhysicalInfo) -> Option<PathBuf> {
+    let dir = tefl_core::tuning::default_cache_dir().ok()?;
+    let uuid: String = p.pipeline_cache_uuid.iter().map(|b| format!("{b:02x}")).collect();
+    Some(dir.join("vulkan").join(format!("{:04x}-{:04x}-{:x}-{uuid}.bin", p.vendor_id, p.device_id, p.driver_version)))
+}
+
+/// The pipeline cache data saved at `path`: `None` when the file is missing, or its checksum
+/// (FNV-1a of the data, 8 bytes little-endian, before it) does not match.
+pub fn read_pipeline_cache(path: &Path) -> Option<Vec<u8>> {
+    let bytes = std::fs::read(path).ok()?;
+    let (sum, data) = bytes.split_at_checked(8)?;
+    let ok = u64::from_le_bytes(sum.try_into().ok()?) == tefl_core::tuning::fnv1a64(data);
+    if !ok {
+        tracing::warn!(target: "TE-FL", "Vulkan pipeline cache {} is damaged; not used", path.display());
+    }
+    ok.then(|| data.to_vec())
+}
+
+/// The pipeline cache file of the Vulkan device `device` (tests; `None` when it has none).
+pub fn pipeline_cache_path(device: Device) -> Result<Option<PathBuf>> {
+    Ok(gpu(device)?.cache_file.clone())
 }
 
 /// A storage buffer bound to a dispatch: the buffer and its size in bytes.
