@@ -12,8 +12,11 @@ use crate::runtime;
 
 /// Bytes of the shader's push constants (fourteen 32-bit fields).
 const PUSH_BYTES: u32 = 56;
-/// The most workgroups (rows of partial column sums) of a backward.
-const MAX_PARTS: usize = 256;
+/// The most workgroups (rows of partial column sums) of a backward: enough to fill a large GPU
+/// (the H100's 132 SMs hold 8 workgroups of 256 each) ...
+const MAX_PARTS: usize = 1024;
+/// ... while the partial sums (2 · parts · n f32) stay within 64 MiB.
+const PARTS_BYTES: usize = 64 << 20;
 
 /// Every field of the shader's `Params`.
 #[derive(Default, Clone, Copy)]
@@ -173,7 +176,7 @@ fn backward(
     let dgamma = Tensor::uninit(gamma.shape(), gamma.dtype(), &dev)?;
     let dbeta = if layer { Some(Tensor::uninit(gamma.shape(), gamma.dtype(), &dev)?) } else { None };
     let rpg = rpg(x.dtype(), n);
-    let parts = rows.div_ceil(rpg).min(MAX_PARTS);
+    let parts = rows.div_ceil(rpg).min(MAX_PARTS).min((PARTS_BYTES / (8 * n)).max(64));
     if 2 * parts * n >= (1usize << 31) {
         return Err(too_big(op, ctx, 2 * parts * n));
     }
