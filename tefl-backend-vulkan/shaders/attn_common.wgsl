@@ -13,8 +13,9 @@
 // through the caches. Lavapipe runs a workgroup with barriers as coroutines, and LLVM took about
 // 50 s to compile one such variant with DM-wide private rows live across the barriers.
 //
-// Bindings 0 and 1 are cu_seqlens_q and cu_seqlens_kv (any buffer when the layout and mask do
-// not read them); each stage binds its tensors from 2 on.
+// Bindings 0 to 5 are every stage's inputs: cu_seqlens_q and cu_seqlens_kv (any buffer when
+// the layout and mask do not read them), q, k, v and dO (any buffer in the forward); each stage
+// binds its other tensors from 6 on.
 
 // Keys per step of the forward's online softmax.
 const BC: u32 = 16u;
@@ -50,7 +51,25 @@ struct AttnParams {
 
 @group(0) @binding(0) var<storage, read> cu_q: array<i32>;
 @group(0) @binding(1) var<storage, read> cu_k: array<i32>;
+@group(0) @binding(2) var<storage, read> q: array<u32>;
+@group(0) @binding(3) var<storage, read> k: array<u32>;
+@group(0) @binding(4) var<storage, read> v: array<u32>;
+@group(0) @binding(5) var<storage, read> d_o: array<u32>;
 var<immediate> a: AttnParams;
+
+// Element e of input `buf`: 0 q, 1 k, 2 v, 3 dO.
+fn ld(buf: u32, e: u32) -> f32 {
+    if (buf == 0u) {
+        return unpack(q[word_of(e, TX)], e, TX);
+    }
+    if (buf == 1u) {
+        return unpack(k[word_of(e, TX)], e, TX);
+    }
+    if (buf == 2u) {
+        return unpack(v[word_of(e, TX)], e, TX);
+    }
+    return unpack(d_o[word_of(e, TX)], e, TX);
+}
 
 fn neg_inf() -> f32 {
     return bitcast<f32>(0xFF800000u);
@@ -145,6 +164,38 @@ fn block_queries(s: Seq, j0: i32, j1: i32) -> vec2<i32> {
     return vec2<i32>(first, max(last, first));
 }
 
+// The query row of an invocation of the forward and dQ stages: workgroup (query block, head h,
+// sequence b), row i = block·BR + t.
+struct QueryRow {
+    b: u32,
+    h: u32,
+    // The kv head of h (GQA).
+    hkv: u32,
+    s: Seq,
+    // Rows of the sequence's slot in the outputs (sq; its length for thd).
+    slot: i32,
+    // The first row of the workgroup.
+    q0: i32,
+    i: i32,
+    valid: bool,
+    // The keys row i sees.
+    r: vec2<i32>,
+}
+
+fn query_row(wid: vec3<u32>, t: u32) -> QueryRow {
+    var x: QueryRow;
+    x.b = wid.z;
+    x.h = wid.y;
+    x.hkv = x.h / (a.hq / a.hk);
+    x.s = seq_of(x.b);
+    x.slot = select(i32(a.sq), x.s.lq, a.qkv_layout == 2u);
+    x.q0 = i32(wid.x * BR);
+    x.i = x.q0 + i32(t);
+    x.valid = x.i < x.s.lq;
+    x.r = key_range(x.s, x.i);
+    return x;
+}
+
 // The index of (sequence b, head h, position i) in softmax_lse.
 fn lse_index(s: Seq, b: u32, h: u32, i: u32) -> u32 {
     if (a.qkv_layout == 2u) {
@@ -174,7 +225,6 @@ fn row_base(token_row: u32, heads: u32, h: u32) -> u32 {
 
 // Row helpers over the head dim, four elements per iteration (lavapipe ends any invocation's
 // loops after 65535 iterations in all, so iterations are kept few; the host checks the bound).
-// `ld(buf, e)` is the stage's load of element e of its input `buf`.
 
 // Loads d elements of input `buf` from element `base` (0 where `on` is false, and past d).
 fn load_row(row: ptr<function, array<f32, DM>>, buf: u32, base: u32, on: bool) {

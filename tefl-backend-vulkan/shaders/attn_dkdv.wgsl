@@ -1,13 +1,9 @@
 // Flash attention backward, dK and dV: one key row per invocation (BR keys of one kv head of one
-// sequence per workgroup), over every query head of its group and the queries that may see the
-// block's keys, recomputing P from lse, no atomics:
+// sequence per workgroup), over every query head of its group and the queries that may see its
+// key, recomputing P from lse, no atomics:
 // dV_j = Σ_i P_ij z_ij dO_i, dK_j = scale Σ_i P_ij (z_ij dO_i·V_j − delta_i) q_i.
 // Workgroups: (key blocks, hk, batch).
 
-@group(0) @binding(2) var<storage, read> q: array<u32>;
-@group(0) @binding(3) var<storage, read> k: array<u32>;
-@group(0) @binding(4) var<storage, read> v: array<u32>;
-@group(0) @binding(5) var<storage, read> d_o: array<u32>;
 @group(0) @binding(6) var<storage, read> lse: array<f32>;
 @group(0) @binding(7) var<storage, read> delta: array<f32>;
 @group(0) @binding(8) var<storage, read_write> dk: array<atomic<u32>>;
@@ -31,18 +27,6 @@ fn out_merge(slot: u32, w: u32, bits: u32, keep: u32) {
     }
 }
 
-fn ld(buf: u32, e: u32) -> f32 {
-    if (buf == 0u) {
-        return unpack(q[word_of(e, TX)], e, TX);
-    }
-    if (buf == 1u) {
-        return unpack(k[word_of(e, TX)], e, TX);
-    }
-    if (buf == 2u) {
-        return unpack(v[word_of(e, TX)], e, TX);
-    }
-    return unpack(d_o[word_of(e, TX)], e, TX);
-}
 
 @compute @workgroup_size(BR)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {

@@ -162,12 +162,13 @@ pub fn fused_attn_fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<AttnFwdOut
     };
     let lse = Tensor::uninit(g.lse_shape(), DType::F32, &dev)?;
     let gpu = gpu(dev)?;
-    let pipeline = gpu.pipeline(&format!("attn_fwd{}", p.suffix), 7, PUSH_BYTES)?;
+    let pipeline = gpu.pipeline(&format!("attn_fwd{}", p.suffix), 8, PUSH_BYTES)?;
     let [cq, ck] = cu_bindings(cu_q, cu_k, &a.q)?;
-    let bindings = [cq, ck, bind(&a.q)?, bind(&a.k)?, bind(&a.v)?, bind(&o)?, bind(&lse)?];
+    // Binding 5 (dO) is not read by the forward.
+    let bindings = [cq, ck, bind(&a.q)?, bind(&a.k)?, bind(&a.v)?, bind(&a.q)?, bind(&o)?, bind(&lse)?];
     gpu.run(|r| {
         if thd {
-            r.fill_word(bindings[6], f32::NEG_INFINITY.to_bits());
+            r.fill_word(bindings[7], f32::NEG_INFINITY.to_bits());
         }
         r.dispatch(&pipeline, &bindings, &p.push, (g.sq.div_ceil(ROWS) as u32, g.hq as u32, g.batch as u32))
     })?;
