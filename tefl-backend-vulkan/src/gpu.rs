@@ -92,6 +92,9 @@ pub struct Gpu {
     /// `cache_file` (`$TEFL_CACHE_DIR/vulkan/`).
     pipeline_cache: vk::PipelineCache,
     cache_file: Option<PathBuf>,
+    /// The checksum of the data last read from or written to `cache_file` (a pipeline the
+    /// cache already held leaves the data unchanged, and the file is not rewritten).
+    cache_saved: Mutex<u64>,
     /// Whether the cooperative-matrix shaders may run (the device has what they need, enabled
     /// at creation, and `TEFL_VULKAN_COOPMAT=1` asks for them).
     pub coop: bool,
@@ -218,6 +221,7 @@ impl Gpu {
         };
         let cache_file = pipeline_cache_file(&physical);
         let initial = cache_file.as_deref().and_then(read_pipeline_cache).unwrap_or_default();
+        let cache_saved = Mutex::new(tefl_core::tuning::fnv1a64(&initial));
         // SAFETY: the device is live; the initial data outlives the call (a driver ignores data
         // it does not recognise; tefl only offers data saved for this device's cache UUID).
         let pipeline_cache = unsafe {
@@ -241,6 +245,7 @@ impl Gpu {
             timing: Mutex::new(None),
             pipeline_cache,
             cache_file,
+            cache_saved,
             coop,
         })
     }
@@ -406,8 +411,8 @@ impl Gpu {
         }
     }
 
-    /// Writes the pipeline cache's data to its file (atomically, with a checksum); a cache that
-    /// cannot be written costs a warning, nothing else.
+    /// Writes the pipeline cache's data to its file (atomically, with a checksum) when it differs
+    /// from what the file holds; a cache that cannot be written costs a warning, nothing else.
     fn save_pipeline_cache(&self) {
         let Some(path) = &self.cache_file else { return };
         // SAFETY: the cache is this device's; calls creating pipelines through it are serialised
@@ -419,10 +424,16 @@ impl Gpu {
                 return;
             }
         };
-        let mut bytes = tefl_core::tuning::fnv1a64(&data).to_le_bytes().to_vec();
+        let sum = tefl_core::tuning::fnv1a64(&data);
+        let mut saved = self.cache_saved.lock().unwrap_or_else(|p| p.into_inner());
+        if *saved == sum {
+            return;
+        }
+        let mut bytes = sum.to_le_bytes().to_vec();
         bytes.extend_from_slice(&data);
-        if let Err(e) = tefl_core::tuning::write_atomic(path, &bytes) {
-            tracing::warn!(target: "TE-FL", "Vulkan pipeline cache not saved: {e}");
+        match tefl_core::tuning::write_atomic(path, &bytes) {
+            Ok(()) => *saved = sum,
+            Err(e) => tracing::warn!(target: "TE-FL", "Vulkan pipeline cache not saved: {e}"),
         }
     }
 
