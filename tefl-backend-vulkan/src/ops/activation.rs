@@ -9,7 +9,6 @@ use tefl_core::{DType, Error, KernelCtx, Result, Tensor};
 
 use super::{MAX_GROUPS, dtype_name};
 use crate::gpu::gpu;
-use crate::runtime;
 
 /// Bytes of the shader's push constants (six 32-bit fields).
 const PUSH_BYTES: u32 = 24;
@@ -67,8 +66,7 @@ fn launch(
         format!("activation.tx={}.tg={}.wg={wg}", dtype_name(op, "input", x.dtype())?, dtype_name(op, "grad", tg)?);
     let gpu = gpu(ctx.device)?;
     let pipeline = gpu.pipeline(&name, 3, PUSH_BYTES)?;
-    let rt = runtime::global();
-    let bind = |t: &Tensor| rt.buffer(t.buffer().as_ref()).map(|b| b.binding());
+    let bind = super::binding;
     let bindings = [bind(x)?, bind(g.unwrap_or(x))?, bind(out)?];
     let mut push = Vec::with_capacity(PUSH_BYTES as usize);
     for v in [mode as u32, act, total as u32, n] {
@@ -154,8 +152,7 @@ fn dbias(op: &'static str, ctx: &KernelCtx<'_>, a: &DActArgs, kind: Activation) 
     );
     let gpu = gpu(ctx.device)?;
     let pipeline = gpu.pipeline(&name, 4, PUSH_BYTES)?;
-    let rt = runtime::global();
-    let bind = |t: &Tensor| rt.buffer(t.buffer().as_ref()).map(|b| b.binding());
+    let bind = super::binding;
     let bindings = [bind(&a.input)?, bind(&a.grad)?, bind(&ws)?, bind(&dbias)?];
     let push = |stage: u32| -> Vec<u8> {
         [stage, act_code(kind), rows as u32, n as u32, parts as u32, 0].iter().flat_map(|v| v.to_le_bytes()).collect()

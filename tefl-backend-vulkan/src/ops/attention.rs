@@ -11,9 +11,8 @@ use tefl_core::catalogue::*;
 use tefl_core::{DType, Error, KernelCtx, Result, Tensor};
 use tefl_gpu::simt::attention::AttnBuild;
 
-use super::{MAX_GROUPS, dtype_name};
+use super::{MAX_GROUPS, binding as bind, dtype_name};
 use crate::gpu::{Binding, gpu};
-use crate::runtime;
 
 /// The largest head dims the shaders are built for (`build.rs`'s ATTN_HEAD_DIMS).
 const HEAD_DIMS: [usize; 4] = [32, 64, 128, 256];
@@ -121,10 +120,6 @@ fn loop_iterations(g: &AttnGeometry, dropout: bool, backward: bool) -> u64 {
     let dq = sk * (3 * row + 1 + philox) + 4 * d;
     let dkdv = group * (sq * (4 * row + 1 + philox) + 1) + 6 * d;
     if backward { dq.max(dkdv) } else { fwd }
-}
-
-fn bind(t: &Tensor) -> Result<Binding> {
-    runtime::global().buffer(t.buffer().as_ref()).map(|b| b.binding())
 }
 
 /// The cu_seqlens bindings (any buffer where the call has none: the shaders do not read it).

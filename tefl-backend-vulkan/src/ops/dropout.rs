@@ -7,7 +7,6 @@ use tefl_core::{DType, Error, KernelCtx, Result, Tensor};
 
 use super::{MAX_GROUPS, dtype_name};
 use crate::gpu::gpu;
-use crate::runtime;
 
 /// Bytes of the shader's push constants (seven 32-bit fields).
 const PUSH_BYTES: u32 = 28;
@@ -39,8 +38,7 @@ fn launch(
     let name = format!("dropout.tx={}.wg={wg}", dtype_name(op, "x", x.dtype())?);
     let gpu = gpu(ctx.device)?;
     let pipeline = gpu.pipeline(&name, 3, PUSH_BYTES)?;
-    let rt = runtime::global();
-    let bind = |t: &Tensor| rt.buffer(t.buffer().as_ref()).map(|b| b.binding());
+    let bind = super::binding;
     let bindings = [bind(x)?, bind(mask)?, bind(out)?];
     let mut push: Vec<u8> =
         [stage, total as u32, seed as u32, (seed >> 32) as u32, offset as u32, (offset >> 32) as u32]

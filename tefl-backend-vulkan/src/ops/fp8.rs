@@ -9,7 +9,6 @@ use tefl_core::{DType, Error, KernelCtx, Result, Tensor};
 
 use super::{MAX_GROUPS, dtype_name};
 use crate::gpu::gpu;
-use crate::runtime;
 
 /// Bytes of the shader's push constants (eleven 32-bit fields).
 const PUSH_BYTES: u32 = 44;
@@ -55,8 +54,7 @@ fn launch(
     let name = format!("fp8.tx={}.wg={wg}", dtype_name(op, "x", float)?);
     let gpu = gpu(ctx.device)?;
     let pipeline = gpu.pipeline(&name, 5, PUSH_BYTES)?;
-    let rt = runtime::global();
-    let b = bindings.iter().map(|t| rt.buffer(t.buffer().as_ref()).map(|b| b.binding())).collect::<Result<Vec<_>>>()?;
+    let b = bindings.iter().map(|t| super::binding(t)).collect::<Result<Vec<_>>>()?;
     let mut push: Vec<u8> = Vec::with_capacity(PUSH_BYTES as usize);
     for v in [stage as u32, total as u32, m as u32, n as u32, mant, bias as u32, u32::from(f.max_code())] {
         push.extend_from_slice(&v.to_le_bytes());

@@ -12,7 +12,6 @@ use tefl_core::{DType, Error, KernelCtx, Result, Tensor};
 
 use super::{MAX_GROUPS, dtype_code, dtype_name};
 use crate::gpu::gpu;
-use crate::runtime;
 
 /// Bytes of the shader's push constants (fourteen 32-bit fields).
 const PUSH_BYTES: u32 = 56;
@@ -74,8 +73,7 @@ pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
     } else {
         (pipeline.clone(), (tiles_n as u32, tiles_m as u32, 1))
     };
-    let rt = runtime::global();
-    let bind = |t: &Tensor| rt.buffer(t.buffer().as_ref()).map(|b| b.binding());
+    let bind = super::binding;
     let or_w = |t: Option<&Tensor>| t.map_or_else(|| bind(&w), bind);
     let push = |stage: u32| -> Result<Vec<u8>> {
         let ints = [

@@ -12,7 +12,9 @@ pub mod rope;
 pub mod softmax;
 
 use tefl_core::catalogue::*;
-use tefl_core::{DType, Error, Result};
+use tefl_core::{DType, Error, Result, Tensor};
+
+use crate::gpu::Binding;
 
 /// The most workgroups one dispatch asks for along a dimension (the Vulkan minimum of
 /// `maxComputeWorkGroupCount`); the shaders stride over the rest.
@@ -27,6 +29,12 @@ pub(crate) fn dtype_code(op: &'static str, arg: &'static str, d: DType) -> Resul
         DType::BF16 => 2,
         other => return Err(Error::DType { op, arg, got: other, expected: "f32, f16 or bf16".into() }),
     })
+}
+
+/// A tensor's buffer as a dispatch binding (a typed error when the tensor is not in Vulkan
+/// memory).
+pub(crate) fn binding(t: &Tensor) -> Result<Binding> {
+    crate::runtime::global().buffer(t.buffer().as_ref()).map(|b| b.binding())
 }
 
 /// The name a shader variant uses for a dtype (`activation.tx=bf16...`).

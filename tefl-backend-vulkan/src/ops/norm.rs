@@ -8,7 +8,6 @@ use tefl_core::{DType, Error, KernelCtx, Result, Tensor};
 
 use super::{MAX_GROUPS, dtype_code};
 use crate::gpu::{Binding, gpu};
-use crate::runtime;
 
 /// Bytes of the shader's push constants (fourteen 32-bit fields).
 const PUSH_BYTES: u32 = 56;
@@ -75,8 +74,7 @@ struct Binds<'a> {
 
 impl Binds<'_> {
     fn bindings(&self, out: Option<&Tensor>) -> Result<[Binding; 8]> {
-        let rt = runtime::global();
-        let b = |t: &Tensor| rt.buffer(t.buffer().as_ref()).map(|b| b.binding());
+        let b = super::binding;
         Ok([
             b(self.x)?,
             b(self.gamma)?,

@@ -9,7 +9,6 @@ use tefl_core::{DType, Error, KernelCtx, Result, Tensor};
 
 use super::{MAX_GROUPS, dtype_code};
 use crate::gpu::{Binding, gpu};
-use crate::runtime;
 
 /// Bytes of the shader's push constants (26 32-bit fields).
 const PUSH_BYTES: u32 = 104;
@@ -99,8 +98,7 @@ fn run(ctx: &KernelCtx<'_>, noop: &Tensor, ws: &Tensor, dispatches: Vec<Dispatch
     let wg = crate::heuristics::elementwise_workgroup(ctx.device)?;
     let gpu = gpu(ctx.device)?;
     let pipeline = gpu.pipeline(&format!("optimizer.wg={wg}"), 8, PUSH_BYTES)?;
-    let rt = runtime::global();
-    let bind = |t: &Tensor| rt.buffer(t.buffer().as_ref()).map(|b| b.binding());
+    let bind = super::binding;
     let (noop_b, ws_b) = (bind(noop)?, bind(ws)?);
     let bindings = |d: &Dispatch| -> Result<[Binding; 8]> {
         let l = |i: usize| d.lists[i].as_ref().map_or(Ok(ws_b), bind);

@@ -7,7 +7,6 @@ use tefl_core::{Error, KernelCtx, Result, Tensor};
 
 use super::{MAX_GROUPS, dtype_name};
 use crate::gpu::gpu;
-use crate::runtime;
 
 /// Bytes of the shader's push constants (ten 32-bit fields).
 const PUSH_BYTES: u32 = 40;
@@ -30,8 +29,7 @@ fn run(op: &'static str, ctx: &KernelCtx<'_>, a: &RopeArgs, backward: bool) -> R
     let name = format!("rope.tx={}.wg={wg}", dtype_name(op, "x", a.x.dtype())?);
     let gpu = gpu(ctx.device)?;
     let pipeline = gpu.pipeline(&name, 5, PUSH_BYTES)?;
-    let rt = runtime::global();
-    let bind = |t: &Tensor| rt.buffer(t.buffer().as_ref()).map(|b| b.binding());
+    let bind = super::binding;
     let bindings = [
         bind(&a.x)?,
         bind(&a.freqs)?,

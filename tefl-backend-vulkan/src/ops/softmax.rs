@@ -7,7 +7,6 @@ use tefl_core::{DType, Error, KernelCtx, Result, Tensor};
 
 use super::{MAX_GROUPS, dtype_name};
 use crate::gpu::gpu;
-use crate::runtime;
 
 /// Bytes of the shader's push constants (nine 32-bit fields).
 const PUSH_BYTES: u32 = 36;
@@ -54,8 +53,7 @@ fn launch(
     let name = format!("softmax.tx={}.tg={}.wg={wg}", dtype_name(op, "x", x.dtype())?, dtype_name(op, "dy", tg)?);
     let gpu = gpu(ctx.device)?;
     let pipeline = gpu.pipeline(&name, 4, PUSH_BYTES)?;
-    let rt = runtime::global();
-    let bind = |t: &Tensor| rt.buffer(t.buffer().as_ref()).map(|b| b.binding());
+    let bind = super::binding;
     let bindings = [bind(x)?, bind(g.unwrap_or(x))?, bind(mask.unwrap_or(x))?, bind(out)?];
     let mask_batch = mask.map_or(1, |m| m.shape()[0]);
     let mut push: Vec<u8> =
