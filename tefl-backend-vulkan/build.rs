@@ -99,13 +99,18 @@ fn variants() -> Vec<Variant> {
             consts: vec![("TX", tx.into(), cx), ("WG", "256".into(), 256)],
         });
     }
-    // The product on cooperative matrices, for 16-bit inputs.
-    v.push(Variant {
-        shader: "gemm_coop",
-        header: "enable f16;\nenable wgpu_cooperative_matrix;\n",
-        files: &["gemm_params.wgsl", "gemm_coop.wgsl"],
-        consts: vec![("TX", "f16".into(), 1)],
-    });
+    // The product on cooperative matrices, for 16-bit inputs, per pair of transposes (bf16:
+    // the f16 module retyped, see `mark_bfloat16`).
+    for (tx, cx) in [("f16", 1), ("bf16", 2)] {
+        for (ta, tb) in [(0u32, 0u32), (0, 1), (1, 0), (1, 1)] {
+            v.push(Variant {
+                shader: "gemm_coop",
+                header: "enable f16;\nenable wgpu_cooperative_matrix;\n",
+                files: &["gemm_params.wgsl", "gemm_coop.wgsl"],
+                consts: vec![("TX", tx.into(), cx), ("TA", ta.to_string(), ta), ("TB", tb.to_string(), tb)],
+            });
+        }
+    }
     // Attention: each stage per dtype and largest head dim, BR rows per workgroup
     // (ops/attention.rs names the same values).
     for (tx, cx) in DTYPES {
@@ -170,6 +175,53 @@ fn compile(name: &str, text: &str) -> Vec<u32> {
         .unwrap_or_else(|e| panic!("{name}: SPIR-V output failed: {e}"))
 }
 
+/// SPIR-V opcodes and operands `mark_bfloat16` reads or writes.
+const OP_EXTENSION: u32 = 10;
+const OP_CAPABILITY: u32 = 17;
+const OP_TYPE_FLOAT: u32 = 22;
+/// Capabilities of SPV_KHR_bfloat16: BFloat16TypeKHR, BFloat16CooperativeMatrixKHR.
+const BFLOAT16_CAPABILITIES: [u32; 2] = [5116, 5118];
+/// The FP encoding operand of OpTypeFloat that makes a 16-bit float bfloat16.
+const FP_ENCODING_BFLOAT16: u32 = 0;
+
+/// Turns a module whose only 16-bit float type is the element type of its cooperative matrices
+/// into the same module on bfloat16 (SPV_KHR_bfloat16): the type gets the BFloat16KHR encoding,
+/// and the capabilities and extension are declared. Panics (failing the build) when the module
+/// does not have exactly one 16-bit float type.
+fn mark_bfloat16(name: &str, words: &mut Vec<u32>) {
+    const HEADER: usize = 5;
+    let mut out = words[..HEADER].to_vec();
+    let mut at = HEADER;
+    let mut declared = false;
+    let mut retyped = 0;
+    while at < words.len() {
+        let count = (words[at] >> 16) as usize;
+        let opcode = words[at] & 0xFFFF;
+        assert!(count > 0 && at + count <= words.len(), "{name}: malformed SPIR-V at word {at}");
+        let inst = &words[at..at + count];
+        if !declared && opcode != OP_CAPABILITY {
+            // After the last capability: the new capabilities, then the extension.
+            for cap in BFLOAT16_CAPABILITIES {
+                out.extend([(2 << 16) | OP_CAPABILITY, cap]);
+            }
+            let mut text = b"SPV_KHR_bfloat16".to_vec();
+            text.resize(text.len() / 4 * 4 + 4, 0);
+            out.push(((1 + text.len() as u32 / 4) << 16) | OP_EXTENSION);
+            out.extend(text.chunks(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])));
+            declared = true;
+        }
+        if opcode == OP_TYPE_FLOAT && count == 3 && inst[2] == 16 {
+            out.extend([(4 << 16) | OP_TYPE_FLOAT, inst[1], 16, FP_ENCODING_BFLOAT16]);
+            retyped += 1;
+        } else {
+            out.extend_from_slice(inst);
+        }
+        at += count;
+    }
+    assert_eq!(retyped, 1, "{name}: expected one 16-bit float type to mark bfloat16");
+    *words = out;
+}
+
 fn main() {
     let dir = Path::new("shaders");
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
@@ -189,7 +241,10 @@ fn main() {
             text.push_str(&read(f));
             text.push('\n');
         }
-        let words = compile(&name, &text);
+        let mut words = compile(&name, &text);
+        if v.shader == "gemm_coop" && name.contains(".tx=bf16.") {
+            mark_bfloat16(&name, &mut words);
+        }
         let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
         let file = out.join(format!("{name}.spv"));
         std::fs::write(&file, bytes).unwrap_or_else(|e| panic!("{}: {e}", file.display()));

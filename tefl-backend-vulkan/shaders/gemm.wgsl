@@ -4,6 +4,8 @@
 // values over the rows for the bias gradient. Constants: TX (A and B), WG (= 256).
 // Dtypes of C, bias, aux and D are push constants (gemm_params.wgsl, shared with gemm_coop.wgsl).
 
+@group(0) @binding(0) var<storage, read> a: array<u32>;
+@group(0) @binding(1) var<storage, read> b: array<u32>;
 @group(0) @binding(3) var<storage, read> c: array<u32>;
 @group(0) @binding(4) var<storage, read> bias: array<u32>;
 @group(0) @binding(5) var<storage, read> aux: array<u32>;

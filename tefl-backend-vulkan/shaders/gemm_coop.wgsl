@@ -1,130 +1,149 @@
-// generic_gemm's product on cooperative matrices (VK_KHR_cooperative_matrix, tensor cores), with
-// TEFL_VULKAN_COOPMAT=1: W = alpha·op(A)·op(B) in f32 for f16 A and B, the stage 0 of gemm.wgsl
-// on another pipeline (its epilogue stages follow unchanged). A workgroup of four 32-lane
-// subgroups computes a 128×128 tile of W, each subgroup a 64×64 quarter as 4×4 accumulators of
-// 16×16; K goes in steps of KT through shared memory as f16 (row-major tiles: coopLoadT), two
-// source elements per 32-bit word where the source rows have even length. Each accumulator goes
-// out through a small per-subgroup staging tile, so edges and any row stride are stored with
-// guards. f16 only (WGSL has no bf16 type). Constant: TX (f16).
+// generic_gemm's product on cooperative matrices (VK_KHR_cooperative_matrix, tensor cores):
+// W = alpha·op(A)·op(B) in f32 for 16-bit A and B, the stage 0 of gemm.wgsl on another pipeline
+// (its epilogue stages follow unchanged). Constants: TX (f16 or bf16), TA and TB (transposes).
+//
+// A workgroup of four 32-lane subgroups computes a 128×128 tile of W, each subgroup a 64×64
+// quarter as 4×4 accumulators of 16×16. K goes in steps of KT: each invocation copies its share
+// of the next step's A and B tiles from memory to registers (16 bytes per load) while the
+// subgroups multiply the current step out of shared memory. The tiles are the sources' raw bits
+// (pairs of elements per word), kept in the sources' own orientation: a transposed operand is read
+// as a column-major matrix instead of being transposed, so every copy is a straight one.
+//
+// WGSL has no bf16 type: the bf16 variant is this module with its 16-bit float type marked
+// bfloat16 after naga (build.rs). Its elements only pass through f32 on their way into the
+// tiles (`halves`), which is exact both ways.
+//
+// The host takes this path only where every operand row is a whole number of 16-byte chunks
+// (k, and m or n where they are the contiguous dimension, multiples of 8), so a chunk is
+// either inside the matrix or outside it.
+
+@group(0) @binding(0) var<storage, read> a: array<vec4<u32>>;
+@group(0) @binding(1) var<storage, read> b: array<vec4<u32>>;
 
 const TM: u32 = 128u;
 const TN: u32 = 128u;
 const KT: u32 = 32u;
-// Row strides of the shared tiles, in elements (padded; multiples of 8 for 16-byte rows).
-const AS: u32 = 40u;
-const BS: u32 = 136u;
+// Row strides of the shared tiles in words: a tile is either 128 rows of KT elements (16 words,
+// padded to 20) or KT rows of 128 elements (64 words, padded to 68); the padding spreads the
+// rows a fragment load reads over the banks and keeps rows 16-byte aligned.
+const SHORT: u32 = 20u;
+const LONG: u32 = 68u;
+// Chunks of 8 elements per invocation and tile: 128·32 / 8 / 128.
+const CHUNKS: u32 = 4u;
 
-var<workgroup> tile_a: array<f16, 5120>;
-var<workgroup> tile_b: array<f16, 4352>;
-// One 16×16 f32 accumulator per subgroup on its way out.
+var<workgroup> tile_a: array<vec2<f16>, 2560>;
+var<workgroup> tile_b: array<vec2<f16>, 2560>;
+// One 16×16 f32 accumulator per subgroup on its way out, for tiles that cross the edge of W.
 var<workgroup> stage: array<f32, 1024>;
 
-// Source elements e and e + 1 of A (which = 0) or B (which = 1), each 0 where its flag says it is
-// outside the matrix; e is even, so the pair is one word.
-fn pair_at(which: u32, e: u32, ok0: bool, ok1: bool) -> vec2<f32> {
-    var word = 0u;
-    if (ok0 || ok1) {
-        word = select(a[e >> 1u], b[e >> 1u], which == 1u);
+// The i-th chunk (of CHUNKS) this invocation copies of A's tile: its index in `a` (or
+// 0xFFFFFFFF where it is outside A) and its word in tile_a.
+fn chunk_a(lane: u32, i: u32, row0: u32, k0: u32) -> vec2<u32> {
+    let q = lane + i * 128u;
+    if (TA == 0u) {
+        // op(A) = A, m×k row-major: tile rows are W rows, 4 chunks each.
+        let r = q >> 2u;
+        let c = q & 3u;
+        let ok = row0 + r < p.m && k0 + c * 8u < p.k;
+        return vec2<u32>(select(0xFFFFFFFFu, ((row0 + r) * p.k + k0) / 8u + c, ok), r * SHORT + c * 4u);
     }
-    let v = unpack2x16float(word);
-    return vec2<f32>(select(0.0, v.x, ok0), select(0.0, v.y, ok1));
+    // op(A) = Aᵀ, A k×m row-major: tile rows are k steps, 16 chunks each.
+    let kk = q >> 4u;
+    let c = q & 15u;
+    let ok = k0 + kk < p.k && row0 + c * 8u < p.m;
+    return vec2<u32>(select(0xFFFFFFFFu, ((k0 + kk) * p.m + row0) / 8u + c, ok), kk * LONG + c * 4u);
 }
 
-// One source element (for odd row lengths).
-fn one_at(which: u32, e: u32, ok: bool) -> f32 {
-    if (!ok) {
-        return 0.0;
+// The same for B's tile.
+fn chunk_b(lane: u32, i: u32, col0: u32, k0: u32) -> vec2<u32> {
+    let q = lane + i * 128u;
+    if (TB == 0u) {
+        // op(B) = B, k×n row-major: tile rows are k steps, 16 chunks each.
+        let kk = q >> 4u;
+        let c = q & 15u;
+        let ok = k0 + kk < p.k && col0 + c * 8u < p.n;
+        return vec2<u32>(select(0xFFFFFFFFu, ((k0 + kk) * p.n + col0) / 8u + c, ok), kk * LONG + c * 4u);
     }
-    let v = unpack2x16float(select(a[e >> 1u], b[e >> 1u], which == 1u));
-    return select(v.x, v.y, (e & 1u) == 1u);
+    // op(B) = Bᵀ, B n×k row-major: tile rows are W columns, 4 chunks each.
+    let r = q >> 2u;
+    let c = q & 3u;
+    let ok = col0 + r < p.n && k0 + c * 8u < p.k;
+    return vec2<u32>(select(0xFFFFFFFFu, ((col0 + r) * p.k + k0) / 8u + c, ok), r * SHORT + c * 4u);
 }
 
-// Loads the A tile (rows row0.., k0..) and the B tile (k0.., columns col0..). Each source is
-// read along its contiguous dimension: pairs of elements per invocation and step.
-fn load_tiles(lane: u32, row0: u32, col0: u32, k0: u32) {
-    // A: op(A)[r, kk] is a[r·k + kk] (row length k) or a[kk·m + r] (row length m).
-    let a_len = select(p.k, p.m, p.transa != 0u);
-    // Contiguous extent of the A tile along the source row, and the other extent.
-    let a_run = select(KT, TM, p.transa != 0u);
-    for (var e = lane * 2u; e < TM * KT; e += 256u) {
-        let inner = e % a_run;
-        let outer = e / a_run;
-        // (tile row r, tile k kk) of the first element, and the source element index.
-        var r = outer;
-        var kk = inner;
-        if (p.transa != 0u) {
-            r = inner;
-            kk = outer;
-        }
-        let gr = row0 + r;
-        let gk = k0 + kk;
-        let src = select(gr * p.k + gk, gk * p.m + gr, p.transa != 0u);
-        var v: vec2<f32>;
-        if (p.transa != 0u) {
-            if ((a_len & 1u) == 0u) {
-                v = pair_at(0u, src, gr < p.m && gk < p.k, gr + 1u < p.m && gk < p.k);
-            } else {
-                v = vec2<f32>(one_at(0u, src, gr < p.m && gk < p.k), one_at(0u, src + 1u, gr + 1u < p.m && gk < p.k));
-            }
-            tile_a[r * AS + kk] = f16(v.x);
-            tile_a[(r + 1u) * AS + kk] = f16(v.y);
-        } else {
-            if ((a_len & 1u) == 0u) {
-                v = pair_at(0u, src, gr < p.m && gk < p.k, gr < p.m && gk + 1u < p.k);
-            } else {
-                v = vec2<f32>(one_at(0u, src, gr < p.m && gk < p.k), one_at(0u, src + 1u, gr < p.m && gk + 1u < p.k));
-            }
-            tile_a[r * AS + kk] = f16(v.x);
-            tile_a[r * AS + kk + 1u] = f16(v.y);
-        }
+fn fetch_a(at: u32) -> vec4<u32> {
+    if (at == 0xFFFFFFFFu) {
+        return vec4<u32>();
     }
-    // B: op(B)[kk, c] is b[kk·n + c] (row length n) or b[c·k + kk] (row length k).
-    let b_len = select(p.n, p.k, p.transb != 0u);
-    let b_run = select(TN, KT, p.transb != 0u);
-    for (var e = lane * 2u; e < KT * TN; e += 256u) {
-        let inner = e % b_run;
-        let outer = e / b_run;
-        var kk = outer;
-        var c = inner;
-        if (p.transb != 0u) {
-            kk = inner;
-            c = outer;
-        }
-        let gk = k0 + kk;
-        let gc = col0 + c;
-        let src = select(gk * p.n + gc, gc * p.k + gk, p.transb != 0u);
-        var v: vec2<f32>;
-        if (p.transb != 0u) {
-            if ((b_len & 1u) == 0u) {
-                v = pair_at(1u, src, gk < p.k && gc < p.n, gk + 1u < p.k && gc < p.n);
-            } else {
-                v = vec2<f32>(one_at(1u, src, gk < p.k && gc < p.n), one_at(1u, src + 1u, gk + 1u < p.k && gc < p.n));
-            }
-            tile_b[kk * BS + c] = f16(v.x);
-            tile_b[(kk + 1u) * BS + c] = f16(v.y);
-        } else {
-            if ((b_len & 1u) == 0u) {
-                v = pair_at(1u, src, gk < p.k && gc < p.n, gk < p.k && gc + 1u < p.n);
-            } else {
-                v = vec2<f32>(one_at(1u, src, gk < p.k && gc < p.n), one_at(1u, src + 1u, gk < p.k && gc + 1u < p.n));
-            }
-            tile_b[kk * BS + c] = f16(v.x);
-            tile_b[kk * BS + c + 1u] = f16(v.y);
-        }
+    return a[at];
+}
+
+fn fetch_b(at: u32) -> vec4<u32> {
+    if (at == 0xFFFFFFFFu) {
+        return vec4<u32>();
+    }
+    return b[at];
+}
+
+// The two elements of a source word as the tile's element type: exact for f16 sources, and in
+// the bf16 variant (where f16 below is bfloat16) from the bf16 bits widened to f32.
+fn halves(word: u32) -> vec2<f16> {
+    if (TX == BF16) {
+        return vec2<f16>(vec2<f32>(bitcast<f32>(word << 16u), bitcast<f32>(word & 0xFFFF0000u)));
+    }
+    return vec2<f16>(unpack2x16float(word));
+}
+
+fn put_words(which: u32, at: u32, v: vec4<u32>) {
+    if (which == 0u) {
+        tile_a[at] = halves(v.x);
+        tile_a[at + 1u] = halves(v.y);
+        tile_a[at + 2u] = halves(v.z);
+        tile_a[at + 3u] = halves(v.w);
+    } else {
+        tile_b[at] = halves(v.x);
+        tile_b[at + 1u] = halves(v.y);
+        tile_b[at + 2u] = halves(v.z);
+        tile_b[at + 3u] = halves(v.w);
     }
 }
 
-// Writes accumulator `m` (16×16 at tile row fr, column fc of the workgroup's tile) to W.
-fn put(m: coop_mat16x16<f32, C>, sg: u32, lane: u32, row0: u32, col0: u32, fr: u32, fc: u32) {
+// Fragment of op(A): tile rows r.. (16 of them), k steps kk.. (16, kk even).
+fn frag_a(r: u32, kk: u32) -> coop_mat16x16<f16, A> {
+    if (TA == 0u) {
+        return coopLoadT<coop_mat16x16<f16, A>>(&tile_a[r * SHORT + kk / 2u], SHORT);
+    }
+    return coopLoad<coop_mat16x16<f16, A>>(&tile_a[kk * LONG + r / 2u], LONG);
+}
+
+// Fragment of op(B): k steps kk.., tile columns c...
+fn frag_b(kk: u32, c: u32) -> coop_mat16x16<f16, B> {
+    if (TB == 0u) {
+        return coopLoadT<coop_mat16x16<f16, B>>(&tile_b[kk * LONG + c / 2u], LONG);
+    }
+    return coopLoad<coop_mat16x16<f16, B>>(&tile_b[c * SHORT + kk / 2u], SHORT);
+}
+
+// Writes accumulator `m` (16×16 at rows r.., columns c.. of W) scaled by alpha: straight to W
+// where the whole tile is inside it, else through this subgroup's staging tile with guards.
+fn put(m: coop_mat16x16<f32, C>, inside: bool, sg: u32, lane: u32, r: u32, c: u32) {
+    let scaled = m * p.alpha;
+    if (inside) {
+        // (Named index and stride: naga 30 does not emit expressions written in a coopStoreT.)
+        let stride = p.n;
+        let at = r * stride + c;
+        coopStoreT(scaled, &w[at], stride);
+        return;
+    }
     workgroupBarrier();
-    coopStoreT(m, &stage[sg * 256u], 16u);
+    let at = sg * 256u;
+    coopStoreT(scaled, &stage[at], 16u);
     workgroupBarrier();
-    let l = lane % 32u;
-    for (var e = l; e < 256u; e += 32u) {
-        let r = row0 + fr + e / 16u;
-        let col = col0 + fc + e % 16u;
-        if (r < p.m && col < p.n) {
-            w[r * p.n + col] = p.alpha * stage[sg * 256u + e];
+    for (var e = lane % 32u; e < 256u; e += 32u) {
+        let gr = r + e / 16u;
+        let gc = c + e % 16u;
+        if (gr < p.m && gc < p.n) {
+            w[gr * p.n + gc] = stage[sg * 256u + e];
         }
     }
 }
@@ -153,19 +172,41 @@ fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
     var c31 = coop_mat16x16<f32, C>();
     var c32 = coop_mat16x16<f32, C>();
     var c33 = coop_mat16x16<f32, C>();
+    // The next step's chunks, in registers.
+    var ra: array<vec4<u32>, 4>;
+    var rb: array<vec4<u32>, 4>;
+    var wa: array<u32, 4>;
+    var wb: array<u32, 4>;
+    for (var i = 0u; i < CHUNKS; i++) {
+        let ca = chunk_a(lane, i, row0, 0u);
+        let cb = chunk_b(lane, i, col0, 0u);
+        ra[i] = fetch_a(ca.x);
+        rb[i] = fetch_b(cb.x);
+        wa[i] = ca.y;
+        wb[i] = cb.y;
+    }
     for (var k0 = 0u; k0 < p.k; k0 += KT) {
         workgroupBarrier();
-        load_tiles(lane, row0, col0, k0);
+        for (var i = 0u; i < CHUNKS; i++) {
+            put_words(0u, wa[i], ra[i]);
+            put_words(1u, wb[i], rb[i]);
+        }
         workgroupBarrier();
+        if (k0 + KT < p.k) {
+            for (var i = 0u; i < CHUNKS; i++) {
+                ra[i] = fetch_a(chunk_a(lane, i, row0, k0 + KT).x);
+                rb[i] = fetch_b(chunk_b(lane, i, col0, k0 + KT).x);
+            }
+        }
         for (var kk = 0u; kk < KT; kk += 16u) {
-            let a0 = coopLoadT<coop_mat16x16<f16, A>>(&tile_a[sr * AS + kk], AS);
-            let a1 = coopLoadT<coop_mat16x16<f16, A>>(&tile_a[(sr + 16u) * AS + kk], AS);
-            let a2 = coopLoadT<coop_mat16x16<f16, A>>(&tile_a[(sr + 32u) * AS + kk], AS);
-            let a3 = coopLoadT<coop_mat16x16<f16, A>>(&tile_a[(sr + 48u) * AS + kk], AS);
-            let b0 = coopLoadT<coop_mat16x16<f16, B>>(&tile_b[kk * BS + sc], BS);
-            let b1 = coopLoadT<coop_mat16x16<f16, B>>(&tile_b[kk * BS + sc + 16u], BS);
-            let b2 = coopLoadT<coop_mat16x16<f16, B>>(&tile_b[kk * BS + sc + 32u], BS);
-            let b3 = coopLoadT<coop_mat16x16<f16, B>>(&tile_b[kk * BS + sc + 48u], BS);
+            let a0 = frag_a(sr, kk);
+            let a1 = frag_a(sr + 16u, kk);
+            let a2 = frag_a(sr + 32u, kk);
+            let a3 = frag_a(sr + 48u, kk);
+            let b0 = frag_b(kk, sc);
+            let b1 = frag_b(kk, sc + 16u);
+            let b2 = frag_b(kk, sc + 32u);
+            let b3 = frag_b(kk, sc + 48u);
             c00 = coopMultiplyAdd(a0, b0, c00);
             c01 = coopMultiplyAdd(a0, b1, c01);
             c02 = coopMultiplyAdd(a0, b2, c02);
@@ -184,20 +225,23 @@ fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
             c33 = coopMultiplyAdd(a3, b3, c33);
         }
     }
-    put(c00, sg, lane, row0, col0, sr, sc);
-    put(c01, sg, lane, row0, col0, sr, sc + 16u);
-    put(c02, sg, lane, row0, col0, sr, sc + 32u);
-    put(c03, sg, lane, row0, col0, sr, sc + 48u);
-    put(c10, sg, lane, row0, col0, sr + 16u, sc);
-    put(c11, sg, lane, row0, col0, sr + 16u, sc + 16u);
-    put(c12, sg, lane, row0, col0, sr + 16u, sc + 32u);
-    put(c13, sg, lane, row0, col0, sr + 16u, sc + 48u);
-    put(c20, sg, lane, row0, col0, sr + 32u, sc);
-    put(c21, sg, lane, row0, col0, sr + 32u, sc + 16u);
-    put(c22, sg, lane, row0, col0, sr + 32u, sc + 32u);
-    put(c23, sg, lane, row0, col0, sr + 32u, sc + 48u);
-    put(c30, sg, lane, row0, col0, sr + 48u, sc);
-    put(c31, sg, lane, row0, col0, sr + 48u, sc + 16u);
-    put(c32, sg, lane, row0, col0, sr + 48u, sc + 32u);
-    put(c33, sg, lane, row0, col0, sr + 48u, sc + 48u);
+    let inside = row0 + TM <= p.m && col0 + TN <= p.n;
+    let r = row0 + sr;
+    let c = col0 + sc;
+    put(c00, inside, sg, lane, r, c);
+    put(c01, inside, sg, lane, r, c + 16u);
+    put(c02, inside, sg, lane, r, c + 32u);
+    put(c03, inside, sg, lane, r, c + 48u);
+    put(c10, inside, sg, lane, r + 16u, c);
+    put(c11, inside, sg, lane, r + 16u, c + 16u);
+    put(c12, inside, sg, lane, r + 16u, c + 32u);
+    put(c13, inside, sg, lane, r + 16u, c + 48u);
+    put(c20, inside, sg, lane, r + 32u, c);
+    put(c21, inside, sg, lane, r + 32u, c + 16u);
+    put(c22, inside, sg, lane, r + 32u, c + 32u);
+    put(c23, inside, sg, lane, r + 32u, c + 48u);
+    put(c30, inside, sg, lane, r + 48u, c);
+    put(c31, inside, sg, lane, r + 48u, c + 16u);
+    put(c32, inside, sg, lane, r + 48u, c + 32u);
+    put(c33, inside, sg, lane, r + 48u, c + 48u);
 }

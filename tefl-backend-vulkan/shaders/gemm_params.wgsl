@@ -1,5 +1,5 @@
-// The push constants of generic_gemm and the bindings every GEMM stage reads: A, B and the f32
-// product W (gemm.wgsl, gemm_coop.wgsl).
+// The push constants of generic_gemm and the f32 product W every GEMM stage uses (gemm.wgsl,
+// gemm_coop.wgsl); each declares A and B (bindings 0 and 1) with the width it loads them at.
 
 struct Params {
     stage: u32,
@@ -19,7 +19,5 @@ struct Params {
     alpha: f32,
 }
 
-@group(0) @binding(0) var<storage, read> a: array<u32>;
-@group(0) @binding(1) var<storage, read> b: array<u32>;
 @group(0) @binding(2) var<storage, read_write> w: array<f32>;
 var<immediate> p: Params;

@@ -59,6 +59,9 @@ pub struct PhysicalInfo {
     /// f32 at subgroup scope, f16 arithmetic, 16-bit storage, the Vulkan memory model, and
     /// 32-lane subgroups (the shader's subgroup layout).
     pub coop_matrix_f16: bool,
+    /// Whether the bf16 variant of `gemm_coop.wgsl` can run too: the above, and
+    /// `VK_KHR_shader_bfloat16` with bfloat16 cooperative matrices (16×16×16 bf16 × bf16 → f32).
+    pub coop_matrix_bf16: bool,
 }
 
 impl PhysicalInfo {
@@ -217,6 +220,7 @@ fn list_devices(entry: &ash::Entry, instance: &ash::Instance) -> Result<Vec<Phys
             (props, subgroup, instance.get_physical_device_queue_family_properties(h), f11)
         };
         let coop_matrix_f16 = subgroup.subgroup_size == 32 && coop_matrix_f16(entry, instance, h);
+        let coop_matrix_bf16 = coop_matrix_f16 && coop_matrix_bf16(entry, instance, h);
         let Some((family, q)) =
             queues.iter().enumerate().find(|(_, q)| q.queue_flags.contains(vk::QueueFlags::COMPUTE))
         else {
@@ -236,6 +240,7 @@ fn list_devices(entry: &ash::Entry, instance: &ash::Instance) -> Result<Vec<Phys
             pipeline_cache_uuid: props.pipeline_cache_uuid,
             timestamp_bits: q.timestamp_valid_bits,
             coop_matrix_f16,
+            coop_matrix_bf16,
         });
     }
     devices.sort_by_key(|d| type_rank(d.device_type));
@@ -283,6 +288,76 @@ fn coop_matrix_f16(entry: &ash::Entry, instance: &ash::Instance, h: vk::Physical
     })
 }
 
+/// `VK_KHR_shader_bfloat16`, which ash 0.38 predates.
+pub(crate) const BFLOAT16_EXTENSION: &std::ffi::CStr = c"VK_KHR_shader_bfloat16";
+/// `VkComponentTypeKHR` of bfloat16 (`VK_COMPONENT_TYPE_BFLOAT16_KHR`).
+const COMPONENT_TYPE_BFLOAT16: vk::ComponentTypeKHR = vk::ComponentTypeKHR::from_raw(1_000_141_000);
+
+/// `VkPhysicalDeviceShaderBfloat16FeaturesKHR` (VK_KHR_shader_bfloat16; not in ash 0.38).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Bfloat16Features {
+    s_type: vk::StructureType,
+    p_next: *mut std::ffi::c_void,
+    /// `shaderBFloat16Type`.
+    pub shader_type: vk::Bool32,
+    /// `shaderBFloat16DotProduct`.
+    pub dot_product: vk::Bool32,
+    /// `shaderBFloat16CooperativeMatrix`.
+    pub cooperative_matrix: vk::Bool32,
+}
+
+impl Bfloat16Features {
+    /// `VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_BFLOAT16_FEATURES_KHR`.
+    const S_TYPE: vk::StructureType = vk::StructureType::from_raw(1_000_141_000);
+
+    /// The struct with the given features asked for (or all false, to be filled by a query).
+    pub(crate) fn new(shader_type: bool, cooperative_matrix: bool) -> Self {
+        Bfloat16Features {
+            s_type: Self::S_TYPE,
+            p_next: std::ptr::null_mut(),
+            shader_type: shader_type.into(),
+            dot_product: vk::FALSE,
+            cooperative_matrix: cooperative_matrix.into(),
+        }
+    }
+}
+
+// SAFETY: the struct has the layout the Vulkan registry gives VkPhysicalDeviceShaderBfloat16-
+// FeaturesKHR (sType, pNext first), which extends VkPhysicalDeviceFeatures2 and
+// VkDeviceCreateInfo; ash only follows and relinks its pNext.
+unsafe impl vk::ExtendsPhysicalDeviceFeatures2 for Bfloat16Features {}
+// SAFETY: as above.
+unsafe impl vk::ExtendsDeviceCreateInfo for Bfloat16Features {}
+
+/// Whether device `h` (which has what `coop_matrix_f16` checks) also multiplies bfloat16
+/// cooperative matrices.
+fn coop_matrix_bf16(entry: &ash::Entry, instance: &ash::Instance, h: vk::PhysicalDevice) -> bool {
+    // SAFETY: a query of a physical device of the live instance.
+    let extensions = unsafe { instance.enumerate_device_extension_properties(h) }.unwrap_or_default();
+    if !extensions.iter().any(|e| e.extension_name_as_c_str().is_ok_and(|n| n == BFLOAT16_EXTENSION)) {
+        return false;
+    }
+    let mut bf16 = Bfloat16Features::new(false, false);
+    let mut f2 = vk::PhysicalDeviceFeatures2::default().push_next(&mut bf16);
+    // SAFETY: the chained struct outlives the call; its extension is supported.
+    unsafe { instance.get_physical_device_features2(h, &mut f2) };
+    if bf16.shader_type != vk::TRUE || bf16.cooperative_matrix != vk::TRUE {
+        return false;
+    }
+    let ext = ash::khr::cooperative_matrix::Instance::new(entry, instance);
+    // SAFETY: the cooperative-matrix extension is supported by `h` (checked by the caller).
+    let shapes = unsafe { ext.get_physical_device_cooperative_matrix_properties(h) }.unwrap_or_default();
+    shapes.iter().any(|p| {
+        (p.m_size, p.n_size, p.k_size) == (16, 16, 16)
+            && p.a_type == COMPONENT_TYPE_BFLOAT16
+            && p.b_type == COMPONENT_TYPE_BFLOAT16
+            && p.c_type == vk::ComponentTypeKHR::FLOAT32
+            && p.result_type == vk::ComponentTypeKHR::FLOAT32
+            && p.scope == vk::ScopeKHR::SUBGROUP
+    })
+}
+
 /// Narrows `devices` to the one `choice` names (an index into the list, or a case-insensitive
 /// part of a name); `None` keeps them all.
 pub fn select(devices: Vec<PhysicalInfo>, choice: Option<&str>) -> Result<Vec<PhysicalInfo>, String> {
@@ -322,6 +397,7 @@ mod tests {
             pipeline_cache_uuid: [0; 16],
             timestamp_bits: 64,
             coop_matrix_f16: false,
+            coop_matrix_bf16: false,
         }
     }
 

@@ -4,10 +4,13 @@
 //! `$TEFL_CACHE_DIR/vulkan/`, checksummed, written atomically), and the recorder every op's
 //! commands go through.
 //!
-//! Submission is synchronous: [`Gpu::run`] records one command buffer (with timestamps around
-//! it while `Gpu::timed` measures), submits it and waits for its fence, so a buffer dropped
-//! after an op returns is free to go (no deferred frees yet) and descriptor sets are reset after
-//! each submission.
+//! Submission is asynchronous: [`Gpu::run`] records an op's commands into the next of
+//! [`SLOTS`] command buffers (each with its descriptor pool and timestamp queries), submits it
+//! to the one queue signalling the next value of a timeline semaphore, and returns. A slot is
+//! reused once the semaphore reached its value. Each command buffer starts with a full memory
+//! barrier, so it sees everything submitted before it: a pooled buffer may be handed to the next
+//! op at once, while destroying a buffer waits (deferred) until every submission made before the
+//! drop has finished. Reads by the host ([`Gpu::run_and_wait`]) and `synchronize` wait.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -43,21 +46,39 @@ pub struct Pipeline {
     push_bytes: u32,
 }
 
-/// The command buffer, fence and descriptor pool of the device's queue.
+/// Command buffers in flight at most (the ring of [`Slot`]s).
+pub const SLOTS: usize = 8;
+
+/// One command buffer of the ring, with what its submission uses until it finishes.
+struct Slot {
+    cmd: vk::CommandBuffer,
+    descriptors: vk::DescriptorPool,
+    /// Two timestamps around the submission's commands (when the queue can write them).
+    queries: Option<vk::QueryPool>,
+    /// The timeline value its last submission signals (0: never submitted).
+    value: u64,
+    /// Whether that submission wrote timestamps not yet added to `Gpu::timing`.
+    timed: bool,
+}
+
+/// The device's queue, its timeline semaphore and the ring of command buffers.
 struct Submitter {
     queue: vk::Queue,
-    /// The pool `cmd` comes from (lives as long as the device).
+    /// The pool the slots' command buffers come from (lives as long as the device).
     _pool: vk::CommandPool,
-    cmd: vk::CommandBuffer,
-    fence: vk::Fence,
-    descriptors: vk::DescriptorPool,
-    /// Two timestamps around each submission's commands (when the queue can write them).
-    queries: Option<vk::QueryPool>,
+    /// Signals the value of each submission when it finishes.
+    timeline: vk::Semaphore,
+    slots: Vec<Slot>,
+    /// The slot the next submission takes.
+    next: usize,
+    /// The value of the last submission.
+    submitted: u64,
 }
 
 /// Device-local buffers whose tensors were dropped, kept by size class for the next
 /// allocation of that class (allocating device memory is slow on real drivers: a fresh 256 MiB
-/// buffer per op costs milliseconds). Submissions are synchronous, so a returned buffer is idle.
+/// buffer per op costs milliseconds). A returned buffer may still be in use by a submission in
+/// flight; the leading barrier of every later submission orders its next use after that.
 #[derive(Default)]
 struct BufferPool {
     free: HashMap<u64, Vec<(vk::Buffer, Allocation)>>,
@@ -88,6 +109,9 @@ pub struct Gpu {
     pool: Mutex<BufferPool>,
     /// While timing (`Some`), the device seconds of every submission so far.
     timing: Mutex<Option<f64>>,
+    /// Buffers dropped while submissions were in flight, with the timeline value after which
+    /// they may be destroyed.
+    deferred: Mutex<Vec<(u64, vk::Buffer, Allocation)>>,
     /// The pipeline cache every pipeline is created through, loaded from and saved to
     /// `cache_file` (`$TEFL_CACHE_DIR/vulkan/`).
     pipeline_cache: vk::PipelineCache,
@@ -98,6 +122,8 @@ pub struct Gpu {
     /// Whether the cooperative-matrix shaders may run (the device has what they need, enabled
     /// at creation, and `TEFL_VULKAN_COOPMAT=1` asks for them).
     pub coop: bool,
+    /// Whether the bf16 cooperative-matrix shaders may run as well (`VK_KHR_shader_bfloat16`).
+    pub coop_bf16: bool,
 }
 
 /// The variable that turns the cooperative-matrix GEMM on (`1`) where the device has it; `0` or
@@ -151,21 +177,30 @@ impl Gpu {
             .queue_priorities(&priorities)];
         let wanted = coop_wanted(std::env::var(COOPMAT_VAR).ok().as_deref())?;
         let coop = physical.coop_matrix_f16 && wanted;
-        let extensions: Vec<*const std::ffi::c_char> =
+        let coop_bf16 = coop && physical.coop_matrix_bf16;
+        let mut extensions: Vec<*const std::ffi::c_char> =
             if coop { crate::context::COOP_EXTENSIONS.iter().map(|n| n.as_ptr()).collect() } else { Vec::new() };
+        if coop_bf16 {
+            extensions.push(crate::context::BFLOAT16_EXTENSION.as_ptr());
+        }
+        let mut bf16_features = crate::context::Bfloat16Features::new(true, true);
         let mut coop_features = vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default().cooperative_matrix(true);
         let mut f11 = vk::PhysicalDeviceVulkan11Features::default()
             .storage_buffer16_bit_access(true)
             .uniform_and_storage_buffer16_bit_access(true);
-        let mut f12 = vk::PhysicalDeviceVulkan12Features::default().shader_float16(true).vulkan_memory_model(true);
-        let mut info = vk::DeviceCreateInfo::default().queue_create_infos(&queues);
+        // Timeline semaphores are core in Vulkan 1.2 (every device tefl opens).
+        let mut f12 = vk::PhysicalDeviceVulkan12Features::default().timeline_semaphore(true);
+        if coop {
+            f12 = f12.shader_float16(true).vulkan_memory_model(true);
+        }
+        let mut info = vk::DeviceCreateInfo::default().queue_create_infos(&queues).push_next(&mut f12);
         if coop {
             // Each was checked to be supported (context.rs, coop_matrix_f16).
-            info = info
-                .enabled_extension_names(&extensions)
-                .push_next(&mut coop_features)
-                .push_next(&mut f11)
-                .push_next(&mut f12);
+            info = info.enabled_extension_names(&extensions).push_next(&mut coop_features).push_next(&mut f11);
+        }
+        if coop_bf16 {
+            // Checked to be supported (context.rs, coop_matrix_bf16).
+            info = info.push_next(&mut bf16_features);
         }
         // SAFETY: the physical device belongs to the live instance; `info` and what it points to
         // outlive the call.
@@ -191,33 +226,40 @@ impl Gpu {
                     None,
                 )
                 .map_err(|e| err("vkCreateCommandPool", e))?;
-            let cmd = device
+            let cmds = device
                 .allocate_command_buffers(
                     &vk::CommandBufferAllocateInfo::default()
                         .command_pool(pool)
                         .level(vk::CommandBufferLevel::PRIMARY)
-                        .command_buffer_count(1),
+                        .command_buffer_count(SLOTS as u32),
                 )
-                .map_err(|e| err("vkAllocateCommandBuffers", e))?[0];
-            let fence =
-                device.create_fence(&vk::FenceCreateInfo::default(), None).map_err(|e| err("vkCreateFence", e))?;
+                .map_err(|e| err("vkAllocateCommandBuffers", e))?;
+            let mut timeline_info =
+                vk::SemaphoreTypeCreateInfo::default().semaphore_type(vk::SemaphoreType::TIMELINE).initial_value(0);
+            let timeline = device
+                .create_semaphore(&vk::SemaphoreCreateInfo::default().push_next(&mut timeline_info), None)
+                .map_err(|e| err("vkCreateSemaphore", e))?;
             let sizes = [vk::DescriptorPoolSize {
                 ty: vk::DescriptorType::STORAGE_BUFFER,
                 descriptor_count: MAX_STORAGE_DESCRIPTORS,
             }];
-            let descriptors = device
-                .create_descriptor_pool(
-                    &vk::DescriptorPoolCreateInfo::default().max_sets(MAX_SETS).pool_sizes(&sizes),
-                    None,
-                )
-                .map_err(|e| err("vkCreateDescriptorPool", e))?;
-            let queries = if physical.timestamp_bits > 0 {
-                let info = vk::QueryPoolCreateInfo::default().query_type(vk::QueryType::TIMESTAMP).query_count(2);
-                Some(device.create_query_pool(&info, None).map_err(|e| err("vkCreateQueryPool", e))?)
-            } else {
-                None
-            };
-            Submitter { queue, _pool: pool, cmd, fence, descriptors, queries }
+            let mut slots = Vec::with_capacity(SLOTS);
+            for cmd in cmds {
+                let descriptors = device
+                    .create_descriptor_pool(
+                        &vk::DescriptorPoolCreateInfo::default().max_sets(MAX_SETS).pool_sizes(&sizes),
+                        None,
+                    )
+                    .map_err(|e| err("vkCreateDescriptorPool", e))?;
+                let queries = if physical.timestamp_bits > 0 {
+                    let info = vk::QueryPoolCreateInfo::default().query_type(vk::QueryType::TIMESTAMP).query_count(2);
+                    Some(device.create_query_pool(&info, None).map_err(|e| err("vkCreateQueryPool", e))?)
+                } else {
+                    None
+                };
+                slots.push(Slot { cmd, descriptors, queries, value: 0, timed: false });
+            }
+            Submitter { queue, _pool: pool, timeline, slots, next: 0, submitted: 0 }
         };
         let cache_file = pipeline_cache_file(&physical);
         let initial = cache_file.as_deref().and_then(read_pipeline_cache).unwrap_or_default();
@@ -243,10 +285,12 @@ impl Gpu {
             pipelines: Mutex::new(HashMap::new()),
             pool: Mutex::new(BufferPool::default()),
             timing: Mutex::new(None),
+            deferred: Mutex::new(Vec::new()),
             pipeline_cache,
             cache_file,
             cache_saved,
             coop,
+            coop_bf16,
         })
     }
 
@@ -283,8 +327,10 @@ impl Gpu {
         self.destroy_buffer(buffer, allocation);
     }
 
-    /// Destroys every idle pooled buffer.
+    /// Destroys every idle pooled buffer (after the submissions in flight, which may use them).
     pub(crate) fn empty_pool(&self) {
+        // A failed wait leaves the buffers deferred instead: nothing is destroyed in use.
+        let _ = self.wait_idle();
         let free = std::mem::take(&mut *self.pool.lock().unwrap_or_else(|p| p.into_inner()));
         for (b, a) in free.free.into_values().flatten() {
             self.destroy_buffer(b, a);
@@ -342,12 +388,43 @@ impl Gpu {
         Ok((buffer, allocation, size))
     }
 
-    /// Destroys a buffer and frees its memory (no command using it may be pending: submissions
-    /// are synchronous).
+    /// Destroys a buffer and frees its memory once every submission made so far has finished
+    /// (at once when none is in flight, else deferred to a later `run` or wait).
     pub(crate) fn destroy_buffer(&self, buffer: vk::Buffer, allocation: Allocation) {
-        // SAFETY: the buffer is this device's and no pending command uses it.
+        let last = self.submitter.lock().unwrap_or_else(|p| p.into_inner()).submitted;
+        if last > self.completed() {
+            self.deferred.lock().unwrap_or_else(|p| p.into_inner()).push((last, buffer, allocation));
+            return;
+        }
+        self.destroy_now(buffer, allocation);
+    }
+
+    fn destroy_now(&self, buffer: vk::Buffer, allocation: Allocation) {
+        // SAFETY: the buffer is this device's and every submission that could use it finished.
         unsafe { self.device.destroy_buffer(buffer, None) };
         let _ = self.allocator.lock().unwrap_or_else(|p| p.into_inner()).free(allocation);
+    }
+
+    /// The timeline value the device has reached (every submission up to it finished); 0 when
+    /// it cannot be read (a lost device: nothing deferred is then freed).
+    fn completed(&self) -> u64 {
+        let s = self.submitter.lock().unwrap_or_else(|p| p.into_inner());
+        // SAFETY: the semaphore is this device's and lives as long as it.
+        unsafe { self.device.get_semaphore_counter_value(s.timeline) }.unwrap_or(0)
+    }
+
+    /// Destroys the deferred buffers whose submissions have finished.
+    fn free_finished(&self) {
+        let done = self.completed();
+        let ready: Vec<(u64, vk::Buffer, Allocation)> = {
+            let mut d = self.deferred.lock().unwrap_or_else(|p| p.into_inner());
+            let (ready, pending) = std::mem::take(&mut *d).into_iter().partition(|(v, _, _)| *v <= done);
+            *d = pending;
+            ready
+        };
+        for (_, b, a) in ready {
+            self.destroy_now(b, a);
+        }
     }
 
     /// The pipeline of the shader variant `name` with `bindings` storage buffers and
@@ -437,63 +514,43 @@ impl Gpu {
         }
     }
 
-    /// Records the commands `record` adds, submits them and waits for them to finish.
+    /// Records the commands `record` adds and submits them (without waiting for them).
     pub(crate) fn run(&self, record: impl FnOnce(&mut Recorder<'_>) -> Result<()>) -> Result<()> {
-        let dev = self.device_id;
-        let s = self.submitter.lock().unwrap_or_else(|p| p.into_inner());
-        let err = |what: &str, e: vk::Result| vk_error(dev, what, e);
-        // SAFETY: the command buffer, fence and descriptor pool are used only under the
-        // submitter's lock; the previous submission was waited for, so resetting them is allowed.
+        self.submit(record).map(|_| ())
+    }
+
+    /// Records and submits like [`Gpu::run`], then waits until the commands have finished (for
+    /// results the host reads).
+    pub(crate) fn run_and_wait(&self, record: impl FnOnce(&mut Recorder<'_>) -> Result<()>) -> Result<()> {
+        if let Some(value) = self.submit(record)? {
+            let mut s = self.submitter.lock().unwrap_or_else(|p| p.into_inner());
+            self.wait_for(&mut s, value)?;
+        }
+        Ok(())
+    }
+
+    /// Waits until the timeline reaches `value`, then adds the timestamps of every finished
+    /// timed slot to `timing`.
+    fn wait_for(&self, s: &mut Submitter, value: u64) -> Result<()> {
+        let sems = [s.timeline];
+        let values = [value];
+        // SAFETY: the semaphore is this device's; the arrays outlive the call.
         unsafe {
-            self.device
-                .reset_descriptor_pool(s.descriptors, vk::DescriptorPoolResetFlags::empty())
-                .map_err(|e| err("vkResetDescriptorPool", e))?;
-            self.device
-                .reset_command_buffer(s.cmd, vk::CommandBufferResetFlags::empty())
-                .map_err(|e| err("vkResetCommandBuffer", e))?;
-            self.device
-                .begin_command_buffer(
-                    s.cmd,
-                    &vk::CommandBufferBeginInfo::default().flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT),
-                )
-                .map_err(|e| err("vkBeginCommandBuffer", e))?;
+            self.device.wait_semaphores(&vk::SemaphoreWaitInfo::default().semaphores(&sems).values(&values), u64::MAX)
         }
-        let timed = s.queries.filter(|_| self.timing.lock().unwrap_or_else(|p| p.into_inner()).is_some());
-        if let Some(q) = timed {
-            // SAFETY: the command buffer is recording; the query pool is this device's, used only
-            // under the submitter's lock.
-            unsafe {
-                self.device.cmd_reset_query_pool(s.cmd, q, 0, 2);
-                self.device.cmd_write_timestamp(s.cmd, vk::PipelineStageFlags::TOP_OF_PIPE, q, 0);
-            }
-        }
-        let mut rec = Recorder { gpu: self, cmd: s.cmd, pool: s.descriptors, commands: 0 };
-        let recorded = record(&mut rec);
-        if let Some(q) = timed {
-            // SAFETY: as above.
-            unsafe { self.device.cmd_write_timestamp(s.cmd, vk::PipelineStageFlags::BOTTOM_OF_PIPE, q, 1) };
-        }
-        // SAFETY: the command buffer is in the recording state (begun above).
-        let ended = unsafe { self.device.end_command_buffer(s.cmd) }.map_err(|e| err("vkEndCommandBuffer", e));
-        recorded?;
-        ended?;
-        if rec.commands == 0 {
-            return Ok(());
-        }
-        let cmds = [s.cmd];
-        let submit = [vk::SubmitInfo::default().command_buffers(&cmds)];
-        // SAFETY: the queue and fence are used under the lock; the command buffer is executable;
-        // the fence is unsignalled (reset after each wait).
-        unsafe {
-            self.device.queue_submit(s.queue, &submit, s.fence).map_err(|e| err("vkQueueSubmit", e))?;
-            let waited = self.device.wait_for_fences(&[s.fence], true, u64::MAX).map_err(|e| err("vkWaitForFences", e));
-            self.device.reset_fences(&[s.fence]).map_err(|e| err("vkResetFences", e))?;
-            waited?;
-        }
-        if let Some(q) = timed {
+        .map_err(|e| vk_error(self.device_id, "vkWaitSemaphores", e))?;
+        self.collect_timestamps(s, value)
+    }
+
+    /// Adds the device time of each timed slot whose submission is at or below `done` (known to
+    /// have finished) to `timing`.
+    fn collect_timestamps(&self, s: &mut Submitter, done: u64) -> Result<()> {
+        for slot in s.slots.iter_mut().filter(|x| x.timed && x.value <= done) {
+            slot.timed = false;
+            let Some(q) = slot.queries else { continue };
             let mut stamps = [0u64; 2];
-            // SAFETY: both queries were written by the submission just waited for; `stamps`
-            // holds two 64-bit results.
+            // SAFETY: both queries were written by the slot's submission, which has finished;
+            // `stamps` holds two 64-bit results.
             unsafe {
                 self.device.get_query_pool_results(
                     q,
@@ -502,7 +559,7 @@ impl Gpu {
                     vk::QueryResultFlags::TYPE_64 | vk::QueryResultFlags::WAIT,
                 )
             }
-            .map_err(|e| err("vkGetQueryPoolResults", e))?;
+            .map_err(|e| vk_error(self.device_id, "vkGetQueryPoolResults", e))?;
             let bits = self.physical.timestamp_bits;
             let mask = if bits >= 64 { u64::MAX } else { (1u64 << bits) - 1 };
             let ticks = stamps[1].wrapping_sub(stamps[0]) & mask;
@@ -514,6 +571,85 @@ impl Gpu {
         Ok(())
     }
 
+    /// Records `record`'s commands into the next slot (after waiting for its previous
+    /// submission) and submits them; returns the submission's timeline value, or `None` when
+    /// nothing was recorded.
+    fn submit(&self, record: impl FnOnce(&mut Recorder<'_>) -> Result<()>) -> Result<Option<u64>> {
+        let dev = self.device_id;
+        let mut guard = self.submitter.lock().unwrap_or_else(|p| p.into_inner());
+        let s = &mut *guard;
+        let err = |what: &str, e: vk::Result| vk_error(dev, what, e);
+        let i = s.next;
+        if s.slots[i].value > 0 {
+            let v = s.slots[i].value;
+            self.wait_for(s, v)?;
+        }
+        let timed = self.timing.lock().unwrap_or_else(|p| p.into_inner()).is_some();
+        let slot = &mut s.slots[i];
+        // SAFETY: the slot's command buffer and descriptor pool are used only under the
+        // submitter's lock, and its last submission has finished (waited for above), so they may
+        // be reset.
+        unsafe {
+            self.device
+                .reset_descriptor_pool(slot.descriptors, vk::DescriptorPoolResetFlags::empty())
+                .map_err(|e| err("vkResetDescriptorPool", e))?;
+            self.device
+                .reset_command_buffer(slot.cmd, vk::CommandBufferResetFlags::empty())
+                .map_err(|e| err("vkResetCommandBuffer", e))?;
+            self.device
+                .begin_command_buffer(
+                    slot.cmd,
+                    &vk::CommandBufferBeginInfo::default().flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT),
+                )
+                .map_err(|e| err("vkBeginCommandBuffer", e))?;
+        }
+        let queries = slot.queries.filter(|_| timed);
+        if let Some(q) = queries {
+            // The start is stamped once everything before has finished (bottom of pipe), so
+            // a submission queued behind another is not charged for the wait.
+            // SAFETY: the command buffer is recording; the query pool is the slot's.
+            unsafe {
+                self.device.cmd_reset_query_pool(slot.cmd, q, 0, 2);
+                self.device.cmd_write_timestamp(slot.cmd, vk::PipelineStageFlags::BOTTOM_OF_PIPE, q, 0);
+            }
+        }
+        // Counting one command already makes the first command open with a barrier: everything
+        // submitted before (a previous owner of a pooled buffer included) comes first.
+        let mut rec = Recorder { gpu: self, cmd: slot.cmd, pool: slot.descriptors, commands: 1 };
+        let recorded = record(&mut rec);
+        let commands = rec.commands;
+        if let Some(q) = queries {
+            // SAFETY: as above.
+            unsafe { self.device.cmd_write_timestamp(slot.cmd, vk::PipelineStageFlags::BOTTOM_OF_PIPE, q, 1) };
+        }
+        // SAFETY: the command buffer is in the recording state (begun above).
+        let ended = unsafe { self.device.end_command_buffer(slot.cmd) }.map_err(|e| err("vkEndCommandBuffer", e));
+        recorded?;
+        ended?;
+        if commands <= 1 {
+            // Nothing recorded: nothing to submit (the slot stays as it was).
+            return Ok(None);
+        }
+        let value = s.submitted + 1;
+        let cmds = [slot.cmd];
+        let signal = [s.timeline];
+        let values = [value];
+        let mut timeline = vk::TimelineSemaphoreSubmitInfo::default().signal_semaphore_values(&values);
+        let submit =
+            [vk::SubmitInfo::default().command_buffers(&cmds).signal_semaphores(&signal).push_next(&mut timeline)];
+        // SAFETY: the queue is used under the lock; the command buffer is executable; the
+        // signalled value is above every value signalled before.
+        unsafe { self.device.queue_submit(s.queue, &submit, vk::Fence::null()) }
+            .map_err(|e| err("vkQueueSubmit", e))?;
+        slot.value = value;
+        slot.timed = queries.is_some();
+        s.submitted = value;
+        s.next = (i + 1) % SLOTS;
+        drop(guard);
+        self.free_finished();
+        Ok(Some(value))
+    }
+
     /// Runs `work` and returns the device time of the submissions made meanwhile (timestamps
     /// around each submission's commands, summed; host gaps between submissions do not count),
     /// or `None` when the queue cannot write timestamps. Submissions of other threads during
@@ -523,17 +659,22 @@ impl Gpu {
             work()?;
             return Ok(None);
         }
+        self.wait_idle()?;
         *self.timing.lock().unwrap_or_else(|p| p.into_inner()) = Some(0.0);
-        let r = work();
+        let r = work().and_then(|()| self.wait_idle());
         let t = self.timing.lock().unwrap_or_else(|p| p.into_inner()).take();
         r.map(|()| t)
     }
 
-    /// Waits until the device's queue is idle.
+    /// Waits until every submission so far has finished, and frees what waited for them.
     pub(crate) fn wait_idle(&self) -> Result<()> {
-        let s = self.submitter.lock().unwrap_or_else(|p| p.into_inner());
-        // SAFETY: the queue is used under the submitter's lock.
-        unsafe { self.device.queue_wait_idle(s.queue) }.map_err(|e| vk_error(self.device_id, "vkQueueWaitIdle", e))
+        {
+            let mut s = self.submitter.lock().unwrap_or_else(|p| p.into_inner());
+            let last = s.submitted;
+            self.wait_for(&mut s, last)?;
+        }
+        self.free_finished();
+        Ok(())
     }
 }
 

@@ -160,7 +160,7 @@ impl DeviceRuntime for VulkanRuntime {
             return Ok(());
         }
         let stage = staging(&s.gpu, dst.len(), MemoryLocation::GpuToCpu)?;
-        s.gpu.run(|r| {
+        s.gpu.run_and_wait(|r| {
             r.copy(s.buffer, stage.buffer, dst.len() as u64);
             Ok(())
         })?;
@@ -203,7 +203,7 @@ impl DeviceRuntime for VulkanRuntime {
     fn time_on_device(&self, device: Device, work: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
         let g = gpu(device)?;
         let start = std::time::Instant::now();
-        // Submissions are synchronous, so the host clock is the fallback without timestamps.
+        // `timed` waits for the work, so the host clock is the fallback without timestamps.
         Ok(g.timed(work)?.unwrap_or_else(|| start.elapsed().as_secs_f64()))
     }
     fn fill(&self, dst: &dyn Buffer, byte: u8) -> Result<()> {

@@ -3,9 +3,9 @@
 //! epilogue (C, bias, GELU with the pre-activation in aux, dGELU) rounding to D, and for the
 //! bias-gradient epilogues the column sums of the unrounded values. f32, f16 and bf16 inputs,
 //! f32 accumulation. With `TEFL_VULKAN_COOPMAT=1` on a device with cooperative matrices
-//! (`Gpu::coop`), f16 products run on them (`shaders/gemm_coop.wgsl`, tensor cores on NVIDIA);
-//! not by default, since it is slower than the portable tiles so far. bf16 stays on the portable
-//! tiles (WGSL has no bf16 type).
+//! (`Gpu::coop`), f16 products run on them (`shaders/gemm_coop.wgsl`, tensor cores on NVIDIA),
+//! and bf16 ones too where the device also has `VK_KHR_shader_bfloat16` (`Gpu::coop_bf16`),
+//! when k (and m or n where they are a source's contiguous dimension) are multiples of 8.
 
 use tefl_core::catalogue::*;
 use tefl_core::{DType, Error, KernelCtx, Result, Tensor};
@@ -66,10 +66,18 @@ pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
     let name = format!("gemm.tx={}.wg={WG}", dtype_name(OP, "a", a.a.dtype())?);
     let gpu = gpu(dev)?;
     let pipeline = gpu.pipeline(&name, 8, PUSH_BYTES)?;
-    // The product on cooperative matrices for f16 (same tiles, bindings and push constants).
-    let (product, product_groups) = if gpu.coop && a.a.dtype() == DType::F16 && a.b.dtype() == DType::F16 {
+    // The product on cooperative matrices (same bindings and push constants) where the device
+    // has them for this dtype and every source row is whole 16-byte chunks.
+    let coop_dtype = match (a.a.dtype(), a.b.dtype()) {
+        (DType::F16, DType::F16) if gpu.coop => Some("f16"),
+        (DType::BF16, DType::BF16) if gpu.coop_bf16 => Some("bf16"),
+        _ => None,
+    };
+    let chunked = k % 8 == 0 && (!a.transa || m % 8 == 0) && (a.transb || n % 8 == 0);
+    let (product, product_groups) = if let Some(tx) = coop_dtype.filter(|_| chunked) {
         let groups = (n.div_ceil(COOP_TILE) as u32, m.div_ceil(COOP_TILE) as u32, 1);
-        (gpu.pipeline("gemm_coop.tx=f16", 8, PUSH_BYTES)?, groups)
+        let name = format!("gemm_coop.tx={tx}.ta={}.tb={}", u8::from(a.transa), u8::from(a.transb));
+        (gpu.pipeline(&name, 8, PUSH_BYTES)?, groups)
     } else {
         (pipeline.clone(), (tiles_n as u32, tiles_m as u32, 1))
     };
