@@ -71,10 +71,6 @@ fn ld(buf: u32, e: u32) -> f32 {
     return unpack(d_o[word_of(e, TX)], e, TX);
 }
 
-fn neg_inf() -> f32 {
-    return bitcast<f32>(0xFF800000u);
-}
-
 // One sequence: valid lengths, the token row of position 0, and token rows between positions.
 struct Seq {
     lq: i32,

@@ -120,6 +120,11 @@ fn max_nan(a: f32, b: f32) -> f32 {
     return max(a, b);
 }
 
+// −∞.
+fn neg_inf() -> f32 {
+    return bitcast<f32>(0xff800000u);
+}
+
 // 1/s, 0 for s = 0 (a fully masked row), NaN kept.
 fn recip_or_zero(s: f32) -> f32 {
     if (s > 0.0) {

@@ -6,25 +6,6 @@
 // LayerNorm backward (dx, and per-workgroup partial column sums of dy·x̂ and dy in ws); 4 the
 // column sums of ws's parts at `ws_offset` written as one gamma-typed vector (dgamma, dbeta).
 
-struct Params {
-    stage: u32,
-    rows: u32,
-    n: u32,
-    rpg: u32,
-    // Dtype codes: x, gamma, aux (beta forward, dy backward), add, out (y or dx; dgamma/dbeta).
-    tx: u32,
-    tg: u32,
-    ta: u32,
-    tadd: u32,
-    to: u32,
-    zero_centered: u32,
-    has_add: u32,
-    // Workgroups of the backward (rows of ws), and where stage 4 reads.
-    parts: u32,
-    ws_offset: u32,
-    eps: f32,
-}
-
 @group(0) @binding(0) var<storage, read> x: array<u32>;
 @group(0) @binding(1) var<storage, read> gamma: array<u32>;
 @group(0) @binding(2) var<storage, read> aux: array<u32>;
@@ -33,7 +14,6 @@ struct Params {
 @group(0) @binding(5) var<storage, read_write> rs: array<f32>;
 @group(0) @binding(6) var<storage, read_write> out: array<u32>;
 @group(0) @binding(7) var<storage, read_write> ws: array<f32>;
-var<immediate> p: Params;
 
 // Per row of the block: (mean or 0, rsigma, mean(d), mean(d·x̂)).
 var<workgroup> stat: array<vec4<f32>, 2>;

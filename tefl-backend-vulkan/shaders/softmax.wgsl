@@ -2,33 +2,15 @@
 // Forward: y = softmax(scale·x) over the last dim with a mask (0 none, 1 byte tensor
 // [b or 1, 1, sq, sk], 2 upper triangular j > i, 3 bottom-right aligned j > i + sk − sq);
 // masked entries and fully masked rows give 0. Backward: dx = scale·y·(dy − Σ dy·y).
-
-struct Params {
-    // 0 forward, 1 backward.
-    stage: u32,
-    mask: u32,
-    rows: u32,
-    sq: u32,
-    sk: u32,
-    h: u32,
-    mask_batch: u32,
-    // Rows per workgroup (1 or 2).
-    rpg: u32,
-    scale: f32,
-}
+// The general path (any dtypes, any row length); softmax_vec.wgsl is the 16-byte one.
 
 @group(0) @binding(0) var<storage, read> x: array<u32>;
 @group(0) @binding(1) var<storage, read> g: array<u32>;
 @group(0) @binding(2) var<storage, read> maskt: array<u32>;
 @group(0) @binding(3) var<storage, read_write> out: array<u32>;
-var<immediate> p: Params;
 
 // The two rows' statistics: forward (max, 1/sum), backward (Σ dy·y, unused).
 var<workgroup> stat: array<vec2<f32>, 2>;
-
-fn neg_inf() -> f32 {
-    return bitcast<f32>(0xff800000u);
-}
 
 fn ld_x(i: u32) -> f32 {
     return unpack(x[word_of(i, TX)], i, TX);
@@ -36,26 +18,6 @@ fn ld_x(i: u32) -> f32 {
 
 fn ld_g(i: u32) -> f32 {
     return unpack(g[word_of(i, TG)], i, TG);
-}
-
-fn masked(row: u32, j: u32) -> bool {
-    let i = row % p.sq;
-    switch p.mask {
-        case 1u: {
-            let b = select(row / (p.h * p.sq), 0u, p.mask_batch == 1u);
-            let k = (b * p.sq + i) * p.sk + j;
-            return byte_at(maskt[k >> 2u], k) != 0u;
-        }
-        case 2u: {
-            return j > i;
-        }
-        case 3u: {
-            return j + p.sq > i + p.sk;
-        }
-        default: {
-            return false;
-        }
-    }
 }
 
 // Output element e (row r of the block whose stats are stat[r - row0]).

@@ -45,6 +45,8 @@ pub struct PhysicalInfo {
     pub limits: vk::PhysicalDeviceLimits,
     /// The subgroup size.
     pub subgroup_size: u32,
+    /// Whether compute shaders have subgroup arithmetic (`subgroupAdd`: `norm_vec.wgsl`).
+    pub subgroup_arithmetic: bool,
     /// `storageBuffer16BitAccess`.
     pub storage_16bit: bool,
     /// `driverVersion`, as the driver reports it.
@@ -234,6 +236,10 @@ fn list_devices(entry: &ash::Entry, instance: &ash::Instance) -> Result<Vec<Phys
             queue_family: family as u32,
             limits: props.limits,
             subgroup_size: subgroup.subgroup_size.max(1),
+            subgroup_arithmetic: subgroup.supported_stages.contains(vk::ShaderStageFlags::COMPUTE)
+                && subgroup
+                    .supported_operations
+                    .contains(vk::SubgroupFeatureFlags::BASIC | vk::SubgroupFeatureFlags::ARITHMETIC),
             storage_16bit: f11.storage_buffer16_bit_access == vk::TRUE,
             driver_version: props.driver_version,
             device_id: props.device_id,
@@ -391,6 +397,7 @@ mod tests {
             queue_family: 0,
             limits: vk::PhysicalDeviceLimits::default(),
             subgroup_size: 32,
+            subgroup_arithmetic: true,
             storage_16bit: true,
             driver_version: 0,
             device_id: 0,

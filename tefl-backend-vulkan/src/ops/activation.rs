@@ -1,7 +1,8 @@
 //! Activations on Vulkan (`shaders/activation.wgsl`): plain forward and backward, the gated
 //! forms over the [a | b] halves of the last dim, and the clamped SwiGLU. One shader variant
 //! per (input dtype, gradient dtype, workgroup size); the activation and the form are push
-//! constants. The dbias forms add the column sums of the unrounded input gradient
+//! constants. Where every tensor is one 16-bit dtype and the counts are whole chunks of 8,
+//! `shaders/activation_vec.wgsl` does the same with 16-byte loads and stores. The dbias forms add the column sums of the unrounded input gradient
 //! (`shaders/activation_dbias.wgsl`, two passes through an f32 workspace).
 
 use tefl_core::catalogue::*;
@@ -62,8 +63,21 @@ fn launch(
     let n = (x.last_dim() / 2) as u32;
     let wg = crate::heuristics::elementwise_workgroup(ctx.device)?;
     let tg = g.map_or(x.dtype(), Tensor::dtype);
-    let name =
-        format!("activation.tx={}.tg={}.wg={wg}", dtype_name(op, "input", x.dtype())?, dtype_name(op, "grad", tg)?);
+    // The 16-byte path: one 16-bit dtype, and whole chunks of 8 (per row for the gated forms).
+    let gated = matches!(mode, Mode::GatedFwd | Mode::GatedBwd);
+    let chunked = total.is_multiple_of(8) && (!gated || n.is_multiple_of(8));
+    let vec_dtype = match x.dtype() {
+        DType::F16 => Some("f16"),
+        DType::BF16 => Some("bf16"),
+        _ => None,
+    };
+    let vec_name = vec_dtype.filter(|_| chunked && tg == x.dtype() && out.dtype() == x.dtype());
+    let name = match vec_name {
+        Some(tx) => format!("activation_vec.tx={tx}.wg={wg}"),
+        None => {
+            format!("activation.tx={}.tg={}.wg={wg}", dtype_name(op, "input", x.dtype())?, dtype_name(op, "grad", tg)?)
+        }
+    };
     let gpu = gpu(ctx.device)?;
     let pipeline = gpu.pipeline(&name, 3, PUSH_BYTES)?;
     let bind = super::binding;
@@ -74,9 +88,15 @@ fn launch(
     }
     push.extend_from_slice(&clamp.0.to_le_bytes());
     push.extend_from_slice(&clamp.1.to_le_bytes());
-    let per_word = if out.dtype() == DType::F32 { 1 } else { 2 };
-    let words = total.div_ceil(per_word) as u32;
-    let groups = words.div_ceil(wg).clamp(1, MAX_GROUPS);
+    let per_item = if vec_name.is_some() {
+        8
+    } else if out.dtype() == DType::F32 {
+        1
+    } else {
+        2
+    };
+    let items = total.div_ceil(per_item) as u32;
+    let groups = items.div_ceil(wg).clamp(1, MAX_GROUPS);
     gpu.run(|r| r.dispatch(&pipeline, &bindings, &push, (groups, 1, 1)))
 }
 

@@ -1,7 +1,12 @@
-//! RMSNorm and LayerNorm on Vulkan (`shaders/norm.wgsl`): forward and backward, a workgroup
-//! per row (two for a 16-bit output row of odd length), the row statistics reduced in shared
-//! memory. The backward writes dx and per-workgroup partial column sums of dy·x̂ and dy into an
-//! f32 workspace, which a last pass sums into dgamma and dbeta (gamma's dtype).
+//! RMSNorm and LayerNorm on Vulkan: forward and backward, a workgroup per row (two for a
+//! 16-bit output row of odd length). The backward writes dx and per-workgroup partial column
+//! sums of dy·x̂ and dy into an f32 workspace, which a last pass sums into dgamma and dbeta
+//! (gamma's dtype).
+//!
+//! Two shaders: `norm_vec.wgsl` where every tensor of the op is one 16-bit dtype, rows are whole
+//! 16-byte chunks and fit the invocations' registers (the training case: bf16 rows of a few
+//! thousand), reading each row once with 16-byte loads and reducing with subgroup additions;
+//! `norm.wgsl` for everything else (any mix of dtypes, odd lengths), element by element.
 
 use tefl_core::catalogue::*;
 use tefl_core::{DType, Error, KernelCtx, Result, Tensor};
@@ -16,6 +21,25 @@ const PUSH_BYTES: u32 = 56;
 const MAX_PARTS: usize = 1024;
 /// ... while the partial sums (2 · parts · n f32) stay within 64 MiB.
 const PARTS_BYTES: usize = 64 << 20;
+
+/// 16-byte chunks per invocation `norm_vec.wgsl` holds: forward, backward (build.rs).
+const VEC_CHUNKS: (usize, usize) = (8, 4);
+
+/// The `norm_vec` variant for an op whose tensors all have dtype `dtypes[0]` (the others must
+/// match), with rows of `n`, on a workgroup of `wg`: `None` where the general shader must run.
+fn vec_variant(gpu: &crate::gpu::Gpu, dtypes: &[DType], n: usize, wg: u32, backward: bool) -> Option<String> {
+    let tx = match dtypes[0] {
+        DType::F16 => "f16",
+        DType::BF16 => "bf16",
+        _ => return None,
+    };
+    let ch = if backward { VEC_CHUNKS.1 } else { VEC_CHUNKS.0 };
+    let sg = gpu.physical.subgroup_size;
+    let fits = n.is_multiple_of(8) && n / 8 <= wg as usize * ch;
+    let same = dtypes.iter().all(|&d| d == dtypes[0]);
+    (fits && same && gpu.physical.subgroup_arithmetic && sg > 0 && wg.is_multiple_of(sg))
+        .then(|| format!("norm_vec.tx={tx}.bwd={}.ch={ch}.acc={}.wg={wg}", u8::from(backward), 2 * ch))
+}
 
 /// Every field of the shader's `Params`.
 #[derive(Default, Clone, Copy)]
@@ -139,7 +163,9 @@ fn forward(
     let binds = Binds { x, gamma, aux: beta, add: None, mu: mu.as_ref(), rs: &rsigma, out: &y, ws: None };
     let wg = crate::heuristics::elementwise_workgroup(ctx.device)?;
     let gpu = gpu(ctx.device)?;
-    let pipeline = gpu.pipeline(&format!("norm.wg={wg}"), 8, PUSH_BYTES)?;
+    let dtypes = [x.dtype(), gamma.dtype(), beta.map_or(x.dtype(), Tensor::dtype), out_dtype];
+    let name = vec_variant(&gpu, &dtypes, n, wg, false).unwrap_or_else(|| format!("norm.wg={wg}"));
+    let pipeline = gpu.pipeline(&name, 8, PUSH_BYTES)?;
     let bindings = binds.bindings(None)?;
     let groups = (rows.div_ceil(rpg) as u32).clamp(1, MAX_GROUPS);
     gpu.run(|r| r.dispatch(&pipeline, &bindings, &p.bytes(), (groups, 1, 1)))?;
@@ -198,6 +224,11 @@ fn backward(
     let wg = crate::heuristics::elementwise_workgroup(ctx.device)?;
     let gpu = gpu(dev)?;
     let pipeline = gpu.pipeline(&format!("norm.wg={wg}"), 8, PUSH_BYTES)?;
+    let dtypes = [x.dtype(), gamma.dtype(), dy.dtype(), add.map_or(x.dtype(), Tensor::dtype)];
+    let rows_pipeline = match vec_variant(&gpu, &dtypes, n, wg, true) {
+        Some(name) => gpu.pipeline(&name, 8, PUSH_BYTES)?,
+        None => pipeline.clone(),
+    };
     let main = binds.bindings(None)?;
     let finish = |offset: usize| Params { stage: 4, to: p.tg, ws_offset: offset as u32, ..p };
     let to_dgamma = binds.bindings(Some(&dgamma))?;
@@ -205,7 +236,7 @@ fn backward(
     let per_word = if gamma.dtype() == DType::F32 { 1 } else { 2 };
     let col_groups = (n.div_ceil(per_word) as u32).div_ceil(wg).clamp(1, MAX_GROUPS);
     gpu.run(|r| {
-        r.dispatch(&pipeline, &main, &p.bytes(), (parts as u32, 1, 1))?;
+        r.dispatch(&rows_pipeline, &main, &p.bytes(), (parts as u32, 1, 1))?;
         r.dispatch(&pipeline, &to_dgamma, &finish(0).bytes(), (col_groups, 1, 1))?;
         if let Some(b) = &to_dbeta {
             r.dispatch(&pipeline, b, &finish(parts * n).bytes(), (col_groups, 1, 1))?;

@@ -1,6 +1,7 @@
-//! The fused softmax family on Vulkan (`shaders/softmax.wgsl`): one workgroup per row (two for
-//! a 16-bit row of odd length, so every output word has one writer), the max and the sum
-//! reduced in shared memory, masks by push constant.
+//! The fused softmax family on Vulkan: one workgroup per row (two for a 16-bit row of odd
+//! length, so every output word has one writer), masks by push constant. `softmax_vec.wgsl`
+//! where the tensors are one 16-bit dtype and rows are whole 16-byte chunks that fit the
+//! invocations' registers (each row read once, subgroup reductions); `softmax.wgsl` otherwise.
 
 use tefl_core::catalogue::*;
 use tefl_core::{DType, Error, KernelCtx, Result, Tensor};
@@ -20,7 +21,24 @@ enum Mask {
     AlignedCausal = 3,
 }
 
-/// One dispatch of `softmax.wgsl` over `rows` rows of `sk`: forward (`stage` 0) or backward.
+/// 16-byte chunks per invocation `softmax_vec.wgsl` holds (build.rs).
+const VEC_CHUNKS: usize = 8;
+
+/// The `softmax_vec` variant for x (and y, dx) of dtype `tx` and dy of `tg` with rows of `sk`
+/// on a workgroup of `wg`: `None` where the general shader must run.
+fn vec_variant(gpu: &crate::gpu::Gpu, tx: DType, tg: DType, sk: usize, wg: u32) -> Option<String> {
+    let name = match tx {
+        DType::F16 => "f16",
+        DType::BF16 => "bf16",
+        _ => return None,
+    };
+    let sg = gpu.physical.subgroup_size;
+    let fits = sk.is_multiple_of(8) && sk / 8 <= wg as usize * VEC_CHUNKS;
+    (tx == tg && fits && gpu.physical.subgroup_arithmetic && sg > 0 && wg.is_multiple_of(sg))
+        .then(|| format!("softmax_vec.tx={name}.ch={VEC_CHUNKS}.wg={wg}"))
+}
+
+/// One dispatch of `softmax.wgsl` (or `softmax_vec.wgsl`) over `rows` rows of `sk`: forward (`stage` 0) or backward.
 #[allow(clippy::too_many_arguments)]
 fn launch(
     op: &'static str,
@@ -50,8 +68,11 @@ fn launch(
     let rpg: usize = if x.dtype() != DType::F32 && sk % 2 == 1 { 2 } else { 1 };
     let wg = crate::heuristics::elementwise_workgroup(ctx.device)?;
     let tg = g.map_or(x.dtype(), Tensor::dtype);
-    let name = format!("softmax.tx={}.tg={}.wg={wg}", dtype_name(op, "x", x.dtype())?, dtype_name(op, "dy", tg)?);
     let gpu = gpu(ctx.device)?;
+    let name = match vec_variant(&gpu, x.dtype(), tg, sk, wg) {
+        Some(name) => name,
+        None => format!("softmax.tx={}.tg={}.wg={wg}", dtype_name(op, "x", x.dtype())?, dtype_name(op, "dy", tg)?),
+    };
     let pipeline = gpu.pipeline(&name, 4, PUSH_BYTES)?;
     let bind = super::binding;
     let bindings = [bind(x)?, bind(g.unwrap_or(x))?, bind(mask.unwrap_or(x))?, bind(out)?];

@@ -128,7 +128,17 @@ fn cases(c: &Ctx, small: bool) -> tefl_core::Result<Vec<Case>> {
             interleaved: false,
         },
     ));
-    let sizes: &[usize] = if small { &[1024, 2048] } else { &[4096, 8192] };
+    let custom: Vec<usize> = std::env::var("DBG_GEMM")
+        .ok()
+        .map(|v| v.split(',').filter_map(|x| x.parse().ok()).collect())
+        .unwrap_or_default();
+    let sizes: &[usize] = if !custom.is_empty() {
+        &custom
+    } else if small {
+        &[1024, 2048]
+    } else {
+        &[4096, 8192]
+    };
     // bf16 at each size, and f16 at the first (backends whose fast path differs by dtype: Vulkan's
     // cooperative matrices take f16 only).
     let gemms = sizes.iter().map(|&m| (m, bf, "")).chain([(sizes[0], DType::F16, " f16")]);
@@ -219,24 +229,19 @@ fn cases(c: &Ctx, small: bool) -> tefl_core::Result<Vec<Case>> {
 
 /// Warm-up, then the median of up to `reps` timed runs (at least 3, at most ~20 s), each
 /// timed by the device's runtime (device events where it has them) over a batch of calls made
-/// back to back (enough for about a millisecond of device time, at most 20), per call.
+/// back to back (about 20 ms of device time, at most 50 calls), per call.
 fn median_secs(reps: usize, device: Device, f: &dyn Fn() -> tefl_core::Result<()>) -> tefl_core::Result<f64> {
     let rt = tefl_core::device::runtime(device.kind)?;
-    // Warm-up: repeated for at least 0.2 s (at most 50 calls), so that a GPU idle before the case
-    // has raised its clocks (the H100 under Vulkan showed 345 MHz between short submissions, and
-    // single warm-ups left medians up to 4x apart from one run to the next).
+    // Warm-up: calls back to back for at least WARM_UP_SECS, so that a GPU idle before the case
+    // has raised its clocks. The H100 under Vulkan needed more than a second of steady work:
+    // after 0.2 s it still ran a 4096^3 GEMM five times slower than after 3 s.
     let warm = Instant::now();
-    for _ in 0..50 {
+    while warm.elapsed().as_secs_f64() < WARM_UP_SECS {
         f()?;
-        rt.synchronize(device)?;
-        if warm.elapsed().as_secs_f64() >= 0.2 {
-            break;
-        }
     }
-    // Calls back to back keep the device busy between them, as a training step does (a host
-    // round trip after each short call lets a GPU lower its clocks).
-    let one = rt.time_on_device(device, &mut || f())?;
-    let batch = ((1e-3 / one.max(1e-7)).ceil() as usize).clamp(1, 20);
+    rt.synchronize(device)?;
+    let one = rt.time_on_device(device, &mut || (0..4).try_for_each(|_| f()))? / 4.0;
+    let batch = ((20e-3 / one.max(1e-7)).ceil() as usize).clamp(1, 50);
     let budget = Instant::now();
     let mut ts = Vec::new();
     while ts.len() < reps && (ts.len() < 3 || budget.elapsed().as_secs_f64() < 20.0) {
@@ -246,6 +251,9 @@ fn median_secs(reps: usize, device: Device, f: &dyn Fn() -> tefl_core::Result<()
     ts.sort_by(f64::total_cmp);
     Ok(ts[ts.len() / 2])
 }
+
+/// Seconds of back-to-back calls before a case is timed.
+const WARM_UP_SECS: f64 = 1.5;
 
 const TORCH_SCRIPT: &str = r#"
 import json, sys, time
