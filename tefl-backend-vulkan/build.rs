@@ -12,11 +12,6 @@ const DTYPES: [(&str, u32); 3] = [("f32", 0), ("f16", 1), ("bf16", 2)];
 const WORKGROUPS: [u32; 3] = [64, 128, 256];
 /// The largest head dims attention variants are built for (a call takes the smallest that fits).
 const ATTN_HEAD_DIMS: [u32; 4] = [32, 64, 128, 256];
-/// 16-byte chunks of a row each invocation of `norm_vec` holds: forward, backward (ops/norm.rs
-/// names the same values).
-const NORM_VEC_CHUNKS: (u32, u32) = (8, 4);
-/// 16-byte chunks of a row each invocation of `softmax_vec` holds (ops/softmax.rs names it too).
-const SOFTMAX_VEC_CHUNKS: u32 = 8;
 /// Query (or key) rows per attention workgroup, one per invocation.
 const ATTN_ROWS: u32 = 64;
 /// The attention stages with a head-dim bucket and the files each is made of.
@@ -84,9 +79,17 @@ fn variants() -> Vec<Variant> {
             v.push(Variant {
                 shader: "rope",
                 header: "",
-                files: &["rope.wgsl"],
+                files: &["rope_params.wgsl", "rope.wgsl"],
                 consts: vec![("TX", tx.into(), cx), ("WG", wg.to_string(), wg)],
             });
+            if tx != "f32" {
+                v.push(Variant {
+                    shader: "rope_vec",
+                    header: "",
+                    files: &["rope_params.wgsl", "vec8.wgsl", "rope_vec.wgsl"],
+                    consts: vec![("TX", tx.into(), cx), ("WG", wg.to_string(), wg)],
+                });
+            }
             v.push(Variant {
                 shader: "fp8",
                 header: "",
@@ -170,28 +173,17 @@ fn variants() -> Vec<Variant> {
                 shader: "softmax_vec",
                 header: "",
                 files: &["softmax_params.wgsl", "vec8.wgsl", "wg_reduce.wgsl", "softmax_vec.wgsl"],
-                consts: vec![
-                    ("TX", tx.into(), cx),
-                    ("CH", SOFTMAX_VEC_CHUNKS.to_string(), SOFTMAX_VEC_CHUNKS),
-                    ("WG", wg.to_string(), wg),
-                ],
+                consts: vec![("TX", tx.into(), cx), ("WG", wg.to_string(), wg)],
             });
         }
-        // The 16-byte path: forward caching up to 8 chunks per invocation, backward 4 (it also
-        // keeps two f32 sums per owned column).
+        // The 16-byte paths of the row-wise shaders.
         for (tx, cx) in [("f16", 1), ("bf16", 2)] {
-            for (bwd, ch) in [(0u32, NORM_VEC_CHUNKS.0), (1, NORM_VEC_CHUNKS.1)] {
+            for bwd in [0u32, 1] {
                 v.push(Variant {
                     shader: "norm_vec",
                     header: "",
                     files: &["norm_params.wgsl", "vec8.wgsl", "wg_reduce.wgsl", "norm_vec.wgsl"],
-                    consts: vec![
-                        ("TX", tx.into(), cx),
-                        ("BWD", bwd.to_string(), bwd),
-                        ("CH", ch.to_string(), ch),
-                        ("ACC", (2 * ch).to_string(), 2 * ch),
-                        ("WG", wg.to_string(), wg),
-                    ],
+                    consts: vec![("TX", tx.into(), cx), ("BWD", bwd.to_string(), bwd), ("WG", wg.to_string(), wg)],
                 });
             }
         }

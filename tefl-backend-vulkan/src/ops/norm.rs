@@ -3,10 +3,11 @@
 //! sums of dy·x̂ and dy into an f32 workspace, which a last pass sums into dgamma and dbeta
 //! (gamma's dtype).
 //!
-//! Two shaders: `norm_vec.wgsl` where every tensor of the op is one 16-bit dtype, rows are whole
-//! 16-byte chunks and fit the invocations' registers (the training case: bf16 rows of a few
-//! thousand), reading each row once with 16-byte loads and reducing with subgroup additions;
-//! `norm.wgsl` for everything else (any mix of dtypes, odd lengths), element by element.
+//! Two shaders: `norm_vec.wgsl` where every tensor of the op is one 16-bit dtype and rows are
+//! whole 16-byte chunks (the training case; the backward also needs rows of at most 32·WG
+//! elements, whose column partials it keeps in registers), with 16-byte loads and subgroup
+//! reductions; `norm.wgsl` for everything else (any mix of dtypes, odd lengths), element by
+//! element.
 
 use tefl_core::catalogue::*;
 use tefl_core::{DType, Error, KernelCtx, Result, Tensor};
@@ -22,8 +23,8 @@ const MAX_PARTS: usize = 1024;
 /// ... while the partial sums (2 · parts · n f32) stay within 64 MiB.
 const PARTS_BYTES: usize = 64 << 20;
 
-/// 16-byte chunks per invocation `norm_vec.wgsl` holds: forward, backward (build.rs).
-const VEC_CHUNKS: (usize, usize) = (8, 4);
+/// 16-byte chunks of a row each invocation of the `norm_vec` backward owns (its `CH`).
+const VEC_BWD_CHUNKS: usize = 4;
 
 /// The `norm_vec` variant for an op whose tensors all have dtype `dtypes[0]` (the others must
 /// match), with rows of `n`, on a workgroup of `wg`: `None` where the general shader must run.
@@ -33,12 +34,11 @@ fn vec_variant(gpu: &crate::gpu::Gpu, dtypes: &[DType], n: usize, wg: u32, backw
         DType::BF16 => "bf16",
         _ => return None,
     };
-    let ch = if backward { VEC_CHUNKS.1 } else { VEC_CHUNKS.0 };
     let sg = gpu.physical.subgroup_size;
-    let fits = n.is_multiple_of(8) && n / 8 <= wg as usize * ch;
+    let fits = n.is_multiple_of(8) && (!backward || n / 8 <= wg as usize * VEC_BWD_CHUNKS);
     let same = dtypes.iter().all(|&d| d == dtypes[0]);
     (fits && same && gpu.physical.subgroup_arithmetic && sg > 0 && wg.is_multiple_of(sg))
-        .then(|| format!("norm_vec.tx={tx}.bwd={}.ch={ch}.acc={}.wg={wg}", u8::from(backward), 2 * ch))
+        .then(|| format!("norm_vec.tx={tx}.bwd={}.wg={wg}", u8::from(backward)))
 }
 
 /// Every field of the shader's `Params`.

@@ -1,9 +1,12 @@
 //! Rotary position embedding on Vulkan (`shaders/rope.wgsl`): forward and backward, every
 //! layout (thd through cu_seqlens), start positions, interleaved or half rotation, with the
-//! catalogue's `rope_geometry` checks. One output word per invocation; cos/sin per element.
+//! catalogue's `rope_geometry` checks. `shaders/rope_vec.wgsl` where x is 16-bit and heads
+//! and the rotated part are whole 16-byte chunks (one invocation per token row and chunk,
+//! across the heads, cos/sin once per row); else `shaders/rope.wgsl`, one output word per
+//! invocation, cos/sin per element.
 
 use tefl_core::catalogue::*;
-use tefl_core::{Error, KernelCtx, Result, Tensor};
+use tefl_core::{DType, Error, KernelCtx, Result, Tensor};
 
 use super::{MAX_GROUPS, dtype_name};
 use crate::gpu::gpu;
@@ -26,7 +29,12 @@ fn run(op: &'static str, ctx: &KernelCtx<'_>, a: &RopeArgs, backward: bool) -> R
         });
     }
     let wg = crate::heuristics::elementwise_workgroup(ctx.device)?;
-    let name = format!("rope.tx={}.wg={wg}", dtype_name(op, "x", a.x.dtype())?);
+    // The 16-byte path: 16-bit x, heads and the rotated part in whole chunks of 8 (the halves
+    // too when they rotate against each other).
+    let whole = g.d.is_multiple_of(8) && g.d_rot.is_multiple_of(if a.interleaved { 8 } else { 16 });
+    let vec = whole && matches!(a.x.dtype(), DType::F16 | DType::BF16);
+    let shader = if vec { "rope_vec" } else { "rope" };
+    let name = format!("{shader}.tx={}.wg={wg}", dtype_name(op, "x", a.x.dtype())?);
     let gpu = gpu(ctx.device)?;
     let pipeline = gpu.pipeline(&name, 5, PUSH_BYTES)?;
     let bind = super::binding;
@@ -52,8 +60,10 @@ fn run(op: &'static str, ctx: &KernelCtx<'_>, a: &RopeArgs, backward: bool) -> R
     .iter()
     .flat_map(|v| v.to_le_bytes())
     .collect();
-    let per_word = if a.x.dtype() == tefl_core::DType::F32 { 1 } else { 2 };
-    let groups = (total.div_ceil(per_word) as u32).div_ceil(wg).clamp(1, MAX_GROUPS);
+    // Work items: (token row, chunk of a head) pairs on the 16-byte path, else output words.
+    let items =
+        if vec { total / g.h.max(1) / 8 } else { total.div_ceil(if a.x.dtype() == DType::F32 { 1 } else { 2 }) };
+    let groups = (items as u32).div_ceil(wg).clamp(1, MAX_GROUPS);
     gpu.run(|r| r.dispatch(&pipeline, &bindings, &push, (groups, 1, 1)))?;
     Ok(RopeOut { y })
 }

@@ -1,7 +1,7 @@
 //! The fused softmax family on Vulkan: one workgroup per row (two for a 16-bit row of odd
 //! length, so every output word has one writer), masks by push constant. `softmax_vec.wgsl`
-//! where the tensors are one 16-bit dtype and rows are whole 16-byte chunks that fit the
-//! invocations' registers (each row read once, subgroup reductions); `softmax.wgsl` otherwise.
+//! where the tensors are one 16-bit dtype and rows are whole 16-byte chunks (16-byte loads,
+//! subgroup reductions); `softmax.wgsl` otherwise.
 
 use tefl_core::catalogue::*;
 use tefl_core::{DType, Error, KernelCtx, Result, Tensor};
@@ -21,9 +21,6 @@ enum Mask {
     AlignedCausal = 3,
 }
 
-/// 16-byte chunks per invocation `softmax_vec.wgsl` holds (build.rs).
-const VEC_CHUNKS: usize = 8;
-
 /// The `softmax_vec` variant for x (and y, dx) of dtype `tx` and dy of `tg` with rows of `sk`
 /// on a workgroup of `wg`: `None` where the general shader must run.
 fn vec_variant(gpu: &crate::gpu::Gpu, tx: DType, tg: DType, sk: usize, wg: u32) -> Option<String> {
@@ -33,9 +30,8 @@ fn vec_variant(gpu: &crate::gpu::Gpu, tx: DType, tg: DType, sk: usize, wg: u32) 
         _ => return None,
     };
     let sg = gpu.physical.subgroup_size;
-    let fits = sk.is_multiple_of(8) && sk / 8 <= wg as usize * VEC_CHUNKS;
-    (tx == tg && fits && gpu.physical.subgroup_arithmetic && sg > 0 && wg.is_multiple_of(sg))
-        .then(|| format!("softmax_vec.tx={name}.ch={VEC_CHUNKS}.wg={wg}"))
+    (tx == tg && sk.is_multiple_of(8) && gpu.physical.subgroup_arithmetic && sg > 0 && wg.is_multiple_of(sg))
+        .then(|| format!("softmax_vec.tx={name}.wg={wg}"))
 }
 
 /// One dispatch of `softmax.wgsl` (or `softmax_vec.wgsl`) over `rows` rows of `sk`: forward (`stage` 0) or backward.

@@ -128,19 +128,9 @@ fn cases(c: &Ctx, small: bool) -> tefl_core::Result<Vec<Case>> {
             interleaved: false,
         },
     ));
-    let custom: Vec<usize> = std::env::var("DBG_GEMM")
-        .ok()
-        .map(|v| v.split(',').filter_map(|x| x.parse().ok()).collect())
-        .unwrap_or_default();
-    let sizes: &[usize] = if !custom.is_empty() {
-        &custom
-    } else if small {
-        &[1024, 2048]
-    } else {
-        &[4096, 8192]
-    };
-    // bf16 at each size, and f16 at the first (backends whose fast path differs by dtype: Vulkan's
-    // cooperative matrices take f16 only).
+    let sizes: &[usize] = if small { &[1024, 2048] } else { &[4096, 8192] };
+    // bf16 at each size, and f16 at the first (backends whose fast paths differ by dtype: Vulkan's
+    // cooperative matrices need VK_KHR_shader_bfloat16 for bf16).
     let gemms = sizes.iter().map(|&m| (m, bf, "")).chain([(sizes[0], DType::F16, " f16")]);
     for (m, dt, tag) in gemms {
         let a = c.t(&[m, m], dt)?;
