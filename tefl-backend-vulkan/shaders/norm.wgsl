@@ -85,12 +85,40 @@ fn row_moment(base: u32, c: f32, sq: bool, lane: u32) -> f32 {
     return s;
 }
 
-fn column_sums(j: u32) -> f32 {
-    var s = 0.0;
-    for (var q = 0u; q < p.parts; q++) {
-        s += ws[p.ws_offset + q * p.n + j];
+// Stage 4's partial sums: word lane × part lane.
+var<workgroup> colsum: array<vec2<f32>, WG>;
+
+// Stage 4: the workgroup writes words w0.. w0 + WG/8 − 1 of the output; invocation `lane` is
+// word lane lane % (WG/8) and part lane lane / (WG/8), summing parts pl, pl + 8, ... (the parts
+// of one word are summed by eight invocations at once, not by one in sequence).
+fn column_sums(w0: u32, lane: u32, per: u32) {
+    let lanes = WG / 8u;
+    let wl = lane % lanes;
+    let pl = lane / lanes;
+    let w = w0 + wl;
+    let words = (p.n + per - 1u) / per;
+    var s = vec2<f32>(0.0);
+    if (w < words) {
+        let j = w * per;
+        let two = per == 2u && j + 1u < p.n;
+        for (var q = pl; q < p.parts; q += 8u) {
+            let at = p.ws_offset + q * p.n + j;
+            s.x += ws[at];
+            if (two) {
+                s.y += ws[at + 1u];
+            }
+        }
     }
-    return s;
+    colsum[lane] = s;
+    workgroupBarrier();
+    if (pl == 0u && w < words) {
+        var t = vec2<f32>(0.0);
+        for (var k = 0u; k < 8u; k++) {
+            t += colsum[wl + k * lanes];
+        }
+        out[w] = pack(t.x, t.y, p.to);
+    }
+    workgroupBarrier();
 }
 
 @compute @workgroup_size(WG)
@@ -98,18 +126,12 @@ fn main(
     @builtin(workgroup_id) group: vec3<u32>,
     @builtin(local_invocation_index) lane: u32,
     @builtin(num_workgroups) groups: vec3<u32>,
-    @builtin(global_invocation_id) gid: vec3<u32>,
 ) {
     let per = per_word(p.to);
     if (p.stage == 4u) {
         let words = (p.n + per - 1u) / per;
-        for (var w = gid.x; w < words; w += groups.x * WG) {
-            let j = w * per;
-            var hi = 0.0;
-            if (per == 2u && j + 1u < p.n) {
-                hi = column_sums(j + 1u);
-            }
-            out[w] = pack(column_sums(j), hi, p.to);
+        for (var w0 = group.x * (WG / 8u); w0 < words; w0 += groups.x * (WG / 8u)) {
+            column_sums(w0, lane, per);
         }
         return;
     }

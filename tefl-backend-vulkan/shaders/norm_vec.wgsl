@@ -71,81 +71,20 @@ fn forward(first: u32, step: u32, lane: u32, sg: u32, sg_lane: u32, subgroups: u
     }
 }
 
-// The partial column sums an invocation keeps for one of its chunks: Σ dy·x̂ and Σ dy, elements
-// 0..3 and 4..7.
-struct Part {
-    g_lo: vec4<f32>,
-    g_hi: vec4<f32>,
-    b_lo: vec4<f32>,
-    b_hi: vec4<f32>,
-}
+// The backward: each invocation owns chunks lane + i·WG (i < CH) of every row and keeps their
+// partial column sums across the rows it visits. (Measured on the H100: this private-array form
+// ran at 0.654 ms for 16384×8192 bf16, named per-chunk values at 0.69–0.84.)
+const CH: u32 = 4u;
+// Accumulators per invocation: elements 0..3 and 4..7 of each chunk.
+const ACC: u32 = 8u;
 
-fn put_part(q: Part, at: u32, bt: u32) {
-    for (var e = 0u; e < 4u; e++) {
-        ws[at + e] = q.g_lo[e];
-        ws[at + 4u + e] = q.g_hi[e];
-        ws[bt + e] = q.b_lo[e];
-        ws[bt + 4u + e] = q.b_hi[e];
-    }
-}
-
-// x and dy of one chunk (zero bits, i.e. +0, past the row's end).
-struct Pair {
-    x: Eight,
-    dy: Eight,
-    g: Eight,
-}
-
-fn pair_at(base: u32, c: u32, chunks: u32) -> Pair {
-    if (c >= chunks) {
-        let zero = Eight(vec4<f32>(0.0), vec4<f32>(0.0));
-        return Pair(zero, zero, zero);
-    }
-    return Pair(unpack8(x[base + c]), unpack8(aux[base + c]), scale8(c));
-}
-
-// x̂ of a chunk, elements 0..3 and 4..7.
-fn xhat(q: Pair, mean: f32, rsig: f32) -> Eight {
-    return Eight((q.x.lo - mean) * rsig, (q.x.hi - mean) * rsig);
-}
-
-// (Σ dy·γ, Σ dy·γ·x̂) of a chunk.
-fn sums(q: Pair, xh: Eight) -> vec2<f32> {
-    let dl = q.dy.lo * q.g.lo;
-    let dh = q.dy.hi * q.g.hi;
-    return vec2<f32>(dot(dl, vec4<f32>(1.0)) + dot(dh, vec4<f32>(1.0)), dot(dl, xh.lo) + dot(dh, xh.hi));
-}
-
-fn grown(s: Part, q: Pair, xh: Eight) -> Part {
-    return Part(s.g_lo + q.dy.lo * xh.lo, s.g_hi + q.dy.hi * xh.hi, s.b_lo + q.dy.lo, s.b_hi + q.dy.hi);
-}
-
-// Writes dx of chunk c (inside the row).
-fn put_dx(q: Pair, xh: Eight, base: u32, c: u32, rsig: f32, md: f32, mdx: f32) {
-    var dx = Eight(rsig * (q.dy.lo * q.g.lo - md - xh.lo * mdx), rsig * (q.dy.hi * q.g.hi - md - xh.hi * mdx));
-    if (p.has_add != 0u) {
-        let a = unpack8(addt[base + c]);
-        dx = Eight(dx.lo + a.lo, dx.hi + a.hi);
-    }
-    out[base + c] = pack8(dx);
-}
-
-// The backward: each invocation owns chunks lane + i·WG (i < 4) of every row, loads all of a
-// row's at once into named values and keeps their partial column sums in four named values (a
-// private array indexed in a loop goes to memory on NVIDIA's compiler, and its loop is not
-// unrolled, which serialises the loads).
 fn backward(first: u32, step: u32, lane: u32, sg: u32, sg_lane: u32, subgroups: u32) {
     let chunks = p.n / 8u;
     let nf = f32(p.n);
     let layer = p.stage == 3u;
-    let c0 = lane;
-    let c1 = lane + WG;
-    let c2 = lane + 2u * WG;
-    let c3 = lane + 3u * WG;
-    var s0: Part;
-    var s1: Part;
-    var s2: Part;
-    var s3: Part;
+    // Σ dy·x̂ and Σ dy over this workgroup's rows, per owned column (lo/hi of chunk i at 2i, 2i+1).
+    var acc_g: array<vec4<f32>, ACC>;
+    var acc_b: array<vec4<f32>, ACC>;
     for (var row = first; row < p.rows; row += step) {
         let base = row * chunks;
         var mean = 0.0;
@@ -153,48 +92,62 @@ fn backward(first: u32, step: u32, lane: u32, sg: u32, sg_lane: u32, subgroups: 
             mean = mu[row];
         }
         let rsig = rs[row];
-        let q0 = pair_at(base, c0, chunks);
-        let q1 = pair_at(base, c1, chunks);
-        let q2 = pair_at(base, c2, chunks);
-        let q3 = pair_at(base, c3, chunks);
-        let h0 = xhat(q0, mean, rsig);
-        let h1 = xhat(q1, mean, rsig);
-        let h2 = xhat(q2, mean, rsig);
-        let h3 = xhat(q3, mean, rsig);
-        s0 = grown(s0, q0, h0);
-        s1 = grown(s1, q1, h1);
-        s2 = grown(s2, q2, h2);
-        s3 = grown(s3, q3, h3);
-        let local = sums(q0, h0) + sums(q1, h1) + sums(q2, h2) + sums(q3, h3);
-        let t = wg_sum(local, sg, sg_lane, subgroups);
+        var cx: array<vec4<u32>, CH>;
+        var cd: array<vec4<u32>, CH>;
+        var sd = 0.0;
+        var sdx = 0.0;
+        for (var i = 0u; i < CH; i++) {
+            let c = lane + i * WG;
+            if (c < chunks) {
+                cx[i] = x[base + c];
+                cd[i] = aux[base + c];
+                let e = unpack8(cx[i]);
+                let dy = unpack8(cd[i]);
+                let g = scale8(c);
+                let xl = (e.lo - mean) * rsig;
+                let xh = (e.hi - mean) * rsig;
+                let dl = dy.lo * g.lo;
+                let dh = dy.hi * g.hi;
+                sd += dot(dl, vec4<f32>(1.0)) + dot(dh, vec4<f32>(1.0));
+                sdx += dot(dl, xl) + dot(dh, xh);
+                acc_g[2u * i] += dy.lo * xl;
+                acc_g[2u * i + 1u] += dy.hi * xh;
+                acc_b[2u * i] += dy.lo;
+                acc_b[2u * i + 1u] += dy.hi;
+            }
+        }
+        let t = wg_sum(vec2<f32>(sd, sdx), sg, sg_lane, subgroups);
         let md = select(0.0, t.x / nf, layer);
         let mdx = t.y / nf;
-        if (c0 < chunks) {
-            put_dx(q0, h0, base, c0, rsig, md, mdx);
-        }
-        if (c1 < chunks) {
-            put_dx(q1, h1, base, c1, rsig, md, mdx);
-        }
-        if (c2 < chunks) {
-            put_dx(q2, h2, base, c2, rsig, md, mdx);
-        }
-        if (c3 < chunks) {
-            put_dx(q3, h3, base, c3, rsig, md, mdx);
+        for (var i = 0u; i < CH; i++) {
+            let c = lane + i * WG;
+            if (c < chunks) {
+                let e = unpack8(cx[i]);
+                let dy = unpack8(cd[i]);
+                let g = scale8(c);
+                let xl = (e.lo - mean) * rsig;
+                let xh = (e.hi - mean) * rsig;
+                var dx = Eight(rsig * (dy.lo * g.lo - md - xl * mdx), rsig * (dy.hi * g.hi - md - xh * mdx));
+                if (p.has_add != 0u) {
+                    let a = unpack8(addt[base + c]);
+                    dx = Eight(dx.lo + a.lo, dx.hi + a.hi);
+                }
+                out[base + c] = pack8(dx);
+            }
         }
     }
-    let at = first * p.n;
-    let bt = p.parts * p.n + at;
-    if (c0 < chunks) {
-        put_part(s0, at + c0 * 8u, bt + c0 * 8u);
-    }
-    if (c1 < chunks) {
-        put_part(s1, at + c1 * 8u, bt + c1 * 8u);
-    }
-    if (c2 < chunks) {
-        put_part(s2, at + c2 * 8u, bt + c2 * 8u);
-    }
-    if (c3 < chunks) {
-        put_part(s3, at + c3 * 8u, bt + c3 * 8u);
+    for (var i = 0u; i < CH; i++) {
+        let c = lane + i * WG;
+        if (c < chunks) {
+            let at = first * p.n + c * 8u;
+            let bt = p.parts * p.n + at;
+            for (var e = 0u; e < 4u; e++) {
+                ws[at + e] = acc_g[2u * i][e];
+                ws[at + 4u + e] = acc_g[2u * i + 1u][e];
+                ws[bt + e] = acc_b[2u * i][e];
+                ws[bt + 4u + e] = acc_b[2u * i + 1u][e];
+            }
+        }
     }
 }
 

@@ -2,10 +2,11 @@
 //! a shared-memory tiled product in f32 (64×64 tiles, 4×4 outputs per invocation), then the
 //! epilogue (C, bias, GELU with the pre-activation in aux, dGELU) rounding to D, and for the
 //! bias-gradient epilogues the column sums of the unrounded values. f32, f16 and bf16 inputs,
-//! f32 accumulation. With `TEFL_VULKAN_COOPMAT=1` on a device with cooperative matrices
-//! (`Gpu::coop`), f16 products run on them (`shaders/gemm_coop.wgsl`, tensor cores on NVIDIA),
-//! and bf16 ones too where the device also has `VK_KHR_shader_bfloat16` (`Gpu::coop_bf16`),
-//! when k (and m or n where they are a source's contiguous dimension) are multiples of 8.
+//! f32 accumulation. On a device with cooperative matrices (`Gpu::coop`; `TEFL_VULKAN_COOPMAT=0`
+//! turns them off), f16 products run on them (`shaders/gemm_coop.wgsl`, tensor cores on
+//! NVIDIA), and bf16 ones too where the device also has `VK_KHR_shader_bfloat16`
+//! (`Gpu::coop_bf16`), when k (and m or n where they are a source's contiguous dimension) are
+//! multiples of 8.
 
 use tefl_core::catalogue::*;
 use tefl_core::{DType, Error, KernelCtx, Result, Tensor};

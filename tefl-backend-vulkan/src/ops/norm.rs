@@ -233,8 +233,9 @@ fn backward(
     let finish = |offset: usize| Params { stage: 4, to: p.tg, ws_offset: offset as u32, ..p };
     let to_dgamma = binds.bindings(Some(&dgamma))?;
     let to_dbeta = dbeta.as_ref().map(|b| binds.bindings(Some(b))).transpose()?;
+    // Stage 4: a workgroup per WG/8 output words, 8 invocations summing each word's parts.
     let per_word = if gamma.dtype() == DType::F32 { 1 } else { 2 };
-    let col_groups = (n.div_ceil(per_word) as u32).div_ceil(wg).clamp(1, MAX_GROUPS);
+    let col_groups = (n.div_ceil(per_word) as u32).div_ceil(wg / 8).clamp(1, MAX_GROUPS);
     gpu.run(|r| {
         r.dispatch(&rows_pipeline, &main, &p.bytes(), (parts as u32, 1, 1))?;
         r.dispatch(&pipeline, &to_dgamma, &finish(0).bytes(), (col_groups, 1, 1))?;

@@ -223,8 +223,8 @@ fn cases(c: &Ctx, small: bool) -> tefl_core::Result<Vec<Case>> {
 fn median_secs(reps: usize, device: Device, f: &dyn Fn() -> tefl_core::Result<()>) -> tefl_core::Result<f64> {
     let rt = tefl_core::device::runtime(device.kind)?;
     // Warm-up: calls back to back for at least WARM_UP_SECS, so that a GPU idle before the case
-    // has raised its clocks. The H100 under Vulkan needed more than a second of steady work:
-    // after 0.2 s it still ran a 4096^3 GEMM five times slower than after 3 s.
+    // has raised its clocks. The H100 under Vulkan needed seconds of steady work: after 0.2 s,
+    // and still after 1.5 s, it ran a 4096^3 GEMM about five times slower than after 3 s.
     let warm = Instant::now();
     while warm.elapsed().as_secs_f64() < WARM_UP_SECS {
         f()?;
@@ -243,7 +243,7 @@ fn median_secs(reps: usize, device: Device, f: &dyn Fn() -> tefl_core::Result<()
 }
 
 /// Seconds of back-to-back calls before a case is timed.
-const WARM_UP_SECS: f64 = 1.5;
+const WARM_UP_SECS: f64 = 3.0;
 
 const TORCH_SCRIPT: &str = r#"
 import json, sys, time
