@@ -14,6 +14,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ash::vk;
@@ -61,18 +62,14 @@ struct Slot {
     timed: bool,
 }
 
-/// The device's queue, its timeline semaphore and the ring of command buffers.
+/// The device's queue and the ring of command buffers (the timeline semaphore is `Gpu::timeline`).
 struct Submitter {
     queue: vk::Queue,
     /// The pool the slots' command buffers come from (lives as long as the device).
     _pool: vk::CommandPool,
-    /// Signals the value of each submission when it finishes.
-    timeline: vk::Semaphore,
     slots: Vec<Slot>,
     /// The slot the next submission takes.
     next: usize,
-    /// The value of the last submission.
-    submitted: u64,
 }
 
 /// Device-local buffers whose tensors were dropped, kept by size class for the next
@@ -109,6 +106,11 @@ pub struct Gpu {
     pool: Mutex<BufferPool>,
     /// While timing (`Some`), the device seconds of every submission so far.
     timing: Mutex<Option<f64>>,
+    /// Signals the value of each submission when it finishes.
+    timeline: vk::Semaphore,
+    /// The value of the last submission (written under the submitter's lock; read without it,
+    /// so that dropping a tensor never waits for that lock).
+    submitted: AtomicU64,
     /// Buffers dropped while submissions were in flight, with the timeline value after which
     /// they may be destroyed.
     deferred: Mutex<Vec<(u64, vk::Buffer, Allocation)>>,
@@ -218,7 +220,7 @@ impl Gpu {
         })
         .map_err(|e| Error::DeviceFailure { device: device_id.to_string(), reason: format!("gpu-allocator: {e}") })?;
         // SAFETY: the device is live; each object created here is owned by the returned Gpu.
-        let submitter = unsafe {
+        let (submitter, timeline) = unsafe {
             let queue = device.get_device_queue(physical.queue_family, 0);
             let pool = device
                 .create_command_pool(
@@ -261,7 +263,7 @@ impl Gpu {
                 };
                 slots.push(Slot { cmd, descriptors, queries, value: 0, timed: false });
             }
-            Submitter { queue, _pool: pool, timeline, slots, next: 0, submitted: 0 }
+            (Submitter { queue, _pool: pool, slots, next: 0 }, timeline)
         };
         let cache_file = pipeline_cache_file(&physical);
         let initial = cache_file.as_deref().and_then(read_pipeline_cache).unwrap_or_default();
@@ -287,6 +289,8 @@ impl Gpu {
             pipelines: Mutex::new(HashMap::new()),
             pool: Mutex::new(BufferPool::default()),
             timing: Mutex::new(None),
+            timeline,
+            submitted: AtomicU64::new(0),
             deferred: Mutex::new(Vec::new()),
             pipeline_cache,
             cache_file,
@@ -393,7 +397,7 @@ impl Gpu {
     /// Destroys a buffer and frees its memory once every submission made so far has finished
     /// (at once when none is in flight, else deferred to a later `run` or wait).
     pub(crate) fn destroy_buffer(&self, buffer: vk::Buffer, allocation: Allocation) {
-        let last = self.submitter.lock().unwrap_or_else(|p| p.into_inner()).submitted;
+        let last = self.submitted.load(Ordering::Acquire);
         if last > self.completed() {
             self.deferred.lock().unwrap_or_else(|p| p.into_inner()).push((last, buffer, allocation));
             return;
@@ -410,9 +414,8 @@ impl Gpu {
     /// The timeline value the device has reached (every submission up to it finished); 0 when
     /// it cannot be read (a lost device: nothing deferred is then freed).
     fn completed(&self) -> u64 {
-        let s = self.submitter.lock().unwrap_or_else(|p| p.into_inner());
         // SAFETY: the semaphore is this device's and lives as long as it.
-        unsafe { self.device.get_semaphore_counter_value(s.timeline) }.unwrap_or(0)
+        unsafe { self.device.get_semaphore_counter_value(self.timeline) }.unwrap_or(0)
     }
 
     /// Destroys the deferred buffers whose submissions have finished.
@@ -534,7 +537,7 @@ impl Gpu {
     /// Waits until the timeline reaches `value`, then adds the timestamps of every finished
     /// timed slot to `timing`.
     fn wait_for(&self, s: &mut Submitter, value: u64) -> Result<()> {
-        let sems = [s.timeline];
+        let sems = [self.timeline];
         let values = [value];
         // SAFETY: the semaphore is this device's; the arrays outlive the call.
         unsafe {
@@ -632,9 +635,9 @@ impl Gpu {
             // Nothing recorded: nothing to submit (the slot stays as it was).
             return Ok(None);
         }
-        let value = s.submitted + 1;
+        let value = self.submitted.load(Ordering::Acquire) + 1;
         let cmds = [slot.cmd];
-        let signal = [s.timeline];
+        let signal = [self.timeline];
         let values = [value];
         let mut timeline = vk::TimelineSemaphoreSubmitInfo::default().signal_semaphore_values(&values);
         let submit =
@@ -645,7 +648,7 @@ impl Gpu {
             .map_err(|e| err("vkQueueSubmit", e))?;
         slot.value = value;
         slot.timed = queries.is_some();
-        s.submitted = value;
+        self.submitted.store(value, Ordering::Release);
         s.next = (i + 1) % SLOTS;
         drop(guard);
         self.free_finished();
@@ -672,7 +675,7 @@ impl Gpu {
     pub(crate) fn wait_idle(&self) -> Result<()> {
         {
             let mut s = self.submitter.lock().unwrap_or_else(|p| p.into_inner());
-            let last = s.submitted;
+            let last = self.submitted.load(Ordering::Acquire);
             self.wait_for(&mut s, last)?;
         }
         self.free_finished();
