@@ -36,39 +36,31 @@ var<workgroup> tile_b: array<vec2<f16>, 2560>;
 // One 16×16 f32 accumulator per subgroup on its way out, for tiles that cross the edge of W.
 var<workgroup> stage: array<f32, 1024>;
 
-// The i-th chunk (of CHUNKS) this invocation copies of A's tile: its index in `a` (or
-// 0xFFFFFFFF where it is outside A) and its word in tile_a.
-fn chunk_a(lane: u32, i: u32, row0: u32, k0: u32) -> vec2<u32> {
+// The i-th chunk (of CHUNKS) this invocation copies of a tile whose source has `len` rows or
+// columns of W (m for A, n for B) starting at o0: its index in the source (or 0xFFFFFFFF where
+// it is outside) and its word in the tile. A `short` tile has 128 rows (W's) of KT elements
+// along k, 4 chunks each: the source is that operand stored with k contiguous (A, or Bᵀ); a
+// long one has KT rows (k steps) of 128 elements, 16 chunks each (Aᵀ, or B).
+fn chunk(lane: u32, i: u32, short: bool, o0: u32, len: u32, k0: u32) -> vec2<u32> {
     let q = lane + i * 128u;
-    if (TA == 0u) {
-        // op(A) = A, m×k row-major: tile rows are W rows, 4 chunks each.
+    if (short) {
         let r = q >> 2u;
         let c = q & 3u;
-        let ok = row0 + r < p.m && k0 + c * 8u < p.k;
-        return vec2<u32>(select(0xFFFFFFFFu, ((row0 + r) * p.k + k0) / 8u + c, ok), r * SHORT + c * 4u);
+        let ok = o0 + r < len && k0 + c * 8u < p.k;
+        return vec2<u32>(select(0xFFFFFFFFu, ((o0 + r) * p.k + k0) / 8u + c, ok), r * SHORT + c * 4u);
     }
-    // op(A) = Aᵀ, A k×m row-major: tile rows are k steps, 16 chunks each.
     let kk = q >> 4u;
     let c = q & 15u;
-    let ok = k0 + kk < p.k && row0 + c * 8u < p.m;
-    return vec2<u32>(select(0xFFFFFFFFu, ((k0 + kk) * p.m + row0) / 8u + c, ok), kk * LONG + c * 4u);
+    let ok = k0 + kk < p.k && o0 + c * 8u < len;
+    return vec2<u32>(select(0xFFFFFFFFu, ((k0 + kk) * len + o0) / 8u + c, ok), kk * LONG + c * 4u);
 }
 
-// The same for B's tile.
+fn chunk_a(lane: u32, i: u32, row0: u32, k0: u32) -> vec2<u32> {
+    return chunk(lane, i, TA == 0u, row0, p.m, k0);
+}
+
 fn chunk_b(lane: u32, i: u32, col0: u32, k0: u32) -> vec2<u32> {
-    let q = lane + i * 128u;
-    if (TB == 0u) {
-        // op(B) = B, k×n row-major: tile rows are k steps, 16 chunks each.
-        let kk = q >> 4u;
-        let c = q & 15u;
-        let ok = k0 + kk < p.k && col0 + c * 8u < p.n;
-        return vec2<u32>(select(0xFFFFFFFFu, ((k0 + kk) * p.n + col0) / 8u + c, ok), kk * LONG + c * 4u);
-    }
-    // op(B) = Bᵀ, B n×k row-major: tile rows are W columns, 4 chunks each.
-    let r = q >> 2u;
-    let c = q & 3u;
-    let ok = col0 + r < p.n && k0 + c * 8u < p.k;
-    return vec2<u32>(select(0xFFFFFFFFu, ((col0 + r) * p.k + k0) / 8u + c, ok), r * SHORT + c * 4u);
+    return chunk(lane, i, TB == 1u, col0, p.n, k0);
 }
 
 fn fetch_a(at: u32) -> vec4<u32> {
