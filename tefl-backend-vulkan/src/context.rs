@@ -57,6 +57,9 @@ pub struct PhysicalInfo {
     pub pipeline_cache_uuid: [u8; 16],
     /// The valid bits of the queue family's timestamps (0: it cannot write them).
     pub timestamp_bits: u32,
+    /// The device's streaming multiprocessors, where it says (`VK_NV_shader_sm_builtins`):
+    /// launches that want one wave of workgroups size it from this.
+    pub compute_units: Option<u32>,
     /// Whether `gemm_coop.wgsl` can run: `VK_KHR_cooperative_matrix` with 16×16×16 f16 × f16 →
     /// f32 at subgroup scope, f16 arithmetic, 16-bit storage, the Vulkan memory model, and
     /// 32-lane subgroups (the shader's subgroup layout).
@@ -223,6 +226,7 @@ fn list_devices(entry: &ash::Entry, instance: &ash::Instance) -> Result<Vec<Phys
         };
         let coop_matrix_f16 = subgroup.subgroup_size == 32 && coop_matrix_f16(entry, instance, h);
         let coop_matrix_bf16 = coop_matrix_f16 && coop_matrix_bf16(entry, instance, h);
+        let compute_units = sm_count(instance, h);
         let Some((family, q)) =
             queues.iter().enumerate().find(|(_, q)| q.queue_flags.contains(vk::QueueFlags::COMPUTE))
         else {
@@ -245,6 +249,7 @@ fn list_devices(entry: &ash::Entry, instance: &ash::Instance) -> Result<Vec<Phys
             device_id: props.device_id,
             pipeline_cache_uuid: props.pipeline_cache_uuid,
             timestamp_bits: q.timestamp_valid_bits,
+            compute_units,
             coop_matrix_f16,
             coop_matrix_bf16,
         });
@@ -292,6 +297,21 @@ fn coop_matrix_f16(entry: &ash::Entry, instance: &ash::Instance, h: vk::Physical
             && p.result_type == vk::ComponentTypeKHR::FLOAT32
             && p.scope == vk::ScopeKHR::SUBGROUP
     })
+}
+
+/// The SM count of device `h` where it has `VK_NV_shader_sm_builtins`, else `None`.
+fn sm_count(instance: &ash::Instance, h: vk::PhysicalDevice) -> Option<u32> {
+    // SAFETY: a query of a physical device of the live instance.
+    let extensions = unsafe { instance.enumerate_device_extension_properties(h) }.unwrap_or_default();
+    let name = ash::nv::shader_sm_builtins::NAME;
+    if !extensions.iter().any(|e| e.extension_name_as_c_str().is_ok_and(|n| n == name)) {
+        return None;
+    }
+    let mut sm = vk::PhysicalDeviceShaderSMBuiltinsPropertiesNV::default();
+    let mut p2 = vk::PhysicalDeviceProperties2::default().push_next(&mut sm);
+    // SAFETY: the chained struct outlives the call; its extension is supported.
+    unsafe { instance.get_physical_device_properties2(h, &mut p2) };
+    (sm.shader_sm_count > 0).then_some(sm.shader_sm_count)
 }
 
 /// `VK_KHR_shader_bfloat16`, which ash 0.38 predates.
@@ -403,6 +423,7 @@ mod tests {
             device_id: 0,
             pipeline_cache_uuid: [0; 16],
             timestamp_bits: 64,
+            compute_units: Some(132),
             coop_matrix_f16: false,
             coop_matrix_bf16: false,
         }
