@@ -122,6 +122,29 @@ fn loop_iterations(g: &AttnGeometry, dropout: bool, backward: bool) -> u64 {
     if backward { dq.max(dkdv) } else { fwd }
 }
 
+/// [`plan`] for the arguments of either direction (`AttnFwdArgs` and `AttnBwdArgs` name their
+/// shared fields alike).
+macro_rules! plan_for {
+    ($op:expr, $ctx:expr, $a:expr) => {
+        plan(
+            $op,
+            $ctx,
+            &$a.q,
+            &$a.k,
+            &$a.v,
+            $a.cu_seqlens_q.as_ref(),
+            $a.cu_seqlens_kv.as_ref(),
+            $a.layout,
+            $a.mask,
+            $a.window,
+            $a.scale,
+            $a.dropout_p,
+            $a.seed,
+            $a.offset,
+        )
+    };
+}
+
 /// The cu_seqlens bindings (any buffer where the call has none: the shaders do not read it).
 fn cu_bindings(cu_q: Option<&Tensor>, cu_k: Option<&Tensor>, any: &Tensor) -> Result<[Binding; 2]> {
     Ok([bind(cu_q.unwrap_or(any))?, bind(cu_k.unwrap_or(any))?])
@@ -131,22 +154,7 @@ fn cu_bindings(cu_q: Option<&Tensor>, cu_k: Option<&Tensor>, any: &Tensor) -> Re
 pub fn fused_attn_fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<AttnFwdOut> {
     const OP: &str = "fused_attn_fwd";
     let (cu_q, cu_k) = (a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref());
-    let p = plan(
-        OP,
-        ctx,
-        &a.q,
-        &a.k,
-        &a.v,
-        cu_q,
-        cu_k,
-        a.layout,
-        a.mask,
-        a.window,
-        a.scale,
-        a.dropout_p,
-        a.seed,
-        a.offset,
-    )?;
+    let p = plan_for!(OP, ctx, a)?;
     let (g, dev) = (&p.g, ctx.device);
     let thd = a.layout == QkvLayout::Thd;
     // thd rows past the last sequence belong to none: zero outputs, −inf lse.
@@ -182,22 +190,7 @@ pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut
         });
     }
     let (cu_q, cu_k) = (a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref());
-    let p = plan(
-        OP,
-        ctx,
-        &a.q,
-        &a.k,
-        &a.v,
-        cu_q,
-        cu_k,
-        a.layout,
-        a.mask,
-        a.window,
-        a.scale,
-        a.dropout_p,
-        a.seed,
-        a.offset,
-    )?;
+    let p = plan_for!(OP, ctx, a)?;
     let (g, dev) = (&p.g, ctx.device);
     // thd rows outside every sequence get zero gradients.
     let out = |t: &Tensor| {
