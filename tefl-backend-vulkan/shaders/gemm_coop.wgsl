@@ -5,9 +5,9 @@
 // A workgroup of four 32-lane subgroups computes a 128×128 tile of W, each subgroup a 64×64
 // quarter as 4×4 accumulators of 16×16. K goes in steps of KT: each invocation copies its share
 // of the next step's A and B tiles from memory to registers (16 bytes per load) while the
-// subgroups multiply the current step out of shared memory. The tiles are the sources' raw bits
-// (pairs of elements per word), kept in the sources' own orientation: a transposed operand is read
-// as a column-major matrix instead of being transposed, so every copy is a straight one.
+// subgroups multiply the current step out of shared memory. The tiles hold the sources' elements
+// in the sources' own orientation: a transposed operand is read as a column-major matrix instead
+// of being transposed, so every copy is a straight one.
 //
 // WGSL has no bf16 type: the bf16 variant is this module with its 16-bit float type marked
 // bfloat16 after naga (build.rs). Its elements only pass through f32 on their way into the

@@ -6,10 +6,9 @@
 // (wg_reduce.wgsl). Constants: TX, BWD, WG.
 //
 // Stages (norm_params.wgsl) as in norm.wgsl: 0/1 forward (y, mu, rsigma), 2/3 backward (dx,
-// and this workgroup's partial column sums of dy·x̂ and dy in ws row `group`, kept in
-// registers across its rows: each invocation owns the same 4 chunks of columns of every row;
-// the host sends rows of at most 4·WG chunks here).
-// norm.wgsl's stage 4 then sums the parts.
+// and this workgroup's partial column sums of dy·x̂ and dy in ws row `group`, kept by each
+// invocation across its rows: it owns the same 4 chunks of columns of every row; the host sends
+// rows of at most 4·WG chunks here). norm.wgsl's stage 4 then sums the parts.
 
 @group(0) @binding(0) var<storage, read> x: array<vec4<u32>>;
 @group(0) @binding(1) var<storage, read> gamma: array<vec4<u32>>;
