@@ -1,6 +1,8 @@
 //! `bench [--backend X] [--shapes anchor|small] [--vs torch] [--json FILE] [--reps N]`: times
-//! each op of the anchor table (`shared/device/README.md`) on the backend's device: warm-up,
-//! then the median of repeated runs, each timed by the device runtime (CUDA events on cuda). Reports GB/s (each
+//! each op of the anchor table (`shared/device/README.md`) on the backend's device: 3 s of
+//! back-to-back calls as warm-up, then the median of repeated runs, each a batch of calls made
+//! back to back (about 20 ms) timed by the device runtime (CUDA events on cuda, timestamp
+//! queries on Vulkan) and divided by its size. Reports GB/s (each
 //! input read once, each output written once) or TFLOP/s, and the fraction of a copy's
 //! bandwidth measured in the same run. With `--vs torch` (python3 with torch), the torch
 //! equivalents run in the same process tree on the same shapes, and the tefl/torch time
