@@ -1,6 +1,6 @@
 // Rotary position embedding, forward and backward (the transpose of the forward), one output
-// word per invocation: the general path (rope_vec.wgsl is the 16-byte one). Constants: TX (x and y), WG. Layout codes: 0 bshd, 1 sbhd, 2 thd;
-// thd rows past the last sequence are copied.
+// word per invocation: the general path (rope_vec.wgsl is the 16-byte one). Constants: TX (x
+// and y), WG. Layout codes: 0 bshd, 1 sbhd, 2 thd; thd rows past the last sequence are copied.
 
 @group(0) @binding(0) var<storage, read> x: array<u32>;
 @group(0) @binding(1) var<storage, read> freqs: array<f32>;

@@ -2,8 +2,9 @@
 //! forms over the [a | b] halves of the last dim, and the clamped SwiGLU. One shader variant
 //! per (input dtype, gradient dtype, workgroup size); the activation and the form are push
 //! constants. Where every tensor is one 16-bit dtype and the counts are whole chunks of 8,
-//! `shaders/activation_vec.wgsl` does the same with 16-byte loads and stores. The dbias forms add the column sums of the unrounded input gradient
-//! (`shaders/activation_dbias.wgsl`, two passes through an f32 workspace).
+//! `shaders/activation_vec.wgsl` does the same with 16-byte loads and stores. The dbias forms
+//! add the column sums of the unrounded input gradient (`shaders/activation_dbias.wgsl`, two
+//! passes through an f32 workspace).
 
 use tefl_core::catalogue::*;
 use tefl_core::{DType, Error, KernelCtx, Result, Tensor};

@@ -5,7 +5,7 @@
 //!
 //! Two shaders: `norm_vec.wgsl` where every tensor of the op is one 16-bit dtype and rows are
 //! whole 16-byte chunks (the training case; the backward also needs rows of at most 32·WG
-//! elements, whose column partials it keeps in registers), with 16-byte loads and subgroup
+//! elements, whose column partials each invocation keeps), with 16-byte loads and subgroup
 //! reductions; `norm.wgsl` for everything else (any mix of dtypes, odd lengths), element by
 //! element.
 

@@ -34,7 +34,8 @@ fn vec_variant(gpu: &crate::gpu::Gpu, tx: DType, tg: DType, sk: usize, wg: u32) 
         .then(|| format!("softmax_vec.tx={name}.wg={wg}"))
 }
 
-/// One dispatch of `softmax.wgsl` (or `softmax_vec.wgsl`) over `rows` rows of `sk`: forward (`stage` 0) or backward.
+/// One dispatch of `softmax.wgsl` (or `softmax_vec.wgsl`) over `rows` rows of `sk`: forward
+/// (`stage` 0) or backward.
 #[allow(clippy::too_many_arguments)]
 fn launch(
     op: &'static str,
