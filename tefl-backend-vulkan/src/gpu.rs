@@ -300,6 +300,13 @@ impl Gpu {
         })
     }
 
+    /// Whether `wg_reduce.wgsl` (subgroup reductions) can run in workgroups of `wg`: the device
+    /// has subgroup arithmetic in compute shaders and `wg` is whole subgroups.
+    pub(crate) fn reduces_in_subgroups(&self, wg: u32) -> bool {
+        let sg = self.physical.subgroup_size;
+        self.physical.subgroup_arithmetic && sg > 0 && wg.is_multiple_of(sg)
+    }
+
     /// A device-local buffer for a tensor of `bytes` bytes: an idle one of its size class from
     /// the pool, else a new one (after emptying the pool when memory runs out). Returns the
     /// buffer, its memory and its size.

@@ -67,12 +67,7 @@ fn launch(
     // The 16-byte path: one 16-bit dtype, and whole chunks of 8 (per row for the gated forms).
     let gated = matches!(mode, Mode::GatedFwd | Mode::GatedBwd);
     let chunked = total.is_multiple_of(8) && (!gated || n.is_multiple_of(8));
-    let vec_dtype = match x.dtype() {
-        DType::F16 => Some("f16"),
-        DType::BF16 => Some("bf16"),
-        _ => None,
-    };
-    let vec_name = vec_dtype.filter(|_| chunked && tg == x.dtype() && out.dtype() == x.dtype());
+    let vec_name = super::half_name(x.dtype()).filter(|_| chunked && tg == x.dtype() && out.dtype() == x.dtype());
     let name = match vec_name {
         Some(tx) => format!("activation_vec.tx={tx}.wg={wg}"),
         None => {

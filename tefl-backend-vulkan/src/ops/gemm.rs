@@ -74,7 +74,7 @@ pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
         (DType::BF16, DType::BF16) if gpu.coop_bf16 => Some("bf16"),
         _ => None,
     };
-    let chunked = k % 8 == 0 && (!a.transa || m % 8 == 0) && (a.transb || n % 8 == 0);
+    let chunked = k.is_multiple_of(8) && (!a.transa || m.is_multiple_of(8)) && (a.transb || n.is_multiple_of(8));
     let (product, product_groups) = if let Some(tx) = coop_dtype.filter(|_| chunked) {
         let groups = (n.div_ceil(COOP_TILE) as u32, m.div_ceil(COOP_TILE) as u32, 1);
         let name = format!("gemm_coop.tx={tx}.ta={}.tb={}", u8::from(a.transa), u8::from(a.transb));

@@ -37,6 +37,16 @@ pub(crate) fn binding(t: &Tensor) -> Result<Binding> {
     crate::runtime::global().buffer(t.buffer().as_ref()).map(|b| b.binding())
 }
 
+/// The name a shader variant uses for a 16-bit float dtype, `None` for any other (the 16-byte
+/// `*_vec` shaders and the cooperative-matrix GEMM take only these).
+pub(crate) fn half_name(d: DType) -> Option<&'static str> {
+    match d {
+        DType::F16 => Some("f16"),
+        DType::BF16 => Some("bf16"),
+        _ => None,
+    }
+}
+
 /// The name a shader variant uses for a dtype (`activation.tx=bf16...`).
 pub(crate) fn dtype_name(op: &'static str, arg: &'static str, d: DType) -> Result<&'static str> {
     Ok(["f32", "f16", "bf16"][dtype_code(op, arg, d)? as usize])

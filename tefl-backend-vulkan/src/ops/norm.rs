@@ -31,15 +31,10 @@ const VEC_BWD_CHUNKS: usize = 4;
 /// The `norm_vec` variant for an op whose tensors all have dtype `dtypes[0]` (the others must
 /// match), with rows of `n`, on a workgroup of `wg`: `None` where the general shader must run.
 fn vec_variant(gpu: &crate::gpu::Gpu, dtypes: &[DType], n: usize, wg: u32, backward: bool) -> Option<String> {
-    let tx = match dtypes[0] {
-        DType::F16 => "f16",
-        DType::BF16 => "bf16",
-        _ => return None,
-    };
-    let sg = gpu.physical.subgroup_size;
+    let tx = super::half_name(dtypes[0])?;
     let fits = n.is_multiple_of(8) && (!backward || n / 8 <= wg as usize * VEC_BWD_CHUNKS);
     let same = dtypes.iter().all(|&d| d == dtypes[0]);
-    (fits && same && gpu.physical.subgroup_arithmetic && sg > 0 && wg.is_multiple_of(sg))
+    (fits && same && gpu.reduces_in_subgroups(wg))
         .then(|| format!("norm_vec.tx={tx}.bwd={}.wg={wg}", u8::from(backward)))
 }
 
@@ -202,7 +197,8 @@ fn backward(
     let dgamma = Tensor::uninit(gamma.shape(), gamma.dtype(), &dev)?;
     let dbeta = if layer { Some(Tensor::uninit(gamma.shape(), gamma.dtype(), &dev)?) } else { None };
     let rpg = rpg(x.dtype(), n);
-    let wave = gpu(dev)?.physical.compute_units.map_or(MAX_PARTS, |sms| PARTS_PER_SM * sms as usize);
+    let gpu = gpu(dev)?;
+    let wave = gpu.physical.compute_units.map_or(MAX_PARTS, |sms| PARTS_PER_SM * sms as usize);
     let parts = rows.div_ceil(rpg).min(wave.min(MAX_PARTS)).min((PARTS_BYTES / (8 * n)).max(64));
     if 2 * parts * n >= (1usize << 31) {
         return Err(too_big(op, ctx, 2 * parts * n));
@@ -225,7 +221,6 @@ fn backward(
     };
     let binds = Binds { x, gamma, aux: Some(dy), add, mu, rs: rsigma, out: &dx, ws: Some(&ws) };
     let wg = crate::heuristics::elementwise_workgroup(ctx.device)?;
-    let gpu = gpu(dev)?;
     let pipeline = gpu.pipeline(&format!("norm.wg={wg}"), 8, PUSH_BYTES)?;
     let dtypes = [x.dtype(), gamma.dtype(), dy.dtype(), add.map_or(x.dtype(), Tensor::dtype)];
     let rows_pipeline = match vec_variant(&gpu, &dtypes, n, wg, true) {

@@ -32,7 +32,7 @@ fn run(op: &'static str, ctx: &KernelCtx<'_>, a: &RopeArgs, backward: bool) -> R
     // The 16-byte path: 16-bit x, heads and the rotated part in whole chunks of 8 (the halves
     // too when they rotate against each other).
     let whole = g.d.is_multiple_of(8) && g.d_rot.is_multiple_of(if a.interleaved { 8 } else { 16 });
-    let vec = whole && matches!(a.x.dtype(), DType::F16 | DType::BF16);
+    let vec = whole && super::half_name(a.x.dtype()).is_some();
     let shader = if vec { "rope_vec" } else { "rope" };
     let name = format!("{shader}.tx={}.wg={wg}", dtype_name(op, "x", a.x.dtype())?);
     let gpu = gpu(ctx.device)?;

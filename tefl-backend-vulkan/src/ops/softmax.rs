@@ -24,14 +24,8 @@ enum Mask {
 /// The `softmax_vec` variant for x (and y, dx) of dtype `tx` and dy of `tg` with rows of `sk`
 /// on a workgroup of `wg`: `None` where the general shader must run.
 fn vec_variant(gpu: &crate::gpu::Gpu, tx: DType, tg: DType, sk: usize, wg: u32) -> Option<String> {
-    let name = match tx {
-        DType::F16 => "f16",
-        DType::BF16 => "bf16",
-        _ => return None,
-    };
-    let sg = gpu.physical.subgroup_size;
-    (tx == tg && sk.is_multiple_of(8) && gpu.physical.subgroup_arithmetic && sg > 0 && wg.is_multiple_of(sg))
-        .then(|| format!("softmax_vec.tx={name}.wg={wg}"))
+    let name = super::half_name(tx)?;
+    (tx == tg && sk.is_multiple_of(8) && gpu.reduces_in_subgroups(wg)).then(|| format!("softmax_vec.tx={name}.wg={wg}"))
 }
 
 /// One dispatch of `softmax.wgsl` (or `softmax_vec.wgsl`) over `rows` rows of `sk`: forward
