@@ -16,9 +16,9 @@ const ATTN_HEAD_DIMS: [u32; 4] = [32, 64, 128, 256];
 const ATTN_ROWS: u32 = 64;
 /// The attention stages with a head-dim bucket and the files each is made of.
 const ATTN_STAGES: [(&str, &[&str]); 3] = [
-    ("attn_fwd", &["philox.wgsl", "attn_common.wgsl", "attn_fwd.wgsl"]),
-    ("attn_dq", &["philox.wgsl", "attn_common.wgsl", "attn_dq.wgsl"]),
-    ("attn_dkdv", &["philox.wgsl", "attn_common.wgsl", "attn_dkdv.wgsl"]),
+    ("attn_fwd", &["philox.wgsl", "attn_common.wgsl", "attn_rows.wgsl", "attn_fwd.wgsl"]),
+    ("attn_dq", &["philox.wgsl", "attn_common.wgsl", "attn_rows.wgsl", "attn_dq.wgsl"]),
+    ("attn_dkdv", &["philox.wgsl", "attn_common.wgsl", "attn_rows.wgsl", "attn_dkdv.wgsl"]),
 ];
 
 /// A variant: the shader, the files it is made of after `common.wgsl` (in order), and its
@@ -121,6 +121,22 @@ fn variants() -> Vec<Variant> {
                 header: "enable f16;\nenable wgpu_cooperative_matrix;\n",
                 files: &["gemm_params.wgsl", "gemm_coop.wgsl"],
                 consts: vec![("TX", tx.into(), cx), ("TA", ta.to_string(), ta), ("TB", tb.to_string(), tb)],
+            });
+        }
+    }
+    // The attention forward on cooperative matrices, per 16-bit dtype and head dim (64 or 128,
+    // exactly), 64 query rows per workgroup (ops/attention.rs names the same values).
+    for (tx, cx) in [("f16", 1), ("bf16", 2)] {
+        for dm in [64u32, 128] {
+            v.push(Variant {
+                shader: "attn_fwd_coop",
+                header: "enable f16;\nenable wgpu_cooperative_matrix;\n",
+                files: &["philox.wgsl", "attn_common.wgsl", "attn_fwd_coop.wgsl"],
+                consts: vec![
+                    ("TX", tx.into(), cx),
+                    ("DM", dm.to_string(), dm),
+                    ("BR", ATTN_ROWS.to_string(), ATTN_ROWS),
+                ],
             });
         }
     }
@@ -280,7 +296,7 @@ fn main() {
             text.push('\n');
         }
         let mut words = compile(&name, &text);
-        if v.shader == "gemm_coop" && name.contains(".tx=bf16.") {
+        if (v.shader == "gemm_coop" || v.shader == "attn_fwd_coop") && name.contains(".tx=bf16.") {
             mark_bfloat16(&name, &mut words);
         }
         let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();

@@ -1,24 +1,16 @@
 // Flash attention on Vulkan, the part every attention stage shares: the parameters, the
 // sequences of a layout (bshd, sbhd, thd with cu_seqlens, padding masks), the keys a query sees
 // (causal top-left or bottom-right, sliding windows), dropout's keep factor on the Philox stream
-// of tefl_core::philox (64-bit element index), and row stores of 16-bit outputs that share a
-// word with a neighbouring row (odd head dims). The same rules as tefl-kernels'
+// of tefl_core::philox (64-bit element index). The same rules as tefl-kernels'
 // shared/attention_mask.h, so every backend masks alike.
 //
 // Constants: TX (dtype of q, k, v, o and their gradients), DM (the largest head dim the variant
-// serves: an invocation's private rows are DM wide; the head dim d of a call is at most DM), BR
-// (query or key rows per workgroup, one per invocation).
-//
-// There is no shared-memory staging and no barrier: each invocation reads K and V (or q and dO)
-// through the caches. Lavapipe runs a workgroup with barriers as coroutines, and LLVM took about
-// 50 s to compile one such variant with DM-wide private rows live across the barriers.
+// serves; the head dim d of a call is at most DM), BR (query or key rows per workgroup).
 //
 // Bindings 0 to 5 are every stage's inputs: cu_seqlens_q and cu_seqlens_kv (any buffer when
-// the layout and mask do not read them), q, k, v and dO (any buffer in the forward); each stage
-// binds its other tensors from 6 on.
+// the layout and mask do not read them), q, k, v and dO (any buffer in the forward; declared by
+// attn_rows.wgsl or the stage); each stage binds its other tensors from 6 on.
 
-// Keys per step of the forward's online softmax.
-const BC: u32 = 16u;
 const LOG2E: f32 = 1.4426950408889634;
 
 // Flag bits of AttnParams.flags.
@@ -51,25 +43,7 @@ struct AttnParams {
 
 @group(0) @binding(0) var<storage, read> cu_q: array<i32>;
 @group(0) @binding(1) var<storage, read> cu_k: array<i32>;
-@group(0) @binding(2) var<storage, read> q: array<u32>;
-@group(0) @binding(3) var<storage, read> k: array<u32>;
-@group(0) @binding(4) var<storage, read> v: array<u32>;
-@group(0) @binding(5) var<storage, read> d_o: array<u32>;
 var<immediate> a: AttnParams;
-
-// Element e of input `buf`: 0 q, 1 k, 2 v, 3 dO.
-fn ld(buf: u32, e: u32) -> f32 {
-    if (buf == 0u) {
-        return unpack(q[word_of(e, TX)], e, TX);
-    }
-    if (buf == 1u) {
-        return unpack(k[word_of(e, TX)], e, TX);
-    }
-    if (buf == 2u) {
-        return unpack(v[word_of(e, TX)], e, TX);
-    }
-    return unpack(d_o[word_of(e, TX)], e, TX);
-}
 
 // One sequence: valid lengths, the token row of position 0, and token rows between positions.
 struct Seq {
@@ -217,99 +191,4 @@ fn keep_factor(b: u32, h: u32, i: u32, j: u32) -> f32 {
 // The element index of (token row, head, 0) in a tensor of `heads` heads of d elements.
 fn row_base(token_row: u32, heads: u32, h: u32) -> u32 {
     return (token_row * heads + h) * a.d;
-}
-
-// Row helpers over the head dim, four elements per iteration (lavapipe ends any invocation's
-// loops after 65535 iterations in all, so iterations are kept few; the host checks the bound).
-
-// Loads d elements of input `buf` from element `base` (0 where `on` is false, and past d).
-fn load_row(row: ptr<function, array<f32, DM>>, buf: u32, base: u32, on: bool) {
-    var c = 0u;
-    for (; c + 4u <= a.d; c += 4u) {
-        (*row)[c] = select(0.0, ld(buf, base + c), on);
-        (*row)[c + 1u] = select(0.0, ld(buf, base + c + 1u), on);
-        (*row)[c + 2u] = select(0.0, ld(buf, base + c + 2u), on);
-        (*row)[c + 3u] = select(0.0, ld(buf, base + c + 3u), on);
-    }
-    for (; c < a.d; c++) {
-        (*row)[c] = select(0.0, ld(buf, base + c), on);
-    }
-}
-
-// row[c] = 0.
-fn zero_row(row: ptr<function, array<f32, DM>>) {
-    for (var c = 0u; c < a.d; c++) {
-        (*row)[c] = 0.0;
-    }
-}
-
-// Σ_c row[c]·buf[base + c].
-fn dot_row(row: ptr<function, array<f32, DM>>, buf: u32, base: u32) -> f32 {
-    var s0 = 0.0;
-    var s1 = 0.0;
-    var c = 0u;
-    for (; c + 4u <= a.d; c += 4u) {
-        s0 = fma((*row)[c], ld(buf, base + c), s0);
-        s1 = fma((*row)[c + 1u], ld(buf, base + c + 1u), s1);
-        s0 = fma((*row)[c + 2u], ld(buf, base + c + 2u), s0);
-        s1 = fma((*row)[c + 3u], ld(buf, base + c + 3u), s1);
-    }
-    for (; c < a.d; c++) {
-        s0 = fma((*row)[c], ld(buf, base + c), s0);
-    }
-    return s0 + s1;
-}
-
-// acc[c] = x·buf[base + c] + acc[c].
-fn axpy_row(acc: ptr<function, array<f32, DM>>, x: f32, buf: u32, base: u32) {
-    var c = 0u;
-    for (; c + 4u <= a.d; c += 4u) {
-        (*acc)[c] = fma(x, ld(buf, base + c), (*acc)[c]);
-        (*acc)[c + 1u] = fma(x, ld(buf, base + c + 1u), (*acc)[c + 1u]);
-        (*acc)[c + 2u] = fma(x, ld(buf, base + c + 2u), (*acc)[c + 2u]);
-        (*acc)[c + 3u] = fma(x, ld(buf, base + c + 3u), (*acc)[c + 3u]);
-    }
-    for (; c < a.d; c++) {
-        (*acc)[c] = fma(x, ld(buf, base + c), (*acc)[c]);
-    }
-}
-
-// acc[c] = x·acc[c].
-fn scale_row(acc: ptr<function, array<f32, DM>>, x: f32) {
-    var c = 0u;
-    for (; c + 4u <= a.d; c += 4u) {
-        (*acc)[c] *= x;
-        (*acc)[c + 1u] *= x;
-        (*acc)[c + 2u] *= x;
-        (*acc)[c + 3u] *= x;
-    }
-    for (; c < a.d; c++) {
-        (*acc)[c] *= x;
-    }
-}
-
-// Stores mul·vals (d values; zeros where `on` is false) as the row at element `base` of output
-// `slot` (out_store / out_merge are the stage's): whole words plainly, a 16-bit half that shares
-// its word with another row by atomically clearing and setting only that half.
-fn store_row(slot: u32, base: u32, vals: ptr<function, array<f32, DM>>, mul: f32, on: bool) {
-    let m = select(0.0, mul, on);
-    if (TX == F32) {
-        for (var c = 0u; c < a.d; c++) {
-            out_store(slot, base + c, bitcast<u32>(select(0.0, (*vals)[c] * m, on)));
-        }
-        return;
-    }
-    var c = 0u;
-    if ((base & 1u) == 1u) {
-        out_merge(slot, base >> 1u, to_bits(select(0.0, (*vals)[0] * m, on), TX) << 16u, 0x0000FFFFu);
-        c = 1u;
-    }
-    for (; c + 1u < a.d; c += 2u) {
-        let lo = select(0.0, (*vals)[c] * m, on);
-        let hi = select(0.0, (*vals)[c + 1u] * m, on);
-        out_store(slot, (base + c) >> 1u, pack(lo, hi, TX));
-    }
-    if (c < a.d) {
-        out_merge(slot, (base + c) >> 1u, to_bits(select(0.0, (*vals)[c] * m, on), TX), 0xFFFF0000u);
-    }
 }

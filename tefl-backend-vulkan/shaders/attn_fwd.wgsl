@@ -3,6 +3,9 @@
 // steps of BC, an online softmax over them; no sq x sk buffer. lse = scale·max + log Σ exp
 // (−inf for a row that sees no key; its output row is 0). Workgroups: (query blocks, hq, batch).
 
+// Keys per step of the online softmax.
+const BC: u32 = 16u;
+
 @group(0) @binding(6) var<storage, read_write> o: array<atomic<u32>>;
 @group(0) @binding(7) var<storage, read_write> lse: array<f32>;
 

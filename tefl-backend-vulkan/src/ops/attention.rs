@@ -1,6 +1,9 @@
 //! `fused_attn_fwd` and `fused_attn_bwd` on Vulkan (`shaders/attn_*.wgsl`): flash attention
-//! with an online softmax per query row (one row per invocation, keys by steps of 16, K and V
-//! read through the caches rather than staged in shared memory: see `attn_common.wgsl`), a
+//! with an online softmax per query row. On a device with cooperative matrices, the forward of
+//! 16-bit inputs with head dim 64 or 128 runs on them (`attn_fwd_coop.wgsl`: 64 query rows per
+//! workgroup, K and V staged in shared memory by steps of 32 keys); everything else runs one
+//! row per invocation (keys by steps of 16, K and V read through the caches rather than staged
+//! in shared memory: see `attn_rows.wgsl`), with a
 //! backward that recomputes P from lse (delta = Σ dO·O, then dK/dV per key row and dQ per query
 //! row; no atomics in the sums, so results do not change from run to run). Every layout, mask,
 //! window, GQA and dropout option; no sq × sk buffer; head dims up to 256 (variants built for
@@ -16,6 +19,11 @@ use crate::gpu::{Binding, gpu};
 
 /// The largest head dims the shaders are built for (`build.rs`'s ATTN_HEAD_DIMS).
 const HEAD_DIMS: [usize; 4] = [32, 64, 128, 256];
+/// The head dims the cooperative-matrix forward is built for (exactly; `build.rs`).
+const COOP_HEAD_DIMS: [usize; 2] = [64, 128];
+/// Shared memory of the cooperative-matrix forward at head dim 128 (`attn_fwd_coop.wgsl`: K and
+/// V tiles, four subgroups' score and probability tiles, per-row factors and flags).
+const COOP_SHARED_BYTES: u32 = 2 * 32 * 68 * 4 + 4 * 16 * 36 * 4 + 4 * 16 * 20 * 4 + 64 * 4 + 4 * 4;
 /// Query (or key) rows per workgroup (`build.rs`'s ATTN_ROWS).
 const ROWS: usize = 64;
 /// Keys per step of the forward's online softmax (`attn_common.wgsl`'s BC).
@@ -165,7 +173,20 @@ pub fn fused_attn_fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<AttnFwdOut
     };
     let lse = Tensor::uninit(g.lse_shape(), DType::F32, &dev)?;
     let gpu = gpu(dev)?;
-    let pipeline = gpu.pipeline(&format!("attn_fwd{}", p.suffix), 8, PUSH_BYTES)?;
+    // On cooperative matrices where the device has them for this dtype and the head dim is one
+    // the variants are built for (`attn_fwd_coop.wgsl`); else one row per invocation.
+    let coop = match a.q.dtype() {
+        DType::F16 => gpu.coop,
+        DType::BF16 => gpu.coop_bf16,
+        _ => false,
+    } && COOP_HEAD_DIMS.contains(&g.d)
+        && gpu.physical.limits.max_compute_shared_memory_size >= COOP_SHARED_BYTES;
+    let name = if coop {
+        format!("attn_fwd_coop.tx={}.dm={}.br={ROWS}", dtype_name(OP, "q", a.q.dtype())?, g.d)
+    } else {
+        format!("attn_fwd{}", p.suffix)
+    };
+    let pipeline = gpu.pipeline(&name, 8, PUSH_BYTES)?;
     let [cq, ck] = cu_bindings(cu_q, cu_k, &a.q)?;
     // Binding 5 (dO) is not read by the forward.
     let bindings = [cq, ck, bind(&a.q)?, bind(&a.k)?, bind(&a.v)?, bind(&a.q)?, bind(&o)?, bind(&lse)?];

@@ -22,6 +22,7 @@ impl Suite<'_> {
             cu_k: None,
             window: none,
             p: 0.0,
+            amp: 1.0,
         };
         let mut cases = Vec::new();
         for layout in [QkvLayout::Bshd, QkvLayout::Sbhd] {
@@ -82,6 +83,19 @@ impl Suite<'_> {
             ..base(QkvLayout::Thd, AttnMask::None)
         });
         cases.push(AttnCase { d: 33, ..base(QkvLayout::Sbhd, AttnMask::CausalBottomRight) });
+        // Scores spread over hundreds (q and k in ±6): a row's max keeps growing past earlier
+        // keys' by far, which makes online softmaxes rescale what they have summed (lazily
+        // rescaling kernels included) at many steps, not just the first.
+        cases.push(AttnCase {
+            b: 1,
+            sq: 200,
+            sk: 200,
+            hq: 2,
+            hk: 1,
+            amp: 6.0,
+            ..base(QkvLayout::Bshd, AttnMask::Causal)
+        });
+        cases.push(AttnCase { sq: 90, sk: 150, d: 128, amp: 6.0, ..base(QkvLayout::Sbhd, AttnMask::None) });
         let long = if self.size == Size::Full { 1024 } else { 300 };
         cases.push(AttnCase {
             b: 1,
@@ -101,8 +115,8 @@ impl Suite<'_> {
 
     fn attn_case(&mut self, c: &AttnCase, dtype: DType) {
         let case = format!(
-            "{:?} {:?} b{} sq{} sk{} hq{} hk{} d{} window({:?},{:?}) p={}",
-            c.layout, c.mask, c.b, c.sq, c.sk, c.hq, c.hk, c.d, c.window.left, c.window.right, c.p
+            "{:?} {:?} b{} sq{} sk{} hq{} hk{} d{} window({:?},{:?}) p={} amp={}",
+            c.layout, c.mask, c.b, c.sq, c.sk, c.hq, c.hk, c.d, c.window.left, c.window.right, c.p, c.amp
         );
         let tq = c.cu_q.as_ref().and_then(|v| v.last()).map_or(c.b * c.sq, |t| *t as usize);
         let tk = c.cu_k.as_ref().and_then(|v| v.last()).map_or(c.b * c.sk, |t| *t as usize);
@@ -115,8 +129,8 @@ impl Suite<'_> {
         let scale = 1.0 / (c.d as f32).sqrt();
         // Inputs drawn once and shared by the forward and backward cases.
         let inputs = (|| -> tefl_core::Result<_> {
-            let q = self.rand(&qs, dtype, -1.0, 1.0)?;
-            let k = self.rand(&ks, dtype, -1.0, 1.0)?;
+            let q = self.rand(&qs, dtype, -c.amp, c.amp)?;
+            let k = self.rand(&ks, dtype, -c.amp, c.amp)?;
             let v = self.rand(&ks, dtype, -1.0, 1.0)?;
             let d_o = self.rand(&qs, dtype, -1.0, 1.0)?;
             let cu_q = c.cu_q.as_deref().map(|x| self.put_i32(x)).transpose()?;
@@ -211,4 +225,6 @@ struct AttnCase {
     cu_k: Option<Vec<i32>>,
     window: AttnWindow,
     p: f32,
+    /// q and k are drawn from [-amp, amp] (v and dO from [-1, 1]).
+    amp: f64,
 }
