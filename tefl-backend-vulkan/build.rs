@@ -21,6 +21,13 @@ const ATTN_STAGES: [(&str, &[&str]); 3] = [
     ("attn_dkdv", &["philox.wgsl", "attn_common.wgsl", "attn_rows.wgsl", "attn_dkdv.wgsl"]),
 ];
 
+/// The attention stages on cooperative matrices and the files each is made of.
+const ATTN_COOP_STAGES: [(&str, &[&str]); 3] = [
+    ("attn_fwd_coop", &["philox.wgsl", "attn_common.wgsl", "attn_coop.wgsl", "attn_fwd_coop.wgsl"]),
+    ("attn_dq_coop", &["philox.wgsl", "attn_common.wgsl", "attn_coop.wgsl", "attn_dq_coop.wgsl"]),
+    ("attn_dkdv_coop", &["philox.wgsl", "attn_common.wgsl", "attn_coop.wgsl", "attn_dkdv_coop.wgsl"]),
+];
+
 /// A variant: the shader, the files it is made of after `common.wgsl` (in order), and its
 /// constants, in order (`name=value`).
 struct Variant {
@@ -124,20 +131,22 @@ fn variants() -> Vec<Variant> {
             });
         }
     }
-    // The attention forward on cooperative matrices, per 16-bit dtype and head dim (64 or 128,
+    // The attention stages on cooperative matrices, per 16-bit dtype and head dim (64 or 128,
     // exactly), 64 query rows per workgroup (ops/attention.rs names the same values).
     for (tx, cx) in [("f16", 1), ("bf16", 2)] {
         for dm in [64u32, 128] {
-            v.push(Variant {
-                shader: "attn_fwd_coop",
-                header: "enable f16;\nenable wgpu_cooperative_matrix;\n",
-                files: &["philox.wgsl", "attn_common.wgsl", "attn_fwd_coop.wgsl"],
-                consts: vec![
-                    ("TX", tx.into(), cx),
-                    ("DM", dm.to_string(), dm),
-                    ("BR", ATTN_ROWS.to_string(), ATTN_ROWS),
-                ],
-            });
+            for (shader, files) in ATTN_COOP_STAGES {
+                v.push(Variant {
+                    shader,
+                    header: "enable f16;\nenable wgpu_cooperative_matrix;\n",
+                    files,
+                    consts: vec![
+                        ("TX", tx.into(), cx),
+                        ("DM", dm.to_string(), dm),
+                        ("BR", ATTN_ROWS.to_string(), ATTN_ROWS),
+                    ],
+                });
+            }
         }
     }
     // Attention: each stage per dtype and largest head dim, BR rows per workgroup
@@ -296,7 +305,9 @@ fn main() {
             text.push('\n');
         }
         let mut words = compile(&name, &text);
-        if (v.shader == "gemm_coop" || v.shader == "attn_fwd_coop") && name.contains(".tx=bf16.") {
+        if (v.shader == "gemm_coop" || v.shader.starts_with("attn_") && v.shader.ends_with("_coop"))
+            && name.contains(".tx=bf16.")
+        {
             mark_bfloat16(&name, &mut words);
         }
         let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();

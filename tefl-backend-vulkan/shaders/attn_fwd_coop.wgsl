@@ -16,172 +16,38 @@
 // their reference and the accumulators go through shared memory to be rescaled. With typical
 // scores that happens on the first step only. The final 1/l and the 16-bit conversion happen on
 // the way out, through the same shared tiles.
-//
-// WGSL has no bf16 type: the bf16 variant is this module with its 16-bit float marked bfloat16
-// after naga (build.rs), as in gemm_coop.wgsl.
 
-@group(0) @binding(2) var<storage, read> q: array<vec4<u32>>;
-@group(0) @binding(3) var<storage, read> k: array<vec4<u32>>;
-@group(0) @binding(4) var<storage, read> v: array<vec4<u32>>;
 @group(0) @binding(6) var<storage, read_write> o: array<u32>;
 @group(0) @binding(7) var<storage, read_write> lse: array<f32>;
 
-// Keys per step.
-const KC: u32 = 32u;
-// Words per row of the K and V tiles (and of the Q staging at the start): DM halves and 8 of
-// padding, which spreads a fragment's rows over the banks and keeps rows 16-byte aligned.
-const LDW: u32 = DM / 2u + 4u;
-// f32 per row of a subgroup's score tile.
-const LDS: u32 = KC + 4u;
-// Words per row of a subgroup's probability tile.
-const LDP: u32 = KC / 2u + 4u;
+const SCORE_TILES: u32 = 1u;
+const PROB_TILES: u32 = 1u;
 // The largest growth of a row's max (as a log2 of probability) that keeps its reference.
 const SLACK: f32 = 8.0;
 
-// K rows 0..KC, then V rows; at the start the BR = 2·KC rows of Q.
-var<workgroup> kv: array<vec2<f16>, 2u * KC * LDW>;
-// Per subgroup: 16 rows of scores, also the staging of an accumulator being rescaled or stored.
-var<workgroup> scores: array<f32, 4u * 16u * LDS>;
-// Per subgroup: 16 rows of probabilities.
-var<workgroup> probs: array<vec2<f16>, 4u * 16u * LDP>;
 // Per query row of the workgroup: its rescale factor, then its 1/l.
 var<workgroup> row_factor: array<f32, BR>;
 // Per subgroup: 1 when one of its rows passed SLACK this step.
 var<workgroup> grew: array<u32, 4>;
 
-// The two elements of a source word as the tiles' element type (exact both ways; see
-// gemm_coop.wgsl's halves).
-fn halves(word: u32) -> vec2<f16> {
-    if (TX == BF16) {
-        return vec2<f16>(vec2<f32>(bitcast<f32>(word << 16u), bitcast<f32>(word & 0xFFFF0000u)));
-    }
-    return vec2<f16>(unpack2x16float(word));
+fn out_word(slot: u32, w: u32, bits: u32) {
+    o[w] = bits;
 }
 
-fn fetch(buf: u32, at: u32) -> vec4<u32> {
-    if (buf == 0u) {
-        return q[at];
-    }
-    if (buf == 1u) {
-        return k[at];
-    }
-    return v[at];
-}
-
-// Copies `rows` token rows of input `buf` (0 q, 1 k, 2 v; head `h` of `heads`), starting at the
-// sequence's position `first`, to the tile rows from `dst` on; rows outside [0, len) are zeros.
-fn stage(lane: u32, buf: u32, rows: u32, first: i32, len: i32, base: u32, rs: u32, heads: u32, h: u32, dst: u32) {
-    let chunks = DM / 8u;
-    for (var c = lane; c < rows * chunks; c += 128u) {
-        let r = c / chunks;
-        let cc = c % chunks;
-        let pos = first + i32(r);
-        var w = vec4<u32>();
-        if (pos >= 0 && pos < len) {
-            w = fetch(buf, row_base(base + u32(pos) * rs, heads, h) / 8u + cc);
-        }
-        let at = (dst + r) * LDW + cc * 4u;
-        kv[at] = halves(w.x);
-        kv[at + 1u] = halves(w.y);
-        kv[at + 2u] = halves(w.z);
-        kv[at + 3u] = halves(w.w);
-    }
-}
-
-// Q rows 16·sg.., head dims 16·f.. (A of S = Q·Kᵀ).
-fn frag_q(sg: u32, f: u32) -> coop_mat16x16<f16, A> {
-    return coopLoadT<coop_mat16x16<f16, A>>(&kv[sg * 16u * LDW + f * 8u], LDW);
-}
-
-// Kᵀ for head dims 16·f.., keys 16·c.. of the step (B of S = Q·Kᵀ: K's rows read as columns).
-fn frag_kt(c: u32, f: u32) -> coop_mat16x16<f16, B> {
-    return coopLoad<coop_mat16x16<f16, B>>(&kv[c * 16u * LDW + f * 8u], LDW);
-}
-
-// P of this subgroup for keys 16·c.. of the step (A of P·V).
-fn frag_p(sg: u32, c: u32) -> coop_mat16x16<f16, A> {
-    return coopLoadT<coop_mat16x16<f16, A>>(&probs[sg * 16u * LDP + c * 8u], LDP);
-}
-
-// V for keys 16·c.. of the step, head dims 16·f.. (B of P·V).
-fn frag_v(c: u32, f: u32) -> coop_mat16x16<f16, B> {
-    return coopLoadT<coop_mat16x16<f16, B>>(&kv[(KC + c * 16u) * LDW + f * 8u], LDW);
-}
-
-// S = Q·Kᵀ for keys 16·c.. of the step (DM/16 products over the head dim).
-fn score_block(
-    c: u32,
-    q0: coop_mat16x16<f16, A>,
-    q1: coop_mat16x16<f16, A>,
-    q2: coop_mat16x16<f16, A>,
-    q3: coop_mat16x16<f16, A>,
-    q4: coop_mat16x16<f16, A>,
-    q5: coop_mat16x16<f16, A>,
-    q6: coop_mat16x16<f16, A>,
-    q7: coop_mat16x16<f16, A>,
-) -> coop_mat16x16<f32, C> {
-    var s = coop_mat16x16<f32, C>();
-    s = coopMultiplyAdd(q0, frag_kt(c, 0u), s);
-    s = coopMultiplyAdd(q1, frag_kt(c, 1u), s);
-    s = coopMultiplyAdd(q2, frag_kt(c, 2u), s);
-    s = coopMultiplyAdd(q3, frag_kt(c, 3u), s);
-    if (DM == 128u) {
-        s = coopMultiplyAdd(q4, frag_kt(c, 4u), s);
-        s = coopMultiplyAdd(q5, frag_kt(c, 5u), s);
-        s = coopMultiplyAdd(q6, frag_kt(c, 6u), s);
-        s = coopMultiplyAdd(q7, frag_kt(c, 7u), s);
-    }
-    return s;
-}
-
-// acc + P·V for head dims 16·f.. (KC/16 = 2 products over the step's keys).
-fn pv(acc: coop_mat16x16<f32, C>, p0: coop_mat16x16<f16, A>, p1: coop_mat16x16<f16, A>, f: u32) -> coop_mat16x16<f32, C> {
-    var r = coopMultiplyAdd(p0, frag_v(0u, f), acc);
-    r = coopMultiplyAdd(p1, frag_v(1u, f), r);
-    return r;
-}
-
-// Stores this subgroup's 16×16 accumulator to its score tile (row-major, 16 per row).
-fn park(m: coop_mat16x16<f32, C>, sg: u32) {
-    // (Named index and stride: naga 30 does not emit expressions written in a coopStoreT.)
-    let at = sg * 16u * LDS;
-    let stride = 16u;
-    coopStoreT(m, &scores[at], stride);
-}
-
-// An accumulator with each row multiplied by its row_factor (through the score tile; the
-// caller is in workgroup-uniform control flow).
+// An accumulator with each row multiplied by its row_factor (through the subgroup's score
+// tile; the caller is in workgroup-uniform control flow).
 fn rescale(m: coop_mat16x16<f32, C>, sg: u32, sl: u32) -> coop_mat16x16<f32, C> {
     park(m, sg);
     workgroupBarrier();
-    let at = sg * 16u * LDS + sl * 8u;
+    let at = park_at(sg, sl);
     let factor = row_factor[sg * 16u + sl / 2u];
     for (var e = 0u; e < 8u; e++) {
         scores[at + e] *= factor;
     }
     workgroupBarrier();
-    let r = coopLoadT<coop_mat16x16<f32, C>>(&scores[sg * 16u * LDS], 16u);
+    let r = coopLoadT<coop_mat16x16<f32, C>>(&scores[sg * SCORE_TILE], 16u);
     workgroupBarrier();
     return r;
-}
-
-// Writes accumulator m (head dims 16·f..) times each row's row_factor (its 1/l) as this
-// subgroup's rows of the output: 8 elements per invocation, rows past the slot skipped, rows
-// past the sequence zeros.
-fn put(m: coop_mat16x16<f32, C>, f: u32, sg: u32, sl: u32, q0: i32, slot: i32, s: Seq, lq: i32, h: u32) {
-    park(m, sg);
-    workgroupBarrier();
-    let at = sg * 16u * LDS + sl * 8u;
-    let r = sl / 2u;
-    let i = q0 + i32(sg * 16u + r);
-    if (i < slot) {
-        let mul = select(0.0, row_factor[sg * 16u + r], i < lq);
-        let word = (row_base(s.qb + u32(i) * s.rs, a.hq, h) + f * 16u + (sl % 2u) * 8u) / 2u;
-        for (var e = 0u; e < 4u; e++) {
-            o[word + e] = pack(scores[at + 2u * e] * mul, scores[at + 2u * e + 1u] * mul, TX);
-        }
-    }
-    workgroupBarrier();
 }
 
 @compute @workgroup_size(128)
@@ -213,19 +79,19 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 
     stage(lane, 0u, BR, q0, s.lq, s.qb, s.rs, a.hq, h, 0u);
     workgroupBarrier();
-    let q_0 = frag_q(sg, 0u);
-    let q_1 = frag_q(sg, 1u);
-    let q_2 = frag_q(sg, 2u);
-    let q_3 = frag_q(sg, 3u);
+    let q_0 = frag_rows(sg * 16u, 0u);
+    let q_1 = frag_rows(sg * 16u, 1u);
+    let q_2 = frag_rows(sg * 16u, 2u);
+    let q_3 = frag_rows(sg * 16u, 3u);
     var q_4 = q_0;
     var q_5 = q_0;
     var q_6 = q_0;
     var q_7 = q_0;
     if (DM == 128u) {
-        q_4 = frag_q(sg, 4u);
-        q_5 = frag_q(sg, 5u);
-        q_6 = frag_q(sg, 6u);
-        q_7 = frag_q(sg, 7u);
+        q_4 = frag_rows(sg * 16u, 4u);
+        q_5 = frag_rows(sg * 16u, 5u);
+        q_6 = frag_rows(sg * 16u, 6u);
+        q_7 = frag_rows(sg * 16u, 7u);
     }
     var o0 = coop_mat16x16<f32, C>();
     var o1 = coop_mat16x16<f32, C>();
@@ -243,7 +109,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var m = neg_inf();
     var l = 0.0;
     var started = false;
-    let tile = sg * 16u * LDS + (sl / 2u) * LDS + part * 16u;
+    let tile = sg * SCORE_TILE + (sl / 2u) * LDS + part * 16u;
+    let pt = sg * PROB_TILE + (sl / 2u) * LDP + part * 8u;
     for (var j0 = j_lo; j0 < j_hi; j0 += i32(KC)) {
         workgroupBarrier();
         stage(lane, 1u, KC, j0, s.lk, s.kb, s.rs, a.hk, hkv, 0u);
@@ -252,13 +119,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             grew[lane] = 0u;
         }
         workgroupBarrier();
-        let s0 = score_block(0u, q_0, q_1, q_2, q_3, q_4, q_5, q_6, q_7);
-        let s1 = score_block(1u, q_0, q_1, q_2, q_3, q_4, q_5, q_6, q_7);
-        let at0 = sg * 16u * LDS;
-        let at1 = at0 + 16u;
-        let stride = LDS;
-        coopStoreT(s0, &scores[at0], stride);
-        coopStoreT(s1, &scores[at1], stride);
+        store_block(dot_block(0u, q_0, q_1, q_2, q_3, q_4, q_5, q_6, q_7), 0u, sg, 0u);
+        store_block(dot_block(16u, q_0, q_1, q_2, q_3, q_4, q_5, q_6, q_7), 0u, sg, 16u);
         workgroupBarrier();
 
         // This invocation's 16 keys: j0 + 16·part...
@@ -290,7 +152,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             }
         }
         let mu = select(m * scale2, 0.0, m == neg_inf());
-        let pt = sg * 16u * LDP + (sl / 2u) * LDP + part * 8u;
         for (var e = 0u; e < 16u; e += 2u) {
             var pr = vec2<f32>(0.0);
             for (var t = 0u; t < 2u; t++) {
@@ -317,17 +178,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             }
         }
         started = true;
-        let p0 = frag_p(sg, 0u);
-        let p1 = frag_p(sg, 1u);
-        o0 = pv(o0, p0, p1, 0u);
-        o1 = pv(o1, p0, p1, 1u);
-        o2 = pv(o2, p0, p1, 2u);
-        o3 = pv(o3, p0, p1, 3u);
+        let p0 = frag_prob(0u, sg, 0u);
+        let p1 = frag_prob(0u, sg, 1u);
+        o0 = acc_block(o0, p0, p1, KC, 0u);
+        o1 = acc_block(o1, p0, p1, KC, 1u);
+        o2 = acc_block(o2, p0, p1, KC, 2u);
+        o3 = acc_block(o3, p0, p1, KC, 3u);
         if (DM == 128u) {
-            o4 = pv(o4, p0, p1, 4u);
-            o5 = pv(o5, p0, p1, 5u);
-            o6 = pv(o6, p0, p1, 6u);
-            o7 = pv(o7, p0, p1, 7u);
+            o4 = acc_block(o4, p0, p1, KC, 4u);
+            o5 = acc_block(o5, p0, p1, KC, 5u);
+            o6 = acc_block(o6, p0, p1, KC, 6u);
+            o7 = acc_block(o7, p0, p1, KC, 7u);
         }
     }
 
@@ -344,14 +205,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
     }
     workgroupBarrier();
-    put(o0, 0u, sg, sl, q0, slot, s, s.lq, h);
-    put(o1, 1u, sg, sl, q0, slot, s, s.lq, h);
-    put(o2, 2u, sg, sl, q0, slot, s, s.lq, h);
-    put(o3, 3u, sg, sl, q0, slot, s, s.lq, h);
+    // Rows past the slot are not written; rows past the sequence are zeros.
+    let write = i < slot;
+    let mul = select(0.0, row_factor[row], i < s.lq);
+    let word = (row_base(s.qb + u32(select(0, i, write)) * s.rs, a.hq, h) + part * 8u) / 2u;
+    put(o0, sg, sl, 0u, write, word, mul);
+    put(o1, sg, sl, 0u, write, word + 8u, mul);
+    put(o2, sg, sl, 0u, write, word + 16u, mul);
+    put(o3, sg, sl, 0u, write, word + 24u, mul);
     if (DM == 128u) {
-        put(o4, 4u, sg, sl, q0, slot, s, s.lq, h);
-        put(o5, 5u, sg, sl, q0, slot, s, s.lq, h);
-        put(o6, 6u, sg, sl, q0, slot, s, s.lq, h);
-        put(o7, 7u, sg, sl, q0, slot, s, s.lq, h);
+        put(o4, sg, sl, 0u, write, word + 32u, mul);
+        put(o5, sg, sl, 0u, write, word + 40u, mul);
+        put(o6, sg, sl, 0u, write, word + 48u, mul);
+        put(o7, sg, sl, 0u, write, word + 56u, mul);
     }
 }

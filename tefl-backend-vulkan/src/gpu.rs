@@ -128,10 +128,10 @@ pub struct Gpu {
     pub coop_bf16: bool,
 }
 
-/// The variable that chooses the GEMM path on a device with cooperative matrices: unset or `1`
-/// = the cooperative-matrix product (`gemm_coop.wgsl`; f16, and bf16 where the device also has
-/// `VK_KHR_shader_bfloat16`), `0` = the portable tiles everywhere (so they are tested on such a
-/// device too). On the H100: bf16 8192³ at 199 TFLOP/s on cooperative matrices, 17 on the
+/// The variable that chooses the GEMM and attention paths on a device with cooperative matrices:
+/// unset or `1` = the cooperative-matrix kernels (`gemm_coop.wgsl`, `attn_*_coop.wgsl`; f16, and
+/// bf16 where the device also has `VK_KHR_shader_bfloat16`), `0` = the portable kernels
+/// everywhere (so they are tested on such a device too). On the H100: bf16 8192³ at 199 TFLOP/s on cooperative matrices, 17 on the
 /// portable tiles (2026-11-24).
 pub const COOPMAT_VAR: &str = "TEFL_VULKAN_COOPMAT";
 

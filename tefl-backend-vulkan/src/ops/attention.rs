@@ -1,11 +1,11 @@
 //! `fused_attn_fwd` and `fused_attn_bwd` on Vulkan (`shaders/attn_*.wgsl`): flash attention
-//! with an online softmax per query row. On a device with cooperative matrices, the forward of
-//! 16-bit inputs with head dim 64 or 128 runs on them (`attn_fwd_coop.wgsl`: 64 query rows per
-//! workgroup, K and V staged in shared memory by steps of 32 keys); everything else runs one
-//! row per invocation (keys by steps of 16, K and V read through the caches rather than staged
-//! in shared memory: see `attn_rows.wgsl`), with a
-//! backward that recomputes P from lse (delta = Σ dO·O, then dK/dV per key row and dQ per query
-//! row; no atomics in the sums, so results do not change from run to run). Every layout, mask,
+//! with an online softmax per query row, and a backward that recomputes P from lse (delta =
+//! Σ dO·O, then dK/dV per key row and dQ per query row; no atomics in the sums, so results do
+//! not change from run to run). On a device with cooperative matrices, 16-bit inputs with head
+//! dim 64 or 128 run on them both ways (`attn_*_coop.wgsl`: 64 query or key rows per workgroup,
+//! the other side staged in shared memory by steps of 32 rows); everything else runs one row per
+//! invocation (keys by steps of 16, K and V read through the caches rather than staged in shared
+//! memory: see `attn_rows.wgsl`). Every layout, mask,
 //! window, GQA and dropout option; no sq × sk buffer; head dims up to 256 (variants built for
 //! 32, 64, 128 and 256, a call takes the smallest that fits). The geometry and checks are the
 //! ones every GPU backend shares (`tefl_gpu::simt::attention::AttnBuild`).
@@ -15,15 +15,16 @@ use tefl_core::{DType, Error, KernelCtx, Result, Tensor};
 use tefl_gpu::simt::attention::AttnBuild;
 
 use super::{MAX_GROUPS, binding as bind, dtype_name};
-use crate::gpu::{Binding, gpu};
+use crate::gpu::{Binding, Gpu, gpu};
 
 /// The largest head dims the shaders are built for (`build.rs`'s ATTN_HEAD_DIMS).
 const HEAD_DIMS: [usize; 4] = [32, 64, 128, 256];
 /// The head dims the cooperative-matrix forward is built for (exactly; `build.rs`).
 const COOP_HEAD_DIMS: [usize; 2] = [64, 128];
-/// Shared memory of the cooperative-matrix forward at head dim 128 (`attn_fwd_coop.wgsl`: K and
-/// V tiles, four subgroups' score and probability tiles, per-row factors and flags).
-const COOP_SHARED_BYTES: u32 = 2 * 32 * 68 * 4 + 4 * 16 * 36 * 4 + 4 * 16 * 20 * 4 + 64 * 4 + 4 * 4;
+/// The most shared memory a cooperative-matrix stage takes (`attn_coop.wgsl`, head dim 128):
+/// dK/dV's staged tiles (2·32 rows of 68 words), two f32 tiles of 16×36 and two 16-bit tiles of
+/// 16×20 words per subgroup, and the step's lse and delta.
+const COOP_SHARED_BYTES: u32 = 2 * 32 * 68 * 4 + 2 * 4 * 16 * 36 * 4 + 2 * 4 * 16 * 20 * 4 + 2 * 32 * 4;
 /// Query (or key) rows per workgroup (`build.rs`'s ATTN_ROWS).
 const ROWS: usize = 64;
 /// Keys per step of the forward's online softmax (`attn_common.wgsl`'s BC).
@@ -130,6 +131,19 @@ fn loop_iterations(g: &AttnGeometry, dropout: bool, backward: bool) -> u64 {
     if backward { dq.max(dkdv) } else { fwd }
 }
 
+/// The variant suffix of the cooperative-matrix stages (`.tx=bf16.dm=128.br=64`) where they serve
+/// this call: the device has cooperative matrices for the dtype and shared memory enough, and the
+/// head dim is one they are built for. `None`: the one-row-per-invocation stages.
+fn coop_suffix(gpu: &Gpu, op: &'static str, dtype: DType, d: usize) -> Result<Option<String>> {
+    let on = match dtype {
+        DType::F16 => gpu.coop,
+        DType::BF16 => gpu.coop_bf16,
+        _ => false,
+    } && COOP_HEAD_DIMS.contains(&d)
+        && gpu.physical.limits.max_compute_shared_memory_size >= COOP_SHARED_BYTES;
+    Ok(if on { Some(format!(".tx={}.dm={d}.br={ROWS}", dtype_name(op, "q", dtype)?)) } else { None })
+}
+
 /// [`plan`] for the arguments of either direction (`AttnFwdArgs` and `AttnBwdArgs` name their
 /// shared fields alike).
 macro_rules! plan_for {
@@ -173,18 +187,9 @@ pub fn fused_attn_fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<AttnFwdOut
     };
     let lse = Tensor::uninit(g.lse_shape(), DType::F32, &dev)?;
     let gpu = gpu(dev)?;
-    // On cooperative matrices where the device has them for this dtype and the head dim is one
-    // the variants are built for (`attn_fwd_coop.wgsl`); else one row per invocation.
-    let coop = match a.q.dtype() {
-        DType::F16 => gpu.coop,
-        DType::BF16 => gpu.coop_bf16,
-        _ => false,
-    } && COOP_HEAD_DIMS.contains(&g.d)
-        && gpu.physical.limits.max_compute_shared_memory_size >= COOP_SHARED_BYTES;
-    let name = if coop {
-        format!("attn_fwd_coop.tx={}.dm={}.br={ROWS}", dtype_name(OP, "q", a.q.dtype())?, g.d)
-    } else {
-        format!("attn_fwd{}", p.suffix)
+    let name = match coop_suffix(&gpu, OP, a.q.dtype(), g.d)? {
+        Some(suffix) => format!("attn_fwd_coop{suffix}"),
+        None => format!("attn_fwd{}", p.suffix),
     };
     let pipeline = gpu.pipeline(&name, 8, PUSH_BYTES)?;
     let [cq, ck] = cu_bindings(cu_q, cu_k, &a.q)?;
@@ -227,8 +232,12 @@ pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut
     let gpu = gpu(dev)?;
     let dtype = dtype_name(OP, "q", a.q.dtype())?;
     let delta_pipeline = gpu.pipeline(&format!("attn_delta.tx={dtype}.wg={DELTA_WG}"), 3, DELTA_PUSH_BYTES)?;
-    let dq_pipeline = gpu.pipeline(&format!("attn_dq{}", p.suffix), 9, PUSH_BYTES)?;
-    let dkdv_pipeline = gpu.pipeline(&format!("attn_dkdv{}", p.suffix), 10, PUSH_BYTES)?;
+    let (dq_name, dkdv_name) = match coop_suffix(&gpu, OP, a.q.dtype(), g.d)? {
+        Some(suffix) => (format!("attn_dq_coop{suffix}"), format!("attn_dkdv_coop{suffix}")),
+        None => (format!("attn_dq{}", p.suffix), format!("attn_dkdv{}", p.suffix)),
+    };
+    let dq_pipeline = gpu.pipeline(&dq_name, 9, PUSH_BYTES)?;
+    let dkdv_pipeline = gpu.pipeline(&dkdv_name, 10, PUSH_BYTES)?;
     let delta_push: Vec<u8> = [rows_heads as u32, g.d as u32].iter().flat_map(|w| w.to_le_bytes()).collect();
     let [cq, ck] = cu_bindings(cu_q, cu_k, &a.q)?;
     let inputs = [cq, ck, bind(&a.q)?, bind(&a.k)?, bind(&a.v)?, bind(&a.d_o)?, bind(&a.softmax_lse)?, bind(&delta)?];

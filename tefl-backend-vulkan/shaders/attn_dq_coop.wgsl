@@ -1,0 +1,154 @@
+// Flash attention backward, dQ, on cooperative matrices (attn_coop.wgsl): the formulas of
+// attn_dq.wgsl, dS_ij = P_ij (z_ij dO_i·V_j − delta_i), dQ_i = scale Σ_j dS_ij K_j, P recomputed
+// from lse. A workgroup serves 64 query rows of one head of one sequence (16 per subgroup, their
+// q and dO fragments in registers); keys go by steps of KC: the step's K and V rows are staged,
+// each subgroup computes S = q·Kᵀ and dP = dO·Vᵀ into its f32 tiles, two invocations per row
+// turn them into dS (16-bit tile), and the subgroup adds dS·K to its dQ accumulators.
+// Workgroups: (query blocks, hq, batch).
+
+@group(0) @binding(6) var<storage, read> lse: array<f32>;
+@group(0) @binding(7) var<storage, read> delta: array<f32>;
+@group(0) @binding(8) var<storage, read_write> dq: array<u32>;
+
+// S and dP.
+const SCORE_TILES: u32 = 2u;
+// dS.
+const PROB_TILES: u32 = 1u;
+
+fn out_word(slot: u32, w: u32, bits: u32) {
+    dq[w] = bits;
+}
+
+@compute @workgroup_size(128)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    let b = wid.z;
+    let h = wid.y;
+    let hkv = h / (a.hq / a.hk);
+    let s = seq_of(b);
+    let slot = select(i32(a.sq), s.lq, a.qkv_layout == 2u);
+    let q0 = i32(wid.x * BR);
+    if (q0 >= slot) {
+        return;
+    }
+    let sg = lane / 32u;
+    let sl = lane % 32u;
+    // In the elementwise part, an invocation serves half (`part`) of the step's keys of a row.
+    let row = sg * 16u + sl / 2u;
+    let part = sl % 2u;
+    let i = q0 + i32(row);
+    let keys = key_range(s, i);
+    let last = min(q0 + i32(BR), s.lq) - 1;
+    var j_lo = 0;
+    var j_hi = 0;
+    if (last >= q0) {
+        j_lo = key_range(s, q0).x;
+        j_hi = key_range(s, last).y;
+    }
+    let scale2 = a.scale * LOG2E;
+    var li = 0.0;
+    var di = 0.0;
+    if (i < s.lq) {
+        li = lse[lse_index(s, b, h, u32(i))] * LOG2E;
+        di = delta[(s.qb + u32(i) * s.rs) * a.hq + h];
+    }
+
+    stage(lane, 0u, BR, q0, s.lq, s.qb, s.rs, a.hq, h, 0u);
+    workgroupBarrier();
+    let r0 = sg * 16u;
+    let q_0 = frag_rows(r0, 0u);
+    let q_1 = frag_rows(r0, 1u);
+    let q_2 = frag_rows(r0, 2u);
+    let q_3 = frag_rows(r0, 3u);
+    var q_4 = q_0;
+    var q_5 = q_0;
+    var q_6 = q_0;
+    var q_7 = q_0;
+    if (DM == 128u) {
+        q_4 = frag_rows(r0, 4u);
+        q_5 = frag_rows(r0, 5u);
+        q_6 = frag_rows(r0, 6u);
+        q_7 = frag_rows(r0, 7u);
+    }
+    workgroupBarrier();
+    stage(lane, 3u, BR, q0, s.lq, s.qb, s.rs, a.hq, h, 0u);
+    workgroupBarrier();
+    let g_0 = frag_rows(r0, 0u);
+    let g_1 = frag_rows(r0, 1u);
+    let g_2 = frag_rows(r0, 2u);
+    let g_3 = frag_rows(r0, 3u);
+    var g_4 = g_0;
+    var g_5 = g_0;
+    var g_6 = g_0;
+    var g_7 = g_0;
+    if (DM == 128u) {
+        g_4 = frag_rows(r0, 4u);
+        g_5 = frag_rows(r0, 5u);
+        g_6 = frag_rows(r0, 6u);
+        g_7 = frag_rows(r0, 7u);
+    }
+    var d0 = coop_mat16x16<f32, C>();
+    var d1 = coop_mat16x16<f32, C>();
+    var d2 = coop_mat16x16<f32, C>();
+    var d3 = coop_mat16x16<f32, C>();
+    var d4 = coop_mat16x16<f32, C>();
+    var d5 = coop_mat16x16<f32, C>();
+    var d6 = coop_mat16x16<f32, C>();
+    var d7 = coop_mat16x16<f32, C>();
+
+    let at_s = sg * SCORE_TILE + (sl / 2u) * LDS + part * 16u;
+    let at_dp = at_s + 4u * SCORE_TILE;
+    let at_ds = sg * PROB_TILE + (sl / 2u) * LDP + part * 8u;
+    for (var j0 = j_lo; j0 < j_hi; j0 += i32(KC)) {
+        workgroupBarrier();
+        stage(lane, 1u, KC, j0, s.lk, s.kb, s.rs, a.hk, hkv, 0u);
+        stage(lane, 2u, KC, j0, s.lk, s.kb, s.rs, a.hk, hkv, KC);
+        workgroupBarrier();
+        store_block(dot_block(0u, q_0, q_1, q_2, q_3, q_4, q_5, q_6, q_7), 0u, sg, 0u);
+        store_block(dot_block(16u, q_0, q_1, q_2, q_3, q_4, q_5, q_6, q_7), 0u, sg, 16u);
+        store_block(dot_block(KC, g_0, g_1, g_2, g_3, g_4, g_5, g_6, g_7), 1u, sg, 0u);
+        store_block(dot_block(KC + 16u, g_0, g_1, g_2, g_3, g_4, g_5, g_6, g_7), 1u, sg, 16u);
+        workgroupBarrier();
+        let k0 = j0 + i32(part * 16u);
+        for (var e = 0u; e < 16u; e += 2u) {
+            var ds = vec2<f32>(0.0);
+            for (var t = 0u; t < 2u; t++) {
+                let j = k0 + i32(e + t);
+                if (j >= keys.x && j < keys.y) {
+                    let p = exp2(fma(scores[at_s + e + t], scale2, -li));
+                    let z = keep_factor(b, h, u32(i), u32(j));
+                    ds[t] = p * (scores[at_dp + e + t] * z - di);
+                }
+            }
+            probs[at_ds + e / 2u] = vec2<f16>(ds);
+        }
+        workgroupBarrier();
+        let s0 = frag_prob(0u, sg, 0u);
+        let s1 = frag_prob(0u, sg, 1u);
+        d0 = acc_block(d0, s0, s1, 0u, 0u);
+        d1 = acc_block(d1, s0, s1, 0u, 1u);
+        d2 = acc_block(d2, s0, s1, 0u, 2u);
+        d3 = acc_block(d3, s0, s1, 0u, 3u);
+        if (DM == 128u) {
+            d4 = acc_block(d4, s0, s1, 0u, 4u);
+            d5 = acc_block(d5, s0, s1, 0u, 5u);
+            d6 = acc_block(d6, s0, s1, 0u, 6u);
+            d7 = acc_block(d7, s0, s1, 0u, 7u);
+        }
+    }
+
+    workgroupBarrier();
+    // Rows past the slot are not written; rows past the sequence are zeros.
+    let write = i < slot;
+    let mul = select(0.0, a.scale, i < s.lq);
+    let word = (row_base(s.qb + u32(select(0, i, write)) * s.rs, a.hq, h) + part * 8u) / 2u;
+    put(d0, sg, sl, 0u, write, word, mul);
+    put(d1, sg, sl, 0u, write, word + 8u, mul);
+    put(d2, sg, sl, 0u, write, word + 16u, mul);
+    put(d3, sg, sl, 0u, write, word + 24u, mul);
+    if (DM == 128u) {
+        put(d4, sg, sl, 0u, write, word + 32u, mul);
+        put(d5, sg, sl, 0u, write, word + 40u, mul);
+        put(d6, sg, sl, 0u, write, word + 48u, mul);
+        put(d7, sg, sl, 0u, write, word + 56u, mul);
+    }
+}
