@@ -66,6 +66,19 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+    /// An argument given by name (a call from another language) is of the wrong kind: a float
+    /// where a tensor goes, a string where a bool goes.
+    #[error("op '{op}': argument '{arg}' must be {expected}, got {got}")]
+    ArgumentType {
+        /// The op.
+        op: &'static str,
+        /// The argument.
+        arg: &'static str,
+        /// What it must be, in words.
+        expected: String,
+        /// What it was, in words.
+        got: String,
+    },
     /// A tensor could not be built from the data given.
     #[error("tensor: {0}")]
     Tensor(String),

@@ -24,6 +24,7 @@
 pub mod catalogue;
 pub mod device;
 pub mod dtype;
+pub mod dynargs;
 pub mod error;
 pub mod fp8;
 pub mod logging;

@@ -41,6 +41,7 @@ pub struct DynCall<'a> {
     /// The op's output fields: the kernel returns one slot for each.
     pub outputs: &'static [FieldDesc],
     visit: &'a ArgVisitor<'a>,
+    values: &'a dyn Fn() -> Vec<(&'static str, crate::dynargs::Value)>,
 }
 
 /// Something that visits a call's arguments (see [`OpArgs::visit_args`]).
@@ -50,6 +51,10 @@ impl DynCall<'_> {
     /// Visits every argument in declaration order (see [`OpArgs::visit_args`]).
     pub fn visit_args(&self, v: &mut dyn FnMut(ArgRef<'_>)) {
         (self.visit)(v)
+    }
+    /// Every argument as a named value, in declaration order (see [`crate::dynargs`]).
+    pub fn values(&self) -> Vec<(&'static str, crate::dynargs::Value)> {
+        (self.values)()
     }
 }
 
@@ -72,7 +77,8 @@ impl ErasedKernel {
 pub fn erase_dyn<O: Op>(k: DynKernel) -> ErasedKernel {
     ErasedKernel::of::<O>(Arc::new(move |ctx: &KernelCtx<'_>, args: &O::Args| {
         let visit = |v: &mut dyn FnMut(ArgRef<'_>)| args.visit_args(v);
-        let call = DynCall { op: O::NAME, outputs: <O::Output as OpOutput>::FIELDS, visit: &visit };
+        let values = || args.to_values();
+        let call = DynCall { op: O::NAME, outputs: <O::Output as OpOutput>::FIELDS, visit: &visit, values: &values };
         let slots = k(ctx, &call)?;
         O::Output::from_slots(O::NAME, slots).map_err(|e| Error::ImplFailed {
             op: O::NAME,
@@ -80,6 +86,29 @@ pub fn erase_dyn<O: Op>(k: DynKernel) -> ErasedKernel {
             reason: e.to_string(),
         })
     }))
+}
+
+/// A call by name: the manager, the named arguments, and the impl to call directly (`None`:
+/// the policy's chain).
+pub type CallDyn = fn(
+    &crate::Manager,
+    crate::dynargs::NamedValues,
+    Option<&str>,
+) -> Result<Vec<(&'static str, crate::dynargs::Value)>>;
+
+/// Calls op `O` with named arguments on `manager` (through the policy, or `impl_id` directly)
+/// and returns its outputs as named values (see [`crate::dynargs`]).
+pub fn call_dyn<O: Op>(
+    manager: &crate::Manager,
+    named: crate::dynargs::NamedValues,
+    impl_id: Option<&str>,
+) -> Result<Vec<(&'static str, crate::dynargs::Value)>> {
+    let args = O::Args::from_values(O::NAME, named)?;
+    let out = match impl_id {
+        Some(id) => manager.call_impl::<O>(id, &args)?,
+        None => manager.call::<O>(&args)?,
+    };
+    Ok(out.into_values())
 }
 
 /// One op of the catalogue: a zero-sized marker type tying a name to its argument and
@@ -185,6 +214,11 @@ pub trait OpArgs: Send + Sync + Sized + 'static {
     fn to_host(&self) -> Result<Self>;
     /// After a staged call: copies the in-place (`inout`) tensors of `host` back into `self`'s.
     fn write_back(&self, host: &Self) -> Result<()>;
+    /// The arguments from named values (a call by name, see [`crate::dynargs`]): each field
+    /// takes its value; a missing, unknown or ill-typed one is an error naming it.
+    fn from_values(op: &'static str, named: crate::dynargs::NamedValues) -> Result<Self>;
+    /// Every field as a named value, in declaration order.
+    fn to_values(&self) -> Vec<(&'static str, crate::dynargs::Value)>;
 }
 
 /// One argument seen by [`OpArgs::visit_args`].
@@ -323,6 +357,8 @@ pub trait OpOutput: Send + Sized + 'static {
     fn to_device(self, device: &Device) -> Result<Self>;
     /// Visits every tensor output slot in declaration order (`None`: an absent optional one).
     fn visit_outputs(&self, v: &mut dyn FnMut(&'static str, Option<&Tensor>));
+    /// Every field as a named value, in declaration order.
+    fn into_values(self) -> Vec<(&'static str, crate::dynargs::Value)>;
 }
 
 /// The kind of an argument or output field.
@@ -360,6 +396,8 @@ pub struct OpDescriptor {
     pub outputs: &'static [FieldDesc],
     /// Wraps a run-time kernel as this op's typed kernel ([`erase_dyn`] of the op).
     pub erase_dyn: fn(DynKernel) -> ErasedKernel,
+    /// Calls the op with named arguments ([`call_dyn`] of the op).
+    pub call_dyn: CallDyn,
     /// Whether the op declares an output contract ([`Op::output_contract`]).
     pub has_output_contract: bool,
 }
@@ -579,6 +617,7 @@ macro_rules! declare_op_with {
                     args: <$args as $crate::op::OpArgs>::FIELDS,
                     outputs: <$out as $crate::op::OpOutput>::FIELDS,
                     erase_dyn: $crate::op::erase_dyn::<$op>,
+                    call_dyn: $crate::op::call_dyn::<$op>,
                     has_output_contract: $crate::__has_contract!($($oa)?),
                 };
                 &D
@@ -629,6 +668,16 @@ macro_rules! declare_args {
                 $( $crate::__field_write_back!($fk, &self.$f, &host.$f); )*
                 Ok(())
             }
+            #[allow(unused_mut)]
+            fn from_values(op: &'static str, mut named: $crate::dynargs::NamedValues) -> $crate::Result<Self> {
+                let args = $args { $( $f: <$ft as $crate::dynargs::DynField>::from_value(
+                    op, stringify!($f), named.take(stringify!($f)))?, )* };
+                named.finish(<Self as $crate::op::OpArgs>::FIELDS)?;
+                Ok(args)
+            }
+            fn to_values(&self) -> ::std::vec::Vec<(&'static str, $crate::dynargs::Value)> {
+                ::std::vec![ $( (stringify!($f), $crate::dynargs::DynField::to_value(&self.$f)), )* ]
+            }
         }
     };
 }
@@ -665,6 +714,9 @@ macro_rules! declare_output {
             #[allow(unused_variables)]
             fn visit_outputs(&self, v: &mut dyn FnMut(&'static str, Option<&$crate::Tensor>)) {
                 $( $crate::__output_visit!($gk, v, stringify!($g), &self.$g); )*
+            }
+            fn into_values(self) -> ::std::vec::Vec<(&'static str, $crate::dynargs::Value)> {
+                ::std::vec![ $( (stringify!($g), $crate::dynargs::DynField::to_value(&self.$g)), )* ]
             }
         }
     };
