@@ -557,10 +557,68 @@ pub(crate) fn write_lock<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
     l.write().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Host memory: 8-byte aligned so every dtype can be viewed in place.
+/// Host memory: 8-byte aligned so every dtype can be viewed in place. Either tefl's own
+/// allocation or memory another library owns (a NumPy array or a torch CPU tensor imported
+/// without a copy, see [`external_host_buffer`]).
 pub struct HostBuffer {
-    words: RwLock<Vec<u64>>,
+    words: RwLock<HostBytes>,
     len: usize,
+}
+
+/// Where a [`HostBuffer`]'s bytes live.
+enum HostBytes {
+    /// tefl's allocation.
+    Owned(Vec<u64>),
+    /// Memory of another owner, kept alive by `_owner` (dropped with the buffer).
+    External { ptr: std::ptr::NonNull<u8>, _owner: Box<dyn Any + Send + Sync> },
+}
+
+// SAFETY: the external pointer is only dereferenced under the buffer's lock, and the contract of
+// `external_host_buffer` makes the memory valid (and usable from any thread) while `_owner` lives.
+unsafe impl Send for HostBytes {}
+// SAFETY: as above; shared access only reads through the lock's read guard.
+unsafe impl Sync for HostBytes {}
+
+impl HostBytes {
+    fn bytes(&self, len: usize) -> &[u8] {
+        match self {
+            HostBytes::Owned(words) => &bytemuck::cast_slice::<u64, u8>(words)[..len],
+            // SAFETY: `external_host_buffer`'s contract: `ptr` is valid for reads of `len` bytes
+            // while the owner lives, which it does as long as `self`.
+            HostBytes::External { ptr, .. } => unsafe { std::slice::from_raw_parts(ptr.as_ptr(), len) },
+        }
+    }
+    fn bytes_mut(&mut self, len: usize) -> &mut [u8] {
+        match self {
+            HostBytes::Owned(words) => words.as_mut_slice().pipe_bytes_mut(len),
+            // SAFETY: as in `bytes`, for writes; `&mut self` (the lock's write guard) makes this
+            // the only access through tefl.
+            HostBytes::External { ptr, .. } => unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), len) },
+        }
+    }
+}
+
+/// A CPU buffer over `len` bytes at `ptr` that another owner allocated (zero-copy import of a
+/// NumPy array or torch CPU tensor): tefl reads and writes them in place and drops `owner` (which
+/// keeps the memory alive, e.g. a DLPack capsule's tensor) with the buffer. The address must be
+/// 8-byte aligned, as tefl's own host memory is, so that kernels view any dtype in place: an
+/// unaligned one is an [`Error::Tensor`] (copy it instead).
+///
+/// # Safety
+/// `ptr` must be valid for reads and writes of `len` bytes from any thread until `owner` is
+/// dropped, and nothing may write the memory while an op runs on it except that op.
+pub unsafe fn external_host_buffer(
+    ptr: *mut u8,
+    len: usize,
+    owner: Box<dyn Any + Send + Sync>,
+) -> Result<Arc<dyn Buffer>> {
+    let Some(ptr) = std::ptr::NonNull::new(ptr) else {
+        return Err(Error::Tensor("an external host buffer at address 0".into()));
+    };
+    if ptr.as_ptr() as usize % 8 != 0 {
+        return Err(Error::Tensor(format!("external host memory at {ptr:p} is not 8-byte aligned")));
+    }
+    Ok(Arc::new(CpuBuffer(HostBuffer { words: RwLock::new(HostBytes::External { ptr, _owner: owner }), len })))
 }
 
 /// `n` zeroed elements, or [`Error::OutOfMemory`] naming `what` when the allocator refuses
@@ -633,7 +691,7 @@ impl HostBuffer {
             bytes: len,
             what: "a host buffer".into(),
         })?;
-        Ok(HostBuffer { words: RwLock::new(words), len })
+        Ok(HostBuffer { words: RwLock::new(HostBytes::Owned(words)), len })
     }
 
     /// A buffer holding a copy of `data`'s bytes (one allocation, one copy); an
@@ -651,20 +709,20 @@ impl HostBuffer {
             last[..bytes.len() - full * 8].copy_from_slice(&bytes[full * 8..]);
             words.push(u64::from_ne_bytes(last));
         }
-        Ok(HostBuffer { words: RwLock::new(words), len: bytes.len() })
+        Ok(HostBuffer { words: RwLock::new(HostBytes::Owned(words)), len: bytes.len() })
     }
 
     /// A buffer holding a copy of `bytes`; an [`Error::OutOfMemory`] when the allocator refuses.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
         let b = HostBuffer::try_zeroed(bytes.len())?;
-        write_lock(&b.words).as_mut_slice().pipe_bytes_mut(b.len).copy_from_slice(bytes);
+        write_lock(&b.words).bytes_mut(b.len).copy_from_slice(bytes);
         Ok(b)
     }
 
     /// The address of the bytes, for foreign code (the C plugin ABI) that writes a buffer no
     /// Rust code is using. The address is stable for the buffer's lifetime.
     pub fn raw_ptr(&self) -> *mut u8 {
-        write_lock(&self.words).as_mut_ptr().cast()
+        write_lock(&self.words).bytes_mut(self.len).as_mut_ptr()
     }
 
     /// Shared access to the bytes (blocks while a writer holds them).
@@ -694,30 +752,30 @@ impl PipeBytes for [u64] {
 
 /// A read guard over a [`HostBuffer`]'s bytes.
 pub struct HostRead<'a> {
-    guard: RwLockReadGuard<'a, Vec<u64>>,
+    guard: RwLockReadGuard<'a, HostBytes>,
     len: usize,
 }
 impl std::ops::Deref for HostRead<'_> {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        &bytemuck::cast_slice::<u64, u8>(&self.guard)[..self.len]
+        self.guard.bytes(self.len)
     }
 }
 
 /// A write guard over a [`HostBuffer`]'s bytes.
 pub struct HostWrite<'a> {
-    guard: RwLockWriteGuard<'a, Vec<u64>>,
+    guard: RwLockWriteGuard<'a, HostBytes>,
     len: usize,
 }
 impl std::ops::Deref for HostWrite<'_> {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        &bytemuck::cast_slice::<u64, u8>(&self.guard)[..self.len]
+        self.guard.bytes(self.len)
     }
 }
 impl std::ops::DerefMut for HostWrite<'_> {
     fn deref_mut(&mut self) -> &mut [u8] {
-        self.guard.as_mut_slice().pipe_bytes_mut(self.len)
+        self.guard.bytes_mut(self.len)
     }
 }
 

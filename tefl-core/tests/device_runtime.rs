@@ -172,3 +172,46 @@ fn runtimes_without_external_queues_refuse_the_scope() {
     let none = DeviceKind::new("no-such-runtime");
     assert!(device::with_queue(Device::new(none, 0), 0x10, || ()).is_err());
 }
+
+/// Memory of another owner, imported without a copy: reads and writes go to that memory, the
+/// owner is dropped with the last tensor over it, and an unaligned or null address is an error.
+#[test]
+fn external_host_memory_is_used_in_place_and_released_with_the_tensor() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static DROPS: AtomicUsize = AtomicUsize::new(0);
+    struct Owner(#[allow(dead_code)] Vec<u64>);
+    impl Drop for Owner {
+        fn drop(&mut self) {
+            DROPS.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    let mut words = vec![0u64; 2];
+    let floats: [f32; 4] = [1.5, -2.0, 3.25, 0.0];
+    bytemuck::cast_slice_mut::<u64, f32>(&mut words).copy_from_slice(&floats);
+    let ptr = words.as_mut_ptr().cast::<u8>();
+    let owner = Box::new(Owner(words));
+    // SAFETY: the Vec's heap block moved into `owner` unchanged; it stays valid until the
+    // buffer drops `owner`, and this test touches it only through the tensor.
+    let buf = unsafe { tefl_core::device::external_host_buffer(ptr, 16, owner) }.unwrap();
+    let t = Tensor::from_buffer(buf, [2, 2], DType::F32).unwrap();
+    assert_eq!(t.to_vec::<f32>().unwrap(), floats);
+    t.copy_from(&Tensor::from_slice(&[9.0f32, 8.0, 7.0, 6.0], [2, 2], DType::F32).unwrap()).unwrap();
+    // SAFETY: the owner (and so the memory) is alive: `t` holds it.
+    let seen = unsafe { std::slice::from_raw_parts(ptr.cast::<f32>(), 4) }.to_vec();
+    assert_eq!(seen, [9.0, 8.0, 7.0, 6.0]);
+    let view = t.reshape([4]).unwrap();
+    drop(t);
+    assert_eq!(DROPS.load(Ordering::SeqCst), 0, "a view still holds the memory");
+    drop(view);
+    assert_eq!(DROPS.load(Ordering::SeqCst), 1);
+
+    let mut words = vec![0u64; 2];
+    let odd = words.as_mut_ptr().cast::<u8>().wrapping_add(4);
+    // SAFETY: rejected before any access (unaligned).
+    let e = unsafe { tefl_core::device::external_host_buffer(odd, 8, Box::new(())) }.err().unwrap();
+    assert!(e.to_string().contains("not 8-byte aligned"), "{e}");
+    // SAFETY: rejected before any access (null).
+    let e = unsafe { tefl_core::device::external_host_buffer(std::ptr::null_mut(), 8, Box::new(())) }.err().unwrap();
+    assert!(e.to_string().contains("address 0"), "{e}");
+    drop(words);
+}
