@@ -35,6 +35,9 @@ impl Buffer for CudaBuffer {
     fn as_any(&self) -> &dyn Any {
         self
     }
+    fn raw_address(&self) -> Option<u64> {
+        Some(self.ptr)
+    }
 }
 
 /// A driver error as a tefl error: out-of-memory is [`Error::OutOfMemory`], the rest

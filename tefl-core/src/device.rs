@@ -200,6 +200,11 @@ pub trait Buffer: Send + Sync + 'static {
     fn len_bytes(&self) -> usize;
     /// For downcasting to the backend's concrete type.
     fn as_any(&self) -> &dyn Any;
+    /// The address of the first byte where other libraries can use it (a host pointer, a CUDA
+    /// device pointer), for zero-copy export (DLPack); `None` where there is no such address.
+    fn raw_address(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// What a backend provides for its device kind: memory, copies and identification.
@@ -615,7 +620,7 @@ pub unsafe fn external_host_buffer(
     let Some(ptr) = std::ptr::NonNull::new(ptr) else {
         return Err(Error::Tensor("an external host buffer at address 0".into()));
     };
-    if ptr.as_ptr() as usize % 8 != 0 {
+    if !(ptr.as_ptr() as usize).is_multiple_of(8) {
         return Err(Error::Tensor(format!("external host memory at {ptr:p} is not 8-byte aligned")));
     }
     Ok(Arc::new(CpuBuffer(HostBuffer { words: RwLock::new(HostBytes::External { ptr, _owner: owner }), len })))
@@ -790,6 +795,9 @@ impl Buffer for CpuBuffer {
     }
     fn as_any(&self) -> &dyn Any {
         self
+    }
+    fn raw_address(&self) -> Option<u64> {
+        Some(self.0.raw_ptr() as u64)
     }
 }
 

@@ -79,7 +79,18 @@ pub fn erase_dyn<O: Op>(k: DynKernel) -> ErasedKernel {
         let visit = |v: &mut dyn FnMut(ArgRef<'_>)| args.visit_args(v);
         let values = || args.to_values();
         let call = DynCall { op: O::NAME, outputs: <O::Output as OpOutput>::FIELDS, visit: &visit, values: &values };
-        let slots = k(ctx, &call)?;
+        let mut slots = k(ctx, &call)?;
+        // A run-time kernel's output with the contract's element count is taken in the
+        // contract's shape (an rsigma of [rows, 1] for [rows]): host languages keep dims freely.
+        let contract = O::output_contract(args);
+        for (field, slot) in <O::Output as OpOutput>::FIELDS.iter().zip(slots.iter_mut()) {
+            let (Some(t), Some(spec)) = (slot.as_ref(), contract.iter().find(|s| s.name == field.name)) else {
+                continue;
+            };
+            if t.shape() != spec.shape.as_slice() && t.numel() == spec.shape.iter().product::<usize>() {
+                *slot = Some(t.reshape(&spec.shape)?);
+            }
+        }
         O::Output::from_slots(O::NAME, slots).map_err(|e| Error::ImplFailed {
             op: O::NAME,
             impl_id: ctx.impl_id.to_string(),

@@ -10,6 +10,7 @@
 use std::ffi::{CStr, CString, OsStr, OsString, c_char, c_void};
 use std::sync::Arc;
 
+use crate::device::read_lock;
 use crate::op::{ArgRef, DynCall, OpDescriptor};
 use crate::registry::{BackendImplKind, OpImpl, Registry, VendorInfo};
 use crate::{DType, Device, DeviceKind, Error, Result, Tensor};
@@ -475,12 +476,28 @@ pub fn load_plugin(reg: &mut Registry, entry: impl AsRef<OsStr>) -> Result<usize
     Ok(n)
 }
 
+/// `TE_FL_PLUGIN_MODULES` entries that another host language loads itself (Python modules,
+/// see the `tefl` Python package): [`load_plugins`] leaves them alone.
+static FOREIGN_ENTRIES: std::sync::RwLock<Vec<String>> = std::sync::RwLock::new(Vec::new());
+
+/// Marks `TE_FL_PLUGIN_MODULES` entries as loaded by the host language (Python modules, whose
+/// `register(registry)` the Python package calls): library loading skips them instead of
+/// logging an error for a file that is not there.
+pub fn set_foreign_entries(entries: Vec<String>) {
+    *crate::device::write_lock(&FOREIGN_ENTRIES) = entries;
+}
+
 /// Loads every plugin of `TE_FL_PLUGIN_MODULES`; each failure is an ERROR log line naming
 /// the plugin and the reason, and the others still load. Returns how many loaded.
 pub fn load_plugins(reg: &mut Registry, entries: &[OsString]) -> usize {
     let mut loaded = 0;
+    let foreign = read_lock(&FOREIGN_ENTRIES).clone();
     for entry in entries {
         let e = entry.to_string_lossy();
+        if foreign.iter().any(|f| f.as_str() == e) {
+            tracing::debug!(target: "TE-FL", "Plugin '{e}' is loaded by the host language, not as a library");
+            continue;
+        }
         match load_plugin(reg, entry) {
             Ok(n) => {
                 tracing::info!(target: "TE-FL", "Plugin '{e}' loaded: {n} impl(s)");

@@ -1,0 +1,45 @@
+"""tefl from Python: TransformerEngine's TEX ops (``tefl.tex``, also importable as
+``transformer_engine_fl_torch``), TE-FL's plugin API with Python impls (``tefl.plugin.core``)
+and torch layers (``tefl.torch``), on tefl's Rust dispatch layer.
+
+    import numpy as np
+    import tefl.tex as tex
+    x = np.random.randn(4, 64).astype(np.float32)
+    y, _, rsigma = tex.rmsnorm_fwd(x, np.ones(64, np.float32), 1e-5, None, None, np.float32, 0, False)
+"""
+
+from . import _native
+from ._core import call, dtype_name
+
+__all__ = ["call", "dtype_name", "explain", "list_backends", "linked_backends"]
+__version__ = "0.1.0"
+
+
+def _init():
+    from .plugin import core as plugin_core
+
+    # Python modules in TE_FL_PLUGIN_MODULES are loaded by the package (when the process-wide
+    # manager is made), not opened as libraries.
+    _native.set_python_plugin_modules(plugin_core.python_plugin_modules())
+
+
+def explain(op, device="cpu", dtype="f32"):
+    """Why `op` on `device` with `dtype` goes where it goes, through the process-wide manager."""
+    from ._core import global_manager
+
+    return global_manager().explain(op, device, dtype_name(dtype))
+
+
+def list_backends():
+    """Every backend tefl knows here (see ``tefl.tex.list_backends``)."""
+    from ._core import global_manager
+
+    return global_manager().list_backends()
+
+
+def linked_backends():
+    """The backend crates in this build of tefl (``reference`` always)."""
+    return _native.linked_backends()
+
+
+_init()

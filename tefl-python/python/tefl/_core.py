@@ -1,0 +1,131 @@
+"""Calls into tefl's Rust core, with tensors in the caller's kind.
+
+Tensors go in by DLPack without a copy (numpy arrays, torch tensors, anything with
+``__dlpack__``) and come back as the kind the call's inputs were: torch tensors for torch
+inputs, numpy arrays otherwise.
+"""
+
+from . import _native
+
+__all__ = ["call", "dtype_name", "to_kind", "kind_of", "global_manager"]
+
+_DTYPE_NAMES = {
+    "float32": "f32",
+    "float": "f32",
+    "f32": "f32",
+    "float16": "f16",
+    "half": "f16",
+    "f16": "f16",
+    "bfloat16": "bf16",
+    "bf16": "bf16",
+    "float64": "f64",
+    "f64": "f64",
+    "int32": "i32",
+    "int": "i32",
+    "i32": "i32",
+    "int64": "i64",
+    "i64": "i64",
+    "uint8": "u8",
+    "u8": "u8",
+    "bool": "bool",
+    "float8_e4m3fn": "f8e4m3",
+    "float8_e4m3": "f8e4m3",
+    "f8e4m3": "f8e4m3",
+    "kfloat8e4m3": "f8e4m3",
+    "float8_e5m2": "f8e5m2",
+    "f8e5m2": "f8e5m2",
+    "kfloat8e5m2": "f8e5m2",
+    "kfloat32": "f32",
+    "kfloat16": "f16",
+    "kbfloat16": "bf16",
+}
+
+
+def dtype_name(dtype, arg="dtype"):
+    """tefl's name of a dtype given as a torch dtype, a numpy dtype, TE's DType or a string."""
+    if dtype is None:
+        raise ValueError(f"argument '{arg}': a dtype is required")
+    text = str(dtype)
+    for prefix in ("torch.", "DType.", "tex.DType.", "<class 'numpy.", "dtype('"):
+        if text.startswith(prefix):
+            text = text[len(prefix):]
+    text = text.rstrip("')>").lower()
+    try:
+        return _DTYPE_NAMES[text]
+    except KeyError:
+        raise TypeError(f"argument '{arg}': {dtype!r} is not a dtype tefl knows") from None
+
+
+def _walk(values):
+    for v in values:
+        if isinstance(v, (list, tuple)):
+            yield from _walk(v)
+        else:
+            yield v
+
+
+def kind_of(values):
+    """The tensor kind results come back as: 'torch' when any of the values is a torch tensor,
+    else the class of the first numpy array (a subclass of ``numpy.ndarray`` stays itself),
+    else 'numpy'."""
+    first = None
+    for v in _walk(values):
+        module = type(v).__module__
+        if module.startswith("torch"):
+            return "torch"
+        if first is None and hasattr(v, "__array_priority__") and hasattr(v, "__dlpack__"):
+            first = type(v)
+    return first or "numpy"
+
+
+def to_kind(t, kind):
+    """A tefl tensor (``tefl._native.Tensor``) as a tensor of `kind`, without a copy where the
+    kind can hold its dtype (numpy has no bf16: bf16 results come to numpy as float32)."""
+    if not isinstance(t, _native.Tensor):
+        return t
+    if kind == "torch":
+        import torch
+
+        x = torch.from_dlpack(t)
+        if t.dtype == "f8e4m3":
+            x = x.view(torch.float8_e4m3fn)
+        elif t.dtype == "f8e5m2":
+            x = x.view(torch.float8_e5m2)
+        return x
+    import numpy as np
+
+    if t.dtype == "bf16":
+        t = _native.cast(t, "f32")
+    x = np.from_dlpack(t)
+    if isinstance(kind, type) and issubclass(kind, np.ndarray) and kind is not np.ndarray:
+        x = x.view(kind)
+    return x
+
+
+def _convert(v, kind):
+    if isinstance(v, list):
+        return [_convert(x, kind) for x in v]
+    return to_kind(v, kind)
+
+
+_GLOBAL = None
+
+
+def global_manager():
+    """The process-wide manager (``tex`` calls go through it)."""
+    global _GLOBAL
+    if _GLOBAL is None:
+        from .plugin import core as plugin_core
+
+        _GLOBAL = _native.global_manager()
+        plugin_core._install_global_plugins(_GLOBAL)
+    return _GLOBAL
+
+
+def call(op, args, impl_id=None, manager=None, kind=None):
+    """Runs tefl op `op` with `args` (a dict by tefl argument name); returns a dict by output
+    name, tensors in the caller's kind."""
+    kind = kind or kind_of(args.values())
+    m = manager or global_manager()
+    out = m.call(op, args, impl_id)
+    return {k: _convert(v, kind) for k, v in out.items()}

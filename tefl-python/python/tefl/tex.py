@@ -1,0 +1,773 @@
+"""TransformerEngine's TEX functions on tefl: change one import,
+
+    import transformer_engine_fl_torch as tex    # or: import tefl.tex as tex
+
+and ``tex.rmsnorm_fwd(...)``, ``tex.generic_gemm(...)`` and the rest take TE's argument lists and
+return TE's tuples, running on whatever tefl's policy selects (``TE_FL_PREFER``,
+``TE_FL_PER_OP``, ``set_backend``). Tensors are torch tensors or numpy arrays (anything with
+``__dlpack__``), taken without a copy; results come back as the inputs' kind.
+
+Arguments tefl does not support yet (a quantizer, an attention bias, context parallelism, ...)
+raise ``NotImplementedError`` naming them; bad values raise ``ValueError``/``TypeError`` naming
+the argument; an impl failure with no fallback left raises ``RuntimeError`` naming the impls.
+"""
+
+from . import _native
+from ._core import call, dtype_name, global_manager, kind_of
+
+__all__ = [
+    "get_backend",
+    "set_backend",
+    "list_backends",
+    "rmsnorm_fwd",
+    "rmsnorm_bwd",
+    "rmsnorm_bwd_add",
+    "layernorm_fwd",
+    "layernorm_bwd",
+    "generic_gemm",
+    "fused_attn_fwd",
+    "fused_attn_bwd",
+    "fused_rope_forward",
+    "fused_rope_backward",
+    "scaled_softmax_forward",
+    "scaled_softmax_backward",
+    "scaled_masked_softmax_forward",
+    "scaled_masked_softmax_backward",
+    "scaled_upper_triang_masked_softmax_forward",
+    "scaled_upper_triang_masked_softmax_backward",
+    "scaled_aligned_causal_masked_softmax_forward",
+    "scaled_aligned_causal_masked_softmax_backward",
+    "multi_tensor_scale",
+    "multi_tensor_l2norm",
+    "multi_tensor_unscale_l2norm",
+    "multi_tensor_adam",
+    "multi_tensor_sgd",
+    "multi_tensor_compute_scale_and_scale_inv",
+    "quantize",
+    "dequantize",
+    "fused_amax_and_scale_update_after_reduction",
+    "dropout_fwd",
+    "dropout_bwd",
+]
+
+
+def _unsupported(fn, **named):
+    """NotImplementedError for the first argument given that tefl does not support yet."""
+    for name, (value, ok) in named.items():
+        if not ok(value):
+            raise NotImplementedError(f"{fn}: argument '{name}'={value!r} is not supported by tefl yet")
+
+
+def _none(v):
+    return v is None
+
+
+def _zero(v):
+    return v in (None, 0)
+
+
+def _first_out(out, name):
+    return out[name]
+
+
+# -- backends ---------------------------------------------------------------------------------
+
+
+def list_backends():
+    """``[{'name', 'vendor', 'priority', 'available'}, ...]``: every backend tefl knows here."""
+    return [
+        {"name": b["name"], "vendor": b["vendor"], "priority": b["priority"], "available": b["available"]}
+        for b in global_manager().list_backends()
+    ]
+
+
+def get_backend():
+    """The name of the backend ops go to first."""
+    return global_manager().get_backend()
+
+
+def set_backend(name):
+    """Routes every op to backend `name` first (``RuntimeError`` naming the backends there are
+    when it is unknown or unavailable)."""
+    global_manager().set_backend(name)
+
+
+# -- normalization ----------------------------------------------------------------------------
+
+
+def _store(ln_out, y):
+    """TE writes into ``ln_out`` when given: copy the result there and return it."""
+    if ln_out is None:
+        return y
+    ln_out[...] = y
+    return ln_out
+
+
+def rmsnorm_fwd(input, weight, eps, ln_out=None, quantizer=None, otype=None, sm_margin=0, zero_centered_gamma=False):
+    """``-> (out, None, rsigma)``: out = input·rsigma·weight (weight + 1 when zero-centred)."""
+    _unsupported("rmsnorm_fwd", quantizer=(quantizer, _none))
+    otype = dtype_name(otype, "otype") if otype is not None else None
+    args = {"x": input, "gamma": weight, "eps": float(eps), "zero_centered_gamma": bool(zero_centered_gamma)}
+    args["out_dtype"] = otype or _dtype_of(input)
+    out = call("rmsnorm_fwd", args)
+    return _store(ln_out, out["y"]), None, out["rsigma"]
+
+
+def rmsnorm_bwd(dz, x, rsigma, gamma, sm_margin=0, zero_centered_gamma=False):
+    """``-> (dx, dgamma)``."""
+    out = call(
+        "rmsnorm_bwd",
+        {"dy": dz, "x": x, "rsigma": rsigma, "gamma": gamma, "zero_centered_gamma": bool(zero_centered_gamma)},
+    )
+    return out["dx"], out["dgamma"]
+
+
+def rmsnorm_bwd_add(dz, x, add, rsigma, gamma, sm_margin=0, zero_centered_gamma=False):
+    """``-> (dx, dgamma)``: as ``rmsnorm_bwd``, with ``add`` added to dx (a residual's gradient)."""
+    out = call(
+        "rmsnorm_bwd_add",
+        {
+            "dy": dz,
+            "x": x,
+            "rsigma": rsigma,
+            "gamma": gamma,
+            "add": add,
+            "zero_centered_gamma": bool(zero_centered_gamma),
+        },
+    )
+    return out["dx"], out["dgamma"]
+
+
+def layernorm_fwd(
+    input, weight, bias, eps, ln_out=None, quantizer=None, otype=None, sm_margin=0, zero_centered_gamma=False
+):
+    """``-> (out, mu, rsigma)``."""
+    _unsupported("layernorm_fwd", quantizer=(quantizer, _none))
+    otype = dtype_name(otype, "otype") if otype is not None else None
+    args = {
+        "x": input,
+        "gamma": weight,
+        "beta": bias,
+        "eps": float(eps),
+        "zero_centered_gamma": bool(zero_centered_gamma),
+        "out_dtype": otype or _dtype_of(input),
+    }
+    out = call("layernorm_fwd", args)
+    return _store(ln_out, out["y"]), out["mu"], out["rsigma"]
+
+
+def layernorm_bwd(dz, x, mu, rsigma, gamma, sm_margin=0, zero_centered_gamma=False):
+    """``-> (dx, dgamma, dbeta)``."""
+    out = call(
+        "layernorm_bwd",
+        {"dy": dz, "x": x, "mu": mu, "rsigma": rsigma, "gamma": gamma, "zero_centered_gamma": bool(zero_centered_gamma)},
+    )
+    return out["dx"], out["dgamma"], out["dbeta"]
+
+
+def _dtype_of(t):
+    return dtype_name(getattr(t, "dtype", None), "input")
+
+
+# -- GEMM -------------------------------------------------------------------------------------
+
+
+def _shape(t):
+    return tuple(int(d) for d in t.shape)
+
+
+def generic_gemm(
+    A,
+    transA,
+    B,
+    transB,
+    D,
+    quantizer,
+    output_dtype,
+    bias,
+    bias_type,
+    gelu,
+    gelu_in,
+    grad,
+    workspace,
+    workspaceSize,
+    accumulate,
+    use_split_accumulator,
+):
+    """TE's GEMM, in its column-major convention: with row-major (torch/numpy) tensors,
+    D = op(B)·op(A), op(X) = Xᵀ when its trans flag is set — TE's layout "TN" (transA=True,
+    transB=False) is ``D = B·Aᵀ``, a linear layer's forward with A the weight.
+
+    A call whose shapes only fit the row-major reading D = op(A)·op(B) (TE itself would reject
+    it) is computed that way: the TEX README's own example is written so.
+
+    Epilogues: ``bias`` (D += bias), ``gelu`` (D = gelu(D), pre-activation into ``gelu_in``);
+    with ``grad`` they are the backward's: ``gelu`` means D ⊙= gelu'(gelu_in), ``bias`` asks for
+    the bias gradient (column sums of D). ``accumulate`` adds to D. Returns
+    ``(D, bias_grad, gelu_in, None)``.
+    """
+    _unsupported("generic_gemm", quantizer=(quantizer, _none))
+    a_shape, b_shape = _shape(A), _shape(B)
+    if len(a_shape) != 2 or len(b_shape) != 2:
+        A2, B2 = _flatten2(A), _flatten2(B)
+    else:
+        A2, B2 = A, B
+    a_shape, b_shape = _shape(A2), _shape(B2)
+
+    def fits(first, ft, second, st):
+        (r1, c1), (r2, c2) = first, second
+        k1 = r1 if ft else c1
+        k2 = c2 if st else r2
+        return k1 == k2
+
+    # TE's reading: D = op(B)·op(A) (row-major).
+    if fits(b_shape, transB, a_shape, transA):
+        left, tl, right, tr = B2, transB, A2, transA
+    elif fits(a_shape, transA, b_shape, transB):
+        left, tl, right, tr = A2, transA, B2, transB
+    else:
+        raise ValueError(
+            f"generic_gemm: A {a_shape} (transA={transA}) and B {b_shape} (transB={transB}) do not "
+            "multiply in TE's convention D = op(B)·op(A)"
+        )
+    if grad:
+        if gelu and bias is not None:
+            epilogue = "dgelu_bias_grad"
+        elif gelu:
+            epilogue = "dgelu"
+        elif bias is not None:
+            epilogue = "bias_grad"
+        else:
+            epilogue = "none"
+    else:
+        if gelu and bias is not None:
+            epilogue = "bias_gelu"
+        elif gelu:
+            epilogue = "gelu"
+        elif bias is not None:
+            epilogue = "bias"
+        else:
+            epilogue = "none"
+    out_dtype = dtype_name(output_dtype, "output_dtype") if output_dtype is not None else _dtype_of(D)
+    args = {
+        "a": left,
+        "b": right,
+        "bias": bias if epilogue in ("bias", "bias_gelu") else None,
+        "aux": gelu_in if epilogue in ("dgelu", "dgelu_bias_grad") else None,
+        "c": D if accumulate else None,
+        "transa": bool(tl),
+        "transb": bool(tr),
+        "alpha": 1.0,
+        "accumulate": bool(accumulate),
+        "epilogue": epilogue,
+        "out_dtype": out_dtype,
+    }
+    out = call("generic_gemm", args)
+    d = out["d"]
+    if D is not None:
+        D[...] = d.reshape(_shape(D)) if _shape(d) != _shape(D) else d
+        d = D
+    if out.get("aux_out") is not None and gelu_in is not None and not grad:
+        gelu_in[...] = out["aux_out"].reshape(_shape(gelu_in))
+    return d, out.get("bias_grad"), gelu_in if gelu else None, None
+
+
+def _flatten2(t):
+    shape = _shape(t)
+    if len(shape) < 2:
+        raise ValueError(f"generic_gemm: a GEMM operand must have 2 or more dims, got {shape}")
+    rows = 1
+    for d in shape[:-1]:
+        rows *= d
+    return t.reshape(rows, shape[-1])
+
+
+# -- attention --------------------------------------------------------------------------------
+
+_MASKS = {
+    "no_mask": "none",
+    "causal": "causal",
+    "causal_bottom_right": "causal_bottom_right",
+    "padding": "padding",
+    "padding_causal": "padding_causal",
+}
+
+
+def _layout(qkv_layout):
+    text = str(qkv_layout).split(".")[-1].lower()
+    if text.startswith("nvte_"):
+        text = text[5:]
+    fmt = text.split("_")[0]
+    if fmt not in ("bshd", "sbhd", "thd") or any(p != fmt for p in text.split("_")):
+        raise NotImplementedError(
+            f"fused_attn: qkv_layout {qkv_layout!r}: tefl takes separate q, k, v in one of bshd_bshd_bshd, "
+            "sbhd_sbhd_sbhd, thd_thd_thd"
+        )
+    return fmt
+
+
+def _mask(attn_mask_type):
+    text = str(attn_mask_type).split(".")[-1].lower()
+    if text.startswith("nvte_"):
+        text = text[5:]
+    if text.endswith("_mask") and text != "no_mask":
+        text = text[: -len("_mask")]
+    try:
+        return _MASKS[text]
+    except KeyError:
+        raise NotImplementedError(f"fused_attn: attn_mask_type {attn_mask_type!r} is not supported by tefl") from None
+
+
+def _window(window_size):
+    if window_size is None:
+        return [-1, -1]
+    left, right = window_size
+    return [int(left), int(right)]
+
+
+def fused_attn_fwd(
+    max_seqlen_q,
+    max_seqlen_kv,
+    is_training,
+    attn_scale,
+    p_dropout,
+    set_zero,
+    qkv_layout,
+    bias_type,
+    attn_mask_type,
+    window_size,
+    cu_seqlens_q,
+    cu_seqlens_kv,
+    Q,
+    K,
+    V,
+    fake_dtype=None,
+    cu_seqlens_q_padded=None,
+    cu_seqlens_kv_padded=None,
+    page_table_k=None,
+    page_table_v=None,
+    s_quantizer=None,
+    o_quantizer=None,
+    Bias=None,
+    rng_gen=None,
+    rng_elts_per_thread=0,
+    seed=0,
+    offset=0,
+):
+    """``-> [O, softmax_lse, rng_state]``: flash attention (online softmax, no sq×sk buffer).
+    rng_state holds the dropout seed and offset for the backward (an int64 pair)."""
+    _unsupported(
+        "fused_attn_fwd",
+        bias_type=(bias_type, lambda v: v is None or str(v).lower().endswith("no_bias")),
+        cu_seqlens_q_padded=(cu_seqlens_q_padded, _none),
+        cu_seqlens_kv_padded=(cu_seqlens_kv_padded, _none),
+        page_table_k=(page_table_k, _none),
+        page_table_v=(page_table_v, _none),
+        s_quantizer=(s_quantizer, _none),
+        o_quantizer=(o_quantizer, _none),
+        Bias=(Bias, _none),
+    )
+    layout = _layout(qkv_layout)
+    scale = float(attn_scale) if attn_scale is not None else float(_shape(Q)[-1]) ** -0.5
+    if rng_gen is not None and hasattr(rng_gen, "initial_seed"):
+        seed = int(rng_gen.initial_seed())
+    args = {
+        "q": Q,
+        "k": K,
+        "v": V,
+        "cu_seqlens_q": cu_seqlens_q,
+        "cu_seqlens_kv": cu_seqlens_kv,
+        "layout": layout,
+        "mask": _mask(attn_mask_type),
+        "scale": scale,
+        "dropout_p": float(p_dropout) if is_training else 0.0,
+        "seed": int(seed),
+        "offset": int(offset),
+        "window": _window(window_size),
+    }
+    out = call("fused_attn_fwd", args)
+    return [out["o"], out["softmax_lse"], _rng_state(Q, seed, offset)]
+
+
+def _rng_state(like, seed, offset):
+    if type(like).__module__.startswith("torch"):
+        import torch
+
+        return torch.tensor([seed, offset], dtype=torch.int64, device=like.device)
+    import numpy as np
+
+    return np.array([seed, offset], dtype=np.int64)
+
+
+def fused_attn_bwd(
+    max_seqlen_q,
+    max_seqlen_kv,
+    attn_scale,
+    p_dropout,
+    set_zero,
+    qkv_layout,
+    bias_type,
+    attn_mask_type,
+    window_size,
+    deterministic,
+    cu_seqlens_q,
+    cu_seqlens_kv,
+    Q,
+    K,
+    V,
+    O,
+    dO,
+    fake_dtype=None,
+    dqkv_dtype=None,
+    Aux_CTX_Tensors=None,
+    cu_seqlens_q_padded=None,
+    cu_seqlens_kv_padded=None,
+    s_quantizer=None,
+    dp_quantizer=None,
+    dqkv_quantizer=None,
+):
+    """``-> [dQ, dK, dV, None]`` (no attention bias, so no dBias). ``Aux_CTX_Tensors`` is the
+    forward's ``[softmax_lse, rng_state]``. tefl's backward is deterministic either way."""
+    _unsupported(
+        "fused_attn_bwd",
+        bias_type=(bias_type, lambda v: v is None or str(v).lower().endswith("no_bias")),
+        cu_seqlens_q_padded=(cu_seqlens_q_padded, _none),
+        cu_seqlens_kv_padded=(cu_seqlens_kv_padded, _none),
+        s_quantizer=(s_quantizer, _none),
+        dp_quantizer=(dp_quantizer, _none),
+        dqkv_quantizer=(dqkv_quantizer, _none),
+    )
+    if not Aux_CTX_Tensors:
+        raise ValueError("fused_attn_bwd: argument 'Aux_CTX_Tensors' must hold the forward's softmax_lse")
+    lse = Aux_CTX_Tensors[0]
+    seed, offset = 0, 0
+    if len(Aux_CTX_Tensors) > 1 and Aux_CTX_Tensors[1] is not None:
+        rng = Aux_CTX_Tensors[1]
+        seed, offset = int(rng[0]), int(rng[1])
+    scale = float(attn_scale) if attn_scale is not None else float(_shape(Q)[-1]) ** -0.5
+    args = {
+        "q": Q,
+        "k": K,
+        "v": V,
+        "o": O,
+        "d_o": dO,
+        "softmax_lse": lse,
+        "cu_seqlens_q": cu_seqlens_q,
+        "cu_seqlens_kv": cu_seqlens_kv,
+        "layout": _layout(qkv_layout),
+        "mask": _mask(attn_mask_type),
+        "scale": scale,
+        "dropout_p": float(p_dropout),
+        "seed": seed,
+        "offset": offset,
+        "window": _window(window_size),
+    }
+    out = call("fused_attn_bwd", args)
+    return [out["dq"], out["dk"], out["dv"], None]
+
+
+# -- RoPE -------------------------------------------------------------------------------------
+
+
+def _qkv_format(qkv_format):
+    text = str(qkv_format).split(".")[-1].lower()
+    if text.startswith("nvte_"):
+        text = text[5:]
+    if text not in ("bshd", "sbhd", "thd"):
+        raise ValueError(f"fused_rope: argument 'qkv_format' {qkv_format!r} is not one of bshd, sbhd, thd")
+    return text
+
+
+def _rope(op, input, freqs, start_positions, qkv_format, interleaved, cu_seqlens, cp_size, cp_rank):
+    _unsupported(op, cp_size=(cp_size, lambda v: v in (None, 1)), cp_rank=(cp_rank, _zero))
+    shape = tuple(int(d) for d in freqs.shape)
+    if len(shape) == 4:
+        # TE's freqs are [s, 1, 1, d]; tefl's [s, d].
+        freqs = freqs.reshape(shape[0], shape[-1])
+    args = {
+        "x": input,
+        "freqs": freqs,
+        "cu_seqlens": cu_seqlens,
+        "start_positions": start_positions,
+        "layout": _qkv_format(qkv_format),
+        "interleaved": bool(interleaved),
+    }
+    return call(op, args)["y"]
+
+
+def fused_rope_forward(
+    input, freqs, start_positions=None, qkv_format="sbhd", interleaved=False, cu_seqlens=None, cp_size=1, cp_rank=0
+):
+    """Rotary position embedding of ``input`` by ``freqs`` (``[s, 1, 1, d2]`` angles)."""
+    return _rope("fused_rope_forward", input, freqs, start_positions, qkv_format, interleaved, cu_seqlens, cp_size, cp_rank)
+
+
+def fused_rope_backward(
+    output_grads, freqs, start_positions=None, qkv_format="sbhd", interleaved=False, cu_seqlens=None, cp_size=1, cp_rank=0
+):
+    """The gradient of ``fused_rope_forward``."""
+    return _rope(
+        "fused_rope_backward", output_grads, freqs, start_positions, qkv_format, interleaved, cu_seqlens, cp_size, cp_rank
+    )
+
+
+# -- softmax ----------------------------------------------------------------------------------
+
+
+def scaled_softmax_forward(input, scale_factor):
+    return call("scaled_softmax_forward", {"x": input, "scale": float(scale_factor)})["y"]
+
+
+def scaled_softmax_backward(output_grad, softmax_results, scale_factor):
+    return call("scaled_softmax_backward", {"dy": output_grad, "y": softmax_results, "scale": float(scale_factor)})["dx"]
+
+
+def scaled_masked_softmax_forward(input, mask, scale_factor):
+    return call("scaled_masked_softmax_forward", {"x": input, "mask": mask, "scale": float(scale_factor)})["y"]
+
+
+def scaled_masked_softmax_backward(output_grad, softmax_results, scale_factor):
+    return call(
+        "scaled_masked_softmax_backward", {"dy": output_grad, "y": softmax_results, "scale": float(scale_factor)}
+    )["dx"]
+
+
+def scaled_upper_triang_masked_softmax_forward(input, scale_factor):
+    return call("scaled_upper_triang_masked_softmax_forward", {"x": input, "scale": float(scale_factor)})["y"]
+
+
+def scaled_upper_triang_masked_softmax_backward(output_grads, softmax_results, scale_factor):
+    return call(
+        "scaled_upper_triang_masked_softmax_backward",
+        {"dy": output_grads, "y": softmax_results, "scale": float(scale_factor)},
+    )["dx"]
+
+
+def scaled_aligned_causal_masked_softmax_forward(input, scale_factor):
+    return call("scaled_aligned_causal_masked_softmax_forward", {"x": input, "scale": float(scale_factor)})["y"]
+
+
+def scaled_aligned_causal_masked_softmax_backward(output_grad, softmax_results, scale_factor):
+    return call(
+        "scaled_aligned_causal_masked_softmax_backward",
+        {"dy": output_grad, "y": softmax_results, "scale": float(scale_factor)},
+    )["dx"]
+
+
+# -- activations ------------------------------------------------------------------------------
+
+
+def _act(name):
+    def forward(input, quantizer=None):
+        _unsupported(name, quantizer=(quantizer, _none))
+        return call(name, {"x": input})["y"]
+
+    forward.__name__ = name
+    forward.__doc__ = f"TE's ``{name}(input, quantizer)``."
+    return forward
+
+
+def _dact(name):
+    def backward(grad, input, quantizer=None):
+        _unsupported(name, quantizer=(quantizer, _none))
+        return call(name, {"grad": grad, "input": input})["grad_input"]
+
+    backward.__name__ = name
+    backward.__doc__ = f"TE's ``{name}(grad, fwd_input, quantizer)``."
+    return backward
+
+
+def _dbias(name):
+    def backward(grad, input, quantizer=None):
+        _unsupported(name, quantizer=(quantizer, _none))
+        out = call(name, {"grad": grad, "input": input})
+        return out["dbias"], out["grad_input"]
+
+    backward.__name__ = name
+    backward.__doc__ = f"TE's ``{name}(grad, fwd_input, quantizer) -> (grad_bias, grad_input)``."
+    return backward
+
+
+_ACTS = ["gelu", "geglu", "qgelu", "qgeglu", "relu", "reglu", "srelu", "sreglu", "silu", "swiglu"]
+for _n in _ACTS:
+    globals()[_n] = _act(_n)
+    globals()["d" + _n] = _dact("d" + _n)
+    __all__ += [_n, "d" + _n]
+for _n in ["dbias_dgelu", "dbias_dsilu", "dbias_drelu", "dbias_dqgelu", "dbias_dsrelu"]:
+    globals()[_n] = _dbias(_n)
+    __all__.append(_n)
+
+
+def clamped_swiglu(input, quantizer=None, limit=7.0, alpha=1.702):
+    _unsupported("clamped_swiglu", quantizer=(quantizer, _none))
+    return call("clamped_swiglu", {"x": input, "limit": float(limit), "alpha": float(alpha)})["y"]
+
+
+def clamped_dswiglu(grad, input, quantizer=None, limit=7.0, alpha=1.702):
+    _unsupported("clamped_dswiglu", quantizer=(quantizer, _none))
+    return call("clamped_dswiglu", {"grad": grad, "input": input, "limit": float(limit), "alpha": float(alpha)})[
+        "grad_input"
+    ]
+
+
+__all__ += ["clamped_swiglu", "clamped_dswiglu"]
+
+
+# -- multi-tensor optimizers (in place) ---------------------------------------------------------
+
+
+def _lists(fn, tensor_lists, n):
+    if len(tensor_lists) not in n:
+        raise ValueError(f"{fn}: argument 'tensor_lists' must hold {' or '.join(map(str, n))} lists, got {len(tensor_lists)}")
+    return [list(x) for x in tensor_lists]
+
+
+def multi_tensor_scale(chunk_size, noop_flag, tensor_lists, scale):
+    """dst = src·scale over ``tensor_lists = [src, dst]``; noop_flag set on inf/NaN."""
+    src, dst = _lists("multi_tensor_scale", tensor_lists, (2,))
+    call("multi_tensor_scale", {"noop_flag": noop_flag, "src": src, "dst": dst, "scale": float(scale)})
+
+
+def multi_tensor_l2norm(chunk_size, noop_flag, tensor_lists, per_tensor=False):
+    """``-> (total_norm, per_tensor_norms)``."""
+    (tensors,) = _lists("multi_tensor_l2norm", tensor_lists, (1,))
+    out = call("multi_tensor_l2norm", {"noop_flag": noop_flag, "tensors": tensors, "per_tensor": bool(per_tensor)})
+    return out["total"], out["per_tensor_norms"]
+
+
+def multi_tensor_unscale_l2norm(chunk_size, noop_flag, tensor_lists, inv_scale, per_tensor=False):
+    """``-> (total_norm, per_tensor_norms)`` of the tensors times ``inv_scale``."""
+    (tensors,) = _lists("multi_tensor_unscale_l2norm", tensor_lists, (1,))
+    out = call(
+        "multi_tensor_unscale_l2norm",
+        {"noop_flag": noop_flag, "tensors": tensors, "inv_scale": inv_scale, "per_tensor": bool(per_tensor)},
+    )
+    return out["total"], out["per_tensor_norms"]
+
+
+def multi_tensor_adam(
+    chunk_size, noop_flag, tensor_lists, lr, beta1, beta2, epsilon, step, mode, bias_correction, weight_decay
+):
+    """Adam/AdamW in place over ``[grads, params, exp_avg, exp_avg_sq]`` (or with f32 master
+    params as a fifth list); ``mode`` 0 = L2, 1 = AdamW."""
+    lists = _lists("multi_tensor_adam", tensor_lists, (4, 5))
+    hyper = {
+        "lr": float(lr),
+        "beta1": float(beta1),
+        "beta2": float(beta2),
+        "eps": float(epsilon),
+        "step": int(step),
+        "mode": "adamw" if int(mode) == 1 else "l2",
+        "bias_correction": bool(bias_correction),
+        "weight_decay": float(weight_decay),
+    }
+    if len(lists) == 4:
+        g, p, m, v = lists
+        call(
+            "multi_tensor_adam",
+            {"noop_flag": noop_flag, "grads": g, "params": p, "exp_avg": m, "exp_avg_sq": v, "hyper": hyper},
+        )
+    else:
+        g, p, m, v, master = lists
+        call(
+            "multi_tensor_adam_master",
+            {
+                "noop_flag": noop_flag,
+                "grads": g,
+                "model_params": p,
+                "master_params": master,
+                "exp_avg": m,
+                "exp_avg_sq": v,
+                "hyper": hyper,
+            },
+        )
+
+
+def multi_tensor_sgd(
+    chunk_size, noop_flag, tensor_lists, wd, momentum, dampening, lr, nesterov, first_run, wd_after_momentum, scale
+):
+    """SGD with momentum in place over ``[grads, params, momentum_bufs]``."""
+    g, p, mom = _lists("multi_tensor_sgd", tensor_lists, (3,))
+    call(
+        "multi_tensor_sgd",
+        {
+            "noop_flag": noop_flag,
+            "grads": g,
+            "params": p,
+            "momentum_buf": mom,
+            "weight_decay": float(wd),
+            "momentum": float(momentum),
+            "dampening": float(dampening),
+            "lr": float(lr),
+            "nesterov": bool(nesterov),
+            "first_run": bool(first_run),
+            "wd_after_momentum": bool(wd_after_momentum),
+            "scale": float(scale),
+        },
+    )
+
+
+def multi_tensor_compute_scale_and_scale_inv(chunk_size, noop_flag, tensor_lists, max_fp8, force_pow_2_scales, epsilon):
+    """FP8 scales from amaxes in place over ``[amaxes, scales, scale_invs]``."""
+    amax, scale, scale_inv = _lists("multi_tensor_compute_scale_and_scale_inv", tensor_lists, (3,))
+    call(
+        "multi_tensor_compute_scale_and_scale_inv",
+        {
+            "noop_flag": noop_flag,
+            "amax": amax,
+            "scale": scale,
+            "scale_inv": scale_inv,
+            "fp8_max": float(max_fp8),
+            "force_pow_2": bool(force_pow_2_scales),
+            "epsilon": float(epsilon),
+        },
+    )
+
+
+# -- FP8 bookkeeping and dropout ----------------------------------------------------------------
+
+
+def quantize(tensor, scale, fp8_dtype, want_transpose=False):
+    """tefl's ``quantize`` (TE's takes a quantizer object): ``-> (q, q_t, amax, scale_inv)``,
+    q as uint8 bytes for numpy (float8 for torch)."""
+    out = call(
+        "quantize",
+        {"x": tensor, "scale": scale, "fp8_dtype": dtype_name(fp8_dtype, "fp8_dtype"), "want_transpose": bool(want_transpose)},
+    )
+    return out["q"], out["q_t"], out["amax"], out["scale_inv"]
+
+
+def dequantize(input, scale_inv, otype, fp8_dtype="f8e4m3"):
+    """FP8 ``input`` times ``scale_inv``: a torch float8 tensor, or uint8 bytes of
+    ``fp8_dtype`` (how FP8 data reaches numpy)."""
+    kind = kind_of([input])
+    q = input
+    if dtype_name(getattr(input, "dtype", None), "input") == "u8":
+        q = _native.view_as(input, dtype_name(fp8_dtype, "fp8_dtype"))
+    return call("dequantize", {"q": q, "scale_inv": scale_inv, "out_dtype": dtype_name(otype, "otype")}, kind=kind)["y"]
+
+
+def fused_amax_and_scale_update_after_reduction(amax_history, scale, scale_inv, fp8_max, margin, amax_compute_algo):
+    """Delayed scaling's update, in place: amax from the history ("max" or "most_recent"), new
+    scale and scale_inv, the history rolled."""
+    call(
+        "fused_amax_and_scale_update_after_reduction",
+        {
+            "amax_history": amax_history,
+            "scale": scale,
+            "scale_inv": scale_inv,
+            "fp8_max": float(fp8_max),
+            "margin": float(margin),
+            "algo": str(amax_compute_algo),
+        },
+    )
+
+
+def dropout_fwd(input, dropout_probability, seed=0, offset=0):
+    """``-> (output, mask)``."""
+    out = call("dropout_fwd", {"x": input, "p": float(dropout_probability), "seed": int(seed), "offset": int(offset)})
+    return out["y"], out["mask"]
+
+
+def dropout_bwd(grad_output, mask, dropout_probability):
+    return call("dropout_bwd", {"dy": grad_output, "mask": mask, "p": float(dropout_probability)})["dx"]

@@ -1,0 +1,345 @@
+"""Every tefl.tex op on numpy inputs against numpy formulas (float64 references), with TE's
+argument lists and return tuples; awkward shapes (odd widths, one row) and fresh random data."""
+
+import math
+
+import numpy as np
+import pytest
+
+import tefl
+import tefl.tex as tex
+import transformer_engine_fl_torch as tex_alias
+
+RNG = np.random.default_rng()
+
+
+def rand(*shape, lo=-2.0, hi=2.0, dtype=np.float32):
+    return RNG.uniform(lo, hi, size=shape).astype(dtype)
+
+
+def close(got, want, tol=2e-5):
+    got = np.asarray(got, dtype=np.float64)
+    want = np.asarray(want, dtype=np.float64)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    scale = max(1.0, float(np.abs(want).max(initial=0.0)))
+    err = float(np.abs(got - want).max(initial=0.0)) / scale
+    assert err < tol, f"max relative error {err:.3e} >= {tol:.1e}"
+
+
+def test_the_alias_module_is_tex():
+    assert tex_alias.rmsnorm_fwd is tex.rmsnorm_fwd
+    assert "generic_gemm" in tex_alias.__all__
+
+
+def test_backends_are_listed_as_the_seed_shows():
+    backends = tex.list_backends()
+    assert {"name", "vendor", "priority", "available"} <= set(backends[0])
+    assert any(b["name"] == "reference" and b["available"] for b in backends)
+    assert tex.get_backend() in [b["name"] for b in backends]
+    with pytest.raises(RuntimeError, match="hygon"):
+        tex.set_backend("hygon")
+    tex.set_backend("reference")
+    assert tex.get_backend() == "reference"
+
+
+@pytest.mark.parametrize("rows,cols", [(5, 37), (1, 1024), (33, 64)])
+@pytest.mark.parametrize("zero_centered", [False, True])
+def test_rmsnorm(rows, cols, zero_centered):
+    x, g, dy = rand(rows, cols), rand(cols), rand(rows, cols)
+    y, mu, rs = tex.rmsnorm_fwd(x, g, 1e-5, None, None, np.float32, 0, zero_centered)
+    assert mu is None
+    x64, g64 = x.astype(np.float64), g.astype(np.float64) + (1.0 if zero_centered else 0.0)
+    r = 1.0 / np.sqrt((x64**2).mean(-1) + 1e-5)
+    close(rs, r)
+    close(y, x64 * r[:, None] * g64)
+    dx, dg = tex.rmsnorm_bwd(dy, x, rs, g, 0, zero_centered)
+    xhat = x64 * r[:, None]
+    dxhat = dy * g64
+    want_dx = r[:, None] * (dxhat - xhat * (dxhat * xhat).mean(-1, keepdims=True))
+    close(dx, want_dx, 1e-4)
+    close(dg, (dy * xhat).sum(0), 1e-4)
+    add = rand(rows, cols)
+    dx2, _ = tex.rmsnorm_bwd_add(dy, x, add, rs, g, 0, zero_centered)
+    close(dx2, want_dx + add, 1e-4)
+
+
+def test_rmsnorm_writes_ln_out_and_converts_otype():
+    x, g = rand(4, 40), rand(40)
+    ln_out = np.zeros((4, 40), np.float32)
+    y, _, _ = tex.rmsnorm_fwd(x, g, 1e-6, ln_out, None, np.float32, 0, False)
+    assert y is ln_out and np.abs(ln_out).max() > 0
+    y16, _, _ = tex.rmsnorm_fwd(x, g, 1e-6, None, None, np.float16, 0, False)
+    assert y16.dtype == np.float16
+    close(y16, ln_out, 2e-3)
+    # bf16 results reach numpy as float32 (numpy has no bf16).
+    ybf, _, _ = tex.rmsnorm_fwd(x, g, 1e-6, None, None, "bf16", 0, False)
+    assert ybf.dtype == np.float32
+    close(ybf, ln_out, 1e-2)
+
+
+def test_layernorm():
+    x, g, b, dy = rand(7, 51), rand(51), rand(51), rand(7, 51)
+    y, mu, rs = tex.layernorm_fwd(x, g, b, 1e-5, None, None, np.float32, 0, False)
+    x64 = x.astype(np.float64)
+    m = x64.mean(-1)
+    r = 1.0 / np.sqrt(x64.var(-1) + 1e-5)
+    close(mu, m)
+    close(rs, r)
+    xhat = (x64 - m[:, None]) * r[:, None]
+    close(y, xhat * g + b)
+    dx, dg, db = tex.layernorm_bwd(dy, x, mu, rs, g, 0, False)
+    dxhat = dy * g.astype(np.float64)
+    want = r[:, None] * (dxhat - dxhat.mean(-1, keepdims=True) - xhat * (dxhat * xhat).mean(-1, keepdims=True))
+    close(dx, want, 1e-4)
+    close(dg, (dy * xhat).sum(0), 1e-4)
+    close(db, dy.sum(0), 1e-4)
+
+
+def gelu_tanh(x):
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def test_generic_gemm_in_te_convention():
+    # TE's "TN": weight A [out, in], input B [tokens, in] -> D [tokens, out] = B·Aᵀ.
+    A, B = rand(24, 40), rand(9, 40)
+    D = np.zeros((9, 24), np.float32)
+    bias = rand(24)
+    d, bias_grad, gelu_in, extra = tex.generic_gemm(
+        A, True, B, False, D, None, np.float32, bias, None, False, None, False, None, 0, False, False
+    )
+    assert d is D and bias_grad is None and gelu_in is None and extra is None
+    close(D, B.astype(np.float64) @ A.T.astype(np.float64) + bias, 1e-5)
+    # "NN": D = B·A; accumulate adds to D.
+    A2, B2 = rand(40, 24), rand(9, 40)
+    before = D.copy()
+    tex.generic_gemm(A2, False, B2, False, D, None, np.float32, None, None, False, None, False, None, 0, True, False)
+    close(D, before + B2.astype(np.float64) @ A2.astype(np.float64), 1e-5)
+    # GELU epilogue: the pre-activation goes to gelu_in.
+    pre = np.zeros((9, 24), np.float32)
+    tex.generic_gemm(A, True, B, False, D, None, np.float32, bias, None, True, pre, False, None, 0, False, False)
+    p = B.astype(np.float64) @ A.T.astype(np.float64) + bias
+    close(pre, p, 1e-5)
+    close(D, gelu_tanh(p), 1e-4)
+    # Backward: the bias gradient is the column sums of D.
+    G = rand(9, 24)
+    Dg = np.zeros((9, 40), np.float32)
+    _, bgrad, _, _ = tex.generic_gemm(
+        A, False, G, False, Dg, None, np.float32, np.zeros(24, np.float32), None, False, None, True, None, 0, False, False
+    )
+    close(Dg, G.astype(np.float64) @ A.astype(np.float64), 1e-5)
+    close(bgrad, Dg.sum(0), 1e-4)
+
+
+def test_generic_gemm_as_the_tex_readme_writes_it():
+    # The TEX README's example (A [m, k], B [k, n], no transposes) only fits D = A·B.
+    A, B = rand(16, 8), rand(8, 20)
+    D = np.empty((16, 20), np.float32)
+    tex.generic_gemm(A, False, B, False, D, None, np.float32, None, None, False, None, False, None, 0, False, False)
+    close(D, A.astype(np.float64) @ B.astype(np.float64), 1e-5)
+    with pytest.raises(ValueError, match="do not multiply"):
+        tex.generic_gemm(A, False, rand(5, 7), False, D, None, np.float32, None, None, False, None, False, None, 0, False, False)
+
+
+def attention_ref(q, k, v, causal, scale):
+    # bshd, one sequence length; returns o and lse.
+    b, sq, h, d = q.shape
+    sk = k.shape[1]
+    s = np.einsum("bihd,bjhd->bhij", q.astype(np.float64), k.astype(np.float64)) * scale
+    if causal:
+        mask = np.triu(np.ones((sq, sk), bool), 1)
+        s = np.where(mask, -np.inf, s)
+    m = s.max(-1, keepdims=True)
+    p = np.exp(s - m)
+    l = p.sum(-1, keepdims=True)
+    o = np.einsum("bhij,bjhd->bihd", p / l, v.astype(np.float64))
+    lse = (m + np.log(l))[..., 0]
+    return o, lse, p / l
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fused_attention(causal):
+    b, s, h, d = 2, 19, 3, 16
+    q, k, v, do = rand(b, s, h, d, lo=-1, hi=1), rand(b, s, h, d, lo=-1, hi=1), rand(b, s, h, d, lo=-1, hi=1), rand(b, s, h, d)
+    scale = d**-0.5
+    mask = "causal" if causal else "no_mask"
+    o, lse, rng_state = tex.fused_attn_fwd(
+        s, s, True, scale, 0.0, True, "bshd_bshd_bshd", "no_bias", mask, (-1, -1), None, None, q, k, v
+    )
+    want_o, want_lse, p = attention_ref(q, k, v, causal, scale)
+    close(o, want_o, 1e-4)
+    close(lse, want_lse, 1e-4)
+    assert rng_state.dtype == np.int64
+    dq, dk, dv, dbias = tex.fused_attn_bwd(
+        s, s, scale, 0.0, True, "bshd_bshd_bshd", "no_bias", mask, (-1, -1), False, None, None,
+        q, k, v, o, do, None, None, [lse, rng_state],
+    )
+    assert dbias is None
+    do64 = do.astype(np.float64)
+    dp = np.einsum("bihd,bjhd->bhij", do64, v.astype(np.float64))
+    delta = (dp * p).sum(-1, keepdims=True)
+    ds = p * (dp - delta)
+    close(dv, np.einsum("bhij,bihd->bjhd", p, do64), 1e-4)
+    close(dq, np.einsum("bhij,bjhd->bihd", ds, k.astype(np.float64)) * scale, 1e-4)
+    close(dk, np.einsum("bhij,bihd->bjhd", ds, q.astype(np.float64)) * scale, 1e-4)
+    with pytest.raises(NotImplementedError, match="Bias"):
+        tex.fused_attn_fwd(s, s, True, scale, 0.0, True, "bshd_bshd_bshd", "no_bias", mask, None, None, None, q, k, v, Bias=q)
+    with pytest.raises(NotImplementedError, match="qkv_layout"):
+        tex.fused_attn_fwd(s, s, True, scale, 0.0, True, "bs3hd", "no_bias", mask, None, None, None, q, k, v)
+
+
+def test_rope():
+    s, b, h, d = 11, 2, 3, 8
+    x = rand(s, b, h, d)
+    freqs = rand(s, 1, 1, d, lo=-3, hi=3)
+    y = tex.fused_rope_forward(x, freqs, None, "sbhd", False, None, 1, 0)
+    half = d // 2
+    x64, f = x.astype(np.float64), freqs.astype(np.float64)
+    rot = np.concatenate([-x64[..., half:], x64[..., :half]], -1)
+    close(y, x64 * np.cos(f) + rot * np.sin(f), 1e-5)
+    dy = rand(s, b, h, d)
+    dx = tex.fused_rope_backward(dy, freqs, None, "sbhd", False, None, 1, 0)
+    # The backward is the transpose of the forward: <dy, R x> = <Rᵀ dy, x>.
+    close(float((dy * y).sum()), float((dx * x.astype(np.float64)).sum()), 1e-4)
+    with pytest.raises(NotImplementedError, match="cp_size"):
+        tex.fused_rope_forward(x, freqs, None, "sbhd", False, None, 2, 0)
+
+
+def softmax(x, axis=-1):
+    e = np.exp(x - x.max(axis, keepdims=True))
+    return e / e.sum(axis, keepdims=True)
+
+
+def test_softmax_family():
+    x = rand(2, 3, 5, 5)
+    y = tex.scaled_softmax_forward(x, 0.7)
+    close(y, softmax(0.7 * x.astype(np.float64)))
+    dy = rand(2, 3, 5, 5)
+    dx = tex.scaled_softmax_backward(dy, y, 0.7)
+    y64 = y.astype(np.float64)
+    close(dx, 0.7 * y64 * (dy - (dy * y64).sum(-1, keepdims=True)), 1e-5)
+    tri = tex.scaled_upper_triang_masked_softmax_forward(rand(3, 6, 6), 1.0)
+    assert np.all(np.triu(tri, 1) == 0)
+    close(tri.sum(-1), np.ones((3, 6)))
+    mask = (RNG.uniform(size=(2, 1, 5, 5)) < 0.3).astype(np.uint8)
+    mask[..., 0] = 0
+    ym = tex.scaled_masked_softmax_forward(x, mask, 1.0)
+    assert np.all(ym[np.broadcast_to(mask, ym.shape).astype(bool)] == 0)
+
+
+ACTS = {
+    "gelu": gelu_tanh,
+    "relu": lambda x: np.maximum(x, 0),
+    "silu": lambda x: x / (1 + np.exp(-x)),
+    "qgelu": lambda x: x / (1 + np.exp(-1.702 * x)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ACTS))
+def test_activations(name):
+    x = rand(3, 17)
+    y = getattr(tex, name)(x, None)
+    close(y, ACTS[name](x.astype(np.float64)), 1e-5)
+    # Backward against central differences of the forward formula.
+    g = rand(3, 17)
+    dx = getattr(tex, "d" + name)(g, x, None)
+    h = 1e-6
+    x64 = x.astype(np.float64)
+    fd = (ACTS[name](x64 + h) - ACTS[name](x64 - h)) / (2 * h)
+    close(dx, g * fd, 1e-4)
+
+
+def test_gated_activations():
+    x = rand(4, 2 * 13)
+    a, b = x[:, :13].astype(np.float64), x[:, 13:].astype(np.float64)
+    close(tex.swiglu(x, None), ACTS["silu"](a) * b, 1e-5)
+    close(tex.geglu(x, None), gelu_tanh(a) * b, 1e-5)
+    close(tex.reglu(x, None), np.maximum(a, 0) * b, 1e-5)
+    g = rand(4, 13)
+    dx = tex.dswiglu(g, x, None)
+    sig = 1 / (1 + np.exp(-a))
+    close(dx[:, 13:], g * ACTS["silu"](a), 1e-4)
+    close(dx[:, :13], g * b * (sig + a * sig * (1 - sig)), 1e-4)
+    dbias, dgelu = tex.dbias_dgelu(g, x[:, :13].copy(), None)
+    close(dbias, np.asarray(dgelu, np.float64).sum(0), 1e-4)
+
+
+def test_multi_tensor_ops_work_in_place():
+    noop = np.zeros(1, np.int32)
+    src = [rand(5), rand(3, 4)]
+    dst = [np.zeros(5, np.float32), np.zeros((3, 4), np.float32)]
+    tex.multi_tensor_scale(2048, noop, [src, dst], 0.5)
+    for s, d in zip(src, dst):
+        close(d, 0.5 * s.astype(np.float64))
+    total, per = tex.multi_tensor_l2norm(2048, noop, [src], True)
+    close(np.asarray(total).reshape(-1)[0], math.sqrt(sum(float((s.astype(np.float64) ** 2).sum()) for s in src)), 1e-5)
+    close(per, [np.linalg.norm(s.astype(np.float64)) for s in src], 1e-5)
+    # Adam: the caller's arrays are updated where they are.
+    g, p, m, v = [rand(6)], [rand(6)], [np.zeros(6, np.float32)], [np.zeros(6, np.float32)]
+    p0, addr = p[0].copy(), p[0].ctypes.data
+    tex.multi_tensor_adam(2048, noop, [g, p, m, v], 1e-2, 0.9, 0.999, 1e-8, 1, 1, True, 0.01)
+    assert p[0].ctypes.data == addr
+    g64 = g[0].astype(np.float64)
+    m_hat, v_hat = g64, g64**2
+    want = p0 * (1 - 1e-2 * 0.01) - 1e-2 * m_hat / (np.sqrt(v_hat) + 1e-8)
+    close(p[0], want, 1e-5)
+    close(m[0], 0.1 * g64)
+    # A non-finite input sets the noop flag and a flagged call changes nothing.
+    tex.multi_tensor_scale(2048, noop, [[np.array([np.inf], np.float32)], [np.zeros(1, np.float32)]], 1.0)
+    assert noop[0] == 1
+    before = p[0].copy()
+    tex.multi_tensor_adam(2048, noop, [g, p, m, v], 1e-2, 0.9, 0.999, 1e-8, 2, 1, True, 0.01)
+    assert np.array_equal(p[0], before)
+
+
+def test_sgd():
+    noop = np.zeros(1, np.int32)
+    g, p, mom = [rand(9)], [rand(9)], [np.zeros(9, np.float32)]
+    p0 = p[0].astype(np.float64).copy()
+    tex.multi_tensor_sgd(2048, noop, [g, p, mom], 0.0, 0.9, 0.0, 0.1, False, True, False, 1.0)
+    close(p[0], p0 - 0.1 * g[0].astype(np.float64), 1e-5)
+
+
+def test_fp8_quantize_round_trip():
+    x = rand(4, 16, lo=-3, hi=3)
+    scale = np.array([10.0], np.float32)
+    q, q_t, amax, scale_inv = tex.quantize(x, scale, "f8e4m3", True)
+    assert q.dtype == np.uint8 and q_t.shape == (16, 4)
+    close(amax, [np.abs(x).max()])
+    close(scale_inv, [0.1])
+    y = tex.dequantize(q, scale_inv, np.float32)
+    close(y, x, 0.07)  # e4m3 keeps 3 mantissa bits
+
+
+def test_dropout():
+    x = rand(64, 64)
+    y, mask = tex.dropout_fwd(x, 0.25, 11, 0)
+    keep = np.asarray(mask).astype(bool).reshape(x.shape)
+    assert 0.65 < keep.mean() < 0.85
+    close(y, np.where(keep, x / 0.75, 0.0), 1e-6)
+
+
+def test_bad_input_is_a_named_python_error():
+    x, g = rand(3, 8), rand(8)
+    with pytest.raises(ValueError, match="gamma"):
+        tex.rmsnorm_fwd(x, rand(5), 1e-5, None, None, np.float32, 0, False)
+    with pytest.raises(TypeError, match="otype"):
+        tex.rmsnorm_fwd(x, g, 1e-5, None, None, "float7", 0, False)
+    with pytest.raises(NotImplementedError, match="quantizer"):
+        tex.rmsnorm_fwd(x, g, 1e-5, None, object(), "f32", 0, False)
+    with pytest.raises(ValueError, match="eps"):
+        tex.rmsnorm_fwd(x, g, -1.0, None, None, np.float32, 0, False)
+    with pytest.raises(TypeError, match="'x'"):
+        tefl.call("rmsnorm_fwd", {"x": 3.0, "gamma": g, "eps": 1e-5, "zero_centered_gamma": False, "out_dtype": "f32"})
+    with pytest.raises(ValueError, match="contiguous"):
+        tex.gelu(rand(8, 8)[:, ::2], None)
+    with pytest.raises(ValueError, match="unknown op|did you mean"):
+        tefl.call("rmsnorm_fw", {})
+
+
+def test_outputs_are_zero_copy_views_of_tefl_memory():
+    x = rand(4, 32)
+    y = tex.gelu(x, None)
+    # numpy holds tefl's buffer through DLPack: the array does not own its data.
+    assert not y.flags["OWNDATA"]
+    y2 = y * 1
+    assert np.array_equal(y, y2)
