@@ -3,18 +3,23 @@
 //! by the reference through host staging.
 
 use std::any::Any;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DriverError};
 use tefl_core::device::{Buffer, DeviceInfo, DeviceRuntime, DeviceRuntimeRegistration, Queue};
 use tefl_core::{Device, DeviceKind, Error, Result};
 
-/// Device memory of one tensor, with the stream its work is queued on.
+/// Device memory of one tensor, with the stream its work is queued on: tefl's allocation, or
+/// memory another library allocated (a torch tensor imported without a copy), kept alive by its
+/// owner.
 pub struct CudaBuffer {
     device: Device,
     len: usize,
     ptr: u64,
-    slice: Mutex<CudaSlice<u8>>,
+    /// tefl's allocation (`None` for imported memory); freed with the buffer.
+    _slice: Option<CudaSlice<u8>>,
+    /// What keeps imported memory alive (a DLPack managed tensor), dropped with the buffer.
+    _owner: Option<Box<dyn Any + Send + Sync>>,
     stream: Arc<CudaStream>,
 }
 
@@ -164,7 +169,7 @@ impl CudaRuntime {
     fn wrap(&self, device: Device, len: usize, slice: CudaSlice<u8>, stream: Arc<CudaStream>) -> Arc<CudaBuffer> {
         let (ptr, _sync) = slice.device_ptr(&stream);
         drop(_sync);
-        Arc::new(CudaBuffer { device, len, ptr, slice: Mutex::new(slice), stream })
+        Arc::new(CudaBuffer { device, len, ptr, _slice: Some(slice), _owner: None, stream })
     }
 
     /// The CUDA memory behind a buffer, or a typed error when it is not CUDA memory.
@@ -173,10 +178,6 @@ impl CudaRuntime {
             .downcast_ref::<CudaBuffer>()
             .ok_or_else(|| Error::Tensor(format!("a {} buffer is not CUDA memory", b.device())))
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl DeviceRuntime for CudaRuntime {
@@ -217,9 +218,13 @@ impl DeviceRuntime for CudaRuntime {
         if src.is_empty() {
             return Ok(());
         }
-        let mut slice = lock(&d.slice);
-        let mut view = slice.slice_mut(..src.len());
-        d.stream.memcpy_htod(src, &mut view).map_err(|e| device_error(d.device, e))
+        self.context(d.device)?.bind_to_thread().map_err(|e| device_error(d.device, e))?;
+        // SAFETY: `d.ptr` holds `d.len` = src.len() bytes for the buffer's life; the copy is
+        // queued on the buffer's stream, and from pageable host memory it has read `src` when
+        // the call returns.
+        unsafe { cudarc::driver::result::memcpy_htod_async(d.ptr, src, d.stream.cu_stream()) }
+            .map_err(|e| device_error(d.device, e))?;
+        d.stream.synchronize().map_err(|e| device_error(d.device, e))
     }
     fn copy_to_host(&self, src: &dyn Buffer, dst: &mut [u8]) -> Result<()> {
         let s = self.buffer(src)?;
@@ -229,8 +234,11 @@ impl DeviceRuntime for CudaRuntime {
         if dst.is_empty() {
             return Ok(());
         }
-        let slice = lock(&s.slice);
-        s.stream.memcpy_dtoh(&slice.slice(..dst.len()), dst).map_err(|e| device_error(s.device, e))?;
+        self.context(s.device)?.bind_to_thread().map_err(|e| device_error(s.device, e))?;
+        // SAFETY: `s.ptr` holds `s.len` = dst.len() bytes; `dst` stays borrowed until the
+        // synchronisation below has waited for the copy.
+        unsafe { cudarc::driver::result::memcpy_dtoh_async(dst, s.ptr, s.stream.cu_stream()) }
+            .map_err(|e| device_error(s.device, e))?;
         s.stream.synchronize().map_err(|e| device_error(s.device, e))
     }
     fn synchronize(&self, device: Device) -> Result<()> {
@@ -294,15 +302,55 @@ impl DeviceRuntime for CudaRuntime {
         if std::ptr::eq(s, d) || s.len == 0 {
             return Ok(());
         }
-        // Lock in address order, so that two opposite copies cannot deadlock.
-        let (from, mut to) = if (s as *const CudaBuffer) < (d as *const CudaBuffer) {
-            let f = lock(&s.slice);
-            (f, lock(&d.slice))
-        } else {
-            let t = lock(&d.slice);
-            (lock(&s.slice), t)
+        self.context(d.device)?.bind_to_thread().map_err(|e| device_error(d.device, e))?;
+        // SAFETY: both pointers hold `len` bytes of live buffers; the copy is queued on the
+        // destination's stream, which both buffers' work is ordered on.
+        unsafe { cudarc::driver::result::memcpy_dtod_async(d.ptr, s.ptr, s.len, d.stream.cu_stream()) }
+            .map_err(|e| device_error(d.device, e))
+    }
+    unsafe fn import_external(
+        &self,
+        device: Device,
+        address: u64,
+        bytes: usize,
+        owner: Box<dyn Any + Send + Sync>,
+    ) -> Result<Arc<dyn Buffer>> {
+        use cudarc::driver::sys;
+        let ctx = self.context(device)?;
+        ctx.bind_to_thread().map_err(|e| device_error(device, e))?;
+        // The memory must be this device's: ask the driver which device the address is on
+        // (memory-pool allocations report no context, but they do report their device).
+        let mut ordinal: i32 = -1;
+        // SAFETY: the attribute query writes one int through a valid out pointer.
+        let r = unsafe {
+            sys::cuPointerGetAttribute(
+                (&mut ordinal as *mut i32).cast(),
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                address,
+            )
         };
-        d.stream.memcpy_dtod(&*from, &mut *to).map_err(|e| device_error(d.device, e))
+        if r != sys::CUresult::CUDA_SUCCESS || i64::from(ordinal) != i64::from(device.ordinal) {
+            return Err(Error::DeviceFailure {
+                device: device.to_string(),
+                reason: format!("address {address:#x} is not memory of {device} (device {ordinal}, {r:?})"),
+            });
+        }
+        Ok(Arc::new(CudaBuffer {
+            device,
+            len: bytes,
+            ptr: address,
+            _slice: None,
+            _owner: Some(owner),
+            stream: ctx.default_stream(),
+        }))
+    }
+    fn wait_for_queue(&self, device: Device, handle: u64) -> Result<()> {
+        let default = self.context(device)?.default_stream();
+        if handle == 0 {
+            return Ok(());
+        }
+        let external = self.external_stream(device, handle)?;
+        default.join(&external).map_err(|e| device_error(device, e))
     }
 }
 

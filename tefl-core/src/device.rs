@@ -281,6 +281,34 @@ pub trait DeviceRuntime: Send + Sync + 'static {
     fn accepts_external_queues(&self) -> bool {
         false
     }
+    /// A buffer over `bytes` bytes at `address` on `device` that another library allocated
+    /// (zero-copy DLPack import: a torch CUDA tensor, a NumPy array): tefl reads and writes them
+    /// in place and drops `owner`, which keeps the memory alive, with the buffer. Runtimes that
+    /// cannot use foreign memory answer with an error (the caller copies instead).
+    ///
+    /// # Safety
+    /// `address` must be valid for reads and writes of `bytes` bytes on `device` until `owner`
+    /// is dropped, and nothing may write the memory while an op runs on it except that op.
+    unsafe fn import_external(
+        &self,
+        device: Device,
+        address: u64,
+        bytes: usize,
+        owner: Box<dyn Any + Send + Sync>,
+    ) -> Result<Arc<dyn Buffer>> {
+        let _ = (address, bytes, owner);
+        Err(Error::DeviceFailure {
+            device: device.to_string(),
+            reason: format!("the {} runtime cannot use memory it did not allocate", device.kind),
+        })
+    }
+    /// Orders the runtime's own queue after the work queued so far on the caller's queue
+    /// `handle` (a stream that used tefl memory handed out without a copy), so that releasing
+    /// that memory on the runtime's queue waits for it. Runtimes without queues do nothing.
+    fn wait_for_queue(&self, device: Device, handle: u64) -> Result<()> {
+        let _ = (device, handle);
+        Ok(())
+    }
     /// How many warnings and errors the driver's debug layers reported so far in this process
     /// (Vulkan's validation layers when `VK_INSTANCE_LAYERS` enables them); the conformance
     /// suite fails on any. 0 for runtimes without such layers.
@@ -520,6 +548,22 @@ impl DeviceRuntime for Contained {
     }
     fn accepts_external_queues(&self) -> bool {
         self.guard("accepts_external_queues", || self.inner.accepts_external_queues()).unwrap_or(false)
+    }
+    unsafe fn import_external(
+        &self,
+        device: Device,
+        address: u64,
+        bytes: usize,
+        owner: Box<dyn Any + Send + Sync>,
+    ) -> Result<Arc<dyn Buffer>> {
+        // SAFETY: the caller's promise is passed on unchanged.
+        self.fallible("import_external", || unsafe { self.inner.import_external(device, address, bytes, owner) })
+    }
+    fn wait_for_queue(&self, device: Device, handle: u64) -> Result<()> {
+        self.fallible("wait_for_queue", || self.inner.wait_for_queue(device, handle))
+    }
+    fn validation_messages(&self) -> usize {
+        self.guard("validation_messages", || self.inner.validation_messages()).unwrap_or(0)
     }
 }
 
@@ -822,6 +866,16 @@ pub struct CpuRuntime;
 impl DeviceRuntime for CpuRuntime {
     fn kind(&self) -> DeviceKind {
         DeviceKind::CPU
+    }
+    unsafe fn import_external(
+        &self,
+        _device: Device,
+        address: u64,
+        bytes: usize,
+        owner: Box<dyn Any + Send + Sync>,
+    ) -> Result<Arc<dyn Buffer>> {
+        // SAFETY: the trait's contract is external_host_buffer's.
+        unsafe { external_host_buffer(address as usize as *mut u8, bytes, owner) }
     }
     fn device_count(&self) -> usize {
         1

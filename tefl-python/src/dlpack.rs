@@ -162,10 +162,22 @@ impl Drop for Imported {
     }
 }
 
-/// Asks `obj` for a DLPack 1.x capsule, else (an older producer) a legacy one.
-fn capsule_of<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+/// Asks `obj` for a DLPack 1.x capsule, else (an older producer) a legacy one. For a CUDA
+/// tensor, `stream` is the stream tefl will use it on (the producer orders its pending work
+/// before it; DLPack spells the legacy default stream 1, never 0).
+fn capsule_of<'py>(obj: &Bound<'py, PyAny>, stream: Option<u64>) -> PyResult<Bound<'py, PyAny>> {
     let kwargs = pyo3::types::PyDict::new(obj.py());
     kwargs.set_item("max_version", (1, 0))?;
+    if let Some(s) = stream {
+        let on_cuda = obj
+            .call_method0("__dlpack_device__")
+            .ok()
+            .and_then(|d| d.extract::<(i32, i32)>().ok())
+            .is_some_and(|(t, _)| t == DL_CUDA);
+        if on_cuda {
+            kwargs.set_item("stream", if s == 0 { 1 } else { s })?;
+        }
+    }
     match obj.call_method("__dlpack__", (), Some(&kwargs)) {
         Ok(c) => Ok(c),
         Err(e) if e.is_instance_of::<PyTypeError>(obj.py()) => obj.call_method0("__dlpack__"),
@@ -184,8 +196,13 @@ pub struct ImportedTensor {
 }
 
 /// Imports `obj` (anything with `__dlpack__`) for argument `arg`.
-pub fn import(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<ImportedTensor> {
-    let capsule = capsule_of(obj)?;
+pub fn import(obj: &Bound<'_, PyAny>, arg: &str, stream: Option<u64>) -> PyResult<ImportedTensor> {
+    import_capsule(&capsule_of(obj, stream)?, arg)
+}
+
+/// Imports a DLPack capsule (legacy or versioned) for argument `arg`, consuming it.
+pub fn import_capsule(capsule: &Bound<'_, PyAny>, arg: &str) -> PyResult<ImportedTensor> {
+    let obj = capsule;
     let capsule = capsule
         .cast::<PyCapsule>()
         .map_err(|_| PyTypeError::new_err(format!("argument '{arg}': __dlpack__ did not return a capsule")))?;
@@ -279,16 +296,59 @@ pub fn import(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<ImportedTensor> {
             let tensor = Tensor::from_buffer(buf, &shape, dtype).map_err(crate::to_py)?;
             Ok(ImportedTensor { tensor, copied: false, read_only })
         }
+        DL_CUDA => {
+            let device = Device::cuda(u32::try_from(t.device.device_id).unwrap_or(u32::MAX));
+            let rt = tefl_core::device::runtime(DeviceKind::CUDA).map_err(crate::to_py)?;
+            if bytes == 0 {
+                let tensor = Tensor::zeros(&shape, dtype, &device).map_err(crate::to_py)?;
+                return Ok(ImportedTensor { tensor, copied: false, read_only });
+            }
+            let owner: Box<dyn std::any::Any + Send + Sync> = Box::new(owner);
+            // SAFETY: DLPack: the memory holds the tensor's `bytes` bytes on this device while the
+            // managed tensor lives, which `owner` ensures; the producer ordered its writes before
+            // the stream tefl runs on (`stream` above).
+            let buf = unsafe { rt.import_external(device, addr as u64, bytes, owner) }.map_err(crate::to_py)?;
+            let tensor = Tensor::from_buffer(buf, &shape, dtype).map_err(crate::to_py)?;
+            if addr.is_multiple_of(16) {
+                return Ok(ImportedTensor { tensor, copied: false, read_only });
+            }
+            // tefl's kernels load 16 bytes at a time from their tensors' starts: copy.
+            Ok(ImportedTensor { tensor: fresh_copy(&tensor).map_err(crate::to_py)?, copied: true, read_only })
+        }
         other => Err(PyValueError::new_err(format!(
-            "argument '{arg}' is on DLPack device type {other}; this build of tefl takes host (CPU) tensors"
+            "argument '{arg}' is on DLPack device type {other}; tefl takes host (CPU) and CUDA tensors"
         ))),
     }
 }
 
-/// What an exported capsule owns: the tensor (its memory) and the shape array DLPack points at.
+/// A copy of `t` in a new buffer on its device.
+pub fn fresh_copy(t: &Tensor) -> tefl_core::Result<Tensor> {
+    let out = Tensor::uninit(t.shape(), t.dtype(), &t.device())?;
+    out.copy_from(t)?;
+    Ok(out)
+}
+
+/// What an exported capsule owns: the tensor (its memory), the shape array DLPack points at,
+/// and the consumer's stream (where it may still use the memory when it lets go of it).
 struct ExportCtx {
-    _tensor: Tensor,
+    tensor: Option<Tensor>,
     shape: Vec<i64>,
+    consumer_stream: Option<u64>,
+}
+
+impl Drop for ExportCtx {
+    fn drop(&mut self) {
+        let Some(t) = self.tensor.take() else { return };
+        // The consumer may have queued work on its stream that still reads the memory: order
+        // tefl's queue (where the memory is released) after it. DLPack's 1 and 2 name the legacy
+        // and per-thread default streams, which tefl's default stream already follows.
+        if let (Some(s), Ok(rt)) =
+            (self.consumer_stream.filter(|&s| s > 2), tefl_core::device::runtime(t.device().kind))
+        {
+            let _ = rt.wait_for_queue(t.device(), s);
+        }
+        drop(t);
+    }
 }
 
 unsafe extern "C" fn export_deleter(m: *mut DlManagedTensor) {
@@ -342,14 +402,18 @@ unsafe extern "C" fn capsule_destructor_versioned(capsule: *mut pyo3::ffi::PyObj
 /// A DLPack capsule over `t`'s memory (no copy): DLPack 1.0's `dltensor_versioned` when the
 /// consumer asked for it (`versioned`, writable), else the legacy `dltensor`. The capsule or
 /// its consumer keeps the tensor alive.
-pub fn export(py: Python<'_>, t: &Tensor, versioned: bool) -> PyResult<Py<PyAny>> {
+pub fn export(py: Python<'_>, t: &Tensor, versioned: bool, consumer_stream: Option<u64>) -> PyResult<Py<PyAny>> {
     let (device_type, device_id) = dl_device(t.device()).ok_or_else(|| {
         PyBufferError::new_err(format!("a tensor on {} has no DLPack device; copy it to the host first", t.device()))
     })?;
     let data = t.buffer().raw_address().ok_or_else(|| {
         PyBufferError::new_err(format!("a tensor on {} has no address other libraries can use", t.device()))
     })?;
-    let mut ctx = Box::new(ExportCtx { _tensor: t.clone(), shape: t.shape().iter().map(|&d| d as i64).collect() });
+    let mut ctx = Box::new(ExportCtx {
+        tensor: Some(t.clone()),
+        shape: t.shape().iter().map(|&d| d as i64).collect(),
+        consumer_stream,
+    });
     let dl_tensor = DlTensor {
         data: data as *mut c_void,
         device: DlDevice { device_type, device_id },

@@ -58,17 +58,18 @@ impl PyTensor {
         dl_device: Option<Bound<'_, PyAny>>,
         copy: Option<bool>,
     ) -> PyResult<Py<PyAny>> {
-        let _ = (stream, dl_device);
+        let _ = dl_device;
         // A consumer that speaks DLPack 1.x gets a versioned (writable) capsule.
         let versioned = match max_version {
             Some(v) => v.extract::<(u32, u32)>().is_ok_and(|(major, _)| major >= 1),
             None => false,
         };
+        let consumer_stream = stream.and_then(|s| s.extract::<i64>().ok()).and_then(|s| u64::try_from(s).ok());
         if copy == Some(true) {
-            let fresh = self.inner.to_device(&self.inner.device()).map_err(to_py)?;
-            return dlpack::export(py, &fresh, versioned);
+            let fresh = dlpack::fresh_copy(&self.inner).map_err(to_py)?;
+            return dlpack::export(py, &fresh, versioned, consumer_stream);
         }
-        dlpack::export(py, &self.inner, versioned)
+        dlpack::export(py, &self.inner, versioned, consumer_stream)
     }
 
     fn __dlpack_device__(&self) -> PyResult<(i32, i32)> {
@@ -106,12 +107,22 @@ impl PyTensor {
 }
 
 /// `value` (a Python object) as argument `arg` of a call.
-fn to_value(v: &Bound<'_, PyAny>, arg: &str, inout: bool) -> PyResult<Value> {
+fn to_value(v: &Bound<'_, PyAny>, arg: &str, inout: bool, stream: Option<u64>) -> PyResult<Value> {
     if v.is_none() {
         return Ok(Value::None);
     }
     if let Ok(t) = v.cast::<PyTensor>() {
         return Ok(Value::Tensor(t.get().inner.clone()));
+    }
+    if v.is_instance_of::<pyo3::types::PyCapsule>() {
+        // A DLPack capsule made by the caller (torch's to_dlpack: the fast path of tefl.tex).
+        let imported = dlpack::import_capsule(v, arg)?;
+        if inout && (imported.copied || imported.read_only) {
+            return Err(PyValueError::new_err(format!(
+                "argument '{arg}' is updated in place and its memory cannot be written in place"
+            )));
+        }
+        return Ok(Value::Tensor(imported.tensor));
     }
     if v.is_instance_of::<PyBool>() {
         return Ok(Value::Bool(v.extract()?));
@@ -129,7 +140,7 @@ fn to_value(v: &Bound<'_, PyAny>, arg: &str, inout: bool) -> PyResult<Value> {
         return Ok(Value::Str(v.extract()?));
     }
     if v.hasattr("__dlpack__")? {
-        let imported = dlpack::import(v, arg)?;
+        let imported = dlpack::import(v, arg, stream)?;
         if inout && imported.copied {
             return Err(PyValueError::new_err(format!(
                 "argument '{arg}' is updated in place and its memory cannot be used in place (not 8-byte aligned): pass an aligned tensor"
@@ -141,17 +152,17 @@ fn to_value(v: &Bound<'_, PyAny>, arg: &str, inout: bool) -> PyResult<Value> {
         return Ok(Value::Tensor(imported.tensor));
     }
     if let Ok(list) = v.cast::<PyList>() {
-        return list.iter().map(|x| to_value(&x, arg, inout)).collect::<PyResult<_>>().map(Value::List);
+        return list.iter().map(|x| to_value(&x, arg, inout, stream)).collect::<PyResult<_>>().map(Value::List);
     }
     if let Ok(tuple) = v.cast::<PyTuple>() {
-        return tuple.iter().map(|x| to_value(&x, arg, inout)).collect::<PyResult<_>>().map(Value::List);
+        return tuple.iter().map(|x| to_value(&x, arg, inout, stream)).collect::<PyResult<_>>().map(Value::List);
     }
     if let Ok(dict) = v.cast::<PyDict>() {
         let mut items = Vec::new();
         for (k, x) in dict.iter() {
             let key: String =
                 k.extract().map_err(|_| PyTypeError::new_err(format!("argument '{arg}': keys must be str")))?;
-            items.push((key, to_value(&x, arg, inout)?));
+            items.push((key, to_value(&x, arg, inout, stream)?));
         }
         return Ok(Value::Map(items));
     }
@@ -161,23 +172,43 @@ fn to_value(v: &Bound<'_, PyAny>, arg: &str, inout: bool) -> PyResult<Value> {
     )))
 }
 
+/// How tensors come back from a call.
+#[derive(Clone, Copy)]
+enum TensorsOut {
+    /// As `tefl._native.Tensor` objects (DLPack producers).
+    Objects,
+    /// As `(capsule, dtype name)`: a legacy DLPack capsule for `torch.utils.dlpack.from_dlpack`
+    /// (the fast path), used by its consumer on `stream`.
+    Capsules { stream: Option<u64> },
+}
+
 /// A dynamic value as a Python object (tensors as `tefl._native.Tensor`).
 fn from_value(py: Python<'_>, v: Value) -> PyResult<Py<PyAny>> {
+    from_value_as(py, v, TensorsOut::Objects)
+}
+
+fn from_value_as(py: Python<'_>, v: Value, tensors: TensorsOut) -> PyResult<Py<PyAny>> {
     Ok(match v {
         Value::None => py.None(),
         Value::Bool(b) => PyBool::new(py, b).to_owned().into_any().unbind(),
         Value::Int(i) => i.into_pyobject(py)?.into_any().unbind(),
         Value::Float(f) => f.into_pyobject(py)?.into_any().unbind(),
         Value::Str(s) => s.into_pyobject(py)?.into_any().unbind(),
-        Value::Tensor(t) => Py::new(py, PyTensor { inner: t })?.into_any(),
+        Value::Tensor(t) => match tensors {
+            TensorsOut::Objects => Py::new(py, PyTensor { inner: t })?.into_any(),
+            TensorsOut::Capsules { stream } => {
+                let cap = dlpack::export(py, &t, false, stream)?;
+                (cap, t.dtype().name()).into_pyobject(py)?.into_any().unbind()
+            }
+        },
         Value::List(items) => {
-            let objs = items.into_iter().map(|x| from_value(py, x)).collect::<PyResult<Vec<_>>>()?;
+            let objs = items.into_iter().map(|x| from_value_as(py, x, tensors)).collect::<PyResult<Vec<_>>>()?;
             PyList::new(py, objs)?.into_any().unbind()
         }
         Value::Map(items) => {
             let d = PyDict::new(py);
             for (k, x) in items {
-                d.set_item(k, from_value(py, x)?)?;
+                d.set_item(k, from_value_as(py, x, tensors)?)?;
             }
             d.into_any().unbind()
         }
@@ -185,16 +216,25 @@ fn from_value(py: Python<'_>, v: Value) -> PyResult<Py<PyAny>> {
 }
 
 /// The named arguments of a call of `op` from a dict.
-fn call_args(op: &str, args: &Bound<'_, PyDict>) -> PyResult<Vec<(String, Value)>> {
+fn call_args(op: &str, args: &Bound<'_, PyDict>, stream: Option<u64>) -> PyResult<Vec<(String, Value)>> {
     let desc = tefl_core::catalogue::find(op);
     let mut out = Vec::with_capacity(args.len());
     for (k, v) in args.iter() {
         let name: String = k.extract().map_err(|_| PyTypeError::new_err("argument names must be str"))?;
         let inout =
             desc.and_then(|d| d.args.iter().find(|f| f.name == name)).is_some_and(|f| f.kind == FieldKind::InOut);
-        out.push((name.clone(), to_value(&v, &name, inout)?));
+        out.push((name.clone(), to_value(&v, &name, inout, stream)?));
     }
     Ok(out)
+}
+
+/// The CUDA device of the first CUDA tensor in `v`.
+fn first_cuda_device(v: &Value) -> Option<Device> {
+    match v {
+        Value::Tensor(t) if t.device().kind == DeviceKind::CUDA => Some(t.device()),
+        Value::List(items) => items.iter().find_map(first_cuda_device),
+        _ => None,
+    }
 }
 
 /// A tefl manager: the process-wide one, or one of the Python plugin API's `OpManager`s.
@@ -283,7 +323,7 @@ fn python_impl(spec: ImplSpec) -> PyResult<OpImpl> {
 /// The output slots of a Python impl's return value.
 fn outputs_of(ret: &Bound<'_, PyAny>, fields: &[tefl_core::op::FieldDesc]) -> PyResult<Vec<Option<Tensor>>> {
     let slot = |v: Bound<'_, PyAny>, name: &str| -> PyResult<Option<Tensor>> {
-        match to_value(&v, name, false)? {
+        match to_value(&v, name, false, None)? {
             Value::None => Ok(None),
             Value::Tensor(t) => Ok(Some(t.to_device(&t.device()).unwrap_or(t))),
             other => Err(PyTypeError::new_err(format!("output '{name}' is {}, not a tensor", other.kind()))),
@@ -332,20 +372,39 @@ impl PyManager {
     }
 
     /// Calls `op` with `args` (a dict by argument name); returns a dict by output name. With
-    /// `impl_id`, that impl runs directly, bypassing the policy.
-    #[pyo3(signature = (op, args, impl_id=None))]
-    fn call(&self, py: Python<'_>, op: &str, args: &Bound<'_, PyDict>, impl_id: Option<&str>) -> PyResult<Py<PyDict>> {
-        let named = call_args(op, args)?;
+    /// `impl_id`, that impl runs directly, bypassing the policy. With `stream` (a CUDA stream
+    /// handle: torch's current stream), the op's CUDA work is queued on that stream, after
+    /// the work already there, instead of tefl's own; the GIL is released while it runs.
+    ///
+    /// With `capsules`, output tensors come back as `(capsule, dtype name)` pairs for
+    /// `torch.utils.dlpack.from_dlpack` (faster than the object protocol).
+    #[pyo3(signature = (op, args, impl_id=None, stream=None, capsules=false))]
+    fn call(
+        &self,
+        py: Python<'_>,
+        op: &str,
+        args: &Bound<'_, PyDict>,
+        impl_id: Option<&str>,
+        stream: Option<u64>,
+        capsules: bool,
+    ) -> PyResult<Py<PyDict>> {
+        let named = call_args(op, args, stream)?;
+        let cuda = named.iter().find_map(|(_, v)| first_cuda_device(v));
         let m = self.get();
+        let run = move || match impl_id {
+            Some(id) => dynargs::call_impl_by_name(m, op, id, named),
+            None => dynargs::call_by_name(m, op, named),
+        };
         let out = py
-            .detach(|| match impl_id {
-                Some(id) => dynargs::call_impl_by_name(m, op, id, named),
-                None => dynargs::call_by_name(m, op, named),
+            .detach(|| match (cuda, stream) {
+                (Some(device), Some(handle)) if handle != 0 => tefl_core::device::with_queue(device, handle, run)?,
+                _ => run(),
             })
             .map_err(to_py)?;
+        let tensors = if capsules { TensorsOut::Capsules { stream } } else { TensorsOut::Objects };
         let d = PyDict::new(py);
         for (name, v) in out {
-            d.set_item(name, from_value(py, v)?)?;
+            d.set_item(name, from_value_as(py, v, tensors)?)?;
         }
         Ok(d.unbind())
     }
@@ -432,7 +491,7 @@ fn catalogue(py: Python<'_>) -> PyResult<Py<PyDict>> {
 #[pyfunction]
 fn to_device(py: Python<'_>, t: &Bound<'_, PyAny>, device: &str) -> PyResult<Py<PyAny>> {
     let device: Device = device.parse().map_err(to_py)?;
-    let Value::Tensor(t) = to_value(t, "t", false)? else {
+    let Value::Tensor(t) = to_value(t, "t", false, None)? else {
         return Err(PyTypeError::new_err("t: expected a tensor"));
     };
     let moved = py.detach(|| t.to_device(&device)).map_err(to_py)?;
@@ -443,7 +502,7 @@ fn to_device(py: Python<'_>, t: &Bound<'_, PyAny>, device: &str) -> PyResult<Py<
 #[pyfunction]
 fn cast(py: Python<'_>, t: &Bound<'_, PyAny>, dtype: &str) -> PyResult<Py<PyAny>> {
     let dtype: DType = dtype.parse().map_err(to_py)?;
-    let Value::Tensor(t) = to_value(t, "t", false)? else {
+    let Value::Tensor(t) = to_value(t, "t", false, None)? else {
         return Err(PyTypeError::new_err("t: expected a tensor"));
     };
     let out = py
@@ -460,7 +519,7 @@ fn cast(py: Python<'_>, t: &Bound<'_, PyAny>, dtype: &str) -> PyResult<Py<PyAny>
 #[pyfunction]
 fn view_as(py: Python<'_>, t: &Bound<'_, PyAny>, dtype: &str) -> PyResult<Py<PyAny>> {
     let dtype: DType = dtype.parse().map_err(to_py)?;
-    let Value::Tensor(t) = to_value(t, "t", false)? else {
+    let Value::Tensor(t) = to_value(t, "t", false, None)? else {
         return Err(PyTypeError::new_err("t: expected a tensor"));
     };
     if t.dtype().size_in_bytes() != dtype.size_in_bytes() {

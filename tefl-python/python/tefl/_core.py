@@ -5,9 +5,11 @@ Tensors go in by DLPack without a copy (numpy arrays, torch tensors, anything wi
 inputs, numpy arrays otherwise.
 """
 
+import sys
+
 from . import _native
 
-__all__ = ["call", "dtype_name", "to_kind", "kind_of", "global_manager"]
+__all__ = ["call", "cuda_stream", "dtype_name", "to_kind", "kind_of", "global_manager"]
 
 _DTYPE_NAMES = {
     "float32": "f32",
@@ -78,9 +80,39 @@ def kind_of(values):
     return first or "numpy"
 
 
+def _torch_dlpack():
+    """torch's C-level DLPack converters (much cheaper per call than the object protocol)."""
+    import torch
+
+    to = getattr(torch._C, "_to_dlpack", None) or torch.utils.dlpack.to_dlpack
+    frm = getattr(torch._C, "_from_dlpack", None) or torch.utils.dlpack.from_dlpack
+    return to, frm
+
+
+def _torch_in(v, to_dlpack):
+    import torch
+
+    if isinstance(v, torch.Tensor):
+        return to_dlpack(v.detach())
+    if isinstance(v, (list, tuple)):
+        return [_torch_in(x, to_dlpack) for x in v]
+    return v
+
+
 def to_kind(t, kind):
-    """A tefl tensor (``tefl._native.Tensor``) as a tensor of `kind`, without a copy where the
-    kind can hold its dtype (numpy has no bf16: bf16 results come to numpy as float32)."""
+    """A tefl tensor (``tefl._native.Tensor``, or a ``(capsule, dtype)`` pair from the torch
+    fast path) as a tensor of `kind`, without a copy where the kind can hold its dtype (numpy
+    has no bf16: bf16 results come to numpy as float32)."""
+    if isinstance(t, tuple) and len(t) == 2 and type(t[0]).__name__ == "PyCapsule":
+        import torch
+
+        cap, dtype = t
+        x = _torch_dlpack()[1](cap)
+        if dtype == "f8e4m3":
+            x = x.view(torch.float8_e4m3fn)
+        elif dtype == "f8e5m2":
+            x = x.view(torch.float8_e5m2)
+        return x
     if not isinstance(t, _native.Tensor):
         return t
     if kind == "torch":
@@ -122,10 +154,31 @@ def global_manager():
     return _GLOBAL
 
 
+def cuda_stream(values):
+    """torch's current CUDA stream (its handle) for the device of the first CUDA torch tensor
+    among `values`, else None: tefl queues the op's work there, as torch's own ops would."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    for v in _walk(values):
+        if isinstance(v, torch.Tensor) and v.is_cuda:
+            if raw is not None:
+                return raw(v.device.index)
+            return torch.cuda.current_stream(v.device).cuda_stream
+    return None
+
+
 def call(op, args, impl_id=None, manager=None, kind=None):
     """Runs tefl op `op` with `args` (a dict by tefl argument name); returns a dict by output
-    name, tensors in the caller's kind."""
+    name, tensors in the caller's kind. CUDA torch tensors run on torch's current stream."""
     kind = kind or kind_of(args.values())
     m = manager or global_manager()
-    out = m.call(op, args, impl_id)
+    if kind == "torch":
+        stream = cuda_stream(args.values())
+        to_dlpack = _torch_dlpack()[0]
+        args = {k: _torch_in(v, to_dlpack) for k, v in args.items()}
+        out = m.call(op, args, impl_id, stream, True)
+    else:
+        out = m.call(op, args, impl_id)
     return {k: _convert(v, kind) for k, v in out.items()}

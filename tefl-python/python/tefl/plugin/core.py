@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional
 
 from .. import _native
-from .._core import dtype_name, kind_of, to_kind
+from .._core import cuda_stream, dtype_name, kind_of, to_kind
 
 __all__ = ["BackendImplKind", "OpImpl", "OpRegistry", "OpManager", "load_plugin_modules"]
 
@@ -179,9 +179,12 @@ class OpManager:
                 else:
                     named[name] = None
         kind = kind_of(named.values())
+        if kind == "torch":
+            # torch refuses to export tensors that require grad; tefl only reads them.
+            named = {k: _detached(v) for k, v in named.items()}
         token = _CALL_KIND.set(kind)
         try:
-            out = self._native.call(op_name, named)
+            out = self._native.call(op_name, named, None, cuda_stream(named.values()))
         finally:
             _CALL_KIND.reset(token)
         values = [_convert(out[o], kind) for o in outs]
@@ -197,6 +200,12 @@ class OpManager:
 
     def impl_ids(self):
         return self._native.impl_ids()
+
+
+def _detached(v):
+    if isinstance(v, (list, tuple)):
+        return [_detached(x) for x in v]
+    return v.detach() if hasattr(v, "requires_grad") and getattr(v, "requires_grad", False) else v
 
 
 def _convert(v, kind):

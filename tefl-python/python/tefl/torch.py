@@ -1,0 +1,220 @@
+"""torch layers on tefl's ops, with autograd: swap ``torch.nn`` layers for these and the
+forward and backward run through tefl (whatever its policy selects: the CUDA backend for CUDA
+tensors, the reference on the CPU, a plugin's impl where routed).
+
+    import tefl.torch as tt
+    norm = tt.RMSNorm(1024)
+    proj = tt.Linear(1024, 3072)
+    attn = tt.DotProductAttention(num_heads=8, causal=True)
+    mlp = tt.SwiGLUMLP(1024, 2816)
+
+Each layer keeps ``torch.nn``'s parameter names and shapes (``weight`` ``[out, in]``, ``bias``),
+so a ``state_dict`` moves between the two. Inputs are made contiguous; the ops run on torch's
+current CUDA stream.
+"""
+
+import torch
+
+from . import tex
+from ._core import call
+
+__all__ = ["RMSNorm", "LayerNorm", "Linear", "DotProductAttention", "SwiGLUMLP", "rmsnorm", "layernorm", "linear", "swiglu"]
+
+
+def _dtype(t):
+    return str(t.dtype).replace("torch.", "")
+
+
+class _RMSNormFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps, zero_centered):
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1]).contiguous()
+        y, _, rsigma = tex.rmsnorm_fwd(x2, weight.contiguous(), eps, None, None, x.dtype, 0, zero_centered)
+        ctx.save_for_backward(x2, rsigma, weight)
+        ctx.zero_centered = zero_centered
+        return y.reshape(shape)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x2, rsigma, weight = ctx.saved_tensors
+        dx, dw = tex.rmsnorm_bwd(dy.reshape(x2.shape).contiguous(), x2, rsigma, weight, 0, ctx.zero_centered)
+        return dx.reshape(dy.shape), dw.to(weight.dtype), None, None
+
+
+class _LayerNormFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps, zero_centered):
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1]).contiguous()
+        y, mu, rsigma = tex.layernorm_fwd(x2, weight.contiguous(), bias.contiguous(), eps, None, None, x.dtype, 0, zero_centered)
+        ctx.save_for_backward(x2, mu, rsigma, weight)
+        ctx.zero_centered = zero_centered
+        return y.reshape(shape)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x2, mu, rsigma, weight = ctx.saved_tensors
+        dx, dw, db = tex.layernorm_bwd(dy.reshape(x2.shape).contiguous(), x2, mu, rsigma, weight, 0, ctx.zero_centered)
+        return dx.reshape(dy.shape), dw.to(weight.dtype), db.to(weight.dtype), None, None
+
+
+def _gemm(a, b, transa, transb, bias=None):
+    """Row-major op(a)·op(b) (+ bias) through tefl's generic_gemm."""
+    out = call(
+        "generic_gemm",
+        {
+            "a": a,
+            "b": b,
+            "bias": bias,
+            "aux": None,
+            "c": None,
+            "transa": transa,
+            "transb": transb,
+            "alpha": 1.0,
+            "accumulate": False,
+            "epilogue": "bias" if bias is not None else "none",
+            "out_dtype": _dtype(a),
+        },
+    )
+    return out["d"]
+
+
+class _LinearFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1]).contiguous()
+        w = weight.contiguous()
+        y = _gemm(x2, w, False, True, bias.contiguous() if bias is not None else None)
+        ctx.save_for_backward(x2, w)
+        ctx.has_bias = bias is not None
+        return y.reshape(*shape[:-1], w.shape[0])
+
+    @staticmethod
+    def backward(ctx, dy):
+        x2, w = ctx.saved_tensors
+        dy2 = dy.reshape(-1, w.shape[0]).contiguous()
+        dx = _gemm(dy2, w, False, False).reshape(*dy.shape[:-1], w.shape[1])
+        dw = _gemm(dy2, x2, True, False)
+        db = dy2.float().sum(0).to(dy.dtype) if ctx.has_bias else None
+        return dx, dw, db
+
+
+class _AttentionFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale):
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        mask = "causal" if causal else "no_mask"
+        o, lse, rng = tex.fused_attn_fwd(
+            q.shape[1], k.shape[1], True, scale, 0.0, True, "bshd_bshd_bshd", "no_bias", mask, None, None, None, q, k, v
+        )
+        ctx.save_for_backward(q, k, v, o, lse, rng)
+        ctx.mask, ctx.scale = mask, scale
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse, rng = ctx.saved_tensors
+        dq, dk, dv, _ = tex.fused_attn_bwd(
+            q.shape[1], k.shape[1], ctx.scale, 0.0, True, "bshd_bshd_bshd", "no_bias", ctx.mask, None, False,
+            None, None, q, k, v, o, do.contiguous(), None, None, [lse, rng],
+        )
+        return dq, dk, dv, None, None
+
+
+class _SwiGLUFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        x = x.contiguous()
+        ctx.save_for_backward(x)
+        return tex.swiglu(x, None)
+
+    @staticmethod
+    def backward(ctx, dy):
+        (x,) = ctx.saved_tensors
+        return tex.dswiglu(dy.contiguous(), x, None)
+
+
+def swiglu(x):
+    """silu(x[..., :n])·x[..., n:] with n half the last dim (autograd through tefl)."""
+    return _SwiGLUFn.apply(x)
+
+
+def rmsnorm(x, weight, eps=1e-5, zero_centered_gamma=False):
+    """y = x·rsigma·weight over the last dim (autograd through tefl)."""
+    return _RMSNormFn.apply(x, weight, eps, zero_centered_gamma)
+
+
+def layernorm(x, weight, bias, eps=1e-5, zero_centered_gamma=False):
+    """LayerNorm over the last dim (autograd through tefl)."""
+    return _LayerNormFn.apply(x, weight, bias, eps, zero_centered_gamma)
+
+
+def linear(x, weight, bias=None):
+    """x·weightᵀ + bias, as ``torch.nn.functional.linear`` (autograd through tefl)."""
+    return _LinearFn.apply(x, weight, bias)
+
+
+class RMSNorm(torch.nn.Module):
+    """``torch.nn.RMSNorm(hidden, eps)`` on tefl."""
+
+    def __init__(self, hidden, eps=1e-5, zero_centered_gamma=False, device=None, dtype=None):
+        super().__init__()
+        init = torch.zeros if zero_centered_gamma else torch.ones
+        self.weight = torch.nn.Parameter(init(hidden, device=device, dtype=dtype))
+        self.eps, self.zero_centered_gamma = eps, zero_centered_gamma
+
+    def forward(self, x):
+        return rmsnorm(x, self.weight, self.eps, self.zero_centered_gamma)
+
+
+class LayerNorm(torch.nn.Module):
+    """``torch.nn.LayerNorm(hidden, eps)`` on tefl."""
+
+    def __init__(self, hidden, eps=1e-5, device=None, dtype=None):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(hidden, device=device, dtype=dtype))
+        self.bias = torch.nn.Parameter(torch.zeros(hidden, device=device, dtype=dtype))
+        self.eps = eps
+
+    def forward(self, x):
+        return layernorm(x, self.weight, self.bias, self.eps)
+
+
+class Linear(torch.nn.Module):
+    """``torch.nn.Linear(in_features, out_features, bias)`` on tefl's GEMM."""
+
+    def __init__(self, in_features, out_features, bias=True, device=None, dtype=None):
+        super().__init__()
+        ref = torch.nn.Linear(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.weight = ref.weight
+        self.bias = ref.bias
+
+    def forward(self, x):
+        return linear(x, self.weight, self.bias)
+
+
+class DotProductAttention(torch.nn.Module):
+    """Attention over ``[batch, seq, heads, head_dim]`` q, k, v (GQA: fewer k/v heads), causal
+    or not: tefl's flash attention forward and backward."""
+
+    def __init__(self, num_heads, causal=True, scale=None):
+        super().__init__()
+        self.num_heads, self.causal, self.scale = num_heads, causal, scale
+
+    def forward(self, q, k, v):
+        scale = self.scale if self.scale is not None else q.shape[-1] ** -0.5
+        return _AttentionFn.apply(q, k, v, self.causal, scale)
+
+
+class SwiGLUMLP(torch.nn.Module):
+    """down(silu(gate(x)) · up(x)) with gate and up fused in one ``[2·ffn, hidden]`` weight."""
+
+    def __init__(self, hidden, ffn, bias=False, device=None, dtype=None):
+        super().__init__()
+        self.fc1 = Linear(hidden, 2 * ffn, bias=bias, device=device, dtype=dtype)
+        self.fc2 = Linear(ffn, hidden, bias=bias, device=device, dtype=dtype)
+
+    def forward(self, x):
+        return self.fc2(_SwiGLUFn.apply(self.fc1(x)))

@@ -1,0 +1,155 @@
+"""tefl.tex and tefl.torch on torch tensors (CUDA when there is a GPU, else the CPU) against
+torch's own ops; skipped where torch is not installed (the CI machine). On the GPU machine:
+every tex op matches torch on CUDA tensors, tefl runs on the caller's current stream, and the
+TEX README's "Testing Your Backend" snippet runs (with the backend name filled in)."""
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+import tefl.tex as tex  # noqa: E402
+import tefl.torch as tt  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+DTYPES = [torch.float32, torch.bfloat16] if CUDA else [torch.float32]
+TOL = {torch.float32: 2e-4, torch.bfloat16: 3e-2, torch.float16: 5e-3}
+
+
+def close(got, want, dtype):
+    got, want = got.float(), want.float()
+    assert got.shape == want.shape, (got.shape, want.shape)
+    err = (got - want).abs().max().item() / max(1.0, want.abs().max().item())
+    assert err < TOL[dtype], f"max relative error {err:.3e}"
+
+
+def randn(*shape, dtype=torch.float32, scale=1.0):
+    return (torch.randn(*shape, device=DEVICE, dtype=torch.float32) * scale).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_tensors_stay_where_they_are(dtype):
+    x = randn(8, 64, dtype=dtype)
+    y = tex.gelu(x, None)
+    assert isinstance(y, torch.Tensor) and y.device == x.device and y.dtype == dtype
+    close(y, F.gelu(x.float(), approximate="tanh"), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_norms_match_torch(dtype):
+    x, w, b = randn(64, 1024, dtype=dtype), randn(1024, dtype=dtype), randn(1024, dtype=dtype)
+    y, _, rs = tex.rmsnorm_fwd(x, w, 1e-5, None, None, dtype, 0, False)
+    close(y, F.rms_norm(x.float(), (1024,), w.float(), 1e-5), dtype)
+    y, mu, rs = tex.layernorm_fwd(x, w, b, 1e-5, None, None, dtype, 0, False)
+    close(y, F.layer_norm(x.float(), (1024,), w.float(), b.float(), 1e-5), dtype)
+    # Backward through tefl.torch against autograd of torch's formula.
+    xr = x.float().clone().requires_grad_()
+    wr = w.float().clone().requires_grad_()
+    F.rms_norm(xr, (1024,), wr, 1e-5).square().sum().backward()
+    xt, wt = x.clone().requires_grad_(), w.clone().requires_grad_()
+    tt.rmsnorm(xt, wt).float().square().sum().backward()
+    close(xt.grad, xr.grad, dtype)
+    close(wt.grad, wr.grad, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_generic_gemm_matches_torch(dtype):
+    A, B = randn(512, 256, dtype=dtype), randn(128, 256, dtype=dtype)
+    D = torch.empty(128, 512, device=DEVICE, dtype=dtype)
+    tex.generic_gemm(A, True, B, False, D, None, dtype, None, None, False, None, False, None, 0, False, False)
+    close(D, B.float() @ A.float().T, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_matches_sdpa(dtype, causal):
+    if not CUDA and dtype != torch.float32:
+        pytest.skip("CPU: f32 only")
+    b, s, h, d = 2, 200, 4, 64
+    q, k, v, do = (randn(b, s, h, d, dtype=dtype) for _ in range(4))
+    mask = "causal" if causal else "no_mask"
+    o, lse, rng = tex.fused_attn_fwd(s, s, True, d**-0.5, 0.0, True, "bshd_bshd_bshd", "no_bias", mask, None, None, None, q, k, v)
+    qr, kr, vr = (t.float().transpose(1, 2).requires_grad_() for t in (q, k, v))
+    want = F.scaled_dot_product_attention(qr, kr, vr, is_causal=causal)
+    close(o, want.transpose(1, 2), dtype)
+    want.backward(do.float().transpose(1, 2))
+    dq, dk, dv, _ = tex.fused_attn_bwd(
+        s, s, d**-0.5, 0.0, True, "bshd_bshd_bshd", "no_bias", mask, None, False, None, None, q, k, v, o, do, None, None, [lse, rng]
+    )
+    close(dq, qr.grad.transpose(1, 2), dtype)
+    close(dk, kr.grad.transpose(1, 2), dtype)
+    close(dv, vr.grad.transpose(1, 2), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_activations_and_softmax_match_torch(dtype):
+    x = randn(32, 256, dtype=dtype)
+    close(tex.silu(x, None), F.silu(x.float()), dtype)
+    close(tex.relu(x, None), F.relu(x.float()), dtype)
+    a, g = x.float().chunk(2, -1)
+    close(tex.swiglu(x, None), F.silu(a) * g, dtype)
+    s = randn(2, 4, 64, 64, dtype=dtype)
+    close(tex.scaled_softmax_forward(s, 0.5), torch.softmax(0.5 * s.float(), -1), dtype)
+    close(
+        tex.scaled_upper_triang_masked_softmax_forward(s.reshape(8, 64, 64), 1.0),
+        torch.softmax(s.float().reshape(8, 64, 64).masked_fill(torch.ones(64, 64, device=DEVICE).triu(1).bool(), -math.inf), -1),
+        dtype,
+    )
+
+
+def test_adam_updates_torch_parameters_in_place():
+    p = randn(1000)
+    g = randn(1000)
+    m, v = torch.zeros_like(p), torch.zeros_like(p)
+    ref = p.clone().requires_grad_()
+    opt = torch.optim.AdamW([ref], lr=1e-3, weight_decay=0.01)
+    ref.grad = g.clone()
+    opt.step()
+    ptr = p.data_ptr()
+    noop = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    tex.multi_tensor_adam(2048 * 32, noop, [[g], [p], [m], [v]], 1e-3, 0.9, 0.999, 1e-8, 1, 1, True, 0.01)
+    assert p.data_ptr() == ptr
+    close(p, ref.detach(), torch.float32)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a GPU")
+def test_tefl_runs_on_the_callers_stream():
+    # A producer kernel on a side stream, tefl's op queued right after it on the same stream:
+    # if tefl ran on another stream it could read x before the producer wrote it.
+    side = torch.cuda.Stream()
+    big = randn(4096, 4096)
+    torch.cuda.synchronize()
+    results = []
+    with torch.cuda.stream(side):
+        for i in range(5):
+            x = big
+            for _ in range(8):
+                x = (x @ big) * 1e-3  # a long producer chain
+            y = tex.relu(x, None)
+            results.append((x, y))
+    side.synchronize()
+    for x, y in results:
+        assert torch.equal(y, torch.relu(x))
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a GPU")
+def test_the_tex_readme_snippet_runs():
+    # "Testing Your Backend", as written, with "your_vendor" filled in by tefl's CUDA backend.
+    tex.set_backend("nvidia")
+    x = torch.randn(32, 1024, device="cuda", dtype=torch.bfloat16)
+    weight = torch.ones(1024, device="cuda", dtype=torch.bfloat16)
+    output, _, rsigma = tex.rmsnorm_fwd(x, weight, 1e-5, None, None, torch.bfloat16, 0, False)
+    print(f"RMSNorm output shape: {output.shape}")
+    A = torch.randn(1024, 512, device="cuda", dtype=torch.bfloat16)
+    B = torch.randn(512, 2048, device="cuda", dtype=torch.bfloat16)
+    D = torch.empty(1024, 2048, device="cuda", dtype=torch.bfloat16)
+    workspace = torch.empty(1024 * 1024, device="cuda", dtype=torch.uint8)
+    result = tex.generic_gemm(
+        A, False, B, False, D, None, torch.bfloat16, None, None, False, None, False, workspace, 1024 * 1024, False, False
+    )
+    print(f"GEMM output shape: {D.shape}")
+    assert output.shape == (32, 1024) and D.shape == (1024, 2048)
+    close(D, A.float() @ B.float(), torch.bfloat16)
