@@ -70,6 +70,12 @@ def kind_of(values):
     """The tensor kind results come back as: 'torch' when any of the values is a torch tensor,
     else the class of the first numpy array (a subclass of ``numpy.ndarray`` stays itself),
     else 'numpy'."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        tensor = torch.Tensor
+        for v in values:
+            if isinstance(v, tensor):
+                return "torch"
     first = None
     for v in _walk(values):
         module = type(v).__module__
@@ -169,16 +175,61 @@ def cuda_stream(values):
     return None
 
 
+class _Torch:
+    """torch's pieces the per-call fast path uses, looked up once."""
+
+    def __init__(self, torch):
+        self.Tensor = torch.Tensor
+        self.to_dlpack, self.from_dlpack = _torch_dlpack()
+        self.raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        self.views = {"f8e4m3": torch.float8_e4m3fn, "f8e5m2": torch.float8_e5m2}
+
+
+_TORCH = None
+
+
+def _torch_call(m, op, args, impl_id):
+    """One pass over the arguments: torch tensors to DLPack capsules (C-level), the first CUDA
+    tensor's current stream; outputs back from capsules."""
+    global _TORCH
+    if _TORCH is None:
+        import torch
+
+        _TORCH = _Torch(torch)
+    T = _TORCH
+    stream = None
+    native = {}
+    for k, v in args.items():
+        if isinstance(v, T.Tensor):
+            if stream is None and v.is_cuda:
+                stream = T.raw_stream(v.device.index) if T.raw_stream else cuda_stream([v])
+            native[k] = T.to_dlpack(v.detach())
+        elif isinstance(v, (list, tuple)):
+            if stream is None:
+                stream = cuda_stream(v)
+            native[k] = _torch_in(v, T.to_dlpack)
+        else:
+            native[k] = v
+    out = m.call(op, native, impl_id, stream, True)
+    result = {}
+    for k, v in out.items():
+        if type(v) is tuple:
+            x = T.from_dlpack(v[0])
+            view = T.views.get(v[1])
+            result[k] = x if view is None else x.view(view)
+        elif isinstance(v, list):
+            result[k] = [to_kind(x, "torch") for x in v]
+        else:
+            result[k] = v
+    return result
+
+
 def call(op, args, impl_id=None, manager=None, kind=None):
     """Runs tefl op `op` with `args` (a dict by tefl argument name); returns a dict by output
     name, tensors in the caller's kind. CUDA torch tensors run on torch's current stream."""
     kind = kind or kind_of(args.values())
-    m = manager or global_manager()
+    m = manager or _GLOBAL or global_manager()
     if kind == "torch":
-        stream = cuda_stream(args.values())
-        to_dlpack = _torch_dlpack()[0]
-        args = {k: _torch_in(v, to_dlpack) for k, v in args.items()}
-        out = m.call(op, args, impl_id, stream, True)
-    else:
-        out = m.call(op, args, impl_id)
+        return _torch_call(m, op, args, impl_id)
+    out = m.call(op, args, impl_id)
     return {k: _convert(v, kind) for k, v in out.items()}
