@@ -171,3 +171,48 @@ fn put(m: coop_mat16x16<f32, C>, sg: u32, sl: u32, slot: u32, write: bool, word:
     }
     workgroupBarrier();
 }
+
+// A query block of the forward and dQ stages: workgroup (query block, head h, sequence b) of
+// 64 rows; invocation lane serves (in the elementwise parts) half `part` of the step's keys of
+// its row `row` (of the workgroup's 64), query i = q0 + row.
+struct QueryBlock {
+    b: u32,
+    h: u32,
+    // The kv head of h (GQA).
+    hkv: u32,
+    s: Seq,
+    // Rows of the sequence's slot in the outputs (sq; its length for thd).
+    slot: i32,
+    q0: i32,
+    sg: u32,
+    sl: u32,
+    row: u32,
+    part: u32,
+    i: i32,
+    // The keys query i sees.
+    keys: vec2<i32>,
+    // The keys any row of the block sees: [lo, hi).
+    span: vec2<i32>,
+}
+
+fn query_block(wid: vec3<u32>, lane: u32) -> QueryBlock {
+    var x: QueryBlock;
+    x.b = wid.z;
+    x.h = wid.y;
+    x.hkv = x.h / (a.hq / a.hk);
+    x.s = seq_of(x.b);
+    x.slot = select(i32(a.sq), x.s.lq, a.qkv_layout == 2u);
+    x.q0 = i32(wid.x * BR);
+    x.sg = lane / 32u;
+    x.sl = lane % 32u;
+    x.row = x.sg * 16u + x.sl / 2u;
+    x.part = x.sl % 2u;
+    x.i = x.q0 + i32(x.row);
+    x.keys = key_range(x.s, x.i);
+    let last = min(x.q0 + i32(BR), x.s.lq) - 1;
+    x.span = vec2<i32>(0, 0);
+    if (last >= x.q0) {
+        x.span = vec2<i32>(key_range(x.s, x.q0).x, key_range(x.s, last).y);
+    }
+    return x;
+}

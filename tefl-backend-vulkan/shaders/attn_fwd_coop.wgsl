@@ -52,30 +52,24 @@ fn rescale(m: coop_mat16x16<f32, C>, sg: u32, sl: u32) -> coop_mat16x16<f32, C> 
 
 @compute @workgroup_size(128)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
-    let b = wid.z;
-    let h = wid.y;
-    let hkv = h / (a.hq / a.hk);
-    let s = seq_of(b);
-    let slot = select(i32(a.sq), s.lq, a.qkv_layout == 2u);
-    let q0 = i32(wid.x * BR);
-    if (q0 >= slot) {
+    let x = query_block(wid, lane);
+    if (x.q0 >= x.slot) {
         return;
     }
-    let sg = lane / 32u;
-    let sl = lane % 32u;
-    // In the softmax, an invocation serves half (`part`) of the step's keys of one query row.
-    let row = sg * 16u + sl / 2u;
-    let part = sl % 2u;
-    let i = q0 + i32(row);
-    let keys = key_range(s, i);
-    // The keys any row of the workgroup sees.
-    let last = min(q0 + i32(BR), s.lq) - 1;
-    var j_lo = 0;
-    var j_hi = 0;
-    if (last >= q0) {
-        j_lo = key_range(s, q0).x;
-        j_hi = key_range(s, last).y;
-    }
+    let b = x.b;
+    let h = x.h;
+    let hkv = x.hkv;
+    let s = x.s;
+    let slot = x.slot;
+    let q0 = x.q0;
+    let sg = x.sg;
+    let sl = x.sl;
+    let row = x.row;
+    let part = x.part;
+    let i = x.i;
+    let keys = x.keys;
+    let j_lo = x.span.x;
+    let j_hi = x.span.y;
 
     stage(lane, 0u, BR, q0, s.lq, s.qb, s.rs, a.hq, h, 0u);
     workgroupBarrier();

@@ -514,44 +514,35 @@ def fused_rope_backward(
 # -- softmax ----------------------------------------------------------------------------------
 
 
-def scaled_softmax_forward(input, scale_factor):
-    return call("scaled_softmax_forward", {"x": input, "scale": float(scale_factor)})["y"]
+def _softmax_fwd(name, masked):
+    if masked:
+
+        def forward(input, mask, scale_factor):
+            return call(name, {"x": input, "mask": mask, "scale": float(scale_factor)})["y"]
+
+        forward.__doc__ = f"TE's ``{name}(input, mask, scale_factor)``: softmax(scale·input), masked where mask is set."
+    else:
+
+        def forward(input, scale_factor):
+            return call(name, {"x": input, "scale": float(scale_factor)})["y"]
+
+        forward.__doc__ = f"TE's ``{name}(input, scale_factor)``."
+    forward.__name__ = name
+    return forward
 
 
-def scaled_softmax_backward(output_grad, softmax_results, scale_factor):
-    return call("scaled_softmax_backward", {"dy": output_grad, "y": softmax_results, "scale": float(scale_factor)})["dx"]
+def _softmax_bwd(name):
+    def backward(output_grads, softmax_results, scale_factor):
+        return call(name, {"dy": output_grads, "y": softmax_results, "scale": float(scale_factor)})["dx"]
+
+    backward.__name__ = name
+    backward.__doc__ = f"TE's ``{name}(output_grads, softmax_results, scale_factor)``."
+    return backward
 
 
-def scaled_masked_softmax_forward(input, mask, scale_factor):
-    return call("scaled_masked_softmax_forward", {"x": input, "mask": mask, "scale": float(scale_factor)})["y"]
-
-
-def scaled_masked_softmax_backward(output_grad, softmax_results, scale_factor):
-    return call(
-        "scaled_masked_softmax_backward", {"dy": output_grad, "y": softmax_results, "scale": float(scale_factor)}
-    )["dx"]
-
-
-def scaled_upper_triang_masked_softmax_forward(input, scale_factor):
-    return call("scaled_upper_triang_masked_softmax_forward", {"x": input, "scale": float(scale_factor)})["y"]
-
-
-def scaled_upper_triang_masked_softmax_backward(output_grads, softmax_results, scale_factor):
-    return call(
-        "scaled_upper_triang_masked_softmax_backward",
-        {"dy": output_grads, "y": softmax_results, "scale": float(scale_factor)},
-    )["dx"]
-
-
-def scaled_aligned_causal_masked_softmax_forward(input, scale_factor):
-    return call("scaled_aligned_causal_masked_softmax_forward", {"x": input, "scale": float(scale_factor)})["y"]
-
-
-def scaled_aligned_causal_masked_softmax_backward(output_grad, softmax_results, scale_factor):
-    return call(
-        "scaled_aligned_causal_masked_softmax_backward",
-        {"dy": output_grad, "y": softmax_results, "scale": float(scale_factor)},
-    )["dx"]
+for _n in ["scaled_softmax", "scaled_masked_softmax", "scaled_upper_triang_masked_softmax", "scaled_aligned_causal_masked_softmax"]:
+    globals()[_n + "_forward"] = _softmax_fwd(_n + "_forward", _n == "scaled_masked_softmax")
+    globals()[_n + "_backward"] = _softmax_bwd(_n + "_backward")
 
 
 # -- activations ------------------------------------------------------------------------------
