@@ -66,18 +66,56 @@ fn fetch(buf: u32, at: u32) -> vec4<u32> {
 fn stage(lane: u32, buf: u32, rows: u32, first: i32, len: i32, base: u32, rs: u32, heads: u32, h: u32, dst: u32) {
     let chunks = DM / 8u;
     for (var c = lane; c < rows * chunks; c += 128u) {
-        let r = c / chunks;
-        let cc = c % chunks;
-        let pos = first + i32(r);
-        var w = vec4<u32>();
-        if (pos >= 0 && pos < len) {
-            w = fetch(buf, row_base(base + u32(pos) * rs, heads, h) / 8u + cc);
-        }
-        let at = (dst + r) * LDW + cc * 4u;
-        kv[at] = halves(w.x);
-        kv[at + 1u] = halves(w.y);
-        kv[at + 2u] = halves(w.z);
-        kv[at + 3u] = halves(w.w);
+        put_chunk(c, dst, load_chunk(c, buf, first, len, base, rs, heads, h));
+    }
+}
+
+// Chunk c (16 bytes: row c / (DM/8), column chunk c % (DM/8)) of the rows `stage` copies.
+fn load_chunk(c: u32, buf: u32, first: i32, len: i32, base: u32, rs: u32, heads: u32, h: u32) -> vec4<u32> {
+    let chunks = DM / 8u;
+    let pos = first + i32(c / chunks);
+    if (pos >= 0 && pos < len) {
+        return fetch(buf, row_base(base + u32(pos) * rs, heads, h) / 8u + c % chunks);
+    }
+    return vec4<u32>();
+}
+
+fn put_chunk(c: u32, dst: u32, w: vec4<u32>) {
+    let chunks = DM / 8u;
+    let at = (dst + c / chunks) * LDW + (c % chunks) * 4u;
+    kv[at] = halves(w.x);
+    kv[at + 1u] = halves(w.y);
+    kv[at + 2u] = halves(w.z);
+    kv[at + 3u] = halves(w.w);
+}
+
+// An invocation's share of one KC-row tile in registers: chunks lane + 128·i (KC·DM/8 chunks
+// in all: 4 per invocation at DM = 128, 2 at 64), loaded while the workgroup computes on the
+// current tile and stored to shared memory at the next step.
+struct TileShare {
+    c0: vec4<u32>,
+    c1: vec4<u32>,
+    c2: vec4<u32>,
+    c3: vec4<u32>,
+}
+
+fn load_share(lane: u32, buf: u32, first: i32, len: i32, base: u32, rs: u32, heads: u32, h: u32) -> TileShare {
+    var t: TileShare;
+    t.c0 = load_chunk(lane, buf, first, len, base, rs, heads, h);
+    t.c1 = load_chunk(lane + 128u, buf, first, len, base, rs, heads, h);
+    if (DM == 128u) {
+        t.c2 = load_chunk(lane + 256u, buf, first, len, base, rs, heads, h);
+        t.c3 = load_chunk(lane + 384u, buf, first, len, base, rs, heads, h);
+    }
+    return t;
+}
+
+fn put_share(lane: u32, dst: u32, t: TileShare) {
+    put_chunk(lane, dst, t.c0);
+    put_chunk(lane + 128u, dst, t.c1);
+    if (DM == 128u) {
+        put_chunk(lane + 256u, dst, t.c2);
+        put_chunk(lane + 384u, dst, t.c3);
     }
 }
 

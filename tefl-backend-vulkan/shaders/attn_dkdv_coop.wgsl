@@ -109,10 +109,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let at_p = sg * PROB_TILE + (sl / 2u) * LDP + part * 8u;
     let at_ds = at_p + 4u * PROB_TILE;
     for (var h = hkv * group; h < (hkv + 1u) * group; h++) {
+        // Each step's q and dO come from registers loaded during the step before.
+        var next_q = load_share(lane, 0u, qr.x, s.lq, s.qb, s.rs, a.hq, h);
+        var next_g = load_share(lane, 3u, qr.x, s.lq, s.qb, s.rs, a.hq, h);
         for (var i0 = qr.x; i0 < qr.y; i0 += i32(KC)) {
             workgroupBarrier();
-            stage(lane, 0u, KC, i0, s.lq, s.qb, s.rs, a.hq, h, 0u);
-            stage(lane, 3u, KC, i0, s.lq, s.qb, s.rs, a.hq, h, KC);
+            put_share(lane, 0u, next_q);
+            put_share(lane, KC, next_g);
             if (lane < KC) {
                 let i = i0 + i32(lane);
                 var li = 0.0;
@@ -125,6 +128,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 step_delta[lane] = di;
             }
             workgroupBarrier();
+            if (i0 + i32(KC) < qr.y) {
+                next_q = load_share(lane, 0u, i0 + i32(KC), s.lq, s.qb, s.rs, a.hq, h);
+                next_g = load_share(lane, 3u, i0 + i32(KC), s.lq, s.qb, s.rs, a.hq, h);
+            }
             store_block(dot_block(0u, k_0, k_1, k_2, k_3, k_4, k_5, k_6, k_7), 0u, sg, 0u);
             store_block(dot_block(16u, k_0, k_1, k_2, k_3, k_4, k_5, k_6, k_7), 0u, sg, 16u);
             store_block(dot_block(KC, v_0, v_1, v_2, v_3, v_4, v_5, v_6, v_7), 1u, sg, 0u);

@@ -93,11 +93,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let at_s = sg * SCORE_TILE + (sl / 2u) * LDS + part * 16u;
     let at_dp = at_s + 4u * SCORE_TILE;
     let at_ds = sg * PROB_TILE + (sl / 2u) * LDP + part * 8u;
+    // Each step's K and V come from registers loaded during the step before.
+    var next_k = load_share(lane, 1u, j_lo, s.lk, s.kb, s.rs, a.hk, hkv);
+    var next_v = load_share(lane, 2u, j_lo, s.lk, s.kb, s.rs, a.hk, hkv);
     for (var j0 = j_lo; j0 < j_hi; j0 += i32(KC)) {
         workgroupBarrier();
-        stage(lane, 1u, KC, j0, s.lk, s.kb, s.rs, a.hk, hkv, 0u);
-        stage(lane, 2u, KC, j0, s.lk, s.kb, s.rs, a.hk, hkv, KC);
+        put_share(lane, 0u, next_k);
+        put_share(lane, KC, next_v);
         workgroupBarrier();
+        if (j0 + i32(KC) < j_hi) {
+            next_k = load_share(lane, 1u, j0 + i32(KC), s.lk, s.kb, s.rs, a.hk, hkv);
+            next_v = load_share(lane, 2u, j0 + i32(KC), s.lk, s.kb, s.rs, a.hk, hkv);
+        }
         store_block(dot_block(0u, q_0, q_1, q_2, q_3, q_4, q_5, q_6, q_7), 0u, sg, 0u);
         store_block(dot_block(16u, q_0, q_1, q_2, q_3, q_4, q_5, q_6, q_7), 0u, sg, 16u);
         store_block(dot_block(KC, g_0, g_1, g_2, g_3, g_4, g_5, g_6, g_7), 1u, sg, 0u);

@@ -105,14 +105,22 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var started = false;
     let tile = sg * SCORE_TILE + (sl / 2u) * LDS + part * 16u;
     let pt = sg * PROB_TILE + (sl / 2u) * LDP + part * 8u;
+    // The first step's K and V in registers; each step stores them and loads the next step's
+    // while it computes.
+    var next_k = load_share(lane, 1u, j_lo, s.lk, s.kb, s.rs, a.hk, hkv);
+    var next_v = load_share(lane, 2u, j_lo, s.lk, s.kb, s.rs, a.hk, hkv);
     for (var j0 = j_lo; j0 < j_hi; j0 += i32(KC)) {
         workgroupBarrier();
-        stage(lane, 1u, KC, j0, s.lk, s.kb, s.rs, a.hk, hkv, 0u);
-        stage(lane, 2u, KC, j0, s.lk, s.kb, s.rs, a.hk, hkv, KC);
+        put_share(lane, 0u, next_k);
+        put_share(lane, KC, next_v);
         if (lane < 4u) {
             grew[lane] = 0u;
         }
         workgroupBarrier();
+        if (j0 + i32(KC) < j_hi) {
+            next_k = load_share(lane, 1u, j0 + i32(KC), s.lk, s.kb, s.rs, a.hk, hkv);
+            next_v = load_share(lane, 2u, j0 + i32(KC), s.lk, s.kb, s.rs, a.hk, hkv);
+        }
         store_block(dot_block(0u, q_0, q_1, q_2, q_3, q_4, q_5, q_6, q_7), 0u, sg, 0u);
         store_block(dot_block(16u, q_0, q_1, q_2, q_3, q_4, q_5, q_6, q_7), 0u, sg, 16u);
         workgroupBarrier();
