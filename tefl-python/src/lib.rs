@@ -325,7 +325,7 @@ fn outputs_of(ret: &Bound<'_, PyAny>, fields: &[tefl_core::op::FieldDesc]) -> Py
     let slot = |v: Bound<'_, PyAny>, name: &str| -> PyResult<Option<Tensor>> {
         match to_value(&v, name, false, None)? {
             Value::None => Ok(None),
-            Value::Tensor(t) => Ok(Some(t.to_device(&t.device()).unwrap_or(t))),
+            Value::Tensor(t) => Ok(Some(t)),
             other => Err(PyTypeError::new_err(format!("output '{name}' is {}, not a tensor", other.kind()))),
         }
     };
