@@ -153,3 +153,78 @@ def test_the_tex_readme_snippet_runs():
     print(f"GEMM output shape: {D.shape}")
     assert output.shape == (32, 1024) and D.shape == (1024, 2048)
     close(D, A.float() @ B.float(), torch.bfloat16)
+
+
+def _host_vs_cuda(fn, *arrays, tol=1e-4):
+    """`fn` on numpy arrays (tefl's host reference, itself checked against numpy formulas in
+    test_tex.py) and on the same values as CUDA torch tensors: the results must agree."""
+    import numpy as np
+
+    want = fn(*arrays)
+    got = fn(*[torch.from_numpy(a).to(DEVICE) if isinstance(a, np.ndarray) else a for a in arrays])
+    want = want if isinstance(want, (tuple, list)) else [want]
+    got = got if isinstance(got, (tuple, list)) else [got]
+    for w, g in zip(want, got):
+        if w is None:
+            assert g is None
+            continue
+        g = g.cpu().float().numpy() if isinstance(g, torch.Tensor) else np.asarray(g)
+        w = np.asarray(w, dtype=np.float64)
+        scale = max(1.0, float(np.abs(w).max(initial=0.0)))
+        assert np.abs(g.astype(np.float64) - w).max(initial=0.0) / scale < tol
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a GPU")
+def test_every_other_tex_op_on_cuda_matches_the_host():
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    r = lambda *s: rng.uniform(-2, 2, size=s).astype(np.float32)  # noqa: E731
+    x, g, b, dy, add = r(6, 40), r(40), r(40), r(6, 40), r(6, 40)
+    _, _, rs = tex.rmsnorm_fwd(x, g, 1e-5, None, None, np.float32, 0, False)
+    _host_vs_cuda(lambda x, g, dy, rs: tex.rmsnorm_bwd(dy, x, rs, g, 0, False), x, g, dy, rs)
+    _host_vs_cuda(lambda x, g, dy, add, rs: tex.rmsnorm_bwd_add(dy, x, add, rs, g, 0, False), x, g, dy, add, rs)
+    _, mu, rs2 = tex.layernorm_fwd(x, g, b, 1e-5, None, None, np.float32, 0, False)
+    _host_vs_cuda(lambda dy, x, mu, rs, g: tex.layernorm_bwd(dy, x, mu, rs, g, 0, False), dy, x, mu, rs2, g)
+    for name in ["gelu", "qgelu", "relu", "srelu", "silu"]:
+        _host_vs_cuda(lambda gr, x: getattr(tex, "d" + name)(gr, x, None), dy, x)
+    for name in ["geglu", "qgeglu", "reglu", "sreglu", "swiglu"]:
+        _host_vs_cuda(lambda x: getattr(tex, name)(x, None), x)
+        _host_vs_cuda(lambda gr, x: getattr(tex, "d" + name)(gr, x, None), r(6, 20), x)
+    for name in ["dbias_dgelu", "dbias_dsilu", "dbias_drelu", "dbias_dqgelu", "dbias_dsrelu"]:
+        _host_vs_cuda(lambda gr, x: getattr(tex, name)(gr, x, None), dy, x)
+    s4 = r(2, 3, 8, 8)
+    y = tex.scaled_softmax_forward(s4, 0.5)
+    mask = (rng.uniform(size=(2, 1, 8, 8)) < 0.3).astype(np.uint8)
+    _host_vs_cuda(lambda s, m: tex.scaled_masked_softmax_forward(s, m, 0.7), s4, mask)
+    _host_vs_cuda(lambda d, y: tex.scaled_masked_softmax_backward(d, y, 0.5), r(2, 3, 8, 8), y)
+    t3 = r(6, 8, 8)
+    yt = tex.scaled_upper_triang_masked_softmax_forward(t3, 1.0)
+    _host_vs_cuda(lambda d, y: tex.scaled_upper_triang_masked_softmax_backward(d, y, 1.0), r(6, 8, 8), yt)
+    _host_vs_cuda(lambda s: tex.scaled_aligned_causal_masked_softmax_forward(s, 1.0), s4)
+    ya = tex.scaled_aligned_causal_masked_softmax_forward(s4, 1.0)
+    _host_vs_cuda(lambda d, y: tex.scaled_aligned_causal_masked_softmax_backward(d, y, 1.0), r(2, 3, 8, 8), ya)
+    xr, fr = r(9, 2, 3, 16), r(9, 1, 1, 16)
+    for fmt in ["sbhd"]:
+        _host_vs_cuda(lambda x, f: tex.fused_rope_forward(x, f, None, fmt, False, None, 1, 0), xr, fr)
+        _host_vs_cuda(lambda x, f: tex.fused_rope_forward(x, f, None, fmt, True, None, 1, 0), xr, fr)
+        _host_vs_cuda(lambda x, f: tex.fused_rope_backward(x, f, None, fmt, False, None, 1, 0), xr, fr)
+    _host_vs_cuda(lambda x: tex.dropout_fwd(x, 0.3, 5, 7), r(64, 64))
+    q, _, _, _ = tex.quantize(x, np.array([4.0], np.float32), "f8e4m3", False)
+    _host_vs_cuda(lambda x, s: tex.quantize(x, s, "f8e5m2", True)[2:], x, np.array([4.0], np.float32))
+
+    def l2(a, b):
+        noop = a.new_zeros(1).int() if isinstance(a, torch.Tensor) else np.zeros(1, np.int32)
+        return tex.multi_tensor_l2norm(2048, noop, [[a, b]], True)
+
+    _host_vs_cuda(l2, r(100), r(7, 3))
+
+    def scale_then_sgd(a, gr):
+        noop = a.new_zeros(1).int() if isinstance(a, torch.Tensor) else np.zeros(1, np.int32)
+        dst = a * 0
+        tex.multi_tensor_scale(2048, noop, [[a], [dst]], 0.25)
+        p, mom = a * 1, a * 0
+        tex.multi_tensor_sgd(2048, noop, [[gr], [p], [mom]], 0.01, 0.9, 0.0, 0.1, True, True, False, 1.0)
+        return dst, p, mom
+
+    _host_vs_cuda(scale_then_sgd, r(50), r(50))
