@@ -66,10 +66,6 @@ def _zero(v):
     return v in (None, 0)
 
 
-def _first_out(out, name):
-    return out[name]
-
-
 # -- backends ---------------------------------------------------------------------------------
 
 
@@ -318,6 +314,29 @@ def _mask(attn_mask_type):
         raise NotImplementedError(f"fused_attn: attn_mask_type {attn_mask_type!r} is not supported by tefl") from None
 
 
+def _no_bias(bias_type):
+    return bias_type is None or str(bias_type).lower().endswith("no_bias")
+
+
+def _attn_args(Q, K, V, cu_q, cu_kv, qkv_layout, attn_mask_type, attn_scale, p, seed, offset, window_size):
+    """The arguments tefl's attention forward and backward share, from TE's."""
+    scale = float(attn_scale) if attn_scale is not None else float(_shape(Q)[-1]) ** -0.5
+    return {
+        "q": Q,
+        "k": K,
+        "v": V,
+        "cu_seqlens_q": cu_q,
+        "cu_seqlens_kv": cu_kv,
+        "layout": _layout(qkv_layout),
+        "mask": _mask(attn_mask_type),
+        "scale": scale,
+        "dropout_p": p,
+        "seed": int(seed),
+        "offset": int(offset),
+        "window": _window(window_size),
+    }
+
+
 def _window(window_size):
     if window_size is None:
         return [-1, -1]
@@ -358,7 +377,7 @@ def fused_attn_fwd(
     rng_state holds the dropout seed and offset for the backward (an int64 pair)."""
     _unsupported(
         "fused_attn_fwd",
-        bias_type=(bias_type, lambda v: v is None or str(v).lower().endswith("no_bias")),
+        bias_type=(bias_type, _no_bias),
         cu_seqlens_q_padded=(cu_seqlens_q_padded, _none),
         cu_seqlens_kv_padded=(cu_seqlens_kv_padded, _none),
         page_table_k=(page_table_k, _none),
@@ -367,24 +386,10 @@ def fused_attn_fwd(
         o_quantizer=(o_quantizer, _none),
         Bias=(Bias, _none),
     )
-    layout = _layout(qkv_layout)
-    scale = float(attn_scale) if attn_scale is not None else float(_shape(Q)[-1]) ** -0.5
     if rng_gen is not None and hasattr(rng_gen, "initial_seed"):
         seed = int(rng_gen.initial_seed())
-    args = {
-        "q": Q,
-        "k": K,
-        "v": V,
-        "cu_seqlens_q": cu_seqlens_q,
-        "cu_seqlens_kv": cu_seqlens_kv,
-        "layout": layout,
-        "mask": _mask(attn_mask_type),
-        "scale": scale,
-        "dropout_p": float(p_dropout) if is_training else 0.0,
-        "seed": int(seed),
-        "offset": int(offset),
-        "window": _window(window_size),
-    }
+    p = float(p_dropout) if is_training else 0.0
+    args = _attn_args(Q, K, V, cu_seqlens_q, cu_seqlens_kv, qkv_layout, attn_mask_type, attn_scale, p, seed, offset, window_size)
     out = call("fused_attn_fwd", args)
     return [out["o"], out["softmax_lse"], _rng_state(Q, seed, offset)]
 
@@ -430,7 +435,7 @@ def fused_attn_bwd(
     forward's ``[softmax_lse, rng_state]``. tefl's backward is deterministic either way."""
     _unsupported(
         "fused_attn_bwd",
-        bias_type=(bias_type, lambda v: v is None or str(v).lower().endswith("no_bias")),
+        bias_type=(bias_type, _no_bias),
         cu_seqlens_q_padded=(cu_seqlens_q_padded, _none),
         cu_seqlens_kv_padded=(cu_seqlens_kv_padded, _none),
         s_quantizer=(s_quantizer, _none),
@@ -444,24 +449,10 @@ def fused_attn_bwd(
     if len(Aux_CTX_Tensors) > 1 and Aux_CTX_Tensors[1] is not None:
         rng = Aux_CTX_Tensors[1]
         seed, offset = int(rng[0]), int(rng[1])
-    scale = float(attn_scale) if attn_scale is not None else float(_shape(Q)[-1]) ** -0.5
-    args = {
-        "q": Q,
-        "k": K,
-        "v": V,
-        "o": O,
-        "d_o": dO,
-        "softmax_lse": lse,
-        "cu_seqlens_q": cu_seqlens_q,
-        "cu_seqlens_kv": cu_seqlens_kv,
-        "layout": _layout(qkv_layout),
-        "mask": _mask(attn_mask_type),
-        "scale": scale,
-        "dropout_p": float(p_dropout),
-        "seed": seed,
-        "offset": offset,
-        "window": _window(window_size),
-    }
+    args = _attn_args(
+        Q, K, V, cu_seqlens_q, cu_seqlens_kv, qkv_layout, attn_mask_type, attn_scale, float(p_dropout), seed, offset, window_size
+    )
+    args.update({"o": O, "d_o": dO, "softmax_lse": lse})
     out = call("fused_attn_bwd", args)
     return [out["dq"], out["dk"], out["dv"], None]
 

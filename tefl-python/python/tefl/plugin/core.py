@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional
 
 from .. import _native
-from .._core import cuda_stream, dtype_name, kind_of, to_kind
+from .._core import _convert, cuda_stream, dtype_name, kind_of, to_kind
 
 __all__ = ["BackendImplKind", "OpImpl", "OpRegistry", "OpManager", "load_plugin_modules"]
 
@@ -76,9 +76,20 @@ class OpImpl:
         }
 
 
+_CATALOGUE = None
+
+
+def _catalogue():
+    """{op: (argument names, output names)}, read from tefl once."""
+    global _CATALOGUE
+    if _CATALOGUE is None:
+        _CATALOGUE = _native.catalogue()
+    return _CATALOGUE
+
+
 def _adapter(fn):
     """The callable tefl's Rust side calls: (op, {tefl argument: value}) -> outputs."""
-    catalogue = _native.catalogue()
+    catalogue = _catalogue()
 
     def call(op, args):
         kind = _CALL_KIND.get() or _guess_kind(args)
@@ -159,7 +170,7 @@ class OpManager:
         """Calls ``op_name`` with TE-FL's calling convention: the op's tensor arguments
         positionally, the rest by keyword (tefl's names; ``eps`` defaults to 1e-5 and an
         output dtype to the first input's). Returns the outputs: one value, or a tuple."""
-        catalogue = _native.catalogue()
+        catalogue = _catalogue()
         if op_name not in catalogue:
             raise ValueError(f"unknown op {op_name!r}")
         names, outs = catalogue[op_name]
@@ -208,12 +219,6 @@ def _detached(v):
     return v.detach() if hasattr(v, "requires_grad") and getattr(v, "requires_grad", False) else v
 
 
-def _convert(v, kind):
-    if isinstance(v, list):
-        return [to_kind(x, kind) for x in v]
-    return to_kind(v, kind)
-
-
 def _plugin_names():
     raw = os.environ.get("TE_FL_PLUGIN_MODULES", "")
     return [n.strip() for n in raw.split(",") if n.strip()]
@@ -250,17 +255,9 @@ def load_plugin_modules(registry: OpRegistry):
     return loaded
 
 
-class _GlobalSink:
-    """Registers into the process-wide manager."""
-
-    def __init__(self, manager):
-        self.manager = manager
-
-    def register_impl(self, spec):
-        self.manager.register_impl(spec)
-
-
 def _install_global_plugins(manager):
+    """Registers the Python plugin modules' impls with the process-wide manager (the native
+    manager takes the same impl descriptions a registry hands its sinks)."""
     registry = OpRegistry()
-    registry._sinks.append(_GlobalSink(manager))
+    registry._sinks.append(manager)
     load_plugin_modules(registry)
