@@ -18,8 +18,9 @@ pub enum Value {
     None,
     /// A boolean.
     Bool(bool),
-    /// An integer.
-    Int(i64),
+    /// An integer: 128 bits, so that every integer field (u64 seeds and offsets included)
+    /// round-trips.
+    Int(i128),
     /// A float.
     Float(f64),
     /// A string (enum variants, dtypes).
@@ -194,7 +195,7 @@ macro_rules! dyn_int {
                 }
             }
             fn to_value(&self) -> Value {
-                Value::Int(i64::try_from(*self).unwrap_or(i64::MAX))
+                Value::Int(i128::try_from(*self).unwrap_or(i128::MAX))
             }
         }
     )*};
@@ -290,7 +291,7 @@ impl DynField for AttnWindow {
         }
     }
     fn to_value(&self) -> Value {
-        let side = |s: Option<usize>| s.map_or(Value::Int(-1), |x| Value::Int(i64::try_from(x).unwrap_or(i64::MAX)));
+        let side = |s: Option<usize>| s.map_or(Value::Int(-1), |x| Value::Int(i128::try_from(x).unwrap_or(i128::MAX)));
         Value::List(vec![side(self.left), side(self.right)])
     }
 }

@@ -11,7 +11,7 @@ use tefl_core::tuning::{fnv1a64, write_atomic};
 use tefl_core::{Error, Result};
 use tefl_kernels::Target;
 
-use crate::variant::{Variant, full_source};
+use crate::variant::{Defines, Variant, full_source};
 
 /// A run-time compiler of kernel sources into device binaries (cubin, code object).
 pub trait RtcCompiler: Send + Sync {
@@ -98,11 +98,29 @@ pub fn binary_has_entry(binary: &[u8], entry: &str) -> bool {
     binary.windows(needle.len()).any(|w| w == needle.as_slice())
 }
 
-type ModuleKey = (u32, &'static str, String);
+/// The modules whose (device ordinal, source, defines) hash alike: almost always one.
+type Bucket<M> = Vec<(u32, &'static str, Defines, Arc<M>)>;
 
-/// Modules of type `M` loaded per (device ordinal, source, defines), each loaded once.
+/// Modules of type `M` loaded per (device ordinal, source, defines), each loaded once. Looked
+/// up on every launch, so by a hash of the variant (no key string is built per call).
 pub struct ModuleCache<M> {
-    modules: Mutex<HashMap<ModuleKey, Arc<M>>>,
+    modules: Mutex<HashMap<u64, Bucket<M>>>,
+}
+
+fn fingerprint(ordinal: u32, variant: &Variant) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    ordinal.hash(&mut h);
+    variant.source.name.hash(&mut h);
+    variant.defines.hash(&mut h);
+    h.finish()
+}
+
+fn find<M>(bucket: Option<&Bucket<M>>, ordinal: u32, variant: &Variant) -> Option<Arc<M>> {
+    bucket?
+        .iter()
+        .find(|(o, name, d, _)| *o == ordinal && *name == variant.source.name && *d == variant.defines)
+        .map(|e| e.3.clone())
 }
 
 impl<M> Default for ModuleCache<M> {
@@ -120,17 +138,22 @@ impl<M> ModuleCache<M> {
     /// The module of `variant` on device `ordinal`, loaded with `load` on first use. Two
     /// threads racing on a first use may both load; one module is kept.
     pub fn get_or_load(&self, ordinal: u32, variant: &Variant, load: impl FnOnce() -> Result<M>) -> Result<Arc<M>> {
-        let key = (ordinal, variant.source.name, variant.defines.key());
-        if let Some(m) = self.lock().get(&key) {
-            return Ok(m.clone());
+        let key = fingerprint(ordinal, variant);
+        if let Some(m) = find(self.lock().get(&key), ordinal, variant) {
+            return Ok(m);
         }
         let m = Arc::new(load()?);
-        Ok(self.lock().entry(key).or_insert(m).clone())
+        let mut modules = self.lock();
+        if let Some(kept) = find(modules.get(&key), ordinal, variant) {
+            return Ok(kept);
+        }
+        modules.entry(key).or_default().push((ordinal, variant.source.name, variant.defines.clone(), m.clone()));
+        Ok(m)
     }
 
     /// How many modules are loaded.
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().values().map(Vec::len).sum()
     }
 
     /// Whether none is.
@@ -138,7 +161,7 @@ impl<M> ModuleCache<M> {
         self.len() == 0
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ModuleKey, Arc<M>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Bucket<M>>> {
         self.modules.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -220,7 +243,13 @@ mod tests {
         assert_eq!(*cache.get_or_load(0, &v, || Ok(8)).unwrap(), 7);
         assert_eq!(*cache.get_or_load(1, &v, || Ok(9)).unwrap(), 9);
         assert!(cache.get_or_load(2, &v, || Err(Error::Tensor("no".into()))).is_err());
-        assert_eq!((loads.load(Ordering::SeqCst), cache.len()), (1, 2));
+        // Other defines, or another source with the same defines, are other modules.
+        let other = Variant::new(&tefl_kernels::NORM, &[], Defines::new().set("BLOCK", 128));
+        assert_eq!(*cache.get_or_load(0, &other, || Ok(10)).unwrap(), 10);
+        let softmax = Variant::new(&tefl_kernels::SOFTMAX, &[], Defines::new().set("BLOCK", 256));
+        assert_eq!(*cache.get_or_load(0, &softmax, || Ok(11)).unwrap(), 11);
+        assert_eq!(*cache.get_or_load(0, &v, || Ok(12)).unwrap(), 7);
+        assert_eq!((loads.load(Ordering::SeqCst), cache.len()), (1, 4));
     }
 
     #[test]

@@ -129,9 +129,9 @@ fn to_value(v: &Bound<'_, PyAny>, arg: &str, inout: bool, stream: Option<u64>) -
     }
     if v.is_instance_of::<PyInt>() {
         return v
-            .extract::<i64>()
+            .extract::<i128>()
             .map(Value::Int)
-            .map_err(|_| PyValueError::new_err(format!("argument '{arg}': {v} does not fit 64 bits")));
+            .map_err(|_| PyValueError::new_err(format!("argument '{arg}': {v} does not fit 128 bits")));
     }
     if v.is_instance_of::<PyFloat>() {
         return Ok(Value::Float(v.extract()?));

@@ -322,6 +322,31 @@ def test_dropout():
     close(y, np.where(keep, x / 0.75, 0.0), 1e-6)
 
 
+def test_seeds_cover_the_whole_u64_range():
+    x = rand(32, 32)
+    top = (1 << 64) - 1
+    y1, m1 = tex.dropout_fwd(x, 0.5, top, 0)
+    y2, m2 = tex.dropout_fwd(x, 0.5, top, 0)
+    _, m3 = tex.dropout_fwd(x, 0.5, top - 1, 0)
+    assert np.array_equal(np.asarray(m1), np.asarray(m2)) and not np.array_equal(np.asarray(m1), np.asarray(m3))
+    with pytest.raises(ValueError, match="seed"):
+        tex.dropout_fwd(x, 0.5, 1 << 64, 0)
+    # The attention's rng_state keeps such a seed as TE does (int64 bits), and the backward
+    # reads it back: the same seed's backward as one given the seed directly.
+    b, s, h, d = 1, 8, 2, 8
+    q, k, v, do = (rand(b, s, h, d) for _ in range(4))
+    args = (s, s, True, d**-0.5, 0.3, True, "bshd_bshd_bshd", "no_bias", "no_mask", (-1, -1), None, None, q, k, v)
+    o, lse, rng_state = tex.fused_attn_fwd(*args, seed=top, offset=5)
+    assert list(np.asarray(rng_state)) == [-1, 5]
+    o_again, _, _ = tex.fused_attn_fwd(*args, seed=top, offset=5)
+    o_other, _, _ = tex.fused_attn_fwd(*args, seed=top - 1, offset=5)
+    assert np.array_equal(np.asarray(o), np.asarray(o_again)) and not np.array_equal(np.asarray(o), np.asarray(o_other))
+    bwd = (s, s, d**-0.5, 0.3, True, "bshd_bshd_bshd", "no_bias", "no_mask", (-1, -1), False, None, None, q, k, v, o, do, None, None)
+    dq, _, _, _ = tex.fused_attn_bwd(*bwd, [lse, rng_state])
+    dq_other, _, _, _ = tex.fused_attn_bwd(*bwd, [lse, np.array([-2, 5], np.int64)])
+    assert np.isfinite(np.asarray(dq)).all() and not np.array_equal(np.asarray(dq), np.asarray(dq_other))
+
+
 def test_bad_input_is_a_named_python_error():
     x, g = rand(3, 8), rand(8)
     with pytest.raises(ValueError, match="gamma"):

@@ -64,7 +64,7 @@ fn arguments_round_trip_through_values() {
         mask: AttnMask::CausalBottomRight,
         scale: 0.25,
         dropout_p: 0.1,
-        seed: 7,
+        seed: u64::MAX,
         offset: 9,
         window: AttnWindow { left: Some(3), right: None },
     };
@@ -74,7 +74,8 @@ fn arguments_round_trip_through_values() {
     assert_eq!(back.layout, QkvLayout::Thd);
     assert_eq!(back.mask, AttnMask::CausalBottomRight);
     assert_eq!(back.window, AttnWindow { left: Some(3), right: None });
-    assert_eq!((back.scale, back.dropout_p, back.seed, back.offset), (0.25, 0.1, 7, 9));
+    // Every u64 (a seed of 2^64 - 1 included) survives the round trip.
+    assert_eq!((back.scale, back.dropout_p, back.seed, back.offset), (0.25, 0.1, u64::MAX, 9));
     assert!(back.cu_seqlens_q.is_none());
 }
 
@@ -124,11 +125,13 @@ fn bad_arguments_are_errors_naming_them() {
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
     .collect();
-    for (k, v) in &mut args {
-        if k == "seed" {
-            *v = Value::Int(-1);
+    for bad in [-1, i128::from(u64::MAX) + 1] {
+        for (k, v) in &mut args {
+            if k == "seed" {
+                *v = Value::Int(bad);
+            }
         }
+        let e = call_by_name(manager(), "fused_attn_fwd", args.clone()).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument { arg: "seed", .. }), "{bad}: {e}");
     }
-    let e = call_by_name(manager(), "fused_attn_fwd", args).unwrap_err();
-    assert!(matches!(e, Error::InvalidArgument { arg: "seed", .. }), "{e}");
 }

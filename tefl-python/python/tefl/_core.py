@@ -202,8 +202,10 @@ def _torch_call(m, op, args, impl_id):
     for k, v in args.items():
         if isinstance(v, T.Tensor):
             if stream is None and v.is_cuda:
-                stream = T.raw_stream(v.device.index) if T.raw_stream else cuda_stream([v])
-            native[k] = T.to_dlpack(v.detach())
+                stream = T.raw_stream(v.get_device()) if T.raw_stream else cuda_stream([v])
+            # (DLPack refuses a tensor that requires grad; detach makes a new tensor object,
+            # so only when needed.)
+            native[k] = T.to_dlpack(v.detach() if v.requires_grad else v)
         elif isinstance(v, (list, tuple)):
             if stream is None:
                 stream = cuda_stream(v)

@@ -394,7 +394,12 @@ def fused_attn_fwd(
     return [out["o"], out["softmax_lse"], _rng_state(Q, seed, offset)]
 
 
+_U64 = (1 << 64) - 1
+
+
 def _rng_state(like, seed, offset):
+    """TE's rng_state: the seed and offset as an int64 pair (u64 values by their bits)."""
+    seed, offset = [v - (1 << 64) if v >= 1 << 63 else v for v in (int(seed), int(offset))]
     if type(like).__module__.startswith("torch"):
         import torch
 
@@ -448,7 +453,7 @@ def fused_attn_bwd(
     seed, offset = 0, 0
     if len(Aux_CTX_Tensors) > 1 and Aux_CTX_Tensors[1] is not None:
         rng = Aux_CTX_Tensors[1]
-        seed, offset = int(rng[0]), int(rng[1])
+        seed, offset = int(rng[0]) & _U64, int(rng[1]) & _U64
     args = _attn_args(
         Q, K, V, cu_seqlens_q, cu_seqlens_kv, qkv_layout, attn_mask_type, attn_scale, float(p_dropout), seed, offset, window_size
     )
