@@ -220,6 +220,14 @@ impl DeviceRuntime for HipRuntime {
         api.check(r, "hipStreamSynchronize").map_err(|e| failure(device, e))
     }
     fn time_on_device(&self, device: Device, work: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
+        self.time_after(device, &mut || Ok(()), work)
+    }
+    fn time_after(
+        &self,
+        device: Device,
+        before: &mut dyn FnMut() -> Result<()>,
+        work: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<f64> {
         let api = self.enter(device)?;
         let err = |e: String| failure(device, e);
         self.synchronize(device)?;
@@ -234,6 +242,8 @@ impl DeviceRuntime for HipRuntime {
         }
         let mut ms = 0f32;
         let timed = (|| {
+            before()?;
+            self.enter(device)?;
             // SAFETY: live events of this device, recorded on its null stream.
             api.check(unsafe { (api.event_record)(start, std::ptr::null_mut()) }, "hipEventRecord").map_err(err)?;
             work()?;

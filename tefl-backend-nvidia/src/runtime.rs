@@ -245,10 +245,19 @@ impl DeviceRuntime for CudaRuntime {
         self.context(device)?.default_stream().synchronize().map_err(|e| device_error(device, e))
     }
     fn time_on_device(&self, device: Device, work: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
+        self.time_after(device, &mut || Ok(()), work)
+    }
+    fn time_after(
+        &self,
+        device: Device,
+        before: &mut dyn FnMut() -> Result<()>,
+        work: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<f64> {
         use cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT;
         let stream = self.context(device)?.default_stream();
         let err = |e| device_error(device, e);
         stream.synchronize().map_err(err)?;
+        before()?;
         let start = stream.record_event(Some(CU_EVENT_DEFAULT)).map_err(err)?;
         work()?;
         let end = stream.record_event(Some(CU_EVENT_DEFAULT)).map_err(err)?;

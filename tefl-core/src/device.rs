@@ -240,6 +240,20 @@ pub trait DeviceRuntime: Send + Sync + 'static {
         self.synchronize(device)?;
         Ok(start.elapsed().as_secs_f64())
     }
+    /// Seconds `work` takes on `device`, queued right after `before` (untimed: the L2 flush a
+    /// benchmark runs between repetitions). Runtimes with device timing queue `work` behind
+    /// `before` without a host wait, so the device is still busy with `before` while the host
+    /// queues `work`, and `work`'s launch latency is not counted; this default runs `before`,
+    /// then times `work` with [`DeviceRuntime::time_on_device`].
+    fn time_after(
+        &self,
+        device: Device,
+        before: &mut dyn FnMut() -> Result<()>,
+        work: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<f64> {
+        before()?;
+        self.time_on_device(device, work)
+    }
     /// Copies `src` into `dst` (equal sizes, both of this runtime). Runtimes copy on the
     /// device; this default stages the bytes through the host.
     fn copy_device_to_device(&self, src: &dyn Buffer, dst: &dyn Buffer) -> Result<()> {
@@ -530,6 +544,14 @@ impl DeviceRuntime for Contained {
     }
     fn time_on_device(&self, device: Device, work: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
         self.fallible("time_on_device", || self.inner.time_on_device(device, work))
+    }
+    fn time_after(
+        &self,
+        device: Device,
+        before: &mut dyn FnMut() -> Result<()>,
+        work: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<f64> {
+        self.fallible("time_after", || self.inner.time_after(device, before, work))
     }
     fn copy_device_to_device(&self, src: &dyn Buffer, dst: &dyn Buffer) -> Result<()> {
         self.fallible("copy_device_to_device", || self.inner.copy_device_to_device(src, dst))
@@ -968,6 +990,32 @@ mod tests {
         assert_eq!("cpu".parse::<Device>().unwrap(), Device::CPU);
         assert_eq!(Device::cuda(0).to_string(), "cuda:0");
         assert!("cuda:x".parse::<Device>().is_err());
+    }
+
+    #[test]
+    fn time_after_runs_before_untimed_then_times_work_and_contains_panics() {
+        let rt = Contained::new(Arc::new(CpuRuntime)).unwrap();
+        let order = std::cell::RefCell::new(Vec::new());
+        let t = rt
+            .time_after(
+                Device::CPU,
+                &mut || {
+                    order.borrow_mut().push("before");
+                    std::thread::sleep(std::time::Duration::from_millis(200));
+                    Ok(())
+                },
+                &mut || {
+                    order.borrow_mut().push("work");
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                    Ok(())
+                },
+            )
+            .unwrap();
+        assert_eq!(*order.borrow(), ["before", "work"]);
+        // The work's 20 ms, not the 200 ms before it.
+        assert!((0.015..0.15).contains(&t), "{t}");
+        let e = rt.time_after(Device::CPU, &mut || panic!("the flush exploded"), &mut || Ok(())).unwrap_err();
+        assert!(matches!(&e, Error::DeviceFailure { .. }) && e.to_string().contains("the flush exploded"), "{e}");
     }
 
     #[test]

@@ -104,6 +104,8 @@ pub struct Suite<'m> {
     ops: BTreeMap<&'static str, Vec<DType>>,
     /// Results so far.
     pub outcomes: Vec<Outcome>,
+    /// The status line on a terminal (family, cases done, the case running).
+    progress: crate::progress::Progress,
 }
 
 const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
@@ -135,6 +137,7 @@ impl<'m> Suite<'m> {
             size,
             ops,
             outcomes: Vec::new(),
+            progress: crate::progress::Progress::new("conformance"),
         })
     }
 
@@ -193,6 +196,7 @@ impl<'m> Suite<'m> {
             self.outcomes.push(Outcome { op, dtype, case, status: Status::Skip(reason), max_abs: 0.0, rel: 0.0 });
             return;
         }
+        self.progress.tick(&format!("{op} {dtype} {case}"));
         let (status, max_abs, rel) = match f(self) {
             Err(e) => (Status::Fail(format!("error: {e}")), f64::NAN, f64::NAN),
             Ok(cmps) => {
@@ -280,9 +284,12 @@ impl<'m> Suite<'m> {
             if only.is_some_and(|o| !o.iter().any(|x| x == name)) {
                 continue;
             }
+            self.progress.clear();
             progress(name);
+            self.progress.start(name, None);
             f(self);
         }
+        self.progress.clear();
     }
 
     /// The optimizers' `noop_flag`: an i32 `[1]` zero on the suite's device.

@@ -39,8 +39,10 @@ pub fn enabled_backends() -> Vec<&'static str> {
     v
 }
 
+pub mod chart;
 pub mod conformance;
 pub mod oracle;
+pub mod progress;
 
 use std::sync::OnceLock;
 

@@ -6,7 +6,7 @@
 //! cargo xtask explain <op> [--device cpu|cuda|hip|vulkan] [--dtype bf16]
 //! cargo xtask new-backend <vendor>
 //! cargo xtask bundle <backend>
-//! cargo xtask bench [--backend X] [--vs torch] [--json FILE] [--shapes anchor|small] [--reps N] [--only S]
+//! cargo xtask bench [--backend X] [--vs torch] [--json FILE] [--svg FILE] [--shapes anchor|small] [--reps N] [--only S[,S...]]
 //! ```
 //!
 //! The work itself is done by the tool binaries of the `tests` crate (conformance, coverage,
@@ -35,8 +35,10 @@ const USAGE: &str = "usage: cargo xtask <command>
   bundle <backend>
         release conformance/bench/explain/quickstart binaries and a run.sh for the GPU
         machine, in target/bundle/<backend>/ (under 64 MiB)
-  bench [--backend X] [--vs torch] [--json FILE] [--shapes anchor|small] [--reps N] [--only S]
-        time each op of the anchor table on the backend's device";
+  bench [--backend X] [--vs torch] [--json FILE] [--svg FILE] [--shapes anchor|small] [--reps N] [--only S[,S...]]
+        time each op of the anchor table on the backend's device and, with --vs torch, every
+        peer (torch eager, torch.compile, SDPA flash/cuDNN, FlagGems) in the same run; --svg
+        draws tefl's speed relative to the best peer";
 
 /// The bundle size limit of the GPU machine's carried paths.
 const BUNDLE_LIMIT: u64 = 64 << 20;
@@ -235,11 +237,28 @@ fn bundle(args: &[String]) -> Result<ExitCode, String> {
         let _ = Command::new("strip").arg("--strip-debug").arg(&dst).status();
     }
     fs::copy(root().join("tests/torch_oracle.py"), dir.join("torch_oracle.py")).map_err(|e| e.to_string())?;
+    // The bench's FlagGems peer: wheels put in target/bundle/peers (README, "Benchmarks") travel
+    // along and run.sh installs them.
+    let peers = root().join("target/bundle/peers");
+    let wheels: Vec<PathBuf> = fs::read_dir(&peers)
+        .map(|d| {
+            d.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "whl")).collect()
+        })
+        .unwrap_or_default();
+    if !wheels.is_empty() {
+        fs::create_dir_all(dir.join("peers")).map_err(|e| e.to_string())?;
+        for w in &wheels {
+            let name = w.file_name().ok_or("a wheel without a name")?;
+            fs::copy(w, dir.join("peers").join(name)).map_err(|e| format!("{}: {e}", w.display()))?;
+        }
+    }
     let run_sh = scaffold::run_sh(&backend);
     fs::write(dir.join("run.sh"), run_sh).map_err(|e| e.to_string())?;
     set_executable(&dir.join("run.sh"))?;
-    let total: u64 =
-        fs::read_dir(&dir).map_err(|e| e.to_string())?.filter_map(|e| e.ok()?.metadata().ok()).map(|m| m.len()).sum();
+    let size_of = |d: &Path| -> u64 {
+        fs::read_dir(d).map_or(0, |r| r.filter_map(|e| e.ok()?.metadata().ok()).map(|m| m.len()).sum())
+    };
+    let total = size_of(&dir) + size_of(&dir.join("peers"));
     println!("bundle {} : {:.1} MiB", dir.display(), total as f64 / (1 << 20) as f64);
     if total >= BUNDLE_LIMIT {
         return Err(format!("the bundle is {total} bytes, over the 64 MiB the GPU machine accepts"));

@@ -281,7 +281,14 @@ if has bench; then
   echo "== bench"
   vs=""
   python3 -c "import torch" 2>/dev/null && vs="--vs torch"
-  "$here/bench" --backend {backend} $vs --json "$out/bench.json" 2>&1 | tee "$out/bench.log" || status=1
+  # FlagGems and its dependencies, when the bundle carries their wheels (see `cargo xtask
+  # bundle`), are installed for the bench's peers.
+  if ls "$here"/peers/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --target "$scratch/site" "$here"/peers/*.whl \
+      && export PYTHONPATH="$scratch/site${{PYTHONPATH:+:$PYTHONPATH}}"
+  fi
+  "$here/bench" --backend {backend} $vs --json "$out/bench.json" --svg "$out/bench.svg" 2>&1 | tee "$out/bench.log" \
+    || status=1
 fi
 rm -rf "$scratch"
 exit $status

@@ -1,19 +1,28 @@
-//! `bench [--backend X] [--shapes anchor|small] [--vs torch] [--json FILE] [--reps N]`: times
-//! each op of the anchor table (`shared/device/README.md`) on the backend's device: 3 s of
-//! back-to-back calls as warm-up, then the median of repeated runs, each a batch of calls made
-//! back to back (about 20 ms) timed by the device runtime (CUDA events on cuda, timestamp
-//! queries on Vulkan) and divided by its size. Reports GB/s (each
-//! input read once, each output written once) or TFLOP/s, and the fraction of a copy's
-//! bandwidth measured in the same run. With `--vs torch` (python3 with torch), the torch
-//! equivalents run in the same process tree on the same shapes, and the tefl/torch time
-//! ratio is printed. `--only SUBSTRING` keeps the matching cases. `cargo xtask bench` runs it.
+//! `bench [--backend X] [--shapes anchor|small] [--vs torch] [--json FILE] [--svg FILE] [--reps N]
+//! [--only SUBSTRING[,...]]`: times each op of the anchor table (`shared/device/README.md`) on the
+//! backend's device, and with `--vs torch` every peer a PyTorch user can pick on the same
+//! shapes in the same run (`tests/src/bench_peers.py`: torch eager, torch.compile for norms,
+//! activations, softmax and RoPE, SDPA's flash and cuDNN backends for attention, FlagGems when
+//! it is importable).
+//!
+//! tefl and its peers are timed the same way: 3 s of back-to-back calls as warm-up (a GPU
+//! idle before a case raises its clocks; torch's side warms for 1 s), then per repetition an L2
+//! flush (a 256 MiB fill) followed, with no host wait, by one call timed on the device (CUDA
+//! events; Vulkan timestamp queries), and the median of the repetitions. Reports GB/s (each
+//! input read once, each output written once) or TFLOP/s, the fraction of a copy's bandwidth
+//! measured the same way, each peer's time, the best peer and tefl's speed relative to it
+//! (best peer's time / tefl's: above 1, tefl is faster). `--svg FILE` draws that last column
+//! as a bar chart. `cargo xtask bench` runs it.
 
 use std::fmt::Write as _;
 use std::process::ExitCode;
 use std::time::Instant;
 
 use tefl_core::catalogue::*;
+use tefl_core::device::{Buffer, DeviceRuntime};
 use tefl_core::{DType, Device, Manager, Op, Registry, Tensor};
+use tefl_tests::chart::{Bar, svg};
+use tefl_tests::progress::Progress;
 
 struct Case {
     name: String,
@@ -219,102 +228,61 @@ fn cases(c: &Ctx, small: bool) -> tefl_core::Result<Vec<Case>> {
     Ok(v)
 }
 
-/// Warm-up, then the median of up to `reps` timed runs (at least 3, at most ~20 s), each
-/// timed by the device's runtime (device events where it has them) over a batch of calls made
-/// back to back (about 20 ms of device time, at most 50 calls), per call.
-fn median_secs(reps: usize, device: Device, f: &dyn Fn() -> tefl_core::Result<()>) -> tefl_core::Result<f64> {
-    let rt = tefl_core::device::runtime(device.kind)?;
-    // Warm-up: calls back to back for at least WARM_UP_SECS, so that a GPU idle before the case
-    // has raised its clocks. The H100 under Vulkan needed seconds of steady work: after 0.2 s,
-    // and still after 1.5 s, it ran a 4096^3 GEMM about five times slower than after 3 s.
-    let warm = Instant::now();
-    while warm.elapsed().as_secs_f64() < WARM_UP_SECS {
-        f()?;
-    }
-    rt.synchronize(device)?;
-    let one = rt.time_on_device(device, &mut || (0..4).try_for_each(|_| f()))? / 4.0;
-    let batch = ((20e-3 / one.max(1e-7)).ceil() as usize).clamp(1, 50);
-    let budget = Instant::now();
-    let mut ts = Vec::new();
-    while ts.len() < reps && (ts.len() < 3 || budget.elapsed().as_secs_f64() < 20.0) {
-        let t = rt.time_on_device(device, &mut || (0..batch).try_for_each(|_| f()))?;
-        ts.push(t / batch as f64);
-    }
-    ts.sort_by(f64::total_cmp);
-    Ok(ts[ts.len() / 2])
+/// How bench times one case on a device: warm-up, then per repetition an L2 flush and one
+/// call timed right after it on the device.
+struct Timer {
+    rt: std::sync::Arc<dyn DeviceRuntime>,
+    device: Device,
+    /// What each repetition fills first (GPU devices): larger than any last-level cache here.
+    flush: Option<std::sync::Arc<dyn Buffer>>,
 }
 
 /// Seconds of back-to-back calls before a case is timed.
 const WARM_UP_SECS: f64 = 3.0;
 
-const TORCH_SCRIPT: &str = r#"
-import json, sys, time
-import torch, torch.nn.functional as F
-dev = sys.argv[1]
-cases = json.loads(sys.stdin.read())
-bf = torch.bfloat16
-def t(*s, dt=bf): return (torch.rand(*s, device=dev, dtype=torch.float32) - 0.5).to(dt)
-def sync():
-    if dev.startswith("cuda"): torch.cuda.synchronize()
-def bench(f, reps):
-    f(); sync(); ts = []
-    for _ in range(reps):
-        a = time.perf_counter(); f(); sync(); ts.append(time.perf_counter() - a)
-    ts.sort(); return ts[len(ts) // 2]
-out = {}
-for spec, reps in cases:
-    w = spec.split(); op = w[0]; a = [int(x) for x in w[1:]]
-    try:
-        if op == "rmsnorm_fwd":
-            x, g = t(a[0], a[1]), t(a[1]); f = lambda: F.rms_norm(x, (a[1],), g, 1e-5)
-        elif op == "rmsnorm_bwd":
-            x = t(a[0], a[1]).requires_grad_(); g = t(a[1]).requires_grad_(); y = F.rms_norm(x, (a[1],), g, 1e-5); dy = t(a[0], a[1])
-            f = lambda: torch.autograd.grad(y, (x, g), dy, retain_graph=True)
-        elif op == "layernorm_fwd":
-            x, g = t(a[0], a[1]), t(a[1]); f = lambda: F.layer_norm(x, (a[1],), g, g, 1e-5)
-        elif op == "gelu":
-            x = t(a[0], a[1]); f = lambda: F.gelu(x, approximate="tanh")
-        elif op == "swiglu":
-            x = t(a[0], 2 * a[1]); f = lambda: (lambda u, v: F.silu(u) * v)(*x.chunk(2, -1))
-        elif op == "softmax":
-            x = t(a[0], a[1]); f = lambda: torch.softmax(x * 0.125, -1)
-        elif op == "rope":
-            s, b, h, d = a; x = t(s, b, h, d); fr = t(s, 1, 1, d, dt=torch.float32)
-            c, sn = fr.cos().to(bf), fr.sin().to(bf)
-            f = lambda: x * c + torch.cat((-x[..., d // 2:], x[..., : d // 2]), -1) * sn
-        elif op == "gemm":
-            m = a[0]; x = t(m, m); f = lambda: x @ x
-        elif op == "gemm_f16":
-            m = a[0]; x = t(m, m, dt=torch.float16); f = lambda: x @ x
-        elif op in ("attn_fwd", "attn_bwd"):
-            b, h, s, d = a; q = t(b, h, s, d).requires_grad_(op == "attn_bwd")
-            from torch.nn.attention import sdpa_kernel, SDPBackend
-            be = SDPBackend.FLASH_ATTENTION if dev.startswith("cuda") else SDPBackend.MATH
-            with sdpa_kernel(be):
-                if op == "attn_fwd":
-                    f = lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True)
-                else:
-                    o = F.scaled_dot_product_attention(q, q, q, is_causal=True); do = t(b, h, s, d)
-                    f = lambda: torch.autograd.grad(o, q, do, retain_graph=True)
-                out[spec] = bench(f, reps); continue
-        elif op == "adam":
-            p = torch.nn.Parameter(t(a[0], dt=torch.float32)); p.grad = t(a[0], dt=torch.float32)
-            opt = torch.optim.AdamW([p], lr=1e-4, fused=dev.startswith("cuda"))
-            f = opt.step
-        else:
-            continue
-        out[spec] = bench(f, reps)
-    except Exception as e:
-        out[spec] = None
-        print(f"torch {spec}: {e}", file=sys.stderr)
-print(json.dumps(out))
-"#;
+/// Bytes of the L2 flush (H100: 50 MB of L2, H200: 60 MB).
+const FLUSH_BYTES: usize = 256 << 20;
 
-fn torch_times(
-    device: &Device,
-    specs: &[(String, usize)],
-) -> Result<std::collections::HashMap<String, Option<f64>>, String> {
-    use std::io::Write;
+impl Timer {
+    fn new(device: Device) -> tefl_core::Result<Self> {
+        let rt = tefl_core::device::runtime(device.kind)?;
+        let flush = if device.is_cpu() { None } else { Some(rt.alloc(device, FLUSH_BYTES)?) };
+        Ok(Timer { rt, device, flush })
+    }
+
+    /// Warm-up, then the median of up to `reps` timed calls (at least 3, at most ~20 s).
+    fn median_secs(&self, reps: usize, f: &dyn Fn() -> tefl_core::Result<()>) -> tefl_core::Result<f64> {
+        // Warm-up: calls back to back for at least WARM_UP_SECS, so that a GPU idle before the
+        // case has raised its clocks. The H100 under Vulkan needed seconds of steady work:
+        // after 0.2 s, and still after 1.5 s, it ran a 4096^3 GEMM about five times slower
+        // than after 3 s (the slow phase ends at once, not gradually).
+        let warm = Instant::now();
+        while warm.elapsed().as_secs_f64() < WARM_UP_SECS {
+            f()?;
+        }
+        self.rt.synchronize(self.device)?;
+        let budget = Instant::now();
+        let mut ts = Vec::new();
+        while ts.len() < reps.max(3) && (ts.len() < 3 || budget.elapsed().as_secs_f64() < 20.0) {
+            let t = match &self.flush {
+                Some(buf) => self.rt.time_after(self.device, &mut || self.rt.fill(&**buf, 0), &mut || f())?,
+                None => self.rt.time_on_device(self.device, &mut || f())?,
+            };
+            ts.push(t);
+        }
+        ts.sort_by(f64::total_cmp);
+        Ok(ts[ts.len() / 2])
+    }
+}
+
+/// The peers' side (python3 with torch), run as a child process.
+const PEERS_SCRIPT: &str = include_str!("../bench_peers.py");
+
+/// Seconds per peer per spec (None: the peer failed on it).
+type PeerTimes = std::collections::HashMap<String, std::collections::BTreeMap<String, Option<f64>>>;
+
+fn peer_times(device: &Device, specs: &[(String, usize)]) -> Result<PeerTimes, String> {
+    use std::io::{BufRead, Write};
     let dev = if device.is_cpu() {
         "cpu".to_string()
     } else if device.kind.name() == "cuda" {
@@ -330,37 +298,55 @@ fn torch_times(
     if !check.is_ok_and(|o| o.status.success()) {
         return Err("python3 with torch is not available".into());
     }
-    let mut child = std::process::Command::new("python3")
-        .args(["-c", TORCH_SCRIPT, &dev])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .map_err(|e| e.to_string())?;
-    let input = format!("[{}]", specs.iter().map(|(s, r)| format!("[\"{s}\", {r}]")).collect::<Vec<_>>().join(","));
-    child.stdin.take().ok_or("no stdin")?.write_all(input.as_bytes()).map_err(|e| e.to_string())?;
-    let out = child.wait_with_output().map_err(|e| e.to_string())?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let v: serde_json::Value =
-        serde_json::from_str(text.trim()).map_err(|e| format!("torch script output: {e}: {text}"))?;
-    Ok(specs.iter().map(|(s, _)| (s.clone(), v.get(s).and_then(|x| x.as_f64()))).collect())
+    let mut times = PeerTimes::new();
+    // One process per spec: a peer that faults the device takes only its own spec's later
+    // peers with it (their lines never come; the table shows them as missing).
+    for (i, (spec, reps)) in specs.iter().enumerate() {
+        eprintln!("bench peers: [{}/{}] {spec}", i + 1, specs.len());
+        let mut child = std::process::Command::new("python3")
+            .args(["-c", PEERS_SCRIPT, &dev])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .map_err(|e| e.to_string())?;
+        let input = serde_json::json!([[spec, reps]]).to_string();
+        child.stdin.take().ok_or("no stdin")?.write_all(input.as_bytes()).map_err(|e| e.to_string())?;
+        let stdout = child.stdout.take().ok_or("no stdout")?;
+        for line in std::io::BufReader::new(stdout).lines() {
+            let line = line.map_err(|e| e.to_string())?;
+            let Ok(serde_json::Value::Array(v)) = serde_json::from_str::<serde_json::Value>(&line) else {
+                continue;
+            };
+            if let [serde_json::Value::String(s), serde_json::Value::String(peer), secs] = v.as_slice() {
+                times.entry(s.clone()).or_default().insert(peer.clone(), secs.as_f64());
+            }
+        }
+        let status = child.wait().map_err(|e| e.to_string())?;
+        if !status.success() {
+            eprintln!("bench peers: the process for '{spec}' ended with {status}; kept what it measured");
+        }
+    }
+    Ok(times)
 }
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
     let (mut backend, mut shapes, mut vs_torch, mut json, mut reps) =
-        ("reference".to_string(), None, false, None, 10usize);
+        ("reference".to_string(), None, false, None, 20usize);
     let mut only: Option<String> = None;
+    let mut svg_path: Option<String> = None;
     while let Some(a) = args.next() {
         match a.as_str() {
             "--backend" => backend = args.next().unwrap_or_default().to_ascii_lowercase(),
             "--shapes" => shapes = args.next(),
             "--vs" => vs_torch = args.next().as_deref() == Some("torch"),
             "--json" => json = args.next(),
+            "--svg" => svg_path = args.next(),
             "--only" => only = args.next(),
-            "--reps" => reps = args.next().and_then(|r| r.parse().ok()).unwrap_or(10),
+            "--reps" => reps = args.next().and_then(|r| r.parse().ok()).unwrap_or(20),
             other => {
                 eprintln!(
-                    "bench: unexpected argument {other:?}\nusage: bench [--backend X] [--shapes anchor|small] [--vs torch] [--json FILE] [--reps N] [--only SUBSTRING]"
+                    "bench: unexpected argument {other:?}\nusage: bench [--backend X] [--shapes anchor|small] [--vs torch] [--json FILE] [--svg FILE] [--reps N] [--only SUBSTRING[,SUBSTRING...]]"
                 );
                 return ExitCode::from(2);
             }
@@ -400,16 +386,24 @@ fn main() -> ExitCode {
         }
     };
     let ctx = Ctx { mgr, impl_id: impl_id.clone(), device };
+    let timer = match Timer::new(device) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("bench: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     println!(
-        "bench: backend {backend} ({impl_id}) on {device}, {} shapes, median of up to {reps} runs of batched calls",
-        if small { "small (CPU)" } else { "anchor" }
+        "bench: backend {backend} ({impl_id}) on {device}, {} shapes, median of up to {reps} calls{}",
+        if small { "small (CPU)" } else { "anchor" },
+        if timer.flush.is_some() { ", each after an L2 flush" } else { "" }
     );
     // Copy bandwidth in the same run (read + write), the memory-bound ops' yardstick.
     let copy_bytes = 256usize << 20;
     let copy_gbps = (|| -> tefl_core::Result<f64> {
-        let rt = tefl_core::device::runtime(device.kind)?;
+        let rt = &timer.rt;
         let (src, dst) = (rt.alloc(device, copy_bytes)?, rt.alloc(device, copy_bytes)?);
-        let t = median_secs(reps, device, &|| rt.copy_device_to_device(&*src, &*dst))?;
+        let t = timer.median_secs(reps, &|| rt.copy_device_to_device(&*src, &*dst))?;
         Ok(2.0 * copy_bytes as f64 / t / 1e9)
     })()
     .map_err(|e| println!("copy: {e}"))
@@ -420,15 +414,17 @@ fn main() -> ExitCode {
     }
     let cases = match cases(&ctx, small) {
         Ok(c) => {
-            c.into_iter().filter(|c| only.as_ref().is_none_or(|o| c.name.contains(o.as_str()))).collect::<Vec<_>>()
+            // `--only a,b`: the cases whose name contains any of the comma-separated parts.
+            let keep = |name: &str| only.as_ref().is_none_or(|o| o.split(',').any(|part| name.contains(part)));
+            c.into_iter().filter(|c| keep(&c.name)).collect::<Vec<_>>()
         }
         Err(e) => {
             eprintln!("bench: preparing inputs failed: {e}");
             return ExitCode::FAILURE;
         }
     };
-    let torch = if vs_torch {
-        match torch_times(&device, &cases.iter().map(|c| (c.torch.clone(), reps)).collect::<Vec<_>>()) {
+    let peers = if vs_torch {
+        match peer_times(&device, &cases.iter().map(|c| (c.torch.clone(), reps)).collect::<Vec<_>>()) {
             Ok(t) => Some(t),
             Err(e) => {
                 println!("--vs torch: {e}; skipping the comparison");
@@ -438,14 +434,30 @@ fn main() -> ExitCode {
     } else {
         None
     };
+    // The peer columns this run has, in a fixed order.
+    let peer_names: Vec<String> = ["eager", "compile", "flaggems", "sdpa_flash", "sdpa_cudnn"]
+        .iter()
+        .map(|p| p.to_string())
+        .filter(|p| peers.as_ref().is_some_and(|m| m.values().any(|v| v.contains_key(p))))
+        .collect();
     let mut rows = Vec::new();
+    let mut bars = Vec::new();
     let mut failed = false;
-    println!(
-        "{:<40} {:>10} {:>12} {:>9} {:>10} {:>10}",
-        "op", "median ms", "rate", "of copy", "torch ms", "tefl/torch"
-    );
+    let mut head = format!("{:<40} {:>10} {:>13} {:>8}", "op", "tefl ms", "rate", "of copy");
+    for p in &peer_names {
+        let _ = write!(head, " {:>10}", p);
+    }
+    if peers.is_some() {
+        let _ = write!(head, " {:>10} {:>10}", "best peer", "tefl speed");
+    }
+    println!("{head}");
+    let mut progress = Progress::new("bench");
+    progress.start("bench", Some(cases.len()));
     for c in &cases {
-        let t = match median_secs(reps, device, &*c.run) {
+        progress.tick(&c.name);
+        let t = timer.median_secs(reps, &*c.run);
+        progress.clear();
+        let t = match t {
             Ok(t) => t,
             Err(e) => {
                 println!("{:<40} error: {e}", c.name);
@@ -454,21 +466,53 @@ fn main() -> ExitCode {
             }
         };
         let (rate, frac) = if c.flops > 0.0 {
-            (format!("{:.2} TFLOP/s", c.flops / t / 1e12), String::new())
+            (format!("{:.1} TFLOP/s", c.flops / t / 1e12), String::new())
         } else {
             let g = c.bytes / t / 1e9;
-            (format!("{g:.1} GB/s"), copy_gbps.map_or(String::new(), |cg| format!("{:.0}%", 100.0 * g / cg)))
+            (format!("{g:.0} GB/s"), copy_gbps.map_or(String::new(), |cg| format!("{:.0}%", 100.0 * g / cg)))
         };
-        let tt = torch.as_ref().and_then(|m| m.get(&c.torch).copied().flatten());
-        let (tms, ratio) =
-            tt.map_or((String::new(), String::new()), |x| (format!("{:.3}", x * 1e3), format!("{:.2}", t / x)));
-        println!("{:<40} {:>10.3} {:>12} {:>9} {:>10} {:>10}", c.name, t * 1e3, rate, frac, tms, ratio);
+        let mine = peers.as_ref().and_then(|m| m.get(&c.torch));
+        let peer_ms = |p: &str| mine.and_then(|m| m.get(p).copied().flatten());
+        let best =
+            peer_names.iter().filter_map(|p| peer_ms(p).map(|x| (p.clone(), x))).min_by(|a, b| a.1.total_cmp(&b.1));
+        let mut line = format!("{:<40} {:>10.3} {:>13} {:>8}", c.name, t * 1e3, rate, frac);
+        for p in &peer_names {
+            let _ = write!(line, " {:>10}", peer_ms(p).map_or("-".to_string(), |x| format!("{:.3}", x * 1e3)));
+        }
+        if peers.is_some() {
+            match &best {
+                Some((p, x)) => {
+                    let _ = write!(line, " {p:>10} {:>9.2}x", x / t);
+                    bars.push(Bar { op: c.name.clone(), speed: x / t, peer: p.clone() });
+                }
+                None => line.push_str(&format!(" {:>10} {:>10}", "-", "-")),
+            }
+        }
+        println!("{line}");
+        let peer_json: serde_json::Map<String, serde_json::Value> =
+            peer_names.iter().map(|p| (p.clone(), serde_json::json!(peer_ms(p).map(|x| x * 1e3)))).collect();
         rows.push(serde_json::json!({
             "op": c.name, "median_ms": t * 1e3, "bytes": c.bytes, "flops": c.flops,
             "gbps": if c.bytes > 0.0 { Some(c.bytes / t / 1e9) } else { None },
             "tflops": if c.flops > 0.0 { Some(c.flops / t / 1e12) } else { None },
-            "copy_gbps": copy_gbps, "torch_ms": tt.map(|x| x * 1e3), "tefl_over_torch": tt.map(|x| t / x),
+            "copy_gbps": copy_gbps, "peers_ms": peer_json,
+            "best_peer": best.as_ref().map(|b| b.0.clone()), "best_peer_ms": best.as_ref().map(|b| b.1 * 1e3),
+            "tefl_speed_vs_best": best.as_ref().map(|b| b.1 / t),
         }));
+    }
+    drop(progress);
+    if let Some(path) = svg_path {
+        let name = tefl_core::device::runtime(device.kind).map(|r| r.name(device.ordinal)).unwrap_or_default();
+        let title = format!("tefl {backend} on {name}: speed relative to the best peer (same run)");
+        if bars.is_empty() {
+            eprintln!("bench: --svg needs --vs torch (no peer times to draw)");
+            failed = true;
+        } else if let Err(e) = std::fs::write(&path, svg(&title, &bars)) {
+            eprintln!("bench: writing {path}: {e}");
+            return ExitCode::FAILURE;
+        } else {
+            println!("wrote {path}");
+        }
     }
     if let Some(path) = json {
         let doc = serde_json::json!({ "backend": backend, "impl_id": impl_id, "device": device.to_string(), "shapes": if small { "small" } else { "anchor" }, "results": rows });

@@ -1,0 +1,160 @@
+"""The peers of `bench --vs torch`: each anchor op as a PyTorch user can run it today, timed
+the way bench times tefl. Reads `[[spec, reps], ...]` on stdin (spec: "op size..."), prints one
+JSON line `[spec, peer, seconds or null]` per peer as soon as it is measured, so that what was
+measured survives a peer that brings the process down (a CUDA fault poisons the context):
+bench runs one process per spec and keeps every line it got.
+
+Peers: torch eager; torch.compile (norms, activations, softmax, RoPE); SDPA with the flash and
+the cuDNN backends (attention); FlagGems (`flag_gems.use_gems()` around the eager code) when
+it is importable. On CUDA each repetition is an L2 flush (a 256 MiB fill), then CUDA events
+around one call, all queued without a host wait, so the device is busy with the flush while
+the host queues the call; the median of the repetitions after about a second of warm-up.
+"""
+
+import contextlib
+import json
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+dev = sys.argv[1]
+cuda = dev.startswith("cuda")
+cases = json.loads(sys.stdin.read())
+bf = torch.bfloat16
+flush = torch.empty(256 << 20, dtype=torch.int8, device=dev) if cuda else None
+
+try:
+    import flag_gems
+except Exception as e:  # not installed, or fails to import on this machine
+    flag_gems = None
+    print(f"bench peers: FlagGems not importable ({type(e).__name__}: {e})", file=sys.stderr)
+
+
+def t(*s, dt=bf):
+    return (torch.rand(*s, device=dev, dtype=torch.float32) - 0.5).to(dt)
+
+
+def sync():
+    if cuda:
+        torch.cuda.synchronize()
+
+
+def timed(f, reps):
+    f()
+    sync()
+    warm = time.perf_counter()
+    while time.perf_counter() - warm < 1.0:
+        f()
+        sync()
+    ts = []
+    if cuda:
+        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+        for a, b in ev:
+            flush.zero_()
+            a.record()
+            f()
+            b.record()
+        sync()
+        ts = [a.elapsed_time(b) / 1e3 for a, b in ev]
+    else:
+        for _ in range(reps):
+            a = time.perf_counter()
+            f()
+            ts.append(time.perf_counter() - a)
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+def eager(op, a):
+    """The op in torch eager (a callable), and whether torch.compile applies to it."""
+    if op == "rmsnorm_fwd":
+        x, g = t(a[0], a[1]), t(a[1])
+        return (lambda: F.rms_norm(x, (a[1],), g, 1e-5)), True
+    if op == "rmsnorm_bwd":
+        x = t(a[0], a[1]).requires_grad_()
+        g = t(a[1]).requires_grad_()
+        y = F.rms_norm(x, (a[1],), g, 1e-5)
+        dy = t(a[0], a[1])
+        return (lambda: torch.autograd.grad(y, (x, g), dy, retain_graph=True)), False
+    if op == "layernorm_fwd":
+        x, g = t(a[0], a[1]), t(a[1])
+        return (lambda: F.layer_norm(x, (a[1],), g, g, 1e-5)), True
+    if op == "gelu":
+        x = t(a[0], a[1])
+        return (lambda: F.gelu(x, approximate="tanh")), True
+    if op == "swiglu":
+        x = t(a[0], 2 * a[1])
+        return (lambda: (lambda u, v: F.silu(u) * v)(*x.chunk(2, -1))), True
+    if op == "softmax":
+        x = t(a[0], a[1])
+        return (lambda: torch.softmax(x * 0.125, -1)), True
+    if op == "rope":
+        s, b, h, d = a
+        x = t(s, b, h, d)
+        fr = t(s, 1, 1, d, dt=torch.float32)
+        c, sn = fr.cos().to(bf), fr.sin().to(bf)
+        return (lambda: x * c + torch.cat((-x[..., d // 2 :], x[..., : d // 2]), -1) * sn), True
+    if op in ("gemm", "gemm_f16"):
+        m = a[0]
+        x = t(m, m, dt=torch.float16 if op == "gemm_f16" else bf)
+        return (lambda: x @ x), False
+    if op == "adam":
+        p = torch.nn.Parameter(t(a[0], dt=torch.float32))
+        p.grad = t(a[0], dt=torch.float32)
+        opt = torch.optim.AdamW([p], lr=1e-4, fused=cuda)
+        return opt.step, False
+    return None, False
+
+
+def attention(op, a):
+    """SDPA's callable for attn_fwd / attn_bwd (causal, bhsd)."""
+    b, h, s, d = a
+    q = t(b, h, s, d).requires_grad_(op == "attn_bwd")
+    if op == "attn_fwd":
+        return lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True)
+    o = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+    do = t(b, h, s, d)
+    return lambda: torch.autograd.grad(o, q, do, retain_graph=True)
+
+
+def peers(op, a):
+    """(peer name, context manager to time it in, setup returning the callable) per peer."""
+    if op in ("attn_fwd", "attn_bwd"):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        if not cuda:
+            return [("eager", lambda: sdpa_kernel(SDPBackend.MATH), lambda: attention(op, a))]
+        out = [
+            ("sdpa_flash", lambda: sdpa_kernel(SDPBackend.FLASH_ATTENTION), lambda: attention(op, a)),
+            ("sdpa_cudnn", lambda: sdpa_kernel(SDPBackend.CUDNN_ATTENTION), lambda: attention(op, a)),
+        ]
+        if flag_gems is not None:
+            out.append(("flaggems", flag_gems.use_gems, lambda: attention(op, a)))
+        return out
+    f, compiles = eager(op, a)
+    if f is None:
+        return []
+    out = [("eager", contextlib.nullcontext, lambda: f)]
+    if compiles:
+        out.append(("compile", contextlib.nullcontext, lambda: torch.compile(eager(op, a)[0])))
+    if flag_gems is not None and op != "adam":
+        out.append(("flaggems", flag_gems.use_gems, lambda: eager(op, a)[0]))
+    return out
+
+
+for spec, reps in cases:
+    w = spec.split()
+    op, a = w[0], [int(x) for x in w[1:]]
+    for name, ctx, setup in peers(op, a):
+        print(f"bench peers: {spec}: {name}", file=sys.stderr, flush=True)
+        try:
+            with ctx():
+                secs = timed(setup(), reps)
+        except Exception as e:
+            secs = None
+            print(f"bench peers: {name} {spec}: {type(e).__name__}: {e}", file=sys.stderr)
+        print(json.dumps([spec, name, secs]), flush=True)
+        if cuda:
+            torch.cuda.empty_cache()
