@@ -414,6 +414,11 @@ impl PyManager {
         self.get().register_impl(python_impl(spec)?).map_err(to_py)
     }
 
+    /// Logs `Registered impl_ids: [...]` for the registry as it is now (after Python plugins).
+    fn log_registered(&self) {
+        self.get().log_registered();
+    }
+
     /// Every registered impl id, sorted.
     fn impl_ids(&self) -> Vec<String> {
         self.get().with_registry(|r| r.impl_ids())

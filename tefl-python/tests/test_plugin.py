@@ -50,6 +50,10 @@ def test_an_out_of_tree_plugin_package_is_loaded_from_te_fl_plugin_modules():
     assert "Op 'silu' fallback to 'reference.cpu'" in r.stderr, r.stderr
     # The Python module is not also opened as a C library.
     assert "skipped" not in r.stderr, r.stderr
+    # The last "Registered impl_ids" line (after the plugin modules) lists the plugin's impl
+    # with the built-in ones.
+    registered = [l for l in r.stderr.splitlines() if "Registered impl_ids: [" in l]
+    assert registered and "'vendor.acme'" in registered[-1] and "'reference.cpu'" in registered[-1], r.stderr
 
 
 def test_a_broken_plugin_module_is_reported_and_skipped():

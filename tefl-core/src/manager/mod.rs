@@ -106,6 +106,12 @@ pub struct Manager {
     warned: Mutex<HashSet<String>>,
 }
 
+/// The `Registered impl_ids: ['a', 'b']` line of a registry (INFO).
+fn log_registered(registry: &Registry) {
+    let quoted: Vec<String> = registry.impl_ids().iter().map(|i| format!("'{i}'")).collect();
+    tracing::info!(target: LOG, "Registered impl_ids: [{}]", quoted.join(", "));
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -113,9 +119,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Manager {
     /// A manager over `registry` with `policy`. Logs `Registered impl_ids: [...]`.
     pub fn new(registry: Registry, policy: SelectionPolicy) -> Self {
-        let ids = registry.impl_ids();
-        let quoted: Vec<String> = ids.iter().map(|i| format!("'{i}'")).collect();
-        tracing::info!(target: LOG, "Registered impl_ids: [{}]", quoted.join(", "));
+        log_registered(&registry);
         let m = Manager {
             id: next_id(),
             registry: RwLock::new(registry),
@@ -168,6 +172,13 @@ impl Manager {
     pub fn register_vendor(&self, info: crate::VendorInfo) {
         write_lock(&self.registry).register_vendor(info);
         self.bump();
+    }
+
+    /// Logs `Registered impl_ids: [...]` again, for the registry as it is now: a host that
+    /// registers impls after the manager was made (the Python package's plugin modules) says
+    /// the complete list once they are in.
+    pub fn log_registered(&self) {
+        log_registered(&read_lock(&self.registry));
     }
 
     /// Runs `f` with read access to the registry.

@@ -260,4 +260,7 @@ def _install_global_plugins(manager):
     manager takes the same impl descriptions a registry hands its sinks)."""
     registry = OpRegistry()
     registry._sinks.append(manager)
-    load_plugin_modules(registry)
+    if load_plugin_modules(registry):
+        # The native manager logged its impls when it was made; the list with the Python
+        # plugins' impls in it, as TE-FL logs it after discovery.
+        manager.log_registered()
