@@ -374,28 +374,40 @@ unsafe extern "C" fn export_deleter_versioned(m: *mut DlManagedTensorVersioned) 
     }
 }
 
+/// The tensor a capsule named `name` still owns, or null when a consumer took it (renamed the
+/// capsule; the failed lookup's error is cleared).
+///
+/// # Safety
+/// `capsule` must be a live capsule object.
+unsafe fn unconsumed(capsule: *mut pyo3::ffi::PyObject, name: &CStr) -> *mut std::ffi::c_void {
+    // SAFETY: the caller passes a live capsule; a lookup under another name returns null and
+    // sets an error, cleared here.
+    unsafe {
+        let p = pyo3::ffi::PyCapsule_GetPointer(capsule, name.as_ptr());
+        if p.is_null() {
+            pyo3::ffi::PyErr_Clear();
+        }
+        p
+    }
+}
+
 unsafe extern "C" fn capsule_destructor(capsule: *mut pyo3::ffi::PyObject) {
     // SAFETY: called by Python with the capsule; an unconsumed capsule still owns the tensor.
     unsafe {
-        let p = pyo3::ffi::PyCapsule_GetPointer(capsule, CAPSULE_NAME.as_ptr());
-        if p.is_null() {
-            // Consumed (renamed): nothing to free; clear the lookup's error.
-            pyo3::ffi::PyErr_Clear();
-            return;
+        let p = unconsumed(capsule, CAPSULE_NAME);
+        if !p.is_null() {
+            export_deleter(p.cast());
         }
-        export_deleter(p.cast());
     }
 }
 
 unsafe extern "C" fn capsule_destructor_versioned(capsule: *mut pyo3::ffi::PyObject) {
     // SAFETY: as for `capsule_destructor`.
     unsafe {
-        let p = pyo3::ffi::PyCapsule_GetPointer(capsule, VERSIONED_NAME.as_ptr());
-        if p.is_null() {
-            pyo3::ffi::PyErr_Clear();
-            return;
+        let p = unconsumed(capsule, VERSIONED_NAME);
+        if !p.is_null() {
+            export_deleter_versioned(p.cast());
         }
-        export_deleter_versioned(p.cast());
     }
 }
 
