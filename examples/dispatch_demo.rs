@@ -29,6 +29,8 @@ fn acme_rmsnorm(_ctx: &KernelCtx<'_>, a: &RmsNormFwdArgs) -> tefl::Result<RmsNor
         rsigma.push(r);
     }
     Ok(RmsNormFwdOut {
+        amax: None,
+        scale_inv: None,
         y: Tensor::from_slice(&y, a.x.shape(), a.out_dtype)?,
         rsigma: Tensor::from_slice(&rsigma, [a.x.rows()], DType::F32)?,
     })

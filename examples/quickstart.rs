@@ -8,11 +8,24 @@
 //! The task: predict, at each position, the previous position's input vector (which a
 //! causal attention layer can learn). The loss is computed on the host from the block's output.
 //!
+//! `--dtype fp8` trains with FP8 GEMMs (TE's delayed-scaling recipe: e4m3 activations and
+//! weights, e5m2 gradients, per-tensor scales from an amax history updated by
+//! `fused_amax_and_scale_update_after_reduction`, every GEMM in the TN form with the transposed
+//! codes `quantize` writes alongside) and prints its loss curve beside a bf16 run from the same
+//! start.
+//!
+//! `--experts 8` replaces the MLP by a mixture of experts: a router GEMM, top-2 routing with
+//! softmax-normalised gates, and the experts' SwiGLU MLPs forward and backward through
+//! `te_general_grouped_gemm` (routing, token permutation and the weighted combine on the host).
+//!
 //! ```sh
 //! cargo run --release --example quickstart
 //! cargo run --release --example quickstart -- --dtype bf16 --device cpu --hidden 512 --seq 256
+//! cargo run --release --example quickstart -- --dtype fp8
+//! cargo run --release --example quickstart -- --experts 8
 //! ```
 
+use std::collections::HashMap;
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -20,9 +33,14 @@ use tefl::catalogue::{AdamMode, AttnMask, QkvLayout};
 use tefl::ops;
 use tefl::{DType, Device, Tensor};
 
+#[derive(Clone)]
 struct Options {
     device: Device,
     dtype: DType,
+    /// FP8 GEMMs (with bf16 everything else).
+    fp8: bool,
+    /// A mixture-of-experts MLP with this many experts (top-2 routing); 0: the dense MLP.
+    experts: usize,
     batch: usize,
     seq: usize,
     hidden: usize,
@@ -32,13 +50,15 @@ struct Options {
     lr: f32,
 }
 
-const USAGE: &str = "usage: quickstart [--device cpu|cuda:0|vulkan:0|best] [--dtype f32|bf16|f16] \
-[--batch N] [--seq N] [--hidden N] [--heads N] [--ffn N] [--steps N] [--lr X]";
+const USAGE: &str = "usage: quickstart [--device cpu|cuda:0|vulkan:0|best] [--dtype f32|bf16|f16|fp8] \
+[--batch N] [--seq N] [--hidden N] [--heads N] [--ffn N] [--experts N] [--steps N] [--lr X]";
 
 fn parse() -> Result<Options, String> {
     let mut o = Options {
         device: Device::best_available(),
         dtype: DType::F32,
+        fp8: false,
+        experts: 0,
         batch: 4,
         seq: 128,
         hidden: 256,
@@ -57,10 +77,14 @@ fn parse() -> Result<Options, String> {
         match flag.as_str() {
             "--device" if value == "best" => o.device = Device::best_available(),
             "--device" => o.device = value.parse().map_err(|e| format!("--device: {e}"))?,
+            "--dtype" if value == "fp8" => {
+                o.dtype = DType::BF16;
+                o.fp8 = true;
+            }
             "--dtype" => {
                 o.dtype = value.parse().map_err(|e| format!("--dtype: {e}"))?;
                 if !DType::FLOATS.contains(&o.dtype) {
-                    return Err(format!("--dtype: {value} is not f32, bf16 or f16"));
+                    return Err(format!("--dtype: {value} is not f32, bf16, f16 or fp8"));
                 }
             }
             "--batch" => o.batch = num(&value)?,
@@ -68,6 +92,12 @@ fn parse() -> Result<Options, String> {
             "--hidden" => o.hidden = num(&value)?,
             "--heads" => o.heads = num(&value)?,
             "--ffn" => o.ffn = num(&value)?,
+            "--experts" => {
+                o.experts = num(&value)?;
+                if o.experts < 2 {
+                    return Err(format!("--experts {value}: top-2 routing needs at least 2 experts"));
+                }
+            }
             "--steps" => o.steps = num(&value)?,
             "--lr" => o.lr = value.parse().map_err(|_| format!("--lr: {value:?} is not a number"))?,
             _ => return Err(format!("unknown option {flag}\n{USAGE}")),
@@ -123,9 +153,328 @@ impl Params {
     }
 }
 
+/// Indices of the FP8 operands: inputs and weights share the e4m3 scaling, output gradients
+/// the e5m2 one.
+const X_N1: usize = 0;
+const X_A2: usize = 1;
+const X_N2: usize = 2;
+const X_ACT: usize = 3;
+const W_Q: usize = 4;
+const W_K: usize = 5;
+const W_V: usize = 6;
+const W_O: usize = 7;
+const W_1: usize = 8;
+const W_2: usize = 9;
+const G_DY: usize = 0;
+const G_DHG: usize = 1;
+const G_DX1: usize = 2;
+const G_DQ: usize = 3;
+const G_DK: usize = 4;
+const G_DV: usize = 5;
+/// Steps of amax history (TE's `amax_history_len`).
+const HISTORY: usize = 16;
+
+/// TE's delayed scaling for a set of per-tensor scales: this step's amaxes go into row 0 of the
+/// history, then `fused_amax_and_scale_update_after_reduction` computes the next scales and
+/// rolls the history (on the run's device; the host keeps a copy between steps).
+struct Scaling {
+    fp8: DType,
+    history: Vec<f32>,
+    scale: Vec<f32>,
+    amax: Vec<f32>,
+}
+
+impl Scaling {
+    fn new(fp8: DType, n: usize) -> Self {
+        Scaling { fp8, history: vec![0.0; HISTORY * n], scale: vec![1.0; n], amax: vec![0.0; n] }
+    }
+
+    fn update(&mut self, dev: &Device) -> Result<(), String> {
+        let n = self.scale.len();
+        self.history[..n].copy_from_slice(&self.amax);
+        let put = |v: &[f32], shape: &[usize]| {
+            Tensor::from_slice(v, shape, DType::F32).and_then(|t| t.to_device(dev)).map_err(|e| e.to_string())
+        };
+        let (h, s, si) = (put(&self.history, &[HISTORY, n])?, put(&self.scale, &[n])?, put(&vec![1.0; n], &[n])?);
+        let max = tefl::fp8::Fp8Format::of(self.fp8).map_or(448.0, |f| f.max());
+        ops::fused_amax_and_scale_update_after_reduction(&h, &s, &si, max).call().map_err(|e| e.to_string())?;
+        self.history = h.to_vec::<f32>().map_err(|e| e.to_string())?;
+        self.scale = s.to_vec::<f32>().map_err(|e| e.to_string())?;
+        self.amax.iter_mut().for_each(|a| *a = 0.0);
+        Ok(())
+    }
+}
+
+/// One operand in FP8: its codes, the transposed codes (for the backward's TN GEMMs) and the
+/// scale_inv both share.
+#[derive(Clone)]
+struct Quantized {
+    q: Tensor,
+    q_t: Tensor,
+    scale_inv: Tensor,
+}
+
+/// The FP8 state of a run: the two scalings and this step's quantized operands.
+struct Fp8 {
+    fwd: Scaling,
+    bwd: Scaling,
+    codes: HashMap<(bool, usize), Quantized>,
+}
+
+impl Fp8 {
+    /// Operand `i` (a gradient when `grad`) in FP8, quantized once per step.
+    fn get(&mut self, t: &Tensor, grad: bool, i: usize) -> Result<Quantized, String> {
+        if let Some(q) = self.codes.get(&(grad, i)) {
+            return Ok(q.clone());
+        }
+        let err = |e: tefl::Error| e.to_string();
+        let sc = if grad { &mut self.bwd } else { &mut self.fwd };
+        let scale = Tensor::from_slice(&[sc.scale[i]], [1], DType::F32).and_then(|s| s.to_device(&t.device()));
+        let out = ops::quantize(t, sc.fp8, &scale.map_err(err)?).want_transpose(true).call().map_err(err)?;
+        sc.amax[i] = sc.amax[i].max(out.amax.to_vec::<f32>().map_err(err)?[0]);
+        let q_t = out.q_t.ok_or("quantize returned no transposed codes")?;
+        let q = Quantized { q: out.q, q_t, scale_inv: out.scale_inv };
+        self.codes.insert((grad, i), q.clone());
+        Ok(q)
+    }
+}
+
+/// The block's GEMMs in the run's precision: float GEMMs, or FP8 ones (TE's recipe: forward
+/// e4m3 x e4m3 with fast accumulation, dgrad and wgrad e5m2 x e4m3 with split accumulation,
+/// all TN from the kept transposed codes), every output in the float dtype.
+struct Gemms {
+    dtype: DType,
+    fp8: Option<Fp8>,
+}
+
+impl Gemms {
+    /// x·wᵀ (+ acc): a Linear's forward.
+    fn fwd(&mut self, x: &Tensor, xi: usize, w: &Tensor, wi: usize, acc: Option<&Tensor>) -> Result<Tensor, String> {
+        let call = match &mut self.fp8 {
+            None => ops::generic_gemm(x, w).transb(true),
+            Some(f) => {
+                let (qx, qw) = (f.get(x, false, xi)?, f.get(w, false, wi)?);
+                ops::generic_gemm(&qx.q, &qw.q).transb(true).fp8_scales(&qx.scale_inv, &qw.scale_inv)
+            }
+        };
+        finish(call.out_dtype(self.dtype), acc)
+    }
+
+    /// dy·w (+ acc): the gradient of a Linear's input.
+    fn dgrad(&mut self, dy: &Tensor, gi: usize, w: &Tensor, wi: usize, acc: Option<&Tensor>) -> Result<Tensor, String> {
+        let call = match &mut self.fp8 {
+            None => ops::generic_gemm(dy, w),
+            Some(f) => {
+                let (qg, qw) = (f.get(dy, true, gi)?, f.get(w, false, wi)?);
+                ops::generic_gemm(&qg.q, &qw.q_t)
+                    .transb(true)
+                    .fp8_scales(&qg.scale_inv, &qw.scale_inv)
+                    .split_accumulator(true)
+            }
+        };
+        finish(call.out_dtype(self.dtype), acc)
+    }
+
+    /// dyᵀ·x: the gradient of a Linear's weight.
+    fn wgrad(&mut self, dy: &Tensor, gi: usize, x: &Tensor, xi: usize) -> Result<Tensor, String> {
+        let call = match &mut self.fp8 {
+            None => ops::generic_gemm(dy, x).transa(true),
+            Some(f) => {
+                let (qg, qx) = (f.get(dy, true, gi)?, f.get(x, false, xi)?);
+                ops::generic_gemm(&qg.q_t, &qx.q_t)
+                    .transb(true)
+                    .fp8_scales(&qg.scale_inv, &qx.scale_inv)
+                    .split_accumulator(true)
+            }
+        };
+        finish(call.out_dtype(self.dtype), None)
+    }
+
+    /// After a step: the next scales from this step's amaxes; the quantized operands expire.
+    fn end_step(&mut self, dev: &Device) -> Result<(), String> {
+        if let Some(f) = &mut self.fp8 {
+            f.fwd.update(dev)?;
+            f.bwd.update(dev)?;
+            f.codes.clear();
+        }
+        Ok(())
+    }
+}
+
+fn finish(call: ops::Call<tefl::catalogue::GenericGemm>, acc: Option<&Tensor>) -> Result<Tensor, String> {
+    let call = match acc {
+        Some(c) => call.accumulate(c),
+        None => call,
+    };
+    call.call().map(|o| o.d).map_err(|e| e.to_string())
+}
+
+/// The mixture-of-experts MLP of `--experts E`: a router GEMM, top-2 routing whose two gates
+/// are the softmax of the two chosen logits (Mixtral's), and the experts' SwiGLU MLPs, all
+/// experts at once through `te_general_grouped_gemm`. Routing, the token permutation and the
+/// weighted combine are done on the host (no load-balancing loss).
+struct Moe {
+    wr: Tensor,
+    w1: Vec<Tensor>,
+    w2: Vec<Tensor>,
+}
+
+/// What a MoE backward needs from its forward.
+struct MoeSaved {
+    /// Per token, its two (expert, row in that expert's batch, gate).
+    routes: Vec<[(usize, usize, f32); 2]>,
+    xe: Vec<Tensor>,
+    he: Vec<Tensor>,
+    acte: Vec<Tensor>,
+    oe: Vec<Vec<f32>>,
+}
+
+fn host(t: &Tensor) -> Result<Vec<f32>, String> {
+    t.to_vec::<f32>().map_err(|e| e.to_string())
+}
+
+fn upload(v: &[f32], shape: &[usize], dtype: DType, dev: &Device) -> Result<Tensor, String> {
+    Tensor::from_slice(v, shape, dtype).and_then(|t| t.to_device(dev)).map_err(|e| e.to_string())
+}
+
+impl Moe {
+    fn experts(&self) -> usize {
+        self.w1.len()
+    }
+
+    fn params(&self) -> Vec<Tensor> {
+        std::iter::once(self.wr.clone()).chain(self.w1.iter().cloned()).chain(self.w2.iter().cloned()).collect()
+    }
+
+    /// The MLP's output `[rows, h]` for the normalised input `x`.
+    fn forward(&self, x: &Tensor) -> Result<(Tensor, MoeSaved), String> {
+        let err = |e: tefl::Error| e.to_string();
+        let (rows, h, e) = (x.shape()[0], x.shape()[1], self.experts());
+        let (dt, dev) = (x.dtype(), x.device());
+        let logits = host(&ops::generic_gemm(x, &self.wr).transb(true).out_dtype(DType::F32).call().map_err(err)?.d)?;
+        let xv = host(x)?;
+        let mut members: Vec<Vec<usize>> = vec![Vec::new(); e];
+        let mut routes = Vec::with_capacity(rows);
+        for t in 0..rows {
+            let l = &logits[t * e..(t + 1) * e];
+            let mut order: Vec<usize> = (0..e).collect();
+            order.sort_by(|a, b| l[*b].total_cmp(&l[*a]));
+            let (e1, e2) = (order[0], order[1]);
+            let z = (l[e2] - l[e1]).exp();
+            let (g1, g2) = (1.0 / (1.0 + z), z / (1.0 + z));
+            routes.push([(e1, members[e1].len(), g1), (e2, members[e2].len(), g2)]);
+            members[e1].push(t);
+            members[e2].push(t);
+        }
+        let xe = members
+            .iter()
+            .map(|toks| {
+                let rows: Vec<f32> = toks.iter().flat_map(|&t| xv[t * h..(t + 1) * h].iter().copied()).collect();
+                upload(&rows, &[toks.len(), h], dt, &dev)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let he = ops::grouped_gemm(&xe, &self.w1).transb(true).out_dtype(dt).call().map_err(err)?.d;
+        let acte = he
+            .iter()
+            .map(|hg| match hg.shape()[0] {
+                0 => Tensor::zeros([0, hg.shape()[1] / 2], dt, &dev).map_err(err),
+                _ => ops::swiglu(hg).call().map(|o| o.y).map_err(err),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let oe_dev = ops::grouped_gemm(&acte, &self.w2).transb(true).out_dtype(dt).call().map_err(err)?.d;
+        let oe = oe_dev.iter().map(host).collect::<Result<Vec<_>, _>>()?;
+        let mut out = vec![0.0f32; rows * h];
+        for (t, r) in routes.iter().enumerate() {
+            for &(ex, row, gate) in r {
+                let o = &oe[ex][row * h..(row + 1) * h];
+                out[t * h..(t + 1) * h].iter_mut().zip(o).for_each(|(y, v)| *y += gate * v);
+            }
+        }
+        Ok((upload(&out, &[rows, h], dt, &dev)?, MoeSaved { routes, xe, he, acte, oe }))
+    }
+
+    /// (dx, the gradients of `params()` in order) from the output gradient `dy`.
+    fn backward(&self, s: &MoeSaved, x: &Tensor, dy: &Tensor) -> Result<(Tensor, Vec<Tensor>), String> {
+        let err = |e: tefl::Error| e.to_string();
+        let (rows, h, e) = (x.shape()[0], x.shape()[1], self.experts());
+        let (dt, dev) = (x.dtype(), x.device());
+        let dyv = host(dy)?;
+        // Each expert row's output gradient (gate · dy) and the gates' gradients (dy · o).
+        let mut doe: Vec<Vec<f32>> = s.oe.iter().map(|o| vec![0.0; o.len()]).collect();
+        let mut dlogits = vec![0.0f32; rows * e];
+        for (t, r) in s.routes.iter().enumerate() {
+            let dyt = &dyv[t * h..(t + 1) * h];
+            let mut dg = [0.0f32; 2];
+            for (k, &(ex, row, gate)) in r.iter().enumerate() {
+                let o = &s.oe[ex][row * h..(row + 1) * h];
+                dg[k] = dyt.iter().zip(o).map(|(a, b)| a * b).sum();
+                doe[ex][row * h..(row + 1) * h].iter_mut().zip(dyt).for_each(|(d, g)| *d = gate * g);
+            }
+            // The softmax over the two chosen logits, backward.
+            let mean = r[0].2 * dg[0] + r[1].2 * dg[1];
+            dlogits[t * e + r[0].0] = r[0].2 * (dg[0] - mean);
+            dlogits[t * e + r[1].0] = r[1].2 * (dg[1] - mean);
+        }
+        let doe = doe.iter().map(|v| upload(v, &[v.len() / h, h], dt, &dev)).collect::<Result<Vec<_>, _>>()?;
+        let dact = ops::grouped_gemm(&doe, &self.w2).out_dtype(dt).call().map_err(err)?.d;
+        let dw2 = ops::grouped_gemm(&doe, &s.acte).transa(true).out_dtype(dt).call().map_err(err)?.d;
+        let dhe = dact
+            .iter()
+            .zip(&s.he)
+            .map(|(da, hg)| match hg.shape()[0] {
+                0 => Tensor::zeros(hg.shape(), dt, &dev).map_err(err),
+                _ => ops::dswiglu(da, hg).call().map(|o| o.grad_input).map_err(err),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let dxe = ops::grouped_gemm(&dhe, &self.w1).out_dtype(dt).call().map_err(err)?.d;
+        let dw1 = ops::grouped_gemm(&dhe, &s.xe).transa(true).out_dtype(dt).call().map_err(err)?.d;
+        // Un-permute: each token's two expert rows add into its gradient.
+        let dxe = dxe.iter().map(host).collect::<Result<Vec<_>, _>>()?;
+        let mut dx = vec![0.0f32; rows * h];
+        for (t, r) in s.routes.iter().enumerate() {
+            for &(ex, row, _) in r {
+                dx[t * h..(t + 1) * h].iter_mut().zip(&dxe[ex][row * h..(row + 1) * h]).for_each(|(d, v)| *d += v);
+            }
+        }
+        // The router: dx += dlogits · wr, dwr = dlogitsᵀ · x.
+        let dl = upload(&dlogits, &[rows, e], dt, &dev)?;
+        let dx = ops::generic_gemm(&dl, &self.wr)
+            .accumulate(&upload(&dx, &[rows, h], dt, &dev)?)
+            .out_dtype(dt)
+            .call()
+            .map_err(err)?
+            .d;
+        let dwr = ops::generic_gemm(&dl, x).transa(true).out_dtype(dt).call().map_err(err)?.d;
+        Ok((dx, std::iter::once(dwr).chain(dw1).chain(dw2).collect()))
+    }
+}
+
 fn run() -> Result<(), String> {
     let o = parse()?;
     tefl::logging::init().map_err(|e| e.to_string())?;
+    if !o.fp8 {
+        return train(&o).map(|_| ());
+    }
+    // FP8 beside bf16, from the same start on the same data.
+    let base = train(&Options { fp8: false, ..o.clone() })?;
+    let fp8 = train(&o)?;
+    println!("step  loss bf16  loss fp8   ms bf16   ms fp8");
+    for (i, (b, f)) in base.iter().zip(&fp8).enumerate() {
+        println!("{:>4}  {:>9.5}  {:>8.5}  {:>8.1}  {:>7.1}", i + 1, b.0, f.0, b.1 * 1e3, f.1 * 1e3);
+    }
+    let worst = base.iter().zip(&fp8).map(|(b, f)| ((f.0 - b.0) / b.0).abs()).fold(0.0f32, f32::max);
+    println!("fp8 tracks bf16: largest relative loss difference {worst:.4}");
+    Ok(())
+}
+
+/// The MLP's saved activations: the dense SwiGLU's, or the experts'.
+enum Mlp {
+    Dense { hg: Tensor, act: Tensor },
+    Experts(MoeSaved),
+}
+
+/// Trains the block; returns (loss, seconds) per step.
+fn train(o: &Options) -> Result<Vec<(f32, f64)>, String> {
     let err = |e: tefl::Error| e.to_string();
     let (b, s, h, nh, f) = (o.batch, o.seq, o.hidden, o.heads, o.ffn);
     let (d, rows) = (h / nh, b * s);
@@ -134,9 +483,18 @@ fn run() -> Result<(), String> {
         Tensor::from_slice(v, shape, dt).and_then(|t| t.to_device(&dev)).map_err(err)
     };
     println!(
-        "quickstart: one transformer block, batch {b}, seq {s}, hidden {h}, heads {nh}, ffn {f}, {} on {dev}",
-        o.dtype
+        "quickstart: one transformer block, batch {b}, seq {s}, hidden {h}, heads {nh}, ffn {f}{}, {} on {dev}",
+        if o.experts > 0 { format!(" x {} experts (top-2)", o.experts) } else { String::new() },
+        if o.fp8 { "fp8 GEMMs (delayed scaling), bf16".to_string() } else { o.dtype.to_string() }
     );
+    let mut g = Gemms {
+        dtype: o.dtype,
+        fp8: o.fp8.then(|| Fp8 {
+            fwd: Scaling::new(DType::F8E4M3, 10),
+            bwd: Scaling::new(DType::F8E5M2, 6),
+            codes: HashMap::new(),
+        }),
+    };
 
     let mut rng = Lcg(0x7EF1);
     let xs = rng.vec(rows * h, 1.0);
@@ -161,7 +519,20 @@ fn run() -> Result<(), String> {
         w1: lin(&mut rng, 2 * f, h)?,
         w2: lin(&mut rng, h, f)?,
     };
-    let params = p.list();
+    let moe = match o.experts {
+        0 => None,
+        e => Some(Moe {
+            wr: lin(&mut rng, e, h)?,
+            w1: (0..e).map(|_| lin(&mut rng, 2 * f, h)).collect::<Result<_, _>>()?,
+            w2: (0..e).map(|_| lin(&mut rng, h, f)).collect::<Result<_, _>>()?,
+        }),
+    };
+    // The dense MLP's weights train only without experts.
+    let mut params = p.list();
+    if let Some(moe) = &moe {
+        params.truncate(6);
+        params.extend(moe.params());
+    }
     let zeros = |t: &Tensor| Tensor::zeros(t.shape(), DType::F32, &dev).map_err(err);
     let m: Vec<Tensor> = params.iter().map(zeros).collect::<Result<_, _>>()?;
     let v: Vec<Tensor> = params.iter().map(zeros).collect::<Result<_, _>>()?;
@@ -181,19 +552,30 @@ fn run() -> Result<(), String> {
         let t0 = Instant::now();
         // ---- forward ----
         let n1 = ops::rmsnorm_fwd(&x, &p.g1, 1e-5).call().map_err(err)?;
-        let proj = |w: &Tensor| ops::generic_gemm(&n1.y, w).transb(true).call().map(|o| o.d).map_err(err);
-        let (q, k, vv) = (proj(&p.wq)?, proj(&p.wk)?, proj(&p.wv)?);
+        let q = g.fwd(&n1.y, X_N1, &p.wq, W_Q, None)?;
+        let k = g.fwd(&n1.y, X_N1, &p.wk, W_K, None)?;
+        let vv = g.fwd(&n1.y, X_N1, &p.wv, W_V, None)?;
         let heads = |t: &Tensor| t.reshape([b, s, nh, d]).map_err(err);
         let rope =
             |t: &Tensor| ops::fused_rope_forward(t, &freqs).layout(QkvLayout::Bshd).call().map(|o| o.y).map_err(err);
         let (qr, kr, v4) = (rope(&heads(&q)?)?, rope(&heads(&k)?)?, heads(&vv)?);
         let attn = ops::fused_attn_fwd(&qr, &kr, &v4).mask(AttnMask::Causal).call().map_err(err)?;
         let a2 = attn.o.reshape([rows, h]).map_err(err)?;
-        let x1 = ops::generic_gemm(&a2, &p.wo).transb(true).accumulate(&x).call().map_err(err)?.d;
+        let x1 = g.fwd(&a2, X_A2, &p.wo, W_O, Some(&x))?;
         let n2 = ops::rmsnorm_fwd(&x1, &p.g2, 1e-5).call().map_err(err)?;
-        let hg = ops::generic_gemm(&n2.y, &p.w1).transb(true).call().map_err(err)?.d;
-        let act = ops::swiglu(&hg).call().map_err(err)?.y;
-        let y = ops::generic_gemm(&act, &p.w2).transb(true).accumulate(&x1).call().map_err(err)?.d;
+        let (mlp, y) = match &moe {
+            None => {
+                let hg = g.fwd(&n2.y, X_N2, &p.w1, W_1, None)?;
+                let act = ops::swiglu(&hg).call().map_err(err)?.y;
+                let y = g.fwd(&act, X_ACT, &p.w2, W_2, Some(&x1))?;
+                (Mlp::Dense { hg, act }, y)
+            }
+            Some(moe) => {
+                let (out, saved) = moe.forward(&n2.y)?;
+                let y: Vec<f32> = host(&x1)?.iter().zip(host(&out)?).map(|(a, b)| a + b).collect();
+                (Mlp::Experts(saved), put(&y, &[rows, h], o.dtype)?)
+            }
+        };
 
         // ---- loss (host) ----
         let yv = y.to_vec::<f32>().map_err(err)?;
@@ -203,18 +585,22 @@ fn run() -> Result<(), String> {
         let dy = put(&dyv, &[rows, h], o.dtype)?;
 
         // ---- backward ----
-        let gemm_nn = |a: &Tensor, w: &Tensor| ops::generic_gemm(a, w).call().map(|o| o.d).map_err(err);
-        let wgrad =
-            |dout: &Tensor, inp: &Tensor| ops::generic_gemm(dout, inp).transa(true).call().map(|o| o.d).map_err(err);
-        let da = gemm_nn(&dy, &p.w2)?;
-        let dw2 = wgrad(&dy, &act)?;
-        let dhg = ops::dswiglu(&da, &hg).call().map_err(err)?.grad_input;
-        let dn2 = gemm_nn(&dhg, &p.w1)?;
-        let dw1 = wgrad(&dhg, &n2.y)?;
+        let (dn2, mlp_grads) = match (&mlp, &moe) {
+            (Mlp::Dense { hg, act }, _) => {
+                let da = g.dgrad(&dy, G_DY, &p.w2, W_2, None)?;
+                let dw2 = g.wgrad(&dy, G_DY, act, X_ACT)?;
+                let dhg = ops::dswiglu(&da, hg).call().map_err(err)?.grad_input;
+                let dn2 = g.dgrad(&dhg, G_DHG, &p.w1, W_1, None)?;
+                let dw1 = g.wgrad(&dhg, G_DHG, &n2.y, X_N2)?;
+                (dn2, vec![dw1, dw2])
+            }
+            (Mlp::Experts(saved), Some(moe)) => moe.backward(saved, &n2.y, &dy)?,
+            (Mlp::Experts(_), None) => return Err("expert activations without experts".into()),
+        };
         let b2 = ops::rmsnorm_bwd_add(&dn2, &x1, &n2.rsigma, &p.g2, &dy).call().map_err(err)?;
         let dx1 = b2.dx;
-        let dattn = gemm_nn(&dx1, &p.wo)?;
-        let dwo = wgrad(&dx1, &a2)?;
+        let dattn = g.dgrad(&dx1, G_DX1, &p.wo, W_O, None)?;
+        let dwo = g.wgrad(&dx1, G_DX1, &a2, X_A2)?;
         let ab =
             ops::fused_attn_bwd(&qr, &kr, &v4, &attn.o, &dattn.reshape([b, s, nh, d]).map_err(err)?, &attn.softmax_lse)
                 .mask(AttnMask::Causal)
@@ -230,20 +616,24 @@ fn run() -> Result<(), String> {
                 .map_err(err)
         };
         let (dq, dk, dv) = (unrope(&ab.dq)?, unrope(&ab.dk)?, ab.dv.reshape([rows, h]).map_err(err)?);
-        let t1 = gemm_nn(&dq, &p.wq)?;
-        let t2 = ops::generic_gemm(&dk, &p.wk).accumulate(&t1).call().map_err(err)?.d;
-        let dn1 = ops::generic_gemm(&dv, &p.wv).accumulate(&t2).call().map_err(err)?.d;
-        let (dwq, dwk, dwv) = (wgrad(&dq, &n1.y)?, wgrad(&dk, &n1.y)?, wgrad(&dv, &n1.y)?);
+        let t1 = g.dgrad(&dq, G_DQ, &p.wq, W_Q, None)?;
+        let t2 = g.dgrad(&dk, G_DK, &p.wk, W_K, Some(&t1))?;
+        let dn1 = g.dgrad(&dv, G_DV, &p.wv, W_V, Some(&t2))?;
+        let dwq = g.wgrad(&dq, G_DQ, &n1.y, X_N1)?;
+        let dwk = g.wgrad(&dk, G_DK, &n1.y, X_N1)?;
+        let dwv = g.wgrad(&dv, G_DV, &n1.y, X_N1)?;
         let b1 = ops::rmsnorm_bwd_add(&dn1, &x, &n1.rsigma, &p.g1, &dx1).call().map_err(err)?;
 
         // ---- AdamW ----
-        let grads = vec![b1.dgamma, dwq, dwk, dwv, dwo, b2.dgamma, dw1, dw2];
+        let mut grads = vec![b1.dgamma, dwq, dwk, dwv, dwo, b2.dgamma];
+        grads.extend(mlp_grads);
         ops::multi_tensor_adam(&noop, &grads, &params, &m, &v, o.lr)
             .step(step as u32)
             .mode(AdamMode::AdamW)
             .weight_decay(0.01)
             .call()
             .map_err(err)?;
+        g.end_step(&dev)?;
         tefl::device::runtime(dev.kind).and_then(|r| r.synchronize(dev)).map_err(err)?;
         let dt = t0.elapsed().as_secs_f64();
         println!("step {step:>3}  loss {loss:.5}  {:.1} ms", dt * 1e3);
@@ -263,7 +653,7 @@ fn run() -> Result<(), String> {
     if losses.len() > 1 && losses[losses.len() - 1] >= losses[0] {
         return Err("the loss did not fall".into());
     }
-    Ok(())
+    Ok(losses.into_iter().zip(times).collect())
 }
 
 fn put_i32(v: &[i32], dev: &Device) -> Result<Tensor, String> {

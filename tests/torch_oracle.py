@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 # Relative (to max |reference|) tolerance per dtype: bf16 keeps 8 bits, f32 accumulates.
-TOL = {"bf16": 2e-2, "f16": 4e-3, "f32": 2e-4}
+TOL = {"bf16": 2e-2, "f16": 4e-3, "f32": 2e-4, "f8e4m3": 7e-2}
 
 
 def load(d, entry):
@@ -47,6 +47,25 @@ def gemm(t, p):
     a = t["a"].T if p["transa"] else t["a"]
     b = t["b"].T if p["transb"] else t["b"]
     return {"d": torch.matmul(a, b) + t["bias"]}
+
+
+def gemm_fp8(t, p):
+    # The FP8 values are exact in f64; torch._scaled_mm (bench) is the fast peer, f64 the oracle.
+    return {"d": torch.matmul(t["a"] * p["sa"], (t["b"] * p["sb"]).T)}
+
+
+def grouped(t, p):
+    # A per-expert loop of f64 matmuls.
+    s = p["scale"]
+    return {f"d{g}": torch.matmul(t[f"a{g}"] * s, t[f"b{g}"].T) for g in range(p["groups"])}
+
+
+def rmsnorm_fp8(t, p):
+    # The exact normalised values cast to e4m3 by torch after the scale (what TE's quantizer
+    # writes), compared after unscaling; amax before scaling.
+    y = F.rms_norm(t["x"], (t["x"].shape[-1],), t["gamma"], p["eps"])
+    q = (y * p["scale"]).to(torch.float32).to(torch.float8_e4m3fn).to(torch.float64)
+    return {"y": q, "amax": y.abs().max().reshape(1)}
 
 
 def attention(t, p):
@@ -100,6 +119,9 @@ ORACLES = {
     "attention": attention,
     "swiglu": swiglu,
     "adamw": adamw,
+    "gemm_fp8": gemm_fp8,
+    "grouped": grouped,
+    "rmsnorm_fp8": rmsnorm_fp8,
 }
 
 

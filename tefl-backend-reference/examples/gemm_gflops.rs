@@ -19,6 +19,10 @@ fn main() -> tefl_core::Result<()> {
     let a = Tensor::from_slice(&data, [n, n], DType::F32)?;
     let b = Tensor::from_slice(&data, [n, n], DType::F32)?;
     let args = GemmArgs {
+        a_scale_inv: None,
+        b_scale_inv: None,
+        d_scale: None,
+        split_accumulator: false,
         a,
         b,
         bias: None,

@@ -75,6 +75,26 @@ pub fn store(data: &[f32], shape: &[usize], dtype: DType) -> Result<Tensor> {
     }
 }
 
+/// max |x|, NaN when x holds a NaN.
+pub fn amax(x: &[f32]) -> f32 {
+    x.par_chunks(CHUNK)
+        .map(|c| c.iter().fold(0.0f32, |m, v| if v.is_nan() || m.is_nan() { f32::NAN } else { m.max(v.abs()) }))
+        .reduce(|| 0.0f32, |a, b| if a.is_nan() || b.is_nan() { f32::NAN } else { a.max(b) })
+}
+
+/// The FP8 codes of `data·scale` (saturating, round to nearest even) as a host tensor of the
+/// FP8 `dtype`, with max |data| (NaN when data holds one): an FP8 output quantizer.
+pub fn store_fp8(data: &[f32], shape: &[usize], dtype: DType, scale: f32) -> Result<(Tensor, f32)> {
+    let f = Fp8Format::of(dtype).ok_or_else(|| Error::Tensor(format!("{dtype} is not an fp8 dtype")))?;
+    let mut q: Vec<u8> = tefl_core::device::try_zeroed(data.len(), || format!("an {dtype} output {shape:?}"))?;
+    q.par_chunks_mut(CHUNK).zip(data.par_chunks(CHUNK)).for_each(|(o, i)| {
+        for (c, v) in o.iter_mut().zip(i) {
+            *c = f.encode(v * scale);
+        }
+    });
+    Ok((Tensor::from_slice(&q, shape, dtype)?, amax(data)))
+}
+
 /// Writes f32 values into an existing float tensor (in place), converting to its dtype.
 pub fn write_into(t: &Tensor, data: &[f32]) -> Result<()> {
     let mut w = t.host_bytes_mut()?;

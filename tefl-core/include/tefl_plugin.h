@@ -26,6 +26,13 @@
  * callbacks to allocate each output and to make errors. It returns NULL on success, or an
  * opaque error handle made by make_error (the host takes it back and frees it). A handle the
  * host did not make, or an error code outside the TEFL_ERR_* set, is reported as such.
+ *
+ * Ops grow like the structs: a catalogue version may append optional tensor arguments and
+ * outputs at the end of an op's lists (rmsnorm_fwd and layernorm_fwd gained the FP8 output's
+ * `scale` input and `amax`, `scale_inv` outputs). A kernel reads the leading arguments it
+ * knows, accepts more inputs and outputs than it knows, and answers TEFL_ERR_UNSUPPORTED when
+ * a trailing optional input it does not serve is present (data not NULL); outputs it leaves
+ * unallocated are absent, which the op's contract allows exactly when their input is absent.
  */
 #ifndef TEFL_PLUGIN_H
 #define TEFL_PLUGIN_H

@@ -184,8 +184,12 @@ pub fn check_outputs<O: Op>(args: &O::Args, out: &O::Output, device: Device) -> 
     if let Some(p) = problem {
         return Err(p);
     }
-    for spec in O::output_contract(args) {
-        let Some((_, t)) = present.iter().find(|(n, _)| *n == spec.name) else {
+    // A list output has one spec per element, in order: the k-th spec of a name is checked
+    // against the k-th tensor of that name.
+    let specs = O::output_contract(args);
+    for (i, spec) in specs.iter().enumerate() {
+        let nth = specs[..i].iter().filter(|s| s.name == spec.name).count();
+        let Some((_, t)) = present.iter().filter(|(n, _)| *n == spec.name).nth(nth) else {
             return Err(format!("output '{}' is missing (expected {:?} of {})", spec.name, spec.shape, spec.dtype));
         };
         if t.shape() != spec.shape.as_slice() || t.dtype() != spec.dtype {

@@ -580,13 +580,15 @@ macro_rules! register_impl {
 /// }
 /// ```
 ///
-/// `ops: all` registers every op of the catalogue with the kernel a complete backend names
-/// for it by convention (`ops/norm.rs` → `norm::rmsnorm_fwd`; the list is in
-/// `catalogue/mod.rs`); a partial backend lists its own:
+/// `ops: all` registers every wave-1 op of the catalogue with the kernel a complete backend
+/// names for it by convention (`ops/norm.rs` → `norm::rmsnorm_fwd`; the list is in
+/// `catalogue/mod.rs`); `ops: all + fp8` adds the FP8 training set (FP8 inputs to the GEMMs,
+/// `bgrad_quantize`, `te_general_grouped_gemm`). A partial backend lists its own:
 /// `ops: { floats { RmsNormFwd => norm::rmsnorm_fwd; } any { } }`. `floats` ops accept
-/// f32/f16/bf16 as their primary dtype, `any` ops (first tensor not a float) accept any.
-/// It also defines `pub const OPS: &[&str]`, the names registered. `vendor` and `available`
-/// are optional; the priority is 0.
+/// f32/f16/bf16 as their primary dtype, `any` ops (first tensor not a float) accept any, and
+/// an optional `gemms [F32, F16, BF16, F8E4M3] { GenericGemm => gemm::generic_gemm; }` section
+/// names the dtypes its ops accept. It also defines `pub const OPS: &[&str]`, the names
+/// registered. `vendor` and `available` are optional; the priority is 0.
 #[macro_export]
 macro_rules! register_backend {
     (
@@ -594,13 +596,29 @@ macro_rules! register_backend {
         $(available: $av:expr,)? ops: all $(,)?
     ) => {
         $crate::__catalogue_kernels! {
+            [F32, F16, BF16] {} {}
+            impl_id: $id, kind: $kind, $(vendor: $vendor,)? device: $dev, $(available: $av,)?
+        }
+    };
+    (
+        impl_id: $id:expr, kind: $kind:ident, $(vendor: $vendor:expr,)? device: $dev:expr,
+        $(available: $av:expr,)? ops: all + fp8 $(,)?
+    ) => {
+        $crate::__catalogue_kernels! {
+            [F32, F16, BF16, F8E4M3, F8E5M2]
+            { BgradQuantize => quantize::bgrad_quantize; }
+            { GroupedGemm => gemm::grouped_gemm; }
             impl_id: $id, kind: $kind, $(vendor: $vendor,)? device: $dev, $(available: $av,)?
         }
     };
     (
         impl_id: $id:expr, kind: $kind:ident, $(vendor: $vendor:expr,)? device: $dev:expr,
         $(available: $av:expr,)?
-        ops: { floats { $($fop:ident => $fk:path;)* } any { $($aop:ident => $ak:path;)* } } $(,)?
+        ops: {
+            floats { $($fop:ident => $fk:path;)* }
+            any { $($aop:ident => $ak:path;)* }
+            $(gemms [$($gd:ident),*] { $($gop:ident => $gk:path;)* })?
+        } $(,)?
     ) => {
         const _: () = {
             const VENDOR: ::std::option::Option<&str> = $crate::__optional!($($vendor)?);
@@ -636,9 +654,19 @@ macro_rules! register_backend {
                     $crate::registry::ImplRegistration { make: || backend_impl::<$aop>(&[], $ak) }
                 }
             )*
+            $(
+                const GEMM_DTYPES: &[$crate::DType] = &[$($crate::DType::$gd),*];
+                $(
+                    $crate::__private::inventory::submit! {
+                        $crate::registry::ImplRegistration { make: || backend_impl::<$gop>(GEMM_DTYPES, $gk) }
+                    }
+                )*
+            )?
         };
         /// The ops this backend registers, by name.
-        pub const OPS: &[&str] = &[$(<$fop as $crate::Op>::NAME,)* $(<$aop as $crate::Op>::NAME,)*];
+        pub const OPS: &[&str] = &[
+            $(<$fop as $crate::Op>::NAME,)* $(<$aop as $crate::Op>::NAME,)* $($(<$gop as $crate::Op>::NAME,)*)?
+        ];
     };
 }
 

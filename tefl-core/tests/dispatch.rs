@@ -35,6 +35,8 @@ fn imp(
         hits.fetch_add(1, Ordering::Relaxed);
         match b {
             Behaviour::Ok => Ok(RmsNormFwdOut {
+                amax: None,
+                scale_inv: None,
                 y: a.x.clone(),
                 rsigma: Tensor::from_slice(&vec![tag; a.x.rows()], [a.x.rows()], DType::F32)?,
             }),
@@ -83,6 +85,7 @@ fn registry(behaviours: &[(&str, Behaviour)]) -> (Registry, Fixture) {
 
 fn args() -> RmsNormFwdArgs {
     RmsNormFwdArgs {
+        scale: None,
         x: Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], [2, 3], DType::F32).unwrap(),
         gamma: Tensor::from_slice(&[1.0f32; 3], [3], DType::F32).unwrap(),
         eps: 1e-5,
@@ -488,7 +491,8 @@ fn reference_is_staged_through_the_host_for_other_devices() {
     // Mixed devices are rejected, naming the argument.
     let host = Tensor::from_slice(&[1.0f32], [1], DType::F32).unwrap();
     let y = Tensor::from_slice(&[1.0f32], [1], DType::F32).unwrap().to_device(&dev).unwrap();
-    let bad = RmsNormFwdArgs { x: host, gamma: y, eps: 1e-5, zero_centered_gamma: false, out_dtype: DType::F32 };
+    let bad =
+        RmsNormFwdArgs { scale: None, x: host, gamma: y, eps: 1e-5, zero_centered_gamma: false, out_dtype: DType::F32 };
     assert!(matches!(m.call::<RmsNormFwd>(&bad), Err(Error::DeviceMismatch { arg: "gamma", .. })));
 }
 

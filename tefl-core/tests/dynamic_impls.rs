@@ -13,6 +13,7 @@ fn args(rows: usize, cols: usize) -> RmsNormFwdArgs {
     let x: Vec<f32> = (0..rows * cols).map(|i| (i as f32 * 0.37).sin()).collect();
     let g: Vec<f32> = (0..cols).map(|i| 1.0 + i as f32 / 8.0).collect();
     RmsNormFwdArgs {
+        scale: None,
         x: Tensor::from_slice(&x, [rows, cols], DType::F32).unwrap(),
         gamma: Tensor::from_slice(&g, [cols], DType::F32).unwrap(),
         eps: 1e-5,
@@ -54,7 +55,10 @@ fn a_dynamic_kernel_sees_the_arguments_in_order_and_its_slots_become_the_output(
     let out = mgr.call::<RmsNormFwd>(&a).unwrap();
     assert_eq!(out.y.to_vec::<f32>().unwrap(), a.x.to_vec::<f32>().unwrap());
     assert_eq!(out.rsigma.to_vec::<f32>().unwrap(), vec![0.0, 1.0, 2.0]);
-    assert_eq!(*seen.lock().unwrap(), vec!["x", "gamma", "eps=1e-5", "zero_centered_gamma=false", "out_dtype=F32"]);
+    assert_eq!(
+        *seen.lock().unwrap(),
+        vec!["x", "gamma", "eps=1e-5", "zero_centered_gamma=false", "out_dtype=F32", "scale"]
+    );
 }
 
 #[test]

@@ -19,6 +19,7 @@ use tefl_core::{
 fn args(rows: usize) -> RmsNormFwdArgs {
     let n = 4;
     RmsNormFwdArgs {
+        scale: None,
         x: Tensor::from_slice(&vec![1.5f32; rows * n], [rows, n], DType::F32).unwrap(),
         gamma: Tensor::from_slice(&[1.0f32; 4], [n], DType::F32).unwrap(),
         eps: 1e-5,
@@ -32,6 +33,8 @@ fn tagged(id: &str, kind: Kind, vendor: Option<&str>, tag: f32, hits: Arc<Atomic
     let i = OpImpl::new::<RmsNormFwd>(id, kind, move |_, a: &RmsNormFwdArgs| {
         hits.fetch_add(1, Ordering::Relaxed);
         Ok(RmsNormFwdOut {
+            amax: None,
+            scale_inv: None,
             y: a.x.clone(),
             rsigma: Tensor::from_slice(&vec![tag; a.x.rows()], [a.x.rows()], DType::F32)?,
         })
@@ -150,6 +153,8 @@ fn shape_refusals_do_not_send_other_shapes_to_the_fallback() {
                 });
             }
             Ok(RmsNormFwdOut {
+                amax: None,
+                scale_inv: None,
                 y: a.x.clone(),
                 rsigma: Tensor::from_slice(&vec![6.0f32; a.x.rows()], [a.x.rows()], DType::F32)?,
             })
@@ -210,6 +215,8 @@ fn run_time_impl_outputs_are_checked_against_the_contract() {
         (
             |a| {
                 Ok(RmsNormFwdOut {
+                    amax: None,
+                    scale_inv: None,
                     y: Tensor::zeros([1], DType::F32, &Device::CPU)?,
                     rsigma: Tensor::zeros([a.x.rows()], DType::F32, &Device::CPU)?,
                 })
@@ -219,6 +226,8 @@ fn run_time_impl_outputs_are_checked_against_the_contract() {
         (
             |a| {
                 Ok(RmsNormFwdOut {
+                    amax: None,
+                    scale_inv: None,
                     y: Tensor::zeros(a.x.shape(), DType::I32, &Device::CPU)?,
                     rsigma: Tensor::zeros([a.x.rows()], DType::F32, &Device::CPU)?,
                 })
@@ -226,10 +235,20 @@ fn run_time_impl_outputs_are_checked_against_the_contract() {
             "output 'y' is [2, 4] of i32",
         ),
         (
-            |a| Ok(RmsNormFwdOut { y: a.x.clone(), rsigma: Tensor::zeros([a.x.rows()], DType::BF16, &Device::CPU)? }),
+            |a| {
+                Ok(RmsNormFwdOut {
+                    amax: None,
+                    scale_inv: None,
+                    y: a.x.clone(),
+                    rsigma: Tensor::zeros([a.x.rows()], DType::BF16, &Device::CPU)?,
+                })
+            },
             "output 'rsigma'",
         ),
-        (|a| Ok(RmsNormFwdOut { y: a.x.clone(), rsigma: a.x.clone() }), "output 'rsigma' is [2, 4]"),
+        (
+            |a| Ok(RmsNormFwdOut { amax: None, scale_inv: None, y: a.x.clone(), rsigma: a.x.clone() }),
+            "output 'rsigma' is [2, 4]",
+        ),
     ];
     for (make, want) in cases {
         let mut reg = Registry::new();

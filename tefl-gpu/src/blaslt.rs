@@ -11,6 +11,12 @@
 //! Otherwise, and for the bias-gradient epilogues (the sum of the unrounded values over m), the
 //! library writes f32 and `simt/gemm_epilogue.cu` finishes the epilogue
 //! ([`finish_epilogue`](crate::simt::gemm::finish_epilogue)).
+//!
+//! FP8 inputs ([`fp8_generic_gemm`]) go to the library in the TN form its FP8 kernels take
+//! (codes transposed first when the call has another form), with the per-tensor scales as
+//! device pointers (the library's A/B scale, and D scale and amax for an FP8 D) and fast
+//! accumulation unless `split_accumulator`. A shape the library has no FP8 algorithm for runs
+//! the float path on the dequantized operands.
 
 use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
@@ -84,12 +90,25 @@ pub struct LtShape {
     pub transa: bool,
     /// Whether B is stored transposed (`[n, k]`).
     pub transb: bool,
-    /// The dtype of A and B.
+    /// The dtype of A.
     pub ab: DType,
-    /// The dtype of D (and C, bias and aux on the fused path).
+    /// The dtype of B (A's, except for mixed FP8 formats).
+    pub b_type: DType,
+    /// The dtype of D (and bias and aux on the fused path).
     pub d: DType,
+    /// The dtype of C (D's, except bf16 for an FP8 D).
+    pub c: DType,
     /// The fused epilogue.
     pub epilogue: LtEpilogue,
+    /// FP8: the library's fast (reduced-precision) accumulation.
+    pub fast_accum: bool,
+}
+
+impl LtShape {
+    /// Whether A and B are FP8 (the call then carries their scale pointers).
+    pub fn is_fp8(&self) -> bool {
+        self.ab.is_fp8()
+    }
 }
 
 /// A column-major matrix layout: rows, columns and leading dimension.
@@ -145,6 +164,21 @@ pub struct LtCall {
     pub alpha: f32,
     /// C's scale.
     pub beta: f32,
+    /// FP8: A's scale_inv (f32 on the device).
+    pub a_scale: u64,
+    /// FP8: B's scale_inv.
+    pub b_scale: u64,
+    /// FP8 D: D's scale.
+    pub d_scale: u64,
+    /// FP8 D: where max |D| goes.
+    pub d_amax: u64,
+}
+
+impl LtCall {
+    /// A call with no C, bias, aux or FP8 scales.
+    fn plain(a: u64, b: u64, d: u64, alpha: f32) -> Self {
+        LtCall { a, b, c: 0, d, bias: 0, aux: 0, alpha, beta: 0.0, a_scale: 0, b_scale: 0, d_scale: 0, d_amax: 0 }
+    }
 }
 
 /// A vendor BLAS-Lt library's matmul on the column-major view of the module docs.
@@ -163,6 +197,9 @@ pub trait BlasLt: Sync {
 /// `Ok(None)` when the library has no algorithm even for the f32 product.
 pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs, lib: &dyn BlasLt) -> Result<Option<GemmOut>> {
     const OP: &str = "generic_gemm";
+    if a.a.dtype().is_fp8() {
+        return fp8_generic_gemm(ctx, a, lib).map(Some);
+    }
     let (m, k, n) = gemm_dims(a)?;
     let dev = ctx.device;
     let out = a.out_dtype;
@@ -170,7 +207,7 @@ pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs, lib: &dyn BlasLt) -> Resu
     let aux_out = if a.epilogue.writes_aux() { Some(empty(dev, &[m, n], out)?) } else { None };
     if m == 0 || n == 0 {
         let bias_grad = if a.epilogue.writes_bias_grad() { Some(zeros(dev, &[n], DType::F32)?) } else { None };
-        return Ok(Some(GemmOut { d, aux_out, bias_grad }));
+        return Ok(Some(GemmOut { d, aux_out, bias_grad, d_amax: None }));
     }
     if k == 0 {
         // No product: D is C (or zero) through the epilogue; run the epilogue kernel on zeros.
@@ -192,8 +229,11 @@ pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs, lib: &dyn BlasLt) -> Resu
         transa: a.transa,
         transb: a.transb,
         ab: a.a.dtype(),
+        b_type: a.b.dtype(),
         d,
+        c: d,
         epilogue,
+        fast_accum: false,
     };
     let (pa, pb) = (ptr(&a.a)?, ptr(&a.b)?);
     if let Some(epilogue) = fused {
@@ -203,9 +243,9 @@ pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs, lib: &dyn BlasLt) -> Resu
         };
         let aux = if a.epilogue.writes_aux() { opt_ptr(aux_out.as_ref())? } else { opt_ptr(a.aux.as_ref())? };
         let call =
-            LtCall { a: pa, b: pb, c: c_ptr, d: ptr(&d)?, bias: opt_ptr(a.bias.as_ref())?, aux, alpha: a.alpha, beta };
+            LtCall { c: c_ptr, bias: opt_ptr(a.bias.as_ref())?, aux, beta, ..LtCall::plain(pa, pb, ptr(&d)?, a.alpha) };
         match lib.matmul(dev, &shape(out, epilogue), &call) {
-            Ok(true) => return Ok(Some(GemmOut { d, aux_out, bias_grad: None })),
+            Ok(true) => return Ok(Some(GemmOut { d, aux_out, bias_grad: None, d_amax: None })),
             Ok(false) => {
                 tracing::debug!(target: "TE-FL", "{OP}: {} has no fused {epilogue:?} for this shape; f32 path", lib.name())
             }
@@ -213,11 +253,141 @@ pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs, lib: &dyn BlasLt) -> Resu
         }
     }
     let w = empty(dev, &[m, n], DType::F32)?;
-    let call = LtCall { a: pa, b: pb, c: 0, d: ptr(&w)?, bias: 0, aux: 0, alpha: a.alpha, beta: 0.0 };
+    let call = LtCall::plain(pa, pb, ptr(&w)?, a.alpha);
     if !lib.matmul(dev, &shape(DType::F32, LtEpilogue::Default), &call)? {
         return Ok(None);
     }
     finish_epilogue(ctx, a, m, n, w, d, aux_out).map(Some)
+}
+
+/// `generic_gemm` with FP8 A and B through `lib` (see the module docs): the library's fused
+/// FP8 kernel when the epilogue allows (none or a bias of D's dtype, for a float D; none for an
+/// FP8 D), else its f32 product finished by the epilogue kernel (and the output quantizer for
+/// an FP8 D), else — no FP8 algorithm for the shape — the float path on dequantized operands.
+pub fn fp8_generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs, lib: &dyn BlasLt) -> Result<GemmOut> {
+    use crate::simt::quantize;
+    let (m, k, n) = gemm_dims(a)?;
+    let dev = ctx.device;
+    let out = a.out_dtype;
+    fn scale<'t>(t: &'t Option<Tensor>, name: &'static str) -> Result<&'t Tensor> {
+        t.as_ref().ok_or_else(|| tefl_core::Error::invalid("generic_gemm", name, "FP8 operands need their scale"))
+    }
+    let (sa, sb) = (scale(&a.a_scale_inv, "a_scale_inv")?, scale(&a.b_scale_inv, "b_scale_inv")?);
+    // The float D the epilogue produces: D's own dtype, bf16 when D is FP8 (quantized after).
+    let float_out = aux_dtype(out);
+    let float_args = GemmArgs { out_dtype: float_out, d_scale: None, ..a.clone() };
+    let finish_fp8 = |r: GemmOut| -> Result<GemmOut> {
+        if !out.is_fp8() {
+            return Ok(r);
+        }
+        let d_scale = scale(&a.d_scale, "d_scale")?.clone();
+        let q =
+            quantize::quantize(ctx, &QuantizeArgs { x: r.d, scale: d_scale, fp8_dtype: out, want_transpose: false })?;
+        Ok(GemmOut { d: q.q, d_amax: Some(q.amax), ..r })
+    };
+    // The library's FP8 kernels want K-major operands (k a multiple of 16 bytes).
+    if m > 0 && n > 0 && k > 0 && k % 16 == 0 {
+        let at = if a.transa { quantize::transpose_codes(ctx, &a.a)? } else { a.a.clone() };
+        let bt = if a.transb { a.b.clone() } else { quantize::transpose_codes(ctx, &a.b)? };
+        let shape = |d: DType, c: DType, epilogue: LtEpilogue| LtShape {
+            device: dev.ordinal,
+            m,
+            n,
+            k,
+            transa: false,
+            transb: true,
+            ab: at.dtype(),
+            b_type: bt.dtype(),
+            d,
+            c,
+            epilogue,
+            fast_accum: !a.split_accumulator,
+        };
+        let base = LtCall { a_scale: ptr(sa)?, b_scale: ptr(sb)?, ..LtCall::plain(ptr(&at)?, ptr(&bt)?, 0, a.alpha) };
+        let c = a.c.as_ref().filter(|_| a.accumulate);
+        let fused = match a.epilogue {
+            GemmEpilogue::None => true,
+            GemmEpilogue::Bias => !out.is_fp8() && a.bias.as_ref().is_some_and(|b| b.dtype() == out),
+            _ => false,
+        } && c.is_none_or(|c| c.dtype() == out);
+        if fused {
+            let d = empty(dev, &[m, n], out)?;
+            let d_amax = if out.is_fp8() { Some(zeros(dev, &[1], DType::F32)?) } else { None };
+            let epilogue = if a.epilogue == GemmEpilogue::Bias { LtEpilogue::Bias } else { LtEpilogue::Default };
+            let call = LtCall {
+                d: ptr(&d)?,
+                c: opt_ptr(c)?,
+                beta: if c.is_some() { 1.0 } else { 0.0 },
+                bias: opt_ptr(a.bias.as_ref())?,
+                d_scale: if out.is_fp8() { ptr(scale(&a.d_scale, "d_scale")?)? } else { 0 },
+                d_amax: opt_ptr(d_amax.as_ref())?,
+                ..base
+            };
+            let c_type = if out.is_fp8() { DType::BF16 } else { out };
+            match lib.matmul(dev, &shape(out, c_type, epilogue), &call) {
+                Ok(true) => return Ok(GemmOut { d, aux_out: None, bias_grad: None, d_amax }),
+                Ok(false) => {
+                    tracing::debug!(target: "TE-FL", "generic_gemm: {} has no fused FP8 kernel here", lib.name())
+                }
+                Err(e) => tracing::debug!(target: "TE-FL", "generic_gemm: fused FP8 {} declined ({e})", lib.name()),
+            }
+        }
+        let w = empty(dev, &[m, n], DType::F32)?;
+        if lib.matmul(dev, &shape(DType::F32, DType::F32, LtEpilogue::Default), &LtCall { d: ptr(&w)?, ..base })? {
+            let d = empty(dev, &[m, n], float_out)?;
+            let aux_out = if a.epilogue.writes_aux() { Some(empty(dev, &[m, n], float_out)?) } else { None };
+            return finish_fp8(finish_epilogue(ctx, &float_args, m, n, w, d, aux_out)?);
+        }
+        tracing::debug!(target: "TE-FL", "generic_gemm: {} has no FP8 algorithm for {m}x{k}x{n}", lib.name());
+    }
+    // Dequantized to f32 (exact codes times scale_inv, rounded once), then the float path.
+    let deq = |q: &Tensor, s: &Tensor| -> Result<Tensor> {
+        Ok(quantize::dequantize(ctx, &DequantizeArgs { q: q.clone(), scale_inv: s.clone(), out_dtype: DType::F32 })?.y)
+    };
+    let f32_args =
+        GemmArgs { a: deq(&a.a, sa)?, b: deq(&a.b, sb)?, a_scale_inv: None, b_scale_inv: None, ..float_args };
+    let r = generic_gemm(ctx, &f32_args, lib)?.ok_or_else(|| tefl_core::Error::DeviceFailure {
+        device: dev.to_string(),
+        reason: format!("{}: no algorithm for the dequantized f32 product", lib.name()),
+    })?;
+    finish_fp8(r)
+}
+
+/// `te_general_grouped_gemm` through `lib`: each group's GEMM (float or FP8, with its bias)
+/// queued in order on the op's queue, one library launch per non-empty group.
+pub fn grouped_gemm(ctx: &KernelCtx<'_>, a: &GroupedGemmArgs, lib: &dyn BlasLt) -> Result<GroupedGemmOut> {
+    let dims = grouped_dims(a)?;
+    let mut d = Vec::with_capacity(dims.len());
+    for (g, &(m, _, n)) in dims.iter().enumerate() {
+        if m == 0 || n == 0 {
+            d.push(empty(ctx.device, &[m, n], a.out_dtype)?);
+            continue;
+        }
+        let bias = a.bias.get(g).cloned();
+        let args = GemmArgs {
+            a: a.a[g].clone(),
+            b: a.b[g].clone(),
+            a_scale_inv: a.a_scale_inv.get(g).cloned(),
+            b_scale_inv: a.b_scale_inv.get(g).cloned(),
+            d_scale: None,
+            epilogue: if bias.is_some() { GemmEpilogue::Bias } else { GemmEpilogue::None },
+            bias,
+            aux: None,
+            c: None,
+            transa: a.transa,
+            transb: a.transb,
+            alpha: 1.0,
+            accumulate: false,
+            out_dtype: a.out_dtype,
+            split_accumulator: a.split_accumulator,
+        };
+        let out = generic_gemm(ctx, &args, lib)?.ok_or_else(|| tefl_core::Error::DeviceFailure {
+            device: ctx.device.to_string(),
+            reason: format!("{}: no algorithm for group {g}", lib.name()),
+        })?;
+        d.push(out.d);
+    }
+    Ok(GroupedGemmOut { d })
 }
 
 /// A library's cached plans (descriptors, layouts, algorithm) per shape, and the shapes it has
@@ -270,8 +440,11 @@ mod tests {
             transa,
             transb,
             ab: DType::BF16,
+            b_type: DType::BF16,
             d: DType::F32,
+            c: DType::F32,
             epilogue: LtEpilogue::Default,
+            fast_accum: false,
         }
     }
 

@@ -20,6 +20,9 @@ pub fn generic_gemm(a: &Tensor, b: &Tensor) -> Call<GenericGemm> {
     Call::new(GemmArgs {
         a: a.clone(),
         b: b.clone(),
+        a_scale_inv: None,
+        b_scale_inv: None,
+        d_scale: None,
         bias: None,
         aux: None,
         c: None,
@@ -28,7 +31,8 @@ pub fn generic_gemm(a: &Tensor, b: &Tensor) -> Call<GenericGemm> {
         alpha: 1.0,
         accumulate: false,
         epilogue: GemmEpilogue::None,
-        out_dtype: a.dtype(),
+        out_dtype: if a.dtype().is_fp8() { DType::BF16 } else { a.dtype() },
+        split_accumulator: false,
     })
 }
 setters!(GenericGemm {
@@ -42,6 +46,8 @@ setters!(GenericGemm {
     epilogue: GemmEpilogue,
     /// The dtype of D.
     out_dtype: DType,
+    /// FP8: accumulate at full precision (TE's `use_split_accumulator`).
+    split_accumulator: bool,
 });
 
 impl Call<GenericGemm> {
@@ -59,6 +65,73 @@ impl Call<GenericGemm> {
     pub fn accumulate(mut self, c: &Tensor) -> Self {
         self.args_mut().c = Some(c.clone());
         self.args_mut().accumulate = true;
+        self
+    }
+    /// FP8 operands: the per-tensor `scale_inv` (f32 `[1]`) of A and of B.
+    pub fn fp8_scales(mut self, a_scale_inv: &Tensor, b_scale_inv: &Tensor) -> Self {
+        self.args_mut().a_scale_inv = Some(a_scale_inv.clone());
+        self.args_mut().b_scale_inv = Some(b_scale_inv.clone());
+        self
+    }
+    /// Writes D as FP8 scaled by `d_scale` (f32 `[1]`), returning max |D| as `d_amax`.
+    pub fn fp8_output(mut self, fp8_dtype: DType, d_scale: &Tensor) -> Self {
+        self.args_mut().out_dtype = fp8_dtype;
+        self.args_mut().d_scale = Some(d_scale.clone());
+        self
+    }
+}
+
+/// `te_general_grouped_gemm`: D_g = op(A_g)·op(B_g) for every group g in one call (the
+/// experts of a mixture-of-experts layer); `d` is one tensor per group. D has A's dtype (bf16
+/// for FP8 A) unless `.out_dtype(..)`.
+///
+/// ```no_run
+/// # use tefl_core::{DType, Tensor, Device};
+/// # let xs: Vec<Tensor> = vec![];
+/// # let ws: Vec<Tensor> = vec![];
+/// // Each expert's tokens [m_g, k] times its weight [n, k]ᵀ.
+/// let out = tefl_ops::grouped_gemm(&xs, &ws).transb(true).call()?;
+/// # Ok::<(), tefl_core::Error>(())
+/// ```
+pub fn grouped_gemm(a: &[Tensor], b: &[Tensor]) -> Call<GroupedGemm> {
+    let out_dtype = match a.first().map(|t| t.dtype()) {
+        Some(d) if d.is_fp8() => DType::BF16,
+        Some(d) => d,
+        None => DType::BF16,
+    };
+    Call::new(GroupedGemmArgs {
+        a: a.to_vec(),
+        b: b.to_vec(),
+        a_scale_inv: Vec::new(),
+        b_scale_inv: Vec::new(),
+        bias: Vec::new(),
+        transa: false,
+        transb: false,
+        out_dtype,
+        split_accumulator: false,
+    })
+}
+setters!(GroupedGemm {
+    /// Use A_gᵀ.
+    transa: bool,
+    /// Use B_gᵀ.
+    transb: bool,
+    /// The dtype of every D_g.
+    out_dtype: DType,
+    /// FP8: accumulate at full precision.
+    split_accumulator: bool,
+});
+
+impl Call<GroupedGemm> {
+    /// One bias `[n_g]` per group.
+    pub fn bias(mut self, bias: &[Tensor]) -> Self {
+        self.args_mut().bias = bias.to_vec();
+        self
+    }
+    /// FP8 operands: one `scale_inv` per group for A and for B.
+    pub fn fp8_scales(mut self, a_scale_inv: &[Tensor], b_scale_inv: &[Tensor]) -> Self {
+        self.args_mut().a_scale_inv = a_scale_inv.to_vec();
+        self.args_mut().b_scale_inv = b_scale_inv.to_vec();
         self
     }
 }

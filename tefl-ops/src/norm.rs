@@ -23,6 +23,7 @@ pub fn rmsnorm_fwd(x: &Tensor, gamma: &Tensor, eps: f32) -> Call<RmsNormFwd> {
         eps,
         zero_centered_gamma: false,
         out_dtype: x.dtype(),
+        scale: None,
     })
 }
 setters!(RmsNormFwd {
@@ -31,6 +32,16 @@ setters!(RmsNormFwd {
     /// The dtype of `y`.
     out_dtype: DType,
 });
+
+impl Call<RmsNormFwd> {
+    /// Writes `y` as FP8 (`f8e4m3` or `f8e5m2`) scaled by `scale` (f32 `[1]`), returning its
+    /// `amax` and `scale_inv` too: TE's norm with an output quantizer.
+    pub fn fp8_output(mut self, fp8_dtype: DType, scale: &Tensor) -> Self {
+        self.args_mut().out_dtype = fp8_dtype;
+        self.args_mut().scale = Some(scale.clone());
+        self
+    }
+}
 
 /// `rmsnorm_bwd`: `(dx, dgamma)` from the forward's `x`, `rsigma` and `gamma`.
 pub fn rmsnorm_bwd(dy: &Tensor, x: &Tensor, rsigma: &Tensor, gamma: &Tensor) -> Call<RmsNormBwd> {
@@ -72,6 +83,7 @@ pub fn layernorm_fwd(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f32) -> Cal
         eps,
         zero_centered_gamma: false,
         out_dtype: x.dtype(),
+        scale: None,
     })
 }
 setters!(LayerNormFwd {
@@ -80,6 +92,16 @@ setters!(LayerNormFwd {
     /// The dtype of `y`.
     out_dtype: DType,
 });
+
+impl Call<LayerNormFwd> {
+    /// Writes `y` as FP8 scaled by `scale`, with its `amax` and `scale_inv` (see
+    /// [`Call::<RmsNormFwd>::fp8_output`]).
+    pub fn fp8_output(mut self, fp8_dtype: DType, scale: &Tensor) -> Self {
+        self.args_mut().out_dtype = fp8_dtype;
+        self.args_mut().scale = Some(scale.clone());
+        self
+    }
+}
 
 /// `layernorm_bwd`: `(dx, dgamma, dbeta)`.
 pub fn layernorm_bwd(dy: &Tensor, x: &Tensor, mu: &Tensor, rsigma: &Tensor, gamma: &Tensor) -> Call<LayerNormBwd> {

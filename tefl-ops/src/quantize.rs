@@ -15,6 +15,16 @@ setters!(Quantize {
     want_transpose: bool,
 });
 
+/// `bgrad_quantize(x, fp8_dtype, scale)`: the bias gradient (column sums of `x [m, n]`) and
+/// the FP8 cast of `x`, in one pass.
+pub fn bgrad_quantize(x: &Tensor, fp8_dtype: DType, scale: &Tensor) -> Call<BgradQuantize> {
+    Call::new(BgradQuantizeArgs { x: x.clone(), scale: scale.clone(), fp8_dtype, want_transpose: false })
+}
+setters!(BgradQuantize {
+    /// Also return the transposed codes.
+    want_transpose: bool,
+});
+
 /// `dequantize(q, scale_inv)` to f32 unless `.out_dtype(..)`.
 pub fn dequantize(q: &Tensor, scale_inv: &Tensor) -> Call<Dequantize> {
     Call::new(DequantizeArgs { q: q.clone(), scale_inv: scale_inv.clone(), out_dtype: DType::F32 })

@@ -336,6 +336,14 @@ fn outputs_of(ret: &Bound<'_, PyAny>, fields: &[tefl_core::op::FieldDesc]) -> Py
             .collect();
     }
     if let Ok(t) = ret.cast::<PyTuple>() {
+        // Outputs a catalogue version appended (optional ones, such as the FP8 extras of the
+        // norms) may be left off the end: they are absent.
+        let optional = |f: &tefl_core::op::FieldDesc| f.ty.starts_with("Option");
+        if t.len() < fields.len() && fields[t.len()..].iter().all(optional) {
+            let mut slots = fields.iter().zip(t.iter()).map(|(f, v)| slot(v, f.name)).collect::<PyResult<Vec<_>>>()?;
+            slots.resize(fields.len(), None);
+            return Ok(slots);
+        }
         if t.len() != fields.len() {
             return Err(PyValueError::new_err(format!(
                 "returned {} values; the op has {} outputs ({})",

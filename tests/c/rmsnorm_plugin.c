@@ -39,7 +39,11 @@ static tefl_error *rmsnorm_fwd(void *user, const tefl_call *call) {
     static int not_an_error;
     return (tefl_error *)&not_an_error;
 #endif
-    if (call->n_inputs != 2 || call->n_outputs != 2) return call->make_error(TEFL_ERR_INVALID_ARGUMENT, "rmsnorm_fwd takes x and gamma");
+    /* x and gamma lead; later catalogue versions may append optional inputs and outputs (the
+     * FP8 output's scale, amax and scale_inv): serve the float form only. */
+    if (call->n_inputs < 2 || call->n_outputs < 2) return call->make_error(TEFL_ERR_INVALID_ARGUMENT, "rmsnorm_fwd takes x and gamma");
+    if (call->n_inputs > 2 && call->inputs[2].data != NULL)
+        return call->make_error(TEFL_ERR_UNSUPPORTED, "no FP8 output in this plugin");
     const tefl_tensor *x = &call->inputs[0], *g = &call->inputs[1];
     if (x->dtype_code != TEFL_DTYPE_FLOAT || x->dtype_bits != 32 || g->dtype_bits != 32)
         return call->make_error(TEFL_ERR_UNSUPPORTED, "this plugin serves f32 only");

@@ -72,6 +72,10 @@ def eager(op, a):
     if op == "rmsnorm_fwd":
         x, g = t(a[0], a[1]), t(a[1])
         return (lambda: F.rms_norm(x, (a[1],), g, 1e-5)), True
+    if op == "rmsnorm_fp8":
+        x, g = t(a[0], a[1]), t(a[1])
+        s = torch.ones((), device=x.device)
+        return (lambda: (F.rms_norm(x, (a[1],), g, 1e-5) * s).to(torch.float8_e4m3fn)), True
     if op == "rmsnorm_bwd":
         x = t(a[0], a[1]).requires_grad_()
         g = t(a[1]).requires_grad_()
@@ -100,6 +104,22 @@ def eager(op, a):
         m = a[0]
         x = t(m, m, dt=torch.float16 if op == "gemm_f16" else bf)
         return (lambda: x @ x), False
+    if op == "gemm_fp8":
+        m = a[0]
+        x = t(m, m).to(torch.float8_e4m3fn)
+        one = torch.ones((), device=x.device)
+        return (lambda: torch._scaled_mm(x, x.t(), one, one, out_dtype=bf, use_fast_accum=True)), False
+    if op == "grouped_gemm":
+        kn, ms = a[0], a[1:]
+        xs = [t(m, kn) for m in ms]
+        ws = [t(kn, kn) for _ in ms]
+        return (lambda: [x @ w.t() for x, w in zip(xs, ws)]), False
+    if op == "grouped_gemm_torch":
+        kn, ms = a[0], a[1:]
+        x = t(sum(ms), kn)
+        w = t(len(ms), kn, kn)
+        offs = torch.tensor(ms, device=x.device, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+        return (lambda: torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)), False
     if op == "adam":
         p = torch.nn.Parameter(t(a[0], dt=torch.float32))
         p.grad = t(a[0], dt=torch.float32)
@@ -139,7 +159,10 @@ def peers(op, a):
     out = [("eager", contextlib.nullcontext, lambda: f)]
     if compiles:
         out.append(("compile", contextlib.nullcontext, lambda: torch.compile(eager(op, a)[0])))
-    if flag_gems is not None and op != "adam":
+    if op == "grouped_gemm":
+        # torch's grouped kernel (CUTLASS on sm_90) beside the per-expert loop of matmuls.
+        out.append(("grouped_mm", contextlib.nullcontext, lambda: eager("grouped_gemm_torch", a)[0]))
+    if flag_gems is not None and op not in ("adam", "gemm_fp8", "grouped_gemm"):
         out.append(("flaggems", flag_gems.use_gems, lambda: eager(op, a)[0]))
     return out
 

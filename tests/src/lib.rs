@@ -20,12 +20,20 @@ pub fn promised_impls(backend: &str) -> Vec<(&'static str, &'static str)> {
             v.push(("fused_attn_bwd", "vendor.nvidia.portable"));
             v
         }
-        // So does the HIP backend.
-        "amd" => tefl_core::catalogue::all().iter().map(|d| (d.name, "vendor.amd")).collect(),
-        // So does the Vulkan backend.
-        "vulkan" => tefl_core::catalogue::all().iter().map(|d| (d.name, "default.vulkan")).collect(),
+        // The HIP and Vulkan backends: every op but the FP8 training set's new ops (their GEMMs
+        // take float inputs only).
+        "amd" => wave1().map(|n| (n, "vendor.amd")).collect(),
+        "vulkan" => wave1().map(|n| (n, "default.vulkan")).collect(),
         _ => Vec::new(),
     }
+}
+
+/// The ops that only backends registering `ops: all + fp8` have.
+pub const FP8_SET_OPS: [&str; 2] = ["bgrad_quantize", "te_general_grouped_gemm"];
+
+/// The catalogue's ops outside [`FP8_SET_OPS`].
+fn wave1() -> impl Iterator<Item = &'static str> {
+    tefl_core::catalogue::all().iter().map(|d| d.name).filter(|n| !FP8_SET_OPS.contains(n))
 }
 
 include!(concat!(env!("OUT_DIR"), "/enabled_features.rs"));

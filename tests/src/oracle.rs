@@ -482,6 +482,13 @@ pub fn fp8_nearest(format: Fp8Format, x: f64) -> u8 {
     best.map_or(0, |b| b.1)
 }
 
+/// What an FP8 output quantizer gives back for exact values `x`: each x·scale cast to the
+/// nearest code of `fp8` (saturating), decoded and divided by `scale` again.
+pub fn fp8_round(fp8: tefl_core::DType, x: &[f64], scale: f64) -> Vec<f64> {
+    let f = Fp8Format::of(fp8).expect("an fp8 dtype");
+    x.iter().map(|v| f64::from(f.decode(fp8_nearest(f, v * scale))) / scale).collect()
+}
+
 /// Delayed scaling: (new history, new scale, new scale_inv) on `[hist, n]`.
 pub fn delayed_scaling(
     h: &[f64],

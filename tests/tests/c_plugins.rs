@@ -46,7 +46,7 @@ fn rmsnorm_case(rng: &mut Rng) -> (RmsNormFwdArgs, Vec<f64>) {
     let x = tensor(&rng.vec(rows * n, -2.0, 2.0), &[rows, n], DType::F32);
     let g = tensor(&rng.vec(n, -1.0, 1.0), &[n], DType::F32);
     let (y, _) = oracle::rmsnorm_fwd(&values(&x), n, &values(&g), 1e-5, true);
-    (RmsNormFwdArgs { x, gamma: g, eps: 1e-5, zero_centered_gamma: true, out_dtype: DType::F32 }, y)
+    (RmsNormFwdArgs { scale: None, x, gamma: g, eps: 1e-5, zero_centered_gamma: true, out_dtype: DType::F32 }, y)
 }
 
 fn errors(log: &CapturedLog) -> Vec<String> {
@@ -196,7 +196,7 @@ fn plugin_unsupported_is_not_a_failure() {
         let n = 16;
         let x = tensor(&rng.vec(rows * n, -2.0, 2.0), &[rows, n], DType::F32);
         let g = tensor(&rng.vec(n, -1.0, 1.0), &[n], DType::F32);
-        RmsNormFwdArgs { x, gamma: g, eps: 1e-5, zero_centered_gamma: false, out_dtype: DType::F32 }
+        RmsNormFwdArgs { scale: None, x, gamma: g, eps: 1e-5, zero_centered_gamma: false, out_dtype: DType::F32 }
     };
     for _ in 0..5 {
         m.call::<RmsNormFwd>(&case(3, &mut rng)).unwrap();

@@ -32,6 +32,7 @@ fn a_call_by_name_matches_the_typed_call() {
     let x = tensor(&xs, &[5, 37], DType::BF16);
     let g = tensor(&gs, &[37], DType::BF16);
     let typed = reference::<RmsNormFwd>(&RmsNormFwdArgs {
+        scale: None,
         x: x.clone(),
         gamma: g.clone(),
         eps: 1e-5,
@@ -41,7 +42,9 @@ fn a_call_by_name_matches_the_typed_call() {
     .unwrap();
     let out = call_impl_by_name(manager(), "rmsnorm_fwd", "reference.cpu", rmsnorm_args(&x, &g)).unwrap();
     let names: Vec<&str> = out.iter().map(|(n, _)| *n).collect();
-    assert_eq!(names, ["y", "rsigma"]);
+    assert_eq!(names, ["y", "rsigma", "amax", "scale_inv"]);
+    // The FP8 output's extras are absent for a float output.
+    assert!(matches!((&out[2].1, &out[3].1), (Value::None, Value::None)), "{:?}", &out[2..]);
     let Value::Tensor(y) = &out[0].1 else { panic!("y is not a tensor: {:?}", out[0].1) };
     assert_eq!(y.dtype(), DType::F32);
     assert_eq!(values(y), values(&typed.y));

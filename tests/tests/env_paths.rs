@@ -26,7 +26,14 @@ fn non_utf8_paths_do_not_break_op_calls() {
     let gamma = Tensor::from_slice(&[1.0f32; 4], [4], DType::F32).unwrap();
     let out = tefl_core::global()
         .expect("the global manager starts (the missing plugin is only logged)")
-        .call::<RmsNormFwd>(&RmsNormFwdArgs { x, gamma, eps: 1e-5, zero_centered_gamma: false, out_dtype: DType::F32 })
+        .call::<RmsNormFwd>(&RmsNormFwdArgs {
+            scale: None,
+            x,
+            gamma,
+            eps: 1e-5,
+            zero_centered_gamma: false,
+            out_dtype: DType::F32,
+        })
         .unwrap();
     assert_eq!(out.y.shape(), &[1, 4]);
 }

@@ -18,7 +18,7 @@ fn unavailable_cuda_backend_fails_typed_and_cpu_work_goes_on() {
     assert!(nv.unavailable_reason.as_deref().is_some_and(|r| !r.is_empty()));
     let x = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], [2, 2], DType::F32).unwrap();
     let gamma = Tensor::from_slice(&[1.0f32, 1.0], [2], DType::F32).unwrap();
-    let args = RmsNormFwdArgs { x, gamma, eps: 1e-6, zero_centered_gamma: false, out_dtype: DType::F32 };
+    let args = RmsNormFwdArgs { scale: None, x, gamma, eps: 1e-6, zero_centered_gamma: false, out_dtype: DType::F32 };
     // CPU tensors are served (by the reference), whatever else is linked.
     let out = m.call::<RmsNormFwd>(&args).expect("the reference serves CPU tensors");
     assert_eq!(out.y.shape(), &[2, 2]);

@@ -130,8 +130,8 @@ proptest! {
         let (Some(x), Some(g)) = (make(&xs, dt, 1), make(&gs, gdt, 2)) else { return Ok(()) };
         if layer {
             let b = make(&gs, gdt, 3).unwrap_or_else(|| g.clone());
-            run::<LayerNormFwd>(&LayerNormFwdArgs { x, gamma: g, beta: b, eps, zero_centered_gamma: zc, out_dtype: out })?;
-        } else if let Some(o) = run::<RmsNormFwd>(&RmsNormFwdArgs { x: x.clone(), gamma: g.clone(), eps, zero_centered_gamma: zc, out_dtype: out })? {
+            run::<LayerNormFwd>(&LayerNormFwdArgs { scale: None, x, gamma: g, beta: b, eps, zero_centered_gamma: zc, out_dtype: out })?;
+        } else if let Some(o) = run::<RmsNormFwd>(&RmsNormFwdArgs { scale: None, x: x.clone(), gamma: g.clone(), eps, zero_centered_gamma: zc, out_dtype: out })? {
             let n = x.last_dim();
             let (y, _) = oracle::rmsnorm_fwd(&vals(&x), n, &vals(&g), f64::from(eps), zc);
             close("rmsnorm y", &o.y, &y, out.max_precision(dt))?;
@@ -146,7 +146,7 @@ proptest! {
         let b_shape = if tb { [n, k] } else { [k, n] };
         let (Some(a), Some(b)) = (make(&a_shape, dt, 4), make(&b_shape, dt, 5)) else { return Ok(()) };
         let bias = ep.needs_bias().then(|| make(&[n], dt, 6)).flatten();
-        let args = GemmArgs { a: a.clone(), b: b.clone(), bias: bias.clone(), aux: None, c: None, transa: ta, transb: tb,
+        let args = GemmArgs { a_scale_inv: None, b_scale_inv: None, d_scale: None, split_accumulator: false, a: a.clone(), b: b.clone(), bias: bias.clone(), aux: None, c: None, transa: ta, transb: tb,
                               alpha: 0.5, accumulate: false, epilogue: ep, out_dtype: out };
         if let Some(o) = run::<GenericGemm>(&args)? {
             let (d, _, _) = oracle::gemm(&vals(&a), &vals(&b), (m, k, n), ta, tb, 0.5, None,

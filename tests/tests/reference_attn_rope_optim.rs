@@ -432,6 +432,7 @@ fn bad_input_is_rejected_with_the_argument_named() {
     // eps <= 0
     let e = m
         .call::<LayerNormFwd>(&LayerNormFwdArgs {
+            scale: None,
             x: f(&[2, 4]),
             gamma: f(&[4]),
             beta: f(&[4]),
@@ -457,6 +458,10 @@ fn bad_input_is_rejected_with_the_argument_named() {
     assert_eq!(names(e), "dst");
     // shapes and dtypes
     let gemm = GemmArgs {
+        a_scale_inv: None,
+        b_scale_inv: None,
+        d_scale: None,
+        split_accumulator: false,
         a: f(&[3, 4]),
         b: f(&[5, 6]),
         bias: None,

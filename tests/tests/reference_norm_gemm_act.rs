@@ -40,6 +40,7 @@ fn norm_closed_forms() {
     let x = tensor(&[3.0; 8], &[1, 8], DType::F32);
     let g = tensor(&[2.0; 8], &[8], DType::F32);
     let out = reference::<RmsNormFwd>(&RmsNormFwdArgs {
+        scale: None,
         x: x.clone(),
         gamma: g.clone(),
         eps: 1e-6,
@@ -51,6 +52,7 @@ fn norm_closed_forms() {
     assert!(values(&out.y).iter().all(|v| (v - want).abs() < 1e-6), "{:?}", values(&out.y));
     let beta = tensor(&[0.5; 8], &[8], DType::F32);
     let out = reference::<LayerNormFwd>(&LayerNormFwdArgs {
+        scale: None,
         x,
         gamma: g,
         beta,
@@ -78,6 +80,7 @@ fn norm_backwards_match_finite_differences() {
     let w = values(&dy);
     for zc in [false, true] {
         let fwd = reference::<RmsNormFwd>(&RmsNormFwdArgs {
+            scale: None,
             x: x.clone(),
             gamma: g.clone(),
             eps: 1e-3,
@@ -100,6 +103,7 @@ fn norm_backwards_match_finite_differences() {
         let be = tensor(&bv, &[n], DType::F32);
         let bvv = values(&be);
         let fwd = reference::<LayerNormFwd>(&LayerNormFwdArgs {
+            scale: None,
             x: x.clone(),
             gamma: g.clone(),
             beta: be,
@@ -132,6 +136,10 @@ fn gemm_closed_form_identity_and_te_linear_mapping() {
     let input = tensor(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3], DType::F32);
     let weight = tensor(&[1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0], &[4, 3], DType::F32);
     let out = reference::<GenericGemm>(&GemmArgs {
+        a_scale_inv: None,
+        b_scale_inv: None,
+        d_scale: None,
+        split_accumulator: false,
         a: input,
         b: weight,
         bias: None,

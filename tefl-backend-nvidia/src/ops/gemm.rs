@@ -9,7 +9,7 @@ use std::sync::{Arc, LazyLock, Mutex, OnceLock};
 
 use cudarc::cublaslt::result as lt;
 use cudarc::cublaslt::sys;
-use tefl_core::catalogue::{GemmArgs, GemmOut};
+use tefl_core::catalogue::{GemmArgs, GemmOut, GroupedGemmArgs, GroupedGemmOut};
 use tefl_core::{DType, Device, Error, KernelCtx, Result};
 use tefl_gpu::blaslt::{BlasLt, LtCall, LtLayout, LtShape, PlanCache};
 
@@ -64,8 +64,15 @@ fn lt_type(d: DType) -> Result<sys::cudaDataType> {
         DType::F32 => sys::cudaDataType::CUDA_R_32F,
         DType::F16 => sys::cudaDataType::CUDA_R_16F,
         DType::BF16 => sys::cudaDataType::CUDA_R_16BF,
+        DType::F8E4M3 => sys::cudaDataType::CUDA_R_8F_E4M3,
+        DType::F8E5M2 => sys::cudaDataType::CUDA_R_8F_E5M2,
         other => {
-            return Err(Error::DType { op: "generic_gemm", arg: "a", got: other, expected: "f32, f16 or bf16".into() });
+            return Err(Error::DType {
+                op: "generic_gemm",
+                arg: "a",
+                got: other,
+                expected: "f32, f16, bf16, f8e4m3 or f8e5m2".into(),
+            });
         }
     })
 }
@@ -75,6 +82,7 @@ struct Plan {
     desc: sys::cublasLtMatmulDesc_t,
     a: sys::cublasLtMatrixLayout_t,
     b: sys::cublasLtMatrixLayout_t,
+    c: sys::cublasLtMatrixLayout_t,
     d: sys::cublasLtMatrixLayout_t,
     algo: sys::cublasLtMatmulAlgo_t,
 }
@@ -86,7 +94,7 @@ impl Drop for Plan {
         // SAFETY: each non-null descriptor was created for this plan and is destroyed once, here.
         unsafe {
             let _ = lt::destroy_matmul_desc(self.desc);
-            for l in [self.a, self.b, self.d] {
+            for l in [self.a, self.b, self.c, self.d] {
                 if !l.is_null() {
                     let _ = lt::destroy_matrix_layout(l);
                 }
@@ -124,19 +132,22 @@ fn build_plan(shape: &LtShape, lt_dev: &DeviceLt) -> Result<Option<Plan>> {
     use sys::cublasLtMatmulDescAttributes_t as A;
     let desc = lt::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType::CUDA_R_32F)
         .map_err(|e| lt_error(device, "desc", e))?;
-    let ab = lt_type(shape.ab)?;
     let layout =
         |t, l: LtLayout| lt::create_matrix_layout(t, l.rows, l.cols, l.ld).map_err(|e| lt_error(device, "layout", e));
     let (first, second, out) = shape.layouts();
     // Each descriptor is owned by the plan as soon as it exists, so an early return frees it.
+    // The library's first operand is our B, its second our A (module docs of tefl_gpu::blaslt).
     let mut plan = Plan {
         desc,
-        a: layout(ab, first)?,
+        a: std::ptr::null_mut(),
         b: std::ptr::null_mut(),
+        c: std::ptr::null_mut(),
         d: std::ptr::null_mut(),
         algo: sys::cublasLtMatmulAlgo_t { data: [0; 8] },
     };
-    plan.b = layout(ab, second)?;
+    plan.a = layout(lt_type(shape.b_type)?, first)?;
+    plan.b = layout(lt_type(shape.ab)?, second)?;
+    plan.c = layout(lt_type(shape.c)?, out)?;
     plan.d = layout(lt_type(shape.d)?, out)?;
     // cublasOperation_t as its i32 value: CUBLAS_OP_N = 0, CUBLAS_OP_T = 1; A' = b, B' = a.
     set_desc(device, desc, A::CUBLASLT_MATMUL_DESC_TRANSA, &i32::from(shape.transb))?;
@@ -144,8 +155,19 @@ fn build_plan(shape: &LtShape, lt_dev: &DeviceLt) -> Result<Option<Plan>> {
     set_desc(device, desc, A::CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue(shape.epilogue))?;
     // Pointer attributes must be set before the heuristic for the epilogues that use them;
     // placeholders (the workspace) are replaced at each call.
+    let placeholder = lt_dev.workspace.device_ptr();
+    if shape.is_fp8() {
+        // Per-tensor scales as device pointers (placeholders now, the call's at each call); the
+        // library's A is our B, so its A scale is B's scale_inv.
+        set_desc(device, desc, A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &placeholder)?;
+        set_desc(device, desc, A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &placeholder)?;
+        set_desc(device, desc, A::CUBLASLT_MATMUL_DESC_FAST_ACCUM, &i8::from(shape.fast_accum))?;
+        if shape.d.is_fp8() {
+            set_desc(device, desc, A::CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, &placeholder)?;
+            set_desc(device, desc, A::CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, &placeholder)?;
+        }
+    }
     if shape.epilogue.has_pointers() {
-        let placeholder = lt_dev.workspace.device_ptr();
         set_desc(device, desc, A::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &placeholder)?;
         set_desc(device, desc, A::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &placeholder)?;
         set_desc(device, desc, A::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &shape.aux_ld())?;
@@ -162,7 +184,7 @@ fn build_plan(shape: &LtShape, lt_dev: &DeviceLt) -> Result<Option<Plan>> {
     };
     // SAFETY: every descriptor is live; the heuristic only reads them.
     let heuristic = set.and_then(|()| unsafe {
-        lt::get_matmul_algo_heuristic(lt_dev.handle, desc, plan.a, plan.b, plan.d, plan.d, pref)
+        lt::get_matmul_algo_heuristic(lt_dev.handle, desc, plan.a, plan.b, plan.c, plan.d, pref)
     });
     // SAFETY: destroyed once, after its last use.
     let _ = unsafe { lt::destroy_matmul_pref(pref) };
@@ -198,6 +220,14 @@ impl BlasLt for CublasLt {
         if call.aux != 0 {
             set_desc(device, p.desc, A::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &call.aux)?;
         }
+        if shape.is_fp8() {
+            set_desc(device, p.desc, A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &call.b_scale)?;
+            set_desc(device, p.desc, A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &call.a_scale)?;
+            if shape.d.is_fp8() {
+                set_desc(device, p.desc, A::CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, &call.d_scale)?;
+                set_desc(device, p.desc, A::CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, &call.d_amax)?;
+            }
+        }
         let rt = runtime::global();
         rt.context(device)?.bind_to_thread().map_err(|e| device_error(device, e))?;
         let c = if call.c == 0 { call.d } else { call.c };
@@ -216,7 +246,7 @@ impl BlasLt for CublasLt {
                     call.a as *const c_void,
                     p.b,
                     c as *const c_void,
-                    p.d,
+                    p.c,
                     call.d as *mut c_void,
                     p.d,
                     &p.algo,
@@ -237,4 +267,9 @@ pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
         device: ctx.device.to_string(),
         reason: "cuBLASLt heuristic: no algorithm for the f32 product".into(),
     })
+}
+
+/// `te_general_grouped_gemm` on cuBLASLt (`tefl_gpu::blaslt::grouped_gemm`).
+pub fn grouped_gemm(ctx: &KernelCtx<'_>, a: &GroupedGemmArgs) -> Result<GroupedGemmOut> {
+    tefl_gpu::blaslt::grouped_gemm(ctx, a, &CublasLt)
 }

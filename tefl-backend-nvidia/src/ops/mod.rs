@@ -14,5 +14,5 @@ use tefl_core::catalogue::*;
 // Every op of the catalogue, each served by `<family>::<op>` of the modules above.
 tefl_core::register_backend! {
     impl_id: crate::IMPL_ID, kind: Vendor, vendor: crate::vendor::VENDOR, device: tefl_core::DeviceKind::CUDA,
-    available: crate::kernels_available, ops: all
+    available: crate::kernels_available, ops: all + fp8
 }

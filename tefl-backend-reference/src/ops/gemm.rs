@@ -1,6 +1,7 @@
 //! `generic_gemm` on the CPU: a cache-blocked, multi-threaded f32 GEMM (our AVX-512 kernel, or
-//! the `gemm` crate's elsewhere; half inputs are widened, so they accumulate in f32), then the
-//! epilogue.
+//! the `gemm` crate's elsewhere; half and FP8 inputs are widened, so they accumulate in f32),
+//! then the epilogue, and for an FP8 D the output quantizer. `te_general_grouped_gemm` runs it
+//! per group.
 
 use rayon::prelude::*;
 use tefl_core::catalogue::*;
@@ -9,10 +10,20 @@ use tefl_core::{DType, KernelCtx, Result, Tensor};
 
 use super::activation::{act, dact};
 use crate::kernels::sgemm::{MatRef, sgemm};
-use crate::util::{store, view};
+use crate::util::{scalar_tensor, store, store_fp8, view};
+
+/// The one-element value of an optional f32 scale (1 when absent).
+fn scale_of(t: Option<&Tensor>) -> Result<f32> {
+    Ok(match t {
+        Some(t) => t.to_vec::<f32>()?[0],
+        None => 1.0,
+    })
+}
 
 pub fn generic_gemm(_: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
     let (m, k, n) = gemm_dims(a)?;
+    // FP8 codes are decoded by `view`; their scales fold into alpha.
+    let alpha = a.alpha * scale_of(a.a_scale_inv.as_ref())? * scale_of(a.b_scale_inv.as_ref())?;
     let lhs = view(&a.a)?;
     let rhs = view(&a.b)?;
     // The product's size comes from the user's shapes (k = 0 makes tiny inputs with a huge
@@ -23,7 +34,7 @@ pub fn generic_gemm(_: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
     }
     let am = if a.transa { MatRef { data: &lhs, rs: 1, cs: m } } else { MatRef { data: &lhs, rs: k, cs: 1 } };
     let bm = if a.transb { MatRef { data: &rhs, rs: 1, cs: k } } else { MatRef { data: &rhs, rs: n, cs: 1 } };
-    sgemm(m, n, k, a.alpha, am, bm, &mut d);
+    sgemm(m, n, k, alpha, am, bm, &mut d);
     drop((lhs, rhs));
 
     let bias = a.bias.as_ref().map(view).transpose()?;
@@ -81,9 +92,41 @@ pub fn generic_gemm(_: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
     } else {
         None
     };
-    Ok(GemmOut {
-        d: store(&d, &[m, n], a.out_dtype)?,
-        aux_out: aux_out.map(|x| store(&x, &[m, n], a.out_dtype)).transpose()?,
-        bias_grad,
-    })
+    let aux_out = aux_out.map(|x| store(&x, &[m, n], aux_dtype(a.out_dtype))).transpose()?;
+    if a.out_dtype.is_fp8() {
+        let (d, amax) = store_fp8(&d, &[m, n], a.out_dtype, scale_of(a.d_scale.as_ref())?)?;
+        return Ok(GemmOut { d, aux_out, bias_grad, d_amax: Some(scalar_tensor(amax)?) });
+    }
+    Ok(GemmOut { d: store(&d, &[m, n], a.out_dtype)?, aux_out, bias_grad, d_amax: None })
+}
+
+/// `te_general_grouped_gemm`: `generic_gemm` per group (bias epilogue when the group has one).
+pub fn grouped_gemm(ctx: &KernelCtx<'_>, a: &GroupedGemmArgs) -> Result<GroupedGemmOut> {
+    grouped_dims(a)?;
+    let mut d = Vec::with_capacity(a.a.len());
+    for g in 0..a.a.len() {
+        let bias = a.bias.get(g).cloned();
+        let out = generic_gemm(
+            ctx,
+            &GemmArgs {
+                a: a.a[g].clone(),
+                b: a.b[g].clone(),
+                a_scale_inv: a.a_scale_inv.get(g).cloned(),
+                b_scale_inv: a.b_scale_inv.get(g).cloned(),
+                d_scale: None,
+                epilogue: if bias.is_some() { GemmEpilogue::Bias } else { GemmEpilogue::None },
+                bias,
+                aux: None,
+                c: None,
+                transa: a.transa,
+                transb: a.transb,
+                alpha: 1.0,
+                accumulate: false,
+                out_dtype: a.out_dtype,
+                split_accumulator: a.split_accumulator,
+            },
+        )?;
+        d.push(out.d);
+    }
+    Ok(GroupedGemmOut { d })
 }

@@ -14,5 +14,5 @@ use tefl_core::catalogue::*;
 
 // Every op of the catalogue, each served by `<family>::<op>` of the modules above.
 tefl_core::register_backend! {
-    impl_id: crate::IMPL_ID, kind: Reference, device: tefl_core::DeviceKind::CPU, ops: all
+    impl_id: crate::IMPL_ID, kind: Reference, device: tefl_core::DeviceKind::CPU, ops: all + fp8
 }

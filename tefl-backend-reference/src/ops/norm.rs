@@ -2,9 +2,9 @@
 
 use rayon::prelude::*;
 use tefl_core::catalogue::*;
-use tefl_core::{DType, KernelCtx, Result};
+use tefl_core::{DType, KernelCtx, Result, Tensor};
 
-use crate::util::{map_rows, store, view};
+use crate::util::{map_rows, scalar_tensor, store, store_fp8, view};
 
 /// Σ f(x) over a row, accumulated in f64 (rows reach 16384 and more).
 fn row_sum(xs: impl Iterator<Item = f32>) -> f32 {
@@ -35,11 +35,24 @@ fn column_sums(rows: usize, n: usize, f: impl Fn(usize, &mut [f32]) + Sync) -> V
         )
 }
 
+/// The dtype a forward computes its rows in: `out` itself, f32 for an FP8 output (cast after).
+fn row_dtype(out: DType) -> DType {
+    if out.is_fp8() { DType::F32 } else { out }
+}
+
+/// An FP8 forward's output quantizer: (codes, amax, scale_inv) of the f32 `y`; a float `y` as is.
+fn quantize_out(y: Tensor, out: DType, scale: Option<&Tensor>) -> Result<(Tensor, Option<Tensor>, Option<Tensor>)> {
+    let Some(scale) = scale.filter(|_| out.is_fp8()) else { return Ok((y, None, None)) };
+    let s = scale.to_vec::<f32>()?[0];
+    let (q, amax) = store_fp8(&view(&y)?, y.shape(), out, s)?;
+    Ok((q, Some(scalar_tensor(amax)?), Some(scalar_tensor(1.0 / s)?)))
+}
+
 pub fn rmsnorm_fwd(_: &KernelCtx<'_>, a: &RmsNormFwdArgs) -> Result<RmsNormFwdOut> {
     let n = a.x.last_dim();
     let rows = a.x.rows();
     let g = gamma_eff(&view(&a.gamma)?, a.zero_centered_gamma);
-    let (y, stats) = map_rows([(&a.x, n)], rows, a.x.shape(), a.out_dtype, n, |_, [xr], yr| {
+    let (y, stats) = map_rows([(&a.x, n)], rows, a.x.shape(), row_dtype(a.out_dtype), n, |_, [xr], yr| {
         let ms = row_sum(xr.iter().map(|v| v * v)) / n as f32;
         let r = 1.0 / (ms + a.eps).sqrt();
         for ((o, xv), gv) in yr.iter_mut().zip(xr).zip(&g) {
@@ -48,7 +61,8 @@ pub fn rmsnorm_fwd(_: &KernelCtx<'_>, a: &RmsNormFwdArgs) -> Result<RmsNormFwdOu
         [r, 0.0]
     })?;
     let rsigma: Vec<f32> = stats.iter().map(|s| s[0]).collect();
-    Ok(RmsNormFwdOut { y, rsigma: store(&rsigma, &[rows], DType::F32)? })
+    let (y, amax, scale_inv) = quantize_out(y, a.out_dtype, a.scale.as_ref())?;
+    Ok(RmsNormFwdOut { y, rsigma: store(&rsigma, &[rows], DType::F32)?, amax, scale_inv })
 }
 
 fn rms_bwd(
@@ -100,7 +114,7 @@ pub fn layernorm_fwd(_: &KernelCtx<'_>, a: &LayerNormFwdArgs) -> Result<LayerNor
     let rows = a.x.rows();
     let g = gamma_eff(&view(&a.gamma)?, a.zero_centered_gamma);
     let beta = view(&a.beta)?;
-    let (y, stats) = map_rows([(&a.x, n)], rows, a.x.shape(), a.out_dtype, n, |_, [xr], yr| {
+    let (y, stats) = map_rows([(&a.x, n)], rows, a.x.shape(), row_dtype(a.out_dtype), n, |_, [xr], yr| {
         let mean = row_sum(xr.iter().copied()) / n as f32;
         let var = row_sum(xr.iter().map(|v| (v - mean) * (v - mean))) / n as f32;
         let r = 1.0 / (var + a.eps).sqrt();
@@ -111,7 +125,14 @@ pub fn layernorm_fwd(_: &KernelCtx<'_>, a: &LayerNormFwdArgs) -> Result<LayerNor
     })?;
     let rsigma: Vec<f32> = stats.iter().map(|s| s[0]).collect();
     let mu: Vec<f32> = stats.iter().map(|s| s[1]).collect();
-    Ok(LayerNormFwdOut { y, mu: store(&mu, &[rows], DType::F32)?, rsigma: store(&rsigma, &[rows], DType::F32)? })
+    let (y, amax, scale_inv) = quantize_out(y, a.out_dtype, a.scale.as_ref())?;
+    Ok(LayerNormFwdOut {
+        y,
+        mu: store(&mu, &[rows], DType::F32)?,
+        rsigma: store(&rsigma, &[rows], DType::F32)?,
+        amax,
+        scale_inv,
+    })
 }
 
 pub fn layernorm_bwd(_: &KernelCtx<'_>, a: &LayerNormBwdArgs) -> Result<LayerNormBwdOut> {

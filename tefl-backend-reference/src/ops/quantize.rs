@@ -5,14 +5,7 @@ use tefl_core::catalogue::*;
 use tefl_core::fp8::Fp8Format;
 use tefl_core::{Error, KernelCtx, Result, Tensor};
 
-use crate::util::{CHUNK, scalar_tensor, store, view};
-
-/// max |x|, NaN when x holds a NaN.
-fn amax(x: &[f32]) -> f32 {
-    x.par_chunks(CHUNK)
-        .map(|c| c.iter().fold(0.0f32, |m, v| if v.is_nan() || m.is_nan() { f32::NAN } else { m.max(v.abs()) }))
-        .reduce(|| 0.0f32, |a, b| if a.is_nan() || b.is_nan() { f32::NAN } else { a.max(b) })
-}
+use crate::util::{CHUNK, amax, scalar_tensor, store, store_fp8, view};
 
 fn format_of(d: tefl_core::DType) -> Result<Fp8Format> {
     Fp8Format::of(d).ok_or_else(|| Error::Tensor(format!("{d} is not an fp8 dtype")))
@@ -48,6 +41,31 @@ pub fn quantize(_: &KernelCtx<'_>, a: &QuantizeArgs) -> Result<QuantizeOut> {
         q: Tensor::from_slice(&q, a.x.shape(), a.fp8_dtype)?,
         q_t,
         amax: scalar_tensor(amax(&x))?,
+        scale_inv: scalar_tensor(1.0 / scale)?,
+    })
+}
+
+pub fn bgrad_quantize(_: &KernelCtx<'_>, a: &BgradQuantizeArgs) -> Result<BgradQuantizeOut> {
+    let (m, n) = (a.x.shape()[0], a.x.shape()[1]);
+    let x = view(&a.x)?;
+    let scale = a.scale.to_vec::<f32>()?[0];
+    let (q, amax) = store_fp8(&x, &[m, n], a.fp8_dtype, scale)?;
+    // Column sums in f64 then rounded once: the oracle's sum, whatever the row count.
+    let mut sums = vec![0.0f64; n];
+    for row in x.chunks(n.max(1)) {
+        sums.iter_mut().zip(row).for_each(|(s, v)| *s += f64::from(*v));
+    }
+    let sums: Vec<f32> = sums.into_iter().map(|v| v as f32).collect();
+    let q_t = if a.want_transpose {
+        Some(Tensor::from_slice(&transpose_codes(&q.host_bytes()?, m, n), [n, m], a.fp8_dtype)?)
+    } else {
+        None
+    };
+    Ok(BgradQuantizeOut {
+        dbias: store(&sums, &[n], a.x.dtype())?,
+        q,
+        q_t,
+        amax: scalar_tensor(amax)?,
         scale_inv: scalar_tensor(1.0 / scale)?,
     })
 }

@@ -46,7 +46,7 @@ pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
     let aux_out = if a.epilogue.writes_aux() { Some(Tensor::uninit([m, n], a.out_dtype, &dev)?) } else { None };
     if m == 0 || n == 0 {
         let bias_grad = if a.epilogue.writes_bias_grad() { Some(Tensor::zeros([n], DType::F32, &dev)?) } else { None };
-        return Ok(GemmOut { d, aux_out, bias_grad });
+        return Ok(GemmOut { d, aux_out, bias_grad, d_amax: None });
     }
     let unsupported = |reason: String| Error::Unsupported { op: OP, impl_id: ctx.impl_id.to_string(), reason };
     for (what, elems) in [("d", m * n), ("a", m * k), ("b", k * n), ("bias-gradient parts", PARTS * n)] {
@@ -139,5 +139,5 @@ pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
         }
         Ok(())
     })?;
-    Ok(GemmOut { d, aux_out, bias_grad })
+    Ok(GemmOut { d, aux_out, bias_grad, d_amax: None })
 }

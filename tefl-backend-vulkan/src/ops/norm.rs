@@ -245,19 +245,34 @@ fn backward(
     Ok((dx, dgamma, dbeta))
 }
 
+/// The norm shaders write float outputs only: an FP8 output (TE's norm with a quantizer) is
+/// declined, so the manager can take another impl (CUDA and HIP fuse it; the reference has it).
+fn float_output(ctx: &KernelCtx<'_>, op: &'static str, out: DType) -> Result<()> {
+    if out.is_fp8() {
+        return Err(Error::Unsupported {
+            op,
+            impl_id: ctx.impl_id.to_string(),
+            reason: format!("no {out} output in the Vulkan norm shaders (quantize the float output)"),
+        });
+    }
+    Ok(())
+}
+
 /// `rmsnorm_fwd`.
 pub fn rmsnorm_fwd(ctx: &KernelCtx<'_>, a: &RmsNormFwdArgs) -> Result<RmsNormFwdOut> {
+    float_output(ctx, "rmsnorm_fwd", a.out_dtype)?;
     let (y, _, rsigma) =
         forward("rmsnorm_fwd", ctx, false, &a.x, &a.gamma, None, a.eps, a.zero_centered_gamma, a.out_dtype)?;
-    Ok(RmsNormFwdOut { y, rsigma })
+    Ok(RmsNormFwdOut { y, rsigma, amax: None, scale_inv: None })
 }
 
 /// `layernorm_fwd`.
 pub fn layernorm_fwd(ctx: &KernelCtx<'_>, a: &LayerNormFwdArgs) -> Result<LayerNormFwdOut> {
+    float_output(ctx, "layernorm_fwd", a.out_dtype)?;
     let (y, mu, rsigma) =
         forward("layernorm_fwd", ctx, true, &a.x, &a.gamma, Some(&a.beta), a.eps, a.zero_centered_gamma, a.out_dtype)?;
     let mu = mu.ok_or_else(|| Error::Tensor("layernorm_fwd: no mu".into()))?;
-    Ok(LayerNormFwdOut { y, mu, rsigma })
+    Ok(LayerNormFwdOut { y, mu, rsigma, amax: None, scale_inv: None })
 }
 
 /// `rmsnorm_bwd`.

@@ -5,6 +5,24 @@
 //! call `(A, transA, B, transB)` is this op's `(a = B, transa = transB, b = A, transb = transA)`.
 //! TE's Linear forward calls `(weight, true, input, false)`: here `a = input [m, k]`,
 //! `transa = false`, `b = weight [n, k]`, `transb = true`, giving `input · weightᵀ`.
+//!
+//! ## FP8
+//!
+//! A and B may hold FP8 codes (e4m3 or e5m2, the two may differ: TE multiplies e5m2 gradients
+//! by e4m3 weights), each with its per-tensor `scale_inv` (f32 `[1]` on the device): the product
+//! is `alpha · (a_scale_inv·A) · (b_scale_inv·B)`, accumulated in f32. D may be a float dtype or
+//! FP8: then `d_scale` scales D before the saturating cast and `d_amax` returns max |D| (after
+//! the epilogue, before scaling), as TE's output quantizer does. `split_accumulator` is TE's
+//! `use_split_accumulator` (TE asks for it in dgrad and wgrad): when unset, a backend may
+//! accumulate with its fast FP8 path (on Hopper, the tensor cores' reduced-precision
+//! accumulation).
+//!
+//! Hopper's FP8 tensor cores take only the "TN" form, which in this row-major view is
+//! `transa = false`, `transb = true` (`a [m, k]`, `b [n, k]`, both K-major: TE's Linear
+//! forward). TE feeds the other GEMMs (dgrad, wgrad) the FP8 transposed copy it keeps of each
+//! operand (`quantize(.., want_transpose = true)` makes both with one scale_inv) so that every
+//! FP8 GEMM is TN; callers of tefl should do the same. A backend given another form transposes
+//! the codes itself first (the same codes, the same scale_inv: exact, but an extra pass).
 
 use super::check;
 use crate::op::{Op, OpDescriptor, OutputSpec};
@@ -55,10 +73,17 @@ declare_op! {
     pub struct GenericGemm = "generic_gemm";
     /// Arguments of [`GenericGemm`].
     pub struct GemmArgs {
-        /// A: `[m, k]`, or `[k, m]` when `transa` (f32, f16 or bf16).
+        /// A: `[m, k]`, or `[k, m]` when `transa` (f32, f16, bf16, or FP8 codes).
         tensor a: Tensor,
-        /// B: `[k, n]`, or `[n, k]` when `transb` (same dtype as `a`).
+        /// B: `[k, n]`, or `[n, k]` when `transb` (the dtype of `a`; FP8 of either format when
+        /// `a` is FP8).
         tensor b: Tensor,
+        /// f32 `[1]`: the dequantization scale of FP8 `a` (required then, refused otherwise).
+        tensor a_scale_inv: Option<Tensor>,
+        /// f32 `[1]`: the dequantization scale of FP8 `b`.
+        tensor b_scale_inv: Option<Tensor>,
+        /// f32 `[1]`: the scale of an FP8 D (required when `out_dtype` is FP8).
+        tensor d_scale: Option<Tensor>,
         /// Bias `[n]`, for the `Bias` and `BiasGelu` epilogues.
         tensor bias: Option<Tensor>,
         /// The forward's pre-activation `[m, n]`, for the `DGelu` epilogues.
@@ -75,17 +100,23 @@ declare_op! {
         scalar accumulate: bool,
         /// The fused epilogue.
         scalar epilogue: GemmEpilogue,
-        /// The dtype of D (f32, f16 or bf16).
+        /// The dtype of D (f32, f16, bf16; f8e4m3 or f8e5m2 with FP8 inputs).
         scalar out_dtype: DType,
+        /// FP8 inputs: accumulate in full f32 precision (TE's `use_split_accumulator`); when
+        /// unset the backend may use its fast FP8 accumulation. Ignored for float inputs.
+        scalar split_accumulator: bool,
     }
     /// Outputs of [`GenericGemm`].
     pub struct GemmOut {
         /// D `[m, n]`.
         tensor d: Tensor,
-        /// The pre-activation `[m, n]` (dtype of D) for the `Gelu` epilogues.
+        /// The pre-activation `[m, n]` for the `Gelu` epilogues (dtype of D; bf16 when D is
+        /// FP8).
         tensor aux_out: Option<Tensor>,
         /// Σ_m D `[n]` (f32) for the bias-gradient epilogues.
         tensor bias_grad: Option<Tensor>,
+        /// f32 `[1]`: max |D| before the scaling, when D is FP8.
+        tensor d_amax: Option<Tensor>,
     }
     validate(a) {
         const OP: &str = "generic_gemm";
@@ -93,8 +124,26 @@ declare_op! {
         if !a.alpha.is_finite() {
             return Err(Error::invalid(OP, "alpha", format!("must be finite, got {}", a.alpha)));
         }
-        check::out_float(OP, "out_dtype", a.out_dtype)?;
         let _ = k;
+        let fp8_in = a.a.dtype().is_fp8();
+        if a.out_dtype.is_fp8() && !fp8_in {
+            return Err(Error::invalid(OP, "out_dtype", format!("{} output needs FP8 inputs", a.out_dtype)));
+        }
+        if !a.out_dtype.is_fp8() {
+            check::out_float(OP, "out_dtype", a.out_dtype)?;
+        }
+        for (name, scale, wanted) in [
+            ("a_scale_inv", &a.a_scale_inv, fp8_in),
+            ("b_scale_inv", &a.b_scale_inv, fp8_in),
+            ("d_scale", &a.d_scale, a.out_dtype.is_fp8()),
+        ] {
+            match (scale, wanted) {
+                (Some(s), true) => check::scalar_f32(OP, name, s)?,
+                (None, true) => return Err(Error::invalid(OP, name, "FP8 operands need their scale")),
+                (Some(_), false) => return Err(Error::invalid(OP, name, "only FP8 operands take a scale")),
+                (None, false) => {}
+            }
+        }
         match (&a.bias, a.epilogue.needs_bias()) {
             (Some(b), true) => {
                 check::float(OP, "bias", b)?;
@@ -124,7 +173,7 @@ declare_op! {
         }
         // D (and aux_out) hold m·n elements: a size no allocation can have is rejected here,
         // naming the operand that brings n (k = 0 makes tiny inputs with a huge product).
-        let widest = a.out_dtype.size_in_bytes().max(DType::F32.size_in_bytes());
+        let widest = DType::F32.size_in_bytes();
         if m.checked_mul(n).and_then(|e| e.checked_mul(widest)).is_none_or(|b| b > isize::MAX as usize) {
             return Err(Error::Shape {
                 op: OP,
@@ -139,38 +188,154 @@ declare_op! {
         let Ok((m, _, n)) = gemm_dims(a) else { return Vec::new() };
         let mut v = vec![OutputSpec::new("d", [m, n], a.out_dtype)];
         if a.epilogue.writes_aux() {
-            v.push(OutputSpec::new("aux_out", [m, n], a.out_dtype));
+            v.push(OutputSpec::new("aux_out", [m, n], aux_dtype(a.out_dtype)));
         }
         if a.epilogue.writes_bias_grad() {
             v.push(OutputSpec::new("bias_grad", [n], DType::F32));
+        }
+        if a.out_dtype.is_fp8() {
+            v.push(OutputSpec::new("d_amax", [1], DType::F32));
         }
         v
     }
 }
 
+/// The dtype of the `Gelu` epilogues' pre-activation for a D of `out`: D's own, bf16 for FP8.
+pub fn aux_dtype(out: DType) -> DType {
+    if out.is_fp8() { DType::BF16 } else { out }
+}
+
 /// (m, k, n) of a valid GEMM, or the error naming the argument at fault.
 pub fn gemm_dims(a: &GemmArgs) -> crate::Result<(usize, usize, usize)> {
-    const OP: &str = "generic_gemm";
-    check::float(OP, "a", &a.a)?;
-    check::dtype_is(OP, "b", &a.b, a.a.dtype())?;
-    for (name, t) in [("a", &a.a), ("b", &a.b)] {
+    matmul_dims("generic_gemm", (&a.a, a.transa), (&a.b, a.transb))
+}
+
+/// (m, k, n) of op(A)·op(B) for two rank-2 operands (both float of one dtype, or both FP8),
+/// or the error naming the one at fault (`a`, `b`).
+pub fn matmul_dims(
+    op: &'static str,
+    (a, transa): (&Tensor, bool),
+    (b, transb): (&Tensor, bool),
+) -> crate::Result<(usize, usize, usize)> {
+    if a.dtype().is_fp8() {
+        check::dtype_in(op, "b", b, &[DType::F8E4M3, DType::F8E5M2])?;
+    } else {
+        check::float(op, "a", a)?;
+        check::dtype_is(op, "b", b, a.dtype())?;
+    }
+    for (name, t) in [("a", a), ("b", b)] {
         if t.rank() != 2 {
-            return Err(Error::Shape { op: OP, arg: name, got: t.shape().to_vec(), expected: "rank 2".into() });
+            return Err(Error::Shape { op, arg: name, got: t.shape().to_vec(), expected: "rank 2".into() });
         }
     }
-    let (m, k) = if a.transa { (a.a.shape()[1], a.a.shape()[0]) } else { (a.a.shape()[0], a.a.shape()[1]) };
-    let (kb, n) = if a.transb { (a.b.shape()[1], a.b.shape()[0]) } else { (a.b.shape()[0], a.b.shape()[1]) };
+    let (m, k) = if transa { (a.shape()[1], a.shape()[0]) } else { (a.shape()[0], a.shape()[1]) };
+    let (kb, n) = if transb { (b.shape()[1], b.shape()[0]) } else { (b.shape()[0], b.shape()[1]) };
     if kb != k {
         return Err(Error::Shape {
-            op: OP,
+            op,
             arg: "b",
-            got: a.b.shape().to_vec(),
-            expected: format!("inner dimension {k} (op(A) is [{m}, {k}], transb = {})", a.transb),
+            got: b.shape().to_vec(),
+            expected: format!("inner dimension {k} (op(A) is [{m}, {k}], transb = {transb})"),
         });
     }
     Ok((m, k, n))
 }
 
+declare_op! {
+    /// `te_general_grouped_gemm`: independent GEMMs in one call, D_g = op(A_g)·op(B_g) (+ bias_g)
+    /// for every group g: a mixture-of-experts layer's expert GEMMs, whose m (tokens routed to
+    /// each expert) differ while k and n are usually shared (they may differ too). Row-major,
+    /// with `generic_gemm`'s conventions (its module docs: TE's column-major order, FP8 and the
+    /// TN form); a group with m = 0 (an expert no token chose) gives an empty D_g.
+    pub struct GroupedGemm = "te_general_grouped_gemm";
+    /// Arguments of [`GroupedGemm`].
+    pub struct GroupedGemmArgs {
+        /// A_g: `[m_g, k_g]`, or `[k_g, m_g]` when `transa` (f32, f16, bf16 or FP8; one dtype for
+        /// every group).
+        tensor a: Vec<Tensor>,
+        /// B_g: `[k_g, n_g]`, or `[n_g, k_g]` when `transb` (one per group).
+        tensor b: Vec<Tensor>,
+        /// FP8 A: one f32 `[1]` scale_inv per group (empty otherwise).
+        tensor a_scale_inv: Vec<Tensor>,
+        /// FP8 B: one f32 `[1]` scale_inv per group (empty otherwise).
+        tensor b_scale_inv: Vec<Tensor>,
+        /// Empty, or one bias `[n_g]` per group (float).
+        tensor bias: Vec<Tensor>,
+        /// Use A_gᵀ.
+        scalar transa: bool,
+        /// Use B_gᵀ.
+        scalar transb: bool,
+        /// The dtype of every D_g (f32, f16 or bf16).
+        scalar out_dtype: DType,
+        /// FP8 inputs: full-precision accumulation (see [`GemmArgs::split_accumulator`]).
+        scalar split_accumulator: bool,
+    }
+    /// Outputs of [`GroupedGemm`].
+    pub struct GroupedGemmOut {
+        /// D_g `[m_g, n_g]`, one per group.
+        tensor d: Vec<Tensor>,
+    }
+    validate(a) {
+        grouped_dims(a).map(|_| ())
+    }
+    outputs(a) {
+        let Ok(dims) = grouped_dims(a) else { return Vec::new() };
+        dims.iter().map(|&(m, _, n)| OutputSpec::new("d", [m, n], a.out_dtype)).collect()
+    }
+}
+
+/// (m, k, n) of every group of a valid grouped GEMM, or the error naming the argument at fault
+/// (a list, with the group's index in the message).
+pub fn grouped_dims(a: &GroupedGemmArgs) -> crate::Result<Vec<(usize, usize, usize)>> {
+    const OP: &str = "te_general_grouped_gemm";
+    check::nonempty(OP, "a", a.a.len())?;
+    check::same_len(OP, "b", a.b.len(), a.a.len())?;
+    check::out_float(OP, "out_dtype", a.out_dtype)?;
+    let first = a.a[0].dtype();
+    let fp8 = first.is_fp8();
+    let mut dims = Vec::with_capacity(a.a.len());
+    for (g, (x, y)) in a.a.iter().zip(&a.b).enumerate() {
+        if x.dtype() != first && !(fp8 && x.dtype().is_fp8()) {
+            return Err(Error::DType {
+                op: OP,
+                arg: "a",
+                got: x.dtype(),
+                expected: format!("{first} in every group (group {g})"),
+            });
+        }
+        let d = matmul_dims(OP, (x, a.transa), (y, a.transb)).map_err(|e| match e {
+            Error::Shape { op, arg, got, expected } => {
+                Error::Shape { op, arg, got, expected: format!("{expected} in group {g}") }
+            }
+            other => other,
+        })?;
+        dims.push(d);
+    }
+    for (name, list) in [("a_scale_inv", &a.a_scale_inv), ("b_scale_inv", &a.b_scale_inv)] {
+        if fp8 {
+            check::same_len(OP, name, list.len(), a.a.len())?;
+            for s in list.iter() {
+                check::scalar_f32(OP, name, s)?;
+            }
+        } else if !list.is_empty() {
+            return Err(Error::invalid(OP, name, "only FP8 operands take a scale"));
+        }
+    }
+    if !a.bias.is_empty() {
+        check::same_len(OP, "bias", a.bias.len(), a.a.len())?;
+        for (b, &(_, _, n)) in a.bias.iter().zip(&dims) {
+            check::float(OP, "bias", b)?;
+            check::shape_is(OP, "bias", b, &[n])?;
+        }
+    }
+    for &(m, _, n) in &dims {
+        if m.checked_mul(n).and_then(|e| e.checked_mul(4)).is_none_or(|b| b > isize::MAX as usize) {
+            return Err(Error::invalid(OP, "b", format!("a product [{m}, {n}] too large for memory")));
+        }
+    }
+    Ok(dims)
+}
+
 pub(super) fn descriptors() -> Vec<&'static OpDescriptor> {
-    vec![GenericGemm::descriptor()]
+    vec![GenericGemm::descriptor(), GroupedGemm::descriptor()]
 }

@@ -239,21 +239,25 @@ pub fn find(name: &str) -> Option<&'static OpDescriptor> {
 /// convention (`ops/norm.rs` → `norm::rmsnorm_fwd`, ...), handed to
 /// [`register_backend!`](crate::register_backend) with the backend's header: `floats` ops take
 /// f32/f16/bf16 as their primary dtype, `any` ops start with a non-float tensor (FP8 codes,
-/// the optimizers' noop flag). Backends use it through `register_backend! { ..; ops: all }`.
+/// the optimizers' noop flag), `gemms` take the dtypes the header's first list gives (FP8 too for
+/// `ops: all + fp8`). Backends use it through `register_backend! { ..; ops: all }`.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __catalogue_kernels {
-    ($($head:tt)*) => {
+    (
+        [$($gd:ident),*] { $($ef:ident => $ek:path;)* } { $($eg:ident => $egk:path;)* }
+        $($head:tt)*
+    ) => {
         $crate::register_backend! {
             $($head)*
             ops: {
             floats {
+                $($ef => $ek;)*
                 RmsNormFwd => norm::rmsnorm_fwd;
                 RmsNormBwd => norm::rmsnorm_bwd;
                 RmsNormBwdAdd => norm::rmsnorm_bwd_add;
                 LayerNormFwd => norm::layernorm_fwd;
                 LayerNormBwd => norm::layernorm_bwd;
-                GenericGemm => gemm::generic_gemm;
                 Gelu => activation::gelu;
                 Qgelu => activation::qgelu;
                 Relu => activation::relu;
@@ -310,6 +314,10 @@ macro_rules! __catalogue_kernels {
                 MultiTensorSgd => optimizer::multi_tensor_sgd;
                 MultiTensorComputeScaleAndScaleInv => optimizer::multi_tensor_compute_scale_and_scale_inv;
             }
+            gemms [$($gd),*] {
+                GenericGemm => gemm::generic_gemm;
+                $($eg => $egk;)*
+            }
             }
         }
     };
@@ -358,6 +366,7 @@ mod tests {
             eps: 1e-5,
             zero_centered_gamma: false,
             out_dtype: DType::BF16,
+            scale: None,
         };
         match RmsNormFwd::validate(&args) {
             Err(Error::Shape { arg: "gamma", .. }) => {}

@@ -1,4 +1,9 @@
 //! Normalisation ops: RMSNorm and LayerNorm, forward and backward.
+//!
+//! The forwards may write FP8 (TE's norm with an output quantizer): with `out_dtype` f8e4m3 or
+//! f8e5m2 and the quantizer's `scale`, y = saturating cast of (normalised value)·scale, and the
+//! outputs add `amax` (max |normalised value|, before scaling) and `scale_inv` = 1/scale — one
+//! pass that normalises, scales, casts and reduces the amax.
 
 use super::check;
 use crate::op::{Op, OpDescriptor, OutputSpec};
@@ -18,8 +23,10 @@ declare_op! {
         scalar eps: f32,
         /// When set, the scale is `1 + gamma`.
         scalar zero_centered_gamma: bool,
-        /// The dtype of `y` (f32, f16 or bf16).
+        /// The dtype of `y`: f32, f16, bf16, or f8e4m3 / f8e5m2 with `scale`.
         scalar out_dtype: DType,
+        /// f32 `[1]`: the FP8 output's scale (required with an FP8 `out_dtype`, refused otherwise).
+        tensor scale: Option<Tensor>,
     }
     /// Outputs of [`RmsNormFwd`].
     pub struct RmsNormFwdOut {
@@ -27,12 +34,18 @@ declare_op! {
         tensor y: Tensor,
         /// 1/sqrt(mean(x²) + eps) per row, f32, `[rows]`.
         tensor rsigma: Tensor,
+        /// FP8 output: f32 `[1]`, max |y| before scaling.
+        tensor amax: Option<Tensor>,
+        /// FP8 output: f32 `[1]`, 1/scale.
+        tensor scale_inv: Option<Tensor>,
     }
     validate(a) {
-        fwd_common("rmsnorm_fwd", &a.x, &a.gamma, a.eps, a.out_dtype)
+        fwd_common("rmsnorm_fwd", &a.x, &a.gamma, a.eps, a.out_dtype, a.scale.as_ref())
     }
     outputs(a) {
-        vec![OutputSpec::new("y", a.x.shape(), a.out_dtype), OutputSpec::new("rsigma", [a.x.rows()], DType::F32)]
+        let mut v = vec![OutputSpec::new("y", a.x.shape(), a.out_dtype), OutputSpec::new("rsigma", [a.x.rows()], DType::F32)];
+        fp8_outputs(&mut v, a.out_dtype);
+        v
     }
 }
 
@@ -117,8 +130,10 @@ declare_op! {
         scalar eps: f32,
         /// When set, the scale is `1 + gamma`.
         scalar zero_centered_gamma: bool,
-        /// The dtype of `y`.
+        /// The dtype of `y`: f32, f16, bf16, or f8e4m3 / f8e5m2 with `scale`.
         scalar out_dtype: DType,
+        /// f32 `[1]`: the FP8 output's scale (required with an FP8 `out_dtype`, refused otherwise).
+        tensor scale: Option<Tensor>,
     }
     /// Outputs of [`LayerNormFwd`].
     pub struct LayerNormFwdOut {
@@ -128,19 +143,25 @@ declare_op! {
         tensor mu: Tensor,
         /// 1/sqrt(var + eps) per row, f32 `[rows]`.
         tensor rsigma: Tensor,
+        /// FP8 output: f32 `[1]`, max |y| before scaling.
+        tensor amax: Option<Tensor>,
+        /// FP8 output: f32 `[1]`, 1/scale.
+        tensor scale_inv: Option<Tensor>,
     }
     validate(a) {
         const OP: &str = "layernorm_fwd";
-        fwd_common(OP, &a.x, &a.gamma, a.eps, a.out_dtype)?;
+        fwd_common(OP, &a.x, &a.gamma, a.eps, a.out_dtype, a.scale.as_ref())?;
         check::float(OP, "beta", &a.beta)?;
         check::shape_is(OP, "beta", &a.beta, &[a.x.last_dim()])
     }
     outputs(a) {
-        vec![
+        let mut v = vec![
             OutputSpec::new("y", a.x.shape(), a.out_dtype),
             OutputSpec::new("mu", [a.x.rows()], DType::F32),
             OutputSpec::new("rsigma", [a.x.rows()], DType::F32),
-        ]
+        ];
+        fp8_outputs(&mut v, a.out_dtype);
+        v
     }
 }
 
@@ -181,16 +202,36 @@ declare_op! {
     outputs(a) { bwd_outputs(&a.x, &a.gamma, true) }
 }
 
-fn fwd_common(op: &'static str, x: &Tensor, gamma: &Tensor, eps: f32, out_dtype: DType) -> crate::Result<()> {
+fn fwd_common(
+    op: &'static str,
+    x: &Tensor,
+    gamma: &Tensor,
+    eps: f32,
+    out_dtype: DType,
+    scale: Option<&Tensor>,
+) -> crate::Result<()> {
     check::rank_at_least(op, "x", x, 1)?;
     check::float(op, "x", x)?;
     check::float(op, "gamma", gamma)?;
     check::shape_is(op, "gamma", gamma, &[x.last_dim()])?;
     check::positive(op, "eps", eps)?;
-    if !DType::FLOATS.contains(&out_dtype) {
-        return Err(Error::invalid(op, "out_dtype", format!("{out_dtype} is not f32, f16 or bf16")));
+    if !DType::FLOATS.contains(&out_dtype) && !out_dtype.is_fp8() {
+        return Err(Error::invalid(op, "out_dtype", format!("{out_dtype} is not f32, f16, bf16, f8e4m3 or f8e5m2")));
     }
-    Ok(())
+    match (scale, out_dtype.is_fp8()) {
+        (Some(s), true) => check::scalar_f32(op, "scale", s),
+        (None, true) => Err(Error::invalid(op, "scale", format!("an {out_dtype} output needs the quantizer's scale"))),
+        (Some(_), false) => Err(Error::invalid(op, "scale", format!("a {out_dtype} output takes no scale"))),
+        (None, false) => Ok(()),
+    }
+}
+
+/// The FP8 forwards' extra outputs: amax and scale_inv.
+fn fp8_outputs(v: &mut Vec<OutputSpec>, out_dtype: DType) {
+    if out_dtype.is_fp8() {
+        v.push(OutputSpec::new("amax", [1], DType::F32));
+        v.push(OutputSpec::new("scale_inv", [1], DType::F32));
+    }
 }
 
 /// dx like x; dgamma (and dbeta) like gamma.

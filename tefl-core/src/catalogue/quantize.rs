@@ -16,7 +16,9 @@ pub enum AmaxAlgo {
 
 declare_op! {
     /// `quantize(x, fp8_dtype, scale, want_transpose) -> (q, q_t?, amax, scale_inv)`:
-    /// q = saturating RNE cast of x·scale; amax = max|x|; scale_inv = 1/scale.
+    /// q = saturating RNE cast of x·scale; amax = max|x|; scale_inv = 1/scale. With
+    /// `want_transpose` this is TE's fused cast + transpose: both orientations of the codes
+    /// (for the TN-only FP8 GEMMs, see `generic_gemm`) with one amax, from one read of x.
     pub struct Quantize = "quantize";
     /// Arguments of [`Quantize`].
     pub struct QuantizeArgs {
@@ -60,6 +62,63 @@ declare_op! {
         ];
         if a.want_transpose {
             let s = a.x.shape(); // rank 2 (validated)
+            v.push(OutputSpec::new("q_t", [s[1], s[0]], a.fp8_dtype));
+        }
+        v
+    }
+}
+
+declare_op! {
+    /// `bgrad_quantize(x[m, n], scale, fp8_dtype, want_transpose) -> (dbias, q, q_t?, amax, scale_inv)`:
+    /// the bias gradient dbias[j] = Σ_i x[i, j] (accumulated in f32, stored in x's dtype) and
+    /// `quantize` of the same x, in one pass over it (TE's `bgrad_quantize`, the backward of a
+    /// Linear with bias whose output gradient feeds FP8 GEMMs).
+    pub struct BgradQuantize = "bgrad_quantize";
+    /// Arguments of [`BgradQuantize`].
+    pub struct BgradQuantizeArgs {
+        /// The gradient `[m, n]` (f32/f16/bf16).
+        tensor x: Tensor,
+        /// f32 `[1]`.
+        tensor scale: Tensor,
+        /// f8e4m3 or f8e5m2.
+        scalar fp8_dtype: DType,
+        /// Also return qᵀ.
+        scalar want_transpose: bool,
+    }
+    /// Outputs of [`BgradQuantize`].
+    pub struct BgradQuantizeOut {
+        /// `[n]`, dtype of `x`.
+        tensor dbias: Tensor,
+        /// FP8 codes `[m, n]`.
+        tensor q: Tensor,
+        /// FP8 codes `[n, m]` when asked.
+        tensor q_t: Option<Tensor>,
+        /// f32 `[1]`: max |x|.
+        tensor amax: Tensor,
+        /// f32 `[1]`: 1/scale.
+        tensor scale_inv: Tensor,
+    }
+    validate(a) {
+        const OP: &str = "bgrad_quantize";
+        check::float(OP, "x", &a.x)?;
+        if a.x.rank() != 2 {
+            return Err(Error::Shape { op: OP, arg: "x", got: a.x.shape().to_vec(), expected: "rank 2 [m, n]".into() });
+        }
+        check::scalar_f32(OP, "scale", &a.scale)?;
+        if !a.fp8_dtype.is_fp8() {
+            return Err(Error::invalid(OP, "fp8_dtype", format!("{} is not f8e4m3 or f8e5m2", a.fp8_dtype)));
+        }
+        Ok(())
+    }
+    outputs(a) {
+        let s = a.x.shape(); // rank 2 (validated)
+        let mut v = vec![
+            OutputSpec::new("dbias", [s[1]], a.x.dtype()),
+            OutputSpec::new("q", s, a.fp8_dtype),
+            OutputSpec::new("amax", [1], DType::F32),
+            OutputSpec::new("scale_inv", [1], DType::F32),
+        ];
+        if a.want_transpose {
             v.push(OutputSpec::new("q_t", [s[1], s[0]], a.fp8_dtype));
         }
         v
@@ -178,6 +237,7 @@ declare_op! {
 pub(super) fn descriptors() -> Vec<&'static OpDescriptor> {
     vec![
         Quantize::descriptor(),
+        BgradQuantize::descriptor(),
         Dequantize::descriptor(),
         ComputeAmax::descriptor(),
         Fp8Transpose::descriptor(),

@@ -81,7 +81,7 @@ pub struct ImplStats {
 /// reg.register_impl(
 ///     OpImpl::new::<RmsNormFwd>("vendor.mybackend", BackendImplKind::Vendor, |_, a| {
 ///         let rows = a.x.rows();
-///         Ok(RmsNormFwdOut { y: a.x.clone(), rsigma: Tensor::zeros([rows], DType::F32, &a.x.device())? })
+///         Ok(RmsNormFwdOut { y: a.x.clone(), rsigma: Tensor::zeros([rows], DType::F32, &a.x.device())?, amax: None, scale_inv: None })
 ///     })
 ///     .vendor("mybackend")
 ///     .priority(200),
@@ -89,7 +89,7 @@ pub struct ImplStats {
 /// let mgr = Manager::new(reg, SelectionPolicy::default().prefer(Prefer::Vendor));
 /// let x = Tensor::from_slice(&[1.0f32; 8], [2, 4], DType::F32)?;
 /// let g = Tensor::from_slice(&[1.0f32; 4], [4], DType::F32)?;
-/// let args = RmsNormFwdArgs { x, gamma: g, eps: 1e-5, zero_centered_gamma: false, out_dtype: DType::F32 };
+/// let args = RmsNormFwdArgs { x, gamma: g, eps: 1e-5, zero_centered_gamma: false, out_dtype: DType::F32, scale: None };
 /// let out = mgr.call::<RmsNormFwd>(&args)?;
 /// assert_eq!(out.rsigma.shape(), &[2]);
 /// # Ok::<(), tefl_core::Error>(())

@@ -115,7 +115,7 @@ pub fn finish_epilogue(
     } else {
         None
     };
-    Ok(GemmOut { d, aux_out, bias_grad })
+    Ok(GemmOut { d, aux_out, bias_grad, d_amax: None })
 }
 
 /// `generic_gemm` with the portable tiled kernel and the shared epilogue.
@@ -126,7 +126,7 @@ pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
     let aux_out = if a.epilogue.writes_aux() { Some(empty(dev, &[m, n], a.out_dtype)?) } else { None };
     if m == 0 || n == 0 {
         let bias_grad = if a.epilogue.writes_bias_grad() { Some(zeros(dev, &[n], DType::F32)?) } else { None };
-        return Ok(GemmOut { d, aux_out, bias_grad });
+        return Ok(GemmOut { d, aux_out, bias_grad, d_amax: None });
     }
     let (m_i, n_i, k_i) = (i32_of(ctx, OP, "a", m)?, i32_of(ctx, OP, "b", n)?, i32_of(ctx, OP, "a", k)?);
     let row_tiles = m.div_ceil(TILE);

@@ -8,7 +8,9 @@ use tefl_core::{DType, KernelCtx, Result, Tensor};
 use crate::tune::{self, RowConfig};
 use crate::{Defines, Variant};
 
-use super::host::{Arg, Grid, OnDevice, blocks_for, cty, empty, i32_of, info, opt_ptr, ptr, sm_count, tune_table};
+use super::host::{
+    Arg, Grid, OnDevice, blocks_for, cty, empty, i32_of, info, opt_ptr, ptr, sm_count, tune_table, zeros,
+};
 
 /// The kernels of `simt/norm.cu` these ops launch.
 const ENTRIES: &[&str] = &["norm_fwd", "norm_bwd", "norm_bwd_cols", "norm_reduce_ws"];
@@ -23,7 +25,7 @@ struct Types {
 /// The variant of `norm.cu` for these dtypes, norm kind and row config: the one place its
 /// defines are built (launches and the compile test both call it).
 fn variant(op: &'static str, t: &Types, is_ln: bool, cfg: RowConfig) -> Result<Variant> {
-    let defines = Defines::new()
+    let mut defines = Defines::new()
         .set("TX", cty(op, "x", t.x)?)
         .set("TG", cty(op, "gamma", t.g)?)
         .set("TY", cty(op, "y", t.y)?)
@@ -33,7 +35,11 @@ fn variant(op: &'static str, t: &Types, is_ln: bool, cfg: RowConfig) -> Result<V
         .set("BLOCK", cfg.block)
         .set("ROW_VECS", cfg.row_vecs.max(1))
         .flag("FUSED", cfg.fused())
-        .set("VEC_BYTES", cfg.vec_bytes);
+        .set("VEC_BYTES", cfg.vec_bytes)
+        .flag("OUT_FP8", t.y.is_fp8());
+    if t.y.is_fp8() {
+        defines = super::quantize::fp8_format(op, defines, t.y)?;
+    }
     Ok(Variant::new(&tefl_kernels::NORM, ENTRIES, defines))
 }
 
@@ -59,13 +65,23 @@ fn forward(
     eps: f32,
     zc: bool,
     out_dtype: DType,
-) -> Result<(Tensor, Tensor, Tensor)> {
+    qscale: Option<&Tensor>,
+) -> Result<Forward> {
     let (rows, n) = (x.rows(), x.last_dim());
     let y = empty(ctx.device, x.shape(), out_dtype)?;
     let rsigma = empty(ctx.device, &[rows], DType::F32)?;
     let mu = empty(ctx.device, &[if beta.is_some() { rows } else { 0 }], DType::F32)?;
+    // An FP8 output: the amax accumulator (zeroed) and scale_inv (written by block 0).
+    let fp8 = match qscale.filter(|_| out_dtype.is_fp8()) {
+        Some(_) => Some((zeros(ctx.device, &[1], DType::F32)?, empty(ctx.device, &[1], DType::F32)?)),
+        None => None,
+    };
     if rows == 0 || n == 0 {
-        return Ok((y, mu, rsigma));
+        // No row writes scale_inv: it is still 1/scale.
+        if let (Some(s), Some((_, si))) = (qscale, &fp8) {
+            super::quantize::reciprocal(ctx, s, si)?;
+        }
+        return Ok(Forward { y, mu, rsigma, fp8 });
     }
     let types = Types { x: x.dtype(), g: gamma.dtype(), y: out_dtype, add: None };
     let args = [
@@ -79,14 +95,26 @@ fn forward(
         Arg::I32(i32_of(ctx, op, "x", n)?),
         Arg::F32(eps),
         Arg::I32(i32::from(zc)),
+        Arg::Ptr(opt_ptr(qscale)?),
+        Arg::Ptr(opt_ptr(fp8.as_ref().map(|f| &f.0))?),
+        Arg::Ptr(opt_ptr(fp8.as_ref().map(|f| &f.1))?),
     ];
     let run = |cfg: RowConfig| -> Result<()> {
         let k = kernel(op, ctx, &types, beta.is_some(), cfg)?;
         k.launch("norm_fwd", Grid::linear(blocks_for(rows, 1, i32::MAX as u32), cfg.block), &args)
     };
+    // The autotuner's trial launches fold the same values into amax: a max, so no harm.
     let cfg = config(ctx, x, &run)?;
     run(cfg)?;
-    Ok((y, mu, rsigma))
+    Ok(Forward { y, mu, rsigma, fp8 })
+}
+
+/// A forward's outputs; `fp8` holds (amax, scale_inv) for an FP8 `y`.
+struct Forward {
+    y: Tensor,
+    mu: Tensor,
+    rsigma: Tensor,
+    fp8: Option<(Tensor, Tensor)>,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -173,14 +201,26 @@ fn backward(
 }
 
 pub fn rmsnorm_fwd(ctx: &KernelCtx<'_>, a: &RmsNormFwdArgs) -> Result<RmsNormFwdOut> {
-    let (y, _, rsigma) = forward("rmsnorm_fwd", ctx, &a.x, &a.gamma, None, a.eps, a.zero_centered_gamma, a.out_dtype)?;
-    Ok(RmsNormFwdOut { y, rsigma })
+    let f =
+        forward("rmsnorm_fwd", ctx, &a.x, &a.gamma, None, a.eps, a.zero_centered_gamma, a.out_dtype, a.scale.as_ref())?;
+    let (amax, scale_inv) = f.fp8.unzip();
+    Ok(RmsNormFwdOut { y: f.y, rsigma: f.rsigma, amax, scale_inv })
 }
 
 pub fn layernorm_fwd(ctx: &KernelCtx<'_>, a: &LayerNormFwdArgs) -> Result<LayerNormFwdOut> {
-    let (y, mu, rsigma) =
-        forward("layernorm_fwd", ctx, &a.x, &a.gamma, Some(&a.beta), a.eps, a.zero_centered_gamma, a.out_dtype)?;
-    Ok(LayerNormFwdOut { y, mu, rsigma })
+    let f = forward(
+        "layernorm_fwd",
+        ctx,
+        &a.x,
+        &a.gamma,
+        Some(&a.beta),
+        a.eps,
+        a.zero_centered_gamma,
+        a.out_dtype,
+        a.scale.as_ref(),
+    )?;
+    let (amax, scale_inv) = f.fp8.unzip();
+    Ok(LayerNormFwdOut { y: f.y, mu: f.mu, rsigma: f.rsigma, amax, scale_inv })
 }
 
 pub fn rmsnorm_bwd(ctx: &KernelCtx<'_>, a: &RmsNormBwdArgs) -> Result<RmsNormBwdOut> {
@@ -204,7 +244,7 @@ pub fn layernorm_bwd(ctx: &KernelCtx<'_>, a: &LayerNormBwdArgs) -> Result<LayerN
 
 /// Variants covering every code path (the NVRTC compile test and cache warm-up).
 pub fn variants() -> Vec<Variant> {
-    use DType::{BF16, F16, F32};
+    use DType::{BF16, F8E4M3, F8E5M2, F16, F32};
     let mut v = Vec::new();
     for (x, g, y, add, ln) in [
         (BF16, BF16, BF16, BF16, false),
@@ -213,6 +253,13 @@ pub fn variants() -> Vec<Variant> {
         (F32, BF16, F32, F32, true),
     ] {
         let types = Types { x, g, y, add: (!ln).then_some(add) };
+        for cfg in [RowConfig { block: 256, vec_bytes: 16, row_vecs: 4 }, RowConfig::two_pass(256)] {
+            v.extend(variant("norm", &types, ln, cfg));
+        }
+    }
+    // The FP8 outputs (forward only: both formats, both norms, both paths).
+    for (x, y, ln) in [(BF16, F8E4M3, false), (F32, F8E5M2, true), (F16, F8E4M3, true)] {
+        let types = Types { x, g: x, y, add: None };
         for cfg in [RowConfig { block: 256, vec_bytes: 16, row_vecs: 4 }, RowConfig::two_pass(256)] {
             v.extend(variant("norm", &types, ln, cfg));
         }

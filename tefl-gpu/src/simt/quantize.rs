@@ -7,28 +7,29 @@ use tefl_core::{DType, Error, KernelCtx, Result, Tensor};
 
 use crate::{Defines, Variant};
 
-use super::host::{Arg, Grid, OnDevice, blocks_for, cty, empty, i32_of, ptr, sm_count, zeros};
+use super::host::{Arg, Grid, OnDevice, blocks_for, cty, empty, i32_of, opt_ptr, ptr, sm_count, zeros};
 
 const BLOCK: u32 = 256;
 /// The transpose's tile edge (`TILE` in `simt/quantize.cu`).
 const TILE: usize = 32;
 
-/// The variant of `simt/quantize.cu` for a float dtype and an FP8 format (launches and the
-/// compile test).
-fn variant(op: &'static str, float: DType, fp8: DType) -> Result<Variant> {
+/// `defines` with the FP8 format's parameters for the prelude's `fp8_encode` / `fp8_decode`
+/// (MANT, BIAS, MAXV, MAXCODE): every kernel that casts to or from FP8 takes them.
+pub(crate) fn fp8_format(op: &'static str, defines: Defines, fp8: DType) -> Result<Defines> {
     let f = Fp8Format::of(fp8).ok_or_else(|| Error::invalid(op, "fp8_dtype", format!("{fp8} is not an fp8 dtype")))?;
     let (mant, bias) = match f {
         Fp8Format::E4M3 => (3, 7),
         Fp8Format::E5M2 => (2, 15),
     };
-    let defines = Defines::new()
-        .set("TX", cty(op, "x", float)?)
-        .set("MANT", mant)
-        .set("BIAS", bias)
-        .set("MAXV", format!("{:.1}f", f.max()))
-        .set("MAXCODE", f.max_code())
-        .set("BLOCK", BLOCK);
-    let entries = &["quantize", "compute_amax", "dequantize", "transpose_u8", "delayed_scaling"];
+    Ok(defines.set("MANT", mant).set("BIAS", bias).set("MAXV", format!("{:.1}f", f.max())).set("MAXCODE", f.max_code()))
+}
+
+/// The variant of `simt/quantize.cu` for a float dtype and an FP8 format (launches and the
+/// compile test).
+fn variant(op: &'static str, float: DType, fp8: DType) -> Result<Variant> {
+    let defines = fp8_format(op, Defines::new().set("TX", cty(op, "x", float)?), fp8)?.set("BLOCK", BLOCK);
+    let entries =
+        &["quantize", "compute_amax", "dequantize", "transpose_u8", "cast_transpose", "colsum_ws", "delayed_scaling"];
     Ok(Variant::new(&tefl_kernels::QUANTIZE, entries, defines))
 }
 
@@ -56,8 +57,88 @@ fn transpose(ctx: &KernelCtx<'_>, k: &OnDevice, op: &'static str, q: &Tensor) ->
     Ok(qt)
 }
 
+/// The fused cast + transpose (+ column sums) of a 2-D `x`: (q, q_t when `transpose`, amax,
+/// scale_inv, dbias when `dbias`), one read of x.
+struct CastTranspose {
+    q: Tensor,
+    q_t: Option<Tensor>,
+    amax: Tensor,
+    scale_inv: Tensor,
+    dbias: Option<Tensor>,
+}
+
+fn cast_transpose(
+    ctx: &KernelCtx<'_>,
+    op: &'static str,
+    x: &Tensor,
+    scale: &Tensor,
+    fp8: DType,
+    transpose: bool,
+    dbias: bool,
+) -> Result<CastTranspose> {
+    let k = kernel(op, ctx, x.dtype(), fp8)?;
+    let (m, n) = (x.shape()[0], x.shape()[1]);
+    let dev = ctx.device;
+    let q = empty(dev, &[m, n], fp8)?;
+    let q_t = if transpose { Some(empty(dev, &[n, m], fp8)?) } else { None };
+    let amax = zeros(dev, &[1], DType::F32)?;
+    let scale_inv = empty(dev, &[1], DType::F32)?;
+    let col_tiles = n.div_ceil(TILE);
+    // Enough row blocks to fill the GPU, each striding over the row tiles.
+    let row_blocks = m.div_ceil(TILE).clamp(1, (sm_count(dev) as usize * 16).div_ceil(col_tiles.max(1)).max(1));
+    let ws = if dbias { Some(empty(dev, &[row_blocks, n], DType::F32)?) } else { None };
+    // No rows: the column sums are zero.
+    let out = if m == 0 {
+        zeros(dev, &[if dbias { n } else { 0 }], x.dtype())?
+    } else {
+        empty(dev, &[if dbias { n } else { 0 }], x.dtype())?
+    };
+    if m == 0 || n == 0 {
+        reciprocal(ctx, scale, &scale_inv)?;
+    } else {
+        k.launch(
+            "cast_transpose",
+            Grid {
+                blocks: (u32::try_from(col_tiles).unwrap_or(u32::MAX), row_blocks as u32, 1),
+                threads: (TILE as u32, 8, 1),
+                smem: 0,
+            },
+            &[
+                Arg::Ptr(ptr(x)?),
+                Arg::Ptr(ptr(scale)?),
+                Arg::Ptr(ptr(&q)?),
+                Arg::Ptr(opt_ptr(q_t.as_ref())?),
+                Arg::Ptr(ptr(&amax)?),
+                Arg::Ptr(ptr(&scale_inv)?),
+                Arg::Ptr(opt_ptr(ws.as_ref())?),
+                Arg::I32(i32_of(ctx, op, "x", m)?),
+                Arg::I32(i32_of(ctx, op, "x", n)?),
+            ],
+        )?;
+        if let Some(ws) = &ws {
+            k.launch(
+                "colsum_ws",
+                Grid::linear(n.div_ceil(256) as u32, 256),
+                &[Arg::Ptr(ptr(ws)?), Arg::Ptr(ptr(&out)?), Arg::I32(row_blocks as i32), Arg::I32(n as i32)],
+            )?;
+        }
+    }
+    Ok(CastTranspose { q, q_t, amax, scale_inv, dbias: dbias.then_some(out) })
+}
+
+pub fn bgrad_quantize(ctx: &KernelCtx<'_>, a: &BgradQuantizeArgs) -> Result<BgradQuantizeOut> {
+    let c = cast_transpose(ctx, "bgrad_quantize", &a.x, &a.scale, a.fp8_dtype, a.want_transpose, true)?;
+    let dbias = c.dbias.ok_or_else(|| Error::Tensor("bgrad_quantize: no dbias".into()))?;
+    Ok(BgradQuantizeOut { dbias, q: c.q, q_t: c.q_t, amax: c.amax, scale_inv: c.scale_inv })
+}
+
 pub fn quantize(ctx: &KernelCtx<'_>, a: &QuantizeArgs) -> Result<QuantizeOut> {
     const OP: &str = "quantize";
+    if a.want_transpose {
+        // TE's fused cast + transpose: both orientations and the amax from one read of x.
+        let c = cast_transpose(ctx, OP, &a.x, &a.scale, a.fp8_dtype, true, false)?;
+        return Ok(QuantizeOut { q: c.q, q_t: c.q_t, amax: c.amax, scale_inv: c.scale_inv });
+    }
     let k = kernel(OP, ctx, a.x.dtype(), a.fp8_dtype)?;
     let n = a.x.numel();
     let q = empty(ctx.device, a.x.shape(), a.fp8_dtype)?;
@@ -75,8 +156,18 @@ pub fn quantize(ctx: &KernelCtx<'_>, a: &QuantizeArgs) -> Result<QuantizeOut> {
             Arg::U64(n as u64),
         ],
     )?;
-    let q_t = if a.want_transpose { Some(transpose(ctx, &k, OP, &q)?) } else { None };
-    Ok(QuantizeOut { q, q_t, amax, scale_inv })
+    Ok(QuantizeOut { q, q_t: None, amax, scale_inv })
+}
+
+/// Writes 1/scale into `scale_inv` (both f32 `[1]` on the device): the quantize kernel over no
+/// elements, for an FP8 output of an op with nothing to quantize.
+pub(crate) fn reciprocal(ctx: &KernelCtx<'_>, scale: &Tensor, scale_inv: &Tensor) -> Result<()> {
+    let k = kernel(ctx.op, ctx, DType::F32, DType::F8E4M3)?;
+    k.launch(
+        "quantize",
+        Grid::linear(1, BLOCK),
+        &[Arg::Ptr(0), Arg::Ptr(ptr(scale)?), Arg::Ptr(0), Arg::Ptr(0), Arg::Ptr(ptr(scale_inv)?), Arg::U64(0)],
+    )
 }
 
 pub fn dequantize(ctx: &KernelCtx<'_>, a: &DequantizeArgs) -> Result<DequantizeOut> {
@@ -97,6 +188,12 @@ pub fn compute_amax(ctx: &KernelCtx<'_>, a: &ComputeAmaxArgs) -> Result<ComputeA
     let amax = zeros(ctx.device, &[1], DType::F32)?;
     k.launch("compute_amax", grid(ctx, n), &[Arg::Ptr(ptr(&a.x)?), Arg::Ptr(ptr(&amax)?), Arg::U64(n as u64)])?;
     Ok(ComputeAmaxOut { amax })
+}
+
+/// The transpose `[n, m]` of FP8 codes `[m, n]` (TN operands for the FP8 GEMMs).
+pub fn transpose_codes(ctx: &KernelCtx<'_>, q: &Tensor) -> Result<Tensor> {
+    let k = kernel(ctx.op, ctx, DType::F32, q.dtype())?;
+    transpose(ctx, &k, ctx.op, q)
 }
 
 pub fn fp8_transpose(ctx: &KernelCtx<'_>, a: &Fp8TransposeArgs) -> Result<Fp8TransposeOut> {

@@ -63,6 +63,14 @@ __device__ __forceinline__ int warp_max_i32(int v) {
 __device__ __forceinline__ int lane_id() { return threadIdx.x % WARP_SIZE; }
 __device__ __forceinline__ int warp_id() { return threadIdx.x / WARP_SIZE; }
 
+// Folds a per-thread amax (non-negative, or the canonical NaN) into the f32 at `amax` (zeroed
+// before the launch): a warp max, then one integer atomicMax per warp. The positive canonical
+// NaN 0x7fffffff orders above +inf as an integer, so a NaN survives.
+__device__ __forceinline__ void amax_reduce(float m, float* amax) {
+    const int b = warp_max_i32(__float_as_int(m));
+    if (lane_id() == 0 && b != 0) atomicMax((int*)amax, b);
+}
+
 // Reduces v over the block with a warp reduction (blockDim.x a multiple of WARP_SIZE;
 // `identity` stands in for absent warps); `scratch` holds >= MAX_WARPS floats. Every thread gets the
 // result. Safe to call repeatedly with the same scratch.
@@ -79,6 +87,13 @@ __device__ __forceinline__ float block_reduce(float v, float* scratch, float ide
 __device__ __forceinline__ float block_sum(float v, float* scratch) { return block_reduce<warp_sum>(v, scratch, 0.0f); }
 __device__ __forceinline__ float block_max(float v, float* scratch) {
     return block_reduce<warp_max>(v, scratch, -__int_as_float(0x7f800000));
+}
+// amax_reduce for a whole block (every thread calls it): one reduction over the block, then
+// one atomic from thread 0 only when the block's max beats the value already there, so a grid
+// of many blocks does not serialise on one address.
+__device__ __forceinline__ void amax_reduce_block(float m, float* amax, float* scratch) {
+    const int b = __float_as_int(block_reduce<warp_max>(m, scratch, 0.0f));
+    if (threadIdx.x == 0 && b > *(volatile int*)amax) atomicMax((int*)amax, b);
 }
 
 // ---- atomics ----
@@ -156,7 +171,15 @@ __device__ __forceinline__ float philox_uniform(u64 seed, u64 offset, u64 index)
 }
 
 // ---- FP8 (OCP e4m3 / e5m2), round to nearest even, saturating, NaN -> 0x7f ----
+// The hardware cast where the target has one (HAS_FP8_CVT), else in software: the step between
+// codes at x's exponent is a power of two, so x / step is a multiplication by its inverse.
 __device__ __forceinline__ u8 fp8_encode(float x, int mant_bits, int bias, float maxv, u8 max_code) {
+#ifdef HAS_FP8_CVT
+    (void)bias;
+    (void)maxv;
+    (void)max_code;
+    return fp8_encode_cvt(x, mant_bits);
+#else
     if (x != x) return 0x7f;
     const u8 sign = (__float_as_uint(x) >> 31) ? 0x80 : 0;
     const float a = fabsf(x);
@@ -164,11 +187,12 @@ __device__ __forceinline__ u8 fp8_encode(float x, int mant_bits, int bias, float
     const int emin = 1 - bias;
     int e = (int)((__float_as_uint(a) >> 23) & 0xff) - 127;
     if (e < emin) e = emin;
-    const float quantum = __uint_as_float((u32)(e - mant_bits + 127) << 23);
-    const int n = (int)rintf(a / quantum);
+    const float inv_quantum = __uint_as_float((u32)(127 - (e - mant_bits) + 127) << 23);
+    const int n = (int)rintf(a * inv_quantum);
     int code = ((e - emin) << mant_bits) + n;
     if (code > max_code) code = max_code;
     return sign | (u8)code;
+#endif
 }
 __device__ __forceinline__ float fp8_decode(u8 c, int mant_bits, int bias) {
     const float s = (c & 0x80) ? -1.0f : 1.0f;

@@ -70,6 +70,23 @@ __device__ __forceinline__ float fast_exp2(float x) {
     return y;
 }
 
+// ---- FP8 ----
+// The saturating RNE cast of one f32 to an FP8 code in one instruction (sm_89 on; NaN gives
+// the canonical 0x7f, as the software cast in common.h does). `mant_bits` picks the format
+// (3: e4m3, 2: e5m2); the caller's constant folds the branch away.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#define HAS_FP8_CVT 1
+__device__ __forceinline__ unsigned char fp8_encode_cvt(float x, int mant_bits) {
+    unsigned short r;
+    if (mant_bits == 3) {
+        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(0.0f), "f"(x));
+    } else {
+        asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(0.0f), "f"(x));
+    }
+    return (unsigned char)(r & 0xff);
+}
+#endif
+
 // ---- atomics ----
 // p[0] += a, p[1] += b for a global p aligned to 8 bytes: one vector reduction from sm_90 on.
 __device__ __forceinline__ void atomic_add2_f32(float* p, float a, float b) {

@@ -4,6 +4,9 @@
 // thread keeps in registers), FUSED (1: the row lives in registers, read once; 0: scalar
 // loops that read the row again).
 // With FUSED, n % NV == 0 and n / NV <= BLOCK * ROW_VECS (the host checks).
+// OUT_FP8 (forward): y holds FP8 codes (TY = u8) of the normalised value times *qscale, in the
+// format MANT / BIAS / MAXV / MAXCODE; the max |normalised value| goes to *amax (zeroed by the
+// host) and 1/(*qscale) to *scale_inv.
 
 #define NV (VEC_BYTES / (int)sizeof(TX))
 
@@ -12,11 +15,45 @@ __device__ __forceinline__ float gamma_at(const TG* g, int i, int zc) {
     return zc ? 1.0f + v : v;
 }
 
+#if OUT_FP8
+// Stores NV normalised values as FP8 codes (one 4- or 8-byte store when NV allows) and folds
+// their magnitudes into the thread's amax.
+template <int N>
+__device__ __forceinline__ void store_fp8(u8* dst, const float* o, float qs, float& am) {
+    // Codes packed into 32-bit words in registers (a byte array would live in local memory).
+    u32 w[(N + 3) / 4];
+#pragma unroll
+    for (int k = 0; k < (N + 3) / 4; ++k) w[k] = 0;
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+        am = max_nan(am, fabsf(o[j]));
+        w[j / 4] |= (u32)fp8_encode(o[j] * qs, MANT, BIAS, MAXV, MAXCODE) << (8 * (j % 4));
+    }
+    if constexpr (N == 8) {
+        *(uint2*)dst = make_uint2(w[0], w[1]);
+    } else if constexpr (N == 16) {
+        *(uint4*)dst = make_uint4(w[0], w[1], w[2], w[3]);
+    } else if constexpr (N == 4) {
+        *(u32*)dst = w[0];
+    } else {
+#pragma unroll
+        for (int j = 0; j < N; ++j) dst[j] = (u8)(w[j / 4] >> (8 * (j % 4)));
+    }
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(BLOCK) norm_fwd(const TX* __restrict__ x, const TG* __restrict__ gamma,
                                                           const TG* __restrict__ beta, TY* __restrict__ y,
                                                           float* __restrict__ mu_out, float* __restrict__ rsigma,
-                                                          int rows, int n, float eps, int zc) {
+                                                          int rows, int n, float eps, int zc,
+                                                          const float* __restrict__ qscale, float* __restrict__ amax,
+                                                          float* __restrict__ scale_inv) {
     __shared__ float scratch[MAX_WARPS];
+#if OUT_FP8
+    const float qs = *qscale;
+    float am = 0.0f;
+    if (blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = 1.0f / qs;
+#endif
     for (int row = blockIdx.x; row < rows; row += gridDim.x) {
         const TX* xr = x + (size_t)row * n;
         TY* yr = y + (size_t)row * n;
@@ -70,7 +107,11 @@ extern "C" __global__ void __launch_bounds__(BLOCK) norm_fwd(const TX* __restric
                     o[j] += b[j];
 #endif
                 }
+#if OUT_FP8
+                store_fp8<NV>(yr + v * NV, o, qs, am);
+#else
                 store_n<TY, NV>(yr + v * NV, o);
+#endif
             }
         }
 #else
@@ -88,7 +129,11 @@ extern "C" __global__ void __launch_bounds__(BLOCK) norm_fwd(const TX* __restric
 #if IS_LN
             o += to_f32(beta[i]);
 #endif
+#if OUT_FP8
+            store_fp8<1>(yr + i, &o, qs, am);
+#else
             yr[i] = from_f32<TY>(o);
+#endif
         }
 #endif
         if (threadIdx.x == 0) {
@@ -96,6 +141,9 @@ extern "C" __global__ void __launch_bounds__(BLOCK) norm_fwd(const TX* __restric
             if (IS_LN) mu_out[row] = mean;
         }
     }
+#if OUT_FP8
+    amax_reduce_block(am, amax, scratch);
+#endif
 }
 
 // dx per row; with FUSED each block also sums dgamma (and dbeta) over its rows into

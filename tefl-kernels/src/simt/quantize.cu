@@ -1,13 +1,7 @@
 // FP8 (OCP e4m3 / e5m2) with per-tensor scaling. Defines: TX (float input / output dtype),
 // MANT, BIAS, MAXV, MAXCODE (the format), BLOCK.
 // Amax propagates NaN: |x| is non-negative and the prelude's max_nan gives the positive
-// canonical NaN 0x7fffffff, which orders above +inf as an integer, so integer max reductions
-// keep it.
-
-__device__ __forceinline__ void amax_reduce(float m, float* amax) {
-    const int b = warp_max_i32(__float_as_int(m));
-    if (lane_id() == 0 && b != 0) atomicMax((int*)amax, b);
-}
+// canonical NaN, which the prelude's amax_reduce keeps.
 
 extern "C" __global__ void __launch_bounds__(BLOCK) quantize(const TX* __restrict__ x, const float* __restrict__ scale,
                                                           u8* __restrict__ q, float* __restrict__ amax,
@@ -54,6 +48,60 @@ extern "C" __global__ void transpose_u8(const u8* __restrict__ q, u8* __restrict
         const int c = c0 + dy, r = r0 + threadIdx.x;
         if (r < m && c < n) qt[(size_t)c * m + r] = tile[threadIdx.x][dy];
     }
+}
+
+// Fused cast + transpose (+ column sums) of x[m, n]: per TILE x TILE tile (blockDim TILE x 8),
+// q = fp8(x * scale) row-major, and when qt is set the same codes transposed into qt[n, m]
+// through shared memory; amax = max |x|; when ws is set, each block row (blockIdx.y) writes
+// the column sums of the tiles it covered to ws[blockIdx.y][n] (reduced by colsum_ws). The
+// grid's y dimension strides over the row tiles, so any m fits.
+extern "C" __global__ void cast_transpose(const TX* __restrict__ x, const float* __restrict__ scale, u8* __restrict__ q,
+                                          u8* __restrict__ qt, float* __restrict__ amax, float* __restrict__ scale_inv,
+                                          float* __restrict__ ws, int m, int n) {
+    __shared__ u8 tile[TILE][TILE + 4];
+    __shared__ float csum[8][TILE];
+    const float s = *scale;
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0) *scale_inv = 1.0f / s;
+    const int c0 = blockIdx.x * TILE;
+    const int row_tiles = (m + TILE - 1) / TILE;
+    float am = 0.0f, col = 0.0f;
+    for (int rt = blockIdx.y; rt < row_tiles; rt += gridDim.y) {
+        const int r0 = rt * TILE;
+        for (int dy = threadIdx.y; dy < TILE; dy += blockDim.y) {
+            const int r = r0 + dy, c = c0 + threadIdx.x;
+            if (r < m && c < n) {
+                const float v = to_f32(x[(size_t)r * n + c]);
+                am = max_nan(am, fabsf(v));
+                col += v;
+                const u8 code = fp8_encode(v * s, MANT, BIAS, MAXV, MAXCODE);
+                q[(size_t)r * n + c] = code;
+                tile[dy][threadIdx.x] = code;
+            }
+        }
+        if (qt != nullptr) {
+            __syncthreads();
+            for (int dy = threadIdx.y; dy < TILE; dy += blockDim.y) {
+                const int c = c0 + dy, r = r0 + threadIdx.x;
+                if (r < m && c < n) qt[(size_t)c * m + r] = tile[threadIdx.x][dy];
+            }
+            __syncthreads();
+        }
+    }
+    amax_reduce(am, amax);
+    if (ws != nullptr) {
+        csum[threadIdx.y][threadIdx.x] = col;
+        __syncthreads();
+        if (threadIdx.y == 0 && c0 + threadIdx.x < n) {
+            float t = 0.0f;
+            for (int k = 0; k < (int)blockDim.y; ++k) t += csum[k][threadIdx.x];
+            ws[(size_t)blockIdx.y * n + c0 + threadIdx.x] = t;
+        }
+    }
+}
+
+// dbias[j] = sum over the parts of ws[p][j], in the input's dtype.
+extern "C" __global__ void colsum_ws(const float* __restrict__ ws, TX* __restrict__ dbias, int parts, int n) {
+    finish_column_sums<TX>(ws, dbias, parts, n);
 }
 
 // Delayed scaling: per column j of amax_history [hist, n]: amax (max over the history, or

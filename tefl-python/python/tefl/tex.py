@@ -257,6 +257,7 @@ def generic_gemm(
         "accumulate": bool(accumulate),
         "epilogue": epilogue,
         "out_dtype": out_dtype,
+        "split_accumulator": bool(use_split_accumulator),
     }
     out = call("generic_gemm", args)
     d = out["d"]

@@ -66,7 +66,14 @@ fn cases(c: &Ctx, small: bool) -> tefl_core::Result<Vec<Case>> {
         format!("rmsnorm_fwd {r} {n}"),
         e * 2.0 * rn,
         0.0,
-        RmsNormFwdArgs { x: x.clone(), gamma: g.clone(), eps: 1e-5, zero_centered_gamma: false, out_dtype: bf },
+        RmsNormFwdArgs {
+            scale: None,
+            x: x.clone(),
+            gamma: g.clone(),
+            eps: 1e-5,
+            zero_centered_gamma: false,
+            out_dtype: bf,
+        },
     ));
     if !small {
         let (x2, g2) = (c.t(&[8192, 4096], bf)?, c.t(&[4096], bf)?);
@@ -75,9 +82,25 @@ fn cases(c: &Ctx, small: bool) -> tefl_core::Result<Vec<Case>> {
             "rmsnorm_fwd 8192 4096".into(),
             e * 2.0 * 8192.0 * 4096.0,
             0.0,
-            RmsNormFwdArgs { x: x2, gamma: g2, eps: 1e-5, zero_centered_gamma: false, out_dtype: bf },
+            RmsNormFwdArgs { scale: None, x: x2, gamma: g2, eps: 1e-5, zero_centered_gamma: false, out_dtype: bf },
         ));
     }
+    // TE's norm with an FP8 output quantizer (bytes: read x, write FP8).
+    let one = c.t(&[1], DType::F32)?;
+    v.push(c.case::<RmsNormFwd>(
+        format!("rmsnorm_fwd fp8 {r}x{n}"),
+        format!("rmsnorm_fp8 {r} {n}"),
+        3.0 * rn,
+        0.0,
+        RmsNormFwdArgs {
+            scale: Some(one.clone()),
+            x: x.clone(),
+            gamma: g.clone(),
+            eps: 1e-5,
+            zero_centered_gamma: false,
+            out_dtype: DType::F8E4M3,
+        },
+    ));
     let rs = c.t(&[r], DType::F32)?;
     v.push(c.case::<RmsNormBwd>(
         format!("rmsnorm_bwd {r}x{n}"),
@@ -92,6 +115,7 @@ fn cases(c: &Ctx, small: bool) -> tefl_core::Result<Vec<Case>> {
         e * 2.0 * rn,
         0.0,
         LayerNormFwdArgs {
+            scale: None,
             x: x.clone(),
             gamma: g.clone(),
             beta: g.clone(),
@@ -151,6 +175,10 @@ fn cases(c: &Ctx, small: bool) -> tefl_core::Result<Vec<Case>> {
             0.0,
             2.0 * (m as f64).powi(3),
             GemmArgs {
+                a_scale_inv: None,
+                b_scale_inv: None,
+                d_scale: None,
+                split_accumulator: false,
                 a: a.clone(),
                 b: a,
                 bias: None,
@@ -165,6 +193,61 @@ fn cases(c: &Ctx, small: bool) -> tefl_core::Result<Vec<Case>> {
             },
         ));
     }
+    // FP8 (e4m3, TN, bf16 D, fast accumulation: TE's forward GEMM) against torch._scaled_mm.
+    let one = c.t(&[1], DType::F32)?;
+    for &m in sizes {
+        let a = c.t(&[m, m], DType::F8E4M3)?;
+        v.push(c.case::<GenericGemm>(
+            format!("gemm fp8 {m}^3"),
+            format!("gemm_fp8 {m}"),
+            0.0,
+            2.0 * (m as f64).powi(3),
+            GemmArgs {
+                a_scale_inv: Some(one.clone()),
+                b_scale_inv: Some(one.clone()),
+                d_scale: None,
+                split_accumulator: false,
+                a: a.clone(),
+                b: a,
+                bias: None,
+                aux: None,
+                c: None,
+                transa: false,
+                transb: true,
+                alpha: 1.0,
+                accumulate: false,
+                epilogue: GemmEpilogue::None,
+                out_dtype: bf,
+            },
+        ));
+    }
+    // Grouped GEMM: 8 experts, uneven m summing to 16384 (4 in small runs), k = n = 4096, bf16.
+    let (total, kn) = if small { (2048, 1024) } else { (16384, 4096) };
+    let ms: Vec<usize> = [3, 1, 2, 2, 1, 3, 2, 2].iter().map(|w| w * total / 16).collect();
+    let mut xs = Vec::new();
+    let mut ws = Vec::new();
+    for &m in &ms {
+        xs.push(c.t(&[m, kn], bf)?);
+        ws.push(c.t(&[kn, kn], bf)?);
+    }
+    let splits: Vec<String> = ms.iter().map(|m| m.to_string()).collect();
+    v.push(c.case::<GroupedGemm>(
+        format!("grouped_gemm 8x {total}x{kn}x{kn}"),
+        format!("grouped_gemm {kn} {}", splits.join(" ")),
+        0.0,
+        2.0 * (total * kn * kn) as f64,
+        GroupedGemmArgs {
+            a: xs,
+            b: ws,
+            a_scale_inv: Vec::new(),
+            b_scale_inv: Vec::new(),
+            bias: Vec::new(),
+            transa: false,
+            transb: true,
+            out_dtype: bf,
+            split_accumulator: false,
+        },
+    ));
     let (ab, ah, asq, ad) = if small { (1, 8, 1024, 128) } else { (4, 32, 4096, 128) };
     let q = c.t(&[ab, asq, ah, ad], bf)?;
     let fwd_flops = 4.0 * (ab * ah) as f64 * (asq as f64).powi(2) * ad as f64 / 2.0;
@@ -435,7 +518,7 @@ fn main() -> ExitCode {
         None
     };
     // The peer columns this run has, in a fixed order.
-    let peer_names: Vec<String> = ["eager", "compile", "flaggems", "sdpa_flash", "sdpa_cudnn"]
+    let peer_names: Vec<String> = ["eager", "compile", "flaggems", "sdpa_flash", "sdpa_cudnn", "grouped_mm"]
         .iter()
         .map(|p| p.to_string())
         .filter(|p| peers.as_ref().is_some_and(|m| m.values().any(|v| v.contains_key(p))))

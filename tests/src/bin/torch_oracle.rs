@@ -1,5 +1,6 @@
 //! `torch_oracle <backend> <dir>`: runs rmsnorm fwd/bwd, layernorm fwd/bwd, gemm, attention
-//! fwd/bwd, swiglu fwd/bwd and adam on the backend's impl with fresh random inputs, and
+//! fwd/bwd, swiglu fwd/bwd and adam (and, where the impl has them, the FP8 GEMM, the grouped
+//! GEMM and RMSNorm with an FP8 output) on the backend's impl with fresh random inputs, and
 //! writes every input and output (raw little-endian f32) with a `manifest.json` to `<dir>`.
 //! `tests/torch_oracle.py <dir>` then recomputes each case with PyTorch in float64 from the
 //! same inputs and prints the errors: torch as an independent oracle.
@@ -73,6 +74,7 @@ fn norms(r: &mut Run, dtype: DType) -> Result<()> {
     let dy = r.rand(&[rows, n], dtype, -1.0, 1.0)?;
     let eps = 1e-5;
     let f = r.call::<RmsNormFwd>(&RmsNormFwdArgs {
+        scale: None,
         x: x.clone(),
         gamma: gamma.clone(),
         eps,
@@ -95,6 +97,7 @@ fn norms(r: &mut Run, dtype: DType) -> Result<()> {
         &[("x", &x), ("gamma", &gamma), ("dy", &dy), ("y", &f.y), ("dx", &b.dx), ("dgamma", &b.dgamma)],
     )?;
     let f = r.call::<LayerNormFwd>(&LayerNormFwdArgs {
+        scale: None,
         x: x.clone(),
         gamma: gamma.clone(),
         beta: beta.clone(),
@@ -136,6 +139,10 @@ fn gemm(r: &mut Run, dtype: DType) -> Result<()> {
         let b = r.rand(&if transb { [n, k] } else { [k, n] }, dtype, -1.0, 1.0)?;
         let bias = r.rand(&[n], dtype, -1.0, 1.0)?;
         let out = r.call::<GenericGemm>(&GemmArgs {
+            a_scale_inv: None,
+            b_scale_inv: None,
+            d_scale: None,
+            split_accumulator: false,
             a: a.clone(),
             b: b.clone(),
             bias: Some(bias.clone()),
@@ -158,6 +165,102 @@ fn gemm(r: &mut Run, dtype: DType) -> Result<()> {
         )?;
     }
     Ok(())
+}
+
+/// The FP8 ops (when the impl registers them): an FP8 GEMM (e4m3 x e4m3 and e5m2 x e4m3, TN,
+/// bf16 D), a grouped GEMM over uneven groups (bf16 and FP8), and RMSNorm with an e4m3 output.
+/// FP8 tensors are written decoded (their exact values); scales go in the params.
+fn fp8(r: &mut Run) -> Result<()> {
+    let scalar = |r: &Run, v: f32| Tensor::from_slice(&[v], [1], DType::F32)?.to_device(&r.device);
+    let (m, k, n) = (384, 512, 640);
+    for (fa, fb) in [(DType::F8E4M3, DType::F8E4M3), (DType::F8E5M2, DType::F8E4M3)] {
+        let a = r.rand(&[m, k], fa, -3.0, 3.0)?;
+        let b = r.rand(&[n, k], fb, -3.0, 3.0)?;
+        let (sa, sb) = (0.5f32, 0.25f32);
+        let out = r.call::<GenericGemm>(&GemmArgs {
+            a: a.clone(),
+            b: b.clone(),
+            a_scale_inv: Some(scalar(r, sa)?),
+            b_scale_inv: Some(scalar(r, sb)?),
+            d_scale: None,
+            bias: None,
+            aux: None,
+            c: None,
+            transa: false,
+            transb: true,
+            alpha: 1.0,
+            accumulate: false,
+            epilogue: GemmEpilogue::None,
+            out_dtype: DType::BF16,
+            split_accumulator: false,
+        })?;
+        let case = format!("gemm_{fa}x{fb}_TN");
+        r.record(
+            &case,
+            "gemm_fp8",
+            DType::BF16,
+            json!({ "sa": sa, "sb": sb }),
+            &[("a", &a), ("b", &b), ("d", &out.d)],
+        )?;
+    }
+    for dtype in [DType::BF16, DType::F8E4M3] {
+        let (kk, nn) = (256, 384);
+        let ms = [200, 0, 57, 311];
+        let (mut a, mut b, mut sa, mut sb) = (vec![], vec![], vec![], vec![]);
+        for &mg in &ms {
+            a.push(r.rand(&[mg, kk], dtype, -2.0, 2.0)?);
+            b.push(r.rand(&[nn, kk], dtype, -2.0, 2.0)?);
+            if dtype.is_fp8() {
+                sa.push(scalar(r, 0.5)?);
+                sb.push(scalar(r, 0.5)?);
+            }
+        }
+        let out = r.call::<GroupedGemm>(&GroupedGemmArgs {
+            a: a.clone(),
+            b: b.clone(),
+            a_scale_inv: sa,
+            b_scale_inv: sb,
+            bias: vec![],
+            transa: false,
+            transb: true,
+            out_dtype: DType::BF16,
+            split_accumulator: true,
+        })?;
+        let names: Vec<[String; 3]> =
+            (0..ms.len()).map(|g| [format!("a{g}"), format!("b{g}"), format!("d{g}")]).collect();
+        let mut tensors: Vec<(&str, &Tensor)> = Vec::new();
+        for (g, nm) in names.iter().enumerate() {
+            tensors.extend([(nm[0].as_str(), &a[g]), (nm[1].as_str(), &b[g]), (nm[2].as_str(), &out.d[g])]);
+        }
+        let scale = if dtype.is_fp8() { 0.25 } else { 1.0 };
+        r.record(
+            &format!("grouped_{dtype}"),
+            "grouped",
+            DType::BF16,
+            json!({ "groups": ms.len(), "scale": scale }),
+            &tensors,
+        )?;
+    }
+    let (rows, n) = (1000, 4096);
+    let x = r.rand(&[rows, n], DType::BF16, -2.0, 2.0)?;
+    let gamma = r.rand(&[n], DType::BF16, 0.5, 1.5)?;
+    let sc = 32.0f32;
+    let out = r.call::<RmsNormFwd>(&RmsNormFwdArgs {
+        x: x.clone(),
+        gamma: gamma.clone(),
+        eps: 1e-5,
+        zero_centered_gamma: false,
+        out_dtype: DType::F8E4M3,
+        scale: Some(scalar(r, sc)?),
+    })?;
+    let amax = out.amax.ok_or_else(|| tefl_core::Error::Tensor("rmsnorm_fwd fp8: no amax".into()))?;
+    r.record(
+        "rmsnorm_fp8_e4m3",
+        "rmsnorm_fp8",
+        DType::F8E4M3,
+        json!({ "eps": 1e-5, "scale": sc }),
+        &[("x", &x), ("gamma", &gamma), ("y", &out.y), ("amax", &amax)],
+    )
 }
 
 fn attention(r: &mut Run, dtype: DType) -> Result<()> {
@@ -287,6 +390,12 @@ fn run(backend: &str, dir: &Path) -> std::result::Result<(), String> {
         swiglu(&mut r, dtype).map_err(e)?;
     }
     adam(&mut r).map_err(e)?;
+    let has_fp8 = r
+        .mgr
+        .with_registry(|reg| reg.all_impls().any(|i| i.impl_id() == r.impl_id && i.op() == "te_general_grouped_gemm"));
+    if has_fp8 {
+        fp8(&mut r).map_err(e)?;
+    }
     let manifest = json!({ "impl": r.impl_id, "seed": seed, "cases": r.cases });
     fs::write(dir.join("manifest.json"), serde_json::to_vec_pretty(&manifest).map_err(|e| e.to_string())?)
         .map_err(|e| e.to_string())?;

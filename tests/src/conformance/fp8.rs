@@ -33,6 +33,44 @@ impl Suite<'_> {
                         cmp("scale_inv", &o.scale_inv, vec![1.0 / sc], DType::F32)?,
                     ])
                 });
+                for (m, n, want_t) in [(37, 300, true), (1000, 24, false), (1, 7, true)] {
+                    self.case("bgrad_quantize", dtype, format!("{m}x{n} to {fp8} transpose={want_t}"), |s| {
+                        let (x, xv) = s.rand(&[m, n], dtype, -3.0, 3.0)?;
+                        let scale = s.put(&[sc], &[1], DType::F32)?;
+                        let o = s.call::<BgradQuantize>(&BgradQuantizeArgs {
+                            x,
+                            scale,
+                            fp8_dtype: fp8,
+                            want_transpose: want_t,
+                        })?;
+                        let codes = o.q.to_vec::<u8>()?;
+                        let want: Vec<u8> =
+                            xv.iter().map(|v| oracle::fp8_nearest(f, f64::from(*v as f32 * sc as f32))).collect();
+                        if let Some(i) = codes.iter().zip(&want).position(|(a, b)| a != b) {
+                            return Err(Error::Tensor(format!(
+                                "code {i}: {:#04x}, expected {:#04x}",
+                                codes[i], want[i]
+                            )));
+                        }
+                        match (&o.q_t, want_t) {
+                            (Some(qt), true) => {
+                                let qt = qt.to_vec::<u8>()?;
+                                if (0..m).any(|i| (0..n).any(|j| qt[j * m + i] != codes[i * n + j])) {
+                                    return Err(Error::Tensor("q_t is not the transpose of q".into()));
+                                }
+                            }
+                            (None, false) => {}
+                            _ => return Err(Error::Tensor("q_t present where it should not be, or missing".into())),
+                        }
+                        let dbias: Vec<f64> = (0..n).map(|j| (0..m).map(|i| xv[i * n + j]).sum()).collect();
+                        let amax = xv.iter().fold(0.0f64, |a, b| a.max(b.abs()));
+                        Ok(vec![
+                            cmp("dbias", &o.dbias, dbias, dtype)?,
+                            cmp("amax", &o.amax, vec![amax], DType::F32)?,
+                            cmp("scale_inv", &o.scale_inv, vec![1.0 / sc], DType::F32)?,
+                        ])
+                    });
+                }
                 self.case("compute_amax", dtype, "4097".into(), |s| {
                     let (x, xv) = s.rand(&[4097], dtype, -3.0, 3.0)?;
                     let o = s.call::<ComputeAmax>(&ComputeAmaxArgs { x })?;

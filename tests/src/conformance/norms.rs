@@ -1,7 +1,7 @@
 //! RMSNorm and LayerNorm, forward and backward, every float dtype.
 
-use tefl_core::DType;
 use tefl_core::catalogue::*;
+use tefl_core::{DType, Error, Tensor};
 
 use super::{Cmp, FLOATS, Size, Suite, cmp};
 use crate::oracle;
@@ -26,6 +26,7 @@ impl Suite<'_> {
                             eps: 1e-5,
                             zero_centered_gamma: zc,
                             out_dtype,
+                            scale: None,
                         })?;
                         let (y, rs) = oracle::rmsnorm_fwd(&xv, n, &gv, 1e-5, zc);
                         Ok(vec![cmp("y", &o.y, y, out_dtype)?, cmp("rsigma", &o.rsigma, rs, DType::F32)?])
@@ -76,6 +77,7 @@ impl Suite<'_> {
                             eps: 1e-5,
                             zero_centered_gamma: zc,
                             out_dtype,
+                            scale: None,
                         })?;
                         let (y, mu, rs) = oracle::layernorm_fwd(&xv, n, &gv, &bv, 1e-5, zc);
                         Ok(vec![
@@ -107,6 +109,70 @@ impl Suite<'_> {
                             cmp("dgamma", &o.dgamma, dg, dtype)?,
                             cmp("dbeta", &o.dbeta, db, dtype)?,
                         ])
+                    });
+                }
+            }
+        }
+        self.fp8_norms(&shapes);
+    }
+
+    /// The forwards with an FP8 output (TE's norm with a quantizer): y decoded and unscaled
+    /// against the oracle's value cast the same way, amax and scale_inv.
+    fn fp8_norms(&mut self, shapes: &[(usize, usize)]) {
+        for dtype in FLOATS {
+            for fp8 in [DType::F8E4M3, DType::F8E5M2] {
+                let sc = if fp8 == DType::F8E4M3 { 64.0 } else { 2048.0 };
+                let fp8_cmps = move |y_got: &Tensor, amax: Option<&Tensor>, si: Option<&Tensor>, y: Vec<f64>| {
+                    let (Some(amax), Some(si)) = (amax, si) else {
+                        return Err(Error::Tensor("amax or scale_inv missing for an FP8 output".into()));
+                    };
+                    let want_amax = y.iter().fold(0.0f64, |a, v| a.max(v.abs()));
+                    // Against the oracle's own cast: only near-ties may round the other way.
+                    let got: Vec<f64> = y_got.to_vec::<f64>()?.iter().map(|v| v / sc).collect();
+                    let want = oracle::fp8_round(fp8, &y, sc);
+                    Ok(vec![
+                        Cmp { name: "y", got, want, dtype: DType::BF16, floor: 0.0, nan: false },
+                        cmp("amax", amax, vec![want_amax], DType::F16)?,
+                        cmp("scale_inv", si, vec![1.0 / sc], DType::F32)?,
+                    ])
+                };
+                for &(rows, n) in shapes {
+                    let case = format!("{rows}x{n} to {fp8}");
+                    self.optional_case("rmsnorm_fwd", dtype, case.clone(), |s| {
+                        let (x, xv) = s.rand(&[rows, n], dtype, -2.0, 2.0)?;
+                        let (g, gv) = s.rand(&[n], dtype, -1.0, 1.0)?;
+                        let scale = Some(s.put(&[sc], &[1], DType::F32)?);
+                        let o = s.call::<RmsNormFwd>(&RmsNormFwdArgs {
+                            x,
+                            gamma: g,
+                            eps: 1e-5,
+                            zero_centered_gamma: false,
+                            out_dtype: fp8,
+                            scale,
+                        })?;
+                        let (y, rs) = oracle::rmsnorm_fwd(&xv, n, &gv, 1e-5, false);
+                        let mut c = fp8_cmps(&o.y, o.amax.as_ref(), o.scale_inv.as_ref(), y)?;
+                        c.push(cmp("rsigma", &o.rsigma, rs, DType::F32)?);
+                        Ok(c)
+                    });
+                    self.optional_case("layernorm_fwd", dtype, case, |s| {
+                        let (x, xv) = s.rand(&[rows, n], dtype, -3.0, 3.0)?;
+                        let (g, gv) = s.rand(&[n], dtype, -1.0, 1.0)?;
+                        let (b, bv) = s.rand(&[n], dtype, -1.0, 1.0)?;
+                        let scale = Some(s.put(&[sc], &[1], DType::F32)?);
+                        let o = s.call::<LayerNormFwd>(&LayerNormFwdArgs {
+                            x,
+                            gamma: g,
+                            beta: b,
+                            eps: 1e-5,
+                            zero_centered_gamma: true,
+                            out_dtype: fp8,
+                            scale,
+                        })?;
+                        let (y, _, rs) = oracle::layernorm_fwd(&xv, n, &gv, &bv, 1e-5, true);
+                        let mut c = fp8_cmps(&o.y, o.amax.as_ref(), o.scale_inv.as_ref(), y)?;
+                        c.push(cmp("rsigma", &o.rsigma, rs, DType::F32)?);
+                        Ok(c)
                     });
                 }
             }

@@ -23,7 +23,12 @@ tefl_core::register_impl! {
 }
 
 /// RMSNorm, one row at a time, accumulating in f64.
-fn rmsnorm_fwd(_ctx: &KernelCtx<'_>, a: &RmsNormFwdArgs) -> Result<RmsNormFwdOut> {
+fn rmsnorm_fwd(ctx: &KernelCtx<'_>, a: &RmsNormFwdArgs) -> Result<RmsNormFwdOut> {
+    if a.out_dtype.is_fp8() {
+        // No FP8 output here: the manager takes the next impl.
+        let reason = "no FP8 output".to_string();
+        return Err(tefl_core::Error::Unsupported { op: "rmsnorm_fwd", impl_id: ctx.impl_id.to_string(), reason });
+    }
     let n = a.x.last_dim();
     let (x, g) = (a.x.to_vec::<f32>()?, a.gamma.to_vec::<f32>()?);
     let mut y = Vec::with_capacity(x.len());
@@ -40,5 +45,7 @@ fn rmsnorm_fwd(_ctx: &KernelCtx<'_>, a: &RmsNormFwdArgs) -> Result<RmsNormFwdOut
     Ok(RmsNormFwdOut {
         y: Tensor::from_slice(&y, a.x.shape(), a.out_dtype)?,
         rsigma: Tensor::from_slice(&rsigma, [a.x.rows()], DType::F32)?,
+        amax: None,
+        scale_inv: None,
     })
 }

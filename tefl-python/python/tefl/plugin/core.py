@@ -79,6 +79,22 @@ class OpImpl:
 _CATALOGUE = None
 
 
+# Outputs appended to an op for its FP8 form (absent for float outputs).
+_FP8_EXTRAS = {
+    "rmsnorm_fwd": ("amax", "scale_inv"),
+    "layernorm_fwd": ("amax", "scale_inv"),
+    "generic_gemm": ("d_amax",),
+}
+
+
+# Arguments appended to an op for its FP8 form (passed to Python impls only when given).
+_FP8_EXTRA_ARGS = {
+    "rmsnorm_fwd": ("scale",),
+    "layernorm_fwd": ("scale",),
+    "generic_gemm": ("a_scale_inv", "b_scale_inv", "d_scale"),
+}
+
+
 def _catalogue():
     """{op: (argument names, output names)}, read from tefl once."""
     global _CATALOGUE
@@ -102,8 +118,13 @@ def _adapter(fn):
             else:
                 break
         rest = {}
+        fp8_args = _FP8_EXTRA_ARGS.get(op, ())
         for name in names[len(positional):]:
             v = args.get(name)
+            if v is None and name in fp8_args:
+                # Arguments appended for the FP8 form reach an impl only when given, so impls
+                # written for the float form keep their signatures.
+                continue
             if isinstance(v, list):
                 v = [to_kind(x, kind) for x in v]
             else:
@@ -199,6 +220,10 @@ class OpManager:
         finally:
             _CALL_KIND.reset(token)
         values = [_convert(out[o], kind) for o in outs]
+        # The FP8 extras come back only for an FP8 output, so float calls keep TE-FL's tuples.
+        extras = _FP8_EXTRAS.get(op_name, ())
+        while extras and values and values[-1] is None and outs[len(values) - 1] in extras:
+            values.pop()
         return values[0] if len(values) == 1 else tuple(values)
 
     def explain(self, op_name: str, device: str = "cpu", dtype: str = "f32") -> str:
