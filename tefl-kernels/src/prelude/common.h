@@ -194,6 +194,18 @@ __device__ __forceinline__ u8 fp8_encode(float x, int mant_bits, int bias, float
     return sign | (u8)code;
 #endif
 }
+// fp8_encode of two values, `lo` in the low byte: one instruction where the target has it.
+__device__ __forceinline__ u32 fp8_encode2(float lo, float hi, int mant_bits, int bias, float maxv, u8 max_code) {
+#ifdef HAS_FP8_CVT
+    (void)bias;
+    (void)maxv;
+    (void)max_code;
+    return fp8x2_encode_cvt(lo, hi, mant_bits);
+#else
+    return (u32)fp8_encode(lo, mant_bits, bias, maxv, max_code) |
+           ((u32)fp8_encode(hi, mant_bits, bias, maxv, max_code) << 8);
+#endif
+}
 __device__ __forceinline__ float fp8_decode(u8 c, int mant_bits, int bias) {
     const float s = (c & 0x80) ? -1.0f : 1.0f;
     const int e = (c & 0x7f) >> mant_bits;

@@ -85,6 +85,16 @@ __device__ __forceinline__ unsigned char fp8_encode_cvt(float x, int mant_bits) 
     }
     return (unsigned char)(r & 0xff);
 }
+// Two values in one instruction: `lo` in the low byte, `hi` in the high byte.
+__device__ __forceinline__ unsigned short fp8x2_encode_cvt(float lo, float hi, int mant_bits) {
+    unsigned short r;
+    if (mant_bits == 3) {
+        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+    } else {
+        asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+    }
+    return r;
+}
 #endif
 
 // ---- atomics ----

@@ -25,9 +25,15 @@ __device__ __forceinline__ void store_fp8(u8* dst, const float* o, float qs, flo
 #pragma unroll
     for (int k = 0; k < (N + 3) / 4; ++k) w[k] = 0;
 #pragma unroll
-    for (int j = 0; j < N; ++j) {
-        am = max_nan(am, fabsf(o[j]));
-        w[j / 4] |= (u32)fp8_encode(o[j] * qs, MANT, BIAS, MAXV, MAXCODE) << (8 * (j % 4));
+    for (int j = 0; j < N; ++j) am = max_nan(am, fabsf(o[j]));
+    if constexpr (N % 2 == 0) {
+        // Pairs: one conversion instruction per two codes on sm_89+.
+#pragma unroll
+        for (int j = 0; j < N; j += 2)
+            w[j / 4] |= fp8_encode2(o[j] * qs, o[j + 1] * qs, MANT, BIAS, MAXV, MAXCODE) << (8 * (j % 4));
+    } else {
+#pragma unroll
+        for (int j = 0; j < N; ++j) w[j / 4] |= (u32)fp8_encode(o[j] * qs, MANT, BIAS, MAXV, MAXCODE) << (8 * (j % 4));
     }
     if constexpr (N == 8) {
         *(uint2*)dst = make_uint2(w[0], w[1]);
