@@ -10,9 +10,9 @@
 //!
 //! `--dtype fp8` trains with FP8 GEMMs (TE's delayed-scaling recipe: e4m3 activations and
 //! weights, e5m2 gradients, per-tensor scales from an amax history updated by
-//! `fused_amax_and_scale_update_after_reduction`, every GEMM in the TN form with the transposed
-//! codes `quantize` writes alongside) and prints its loss curve beside a bf16 run from the same
-//! start.
+//! `fused_amax_and_scale_update_after_reduction`, the first step scaled from each tensor's own
+//! amax, every GEMM in the TN form with the transposed codes `quantize` writes alongside) and
+//! prints its loss curve beside a bf16 run from the same start.
 //!
 //! `--experts 8` replaces the MLP by a mixture of experts: a router GEMM, top-2 routing with
 //! softmax-normalised gates, and the experts' SwiGLU MLPs forward and backward through
@@ -229,6 +229,17 @@ impl Fp8 {
         }
         let err = |e: tefl::Error| e.to_string();
         let sc = if grad { &mut self.bwd } else { &mut self.fwd };
+        let n = sc.scale.len();
+        if sc.history.iter().skip(i).step_by(n).all(|a| *a == 0.0) && sc.amax[i] == 0.0 {
+            // No history yet (the first step): scale from this tensor's own amax, as TE's
+            // current scaling does, rather than from the initial 1 (gradients of a mean loss
+            // are far below e5m2's smallest normal).
+            let amax = ops::compute_amax(t).call().map_err(err)?.amax.to_vec::<f32>().map_err(err)?[0];
+            let max = tefl::fp8::Fp8Format::of(sc.fp8).map_or(448.0, |f| f.max());
+            if amax.is_finite() && amax > 0.0 {
+                sc.scale[i] = max / amax;
+            }
+        }
         let scale = Tensor::from_slice(&[sc.scale[i]], [1], DType::F32).and_then(|s| s.to_device(&t.device()));
         let out = ops::quantize(t, sc.fp8, &scale.map_err(err)?).want_transpose(true).call().map_err(err)?;
         sc.amax[i] = sc.amax[i].max(out.amax.to_vec::<f32>().map_err(err)?[0]);
