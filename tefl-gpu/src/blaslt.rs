@@ -363,25 +363,7 @@ pub fn grouped_gemm(ctx: &KernelCtx<'_>, a: &GroupedGemmArgs, lib: &dyn BlasLt) 
             d.push(empty(ctx.device, &[m, n], a.out_dtype)?);
             continue;
         }
-        let bias = a.bias.get(g).cloned();
-        let args = GemmArgs {
-            a: a.a[g].clone(),
-            b: a.b[g].clone(),
-            a_scale_inv: a.a_scale_inv.get(g).cloned(),
-            b_scale_inv: a.b_scale_inv.get(g).cloned(),
-            d_scale: None,
-            epilogue: if bias.is_some() { GemmEpilogue::Bias } else { GemmEpilogue::None },
-            bias,
-            aux: None,
-            c: None,
-            transa: a.transa,
-            transb: a.transb,
-            alpha: 1.0,
-            accumulate: false,
-            out_dtype: a.out_dtype,
-            split_accumulator: a.split_accumulator,
-        };
-        let out = generic_gemm(ctx, &args, lib)?.ok_or_else(|| tefl_core::Error::DeviceFailure {
+        let out = generic_gemm(ctx, &a.group(g), lib)?.ok_or_else(|| tefl_core::Error::DeviceFailure {
             device: ctx.device.to_string(),
             reason: format!("{}: no algorithm for group {g}", lib.name()),
         })?;

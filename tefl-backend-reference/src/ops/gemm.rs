@@ -105,27 +105,7 @@ pub fn grouped_gemm(ctx: &KernelCtx<'_>, a: &GroupedGemmArgs) -> Result<GroupedG
     grouped_dims(a)?;
     let mut d = Vec::with_capacity(a.a.len());
     for g in 0..a.a.len() {
-        let bias = a.bias.get(g).cloned();
-        let out = generic_gemm(
-            ctx,
-            &GemmArgs {
-                a: a.a[g].clone(),
-                b: a.b[g].clone(),
-                a_scale_inv: a.a_scale_inv.get(g).cloned(),
-                b_scale_inv: a.b_scale_inv.get(g).cloned(),
-                d_scale: None,
-                epilogue: if bias.is_some() { GemmEpilogue::Bias } else { GemmEpilogue::None },
-                bias,
-                aux: None,
-                c: None,
-                transa: a.transa,
-                transb: a.transb,
-                alpha: 1.0,
-                accumulate: false,
-                out_dtype: a.out_dtype,
-                split_accumulator: a.split_accumulator,
-            },
-        )?;
+        let out = generic_gemm(ctx, &a.group(g))?;
         d.push(out.d);
     }
     Ok(GroupedGemmOut { d })

@@ -284,6 +284,31 @@ declare_op! {
     }
 }
 
+impl GroupedGemmArgs {
+    /// Group `g` as the `generic_gemm` it is (its bias epilogue when it has a bias): what every
+    /// backend that runs the groups one by one calls, and what the oracle checks.
+    pub fn group(&self, g: usize) -> GemmArgs {
+        let bias = self.bias.get(g).cloned();
+        GemmArgs {
+            a: self.a[g].clone(),
+            b: self.b[g].clone(),
+            a_scale_inv: self.a_scale_inv.get(g).cloned(),
+            b_scale_inv: self.b_scale_inv.get(g).cloned(),
+            d_scale: None,
+            epilogue: if bias.is_some() { GemmEpilogue::Bias } else { GemmEpilogue::None },
+            bias,
+            aux: None,
+            c: None,
+            transa: self.transa,
+            transb: self.transb,
+            alpha: 1.0,
+            accumulate: false,
+            out_dtype: self.out_dtype,
+            split_accumulator: self.split_accumulator,
+        }
+    }
+}
+
 /// (m, k, n) of every group of a valid grouped GEMM, or the error naming the argument at fault
 /// (a list, with the group's index in the message).
 pub fn grouped_dims(a: &GroupedGemmArgs) -> crate::Result<Vec<(usize, usize, usize)>> {
