@@ -30,6 +30,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use tefl::catalogue::{AdamMode, AttnMask, QkvLayout};
+use tefl::fp8::Fp8Format;
 use tefl::ops;
 use tefl::{DType, Device, Tensor};
 
@@ -178,26 +179,25 @@ const HISTORY: usize = 16;
 /// history, then `fused_amax_and_scale_update_after_reduction` computes the next scales and
 /// rolls the history (on the run's device; the host keeps a copy between steps).
 struct Scaling {
-    fp8: DType,
+    format: Fp8Format,
     history: Vec<f32>,
     scale: Vec<f32>,
     amax: Vec<f32>,
 }
 
 impl Scaling {
-    fn new(fp8: DType, n: usize) -> Self {
-        Scaling { fp8, history: vec![0.0; HISTORY * n], scale: vec![1.0; n], amax: vec![0.0; n] }
+    fn new(format: Fp8Format, n: usize) -> Self {
+        Scaling { format, history: vec![0.0; HISTORY * n], scale: vec![1.0; n], amax: vec![0.0; n] }
     }
 
     fn update(&mut self, dev: &Device) -> Result<(), String> {
         let n = self.scale.len();
         self.history[..n].copy_from_slice(&self.amax);
-        let put = |v: &[f32], shape: &[usize]| {
-            Tensor::from_slice(v, shape, DType::F32).and_then(|t| t.to_device(dev)).map_err(|e| e.to_string())
-        };
+        let put = |v: &[f32], shape: &[usize]| upload(v, shape, DType::F32, dev);
         let (h, s, si) = (put(&self.history, &[HISTORY, n])?, put(&self.scale, &[n])?, put(&vec![1.0; n], &[n])?);
-        let max = tefl::fp8::Fp8Format::of(self.fp8).map_or(448.0, |f| f.max());
-        ops::fused_amax_and_scale_update_after_reduction(&h, &s, &si, max).call().map_err(|e| e.to_string())?;
+        ops::fused_amax_and_scale_update_after_reduction(&h, &s, &si, self.format.max())
+            .call()
+            .map_err(|e| e.to_string())?;
         self.history = h.to_vec::<f32>().map_err(|e| e.to_string())?;
         self.scale = s.to_vec::<f32>().map_err(|e| e.to_string())?;
         self.amax.iter_mut().for_each(|a| *a = 0.0);
@@ -235,13 +235,12 @@ impl Fp8 {
             // current scaling does, rather than from the initial 1 (gradients of a mean loss
             // are far below e5m2's smallest normal).
             let amax = ops::compute_amax(t).call().map_err(err)?.amax.to_vec::<f32>().map_err(err)?[0];
-            let max = tefl::fp8::Fp8Format::of(sc.fp8).map_or(448.0, |f| f.max());
             if amax.is_finite() && amax > 0.0 {
-                sc.scale[i] = max / amax;
+                sc.scale[i] = sc.format.max() / amax;
             }
         }
         let scale = Tensor::from_slice(&[sc.scale[i]], [1], DType::F32).and_then(|s| s.to_device(&t.device()));
-        let out = ops::quantize(t, sc.fp8, &scale.map_err(err)?).want_transpose(true).call().map_err(err)?;
+        let out = ops::quantize(t, sc.format.dtype(), &scale.map_err(err)?).want_transpose(true).call().map_err(err)?;
         sc.amax[i] = sc.amax[i].max(out.amax.to_vec::<f32>().map_err(err)?[0]);
         let q_t = out.q_t.ok_or("quantize returned no transposed codes")?;
         let q = Quantized { q: out.q, q_t, scale_inv: out.scale_inv };
@@ -490,9 +489,7 @@ fn train(o: &Options) -> Result<Vec<(f32, f64)>, String> {
     let (b, s, h, nh, f) = (o.batch, o.seq, o.hidden, o.heads, o.ffn);
     let (d, rows) = (h / nh, b * s);
     let dev = o.device;
-    let put = |v: &[f32], shape: &[usize], dt: DType| -> Result<Tensor, String> {
-        Tensor::from_slice(v, shape, dt).and_then(|t| t.to_device(&dev)).map_err(err)
-    };
+    let put = |v: &[f32], shape: &[usize], dt: DType| upload(v, shape, dt, &dev);
     println!(
         "quickstart: one transformer block, batch {b}, seq {s}, hidden {h}, heads {nh}, ffn {f}{}, {} on {dev}",
         if o.experts > 0 { format!(" x {} experts (top-2)", o.experts) } else { String::new() },
@@ -501,8 +498,8 @@ fn train(o: &Options) -> Result<Vec<(f32, f64)>, String> {
     let mut g = Gemms {
         dtype: o.dtype,
         fp8: o.fp8.then(|| Fp8 {
-            fwd: Scaling::new(DType::F8E4M3, 10),
-            bwd: Scaling::new(DType::F8E5M2, 6),
+            fwd: Scaling::new(Fp8Format::E4M3, 10),
+            bwd: Scaling::new(Fp8Format::E5M2, 6),
             codes: HashMap::new(),
         }),
     };

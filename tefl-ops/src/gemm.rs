@@ -17,23 +17,7 @@ use crate::call::{Call, setters};
 /// # Ok::<(), tefl_core::Error>(())
 /// ```
 pub fn generic_gemm(a: &Tensor, b: &Tensor) -> Call<GenericGemm> {
-    Call::new(GemmArgs {
-        a: a.clone(),
-        b: b.clone(),
-        a_scale_inv: None,
-        b_scale_inv: None,
-        d_scale: None,
-        bias: None,
-        aux: None,
-        c: None,
-        transa: false,
-        transb: false,
-        alpha: 1.0,
-        accumulate: false,
-        epilogue: GemmEpilogue::None,
-        out_dtype: if a.dtype().is_fp8() { DType::BF16 } else { a.dtype() },
-        split_accumulator: false,
-    })
+    Call::new(GemmArgs::new(a.clone(), b.clone()))
 }
 setters!(GenericGemm {
     /// Use Aᵀ.

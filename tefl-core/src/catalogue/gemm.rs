@@ -284,27 +284,46 @@ declare_op! {
     }
 }
 
+impl GemmArgs {
+    /// D = op(A)·op(B) with nothing else: no transposes, alpha 1, no epilogue, no C, no
+    /// scales, D in A's dtype (bf16 for FP8 A). Set the rest with struct update syntax.
+    pub fn new(a: Tensor, b: Tensor) -> Self {
+        let out_dtype = if a.dtype().is_fp8() { DType::BF16 } else { a.dtype() };
+        GemmArgs {
+            a,
+            b,
+            a_scale_inv: None,
+            b_scale_inv: None,
+            d_scale: None,
+            bias: None,
+            aux: None,
+            c: None,
+            transa: false,
+            transb: false,
+            alpha: 1.0,
+            accumulate: false,
+            epilogue: GemmEpilogue::None,
+            out_dtype,
+            split_accumulator: false,
+        }
+    }
+}
+
 impl GroupedGemmArgs {
     /// Group `g` as the `generic_gemm` it is (its bias epilogue when it has a bias): what every
     /// backend that runs the groups one by one calls, and what the oracle checks.
     pub fn group(&self, g: usize) -> GemmArgs {
         let bias = self.bias.get(g).cloned();
         GemmArgs {
-            a: self.a[g].clone(),
-            b: self.b[g].clone(),
             a_scale_inv: self.a_scale_inv.get(g).cloned(),
             b_scale_inv: self.b_scale_inv.get(g).cloned(),
-            d_scale: None,
             epilogue: if bias.is_some() { GemmEpilogue::Bias } else { GemmEpilogue::None },
             bias,
-            aux: None,
-            c: None,
             transa: self.transa,
             transb: self.transb,
-            alpha: 1.0,
-            accumulate: false,
             out_dtype: self.out_dtype,
             split_accumulator: self.split_accumulator,
+            ..GemmArgs::new(self.a[g].clone(), self.b[g].clone())
         }
     }
 }

@@ -85,8 +85,9 @@ fn cases(c: &Ctx, small: bool) -> tefl_core::Result<Vec<Case>> {
             RmsNormFwdArgs { scale: None, x: x2, gamma: g2, eps: 1e-5, zero_centered_gamma: false, out_dtype: bf },
         ));
     }
-    // TE's norm with an FP8 output quantizer (bytes: read x, write FP8).
-    let one = c.t(&[1], DType::F32)?;
+    // TE's norm with an FP8 output quantizer (bytes: read x, write FP8). `one`: the unit scale
+    // of the FP8 cases (`c.t` fills with a pattern, not ones).
+    let one = Tensor::from_slice(&[1.0f32], [1], DType::F32)?.to_device(&c.device)?;
     v.push(c.case::<RmsNormFwd>(
         format!("rmsnorm_fwd fp8 {r}x{n}"),
         format!("rmsnorm_fp8 {r} {n}"),
@@ -194,7 +195,6 @@ fn cases(c: &Ctx, small: bool) -> tefl_core::Result<Vec<Case>> {
         ));
     }
     // FP8 (e4m3, TN, bf16 D, fast accumulation: TE's forward GEMM) against torch._scaled_mm.
-    let one = c.t(&[1], DType::F32)?;
     for &m in sizes {
         let a = c.t(&[m, m], DType::F8E4M3)?;
         v.push(c.case::<GenericGemm>(
@@ -205,19 +205,8 @@ fn cases(c: &Ctx, small: bool) -> tefl_core::Result<Vec<Case>> {
             GemmArgs {
                 a_scale_inv: Some(one.clone()),
                 b_scale_inv: Some(one.clone()),
-                d_scale: None,
-                split_accumulator: false,
-                a: a.clone(),
-                b: a,
-                bias: None,
-                aux: None,
-                c: None,
-                transa: false,
                 transb: true,
-                alpha: 1.0,
-                accumulate: false,
-                epilogue: GemmEpilogue::None,
-                out_dtype: bf,
+                ..GemmArgs::new(a.clone(), a)
             },
         ));
     }

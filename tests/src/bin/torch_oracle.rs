@@ -178,21 +178,10 @@ fn fp8(r: &mut Run) -> Result<()> {
         let b = r.rand(&[n, k], fb, -3.0, 3.0)?;
         let (sa, sb) = (0.5f32, 0.25f32);
         let out = r.call::<GenericGemm>(&GemmArgs {
-            a: a.clone(),
-            b: b.clone(),
             a_scale_inv: Some(scalar(r, sa)?),
             b_scale_inv: Some(scalar(r, sb)?),
-            d_scale: None,
-            bias: None,
-            aux: None,
-            c: None,
-            transa: false,
             transb: true,
-            alpha: 1.0,
-            accumulate: false,
-            epilogue: GemmEpilogue::None,
-            out_dtype: DType::BF16,
-            split_accumulator: false,
+            ..GemmArgs::new(a.clone(), b.clone())
         })?;
         let case = format!("gemm_{fa}x{fb}_TN");
         r.record(

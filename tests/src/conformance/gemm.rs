@@ -7,6 +7,13 @@ use tefl_core::{DType, Error};
 use super::{Cmp, FLOATS, Suite, cmp};
 use crate::oracle;
 
+/// The dtype whose tolerance a float output of an FP8 GEMM is held to: FP8 tensor cores
+/// accumulate with fewer bits than f32 (Hopper's fast mode, and its split mode between
+/// promotions), so an f32 output gets the bf16 tolerance; f16 and bf16 keep their own.
+fn fp8_product_tolerance(out: DType) -> DType {
+    if out == DType::F32 { DType::BF16 } else { out }
+}
+
 impl Suite<'_> {
     #[allow(clippy::too_many_arguments)]
     fn gemm_case(
@@ -131,18 +138,13 @@ impl Suite<'_> {
                 let d_amax = o.d_amax.as_ref().ok_or_else(|| Error::Tensor("d_amax missing".into()))?;
                 cmps.push(cmp("d_amax", d_amax, vec![amax], DType::BF16)?);
             } else {
-                // FP8 tensor cores accumulate with fewer bits than f32 (Hopper's fast mode, and its
-                // split mode between promotions): an f32 D is held to the bf16 tolerance.
-                cmps.push(cmp("d", &o.d, d, if out == DType::F32 { DType::BF16 } else { out })?);
+                cmps.push(cmp("d", &o.d, d, fp8_product_tolerance(out))?);
                 if o.d_amax.is_some() {
                     return Err(Error::Tensor("d_amax for a float D".into()));
                 }
             }
             match (aux_out, &o.aux_out) {
-                (Some(w), Some(g)) => {
-                    let dt = aux_dtype(out);
-                    cmps.push(cmp("aux_out", g, w, if dt == DType::F32 { DType::BF16 } else { dt })?)
-                }
+                (Some(w), Some(g)) => cmps.push(cmp("aux_out", g, w, fp8_product_tolerance(aux_dtype(out)))?),
                 (None, None) => {}
                 _ => return Err(Error::Tensor("aux_out present where it should not be, or missing".into())),
             }
