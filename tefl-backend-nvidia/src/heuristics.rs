@@ -30,6 +30,31 @@ pub fn attention_fwd_min_blocks(t: &TuneTable) -> u32 {
     t.configs("attention").first().map_or(2, |c| int(c, "fwd_min_blocks", 2).clamp(1, 4))
 }
 
+/// The one-launch grouped GEMM's tile schedule (`grouped_gemm` in the tune configs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupedTiles {
+    /// Tiles of a group in column-tile-major order (down the rows first), so that CTAs running
+    /// together share B's tile; else row-major.
+    pub m_first: bool,
+    /// The most pipeline stages (fewer when the staging buffers leave no room).
+    pub max_stages: usize,
+}
+
+impl Default for GroupedTiles {
+    fn default() -> Self {
+        GroupedTiles { m_first: true, max_stages: 4 }
+    }
+}
+
+/// The grouped GEMM's schedule from the tune table (defaults: down the rows first, 4 stages).
+pub fn grouped_gemm_tiles(t: &TuneTable) -> GroupedTiles {
+    let d = GroupedTiles::default();
+    t.configs("grouped_gemm").first().map_or(d, |c| GroupedTiles {
+        m_first: c.get("m_first").and_then(|v| v.as_int()).map_or(d.m_first, |v| v != 0),
+        max_stages: int(c, "max_stages", d.max_stages as i64).clamp(2, 8) as usize,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -50,6 +75,7 @@ mod tests {
         assert_eq!(h.configs("softmax"), a.configs("softmax"));
         assert_eq!(a.configs("norm").len(), 4);
         assert_eq!(attention_fwd_min_blocks(&h), 2);
+        assert_eq!(grouped_gemm_tiles(&h), GroupedTiles { m_first: true, max_stages: 4 });
         let r = row_kernel(&h, "norm", 8192, 2, 4);
         assert!(r.fused() && r.row_vecs <= 4, "{r:?}");
     }

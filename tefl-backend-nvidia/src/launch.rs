@@ -55,7 +55,7 @@ fn function(device: Device, variant: &Variant, name: &'static str) -> Result<Fun
     }
     let module = modules().get_or_load(device.ordinal, variant, || {
         let ctx = runtime::global().context(device)?;
-        let cubin = compile_cached(&Nvrtc, variant, &info(device)?.arch)?;
+        let cubin = compile_cached(&Nvrtc, variant, &target_arch(variant, &info(device)?.arch))?;
         ctx.bind_to_thread().map_err(|e| device_error(device, e))?;
         // SAFETY: the context is current; `cubin` is a complete cubin image that outlives the
         // call (the driver copies it).
@@ -83,6 +83,45 @@ fn function(device: Device, variant: &Variant, name: &'static str) -> Result<Fun
 /// `tefl_core::device::with_queue`). Nothing waits for it; a launch the driver refuses comes
 /// back as a typed error.
 pub fn launch(device: Device, variant: &Variant, name: &'static str, grid: Grid, args: &[Arg]) -> Result<()> {
+    let mut packed = PackedArgs::new(args);
+    // SAFETY: each parameter points at 8 bytes holding the argument in its low bytes (the
+    // kernel reads sizeof(param) <= 8 bytes, little-endian); `packed` outlives the call; the
+    // kernel's signature matches `args` (each op file passes the arguments its kernel
+    // declares); pointers are live device allocations of this device.
+    unsafe { launch_params(device, variant, name, grid, packed.pointers()) }
+}
+
+/// Queues the entry `name` of `variant`, whose one parameter is a struct passed by value:
+/// `block` holds its bytes (the struct's full `sizeof`, e.g. a table with tensor maps, up to
+/// the driver's 32 KB of kernel parameters).
+///
+/// # Safety
+/// `block` must be laid out exactly as the kernel's parameter type (size and alignment), and
+/// every device address in it must be a live allocation of this device until the kernel ends.
+pub(crate) unsafe fn launch_struct<T>(
+    device: Device,
+    variant: &Variant,
+    name: &'static str,
+    grid: Grid,
+    block: &T,
+) -> Result<()> {
+    let mut params = [block as *const T as *mut c_void];
+    // SAFETY: the caller guarantees the parameter's layout and addresses; the driver copies
+    // `sizeof(param)` bytes from `block`, which outlives the call.
+    unsafe { launch_params(device, variant, name, grid, &mut params) }
+}
+
+/// The launch itself: `params` as cuLaunchKernel takes them.
+///
+/// # Safety
+/// `params` must match the kernel's parameter list and point at live memory for the call.
+unsafe fn launch_params(
+    device: Device,
+    variant: &Variant,
+    name: &'static str,
+    grid: Grid,
+    params: &mut [*mut c_void],
+) -> Result<()> {
     if grid.is_empty() {
         return Ok(());
     }
@@ -104,20 +143,9 @@ pub fn launch(device: Device, variant: &Variant, name: &'static str, grid: Grid,
     rt.on_queue(device, |stream| {
         let event = || stream.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT));
         let start = if timing { Some(event().map_err(|e| launch_error(device, f, e))?) } else { None };
-        let mut packed = PackedArgs::new(args);
-        // SAFETY: each parameter points at 8 bytes holding the argument in its low bytes (the
-        // kernel reads sizeof(param) <= 8 bytes, little-endian); `packed` outlives the call; the
-        // kernel's signature matches `args` (each op file passes the arguments its kernel
-        // declares); pointers are live device allocations of this device.
+        // SAFETY: the caller guarantees `params` matches the kernel and is live for the call.
         unsafe {
-            cudarc::driver::result::launch_kernel(
-                f.f,
-                grid.blocks,
-                grid.threads,
-                grid.smem,
-                stream.cu_stream(),
-                packed.pointers(),
-            )
+            cudarc::driver::result::launch_kernel(f.f, grid.blocks, grid.threads, grid.smem, stream.cu_stream(), params)
         }
         .map_err(|e| launch_error(device, f, e))?;
         if let Some(start) = start {
@@ -131,6 +159,12 @@ pub fn launch(device: Device, variant: &Variant, name: &'static str, grid: Grid,
         }
         Ok(())
     })
+}
+
+/// The arch a variant is compiled for on a device of `arch`: the arch-specific target
+/// (`sm_90a`) for a source that needs it (`Source::arch_specific`), else `arch` itself.
+pub fn target_arch(variant: &Variant, arch: &str) -> String {
+    if variant.source.arch_specific { format!("{arch}a") } else { arch.to_string() }
 }
 
 /// `TEFL_KERNEL_TIMING=1`: every launch is timed with events (synchronously) and printed to

@@ -67,6 +67,10 @@ pub struct Source {
     pub headers: &'static [&'static Header],
     /// The targets the source compiles for.
     pub targets: &'static [Target],
+    /// Compiled for the arch-specific target of the device (`sm_90a` on an `sm_90` GPU): the
+    /// source uses instructions only that exact arch has (wgmma, setmaxnreg), and its binary
+    /// runs on no other.
+    pub arch_specific: bool,
 }
 
 impl Source {
@@ -100,6 +104,7 @@ macro_rules! simt_source {
                 text: include_str!(concat!("simt/", $file)),
                 headers: &[],
                 targets: SIMT,
+                arch_specific: false,
             };
         )*
     };
@@ -140,6 +145,21 @@ pub static ATTENTION_CUDA: Source = Source {
     text: include_str!("cuda/attention/attention.cu"),
     headers: &[&ATTENTION_MASK, &CUDA_MMA],
     targets: &[Target::Cuda],
+    arch_specific: false,
+};
+
+/// Hopper's building blocks: mbarriers, tensor-memory-accelerator loads, wgmma, setmaxnreg.
+pub static CUDA_HOPPER: Header = Header { path: "cuda/hopper.h", text: include_str!("cuda/hopper.h") };
+
+/// `te_general_grouped_gemm` on Hopper: one persistent launch over a table of groups
+/// (tensor-memory-accelerator loads, wgmma, a producer and two consumer warpgroups).
+pub static GROUPED_GEMM_SM90: Source = Source {
+    name: "grouped_gemm_sm90",
+    path: "cuda/gemm/grouped_gemm.cu",
+    text: include_str!("cuda/gemm/grouped_gemm.cu"),
+    headers: &[&CUDA_MMA, &CUDA_HOPPER],
+    targets: &[Target::Cuda],
+    arch_specific: true,
 };
 
 /// Portable flash attention (forward) for any SIMT target: shared-memory key tiles, online
@@ -150,6 +170,7 @@ pub static ATTENTION_SIMT: Source = Source {
     text: include_str!("simt/attention.cu"),
     headers: &[&ATTENTION_MASK],
     targets: SIMT,
+    arch_specific: false,
 };
 
 /// Every source of the crate.
@@ -164,6 +185,7 @@ pub static SOURCES: &[&Source] = &[
     &GEMM_EPILOGUE,
     &GEMM_TILED,
     &ATTENTION_CUDA,
+    &GROUPED_GEMM_SM90,
 ];
 
 #[cfg(test)]

@@ -269,7 +269,11 @@ pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
     })
 }
 
-/// `te_general_grouped_gemm` on cuBLASLt (`tefl_gpu::blaslt::grouped_gemm`).
+/// `te_general_grouped_gemm`: one launch of the Hopper kernel (`grouped_gemm.rs`) when it takes
+/// the call, else one cuBLASLt GEMM per group (`tefl_gpu::blaslt::grouped_gemm`).
 pub fn grouped_gemm(ctx: &KernelCtx<'_>, a: &GroupedGemmArgs) -> Result<GroupedGemmOut> {
+    if let Some(out) = super::grouped_gemm::run(ctx, a)? {
+        return Ok(out);
+    }
     tefl_gpu::blaslt::grouped_gemm(ctx, a, &CublasLt)
 }

@@ -1,10 +1,11 @@
 //! The CUDA backend's ops, registered here under `vendor.nvidia` for every op of the
-//! catalogue: GEMM (cuBLASLt) and tensor-core attention are CUDA's own (one file each, FlagGems'
-//! `ops/`); the SIMT families are the shared host code of `tefl_gpu::simt`, launched through
+//! catalogue: GEMM (cuBLASLt), the one-launch grouped GEMM of Hopper and tensor-core attention
+//! are CUDA's own (one file each, FlagGems' `ops/`); the SIMT families are the shared host code of `tefl_gpu::simt`, launched through
 //! this crate's [`GpuTarget`](tefl_gpu::target::GpuTarget) (`launch.rs`).
 
 pub mod attention;
 pub mod gemm;
+pub mod grouped_gemm;
 pub mod portable;
 
 pub use tefl_gpu::simt::{activation, dropout, norm, optimizer, quantize, rope, softmax};

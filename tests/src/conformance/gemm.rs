@@ -154,9 +154,17 @@ impl Suite<'_> {
 
     /// One `te_general_grouped_gemm` over groups of `dims` (m, k, n), with a bias per group or
     /// none; FP8 inputs when `dtype` is an FP8 dtype (D in bf16 then).
-    fn grouped_case(&mut self, dtype: DType, dims: &[(usize, usize, usize)], (ta, tb): (bool, bool), with_bias: bool) {
+    fn grouped_case(
+        &mut self,
+        dtype: DType,
+        dims: &[(usize, usize, usize)],
+        (ta, tb): (bool, bool),
+        with_bias: bool,
+        split: bool,
+    ) {
         let out = if dtype.is_fp8() { DType::BF16 } else { dtype };
-        let case = format!("{} groups {dims:?} transa={ta} transb={tb} bias={with_bias}", dims.len());
+        let shown = if dims.len() > 8 { format!("{:?}..", &dims[..4]) } else { format!("{dims:?}") };
+        let case = format!("{} groups {shown} transa={ta} transb={tb} bias={with_bias} split={split}", dims.len());
         self.case("te_general_grouped_gemm", dtype, case, |s| {
             let (mut a, mut b, mut sa, mut sb, mut bias, mut want) = (vec![], vec![], vec![], vec![], vec![], vec![]);
             for (g, &(m, k, n)) in dims.iter().enumerate() {
@@ -189,7 +197,7 @@ impl Suite<'_> {
                 transa: ta,
                 transb: tb,
                 out_dtype: out,
-                split_accumulator: true,
+                split_accumulator: split,
             })?;
             if o.d.len() != dims.len() {
                 return Err(Error::Tensor(format!("{} outputs for {} groups", o.d.len(), dims.len())));
@@ -244,9 +252,21 @@ impl Suite<'_> {
         let moe = [(40, 64, 32), (0, 64, 32), (7, 64, 32), (129, 64, 32)];
         let ragged = [(5, 16, 24), (33, 48, 8), (1, 7, 3)];
         for dtype in FLOATS.into_iter().chain([e4, e5]) {
-            self.grouped_case(dtype, &moe, (false, true), true);
-            self.grouped_case(dtype, &ragged, (false, false), false);
-            self.grouped_case(dtype, &ragged, (true, true), true);
+            self.grouped_case(dtype, &moe, (false, true), true, true);
+            self.grouped_case(dtype, &ragged, (false, false), false, true);
+            self.grouped_case(dtype, &ragged, (true, true), true, true);
         }
+        // Shapes Hopper's one-launch kernel takes (16-byte rows): several row and column tiles,
+        // K steps with a tail, an empty group, every operand form; FP8 fast and split.
+        let tiled = [(200, 208, 264), (0, 128, 264), (8, 48, 264), (264, 336, 264)];
+        for dtype in [DType::BF16, DType::F16, e4, e5] {
+            for (i, form) in [(false, true), (false, false), (true, false), (true, true)].into_iter().enumerate() {
+                self.grouped_case(dtype, &tiled, form, i % 2 == 0, i < 2);
+            }
+        }
+        // More groups than the smallest table (8), and more than one launch's 64.
+        let many: Vec<_> = (0..70).map(|g| (8 * (g % 3), 32, 24 + 8 * (g % 2))).collect();
+        self.grouped_case(DType::BF16, &many[..20], (false, true), true, false);
+        self.grouped_case(DType::BF16, &many, (false, false), false, false);
     }
 }

@@ -1,0 +1,94 @@
+// Hopper building blocks (sm_90a PTX): mbarriers, the tensor memory accelerator's 2-D tile
+// loads, warpgroup MMA (wgmma) on shared-memory descriptors, and register reallocation.
+// CUDA-only, and only in sources compiled for the arch-specific target (`Source::arch_specific`):
+// wgmma and setmaxnreg do not exist in plain sm_90 code.
+
+// A CUtensorMap as the driver encodes it (cuTensorMapEncodeTiled): 128 opaque bytes.
+struct __align__(64) TensorMap {
+    unsigned long long words[16];
+};
+
+// ---- mbarriers (shared-memory addresses from smem_addr) ----
+__device__ __forceinline__ void mbar_init(u32 bar, u32 arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(arrivals) : "memory");
+}
+// Makes the initialisations visible to the other threads and to the copy engine.
+__device__ __forceinline__ void mbar_init_fence() {
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+// One arrival that also expects `bytes` of copy-engine transactions before the phase completes.
+__device__ __forceinline__ void mbar_arrive_expect(u32 bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+// Waits until the phase of parity `parity` has completed (a fresh barrier's "previous" phase,
+// parity 1, counts as completed: producers start by waiting on it).
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+    u32 done;
+    do {
+        asm volatile(
+            "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+
+// ---- the tensor memory accelerator ----
+// The box of `map` at element coordinates (c0 innermost, c1) into shared memory at `dst`,
+// completing `bytes` of transactions on `bar`; out-of-bounds elements arrive as zeros.
+__device__ __forceinline__ void tma_load_2d(u32 dst, const TensorMap* map, int c0, int c1, u32 bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(dst),
+        "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(bar)
+        : "memory");
+}
+
+// ---- warpgroup MMA ----
+// A shared-memory matrix descriptor with the 128-byte swizzle (the layout the copy engine
+// writes with CU_TENSOR_MAP_SWIZZLE_128B): start address, leading and stride byte offsets.
+__device__ __forceinline__ unsigned long long wgmma_desc(u32 addr, u32 lead_bytes, u32 stride_bytes) {
+    return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)((lead_bytes & 0x3FFFF) >> 4) << 16) |
+           ((unsigned long long)((stride_bytes & 0x3FFFF) >> 4) << 32) | (1ull << 62);
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+// Waits until at most N committed groups of this warpgroup are still in flight.
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving accesses of an accumulator register across the asynchronous
+// MMAs that own it.
+__device__ __forceinline__ void acc_fence(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+
+// Warpgroup register budgets: a producer gives registers back, consumers take them.
+template <int N> __device__ __forceinline__ void regs_release() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N));
+}
+template <int N> __device__ __forceinline__ void regs_claim() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N));
+}
+
+// Operand lists of the wgmma accumulators (generated: {%0 .. %N-1} and "+f"(d[i]) for each).
+#define WG_REGS_64 "{" \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63" \
+    "}"
+#define WG_REGS_128 "{" \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
+    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+    "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
+    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+    "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127" \
+    "}"
+#define WG_ACC8(d, i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define WG_ACC64(d, i) WG_ACC8(d, i), WG_ACC8(d, i + 8), WG_ACC8(d, i + 16), WG_ACC8(d, i + 24), \
+    WG_ACC8(d, i + 32), WG_ACC8(d, i + 40), WG_ACC8(d, i + 48), WG_ACC8(d, i + 56)
+#define WG_ACC128(d) WG_ACC64(d, 0), WG_ACC64(d, 64)
