@@ -54,6 +54,7 @@ struct GroupInfo {
 struct Table<const G: usize> {
     a: [TensorMap; G],
     b: [TensorMap; G],
+    d: [TensorMap; G],
     g: [GroupInfo; G],
     groups: i32,
     tiles: i32,
@@ -71,6 +72,8 @@ struct Config {
     split: bool,
     max_groups: usize,
     tiles: GroupedTiles,
+    /// D written by the copy engine (every D_g's rows are 16-byte multiples).
+    tma_store: bool,
 }
 
 impl Config {
@@ -80,10 +83,11 @@ impl Config {
         if self.ab.is_fp8() && self.split { 128 } else { 256 }
     }
 
-    /// Bytes of one consumer's epilogue staging buffer: 64 rows of 64 outputs, each row
-    /// padded by 16 bytes (the kernel's `STAGING_BYTES`).
+    /// Bytes of one consumer's epilogue staging (the kernel's `STAGING_BYTES`): two buffers of
+    /// 64 rows x 128 bytes for the copy engine's stores, else 64 rows of 64 outputs, each row
+    /// padded by 16 bytes.
     fn staging_bytes(&self) -> usize {
-        64 * (64 * self.out.size_in_bytes() + 16)
+        if self.tma_store { 2 * 64 * 128 } else { 64 * (64 * self.out.size_in_bytes() + 16) }
     }
 
     /// Pipeline stages: as many as fit (at most the tune config's) beside the staging buffers in Hopper's
@@ -119,7 +123,8 @@ impl Config {
             .set("BN", self.bn())
             .flag("SPLIT", self.ab.is_fp8() && self.split)
             .set("STAGES", self.stages())
-            .flag("M_FIRST", self.tiles.m_first);
+            .flag("M_FIRST", self.tiles.m_first)
+            .flag("TMA_STORE", self.tma_store);
         Variant::new(&tefl_kernels::GROUPED_GEMM_SM90, ENTRIES, defines)
     }
 }
@@ -138,12 +143,15 @@ pub fn variants() -> Vec<Variant> {
         split: false,
         max_groups: 8,
         tiles: GroupedTiles::default(),
+        tma_store: true,
     };
     let mut v = Vec::new();
     for (a_mn, b_mn) in [(false, false), (false, true), (true, false), (true, true)] {
         v.push(Config { a_mn, b_mn, ..base });
     }
     v.push(Config { ab: DType::F16, b: DType::F16, out: DType::F32, bias: Some(DType::F16), ..base });
+    v.push(Config { tma_store: false, ..base });
+    v.push(Config { out: DType::F32, tma_store: false, ..base });
     v.push(Config { bias: Some(DType::BF16), max_groups: 64, ..base });
     let fp8 = Config { ab: DType::F8E4M3, b: DType::F8E4M3, b_mn: false, bias: Some(DType::F32), ..base };
     v.push(fp8);
@@ -157,6 +165,7 @@ fn tensor_map_type(d: DType) -> sys::CUtensorMapDataType {
     match d {
         DType::BF16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
         DType::F16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+        DType::F32 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
         _ => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
     }
 }
@@ -287,6 +296,7 @@ pub fn run(ctx: &KernelCtx<'_>, a: &GroupedGemmArgs) -> Result<Option<GroupedGem
         split: a.split_accumulator,
         max_groups: 8,
         tiles: grouped_gemm_tiles(&*tune_table(ctx.device)?),
+        tma_store: dims.iter().all(|&(_, _, n)| n * a.out_dtype.size_in_bytes() % 16 == 0),
     };
     let limit = info(ctx.device)?.shared_memory_per_block_optin;
     if config.smem() > limit {
@@ -324,6 +334,7 @@ fn launch<const G: usize>(
     let mut table = Box::new(Table::<G> {
         a: [TensorMap([0; 16]); G],
         b: [TensorMap([0; 16]); G],
+        d: [TensorMap([0; 16]); G],
         g: [GroupInfo::default(); G],
         groups: groups.len() as i32,
         tiles: 0,
@@ -345,6 +356,11 @@ fn launch<const G: usize>(
             } else {
                 tensor_map(ctx, ptr(&gr.b)?, config.b, (gr.k, gr.n), (bk, bn as u32))?
             };
+        }
+        if own > 0 && config.tma_store {
+            // D: [m, n], boxes of 128 bytes of columns x 64 rows (one consumer's chunk).
+            let cw = (128 / config.out.size_in_bytes()) as u32;
+            table.d[i] = tensor_map(ctx, ptr(&d[i])?, config.out, (gr.n, gr.m), (cw, 64))?;
         }
         table.g[i] = GroupInfo {
             d: ptr(&d[i])?,
@@ -388,9 +404,10 @@ mod tests {
         assert_eq!(std::mem::align_of::<TensorMap>(), 64);
         assert_eq!(std::mem::size_of::<GroupInfo>(), 64);
         assert_eq!(std::mem::offset_of!(Table<8>, b), 8 * 128);
-        assert_eq!(std::mem::offset_of!(Table<8>, g), 16 * 128);
-        assert_eq!(std::mem::offset_of!(Table<8>, groups), 16 * 128 + 8 * 64);
-        assert_eq!(std::mem::size_of::<Table<64>>(), 64 * 320 + 64);
+        assert_eq!(std::mem::offset_of!(Table<8>, d), 16 * 128);
+        assert_eq!(std::mem::offset_of!(Table<8>, g), 24 * 128);
+        assert_eq!(std::mem::offset_of!(Table<8>, groups), 24 * 128 + 8 * 64);
+        assert_eq!(std::mem::size_of::<Table<64>>(), 64 * 448 + 64);
         // Within the driver's 32764 bytes of kernel parameters.
         assert!(std::mem::size_of::<Table<64>>() < 32764);
     }
@@ -407,13 +424,15 @@ mod tests {
             split: false,
             max_groups: 8,
             tiles: GroupedTiles::default(),
+            tma_store: true,
         };
         assert_eq!((c.bn(), c.stages()), (256, 4));
-        let f32_out = Config { out: DType::F32, ..c };
-        assert_eq!(f32_out.stages(), 3);
+        assert_eq!(Config { out: DType::F32, ..c }.stages(), 4);
+        let f32_by_hand = Config { out: DType::F32, tma_store: false, ..c };
+        assert_eq!(f32_by_hand.stages(), 3);
         let split = Config { ab: DType::F8E4M3, b: DType::F8E4M3, split: true, ..c };
         assert_eq!((split.bn(), split.stages()), (128, 4));
-        for c in [c, f32_out, split] {
+        for c in [c, f32_by_hand, split] {
             assert!(c.smem() <= 227 * 1024, "{c:?}: {} bytes", c.smem());
         }
     }

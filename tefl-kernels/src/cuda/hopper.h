@@ -46,6 +46,28 @@ __device__ __forceinline__ void tma_load_2d(u32 dst, const TensorMap* map, int c
         : "memory");
 }
 
+// The box of `map` at (c0, c1) from shared memory at `src` (128-byte swizzled as the map says),
+// as one bulk group of this thread; the parts past the tensor's edges are not written.
+__device__ __forceinline__ void tma_store_2d(const TensorMap* map, int c0, int c1, u32 src) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];" ::"l"(
+                     reinterpret_cast<unsigned long long>(map)),
+                 "r"(c0), "r"(c1), "r"(src)
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+// Waits until at most N of this thread's bulk groups are still reading shared memory.
+template <int N> __device__ __forceinline__ void bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
+// Waits until at most N of this thread's bulk groups are incomplete.
+template <int N> __device__ __forceinline__ void bulk_wait() {
+    asm volatile("cp.async.bulk.wait_group %0;" ::"n"(N) : "memory");
+}
+// Orders this thread's ordinary shared-memory stores before the copy engine's reads.
+__device__ __forceinline__ void fence_async_shared() {
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
 // ---- warpgroup MMA ----
 // A shared-memory matrix descriptor with the 128-byte swizzle (the layout the copy engine
 // writes with CU_TENSOR_MAP_SWIZZLE_128B): start address, leading and stride byte offsets.

@@ -264,6 +264,11 @@ impl Suite<'_> {
                 self.grouped_case(dtype, &tiled, form, i % 2 == 0, i < 2);
             }
         }
+        // D rows that are not 16-byte multiples (written element-wise at the edges, not by the
+        // copy engine).
+        for dtype in [DType::BF16, e4] {
+            self.grouped_case(dtype, &[(72, 64, 260), (136, 128, 260)], (false, true), true, false);
+        }
         // More groups than the smallest table (8), and more than one launch's 64.
         let many: Vec<_> = (0..70).map(|g| (8 * (g % 3), 32, 24 + 8 * (g % 2))).collect();
         self.grouped_case(DType::BF16, &many[..20], (false, true), true, false);

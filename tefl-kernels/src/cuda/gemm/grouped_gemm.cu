@@ -22,7 +22,8 @@
 // AB_F16 1 for f16, 0 for bf16); A_MN, B_MN (MN-major operands, 16-bit only); OUT_T (0 f32,
 // 1 f16, 2 bf16); BIAS_T (0 none, 1 f32, 2 f16, 3 bf16); BN (256 or 128); SPLIT (FP8: each
 // stage's products summed into the accumulators in f32, TE's split accumulator); STAGES;
-// M_FIRST (the tile order).
+// M_FIRST (the tile order); TMA_STORE (D written by the copy engine: every D_g's rows are
+// 16-byte multiples).
 
 #define BM 128
 #define BK_BYTES 128
@@ -32,16 +33,22 @@
 #define CONSUMERS 2
 #define ACC (BN / 2)
 #define BOX_MN 8192  // one 64 (MN) x 64 (K) box of 16-bit elements
-// The epilogue's staging rows: 64 outputs plus 16 bytes (a warp's 8 rows x 4 words of
-// 16-bit pairs land in 32 different banks), in PIECES 16-byte pieces.
-#if OUT_T == 0
+// The epilogue's staging. TMA_STORE: two buffers per consumer of 64 rows x 128 bytes, in the
+// 128-byte swizzled layout the copy engine's store reads (a warp's 8 rows land in 8 different
+// 16-byte columns). Else one buffer of 64 rows of 64 outputs plus 16 bytes (a warp's 8 rows x
+// 4 words of 16-bit pairs land in 32 different banks), written out in PIECES 16-byte pieces.
+#if TMA_STORE
+#define STAGING_BYTES 16384
+#elif OUT_T == 0
 #define STAGING_PITCH (64 * 4 + 16)
 #define PIECES 16
 #else
 #define STAGING_PITCH (64 * 2 + 16)
 #define PIECES 8
 #endif
+#if !TMA_STORE
 #define STAGING_BYTES (64 * STAGING_PITCH)
+#endif
 
 #if AB_FP8
 #define BK 128
@@ -76,6 +83,7 @@ struct GroupInfo {
 struct GroupTable {
     TensorMap a[MAX_GROUPS];
     TensorMap b[MAX_GROUPS];
+    TensorMap d[MAX_GROUPS];  // TMA_STORE: D [m, n], boxes of 64 rows x 128 bytes
     GroupInfo g[MAX_GROUPS];
     int groups;
     int tiles;
@@ -171,7 +179,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     // Stages on a 1024-byte boundary (the swizzle pattern's period), then the barriers.
     const u32 base = (smem_addr(smem_raw) + 1023u) & ~1023u;
-    const u32 bars = base + STAGES * STAGE_BYTES;
+    const u32 bars = base + STAGES * STAGE_BYTES + CONSUMERS * STAGING_BYTES;
 #define FULL(s) (bars + 8u * (s))
 #define EMPTY(s) (bars + 8u * (STAGES + (s)))
     const int warpgroup = threadIdx.x / 128;
@@ -224,8 +232,8 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
 
     regs_claim<232>();
     const int c = warpgroup - 1;
-    // This consumer's epilogue staging buffer (64 rows of 64 outputs), after the barriers.
-    unsigned char* const staging = smem_raw + (base - smem_addr(smem_raw)) + STAGES * STAGE_BYTES + 16 * STAGES + c * STAGING_BYTES;
+    // This consumer's epilogue staging, after the stages (1024-byte aligned).
+    unsigned char* const staging = smem_raw + (base - smem_addr(smem_raw)) + STAGES * STAGE_BYTES + c * STAGING_BYTES;
     const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
     int stage = 0;
     u32 phase = 0;
@@ -287,16 +295,55 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
             if (lane == 0) mbar_arrive(EMPTY(held));
         }
 
-        // Epilogue, 64 columns at a time through this consumer's staging buffer: accumulator
-        // pair (4j + 2h, +1) is row 16 warp + lane / 4 + 8h, columns 8j + 2 (lane % 4) and the
-        // next, of the consumer's 64 rows; scaled, biased and rounded into the buffer, then
-        // written out as whole 16-byte pieces of rows (coalesced), element-wise at the edges.
+        // Epilogue: accumulator pair (4j + 2h, +1) is row 16 warp + lane / 4 + 8h, columns
+        // 8j + 2 (lane % 4) and the next, of the consumer's 64 rows; scaled, biased and rounded
+        // into the staging buffer a chunk of columns at a time, then written out.
 #if AB_FP8
         const float scale = *reinterpret_cast<const float*>(gi.a_scale_inv) * *reinterpret_cast<const float*>(gi.b_scale_inv);
 #else
         const float scale = 1.0f;
 #endif
         const int tid = threadIdx.x % 128;
+#if TMA_STORE
+        // Chunks of 128 bytes of columns, double-buffered: the copy engine stores one (clipped
+        // at D's edges) while the next is filled.
+        constexpr int CW = 128 / (int)sizeof(out_t);
+#pragma unroll
+        for (int q = 0; q < BN / CW; ++q) {
+            unsigned char* const buf = staging + (q & 1) * 8192;
+            if (tid == 0) bulk_wait_read<1>();  // the store of two chunks ago has read `buf`
+            consumer_sync(c);
+#pragma unroll
+            for (int jj = 0; jj < CW / 8; ++jj) {
+                const int j = (CW / 8) * q + jj;
+                const int cl = 8 * jj + 2 * (lane % 4);
+                const int col = n0 + CW * q + cl;
+                float b0 = 0.0f, b1 = 0.0f;
+#if BIAS_T != 0
+                if (col < gi.n) b0 = bias_at(gi.bias, col);
+                if (col + 1 < gi.n) b1 = bias_at(gi.bias, col + 1);
+#endif
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int r = warp * 16 + lane / 4 + 8 * h;
+                    const float v0 = d[4 * j + 2 * h] * scale + b0, v1 = d[4 * j + 2 * h + 1] * scale + b1;
+                    const int byte = cl * (int)sizeof(out_t);
+                    unsigned char* const at = buf + r * 128 + ((((byte >> 4) ^ r) & 7) << 4) + (byte & 15);
+#if OUT_T == 0
+                    *reinterpret_cast<float2*>(at) = make_float2(v0, v1);
+#else
+                    *reinterpret_cast<u32*>(at) = pack2_f32<out_t>(v0, v1);
+#endif
+                }
+            }
+            fence_async_shared();  // these stores are read next by the copy engine
+            consumer_sync(c);
+            if (tid == 0) {
+                tma_store_2d(&table.d[g], n0 + CW * q, m0 + c * 64, smem_addr(buf));
+                bulk_commit();
+            }
+        }
+#else
         const bool whole_pieces = ((long long)gi.n * sizeof(out_t)) % 16 == 0;
 #pragma unroll
         for (int q = 0; q < BN / 64; ++q) {
@@ -342,7 +389,11 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
             }
             consumer_sync(c);
         }
+#endif
     }
+#if TMA_STORE
+    if ((threadIdx.x % 128) == 0) bulk_wait<0>();  // shared memory stays until the stores have read it
+#endif
 #undef FULL
 #undef EMPTY
 }
