@@ -114,6 +114,15 @@ def eager(op, a):
         xs = [t(m, kn) for m in ms]
         ws = [t(kn, kn) for _ in ms]
         return (lambda: [x @ w.t() for x, w in zip(xs, ws)]), False
+    if op == "grouped_gemm_fp8":
+        # TE's FP8 forward per expert: e4m3 TN, bf16 out, fast accumulation.
+        kn, ms = a[0], a[1:]
+        xs = [t(m, kn).to(torch.float8_e4m3fn) for m in ms]
+        ws = [t(kn, kn).to(torch.float8_e4m3fn) for _ in ms]
+        one = torch.ones((), device=xs[0].device)
+        return (
+            lambda: [torch._scaled_mm(x, w.t(), one, one, out_dtype=bf, use_fast_accum=True) for x, w in zip(xs, ws)]
+        ), False
     if op == "grouped_gemm_torch":
         kn, ms = a[0], a[1:]
         x = t(sum(ms), kn)
@@ -162,7 +171,7 @@ def peers(op, a):
     if op == "grouped_gemm":
         # torch's grouped kernel (CUTLASS on sm_90) beside the per-expert loop of matmuls.
         out.append(("grouped_mm", contextlib.nullcontext, lambda: eager("grouped_gemm_torch", a)[0]))
-    if flag_gems is not None and op not in ("adam", "gemm_fp8", "grouped_gemm"):
+    if flag_gems is not None and op not in ("adam", "gemm_fp8", "grouped_gemm", "grouped_gemm_fp8"):
         out.append(("flaggems", flag_gems.use_gems, lambda: eager(op, a)[0]))
     return out
 

@@ -237,6 +237,31 @@ fn cases(c: &Ctx, small: bool) -> tefl_core::Result<Vec<Case>> {
             split_accumulator: false,
         },
     ));
+    // The same experts in FP8 (e4m3 TN, bf16 D, fast accumulation) against per-expert
+    // torch._scaled_mm.
+    let mut xs8 = Vec::new();
+    let mut ws8 = Vec::new();
+    for &m in &ms {
+        xs8.push(c.t(&[m, kn], DType::F8E4M3)?);
+        ws8.push(c.t(&[kn, kn], DType::F8E4M3)?);
+    }
+    v.push(c.case::<GroupedGemm>(
+        format!("grouped_gemm fp8 8x {total}x{kn}x{kn}"),
+        format!("grouped_gemm_fp8 {kn} {}", splits.join(" ")),
+        0.0,
+        2.0 * (total * kn * kn) as f64,
+        GroupedGemmArgs {
+            a: xs8,
+            b: ws8,
+            a_scale_inv: vec![one.clone(); ms.len()],
+            b_scale_inv: vec![one.clone(); ms.len()],
+            bias: Vec::new(),
+            transa: false,
+            transb: true,
+            out_dtype: bf,
+            split_accumulator: false,
+        },
+    ));
     let (ab, ah, asq, ad) = if small { (1, 8, 1024, 128) } else { (4, 32, 4096, 128) };
     let q = c.t(&[ab, asq, ah, ad], bf)?;
     let fwd_flops = 4.0 * (ab * ah) as f64 * (asq as f64).powi(2) * ad as f64 / 2.0;
