@@ -101,7 +101,9 @@ fn forward(
     ];
     // An FP8 output reduces its amax once per block: a grid of a few waves of blocks that
     // stride over the rows, rather than a block per row, keeps that to a few thousand atomics.
-    let max_blocks = if fp8.is_some() { 16 * sm_count(ctx.device) } else { i32::MAX as u32 };
+    // On an H100 (2026-11-24, 16384x8192 bf16 to e4m3, 256-thread blocks) 64 blocks per SM
+    // took 0.151 ms (90% of copy), 32 0.152, 16 0.154, 8 0.170, a block per row 0.155.
+    let max_blocks = if fp8.is_some() { 64 * sm_count(ctx.device) } else { i32::MAX as u32 };
     let run = |cfg: RowConfig| -> Result<()> {
         let k = kernel(op, ctx, &types, beta.is_some(), cfg)?;
         k.launch("norm_fwd", Grid::linear(blocks_for(rows, 1, max_blocks), cfg.block), &args)
