@@ -296,7 +296,7 @@ pub fn run(ctx: &KernelCtx<'_>, a: &GroupedGemmArgs) -> Result<Option<GroupedGem
         split: a.split_accumulator,
         max_groups: 8,
         tiles: grouped_gemm_tiles(&*tune_table(ctx.device)?),
-        tma_store: dims.iter().all(|&(_, _, n)| n * a.out_dtype.size_in_bytes() % 16 == 0),
+        tma_store: dims.iter().all(|&(_, _, n)| (n * a.out_dtype.size_in_bytes()).is_multiple_of(16)),
     };
     let limit = info(ctx.device)?.shared_memory_per_block_optin;
     if config.smem() > limit {
