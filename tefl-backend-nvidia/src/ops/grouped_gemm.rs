@@ -77,6 +77,23 @@ struct Config {
 }
 
 impl Config {
+    /// bf16 A and B, both K-major, bf16 D, no bias, the default schedule: the base the
+    /// variant list and the tests vary.
+    fn plain_bf16() -> Self {
+        Config {
+            ab: DType::BF16,
+            b: DType::BF16,
+            a_mn: false,
+            b_mn: false,
+            out: DType::BF16,
+            bias: None,
+            split: false,
+            max_groups: 8,
+            tiles: GroupedTiles::default(),
+            tma_store: true,
+        }
+    }
+
     /// Output columns per tile: 256, or 128 for split FP8 accumulation (whose per-stage
     /// partial sums double the accumulator registers).
     fn bn(&self) -> usize {
@@ -133,18 +150,7 @@ impl Config {
 /// the FP8 format pairs, fast and split, each output dtype, with and without a bias, both
 /// table sizes at the ends.
 pub fn variants() -> Vec<Variant> {
-    let base = Config {
-        ab: DType::BF16,
-        b: DType::BF16,
-        a_mn: false,
-        b_mn: true,
-        out: DType::BF16,
-        bias: None,
-        split: false,
-        max_groups: 8,
-        tiles: GroupedTiles::default(),
-        tma_store: true,
-    };
+    let base = Config { b_mn: true, ..Config::plain_bf16() };
     let mut v = Vec::new();
     for (a_mn, b_mn) in [(false, false), (false, true), (true, false), (true, true)] {
         v.push(Config { a_mn, b_mn, ..base });
@@ -414,18 +420,7 @@ mod tests {
 
     #[test]
     fn tiles_and_stages_fit_hoppers_shared_memory() {
-        let c = Config {
-            ab: DType::BF16,
-            b: DType::BF16,
-            a_mn: false,
-            b_mn: false,
-            out: DType::BF16,
-            bias: None,
-            split: false,
-            max_groups: 8,
-            tiles: GroupedTiles::default(),
-            tma_store: true,
-        };
+        let c = Config::plain_bf16();
         assert_eq!((c.bn(), c.stages()), (256, 4));
         assert_eq!(Config { out: DType::F32, ..c }.stages(), 4);
         let f32_by_hand = Config { out: DType::F32, tma_store: false, ..c };

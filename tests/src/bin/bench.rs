@@ -210,58 +210,37 @@ fn cases(c: &Ctx, small: bool) -> tefl_core::Result<Vec<Case>> {
             },
         ));
     }
-    // Grouped GEMM: 8 experts, uneven m summing to 16384 (4 in small runs), k = n = 4096, bf16.
+    // Grouped GEMM: 8 experts, uneven m summing to 16384 (4 in small runs), k = n = 4096.
     let (total, kn) = if small { (2048, 1024) } else { (16384, 4096) };
     let ms: Vec<usize> = [3, 1, 2, 2, 1, 3, 2, 2].iter().map(|w| w * total / 16).collect();
-    let mut xs = Vec::new();
-    let mut ws = Vec::new();
-    for &m in &ms {
-        xs.push(c.t(&[m, kn], bf)?);
-        ws.push(c.t(&[kn, kn], bf)?);
-    }
     let splits: Vec<String> = ms.iter().map(|m| m.to_string()).collect();
-    v.push(c.case::<GroupedGemm>(
-        format!("grouped_gemm 8x {total}x{kn}x{kn}"),
-        format!("grouped_gemm {kn} {}", splits.join(" ")),
-        0.0,
-        2.0 * (total * kn * kn) as f64,
-        GroupedGemmArgs {
-            a: xs,
-            b: ws,
-            a_scale_inv: Vec::new(),
-            b_scale_inv: Vec::new(),
-            bias: Vec::new(),
-            transa: false,
-            transb: true,
-            out_dtype: bf,
-            split_accumulator: false,
-        },
-    ));
-    // The same experts in FP8 (e4m3 TN, bf16 D, fast accumulation) against per-expert
-    // torch._scaled_mm.
-    let mut xs8 = Vec::new();
-    let mut ws8 = Vec::new();
-    for &m in &ms {
-        xs8.push(c.t(&[m, kn], DType::F8E4M3)?);
-        ws8.push(c.t(&[kn, kn], DType::F8E4M3)?);
+    // bf16, then the same experts in FP8 (e4m3 TN, bf16 D, fast accumulation: TE's forward)
+    // against per-expert torch._scaled_mm.
+    for (label, op, dtype) in [("", "grouped_gemm", bf), (" fp8", "grouped_gemm_fp8", DType::F8E4M3)] {
+        let (mut xs, mut ws) = (Vec::new(), Vec::new());
+        for &m in &ms {
+            xs.push(c.t(&[m, kn], dtype)?);
+            ws.push(c.t(&[kn, kn], dtype)?);
+        }
+        let scales = if dtype.is_fp8() { vec![one.clone(); ms.len()] } else { Vec::new() };
+        v.push(c.case::<GroupedGemm>(
+            format!("grouped_gemm{label} 8x {total}x{kn}x{kn}"),
+            format!("{op} {kn} {}", splits.join(" ")),
+            0.0,
+            2.0 * (total * kn * kn) as f64,
+            GroupedGemmArgs {
+                a: xs,
+                b: ws,
+                a_scale_inv: scales.clone(),
+                b_scale_inv: scales,
+                bias: Vec::new(),
+                transa: false,
+                transb: true,
+                out_dtype: bf,
+                split_accumulator: false,
+            },
+        ));
     }
-    v.push(c.case::<GroupedGemm>(
-        format!("grouped_gemm fp8 8x {total}x{kn}x{kn}"),
-        format!("grouped_gemm_fp8 {kn} {}", splits.join(" ")),
-        0.0,
-        2.0 * (total * kn * kn) as f64,
-        GroupedGemmArgs {
-            a: xs8,
-            b: ws8,
-            a_scale_inv: vec![one.clone(); ms.len()],
-            b_scale_inv: vec![one.clone(); ms.len()],
-            bias: Vec::new(),
-            transa: false,
-            transb: true,
-            out_dtype: bf,
-            split_accumulator: false,
-        },
-    ));
     let (ab, ah, asq, ad) = if small { (1, 8, 1024, 128) } else { (4, 32, 4096, 128) };
     let q = c.t(&[ab, asq, ah, ad], bf)?;
     let fwd_flops = 4.0 * (ab * ah) as f64 * (asq as f64).powi(2) * ad as f64 / 2.0;

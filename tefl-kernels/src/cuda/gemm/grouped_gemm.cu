@@ -174,6 +174,25 @@ typedef f16 out_t;
 typedef bf16 out_t;
 #endif
 
+// The bias of columns col and col + 1 (0 past D's edge, or without a bias).
+__device__ __forceinline__ float2 bias_pair(const GroupInfo& gi, int col) {
+    float2 b = make_float2(0.0f, 0.0f);
+#if BIAS_T != 0
+    if (col < gi.n) b.x = bias_at(gi.bias, col);
+    if (col + 1 < gi.n) b.y = bias_at(gi.bias, col + 1);
+#endif
+    return b;
+}
+
+// Two adjacent outputs into the staging buffer, rounded to out_t.
+__device__ __forceinline__ void put_pair(unsigned char* at, float v0, float v1) {
+#if OUT_T == 0
+    *reinterpret_cast<float2*>(at) = make_float2(v0, v1);
+#else
+    *reinterpret_cast<u32*>(at) = pack2_f32<out_t>(v0, v1);
+#endif
+}
+
 extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     grouped_gemm_sm90(const __grid_constant__ GroupTable table) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -317,23 +336,13 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
             for (int jj = 0; jj < CW / 8; ++jj) {
                 const int j = (CW / 8) * q + jj;
                 const int cl = 8 * jj + 2 * (lane % 4);
-                const int col = n0 + CW * q + cl;
-                float b0 = 0.0f, b1 = 0.0f;
-#if BIAS_T != 0
-                if (col < gi.n) b0 = bias_at(gi.bias, col);
-                if (col + 1 < gi.n) b1 = bias_at(gi.bias, col + 1);
-#endif
+                const float2 b = bias_pair(gi, n0 + CW * q + cl);
+                const int byte = cl * (int)sizeof(out_t);
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const int r = warp * 16 + lane / 4 + 8 * h;
-                    const float v0 = d[4 * j + 2 * h] * scale + b0, v1 = d[4 * j + 2 * h + 1] * scale + b1;
-                    const int byte = cl * (int)sizeof(out_t);
-                    unsigned char* const at = buf + r * 128 + ((((byte >> 4) ^ r) & 7) << 4) + (byte & 15);
-#if OUT_T == 0
-                    *reinterpret_cast<float2*>(at) = make_float2(v0, v1);
-#else
-                    *reinterpret_cast<u32*>(at) = pack2_f32<out_t>(v0, v1);
-#endif
+                    put_pair(buf + r * 128 + ((((byte >> 4) ^ r) & 7) << 4) + (byte & 15),
+                             d[4 * j + 2 * h] * scale + b.x, d[4 * j + 2 * h + 1] * scale + b.y);
                 }
             }
             fence_async_shared();  // these stores are read next by the copy engine
@@ -351,21 +360,12 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
             for (int jj = 0; jj < 8; ++jj) {
                 const int j = 8 * q + jj;
                 const int cl = 8 * jj + 2 * (lane % 4);  // column within the chunk
-                const int col = n0 + 64 * q + cl;
-                float b0 = 0.0f, b1 = 0.0f;
-#if BIAS_T != 0
-                if (col < gi.n) b0 = bias_at(gi.bias, col);
-                if (col + 1 < gi.n) b1 = bias_at(gi.bias, col + 1);
-#endif
+                const float2 b = bias_pair(gi, n0 + 64 * q + cl);
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const int r = warp * 16 + lane / 4 + 8 * h;
-                    const float v0 = d[4 * j + 2 * h] * scale + b0, v1 = d[4 * j + 2 * h + 1] * scale + b1;
-#if OUT_T == 0
-                    *reinterpret_cast<float2*>(staging + r * STAGING_PITCH + cl * 4) = make_float2(v0, v1);
-#else
-                    *reinterpret_cast<u32*>(staging + r * STAGING_PITCH + cl * 2) = pack2_f32<out_t>(v0, v1);
-#endif
+                    put_pair(staging + r * STAGING_PITCH + cl * (int)sizeof(out_t), d[4 * j + 2 * h] * scale + b.x,
+                             d[4 * j + 2 * h + 1] * scale + b.y);
                 }
             }
             consumer_sync(c);
