@@ -107,8 +107,8 @@ impl Config {
         if self.tma_store { 2 * 64 * 128 } else { 64 * (64 * self.out.size_in_bytes() + 16) }
     }
 
-    /// Pipeline stages: as many as fit (at most the tune config's) beside the staging buffers in Hopper's
-    /// 227 KB of shared memory per block.
+    /// Pipeline stages: as many as fit (at most the tune config's) beside the staging buffers
+    /// in Hopper's 227 KB of shared memory per block.
     fn stages(&self) -> usize {
         let room = 227 * 1024 - 1024 - 2 * self.staging_bytes();
         (room / (BK_BYTES * (BM + self.bn()) + 16)).min(self.tiles.max_stages)
