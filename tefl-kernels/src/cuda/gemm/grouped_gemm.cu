@@ -7,7 +7,8 @@
 // warpgroups: warpgroup 0 is the producer (one thread issues the tensor-memory-accelerator
 // loads of the K steps into a ring of STAGES shared-memory stages, full/empty mbarriers per
 // stage), warpgroups 1 and 2 are consumers (64 rows of the tile each, wgmma from the stages,
-// f32 accumulators in registers, then the epilogue straight from registers to D). The ring
+// f32 accumulators in registers, then the epilogue: scaled, biased and rounded into a
+// shared-memory staging buffer, stored by the copy engine or in 16-byte pieces). The ring
 // runs across tiles, so the producer loads the next tile while consumers store this one.
 //
 // Shared-memory layouts are the 128-byte swizzled ones the copy engine writes and wgmma reads:
