@@ -30,6 +30,18 @@ pub fn attention_fwd_min_blocks(t: &TuneTable) -> u32 {
     t.configs("attention").first().map_or(2, |c| int(c, "fwd_min_blocks", 2).clamp(1, 4))
 }
 
+/// Whether the forward runs on the Hopper wgmma kernel where it takes the call (`attention`'s
+/// `fwd_wgmma`: 1 in the Hopper tune configs, 0 by default; `TEFL_ATTN_WGMMA=0` turns it off
+/// for comparisons, `1` leaves the tune config's choice).
+pub fn attention_fwd_wgmma(t: &TuneTable) -> bool {
+    if let Ok(env) = tefl_core::policy::env()
+        && env.attn_wgmma == Some(false)
+    {
+        return false;
+    }
+    t.configs("attention").first().is_some_and(|c| c.get("fwd_wgmma").and_then(|v| v.as_int()).is_some_and(|v| v != 0))
+}
+
 /// The one-launch grouped GEMM's tile schedule (`grouped_gemm` in the tune configs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GroupedTiles {
@@ -75,6 +87,7 @@ mod tests {
         assert_eq!(h.configs("softmax"), a.configs("softmax"));
         assert_eq!(a.configs("norm").len(), 4);
         assert_eq!(attention_fwd_min_blocks(&h), 2);
+        assert!(attention_fwd_wgmma(&h) && !attention_fwd_wgmma(&a));
         assert_eq!(grouped_gemm_tiles(&h), GroupedTiles { m_first: true, max_stages: 4 });
         let r = row_kernel(&h, "norm", 8192, 2, 4);
         assert!(r.fused() && r.row_vecs <= 4, "{r:?}");

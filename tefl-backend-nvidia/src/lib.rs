@@ -25,6 +25,7 @@ pub mod launch;
 pub mod nvrtc;
 pub mod ops;
 pub mod runtime;
+mod tma;
 pub mod vendor;
 
 pub use ops::OPS;
@@ -48,6 +49,7 @@ pub fn kernel_variants() -> Vec<tefl_gpu::Variant> {
     let mut v = Vec::new();
     v.extend(tefl_gpu::simt::variants());
     v.extend(ops::attention::variants());
+    v.extend(ops::attention_sm90::variants());
     v.extend(ops::grouped_gemm::variants());
     v
 }

@@ -501,6 +501,9 @@ pub struct EnvConfig {
     /// `TEFL_ATTN_FWD_MIN_BLOCKS` (1..=4): forward-attention blocks per SM the CUDA kernel's
     /// register budget is cut for (experiments; `None` = the tune config's value).
     pub attn_fwd_min_blocks: Option<u32>,
+    /// `TEFL_ATTN_WGMMA` (`0`/`1`): whether the CUDA forward attention may run on the Hopper
+    /// wgmma kernel (`None` = the tune config's choice; `0` compares with the mma.sync kernel).
+    pub attn_wgmma: Option<bool>,
 }
 
 /// Reads one variable as an OS string (paths): `Ok(None)` when unset or empty.
@@ -585,6 +588,7 @@ impl EnvConfig {
                 }
             },
         };
+        let attn_wgmma = get("TEFL_ATTN_WGMMA")?.map(|v| parse_flag("TEFL_ATTN_WGMMA", &v)).transpose()?;
         let cache_dir = match get_os("TEFL_CACHE_DIR")? {
             Some(d) => PathBuf::from(trim_os(d)),
             None => match get_os("XDG_CACHE_HOME")? {
@@ -601,6 +605,7 @@ impl EnvConfig {
             cache_dir,
             kernel_timing,
             attn_fwd_min_blocks,
+            attn_wgmma,
         })
     }
 }
@@ -715,9 +720,11 @@ mod tests {
             ("TEFL_AUTOTUNE", "1"),
             ("TEFL_KERNEL_TIMING", "1"),
             ("TEFL_ATTN_FWD_MIN_BLOCKS", " 3 "),
+            ("TEFL_ATTN_WGMMA", "0"),
             ("TEFL_CACHE_DIR", " /tmp/x "),
         ]))
         .unwrap();
+        assert_eq!(c.attn_wgmma, Some(false));
         assert!(c.autotune && c.kernel_timing);
         assert_eq!(c.attn_fwd_min_blocks, Some(3));
         assert_eq!(c.cache_dir, PathBuf::from("/tmp/x"));
@@ -736,6 +743,7 @@ mod tests {
             ("TEFL_KERNEL_TIMING", "bogus"),
             ("TEFL_ATTN_FWD_MIN_BLOCKS", "lots"),
             ("TEFL_ATTN_FWD_MIN_BLOCKS", "9"),
+            ("TEFL_ATTN_WGMMA", "maybe"),
         ] {
             match EnvConfig::from_lookup(&lookup(&[(var, val)])) {
                 Err(Error::Config { variable, .. }) => assert_eq!(variable, var),
@@ -787,7 +795,7 @@ mod tests {
                         "TE_FL_DENY_VENDORS", "TE_FL_PER_OP", "TE_BACKEND", "TE_PLUGIN",
                         "TE_FALLBACK_BACKEND", "TE_FL_PLUGIN_MODULES", "TE_FL_SKIP_CUDA",
                         "TEFL_LOG_LEVEL", "TE_FL_DEBUG", "TEFL_AUTOTUNE", "TEFL_CACHE_DIR",
-                        "TEFL_KERNEL_TIMING", "TEFL_ATTN_FWD_MIN_BLOCKS"] {
+                        "TEFL_KERNEL_TIMING", "TEFL_ATTN_FWD_MIN_BLOCKS", "TEFL_ATTN_WGMMA"] {
                 for v in [&s, &t] {
                     let vv = v.clone();
                     let get = move |k: &'static str| Ok(if k == var { Some(vv.clone()) } else { None });

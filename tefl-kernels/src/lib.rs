@@ -162,6 +162,17 @@ pub static GROUPED_GEMM_SM90: Source = Source {
     arch_specific: true,
 };
 
+/// Flash attention forward on Hopper: tensor-memory-accelerator tiles, wgmma for Q·Kᵀ and for
+/// P·V with P from registers, a producer and two consumer warpgroups.
+pub static ATTENTION_SM90: Source = Source {
+    name: "attention_sm90",
+    path: "cuda/attention/attention_sm90.cu",
+    text: include_str!("cuda/attention/attention_sm90.cu"),
+    headers: &[&ATTENTION_MASK, &CUDA_MMA, &CUDA_HOPPER],
+    targets: &[Target::Cuda],
+    arch_specific: true,
+};
+
 /// Portable flash attention (forward) for any SIMT target: shared-memory key tiles, online
 /// softmax, the masks and sequences of `shared/attention_mask.h`.
 pub static ATTENTION_SIMT: Source = Source {
@@ -186,6 +197,7 @@ pub static SOURCES: &[&Source] = &[
     &GEMM_TILED,
     &ATTENTION_CUDA,
     &GROUPED_GEMM_SM90,
+    &ATTENTION_SM90,
 ];
 
 #[cfg(test)]

@@ -75,6 +75,7 @@ fn variant(op: &'static str, b: &AttnBuild, fwd_min_blocks: u32) -> Result<Varia
 /// One call's geometry and the variant it launches.
 struct Plan {
     g: AttnGeometry,
+    build: AttnBuild,
     dp: usize,
     kernel: OnDevice,
 }
@@ -114,7 +115,7 @@ fn setup(
     let dp = padded(g.d);
     let fwd_min_blocks = crate::heuristics::attention_fwd_min_blocks(&*tune_table(ctx.device)?);
     let kernel = OnDevice::new(ctx.device, variant(op, &build, fwd_min_blocks)?);
-    Ok(Plan { g, dp, kernel })
+    Ok(Plan { g, build, dp, kernel })
 }
 
 fn fill(k: &OnDevice, ctx: &KernelCtx<'_>, t: &Tensor, v: f32) -> Result<()> {
@@ -146,6 +147,9 @@ pub fn fused_attn_fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<AttnFwdOut
     const OP: &str = "fused_attn_fwd";
     let (cu_q, cu_k) = (a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref());
     let s = setup(OP, ctx, &a.q, &a.k, &a.v, cu_q, cu_k, a.layout, a.mask, a.window, a.dropout_p > 0.0)?;
+    if let Some(out) = super::attention_sm90::fwd(ctx, a, &s.g, &s.build)? {
+        return Ok(out);
+    }
     let thd = a.layout == QkvLayout::Thd;
     // thd rows past the last sequence belong to none: zero them (and -inf their lse).
     let o =

@@ -8,16 +8,14 @@
 //! f32 operands, FP8 formats or bias dtypes that differ between groups, rows not 16-byte
 //! aligned for the copy engine); `gemm::grouped_gemm` then runs each group on cuBLASLt.
 
-use std::ffi::c_void;
-
-use cudarc::driver::sys;
 use tefl_core::catalogue::{GroupedGemmArgs, GroupedGemmOut, grouped_dims};
-use tefl_core::{DType, Error, KernelCtx, Result, Tensor};
+use tefl_core::{DType, KernelCtx, Result, Tensor};
 use tefl_gpu::simt::quantize;
 use tefl_gpu::{Defines, Grid, Variant};
 
 use crate::heuristics::{GroupedTiles, grouped_gemm_tiles};
 use crate::launch::{empty, info, launch_struct, ptr, sm_count, tune_table};
+use crate::tma::{TensorMap, encode_2d};
 
 const OP: &str = "te_general_grouped_gemm";
 const ENTRIES: &[&str] = &["grouped_gemm_sm90"];
@@ -27,11 +25,6 @@ const BM: usize = 128;
 const BK_BYTES: usize = 128;
 /// The table sizes variants are compiled for; a call with more groups launches once per 64.
 const TABLE_SIZES: [usize; 4] = [8, 16, 32, 64];
-
-/// A `CUtensorMap`'s 128 bytes, aligned as the kernel's `TensorMap`.
-#[repr(C, align(64))]
-#[derive(Clone, Copy)]
-struct TensorMap([u64; 16]);
 
 /// One group's sizes and pointers: the kernel's `GroupInfo` (64 bytes).
 #[repr(C)]
@@ -167,58 +160,6 @@ pub fn variants() -> Vec<Variant> {
     v.into_iter().map(|c| c.variant()).collect()
 }
 
-fn tensor_map_type(d: DType) -> sys::CUtensorMapDataType {
-    match d {
-        DType::BF16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-        DType::F16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-        DType::F32 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
-        _ => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
-    }
-}
-
-/// The copy engine's map of a row-major `[outer, inner]` matrix at `addr`, boxes of
-/// `box_inner x box_outer` elements written with the 128-byte swizzle (zeros past the edges).
-fn tensor_map(
-    ctx: &KernelCtx<'_>,
-    addr: u64,
-    dtype: DType,
-    (inner, outer): (usize, usize),
-    (box_inner, box_outer): (u32, u32),
-) -> Result<TensorMap> {
-    let dims = [inner as u64, outer as u64];
-    let strides = [(inner * dtype.size_in_bytes()) as u64];
-    let boxes = [box_inner, box_outer];
-    let element_strides = [1u32, 1];
-    let mut map = sys::CUtensorMap { opaque: [0; 16] };
-    // SAFETY: every pointer argument points at live local arrays of the rank (2; one stride)
-    // the call names; the driver only writes `map`. `addr` is a device address the caller
-    // checked to be 16-byte aligned, with 16-byte-multiple row strides; the encoding reads no
-    // device memory.
-    let r = unsafe {
-        sys::cuTensorMapEncodeTiled(
-            &mut map,
-            tensor_map_type(dtype),
-            2,
-            addr as *mut c_void,
-            dims.as_ptr(),
-            strides.as_ptr(),
-            boxes.as_ptr(),
-            element_strides.as_ptr(),
-            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-        )
-    };
-    if r != sys::CUresult::CUDA_SUCCESS {
-        return Err(Error::DeviceFailure {
-            device: ctx.device.to_string(),
-            reason: format!("{OP}: cuTensorMapEncodeTiled ({inner}x{outer} {dtype}): {r:?}"),
-        });
-    }
-    Ok(TensorMap(map.opaque))
-}
-
 /// One group as the kernel sees it: its operands in the orientation it loads them.
 struct Group {
     a: Tensor,
@@ -338,9 +279,9 @@ fn launch<const G: usize>(
     let es = config.ab.size_in_bytes();
     let bk = (BK_BYTES / es) as u32;
     let mut table = Box::new(Table::<G> {
-        a: [TensorMap([0; 16]); G],
-        b: [TensorMap([0; 16]); G],
-        d: [TensorMap([0; 16]); G],
+        a: [TensorMap::UNUSED; G],
+        b: [TensorMap::UNUSED; G],
+        d: [TensorMap::UNUSED; G],
         g: [GroupInfo::default(); G],
         groups: groups.len() as i32,
         tiles: 0,
@@ -353,20 +294,20 @@ fn launch<const G: usize>(
         if own > 0 && gr.k > 0 {
             // A: [m, k] K-major (box 128 bytes of K x 128 rows) or [k, m] (64 x 64 boxes).
             table.a[i] = if config.a_mn {
-                tensor_map(ctx, ptr(&gr.a)?, config.ab, (gr.m, gr.k), (64, 64))?
+                encode_2d(ctx, OP, ptr(&gr.a)?, config.ab, (gr.m, gr.k), (64, 64))?
             } else {
-                tensor_map(ctx, ptr(&gr.a)?, config.ab, (gr.k, gr.m), (bk, BM as u32))?
+                encode_2d(ctx, OP, ptr(&gr.a)?, config.ab, (gr.k, gr.m), (bk, BM as u32))?
             };
             table.b[i] = if config.b_mn {
-                tensor_map(ctx, ptr(&gr.b)?, config.b, (gr.n, gr.k), (64, 64))?
+                encode_2d(ctx, OP, ptr(&gr.b)?, config.b, (gr.n, gr.k), (64, 64))?
             } else {
-                tensor_map(ctx, ptr(&gr.b)?, config.b, (gr.k, gr.n), (bk, bn as u32))?
+                encode_2d(ctx, OP, ptr(&gr.b)?, config.b, (gr.k, gr.n), (bk, bn as u32))?
             };
         }
         if own > 0 && config.tma_store {
             // D: [m, n], boxes of 128 bytes of columns x 64 rows (one consumer's chunk).
             let cw = (128 / config.out.size_in_bytes()) as u32;
-            table.d[i] = tensor_map(ctx, ptr(&d[i])?, config.out, (gr.n, gr.m), (cw, 64))?;
+            table.d[i] = encode_2d(ctx, OP, ptr(&d[i])?, config.out, (gr.n, gr.m), (cw, 64))?;
         }
         table.g[i] = GroupInfo {
             d: ptr(&d[i])?,

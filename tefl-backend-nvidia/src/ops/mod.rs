@@ -4,6 +4,7 @@
 //! this crate's [`GpuTarget`](tefl_gpu::target::GpuTarget) (`launch.rs`).
 
 pub mod attention;
+pub mod attention_sm90;
 pub mod gemm;
 pub mod grouped_gemm;
 pub mod portable;

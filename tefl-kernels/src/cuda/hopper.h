@@ -46,6 +46,14 @@ __device__ __forceinline__ void tma_load_2d(u32 dst, const TensorMap* map, int c
         : "memory");
 }
 
+// The same for a 4-D map: coordinates c0 (innermost) .. c3.
+__device__ __forceinline__ void tma_load_4d(u32 dst, const TensorMap* map, int c0, int c1, int c2, int c3, u32 bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];" ::"r"(dst),
+        "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+        : "memory");
+}
+
 // The box of `map` at (c0, c1) from shared memory at `src` (128-byte swizzled as the map says),
 // as one bulk group of this thread; the parts past the tensor's edges are not written.
 __device__ __forceinline__ void tma_store_2d(const TensorMap* map, int c0, int c1, u32 src) {
@@ -94,6 +102,10 @@ template <int N> __device__ __forceinline__ void regs_claim() {
 }
 
 // Operand lists of the wgmma accumulators (generated: {%0 .. %N-1} and "+f"(d[i]) for each).
+#define WG_REGS_32 "{" \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" \
+    "}"
 #define WG_REGS_64 "{" \
     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
@@ -111,6 +123,7 @@ template <int N> __device__ __forceinline__ void regs_claim() {
     "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127" \
     "}"
 #define WG_ACC8(d, i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define WG_ACC32(d, i) WG_ACC8(d, i), WG_ACC8(d, i + 8), WG_ACC8(d, i + 16), WG_ACC8(d, i + 24)
 #define WG_ACC64(d, i) WG_ACC8(d, i), WG_ACC8(d, i + 8), WG_ACC8(d, i + 16), WG_ACC8(d, i + 24), \
     WG_ACC8(d, i + 32), WG_ACC8(d, i + 40), WG_ACC8(d, i + 48), WG_ACC8(d, i + 56)
 #define WG_ACC128(d) WG_ACC64(d, 0), WG_ACC64(d, 64)

@@ -40,6 +40,38 @@ __device__ __forceinline__ void key_range(const Seq& s, int i, int* lo, int* hi)
     *lo = l; *hi = max(h, l);
 }
 
+// The union of the key ranges of query rows [q0, q0 + rows) (lo >= hi when none sees a key).
+// The bounds are monotone in the row, so the first and last rows with keys decide.
+__device__ __forceinline__ void tile_keys(const Seq& s, int q0, int rows, int* lo, int* hi) {
+    int l = 0x7fffffff, h = 0;
+    for (int i = q0; i < min(q0 + rows, s.lq); ++i) {
+        int a, b;
+        key_range(s, i, &a, &b);
+        if (b > a) { l = a; break; }
+    }
+    for (int i = min(q0 + rows, s.lq) - 1; i >= q0; --i) {
+        int a, b;
+        key_range(s, i, &a, &b);
+        if (b > a) { h = b; break; }
+    }
+    *lo = l; *hi = h;
+}
+
+// A run of query rows [first, first + rows) see every key of [j0, j0 + n): no per-element
+// mask. The key bounds are monotone in the query, so the first row's hi and the last row's
+// lo decide (a row past the sequence has hi = 0).
+struct WarpRows {
+    int lo_last, hi_first, hi_last;
+    __device__ __forceinline__ WarpRows(const Seq& s, int first, int rows) {
+        int unused;
+        key_range(s, first, &unused, &hi_first);
+        key_range(s, first + rows - 1, &lo_last, &hi_last);
+    }
+    __device__ __forceinline__ bool all_see(int j0, int n) const {
+        return lo_last <= j0 && hi_first >= j0 + n && hi_last >= j0 + n;
+    }
+};
+
 __device__ __forceinline__ float keep_factor(u64 seed, u64 offset, float p, int b, int h, int hq, int sq, int sk, int i, int j) {
 #if DROPOUT
     const u64 idx = (((u64)b * hq + h) * sq + i) * (u64)sk + j;

@@ -206,23 +206,6 @@ __device__ __forceinline__ long long lse_index(const Seq& s, int b, int h, int h
     return LAYOUT == 2 ? (long long)h * tq + s.qb + i : ((long long)b * hq + h) * sq + i;
 }
 
-// The union of the key ranges of query rows [q0, q0 + rows) (lo >= hi when none sees a key).
-// The bounds are monotone in the row, so the first and last rows with keys decide.
-__device__ __forceinline__ void tile_keys(const Seq& s, int q0, int rows, int* lo, int* hi) {
-    int l = 0x7fffffff, h = 0;
-    for (int i = q0; i < min(q0 + rows, s.lq); ++i) {
-        int a, b;
-        key_range(s, i, &a, &b);
-        if (b > a) { l = a; break; }
-    }
-    for (int i = min(q0 + rows, s.lq) - 1; i >= q0; --i) {
-        int a, b;
-        key_range(s, i, &a, &b);
-        if (b > a) { h = b; break; }
-    }
-    *lo = l; *hi = h;
-}
-
 // Starts loading key tile j0 (ROWS keys) of kv head hkv (K, then V; rows from bhi on are
 // zero) into stage `stage` of the two-stage buffer KV ([K tile | V tile] per stage).
 template <int ROWS>
@@ -276,21 +259,6 @@ __device__ __forceinline__ void for_each_score(const Seq& s, int wr, int j0, F&&
                 f(mt, nb, e, x, j, !MASKED || (j >= lo[x] && j < hi[x]));
             }
 }
-
-// A warp's query rows [first, first + rows) see every key of [j0, j0 + n): no per-element
-// mask. The key bounds are monotone in the query, so the first row's hi and the last row's
-// lo decide (a row past the sequence has hi = 0).
-struct WarpRows {
-    int lo_last, hi_first, hi_last;
-    __device__ __forceinline__ WarpRows(const Seq& s, int first, int rows) {
-        int unused;
-        key_range(s, first, &unused, &hi_first);
-        key_range(s, first + rows - 1, &lo_last, &hi_last);
-    }
-    __device__ __forceinline__ bool all_see(int j0, int n) const {
-        return lo_last <= j0 && hi_first >= j0 + n && hi_last >= j0 + n;
-    }
-};
 
 // Forward: 4 warps, each FWD_MT m-tiles of 16 query rows (2 on tensor cores for head dims up to
 // 128: every K and V fragment serves 32 rows); thread row x (x = 2 mt + half) is query

@@ -1,0 +1,173 @@
+//! Flash attention forward on Hopper (`cuda/attention/attention_sm90.cu`): the copy engine
+//! loads Q and K / V tiles of 128 rows (4-D tensor maps over the bshd or sbhd tensors, so a
+//! sequence's tail reads zeros), wgmma multiplies them, a producer warpgroup feeds two consumer
+//! warpgroups of 64 query rows.
+//!
+//! [`fwd`] answers `Ok(None)` for a call the kernel does not take: another arch than sm_90,
+//! the tune config's `fwd_wgmma` off, f32, head dims other than 64 and 128, the thd layout,
+//! padding masks, dropout, or tensors the copy engine cannot address; `attention::fused_attn_fwd`
+//! then runs the mma.sync kernel.
+
+use tefl_core::catalogue::{AttnFwdArgs, AttnFwdOut, AttnGeometry, QkvLayout};
+use tefl_core::{DType, KernelCtx, Result, Tensor};
+use tefl_gpu::simt::attention::AttnBuild;
+use tefl_gpu::{Grid, Variant};
+
+use crate::heuristics::attention_fwd_wgmma;
+use crate::launch::{empty, info, launch_struct, ptr, tune_table};
+use crate::tma::{TensorMap, encode};
+
+const OP: &str = "fused_attn_fwd";
+const ENTRIES: &[&str] = &["attn_fwd_sm90"];
+/// Query rows per CTA (two consumer warpgroups of 64) and keys per tile.
+const ROWS: usize = 128;
+/// K and V pipeline stages.
+const STAGES: usize = 2;
+
+/// The kernel's `AttnParams`.
+#[repr(C)]
+struct AttnParams {
+    q: TensorMap,
+    k: TensorMap,
+    v: TensorMap,
+    o: u64,
+    lse: u64,
+    batch: i32,
+    sq: i32,
+    sk: i32,
+    hq: i32,
+    hk: i32,
+    pad0: i32,
+    scale: f32,
+    pad1: i32,
+}
+
+/// The kernel variant for a build (launches and the compile test).
+fn variant(b: &AttnBuild) -> Result<Variant> {
+    let defines = b.defines(OP)?.flag("T_F16", b.dtype == DType::F16).set("STAGES", STAGES);
+    Ok(Variant::new(&tefl_kernels::ATTENTION_SM90, ENTRIES, defines))
+}
+
+/// Dynamic shared memory: the alignment slack, the Q tile, STAGES K and V tiles, the barriers.
+fn smem(d: usize) -> usize {
+    1024 + (1 + 2 * STAGES) * ROWS * d * 2 + 8 * (1 + 4 * STAGES)
+}
+
+/// Why the kernel does not take this call (`None`: it does).
+fn declined(ctx: &KernelCtx<'_>, a: &AttnFwdArgs, g: &AttnGeometry, b: &AttnBuild) -> Result<Option<String>> {
+    let arch = &info(ctx.device)?.arch;
+    if arch != "sm_90" {
+        return Ok(Some(format!("{arch} is not sm_90")));
+    }
+    if !attention_fwd_wgmma(&*tune_table(ctx.device)?) {
+        return Ok(Some("the tune config (or TEFL_ATTN_WGMMA=0) keeps the mma.sync kernel".into()));
+    }
+    if !matches!(b.dtype, DType::BF16 | DType::F16) {
+        return Ok(Some(format!("{} tensors", b.dtype)));
+    }
+    if g.d != 64 && g.d != 128 {
+        return Ok(Some(format!("head dim {}", g.d)));
+    }
+    if b.layout == QkvLayout::Thd || b.mask.is_padding() {
+        return Ok(Some("variable sequence lengths".into()));
+    }
+    if b.dropout {
+        return Ok(Some("dropout".into()));
+    }
+    for t in [&a.q, &a.k, &a.v] {
+        if ptr(t)? % 16 != 0 {
+            return Ok(Some("a tensor not 16-byte aligned".into()));
+        }
+    }
+    let rows = g.batch.max(g.sq).max(g.sk).max(g.hq);
+    if rows > i32::MAX as usize / 2 || smem(g.d) > info(ctx.device)?.shared_memory_per_block_optin {
+        return Ok(Some("past the kernel's index range or shared memory".into()));
+    }
+    Ok(None)
+}
+
+/// The 4-D map of q, k or v (`positions` rows of `heads` heads per sequence): dimensions
+/// (head dim, heads, positions, batch) for bshd, (head dim, heads, batch, positions) for
+/// sbhd; boxes of 64 head-dim elements (128 bytes) x 1 head x 128 positions.
+fn qkv_map(ctx: &KernelCtx<'_>, t: &Tensor, g: &AttnGeometry, positions: usize, heads: usize) -> Result<TensorMap> {
+    let es = t.dtype().size_in_bytes() as u64;
+    let (d, h, s, b) = (g.d as u64, heads as u64, positions as u64, g.batch as u64);
+    let (dims, strides, boxes) = if g.layout == QkvLayout::Bshd {
+        ([d, h, s, b], [d * es, h * d * es, s * h * d * es], [64, 1, ROWS as u32, 1])
+    } else {
+        ([d, h, b, s], [d * es, h * d * es, b * h * d * es], [64, 1, 1, ROWS as u32])
+    };
+    encode(ctx, OP, ptr(t)?, t.dtype(), &dims, &strides, &boxes)
+}
+
+/// The forward on the Hopper kernel, or `Ok(None)` when it does not take the call (the reason
+/// is logged at debug level).
+pub fn fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs, g: &AttnGeometry, b: &AttnBuild) -> Result<Option<AttnFwdOut>> {
+    if let Some(reason) = declined(ctx, a, g, b)? {
+        tracing::debug!(target: "TE-FL", "{OP}: Hopper wgmma kernel declined ({reason}); the mma.sync kernel runs");
+        return Ok(None);
+    }
+    let o = empty(ctx.device, a.q.shape(), a.q.dtype())?;
+    let lse = empty(ctx.device, &g.lse_shape(), DType::F32)?;
+    let params = AttnParams {
+        q: qkv_map(ctx, &a.q, g, g.sq, g.hq)?,
+        k: qkv_map(ctx, &a.k, g, g.sk, g.hk)?,
+        v: qkv_map(ctx, &a.v, g, g.sk, g.hk)?,
+        o: ptr(&o)?,
+        lse: ptr(&lse)?,
+        batch: g.batch as i32,
+        sq: g.sq as i32,
+        sk: g.sk as i32,
+        hq: g.hq as i32,
+        hk: g.hk as i32,
+        pad0: 0,
+        scale: a.scale,
+        pad1: 0,
+    };
+    let grid = Grid {
+        blocks: (g.sq.div_ceil(ROWS) as u32, g.hq as u32, g.batch as u32),
+        threads: (384, 1, 1),
+        smem: smem(g.d) as u32,
+    };
+    // SAFETY: `AttnParams` is the kernel's parameter struct (repr(C), the same field order,
+    // 64-byte aligned maps); the maps and pointers address live tensors (q, k, v, o, lse) that
+    // stream ordering keeps alive until the kernel has run.
+    unsafe { launch_struct(ctx.device, &variant(b)?, ENTRIES[0], grid, &params)? };
+    Ok(Some(AttnFwdOut { o, softmax_lse: lse }))
+}
+
+/// Variants covering every code path (the NVRTC compile test, for sm_90a).
+pub fn variants() -> Vec<Variant> {
+    use tefl_core::catalogue::AttnMask;
+    let mut v = Vec::new();
+    for (dtype, d, layout, mask, win) in [
+        (DType::BF16, 128, QkvLayout::Bshd, AttnMask::Causal, None),
+        (DType::F16, 64, QkvLayout::Sbhd, AttnMask::CausalBottomRight, Some(5)),
+        (DType::BF16, 64, QkvLayout::Bshd, AttnMask::None, None),
+    ] {
+        let build = AttnBuild { dtype, d, layout, mask, window: (win, win), dropout: false };
+        v.extend(variant(&build));
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The host's parameter block is laid out as the kernel's: three 128-byte maps, then the
+    /// pointers and sizes, the whole a multiple of the maps' 64-byte alignment.
+    #[test]
+    fn the_parameters_match_the_kernels_layout() {
+        assert_eq!(std::mem::offset_of!(AttnParams, o), 3 * 128);
+        assert_eq!(std::mem::offset_of!(AttnParams, batch), 3 * 128 + 16);
+        assert_eq!(std::mem::offset_of!(AttnParams, scale), 3 * 128 + 40);
+        assert_eq!(std::mem::size_of::<AttnParams>(), 7 * 64);
+    }
+
+    #[test]
+    fn both_head_dims_fit_hoppers_shared_memory() {
+        assert!(smem(128) <= 227 * 1024, "{}", smem(128));
+        assert!(smem(64) < smem(128));
+    }
+}

@@ -1,0 +1,253 @@
+// Flash attention forward for Hopper (sm_90a): the tensor memory accelerator loads Q once and
+// K / V tiles into a ring of shared-memory stages, warpgroup MMAs (wgmma) compute the scores
+// from shared memory and P·V with the probabilities straight from registers.
+//
+// One CTA per 128 query rows of one head: warpgroup 0 is the producer (one thread issues the
+// copies, the rest give their registers back), warpgroups 1 and 2 are consumers of 64 query rows
+// each. Per key tile of 128: S = Q·Kᵀ (wgmma m64n128k16, both operands K-major in shared
+// memory), the mask, the online softmax on the S registers, then O += P·V (wgmma with A = P
+// in registers: the accumulator pairs of two n8 blocks are exactly A's fragment of one k16
+// step; B = V, MN-major: V's rows are keys with the head dim contiguous). Full and empty
+// mbarriers per stage and operand hand tiles between the producer and the consumers.
+//
+// Shared memory is the copy engine's 128-byte swizzled layout: a tile of rows x D is D / 64
+// boxes of rows x 128 bytes. K-major descriptors (Q, K) step 32 bytes per k16 inside a box and
+// to the next box every 64 elements, stride 1024 (8 rows); V's MN-major descriptor steps 16
+// rows (2048 bytes) per k16, leading offset one box (the next 64 head-dim columns).
+//
+// Defines: those of the attention sources (T, D, LAYOUT, CAUSAL, BOTTOM_RIGHT, PADDING,
+// WIN_LEFT, WIN_RIGHT, DROPOUT; the host only picks this kernel for bshd / sbhd, no padding,
+// no dropout, D 64 or 128, 16-bit T), T_F16 (T is f16, else bf16), STAGES (K and V stages).
+
+#define BM 128
+#define BC 128
+#define CONSUMERS 2
+#define DBOX (D / 64)
+#define BOX_BYTES (128 * 128)     // 128 rows x 128 bytes (BM = BC = 128 rows)
+#define TILE_BYTES (DBOX * BOX_BYTES)
+#define NEG_INF (-__int_as_float(0x7f800000))
+#if T_F16
+#define T_PTX "f16"
+#else
+#define T_PTX "bf16"
+#endif
+
+static_assert(D == 64 || D == 128, "the Hopper attention kernel takes head dims 64 and 128");
+
+// The launch's one parameter (the host's AttnParams mirrors it).
+struct AttnParams {
+    TensorMap q, k, v;  // 4-D maps of (D, heads, positions, batch) or (D, heads, batch, positions)
+    unsigned long long o, lse;
+    int batch, sq, sk, hq, hk, pad0;
+    float scale;
+    int pad1;
+};
+
+// Rows [row0, row0 + 128) of head `head` of sequence b: DBOX boxes into `dst`, on `bar`.
+__device__ __forceinline__ void load_tile(u32 dst, const TensorMap* map, int head, int b, int row0, u32 bar) {
+#pragma unroll
+    for (int j = 0; j < DBOX; ++j) {
+#if LAYOUT == 0
+        tma_load_4d(dst + j * BOX_BYTES, map, 64 * j, head, row0, b, bar);
+#else
+        tma_load_4d(dst + j * BOX_BYTES, map, 64 * j, head, b, row0, bar);
+#endif
+    }
+}
+
+// S(64 x BC) = Q_c(64 x D) · K(BC x D)ᵀ, both from shared memory (q: this consumer's rows).
+__device__ __forceinline__ void scores(float* s, u32 q, u32 k) {
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+        const unsigned long long da = wgmma_desc(q + (ks / 4) * BOX_BYTES + (ks % 4) * 32, 16, 1024);
+        const unsigned long long db = wgmma_desc(k + (ks / 4) * BOX_BYTES + (ks % 4) * 32, 16, 1024);
+        asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32." T_PTX "." T_PTX " " WG_REGS_64
+                     ", %64, %65, p, 1, 1, 0, 0;\n}"
+                     : WG_ACC64(s, 0)
+                     : "l"(da), "l"(db), "r"(ks));
+    }
+}
+
+// O(64 x D) += P(64 x 16) · V(16 x D) for k16 step kk of the tile: P from registers, V
+// MN-major from shared memory.
+__device__ __forceinline__ void pv_step(float* o, const u32* a, unsigned long long dv) {
+#if D == 128
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." T_PTX "." T_PTX " " WG_REGS_64
+                 ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}"
+                 : WG_ACC64(o, 0)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(dv), "n"(1));
+#else
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." T_PTX "." T_PTX " " WG_REGS_32
+                 ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}"
+                 : WG_ACC32(o, 0)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(dv), "n"(1));
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
+    attn_fwd_sm90(const __grid_constant__ AttnParams p) {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const u32 base = (smem_addr(smem_raw) + 1023u) & ~1023u;
+    const u32 q_s = base;
+#define K_S(st) (base + TILE_BYTES + (st) * TILE_BYTES)
+#define V_S(st) (base + TILE_BYTES + (STAGES + (st)) * TILE_BYTES)
+    const u32 bars = base + (1 + 2 * STAGES) * TILE_BYTES;
+#define Q_FULL bars
+#define K_FULL(st) (bars + 8u * (1 + (st)))
+#define V_FULL(st) (bars + 8u * (1 + STAGES + (st)))
+#define K_EMPTY(st) (bars + 8u * (1 + 2 * STAGES + (st)))
+#define V_EMPTY(st) (bars + 8u * (1 + 3 * STAGES + (st)))
+    const int warpgroup = threadIdx.x / 128;
+    if (threadIdx.x == 0) {
+        mbar_init(Q_FULL, 1);
+        for (int st = 0; st < STAGES; ++st) {
+            mbar_init(K_FULL(st), 1);
+            mbar_init(V_FULL(st), 1);
+            mbar_init(K_EMPTY(st), CONSUMERS * 4);
+            mbar_init(V_EMPTY(st), CONSUMERS * 4);
+        }
+        mbar_init_fence();
+    }
+    __syncthreads();
+
+    // Later query tiles see more keys under causal masks: they go first (a shorter tail).
+    const int b = blockIdx.z, h = blockIdx.y, q0 = (gridDim.x - 1 - blockIdx.x) * BM;
+    const int hkv = h / (p.hq / p.hk);
+    const Seq s = seq_of(b, p.batch, p.sq, p.sk, nullptr, nullptr);
+    int blo, bhi;
+    tile_keys(s, q0, BM, &blo, &bhi);
+
+    if (warpgroup == 0) {
+        regs_release<24>();
+        if (threadIdx.x != 0 || blo >= bhi) return;
+        mbar_arrive_expect(Q_FULL, TILE_BYTES);
+        load_tile(q_s, &p.q, h, b, q0, Q_FULL);
+        int n = 0;
+        for (int j0 = blo; j0 < bhi; j0 += BC, ++n) {
+            const int st = n % STAGES;
+            const u32 phase = (n / STAGES) & 1;
+            mbar_wait(K_EMPTY(st), phase ^ 1);
+            mbar_arrive_expect(K_FULL(st), TILE_BYTES);
+            load_tile(K_S(st), &p.k, hkv, b, j0, K_FULL(st));
+            mbar_wait(V_EMPTY(st), phase ^ 1);
+            mbar_arrive_expect(V_FULL(st), TILE_BYTES);
+            load_tile(V_S(st), &p.v, hkv, b, j0, V_FULL(st));
+        }
+        return;
+    }
+
+    regs_claim<240>();
+    const int c = warpgroup - 1;
+    const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const int wr = q0 + 64 * c + 16 * warp;  // the warp's first query row; the thread has wr + g, +8
+    // Accumulator i of a 64 x N wgmma tile is row 16 warp + g + 8 ((i / 2) % 2), column
+    // 8 (i / 4) + 2 t + i % 2: the thread's two rows x = (i / 2) % 2.
+    float o[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+    // m: the running max of the raw scores (scale > 0); probabilities are exp2(scale2 s - mu),
+    // mu = scale2 m, or 0 while a row has seen no key.
+    const float scale2 = p.scale * 1.4426950408889634f;
+    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f};
+    if (blo < bhi) {
+        const WarpRows rows(s, wr, 16);
+        mbar_wait(Q_FULL, 0);
+        const u32 q_c = q_s + c * 64 * 128;  // this consumer's 64 rows of every Q box
+        int n = 0;
+        for (int j0 = blo; j0 < bhi; j0 += BC, ++n) {
+            const int st = n % STAGES;
+            const u32 phase = (n / STAGES) & 1;
+            float sc[BC / 2];
+#pragma unroll
+            for (int i = 0; i < BC / 2; ++i) sc[i] = 0.0f;
+            mbar_wait(K_FULL(st), phase);
+            wgmma_fence();
+            scores(sc, q_c, K_S(st));
+            wgmma_commit();
+            wgmma_wait<0>();
+#pragma unroll
+            for (int i = 0; i < BC / 2; ++i) acc_fence(sc[i]);
+            __syncwarp();
+            if (lane == 0) mbar_arrive(K_EMPTY(st));
+
+            if (!rows.all_see(j0, BC)) {
+                int lo[2], hi[2];
+                key_range(s, wr + g, &lo[0], &hi[0]);
+                key_range(s, wr + g + 8, &lo[1], &hi[1]);
+#pragma unroll
+                for (int i = 0; i < BC / 2; ++i) {
+                    const int x = (i / 2) % 2, j = j0 + 8 * (i / 4) + 2 * t + i % 2;
+                    if (!(j >= lo[x] && j < hi[x])) sc[i] = NEG_INF;
+                }
+            }
+            float mx[2] = {NEG_INF, NEG_INF}, mu[2];
+#pragma unroll
+            for (int i = 0; i < BC / 2; ++i) mx[(i / 2) % 2] = max_nan(mx[(i / 2) % 2], sc[i]);
+#pragma unroll
+            for (int x = 0; x < 2; ++x) {
+                mx[x] = max_nan(mx[x], shfl_xor(mx[x], 1));
+                mx[x] = max_nan(mx[x], shfl_xor(mx[x], 2));
+                const float mn = max_nan(m[x], mx[x]);
+                mu[x] = mn == NEG_INF ? 0.0f : mn * scale2;
+                const float cf = fast_exp2(m[x] * scale2 - mu[x]);
+                m[x] = mn;
+                l[x] *= cf;
+                mx[x] = cf;  // (now the rescale factor)
+            }
+#pragma unroll
+            for (int i = 0; i < D / 2; ++i) o[i] *= mx[(i / 2) % 2];
+            u32 pa[BC / 16][4];
+#pragma unroll
+            for (int kk = 0; kk < BC / 16; ++kk) {
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                    const int i = 8 * kk + 2 * r, x = r % 2;
+                    const float p0 = fast_exp2(fmaf(sc[i], scale2, -mu[x]));
+                    const float p1 = fast_exp2(fmaf(sc[i + 1], scale2, -mu[x]));
+                    l[x] += p0 + p1;
+                    pa[kk][r] = pack2_f32<T>(p0, p1);
+                }
+            }
+            mbar_wait(V_FULL(st), phase);
+#pragma unroll
+            for (int i = 0; i < D / 2; ++i) acc_fence(o[i]);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BC / 16; ++kk) pv_step(o, pa[kk], wgmma_desc(V_S(st) + kk * 2048, BOX_BYTES, 1024));
+            wgmma_commit();
+            wgmma_wait<0>();
+#pragma unroll
+            for (int i = 0; i < D / 2; ++i) acc_fence(o[i]);
+            __syncwarp();
+            if (lane == 0) mbar_arrive(V_EMPTY(st));
+        }
+    }
+#pragma unroll
+    for (int x = 0; x < 2; ++x) {
+        l[x] += shfl_xor(l[x], 1);
+        l[x] += shfl_xor(l[x], 2);
+    }
+#pragma unroll
+    for (int x = 0; x < 2; ++x) {
+        const int r = wr + g + 8 * x;
+        if (r >= s.lq) continue;
+        const float inv = recip_or_zero(l[x]);  // NaN rows stay NaN
+        T* out = reinterpret_cast<T*>(p.o) + ((s.qb + (long long)r * s.rs) * p.hq + h) * D + 2 * t;
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j)
+            *reinterpret_cast<u32*>(out + 8 * j) = pack2_f32<T>(o[4 * j + 2 * x] * inv, o[4 * j + 2 * x + 1] * inv);
+        if (t == 0)
+            reinterpret_cast<float*>(p.lse)[((long long)b * p.hq + h) * p.sq + r] =
+                !(l[x] <= 0.0f) ? m[x] * p.scale + logf(l[x]) : NEG_INF;
+    }
+#undef K_S
+#undef V_S
+#undef Q_FULL
+#undef K_FULL
+#undef V_FULL
+#undef K_EMPTY
+#undef V_EMPTY
+}
