@@ -87,6 +87,64 @@ __device__ __forceinline__ void pv_step(float* o, const u32* a, unsigned long lo
 #endif
 }
 
+// The two consumers take turns issuing their MMAs (named barriers 1 and 2, 256 threads: one
+// consumer waits, the other arrives), so one's softmax runs while the other's products occupy
+// the tensor cores rather than both alternating in step.
+__device__ __forceinline__ void turn_wait(int c) { asm volatile("bar.sync %0, 256;" ::"r"(1 + c) : "memory"); }
+__device__ __forceinline__ void turn_pass(int c) { asm volatile("bar.arrive %0, 256;" ::"r"(2 - c) : "memory"); }
+
+// O += P·V over the tile's BC keys (k16 steps), V's tile at `v`.
+__device__ __forceinline__ void pv(float* o, const u32 (*pa)[4], u32 v) {
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk) pv_step(o, pa[kk], wgmma_desc(v + kk * 2048, BOX_BYTES, 1024));
+}
+
+// The online softmax of one tile's scores (keys j0..): masks them (rows r0 and r0 + 8 of the
+// thread), updates the running max m and sum l, leaves the probabilities exp2(scale2 s - mu)
+// in sc and the factor the output accumulated so far is rescaled by in cf.
+__device__ __forceinline__ void softmax(float* sc, float* m, float* l, float* cf, const WarpRows& rows, const Seq& s,
+                                        int r0, int j0, int t, float scale2) {
+    if (!rows.all_see(j0, BC)) {
+        int lo[2], hi[2];
+        key_range(s, r0, &lo[0], &hi[0]);
+        key_range(s, r0 + 8, &lo[1], &hi[1]);
+#pragma unroll
+        for (int i = 0; i < BC / 2; ++i) {
+            const int x = (i / 2) % 2, j = j0 + 8 * (i / 4) + 2 * t + i % 2;
+            if (!(j >= lo[x] && j < hi[x])) sc[i] = NEG_INF;
+        }
+    }
+    float mx[2] = {NEG_INF, NEG_INF}, mu[2], sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < BC / 2; ++i) mx[(i / 2) % 2] = max_nan(mx[(i / 2) % 2], sc[i]);
+#pragma unroll
+    for (int x = 0; x < 2; ++x) {
+        mx[x] = max_nan(mx[x], shfl_xor(mx[x], 1));
+        mx[x] = max_nan(mx[x], shfl_xor(mx[x], 2));
+        const float mn = max_nan(m[x], mx[x]);
+        mu[x] = mn == NEG_INF ? 0.0f : mn * scale2;
+        cf[x] = fast_exp2(m[x] * scale2 - mu[x]);
+        m[x] = mn;
+    }
+#pragma unroll
+    for (int i = 0; i < BC / 2; ++i) {
+        const int x = (i / 2) % 2;
+        sc[i] = fast_exp2(fmaf(sc[i], scale2, -mu[x]));
+        sum[x] += sc[i];
+    }
+#pragma unroll
+    for (int x = 0; x < 2; ++x) l[x] = l[x] * cf[x] + sum[x];
+}
+
+// The probabilities as wgmma's A fragments: accumulator pairs 8 kk + 2 r (r = 0..3) of two n8
+// blocks are register r of k16 step kk.
+__device__ __forceinline__ void pack_p(u32 (*pa)[4], const float* sc) {
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) pa[kk][r] = pack2_f32<T>(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1]);
+}
+
 extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     attn_fwd_sm90(const __grid_constant__ AttnParams p) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -156,74 +214,70 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
         const WarpRows rows(s, wr, 16);
         mbar_wait(Q_FULL, 0);
         const u32 q_c = q_s + c * 64 * 128;  // this consumer's 64 rows of every Q box
-        int n = 0;
-        for (int j0 = blo; j0 < bhi; j0 += BC, ++n) {
-            const int st = n % STAGES;
-            const u32 phase = (n / STAGES) & 1;
-            float sc[BC / 2];
+        const int tiles = (bhi - blo + BC - 1) / BC;
+        float sc[BC / 2];
+        u32 pa[BC / 16][4];
+        float cf[2];
+        // Tile 0's scores and probabilities; then per tile n: its scores are issued, P(n - 1)·V
+        // behind them, and its softmax runs while the tensor cores do that product.
 #pragma unroll
-            for (int i = 0; i < BC / 2; ++i) sc[i] = 0.0f;
-            mbar_wait(K_FULL(st), phase);
+        for (int i = 0; i < BC / 2; ++i) sc[i] = 0.0f;
+        // Turns: consumer 1 gives consumer 0 the first; each passes the turn after issuing a
+        // batch of MMAs (tiles + 1 batches each), consumer 1 not after its last.
+        if (c == 1) turn_pass(c);
+        mbar_wait(K_FULL(0), 0);
+        turn_wait(c);
+        wgmma_fence();
+        scores(sc, q_c, K_S(0));
+        wgmma_commit();
+        turn_pass(c);
+        wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < BC / 2; ++i) acc_fence(sc[i]);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(K_EMPTY(0));
+        softmax(sc, m, l, cf, rows, s, wr + g, blo, t, scale2);
+        pack_p(pa, sc);
+        for (int n = 1; n < tiles; ++n) {
+            const int st = n % STAGES, prev = (n - 1) % STAGES;
+            mbar_wait(K_FULL(st), (n / STAGES) & 1);
+            mbar_wait(V_FULL(prev), ((n - 1) / STAGES) & 1);
+            turn_wait(c);
             wgmma_fence();
             scores(sc, q_c, K_S(st));
             wgmma_commit();
-            wgmma_wait<0>();
+            pv(o, pa, V_S(prev));
+            wgmma_commit();
+            turn_pass(c);
+            wgmma_wait<1>();  // the scores are done (P·V may still run)
 #pragma unroll
             for (int i = 0; i < BC / 2; ++i) acc_fence(sc[i]);
             __syncwarp();
             if (lane == 0) mbar_arrive(K_EMPTY(st));
-
-            if (!rows.all_see(j0, BC)) {
-                int lo[2], hi[2];
-                key_range(s, wr + g, &lo[0], &hi[0]);
-                key_range(s, wr + g + 8, &lo[1], &hi[1]);
-#pragma unroll
-                for (int i = 0; i < BC / 2; ++i) {
-                    const int x = (i / 2) % 2, j = j0 + 8 * (i / 4) + 2 * t + i % 2;
-                    if (!(j >= lo[x] && j < hi[x])) sc[i] = NEG_INF;
-                }
-            }
-            float mx[2] = {NEG_INF, NEG_INF}, mu[2];
-#pragma unroll
-            for (int i = 0; i < BC / 2; ++i) mx[(i / 2) % 2] = max_nan(mx[(i / 2) % 2], sc[i]);
-#pragma unroll
-            for (int x = 0; x < 2; ++x) {
-                mx[x] = max_nan(mx[x], shfl_xor(mx[x], 1));
-                mx[x] = max_nan(mx[x], shfl_xor(mx[x], 2));
-                const float mn = max_nan(m[x], mx[x]);
-                mu[x] = mn == NEG_INF ? 0.0f : mn * scale2;
-                const float cf = fast_exp2(m[x] * scale2 - mu[x]);
-                m[x] = mn;
-                l[x] *= cf;
-                mx[x] = cf;  // (now the rescale factor)
-            }
-#pragma unroll
-            for (int i = 0; i < D / 2; ++i) o[i] *= mx[(i / 2) % 2];
-            u32 pa[BC / 16][4];
-#pragma unroll
-            for (int kk = 0; kk < BC / 16; ++kk) {
-#pragma unroll
-                for (int r = 0; r < 4; ++r) {
-                    const int i = 8 * kk + 2 * r, x = r % 2;
-                    const float p0 = fast_exp2(fmaf(sc[i], scale2, -mu[x]));
-                    const float p1 = fast_exp2(fmaf(sc[i + 1], scale2, -mu[x]));
-                    l[x] += p0 + p1;
-                    pa[kk][r] = pack2_f32<T>(p0, p1);
-                }
-            }
-            mbar_wait(V_FULL(st), phase);
-#pragma unroll
-            for (int i = 0; i < D / 2; ++i) acc_fence(o[i]);
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < BC / 16; ++kk) pv_step(o, pa[kk], wgmma_desc(V_S(st) + kk * 2048, BOX_BYTES, 1024));
-            wgmma_commit();
+            softmax(sc, m, l, cf, rows, s, wr + g, blo + n * BC, t, scale2);
             wgmma_wait<0>();
 #pragma unroll
             for (int i = 0; i < D / 2; ++i) acc_fence(o[i]);
             __syncwarp();
-            if (lane == 0) mbar_arrive(V_EMPTY(st));
+            if (lane == 0) mbar_arrive(V_EMPTY(prev));
+#pragma unroll
+            for (int i = 0; i < D / 2; ++i) o[i] *= cf[(i / 2) % 2];
+            pack_p(pa, sc);
         }
+        const int last = (tiles - 1) % STAGES;
+        mbar_wait(V_FULL(last), ((tiles - 1) / STAGES) & 1);
+#pragma unroll
+        for (int i = 0; i < D / 2; ++i) acc_fence(o[i]);
+        turn_wait(c);
+        wgmma_fence();
+        pv(o, pa, V_S(last));
+        wgmma_commit();
+        if (c == 0) turn_pass(c);
+        wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < D / 2; ++i) acc_fence(o[i]);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(V_EMPTY(last));
     }
 #pragma unroll
     for (int x = 0; x < 2; ++x) {
