@@ -97,18 +97,21 @@ impl Suite<'_> {
         });
         cases.push(AttnCase { sq: 90, sk: 150, d: 128, amp: 6.0, ..base(QkvLayout::Sbhd, AttnMask::None) });
         // Several 128-row query and key tiles with tails (Hopper's wgmma kernel takes 128 of each),
-        // GQA, a bottom-right diagonal with a window cutting tiles on both sides.
-        cases.push(AttnCase { sq: 260, sk: 333, d: 128, ..base(QkvLayout::Bshd, AttnMask::None) });
+        // GQA, a bottom-right diagonal with a window cutting tiles on both sides. (Sizes keep
+        // lavapipe's backward under its 65535 loop iterations per invocation.)
+        cases.push(AttnCase { sq: 260, sk: 333, hk: 4, d: 128, ..base(QkvLayout::Bshd, AttnMask::None) });
         cases.push(AttnCase {
             b: 1,
             sq: 129,
             sk: 300,
             hq: 4,
-            hk: 1,
+            hk: 2,
             d: 128,
             window: AttnWindow { left: Some(150), right: Some(20) },
             ..base(QkvLayout::Sbhd, AttnMask::CausalBottomRight)
         });
+        // More query tiles x heads x sequences (144) than an H100 has SMs (132).
+        cases.push(AttnCase { sq: 130, sk: 130, hq: 36, hk: 12, ..base(QkvLayout::Bshd, AttnMask::Causal) });
         let long = if self.size == Size::Full { 1024 } else { 300 };
         cases.push(AttnCase {
             b: 1,
