@@ -14,7 +14,7 @@ use tefl_gpu::simt::attention::AttnBuild;
 use tefl_gpu::{Grid, Variant};
 
 use crate::heuristics::attention_fwd_wgmma;
-use crate::launch::{empty, info, launch_struct, ptr, tune_table};
+use crate::launch::{empty, info, launch_struct, ptr, sm_count, tune_table, zeros};
 use crate::tma::{TensorMap, encode};
 
 const OP: &str = "fused_attn_fwd";
@@ -32,12 +32,13 @@ struct AttnParams {
     v: TensorMap,
     o: u64,
     lse: u64,
+    counter: u64,
     batch: i32,
     sq: i32,
     sk: i32,
     hq: i32,
     hk: i32,
-    pad0: i32,
+    tiles_q: i32,
     scale: f32,
     pad1: i32,
 }
@@ -50,7 +51,7 @@ fn variant(b: &AttnBuild) -> Result<Variant> {
 
 /// Dynamic shared memory: the alignment slack, the Q tile, STAGES K and V tiles, the barriers.
 fn smem(d: usize) -> usize {
-    1024 + (1 + 2 * STAGES) * ROWS * d * 2 + 8 * (1 + 4 * STAGES)
+    1024 + (1 + 2 * STAGES) * ROWS * d * 2 + 8 * (6 + 4 * STAGES)
 }
 
 /// Why the kernel does not take this call (`None`: it does).
@@ -79,8 +80,9 @@ fn declined(ctx: &KernelCtx<'_>, a: &AttnFwdArgs, g: &AttnGeometry, b: &AttnBuil
             return Ok(Some("a tensor not 16-byte aligned".into()));
         }
     }
-    let rows = g.batch.max(g.sq).max(g.sk).max(g.hq);
-    if rows > i32::MAX as usize / 2 || smem(g.d) > info(ctx.device)?.shared_memory_per_block_optin {
+    let items = g.sq.div_ceil(ROWS) * g.hq * g.batch;
+    if items.max(g.sq).max(g.sk) > i32::MAX as usize / 2 || smem(g.d) > info(ctx.device)?.shared_memory_per_block_optin
+    {
         return Ok(Some("past the kernel's index range or shared memory".into()));
     }
     Ok(None)
@@ -109,23 +111,28 @@ pub fn fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs, g: &AttnGeometry, b: &AttnBuild
     }
     let o = empty(ctx.device, a.q.shape(), a.q.dtype())?;
     let lse = empty(ctx.device, &g.lse_shape(), DType::F32)?;
+    // The persistent CTAs' work counter.
+    let counter = zeros(ctx.device, &[1], DType::I32)?;
     let params = AttnParams {
         q: qkv_map(ctx, &a.q, g, g.sq, g.hq)?,
         k: qkv_map(ctx, &a.k, g, g.sk, g.hk)?,
         v: qkv_map(ctx, &a.v, g, g.sk, g.hk)?,
         o: ptr(&o)?,
         lse: ptr(&lse)?,
+        counter: ptr(&counter)?,
         batch: g.batch as i32,
         sq: g.sq as i32,
         sk: g.sk as i32,
         hq: g.hq as i32,
         hk: g.hk as i32,
-        pad0: 0,
+        tiles_q: g.sq.div_ceil(ROWS) as i32,
         scale: a.scale,
         pad1: 0,
     };
+    // Persistent: one CTA per SM at most, each claiming work items from the counter.
+    let items = g.sq.div_ceil(ROWS) * g.hq * g.batch;
     let grid = Grid {
-        blocks: (g.sq.div_ceil(ROWS) as u32, g.hq as u32, g.batch as u32),
+        blocks: (items.min(sm_count(ctx.device) as usize) as u32, 1, 1),
         threads: (384, 1, 1),
         smem: smem(g.d) as u32,
     };
@@ -160,8 +167,8 @@ mod tests {
     #[test]
     fn the_parameters_match_the_kernels_layout() {
         assert_eq!(std::mem::offset_of!(AttnParams, o), 3 * 128);
-        assert_eq!(std::mem::offset_of!(AttnParams, batch), 3 * 128 + 16);
-        assert_eq!(std::mem::offset_of!(AttnParams, scale), 3 * 128 + 40);
+        assert_eq!(std::mem::offset_of!(AttnParams, batch), 3 * 128 + 24);
+        assert_eq!(std::mem::offset_of!(AttnParams, scale), 3 * 128 + 48);
         assert_eq!(std::mem::size_of::<AttnParams>(), 7 * 64);
     }
 

@@ -38,7 +38,8 @@ static_assert(D == 64 || D == 128, "the Hopper attention kernel takes head dims 
 struct AttnParams {
     TensorMap q, k, v;  // 4-D maps of (D, heads, positions, batch) or (D, heads, batch, positions)
     unsigned long long o, lse;
-    int batch, sq, sk, hq, hk, pad0;
+    unsigned long long counter;  // a zeroed int: work items claimed past the first grid
+    int batch, sq, sk, hq, hk, tiles_q;
     float scale;
     int pad1;
 };
@@ -145,22 +146,45 @@ __device__ __forceinline__ void pack_p(u32 (*pa)[4], const float* sc) {
         for (int r = 0; r < 4; ++r) pa[kk][r] = pack2_f32<T>(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1]);
 }
 
+// Work item w (of nq query tiles x hq heads x batch): query tiles fastest, from the last (which
+// sees the most keys under causal masks) to the first, then heads, then sequences: the CTAs
+// running at once share few heads' K and V (they stay in L2).
+struct Work {
+    int b, h, q0;
+};
+__device__ __forceinline__ Work work_item(const AttnParams& p, int w) {
+    Work k;
+    k.q0 = (p.tiles_q - 1 - w % p.tiles_q) * BM;
+    k.h = (w / p.tiles_q) % p.hq;
+    k.b = w / (p.tiles_q * p.hq);
+    return k;
+}
+
 extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     attn_fwd_sm90(const __grid_constant__ AttnParams p) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
+    __shared__ int item[2];  // the work items handed from the producer to the consumers
     const u32 base = (smem_addr(smem_raw) + 1023u) & ~1023u;
     const u32 q_s = base;
 #define K_S(st) (base + TILE_BYTES + (st) * TILE_BYTES)
 #define V_S(st) (base + TILE_BYTES + (STAGES + (st)) * TILE_BYTES)
     const u32 bars = base + (1 + 2 * STAGES) * TILE_BYTES;
 #define Q_FULL bars
-#define K_FULL(st) (bars + 8u * (1 + (st)))
-#define V_FULL(st) (bars + 8u * (1 + STAGES + (st)))
-#define K_EMPTY(st) (bars + 8u * (1 + 2 * STAGES + (st)))
-#define V_EMPTY(st) (bars + 8u * (1 + 3 * STAGES + (st)))
+#define Q_EMPTY (bars + 8u)
+#define ITEM_FULL(i) (bars + 8u * (2 + (i)))
+#define ITEM_EMPTY(i) (bars + 8u * (4 + (i)))
+#define K_FULL(st) (bars + 8u * (6 + (st)))
+#define V_FULL(st) (bars + 8u * (6 + STAGES + (st)))
+#define K_EMPTY(st) (bars + 8u * (6 + 2 * STAGES + (st)))
+#define V_EMPTY(st) (bars + 8u * (6 + 3 * STAGES + (st)))
     const int warpgroup = threadIdx.x / 128;
     if (threadIdx.x == 0) {
         mbar_init(Q_FULL, 1);
+        mbar_init(Q_EMPTY, CONSUMERS * 4);
+        for (int i = 0; i < 2; ++i) {
+            mbar_init(ITEM_FULL(i), 1);
+            mbar_init(ITEM_EMPTY(i), CONSUMERS * 4);
+        }
         for (int st = 0; st < STAGES; ++st) {
             mbar_init(K_FULL(st), 1);
             mbar_init(V_FULL(st), 1);
@@ -170,29 +194,47 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
         mbar_init_fence();
     }
     __syncthreads();
+    const int total = p.tiles_q * p.hq * p.batch;
 
-    // Later query tiles see more keys under causal masks: they go first (a shorter tail).
-    const int b = blockIdx.z, h = blockIdx.y, q0 = (gridDim.x - 1 - blockIdx.x) * BM;
-    const int hkv = h / (p.hq / p.hk);
-    const Seq s = seq_of(b, p.batch, p.sq, p.sk, nullptr, nullptr);
-    int blo, bhi;
-    tile_keys(s, q0, BM, &blo, &bhi);
-
+    // Persistent, scheduled dynamically: CTA i starts with item i, then takes the next unclaimed
+    // one from the counter (grid + atomicAdd), so CTAs that drew light causal items take more.
+    // The producer hands each item to the consumers through a two-slot ring (an item >= total
+    // ends them) before loading it; the K / V ring and the Q buffer run on across items (kv
+    // counts key tiles, qn items with keys), so the next item's Q and first tiles load while
+    // the consumers finish this one.
     if (warpgroup == 0) {
         regs_release<24>();
-        if (threadIdx.x != 0 || blo >= bhi) return;
-        mbar_arrive_expect(Q_FULL, TILE_BYTES);
-        load_tile(q_s, &p.q, h, b, q0, Q_FULL);
-        int n = 0;
-        for (int j0 = blo; j0 < bhi; j0 += BC, ++n) {
-            const int st = n % STAGES;
-            const u32 phase = (n / STAGES) & 1;
-            mbar_wait(K_EMPTY(st), phase ^ 1);
-            mbar_arrive_expect(K_FULL(st), TILE_BYTES);
-            load_tile(K_S(st), &p.k, hkv, b, j0, K_FULL(st));
-            mbar_wait(V_EMPTY(st), phase ^ 1);
-            mbar_arrive_expect(V_FULL(st), TILE_BYTES);
-            load_tile(V_S(st), &p.v, hkv, b, j0, V_FULL(st));
+        if (threadIdx.x != 0) return;
+        int kv = 0, qn = 0, n_items = 0;
+        int w = blockIdx.x;
+        for (;; ++n_items) {
+            const int slot = n_items % 2;
+            mbar_wait(ITEM_EMPTY(slot), ((n_items / 2) & 1) ^ 1);
+            item[slot] = w;
+            mbar_arrive(ITEM_FULL(slot));  // (the arrive releases the store to the waiting threads)
+            if (w >= total) break;
+            const Work k = work_item(p, w);
+            const int hkv = k.h / (p.hq / p.hk);
+            const Seq s = seq_of(k.b, p.batch, p.sq, p.sk, nullptr, nullptr);
+            int blo, bhi;
+            tile_keys(s, k.q0, BM, &blo, &bhi);
+            if (blo < bhi) {
+                mbar_wait(Q_EMPTY, (qn & 1) ^ 1);
+                mbar_arrive_expect(Q_FULL, TILE_BYTES);
+                load_tile(q_s, &p.q, k.h, k.b, k.q0, Q_FULL);
+                ++qn;
+                for (int j0 = blo; j0 < bhi; j0 += BC, ++kv) {
+                    const int st = kv % STAGES;
+                    const u32 phase = (kv / STAGES) & 1;
+                    mbar_wait(K_EMPTY(st), phase ^ 1);
+                    mbar_arrive_expect(K_FULL(st), TILE_BYTES);
+                    load_tile(K_S(st), &p.k, hkv, k.b, j0, K_FULL(st));
+                    mbar_wait(V_EMPTY(st), phase ^ 1);
+                    mbar_arrive_expect(V_FULL(st), TILE_BYTES);
+                    load_tile(V_S(st), &p.v, hkv, k.b, j0, V_FULL(st));
+                }
+            }
+            w = gridDim.x + atomicAdd(reinterpret_cast<int*>(p.counter), 1);
         }
         return;
     }
@@ -200,106 +242,133 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     regs_claim<240>();
     const int c = warpgroup - 1;
     const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-    const int wr = q0 + 64 * c + 16 * warp;  // the warp's first query row; the thread has wr + g, +8
-    // Accumulator i of a 64 x N wgmma tile is row 16 warp + g + 8 ((i / 2) % 2), column
-    // 8 (i / 4) + 2 t + i % 2: the thread's two rows x = (i / 2) % 2.
-    float o[D / 2];
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
     // m: the running max of the raw scores (scale > 0); probabilities are exp2(scale2 s - mu),
     // mu = scale2 m, or 0 while a row has seen no key.
     const float scale2 = p.scale * 1.4426950408889634f;
-    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f};
-    if (blo < bhi) {
-        const WarpRows rows(s, wr, 16);
-        mbar_wait(Q_FULL, 0);
-        const u32 q_c = q_s + c * 64 * 128;  // this consumer's 64 rows of every Q box
-        const int tiles = (bhi - blo + BC - 1) / BC;
-        float sc[BC / 2];
-        u32 pa[BC / 16][4];
-        float cf[2];
-        // Tile 0's scores and probabilities; then per tile n: its scores are issued, P(n - 1)·V
-        // behind them, and its softmax runs while the tensor cores do that product.
-#pragma unroll
-        for (int i = 0; i < BC / 2; ++i) sc[i] = 0.0f;
-        // Turns: consumer 1 gives consumer 0 the first; each passes the turn after issuing a
-        // batch of MMAs (tiles + 1 batches each), consumer 1 not after its last.
-        if (c == 1) turn_pass(c);
-        mbar_wait(K_FULL(0), 0);
-        turn_wait(c);
-        wgmma_fence();
-        scores(sc, q_c, K_S(0));
-        wgmma_commit();
-        turn_pass(c);
-        wgmma_wait<0>();
-#pragma unroll
-        for (int i = 0; i < BC / 2; ++i) acc_fence(sc[i]);
+    const u32 q_c = q_s + c * 64 * 128;  // this consumer's 64 rows of every Q box
+    // Turns (turn_wait / turn_pass): consumer 1 gives consumer 0 the first, each passes the
+    // turn after every batch of MMAs it issues, and consumer 0 takes consumer 1's last pass at
+    // the end, so both barriers end balanced.
+    if (c == 1) turn_pass(c);
+    int kv = 0, qn = 0;
+    for (int n_items = 0;; ++n_items) {
+        const int slot = n_items % 2;
+        mbar_wait(ITEM_FULL(slot), (n_items / 2) & 1);
+        const int w = *reinterpret_cast<volatile int*>(&item[slot]);
         __syncwarp();
-        if (lane == 0) mbar_arrive(K_EMPTY(0));
-        softmax(sc, m, l, cf, rows, s, wr + g, blo, t, scale2);
-        pack_p(pa, sc);
-        for (int n = 1; n < tiles; ++n) {
-            const int st = n % STAGES, prev = (n - 1) % STAGES;
-            mbar_wait(K_FULL(st), (n / STAGES) & 1);
-            mbar_wait(V_FULL(prev), ((n - 1) / STAGES) & 1);
+        if (lane == 0) mbar_arrive(ITEM_EMPTY(slot));
+        if (w >= total) break;
+        const Work k = work_item(p, w);
+        const Seq s = seq_of(k.b, p.batch, p.sq, p.sk, nullptr, nullptr);
+        int blo, bhi;
+        tile_keys(s, k.q0, BM, &blo, &bhi);
+        const int wr = k.q0 + 64 * c + 16 * warp;  // the warp's first query row; the thread has wr + g, +8
+        // Accumulator i of a 64 x N wgmma tile is row 16 warp + g + 8 ((i / 2) % 2), column
+        // 8 (i / 4) + 2 t + i % 2: the thread's two rows x = (i / 2) % 2.
+        float o[D / 2];
+#pragma unroll
+        for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+        float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f};
+        if (blo < bhi) {
+            const WarpRows rows(s, wr, 16);
+            mbar_wait(Q_FULL, qn & 1);
+            const int tiles = (bhi - blo + BC - 1) / BC;
+            float sc[BC / 2];
+            u32 pa[BC / 16][4];
+            float cf[2];
+            // Tile 0's scores and probabilities; then per tile n: its scores are issued, P(n - 1)·V
+            // behind them, and its softmax runs while the tensor cores do that product. Q is
+            // given back once the last scores are done.
+#pragma unroll
+            for (int i = 0; i < BC / 2; ++i) sc[i] = 0.0f;
+            mbar_wait(K_FULL(kv % STAGES), (kv / STAGES) & 1);
             turn_wait(c);
             wgmma_fence();
-            scores(sc, q_c, K_S(st));
-            wgmma_commit();
-            pv(o, pa, V_S(prev));
+            scores(sc, q_c, K_S(kv % STAGES));
             wgmma_commit();
             turn_pass(c);
-            wgmma_wait<1>();  // the scores are done (P·V may still run)
+            wgmma_wait<0>();
 #pragma unroll
             for (int i = 0; i < BC / 2; ++i) acc_fence(sc[i]);
             __syncwarp();
-            if (lane == 0) mbar_arrive(K_EMPTY(st));
-            softmax(sc, m, l, cf, rows, s, wr + g, blo + n * BC, t, scale2);
+            if (lane == 0) {
+                mbar_arrive(K_EMPTY(kv % STAGES));
+                if (tiles == 1) mbar_arrive(Q_EMPTY);
+            }
+            softmax(sc, m, l, cf, rows, s, wr + g, blo, t, scale2);
+            pack_p(pa, sc);
+            for (int n = 1; n < tiles; ++n) {
+                const int cur = kv + n, st = cur % STAGES, prev = (cur - 1) % STAGES;
+                mbar_wait(K_FULL(st), (cur / STAGES) & 1);
+                mbar_wait(V_FULL(prev), ((cur - 1) / STAGES) & 1);
+                turn_wait(c);
+                wgmma_fence();
+                scores(sc, q_c, K_S(st));
+                wgmma_commit();
+                pv(o, pa, V_S(prev));
+                wgmma_commit();
+                turn_pass(c);
+                wgmma_wait<1>();  // the scores are done (P·V may still run)
+#pragma unroll
+                for (int i = 0; i < BC / 2; ++i) acc_fence(sc[i]);
+                __syncwarp();
+                if (lane == 0) {
+                    mbar_arrive(K_EMPTY(st));
+                    if (n == tiles - 1) mbar_arrive(Q_EMPTY);
+                }
+                softmax(sc, m, l, cf, rows, s, wr + g, blo + n * BC, t, scale2);
+                wgmma_wait<0>();
+#pragma unroll
+                for (int i = 0; i < D / 2; ++i) acc_fence(o[i]);
+                __syncwarp();
+                if (lane == 0) mbar_arrive(V_EMPTY(prev));
+#pragma unroll
+                for (int i = 0; i < D / 2; ++i) o[i] *= cf[(i / 2) % 2];
+                pack_p(pa, sc);
+            }
+            const int last = kv + tiles - 1;
+            mbar_wait(V_FULL(last % STAGES), (last / STAGES) & 1);
+#pragma unroll
+            for (int i = 0; i < D / 2; ++i) acc_fence(o[i]);
+            turn_wait(c);
+            wgmma_fence();
+            pv(o, pa, V_S(last % STAGES));
+            wgmma_commit();
+            turn_pass(c);
             wgmma_wait<0>();
 #pragma unroll
             for (int i = 0; i < D / 2; ++i) acc_fence(o[i]);
             __syncwarp();
-            if (lane == 0) mbar_arrive(V_EMPTY(prev));
-#pragma unroll
-            for (int i = 0; i < D / 2; ++i) o[i] *= cf[(i / 2) % 2];
-            pack_p(pa, sc);
+            if (lane == 0) mbar_arrive(V_EMPTY(last % STAGES));
+            kv += tiles;
+            ++qn;
         }
-        const int last = (tiles - 1) % STAGES;
-        mbar_wait(V_FULL(last), ((tiles - 1) / STAGES) & 1);
 #pragma unroll
-        for (int i = 0; i < D / 2; ++i) acc_fence(o[i]);
-        turn_wait(c);
-        wgmma_fence();
-        pv(o, pa, V_S(last));
-        wgmma_commit();
-        if (c == 0) turn_pass(c);
-        wgmma_wait<0>();
+        for (int x = 0; x < 2; ++x) {
+            l[x] += shfl_xor(l[x], 1);
+            l[x] += shfl_xor(l[x], 2);
+        }
 #pragma unroll
-        for (int i = 0; i < D / 2; ++i) acc_fence(o[i]);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(V_EMPTY(last));
+        for (int x = 0; x < 2; ++x) {
+            const int r = wr + g + 8 * x;
+            if (r >= s.lq) continue;
+            const float inv = recip_or_zero(l[x]);  // NaN rows stay NaN
+            T* out = reinterpret_cast<T*>(p.o) + ((s.qb + (long long)r * s.rs) * p.hq + k.h) * D + 2 * t;
+#pragma unroll
+            for (int j = 0; j < D / 8; ++j)
+                *reinterpret_cast<u32*>(out + 8 * j) = pack2_f32<T>(o[4 * j + 2 * x] * inv, o[4 * j + 2 * x + 1] * inv);
+            if (t == 0)
+                reinterpret_cast<float*>(p.lse)[((long long)k.b * p.hq + k.h) * p.sq + r] =
+                    !(l[x] <= 0.0f) ? m[x] * p.scale + logf(l[x]) : NEG_INF;
+        }
     }
-#pragma unroll
-    for (int x = 0; x < 2; ++x) {
-        l[x] += shfl_xor(l[x], 1);
-        l[x] += shfl_xor(l[x], 2);
-    }
-#pragma unroll
-    for (int x = 0; x < 2; ++x) {
-        const int r = wr + g + 8 * x;
-        if (r >= s.lq) continue;
-        const float inv = recip_or_zero(l[x]);  // NaN rows stay NaN
-        T* out = reinterpret_cast<T*>(p.o) + ((s.qb + (long long)r * s.rs) * p.hq + h) * D + 2 * t;
-#pragma unroll
-        for (int j = 0; j < D / 8; ++j)
-            *reinterpret_cast<u32*>(out + 8 * j) = pack2_f32<T>(o[4 * j + 2 * x] * inv, o[4 * j + 2 * x + 1] * inv);
-        if (t == 0)
-            reinterpret_cast<float*>(p.lse)[((long long)b * p.hq + h) * p.sq + r] =
-                !(l[x] <= 0.0f) ? m[x] * p.scale + logf(l[x]) : NEG_INF;
-    }
+    if (c == 0) turn_wait(c);
 #undef K_S
 #undef V_S
 #undef Q_FULL
+#undef Q_EMPTY
+#undef ITEM_FULL
+#undef ITEM_EMPTY
 #undef K_FULL
 #undef V_FULL
 #undef K_EMPTY
