@@ -51,7 +51,7 @@ fn variant(b: &AttnBuild) -> Result<Variant> {
 
 /// Dynamic shared memory: the alignment slack, the Q tile, STAGES K and V tiles, the barriers.
 fn smem(d: usize) -> usize {
-    1024 + (1 + 2 * STAGES) * ROWS * d * 2 + 8 * (6 + 4 * STAGES)
+    1024 + (1 + 2 * STAGES) * ROWS * d * 2 + 8 * (2 + 4 * STAGES)
 }
 
 /// Why the kernel does not take this call (`None`: it does).
@@ -111,8 +111,11 @@ pub fn fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs, g: &AttnGeometry, b: &AttnBuild
     }
     let o = empty(ctx.device, a.q.shape(), a.q.dtype())?;
     let lse = empty(ctx.device, &g.lse_shape(), DType::F32)?;
-    // The persistent CTAs' work counter.
-    let counter = zeros(ctx.device, &[1], DType::I32)?;
+    // Persistent: one CTA per SM at most, each claiming work items from a counter (then one
+    // slot per CTA for handing its item to its consumers).
+    let items = g.sq.div_ceil(ROWS) * g.hq * g.batch;
+    let ctas = items.min(sm_count(ctx.device) as usize);
+    let counter = zeros(ctx.device, &[1 + ctas], DType::I32)?;
     let params = AttnParams {
         q: qkv_map(ctx, &a.q, g, g.sq, g.hq)?,
         k: qkv_map(ctx, &a.k, g, g.sk, g.hk)?,
@@ -129,13 +132,7 @@ pub fn fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs, g: &AttnGeometry, b: &AttnBuild
         scale: a.scale,
         pad1: 0,
     };
-    // Persistent: one CTA per SM at most, each claiming work items from the counter.
-    let items = g.sq.div_ceil(ROWS) * g.hq * g.batch;
-    let grid = Grid {
-        blocks: (items.min(sm_count(ctx.device) as usize) as u32, 1, 1),
-        threads: (384, 1, 1),
-        smem: smem(g.d) as u32,
-    };
+    let grid = Grid { blocks: (ctas as u32, 1, 1), threads: (384, 1, 1), smem: smem(g.d) as u32 };
     // SAFETY: `AttnParams` is the kernel's parameter struct (repr(C), the same field order,
     // 64-byte aligned maps); the maps and pointers address live tensors (q, k, v, o, lse) that
     // stream ordering keeps alive until the kernel has run.

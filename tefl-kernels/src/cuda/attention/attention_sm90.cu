@@ -38,7 +38,7 @@ static_assert(D == 64 || D == 128, "the Hopper attention kernel takes head dims 
 struct AttnParams {
     TensorMap q, k, v;  // 4-D maps of (D, heads, positions, batch) or (D, heads, batch, positions)
     unsigned long long o, lse;
-    unsigned long long counter;  // a zeroed int: work items claimed past the first grid
+    unsigned long long counter;  // zeroed ints: work items claimed past the first grid, then a slot per CTA
     int batch, sq, sk, hq, hk, tiles_q;
     float scale;
     int pad1;
@@ -93,6 +93,17 @@ __device__ __forceinline__ void pv_step(float* o, const u32* a, unsigned long lo
 // the tensor cores rather than both alternating in step.
 __device__ __forceinline__ void turn_wait(int c) { asm volatile("bar.sync %0, 256;" ::"r"(1 + c) : "memory"); }
 __device__ __forceinline__ void turn_pass(int c) { asm volatile("bar.arrive %0, 256;" ::"r"(2 - c) : "memory"); }
+
+// The work-item handoff (named barriers 3 and 4, the producer warp's 32 threads and the two
+// consumers' 256): the producer writes the item and arrives on 3, the consumers wait on 3, read
+// it and arrive on 4, which the producer waits on before it writes the next.
+#define HANDOFF_THREADS (32 + 128 * CONSUMERS)
+__device__ __forceinline__ void handoff_wait(int id) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "n"(HANDOFF_THREADS) : "memory");
+}
+__device__ __forceinline__ void handoff_arrive(int id) {
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "n"(HANDOFF_THREADS) : "memory");
+}
 
 // O += P·V over the tile's BC keys (k16 steps), V's tile at `v`.
 __device__ __forceinline__ void pv(float* o, const u32 (*pa)[4], u32 v) {
@@ -163,7 +174,6 @@ __device__ __forceinline__ Work work_item(const AttnParams& p, int w) {
 extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     attn_fwd_sm90(const __grid_constant__ AttnParams p) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
-    __shared__ int item[2];  // the work items handed from the producer to the consumers
     const u32 base = (smem_addr(smem_raw) + 1023u) & ~1023u;
     const u32 q_s = base;
 #define K_S(st) (base + TILE_BYTES + (st) * TILE_BYTES)
@@ -171,20 +181,14 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     const u32 bars = base + (1 + 2 * STAGES) * TILE_BYTES;
 #define Q_FULL bars
 #define Q_EMPTY (bars + 8u)
-#define ITEM_FULL(i) (bars + 8u * (2 + (i)))
-#define ITEM_EMPTY(i) (bars + 8u * (4 + (i)))
-#define K_FULL(st) (bars + 8u * (6 + (st)))
-#define V_FULL(st) (bars + 8u * (6 + STAGES + (st)))
-#define K_EMPTY(st) (bars + 8u * (6 + 2 * STAGES + (st)))
-#define V_EMPTY(st) (bars + 8u * (6 + 3 * STAGES + (st)))
+#define K_FULL(st) (bars + 8u * (2 + (st)))
+#define V_FULL(st) (bars + 8u * (2 + STAGES + (st)))
+#define K_EMPTY(st) (bars + 8u * (2 + 2 * STAGES + (st)))
+#define V_EMPTY(st) (bars + 8u * (2 + 3 * STAGES + (st)))
     const int warpgroup = threadIdx.x / 128;
     if (threadIdx.x == 0) {
         mbar_init(Q_FULL, 1);
         mbar_init(Q_EMPTY, CONSUMERS * 4);
-        for (int i = 0; i < 2; ++i) {
-            mbar_init(ITEM_FULL(i), 1);
-            mbar_init(ITEM_EMPTY(i), CONSUMERS * 4);
-        }
         for (int st = 0; st < STAGES; ++st) {
             mbar_init(K_FULL(st), 1);
             mbar_init(V_FULL(st), 1);
@@ -195,46 +199,57 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     }
     __syncthreads();
     const int total = p.tiles_q * p.hq * p.batch;
+    // The work item the producer hands to the consumers: this CTA's slot after the counter (in
+    // global memory, ordered by the handoff barriers like shared memory would be; a shared
+    // slot would be as correct, but compute-sanitizer's racecheck does not follow barrier
+    // arrivals and reports it).
+    volatile int* const slot = reinterpret_cast<volatile int*>(p.counter) + 1 + blockIdx.x;
 
     // Persistent, scheduled dynamically: CTA i starts with item i, then takes the next unclaimed
     // one from the counter (grid + atomicAdd), so CTAs that drew light causal items take more.
-    // The producer hands each item to the consumers through a two-slot ring (an item >= total
-    // ends them) before loading it; the K / V ring and the Q buffer run on across items (kv
+    // The producer hands each item to the consumers (handoff_*; an item >= total ends them)
+    // before loading it; the K / V ring and the Q buffer run on across items (kv
     // counts key tiles, qn items with keys), so the next item's Q and first tiles load while
     // the consumers finish this one.
     if (warpgroup == 0) {
         regs_release<24>();
-        if (threadIdx.x != 0) return;
-        int kv = 0, qn = 0, n_items = 0;
+        if (threadIdx.x >= 32) return;  // the producer warp stays; lane 0 issues the copies
+        const int lane = threadIdx.x;
+        int kv = 0, qn = 0;
         int w = blockIdx.x;
-        for (;; ++n_items) {
-            const int slot = n_items % 2;
-            mbar_wait(ITEM_EMPTY(slot), ((n_items / 2) & 1) ^ 1);
-            item[slot] = w;
-            mbar_arrive(ITEM_FULL(slot));  // (the arrive releases the store to the waiting threads)
+        for (int n_items = 0;; ++n_items) {
+            if (n_items > 0) handoff_wait(4);
+            if (lane == 0) *slot = w;
+            __threadfence_block();
+            __syncwarp();
+            handoff_arrive(3);
             if (w >= total) break;
-            const Work k = work_item(p, w);
-            const int hkv = k.h / (p.hq / p.hk);
-            const Seq s = seq_of(k.b, p.batch, p.sq, p.sk, nullptr, nullptr);
-            int blo, bhi;
-            tile_keys(s, k.q0, BM, &blo, &bhi);
-            if (blo < bhi) {
-                mbar_wait(Q_EMPTY, (qn & 1) ^ 1);
-                mbar_arrive_expect(Q_FULL, TILE_BYTES);
-                load_tile(q_s, &p.q, k.h, k.b, k.q0, Q_FULL);
-                ++qn;
-                for (int j0 = blo; j0 < bhi; j0 += BC, ++kv) {
-                    const int st = kv % STAGES;
-                    const u32 phase = (kv / STAGES) & 1;
-                    mbar_wait(K_EMPTY(st), phase ^ 1);
-                    mbar_arrive_expect(K_FULL(st), TILE_BYTES);
-                    load_tile(K_S(st), &p.k, hkv, k.b, j0, K_FULL(st));
-                    mbar_wait(V_EMPTY(st), phase ^ 1);
-                    mbar_arrive_expect(V_FULL(st), TILE_BYTES);
-                    load_tile(V_S(st), &p.v, hkv, k.b, j0, V_FULL(st));
+            int next = 0;
+            if (lane == 0) {
+                const Work k = work_item(p, w);
+                const int hkv = k.h / (p.hq / p.hk);
+                const Seq s = seq_of(k.b, p.batch, p.sq, p.sk, nullptr, nullptr);
+                int blo, bhi;
+                tile_keys(s, k.q0, BM, &blo, &bhi);
+                if (blo < bhi) {
+                    mbar_wait(Q_EMPTY, (qn & 1) ^ 1);
+                    mbar_arrive_expect(Q_FULL, TILE_BYTES);
+                    load_tile(q_s, &p.q, k.h, k.b, k.q0, Q_FULL);
+                    ++qn;
+                    for (int j0 = blo; j0 < bhi; j0 += BC, ++kv) {
+                        const int st = kv % STAGES;
+                        const u32 phase = (kv / STAGES) & 1;
+                        mbar_wait(K_EMPTY(st), phase ^ 1);
+                        mbar_arrive_expect(K_FULL(st), TILE_BYTES);
+                        load_tile(K_S(st), &p.k, hkv, k.b, j0, K_FULL(st));
+                        mbar_wait(V_EMPTY(st), phase ^ 1);
+                        mbar_arrive_expect(V_FULL(st), TILE_BYTES);
+                        load_tile(V_S(st), &p.v, hkv, k.b, j0, V_FULL(st));
+                    }
                 }
+                next = gridDim.x + atomicAdd(reinterpret_cast<int*>(p.counter), 1);
             }
-            w = gridDim.x + atomicAdd(reinterpret_cast<int*>(p.counter), 1);
+            w = __shfl_sync(FULL_LANE_MASK, next, 0);
         }
         return;
     }
@@ -251,13 +266,11 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     // the end, so both barriers end balanced.
     if (c == 1) turn_pass(c);
     int kv = 0, qn = 0;
-    for (int n_items = 0;; ++n_items) {
-        const int slot = n_items % 2;
-        mbar_wait(ITEM_FULL(slot), (n_items / 2) & 1);
-        const int w = *reinterpret_cast<volatile int*>(&item[slot]);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(ITEM_EMPTY(slot));
-        if (w >= total) break;
+    for (;;) {
+        handoff_wait(3);
+        const int w = *slot;
+        if (w >= total) break;  // (the last handoff: the producer waits for no reply)
+        handoff_arrive(4);
         const Work k = work_item(p, w);
         const Seq s = seq_of(k.b, p.batch, p.sq, p.sk, nullptr, nullptr);
         int blo, bhi;
@@ -367,8 +380,6 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
 #undef V_S
 #undef Q_FULL
 #undef Q_EMPTY
-#undef ITEM_FULL
-#undef ITEM_EMPTY
 #undef K_FULL
 #undef V_FULL
 #undef K_EMPTY
