@@ -99,6 +99,79 @@ def test_layernorm():
     close(db, dy.sum(0), 1e-4)
 
 
+def fp8_values(t):
+    """A Float8Tensor's values (codes · scale_inv) in float64."""
+    return np.asarray(t.dequantize("f32"), np.float64)
+
+
+# Relative spacing of FP8 values: 3 mantissa bits for e4m3, 2 for e5m2 (half of it is the most
+# a round-to-nearest cast moves a value).
+FP8_STEP = {"f8e4m3": 2.0**-3, "f8e5m2": 2.0**-2}
+
+
+@pytest.mark.parametrize("fmt", ["f8e4m3", "f8e5m2"])
+def test_norms_write_fp8_through_a_quantizer(fmt):
+    x, g, b = rand(6, 48), rand(48), rand(48)
+    x64 = x.astype(np.float64)
+    scale = np.array([RNG.uniform(0.5, 4.0)], np.float32)
+    # rmsnorm: the amax starts below the output's and is raised to it in place.
+    amax = np.array([0.25], np.float32)
+    q = tex.Float8Quantizer(scale, amax, fmt)
+    out, mu, rs = tex.rmsnorm_fwd(x, g, 1e-5, None, q, None, 0, False)
+    assert isinstance(out, tex.Float8Tensor) and mu is None and out.fp8_dtype == fmt
+    assert out.data.dtype == np.uint8 and tuple(out.shape) == (6, 48)
+    r = 1.0 / np.sqrt((x64**2).mean(-1) + 1e-5)
+    y = x64 * r[:, None] * g
+    close(rs, r)
+    close(out.scale_inv, 1.0 / scale.astype(np.float64), 1e-7)
+    close(amax, [np.abs(y).max()], 1e-5)
+    got = fp8_values(out)
+    assert np.all(np.abs(got - y) <= FP8_STEP[fmt] / 2 * np.abs(y) + 2.0**-9 / scale[0]), np.abs(got - y).max()
+    # layernorm: an amax already above the output's stays.
+    amax = np.array([1e3], np.float32)
+    out, mu, rs = tex.layernorm_fwd(x, g, b, 1e-5, None, tex.Float8Quantizer(scale, amax, fmt), None, 0, False)
+    m = x64.mean(-1)
+    y = (x64 - m[:, None]) / np.sqrt(x64.var(-1) + 1e-5)[:, None] * g + b
+    close(mu, m)
+    assert amax[0] == np.float32(1e3)
+    got = fp8_values(out)
+    assert np.all(np.abs(got - y) <= FP8_STEP[fmt] / 2 * np.abs(y) + 2.0**-9 / scale[0]), np.abs(got - y).max()
+    with pytest.raises(NotImplementedError, match="ln_out"):
+        tex.rmsnorm_fwd(x, g, 1e-5, np.zeros_like(x), q, None, 0, False)
+    with pytest.raises(ValueError, match="FP8"):
+        tex.rmsnorm_fwd(x, g, 1e-5, None, tex.Float8Quantizer(scale, amax, "bf16"), None, 0, False)
+
+
+def quantized(x, fmt):
+    """x as a Float8Tensor, through tex.quantize with a random scale."""
+    s = np.array([RNG.uniform(1.0, 8.0)], np.float32)
+    q, _, _, s_inv = tex.quantize(x, s, fmt)
+    return tex.Float8Tensor(q, s_inv, fmt)
+
+
+@pytest.mark.parametrize("fa,fb", [("f8e4m3", "f8e4m3"), ("f8e4m3", "f8e5m2")])
+def test_generic_gemm_on_fp8_operands_and_to_an_fp8_output(fa, fb):
+    # TE's "TN": A [out, in] (the weight), B [tokens, in] -> D = B·Aᵀ, from the FP8 values.
+    A, B = quantized(rand(24, 64), fa), quantized(rand(9, 64), fb)
+    want = fp8_values(B) @ fp8_values(A).T
+    D = np.zeros((9, 24), np.float32)
+    d, _, _, _ = tex.generic_gemm(A, True, B, False, D, None, np.float32, None, None, False, None, False, None, 0, False, True)
+    assert d is D
+    close(D, want, 1e-5)
+    # D as FP8 through a quantizer (amax raised from 0), with a bias.
+    bias = rand(24)
+    qd = tex.Float8Quantizer(np.array([0.5], np.float32), np.zeros(1, np.float32), "f8e4m3")
+    d8, _, _, _ = tex.generic_gemm(A, True, B, False, None, qd, None, bias, None, False, None, False, None, 0, False, False)
+    assert isinstance(d8, tex.Float8Tensor) and tuple(d8.shape) == (9, 24)
+    want_b = want + bias
+    close(qd.amax, [np.abs(want_b).max()], 1e-5)
+    close(d8.scale_inv, [2.0], 1e-7)
+    got = fp8_values(d8)
+    assert np.all(np.abs(got - want_b) <= FP8_STEP["f8e4m3"] / 2 * np.abs(want_b) + 2.0**-9 * 2), np.abs(got - want_b).max()
+    with pytest.raises(TypeError, match="both"):
+        tex.generic_gemm(A, True, rand(9, 64), False, D, None, np.float32, None, None, False, None, False, None, 0, False, False)
+
+
 def gelu_tanh(x):
     return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
 

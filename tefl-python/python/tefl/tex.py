@@ -7,8 +7,10 @@ return TE's tuples, running on whatever tefl's policy selects (``TE_FL_PREFER``,
 ``TE_FL_PER_OP``, ``set_backend``). Tensors are torch tensors or numpy arrays (anything with
 ``__dlpack__``), taken without a copy; results come back as the inputs' kind.
 
-Arguments tefl does not support yet (a quantizer, an attention bias, context parallelism, ...)
-raise ``NotImplementedError`` naming them; bad values raise ``ValueError``/``TypeError`` naming
+FP8 goes through ``Float8Quantizer`` (the norms' and ``generic_gemm``'s ``quantizer``) and
+``Float8Tensor`` (``generic_gemm``'s A and B). Arguments tefl does not support yet (other kinds
+of quantizer, an attention bias, context parallelism, ...) raise ``NotImplementedError`` naming
+them; bad values raise ``ValueError``/``TypeError`` naming
 the argument; an impl failure with no fallback left raises ``RuntimeError`` naming the impls.
 """
 
@@ -45,6 +47,8 @@ __all__ = [
     "multi_tensor_compute_scale_and_scale_inv",
     "quantize",
     "dequantize",
+    "Float8Quantizer",
+    "Float8Tensor",
     "fused_amax_and_scale_update_after_reduction",
     "dropout_fwd",
     "dropout_bwd",
@@ -88,6 +92,93 @@ def set_backend(name):
     global_manager().set_backend(name)
 
 
+# -- FP8 quantizers and tensors ---------------------------------------------------------------
+
+
+class Float8Quantizer:
+    """TE's delayed-scaling FP8 quantizer: an op given one writes FP8 codes of (value · ``scale``)
+    and raises ``amax`` in place to the largest |value| it saw (before scaling), as TE's kernels
+    do (the recipe resets it). ``scale`` and ``amax`` are f32 ``[1]`` tensors on the device the
+    op runs on; ``fp8_dtype`` is e4m3 or e5m2 (a torch float8 dtype, TE's ``DType`` or a string).
+
+    TE's own quantizer objects work too: any object with ``scale``, ``amax`` and ``dtype`` or
+    ``fp8_dtype`` is read the same way. Other kinds (current scaling, MXFP8 blocks) are not
+    supported yet."""
+
+    def __init__(self, scale, amax, fp8_dtype):
+        self.scale = scale
+        self.amax = amax
+        self.fp8_dtype = fp8_dtype
+
+
+class Float8Tensor:
+    """FP8 data as a quantized output holds it: ``data`` (the codes: a torch float8 tensor, or
+    uint8 bytes for numpy, which has no FP8 dtype), ``scale_inv`` (f32 ``[1]``: value = code ·
+    scale_inv) and ``fp8_dtype``. ``generic_gemm`` takes one as A or B."""
+
+    def __init__(self, data, scale_inv, fp8_dtype):
+        self.data = data
+        self.scale_inv = scale_inv
+        self.fp8_dtype = dtype_name(fp8_dtype, "fp8_dtype")
+
+    @property
+    def shape(self):
+        return self.data.shape
+
+    def dequantize(self, dtype="f32"):
+        """The values, codes times ``scale_inv``, as ``dtype``."""
+        return dequantize(self.data, self.scale_inv, dtype, self.fp8_dtype)
+
+    def __repr__(self):
+        return f"Float8Tensor({self.fp8_dtype}, shape={tuple(self.shape)})"
+
+
+def _fp8_quantizer(fn, quantizer):
+    """(scale, amax, fp8 dtype name) of a quantizer, or None for none; NotImplementedError for a
+    kind tefl does not take."""
+    if quantizer is None:
+        return None
+    fmt = getattr(quantizer, "fp8_dtype", None)
+    if fmt is None:
+        fmt = getattr(quantizer, "dtype", None)
+    scale, amax = getattr(quantizer, "scale", None), getattr(quantizer, "amax", None)
+    if scale is None or amax is None or fmt is None:
+        raise NotImplementedError(
+            f"{fn}: argument 'quantizer'={quantizer!r} is not supported by tefl yet "
+            "(tefl takes delayed-scaling FP8 quantizers: scale, amax and an e4m3/e5m2 dtype)"
+        )
+    name = dtype_name(fmt, "quantizer.dtype")
+    if name not in ("f8e4m3", "f8e5m2"):
+        raise ValueError(f"{fn}: quantizer dtype {fmt!r} is not an FP8 format (e4m3 or e5m2)")
+    return scale, amax, name
+
+
+def _raise_amax(amax, seen):
+    """amax = max(amax, seen), in place (a torch tensor or a numpy array)."""
+    if hasattr(amax, "copy_"):
+        import torch
+
+        amax.copy_(torch.maximum(amax, seen.reshape(amax.shape).to(amax.dtype)))
+    else:
+        import numpy as np
+
+        np.maximum(amax, np.asarray(seen).reshape(amax.shape), out=amax)
+
+
+def _fp8_operand(t):
+    """(codes as an FP8 tensor, scale_inv) of a Float8Tensor (tefl's, or TE's with ``_data``,
+    ``_scale_inv`` and ``_fp8_dtype``), or None for anything else."""
+    if isinstance(t, Float8Tensor):
+        data, scale_inv, fmt = t.data, t.scale_inv, t.fp8_dtype
+    elif hasattr(t, "_data") and hasattr(t, "_scale_inv") and hasattr(t, "_fp8_dtype"):
+        data, scale_inv, fmt = t._data, t._scale_inv, dtype_name(t._fp8_dtype, "_fp8_dtype")
+    else:
+        return None
+    if dtype_name(getattr(data, "dtype", None), "data") == "u8":
+        data = _native.view_as(data, fmt)
+    return data, scale_inv
+
+
 # -- normalization ----------------------------------------------------------------------------
 
 
@@ -100,13 +191,36 @@ def _store(ln_out, y):
 
 
 def rmsnorm_fwd(input, weight, eps, ln_out=None, quantizer=None, otype=None, sm_margin=0, zero_centered_gamma=False):
-    """``-> (out, None, rsigma)``: out = input·rsigma·weight (weight + 1 when zero-centred)."""
-    _unsupported("rmsnorm_fwd", quantizer=(quantizer, _none))
-    otype = dtype_name(otype, "otype") if otype is not None else None
+    """``-> (out, None, rsigma)``: out = input·rsigma·weight (weight + 1 when zero-centred).
+
+    With a ``quantizer`` (``Float8Quantizer``), out is a ``Float8Tensor`` written in the same
+    pass, and the quantizer's amax is raised to max |input·rsigma·weight|."""
+    kind = kind_of([input])
     args = {"x": input, "gamma": weight, "eps": float(eps), "zero_centered_gamma": bool(zero_centered_gamma)}
-    args["out_dtype"] = otype or _dtype_of(input)
-    out = call("rmsnorm_fwd", args)
-    return _store(ln_out, out["y"]), None, out["rsigma"]
+    _norm_out(args, "rmsnorm_fwd", input, ln_out, quantizer, otype)
+    out = call("rmsnorm_fwd", args, kind=kind)
+    return _norm_result(out, ln_out, quantizer), None, out["rsigma"]
+
+
+def _norm_out(args, fn, input, ln_out, quantizer, otype):
+    """The output dtype (and FP8 scale) arguments of a norm forward."""
+    q = _fp8_quantizer(fn, quantizer)
+    if q is None:
+        otype = dtype_name(otype, "otype") if otype is not None else None
+        args["out_dtype"] = otype or _dtype_of(input)
+        return
+    if ln_out is not None:
+        raise NotImplementedError(f"{fn}: argument 'ln_out' with a quantizer is not supported by tefl yet")
+    args["out_dtype"], args["scale"] = q[2], q[0]
+
+
+def _norm_result(out, ln_out, quantizer):
+    """A norm forward's output: a Float8Tensor (the quantizer's amax raised) or the plain one."""
+    if quantizer is None:
+        return _store(ln_out, out["y"])
+    _raise_amax(quantizer.amax, out["amax"])
+    fmt = _fp8_quantizer("norm", quantizer)[2]
+    return Float8Tensor(out["y"], out["scale_inv"], fmt)
 
 
 def rmsnorm_bwd(dz, x, rsigma, gamma, sm_margin=0, zero_centered_gamma=False):
@@ -137,19 +251,12 @@ def rmsnorm_bwd_add(dz, x, add, rsigma, gamma, sm_margin=0, zero_centered_gamma=
 def layernorm_fwd(
     input, weight, bias, eps, ln_out=None, quantizer=None, otype=None, sm_margin=0, zero_centered_gamma=False
 ):
-    """``-> (out, mu, rsigma)``."""
-    _unsupported("layernorm_fwd", quantizer=(quantizer, _none))
-    otype = dtype_name(otype, "otype") if otype is not None else None
-    args = {
-        "x": input,
-        "gamma": weight,
-        "beta": bias,
-        "eps": float(eps),
-        "zero_centered_gamma": bool(zero_centered_gamma),
-        "out_dtype": otype or _dtype_of(input),
-    }
-    out = call("layernorm_fwd", args)
-    return _store(ln_out, out["y"]), out["mu"], out["rsigma"]
+    """``-> (out, mu, rsigma)``; with a ``quantizer``, out is a ``Float8Tensor`` (as ``rmsnorm_fwd``)."""
+    kind = kind_of([input])
+    args = {"x": input, "gamma": weight, "beta": bias, "eps": float(eps), "zero_centered_gamma": bool(zero_centered_gamma)}
+    _norm_out(args, "layernorm_fwd", input, ln_out, quantizer, otype)
+    out = call("layernorm_fwd", args, kind=kind)
+    return _norm_result(out, ln_out, quantizer), out["mu"], out["rsigma"]
 
 
 def layernorm_bwd(dz, x, mu, rsigma, gamma, sm_margin=0, zero_centered_gamma=False):
@@ -201,8 +308,19 @@ def generic_gemm(
     with ``grad`` they are the backward's: ``gelu`` means D ⊙= gelu'(gelu_in), ``bias`` asks for
     the bias gradient (column sums of D). ``accumulate`` adds to D. Returns
     ``(D, bias_grad, gelu_in, None)``.
+
+    FP8: A and B may be ``Float8Tensor``s (both, e4m3 or e5m2; their ``scale_inv`` scale the
+    product), ``use_split_accumulator`` picks TE's split accumulation, and a ``quantizer``
+    (``Float8Quantizer``) makes D a ``Float8Tensor`` of (product · scale), its amax raised.
     """
-    _unsupported("generic_gemm", quantizer=(quantizer, _none))
+    kind = kind_of([x.data if isinstance(x, Float8Tensor) else x for x in (A, B, D)])
+    fa, fb = _fp8_operand(A), _fp8_operand(B)
+    if (fa is None) != (fb is None):
+        raise TypeError("generic_gemm: A and B must both be FP8 (Float8Tensor) or both not")
+    a_scale_inv = b_scale_inv = None
+    if fa is not None:
+        (A, a_scale_inv), (B, b_scale_inv) = fa, fb
+    q = _fp8_quantizer("generic_gemm", quantizer)
     a_shape, b_shape = _shape(A), _shape(B)
     if len(a_shape) != 2 or len(b_shape) != 2:
         A2, B2 = _flatten2(A), _flatten2(B)
@@ -219,8 +337,10 @@ def generic_gemm(
     # TE's reading: D = op(B)·op(A) (row-major).
     if fits(b_shape, transB, a_shape, transA):
         left, tl, right, tr = B2, transB, A2, transA
+        left_si, right_si = b_scale_inv, a_scale_inv
     elif fits(a_shape, transA, b_shape, transB):
         left, tl, right, tr = A2, transA, B2, transB
+        left_si, right_si = a_scale_inv, b_scale_inv
     else:
         raise ValueError(
             f"generic_gemm: A {a_shape} (transA={transA}) and B {b_shape} (transB={transB}) do not "
@@ -244,10 +364,18 @@ def generic_gemm(
             epilogue = "bias"
         else:
             epilogue = "none"
-    out_dtype = dtype_name(output_dtype, "output_dtype") if output_dtype is not None else _dtype_of(D)
+    if q is not None:
+        if accumulate or D is not None:
+            raise NotImplementedError("generic_gemm: argument 'D' with a quantizer is not supported by tefl yet")
+        out_dtype = q[2]
+    else:
+        out_dtype = dtype_name(output_dtype, "output_dtype") if output_dtype is not None else _dtype_of(D)
     args = {
         "a": left,
         "b": right,
+        "a_scale_inv": left_si,
+        "b_scale_inv": right_si,
+        "d_scale": q[0] if q is not None else None,
         "bias": bias if epilogue in ("bias", "bias_gelu") else None,
         "aux": gelu_in if epilogue in ("dgelu", "dgelu_bias_grad") else None,
         "c": D if accumulate else None,
@@ -259,14 +387,22 @@ def generic_gemm(
         "out_dtype": out_dtype,
         "split_accumulator": bool(use_split_accumulator),
     }
-    out = call("generic_gemm", args)
+    out = call("generic_gemm", args, kind=kind)
     d = out["d"]
+    if q is not None:
+        _raise_amax(quantizer.amax, out["d_amax"])
+        d = Float8Tensor(d, _reciprocal(q[0]), q[2])
     if D is not None:
         D[...] = d.reshape(_shape(D)) if _shape(d) != _shape(D) else d
         d = D
     if out.get("aux_out") is not None and gelu_in is not None and not grad:
         gelu_in[...] = out["aux_out"].reshape(_shape(gelu_in))
     return d, out.get("bias_grad"), gelu_in if gelu else None, None
+
+
+def _reciprocal(scale):
+    """1 / scale as a new tensor of scale's kind (the FP8 output's scale_inv)."""
+    return 1.0 / scale
 
 
 def _flatten2(t):
