@@ -1,7 +1,8 @@
 //! Flash attention forward on Hopper (`cuda/attention/attention_sm90.cu`): the copy engine
 //! loads Q and K / V tiles of 128 rows (4-D tensor maps over the bshd or sbhd tensors, so a
-//! sequence's tail reads zeros), wgmma multiplies them, a producer warpgroup feeds two consumer
-//! warpgroups of 64 query rows.
+//! sequence's tail reads zeros), wgmma multiplies them, a producer warp feeds two consumer
+//! warpgroups of 64 query rows; one persistent CTA per SM claims work items (128 query rows of
+//! a head) from a counter.
 //!
 //! [`fwd`] answers `Ok(None)` for a call the kernel does not take: another arch than sm_90,
 //! the tune config's `fwd_wgmma` off, f32, head dims other than 64 and 128, the thd layout,

@@ -2,12 +2,14 @@
 // K / V tiles into a ring of shared-memory stages, warpgroup MMAs (wgmma) compute the scores
 // from shared memory and P·V with the probabilities straight from registers.
 //
-// One CTA per 128 query rows of one head: warpgroup 0 is the producer (one thread issues the
-// copies, the rest give their registers back), warpgroups 1 and 2 are consumers of 64 query rows
-// each. Per key tile of 128: S = Q·Kᵀ (wgmma m64n128k16, both operands K-major in shared
+// Persistent CTAs (one per SM) claim work items of 128 query rows of one head from a counter.
+// Warpgroup 0 is the producer (one warp: lane 0 claims items and issues the copies; the other
+// warps leave with their registers given back), warpgroups 1 and 2 are consumers of 64 query
+// rows each. Per key tile of 128: S = Q·Kᵀ (wgmma m64n128k16, both operands K-major in shared
 // memory), the mask, the online softmax on the S registers, then O += P·V (wgmma with A = P
 // in registers: the accumulator pairs of two n8 blocks are exactly A's fragment of one k16
-// step; B = V, MN-major: V's rows are keys with the head dim contiguous). Full and empty
+// step; B = V, MN-major: V's rows are keys with the head dim contiguous). A tile's softmax
+// overlaps the previous tile's P·V, and the consumers take turns issuing MMAs. Full and empty
 // mbarriers per stage and operand hand tiles between the producer and the consumers.
 //
 // Shared memory is the copy engine's 128-byte swizzled layout: a tile of rows x D is D / 64
