@@ -135,8 +135,9 @@ pub fn fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs, g: &AttnGeometry, b: &AttnBuild
     };
     let grid = Grid { blocks: (ctas as u32, 1, 1), threads: (384, 1, 1), smem: smem(g.d) as u32 };
     // SAFETY: `AttnParams` is the kernel's parameter struct (repr(C), the same field order,
-    // 64-byte aligned maps); the maps and pointers address live tensors (q, k, v, o, lse) that
-    // stream ordering keeps alive until the kernel has run.
+    // 64-byte aligned maps); the maps and pointers address live tensors (q, k, v, o, lse and
+    // the counter with its 1 + grid ints) that stream ordering keeps alive until the kernel
+    // has run: their frees are queued after it.
     unsafe { launch_struct(ctx.device, &variant(b)?, ENTRIES[0], grid, &params)? };
     Ok(Some(AttnFwdOut { o, softmax_lse: lse }))
 }
