@@ -50,6 +50,11 @@ fn variant(b: &AttnBuild) -> Result<Variant> {
     Ok(Variant::new(&tefl_kernels::ATTENTION_SM90, ENTRIES, defines))
 }
 
+/// Work items of one call: 128 query rows of one head of one sequence each.
+fn work_items(g: &AttnGeometry) -> usize {
+    g.sq.div_ceil(ROWS) * g.hq * g.batch
+}
+
 /// Dynamic shared memory: the alignment slack, the Q tile, STAGES K and V tiles, the barriers.
 fn smem(d: usize) -> usize {
     1024 + (1 + 2 * STAGES) * ROWS * d * 2 + 8 * (2 + 4 * STAGES)
@@ -81,8 +86,8 @@ fn declined(ctx: &KernelCtx<'_>, a: &AttnFwdArgs, g: &AttnGeometry, b: &AttnBuil
             return Ok(Some("a tensor not 16-byte aligned".into()));
         }
     }
-    let items = g.sq.div_ceil(ROWS) * g.hq * g.batch;
-    if items.max(g.sq).max(g.sk) > i32::MAX as usize / 2 || smem(g.d) > info(ctx.device)?.shared_memory_per_block_optin
+    if work_items(g).max(g.sq).max(g.sk) > i32::MAX as usize / 2
+        || smem(g.d) > info(ctx.device)?.shared_memory_per_block_optin
     {
         return Ok(Some("past the kernel's index range or shared memory".into()));
     }
@@ -114,8 +119,7 @@ pub fn fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs, g: &AttnGeometry, b: &AttnBuild
     let lse = empty(ctx.device, &g.lse_shape(), DType::F32)?;
     // Persistent: one CTA per SM at most, each claiming work items from a counter (then one
     // slot per CTA for handing its item to its consumers).
-    let items = g.sq.div_ceil(ROWS) * g.hq * g.batch;
-    let ctas = items.min(sm_count(ctx.device) as usize);
+    let ctas = work_items(g).min(sm_count(ctx.device) as usize);
     let counter = zeros(ctx.device, &[1 + ctas], DType::I32)?;
     let params = AttnParams {
         q: qkv_map(ctx, &a.q, g, g.sq, g.hq)?,

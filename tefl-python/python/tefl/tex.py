@@ -197,30 +197,32 @@ def rmsnorm_fwd(input, weight, eps, ln_out=None, quantizer=None, otype=None, sm_
     pass, and the quantizer's amax is raised to max |input·rsigma·weight|."""
     kind = kind_of([input])
     args = {"x": input, "gamma": weight, "eps": float(eps), "zero_centered_gamma": bool(zero_centered_gamma)}
-    _norm_out(args, "rmsnorm_fwd", input, ln_out, quantizer, otype)
+    q = _norm_out(args, "rmsnorm_fwd", input, ln_out, quantizer, otype)
     out = call("rmsnorm_fwd", args, kind=kind)
-    return _norm_result(out, ln_out, quantizer), None, out["rsigma"]
+    return _norm_result(out, ln_out, quantizer, q), None, out["rsigma"]
 
 
 def _norm_out(args, fn, input, ln_out, quantizer, otype):
-    """The output dtype (and FP8 scale) arguments of a norm forward."""
+    """The output dtype (and FP8 scale) arguments of a norm forward; returns the quantizer's
+    (scale, amax, format), or None."""
     q = _fp8_quantizer(fn, quantizer)
     if q is None:
         otype = dtype_name(otype, "otype") if otype is not None else None
         args["out_dtype"] = otype or _dtype_of(input)
-        return
+        return None
     if ln_out is not None:
         raise NotImplementedError(f"{fn}: argument 'ln_out' with a quantizer is not supported by tefl yet")
     args["out_dtype"], args["scale"] = q[2], q[0]
+    return q
 
 
-def _norm_result(out, ln_out, quantizer):
-    """A norm forward's output: a Float8Tensor (the quantizer's amax raised) or the plain one."""
-    if quantizer is None:
+def _norm_result(out, ln_out, quantizer, q):
+    """A norm forward's output: a Float8Tensor (the quantizer's amax raised; q from _norm_out)
+    or the plain one."""
+    if q is None:
         return _store(ln_out, out["y"])
     _raise_amax(quantizer.amax, out["amax"])
-    fmt = _fp8_quantizer("norm", quantizer)[2]
-    return Float8Tensor(out["y"], out["scale_inv"], fmt)
+    return Float8Tensor(out["y"], out["scale_inv"], q[2])
 
 
 def rmsnorm_bwd(dz, x, rsigma, gamma, sm_margin=0, zero_centered_gamma=False):
@@ -254,9 +256,9 @@ def layernorm_fwd(
     """``-> (out, mu, rsigma)``; with a ``quantizer``, out is a ``Float8Tensor`` (as ``rmsnorm_fwd``)."""
     kind = kind_of([input])
     args = {"x": input, "gamma": weight, "beta": bias, "eps": float(eps), "zero_centered_gamma": bool(zero_centered_gamma)}
-    _norm_out(args, "layernorm_fwd", input, ln_out, quantizer, otype)
+    q = _norm_out(args, "layernorm_fwd", input, ln_out, quantizer, otype)
     out = call("layernorm_fwd", args, kind=kind)
-    return _norm_result(out, ln_out, quantizer), out["mu"], out["rsigma"]
+    return _norm_result(out, ln_out, quantizer, q), out["mu"], out["rsigma"]
 
 
 def layernorm_bwd(dz, x, mu, rsigma, gamma, sm_margin=0, zero_centered_gamma=False):

@@ -161,15 +161,19 @@ __device__ __forceinline__ void pack_p(u32 (*pa)[4], const float* sc) {
 
 // Work item w (of nq query tiles x hq heads x batch): query tiles fastest, from the last (which
 // sees the most keys under causal masks) to the first, then heads, then sequences: the CTAs
-// running at once share few heads' K and V (they stay in L2).
+// running at once share few heads' K and V (they stay in L2). With its sequence and the keys
+// [blo, bhi) its rows see; the producer and the consumers both decode items with it.
 struct Work {
-    int b, h, q0;
+    int b, h, q0, blo, bhi;
+    Seq s;
 };
 __device__ __forceinline__ Work work_item(const AttnParams& p, int w) {
     Work k;
     k.q0 = (p.tiles_q - 1 - w % p.tiles_q) * BM;
     k.h = (w / p.tiles_q) % p.hq;
     k.b = w / (p.tiles_q * p.hq);
+    k.s = seq_of(k.b, p.batch, p.sq, p.sk, nullptr, nullptr);
+    tile_keys(k.s, k.q0, BM, &k.blo, &k.bhi);
     return k;
 }
 
@@ -229,10 +233,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
             int next = 0;
             if (lane == 0) {
                 const Work k = work_item(p, w);
-                const int hkv = k.h / (p.hq / p.hk);
-                const Seq s = seq_of(k.b, p.batch, p.sq, p.sk, nullptr, nullptr);
-                int blo, bhi;
-                tile_keys(s, k.q0, BM, &blo, &bhi);
+                const int hkv = k.h / (p.hq / p.hk), blo = k.blo, bhi = k.bhi;
                 if (blo < bhi) {
                     mbar_wait(Q_EMPTY, (qn & 1) ^ 1);
                     mbar_arrive_expect(Q_FULL, TILE_BYTES);
@@ -274,9 +275,8 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
         if (w >= total) break;  // (the last handoff: the producer waits for no reply)
         handoff_arrive(4);
         const Work k = work_item(p, w);
-        const Seq s = seq_of(k.b, p.batch, p.sq, p.sk, nullptr, nullptr);
-        int blo, bhi;
-        tile_keys(s, k.q0, BM, &blo, &bhi);
+        const Seq& s = k.s;
+        const int blo = k.blo, bhi = k.bhi;
         const int wr = k.q0 + 64 * c + 16 * warp;  // the warp's first query row; the thread has wr + g, +8
         // Accumulator i of a 64 x N wgmma tile is row 16 warp + g + 8 ((i / 2) % 2), column
         // 8 (i / 4) + 2 t + i % 2: the thread's two rows x = (i / 2) % 2.

@@ -135,14 +135,6 @@ __device__ __forceinline__ void mma_stage(float* d, u32 stage, int c, int accumu
     }
 }
 
-// A tile's origin in its group: down the row tiles of one column tile first (M_FIRST:
-// consecutive CTAs share B's tile) or along a row of column tiles.
-#if M_FIRST
-#define TILE_ORIGIN const int tiles_m = (gi.m + BM - 1) / BM; const int m0 = (local % tiles_m) * BM, n0 = (local / tiles_m) * BN
-#else
-#define TILE_ORIGIN const int m0 = (local / gi.tiles_n) * BM, n0 = (local % gi.tiles_n) * BN
-#endif
-
 // Synchronises the 128 threads of consumer `c` (named barrier 1 + c; 0 is __syncthreads).
 __device__ __forceinline__ void consumer_sync(int c) {
     asm volatile("bar.sync %0, 128;" ::"r"(1 + c) : "memory");
@@ -153,6 +145,29 @@ __device__ __forceinline__ int group_of(const GroupTable& t, int tile) {
     int g = 0;
     while (g + 1 < t.groups && t.g[g + 1].first_tile <= tile) ++g;
     return g;
+}
+
+// Tile `tile` of the launch: its group, its origin in the group (down the row tiles of one
+// column tile first with M_FIRST: consecutive CTAs share B's tile; else along a row of column
+// tiles) and its K steps. The producer and the consumers both walk the tiles with it.
+struct Tile {
+    int g, m0, n0, steps;
+};
+__device__ __forceinline__ Tile tile_at(const GroupTable& t, int tile) {
+    Tile r;
+    r.g = group_of(t, tile);
+    const GroupInfo& gi = t.g[r.g];
+    const int local = tile - gi.first_tile;
+#if M_FIRST
+    const int tiles_m = (gi.m + BM - 1) / BM;
+    r.m0 = (local % tiles_m) * BM;
+    r.n0 = (local / tiles_m) * BN;
+#else
+    r.m0 = (local / gi.tiles_n) * BM;
+    r.n0 = (local % gi.tiles_n) * BN;
+#endif
+    r.steps = (gi.k + BK - 1) / BK;
+    return r;
 }
 
 __device__ __forceinline__ float bias_at(unsigned long long p, int col) {
@@ -218,12 +233,9 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
         int stage = 0;
         u32 phase = 0;
         for (int tile = blockIdx.x; tile < table.tiles; tile += gridDim.x) {
-            const int g = group_of(table, tile);
-            const GroupInfo& gi = table.g[g];
-            const int local = tile - gi.first_tile;
-            TILE_ORIGIN;
-            const int steps = (gi.k + BK - 1) / BK;
-            for (int kb = 0; kb < steps; ++kb) {
+            const Tile tl = tile_at(table, tile);
+            const int g = tl.g, m0 = tl.m0, n0 = tl.n0;
+            for (int kb = 0; kb < tl.steps; ++kb) {
                 mbar_wait(EMPTY(stage), phase ^ 1);
                 const u32 full = FULL(stage);
                 mbar_arrive_expect(full, STAGE_BYTES);
@@ -262,11 +274,9 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     float part[ACC];
 #endif
     for (int tile = blockIdx.x; tile < table.tiles; tile += gridDim.x) {
-        const int g = group_of(table, tile);
+        const Tile tl = tile_at(table, tile);
+        const int g = tl.g, m0 = tl.m0, n0 = tl.n0, steps = tl.steps;
         const GroupInfo& gi = table.g[g];
-        const int local = tile - gi.first_tile;
-        TILE_ORIGIN;
-        const int steps = (gi.k + BK - 1) / BK;
 #pragma unroll
         for (int i = 0; i < ACC; ++i) d[i] = 0.0f;
         int held = -1;  // the stage whose MMAs may still read it (released one step later)
