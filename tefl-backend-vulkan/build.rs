@@ -285,6 +285,74 @@ fn mark_bfloat16(name: &str, words: &mut Vec<u32>) {
     *words = out;
 }
 
+/// SPIR-V opcodes and capabilities `retype_coop_operands` reads or writes.
+const OP_CONSTANT: u32 = 43;
+const OP_TYPE_COOPERATIVE_MATRIX: u32 = 4456;
+const CAPABILITY_FLOAT16: u32 = 9;
+
+/// Retypes the A and B cooperative matrices of a module (declared with f32 components, the
+/// type naga gives a matrix loaded through an f32 pointer) to a new 16-bit float type: IEEE
+/// half, or bfloat16 (SPV_KHR_bfloat16) when `bf16`. The loads then reinterpret the 16-byte
+/// units of the shared tiles as 16-bit elements, as SPV_KHR_cooperative_matrix allows. Panics
+/// (failing the build) when the module already has a 16-bit float type or no A/B matrix types.
+fn retype_coop_operands(name: &str, words: &mut Vec<u32>, bf16: bool) {
+    const HEADER: usize = 5;
+    let half = words[3];
+    let mut out = words[..HEADER].to_vec();
+    out[3] = half + 1;
+    let mut constants = std::collections::HashMap::new();
+    let (mut declared, mut typed, mut retyped, mut has_float16) = (false, false, 0, false);
+    let mut at = HEADER;
+    while at < words.len() {
+        let count = (words[at] >> 16) as usize;
+        let opcode = words[at] & 0xFFFF;
+        assert!(count > 0 && at + count <= words.len(), "{name}: malformed SPIR-V at word {at}");
+        let inst = &words[at..at + count];
+        at += count;
+        if opcode == OP_CAPABILITY && inst[1] == CAPABILITY_FLOAT16 {
+            has_float16 = true;
+        }
+        if !declared && opcode != OP_CAPABILITY {
+            // After the last capability: the new type's capabilities (and extension).
+            if bf16 {
+                for cap in BFLOAT16_CAPABILITIES {
+                    out.extend([(2 << 16) | OP_CAPABILITY, cap]);
+                }
+                let mut text = b"SPV_KHR_bfloat16".to_vec();
+                text.resize(text.len() / 4 * 4 + 4, 0);
+                out.push(((1 + text.len() as u32 / 4) << 16) | OP_EXTENSION);
+                out.extend(text.chunks(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])));
+            } else if !has_float16 {
+                out.extend([(2 << 16) | OP_CAPABILITY, CAPABILITY_FLOAT16]);
+            }
+            declared = true;
+        }
+        assert!(!(opcode == OP_TYPE_FLOAT && inst[2] == 16), "{name}: the module already has a 16-bit float type");
+        if opcode == OP_CONSTANT && count == 4 {
+            constants.insert(inst[2], inst[3]);
+        }
+        if opcode == OP_TYPE_COOPERATIVE_MATRIX && count == 7 {
+            if !typed {
+                if bf16 {
+                    out.extend([(4 << 16) | OP_TYPE_FLOAT, half, 16, FP_ENCODING_BFLOAT16]);
+                } else {
+                    out.extend([(3 << 16) | OP_TYPE_FLOAT, half, 16]);
+                }
+                typed = true;
+            }
+            // Use: 0 MatrixAKHR, 1 MatrixBKHR, 2 MatrixAccumulatorKHR.
+            if matches!(constants.get(&inst[6]), Some(0 | 1)) {
+                out.extend([inst[0], inst[1], half, inst[3], inst[4], inst[5], inst[6]]);
+                retyped += 1;
+                continue;
+            }
+        }
+        out.extend_from_slice(inst);
+    }
+    assert_eq!(retyped, 2, "{name}: expected one A and one B cooperative matrix type");
+    *words = out;
+}
+
 fn main() {
     let dir = Path::new("shaders");
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
@@ -305,9 +373,9 @@ fn main() {
             text.push('\n');
         }
         let mut words = compile(&name, &text);
-        if (v.shader == "gemm_coop" || v.shader.starts_with("attn_") && v.shader.ends_with("_coop"))
-            && name.contains(".tx=bf16.")
-        {
+        if v.shader == "gemm_coop" {
+            retype_coop_operands(&name, &mut words, name.contains(".tx=bf16."));
+        } else if v.shader.starts_with("attn_") && v.shader.ends_with("_coop") && name.contains(".tx=bf16.") {
             mark_bfloat16(&name, &mut words);
         }
         let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();

@@ -1,58 +1,74 @@
 // generic_gemm's product on cooperative matrices (VK_KHR_cooperative_matrix, tensor cores):
 // W = alpha·op(A)·op(B) in f32 for 16-bit A and B, the stage 0 of gemm.wgsl on another pipeline
-// (its epilogue stages follow unchanged). Constants: TX (f16 or bf16), TA and TB (transposes).
+// (its epilogue stages follow unchanged), or, for a plain product (stage 4), D itself in its
+// 16-bit dtype with no W and no epilogue stage. Constants: TX (f16 or bf16), TA and TB
+// (transposes).
 //
 // A workgroup of four 32-lane subgroups computes a 128×128 tile of W, each subgroup a 64×64
 // quarter as 4×4 accumulators of 16×16. K goes in steps of KT: each invocation copies its share
 // of the next step's A and B tiles from memory to registers (16 bytes per load) while the
-// subgroups multiply the current step out of shared memory. The tiles hold the sources' elements
-// in the sources' own orientation: a transposed operand is read as a column-major matrix instead
-// of being transposed, so every copy is a straight one.
+// subgroups multiply the current step out of shared memory, then stores it to shared memory
+// as it came (16 bytes per store, no conversion). The tiles are arrays of 16-byte units that
+// the fragment loads reinterpret as 16-bit elements: SPV_KHR_cooperative_matrix lets a load's
+// pointer point at another type than the matrix's, with strides in the pointer's units. WGSL
+// (naga) types a loaded matrix by its pointer, so the A and B matrices here are declared f32
+// and build.rs retypes them to the variant's 16-bit type after naga; that also makes the bf16
+// variant, for which WGSL has no type. The tiles hold the sources' elements in the sources' own
+// orientation: a transposed operand is read as a column-major matrix instead of being
+// transposed, so every copy is a straight one.
 //
-// WGSL has no bf16 type: the bf16 variant is this module with its 16-bit float type marked
-// bfloat16 after naga (build.rs). Its elements only pass through f32 on their way into the
-// tiles (`halves`), which is exact both ways.
+// Measured on the H100 (2026-11-25, bf16 8192³): this shape 5.85 ms; the same loop with the
+// copies from memory left out (the multiplies from shared memory alone) 2.45–2.51 ms. The copy,
+// which WGSL can only stage through registers (no asynchronous copies), is what is left to
+// win; KT 64, 256-wide tiles, 32-wide subgroup tiles and double-buffered tiles were all slower.
 //
 // The host takes this path only where every operand row is a whole number of 16-byte chunks
 // (k, and m or n where they are the contiguous dimension, multiples of 8), so a chunk is
-// either inside the matrix or outside it.
+// either inside the matrix or outside it; stage 4 also needs n to be a multiple of 8.
 
 @group(0) @binding(0) var<storage, read> a: array<vec4<u32>>;
 @group(0) @binding(1) var<storage, read> b: array<vec4<u32>>;
+// D (stage 4): rows of n 16-bit elements, as 16-byte chunks of 8.
+@group(0) @binding(6) var<storage, read_write> d: array<vec4<u32>>;
 
 const TM: u32 = 128u;
 const TN: u32 = 128u;
 const KT: u32 = 32u;
-// Row strides of the shared tiles in words: a tile is either 128 rows of KT elements (16 words,
-// padded to 20) or KT rows of 128 elements (64 words, padded to 68); the padding spreads the
-// rows a fragment load reads over the banks and keeps rows 16-byte aligned.
-const SHORT: u32 = 20u;
-const LONG: u32 = 68u;
-// Chunks of 8 elements per invocation and tile: 128·32 / 8 / 128.
-const CHUNKS: u32 = 4u;
+// Invocations per workgroup: four subgroups of 32.
+const WGS: u32 = 128u;
+// Row strides of the shared tiles in 16-byte units (eight elements): a tile is either 128 rows
+// of KT elements (KT/8 units, padded by 1) or KT rows of 128 elements (16 units, padded by 1).
+// The padding makes the 8 rows a fragment load reads at once fall on different 16-byte bank
+// groups (the strides are odd).
+const SHORT: u32 = KT / 8u + 1u;
+const LONG: u32 = TM / 8u + 1u;
+// 16-byte units per tile (the larger of the two shapes).
+const UNITS: u32 = max(TM * SHORT, KT * LONG);
+// Chunks of 8 elements per invocation and tile: 128·KT / 8 / WGS.
+const CHUNKS: u32 = TM * KT / 8u / WGS;
 
-var<workgroup> tile_a: array<vec2<f16>, 2560>;
-var<workgroup> tile_b: array<vec2<f16>, 2560>;
-// One 16×16 f32 accumulator per subgroup on its way out, for tiles that cross the edge of W.
+var<workgroup> tile_a: array<vec4<f32>, UNITS>;
+var<workgroup> tile_b: array<vec4<f32>, UNITS>;
+// One 16×16 f32 accumulator per subgroup on its way out (edge tiles of W, and stage 4).
 var<workgroup> stage: array<f32, 1024>;
 
 // The i-th chunk (of CHUNKS) this invocation copies of a tile whose source has `len` rows or
 // columns of W (m for A, n for B) starting at o0: its index in the source (or 0xFFFFFFFF where
-// it is outside) and its word in the tile. A `short` tile has 128 rows (W's) of KT elements
-// along k, 4 chunks each: the source is that operand stored with k contiguous (A, or Bᵀ); a
+// it is outside) and its unit in the tile. A `short` tile has 128 rows (W's) of KT elements
+// along k, KT/8 chunks each: the source is that operand stored with k contiguous (A, or Bᵀ); a
 // long one has KT rows (k steps) of 128 elements, 16 chunks each (Aᵀ, or B).
 fn chunk(lane: u32, i: u32, short: bool, o0: u32, len: u32, k0: u32) -> vec2<u32> {
-    let q = lane + i * 128u;
+    let q = lane + i * WGS;
     if (short) {
-        let r = q >> 2u;
-        let c = q & 3u;
+        let r = q / (KT / 8u);
+        let c = q % (KT / 8u);
         let ok = o0 + r < len && k0 + c * 8u < p.k;
-        return vec2<u32>(select(0xFFFFFFFFu, ((o0 + r) * p.k + k0) / 8u + c, ok), r * SHORT + c * 4u);
+        return vec2<u32>(select(0xFFFFFFFFu, ((o0 + r) * p.k + k0) / 8u + c, ok), r * SHORT + c);
     }
-    let kk = q >> 4u;
-    let c = q & 15u;
+    let kk = q / 16u;
+    let c = q % 16u;
     let ok = k0 + kk < p.k && o0 + c * 8u < len;
-    return vec2<u32>(select(0xFFFFFFFFu, ((k0 + kk) * len + o0) / 8u + c, ok), kk * LONG + c * 4u);
+    return vec2<u32>(select(0xFFFFFFFFu, ((k0 + kk) * len + o0) / 8u + c, ok), kk * LONG + c);
 }
 
 fn chunk_a(lane: u32, i: u32, row0: u32, k0: u32) -> vec2<u32> {
@@ -77,50 +93,28 @@ fn fetch_b(at: u32) -> vec4<u32> {
     return b[at];
 }
 
-// The two elements of a source word as the tile's element type: exact for f16 sources, and in
-// the bf16 variant (where f16 below is bfloat16) from the bf16 bits widened to f32.
-fn halves(word: u32) -> vec2<f16> {
-    if (TX == BF16) {
-        return vec2<f16>(vec2<f32>(bitcast<f32>(word << 16u), bitcast<f32>(word & 0xFFFF0000u)));
-    }
-    return vec2<f16>(unpack2x16float(word));
-}
-
-fn put_words(which: u32, at: u32, v: vec4<u32>) {
-    if (which == 0u) {
-        tile_a[at] = halves(v.x);
-        tile_a[at + 1u] = halves(v.y);
-        tile_a[at + 2u] = halves(v.z);
-        tile_a[at + 3u] = halves(v.w);
-    } else {
-        tile_b[at] = halves(v.x);
-        tile_b[at + 1u] = halves(v.y);
-        tile_b[at + 2u] = halves(v.z);
-        tile_b[at + 3u] = halves(v.w);
-    }
-}
-
-// Fragment of op(A): tile rows r.. (16 of them), k steps kk.. (16, kk even).
-fn frag_a(r: u32, kk: u32) -> coop_mat16x16<f16, A> {
+// Fragment of op(A): tile rows r.. (16 of them), k steps kk.. (16, kk a multiple of 16).
+fn frag_a(r: u32, kk: u32) -> coop_mat16x16<f32, A> {
     if (TA == 0u) {
-        return coopLoadT<coop_mat16x16<f16, A>>(&tile_a[r * SHORT + kk / 2u], SHORT);
+        return coopLoadT<coop_mat16x16<f32, A>>(&tile_a[r * SHORT + kk / 8u], SHORT);
     }
-    return coopLoad<coop_mat16x16<f16, A>>(&tile_a[kk * LONG + r / 2u], LONG);
+    return coopLoad<coop_mat16x16<f32, A>>(&tile_a[kk * LONG + r / 8u], LONG);
 }
 
 // Fragment of op(B): k steps kk.., tile columns c...
-fn frag_b(kk: u32, c: u32) -> coop_mat16x16<f16, B> {
+fn frag_b(kk: u32, c: u32) -> coop_mat16x16<f32, B> {
     if (TB == 0u) {
-        return coopLoadT<coop_mat16x16<f16, B>>(&tile_b[kk * LONG + c / 2u], LONG);
+        return coopLoadT<coop_mat16x16<f32, B>>(&tile_b[kk * LONG + c / 8u], LONG);
     }
-    return coopLoad<coop_mat16x16<f16, B>>(&tile_b[c * SHORT + kk / 2u], SHORT);
+    return coopLoad<coop_mat16x16<f32, B>>(&tile_b[c * SHORT + kk / 8u], SHORT);
 }
 
 // Writes accumulator `m` (16×16 at rows r.., columns c.. of W) scaled by alpha: straight to W
-// where the whole tile is inside it, else through this subgroup's staging tile with guards.
+// where the whole tile is inside it and W is the output, else through this subgroup's staging
+// tile: to W with guards, or (stage 4) to D rounded to its dtype, 16 bytes per invocation.
 fn put(m: coop_mat16x16<f32, C>, inside: bool, sg: u32, lane: u32, r: u32, c: u32) {
     let scaled = m * p.alpha;
-    if (inside) {
+    if (inside && p.stage != 4u) {
         // (Named index and stride: naga 30 does not emit expressions written in a coopStoreT.)
         let stride = p.n;
         let at = r * stride + c;
@@ -128,19 +122,34 @@ fn put(m: coop_mat16x16<f32, C>, inside: bool, sg: u32, lane: u32, r: u32, c: u3
         return;
     }
     workgroupBarrier();
-    let at = sg * 256u;
-    coopStoreT(scaled, &stage[at], 16u);
+    let base = sg * 256u;
+    coopStoreT(scaled, &stage[base], 16u);
     workgroupBarrier();
-    for (var e = lane % 32u; e < 256u; e += 32u) {
+    let l = lane % 32u;
+    if (p.stage == 4u) {
+        // Row l/2 of the tile, columns (l%2)·8..: one 16-byte chunk of D (n is a multiple of 8).
+        let gr = r + l / 2u;
+        let gc = c + (l % 2u) * 8u;
+        if (gr < p.m && gc < p.n) {
+            let s = base + (l / 2u) * 16u + (l % 2u) * 8u;
+            var words: vec4<u32>;
+            for (var j = 0u; j < 4u; j++) {
+                words[j] = pack(stage[s + 2u * j], stage[s + 2u * j + 1u], p.td);
+            }
+            d[(gr * p.n + gc) / 8u] = words;
+        }
+        return;
+    }
+    for (var e = l; e < 256u; e += 32u) {
         let gr = r + e / 16u;
         let gc = c + e % 16u;
         if (gr < p.m && gc < p.n) {
-            w[gr * p.n + gc] = stage[sg * 256u + e];
+            w[gr * p.n + gc] = stage[base + e];
         }
     }
 }
 
-@compute @workgroup_size(128)
+@compute @workgroup_size(WGS)
 fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
     let row0 = group.y * TM;
     let col0 = group.x * TN;
@@ -165,23 +174,17 @@ fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
     var c32 = coop_mat16x16<f32, C>();
     var c33 = coop_mat16x16<f32, C>();
     // The next step's chunks, in registers.
-    var ra: array<vec4<u32>, 4>;
-    var rb: array<vec4<u32>, 4>;
-    var wa: array<u32, 4>;
-    var wb: array<u32, 4>;
+    var ra: array<vec4<u32>, CHUNKS>;
+    var rb: array<vec4<u32>, CHUNKS>;
     for (var i = 0u; i < CHUNKS; i++) {
-        let ca = chunk_a(lane, i, row0, 0u);
-        let cb = chunk_b(lane, i, col0, 0u);
-        ra[i] = fetch_a(ca.x);
-        rb[i] = fetch_b(cb.x);
-        wa[i] = ca.y;
-        wb[i] = cb.y;
+        ra[i] = fetch_a(chunk_a(lane, i, row0, 0u).x);
+        rb[i] = fetch_b(chunk_b(lane, i, col0, 0u).x);
     }
     for (var k0 = 0u; k0 < p.k; k0 += KT) {
         workgroupBarrier();
         for (var i = 0u; i < CHUNKS; i++) {
-            put_words(0u, wa[i], ra[i]);
-            put_words(1u, wb[i], rb[i]);
+            tile_a[chunk_a(lane, i, row0, 0u).y] = bitcast<vec4<f32>>(ra[i]);
+            tile_b[chunk_b(lane, i, col0, 0u).y] = bitcast<vec4<f32>>(rb[i]);
         }
         workgroupBarrier();
         if (k0 + KT < p.k) {

@@ -67,6 +67,9 @@ pub struct PhysicalInfo {
     /// Whether the bf16 variant of `gemm_coop.wgsl` can run too: the above, and
     /// `VK_KHR_shader_bfloat16` with bfloat16 cooperative matrices (16×16×16 bf16 × bf16 → f32).
     pub coop_matrix_bf16: bool,
+    /// Whether the device offers `VK_KHR_pipeline_executable_properties` with its
+    /// `pipelineExecutableInfo` feature (the driver's statistics of each compiled pipeline).
+    pub executable_stats: bool,
 }
 
 impl PhysicalInfo {
@@ -227,6 +230,7 @@ fn list_devices(entry: &ash::Entry, instance: &ash::Instance) -> Result<Vec<Phys
         let coop_matrix_f16 = subgroup.subgroup_size == 32 && coop_matrix_f16(entry, instance, h);
         let coop_matrix_bf16 = coop_matrix_f16 && coop_matrix_bf16(entry, instance, h);
         let compute_units = sm_count(instance, h);
+        let executable_stats = executable_stats(instance, h);
         let Some((family, q)) =
             queues.iter().enumerate().find(|(_, q)| q.queue_flags.contains(vk::QueueFlags::COMPUTE))
         else {
@@ -252,6 +256,7 @@ fn list_devices(entry: &ash::Entry, instance: &ash::Instance) -> Result<Vec<Phys
             compute_units,
             coop_matrix_f16,
             coop_matrix_bf16,
+            executable_stats,
         });
     }
     devices.sort_by_key(|d| type_rank(d.device_type));
@@ -259,6 +264,21 @@ fn list_devices(entry: &ash::Entry, instance: &ash::Instance) -> Result<Vec<Phys
         return Err("no Vulkan 1.2 device with a compute queue".into());
     }
     select(devices, std::env::var(DEVICE_VAR).ok().as_deref())
+}
+
+/// Whether device `h` offers pipeline statistics (see [`PhysicalInfo::executable_stats`]).
+fn executable_stats(instance: &ash::Instance, h: vk::PhysicalDevice) -> bool {
+    // SAFETY: a query of a physical device of the live instance.
+    let extensions = unsafe { instance.enumerate_device_extension_properties(h) }.unwrap_or_default();
+    let name = ash::khr::pipeline_executable_properties::NAME;
+    if !extensions.iter().any(|e| e.extension_name_as_c_str().is_ok_and(|n| n == name)) {
+        return false;
+    }
+    let mut stats = vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default();
+    let mut f2 = vk::PhysicalDeviceFeatures2::default().push_next(&mut stats);
+    // SAFETY: the chained struct outlives the call; its extension is supported.
+    unsafe { instance.get_physical_device_features2(h, &mut f2) };
+    stats.pipeline_executable_info == vk::TRUE
 }
 
 /// The device extensions `gemm_coop.wgsl` needs.
@@ -426,6 +446,7 @@ mod tests {
             compute_units: Some(132),
             coop_matrix_f16: false,
             coop_matrix_bf16: false,
+            executable_stats: false,
         }
     }
 

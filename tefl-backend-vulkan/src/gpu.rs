@@ -126,7 +126,15 @@ pub struct Gpu {
     pub coop: bool,
     /// Whether the bf16 cooperative-matrix shaders may run as well (`VK_KHR_shader_bfloat16`).
     pub coop_bf16: bool,
+    /// Where `TEFL_VULKAN_PIPELINE_STATS=1` asked for them and the device has them: the
+    /// functions that read the driver's statistics of each pipeline, logged at its creation.
+    stats: Option<ash::khr::pipeline_executable_properties::Device>,
 }
+
+/// The variable that makes tefl log the driver's statistics of every pipeline it creates
+/// (`1`; registers, shared memory, spills as the driver names them), for vendor engineers
+/// tuning shaders. Devices without `VK_KHR_pipeline_executable_properties` log nothing.
+pub const PIPELINE_STATS_VAR: &str = "TEFL_VULKAN_PIPELINE_STATS";
 
 /// The variable that chooses the GEMM and attention paths on a device with cooperative matrices:
 /// unset or `1` = the cooperative-matrix kernels (`gemm_coop.wgsl`, `attn_*_coop.wgsl`; f16, and
@@ -187,6 +195,12 @@ impl Gpu {
         if coop_bf16 {
             extensions.push(crate::context::BFLOAT16_EXTENSION.as_ptr());
         }
+        let stats = physical.executable_stats && std::env::var(PIPELINE_STATS_VAR).is_ok_and(|v| v == "1");
+        if stats {
+            extensions.push(ash::khr::pipeline_executable_properties::NAME.as_ptr());
+        }
+        let mut stats_features =
+            vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default().pipeline_executable_info(true);
         let mut bf16_features = crate::context::Bfloat16Features::new(true, true);
         let mut coop_features = vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default().cooperative_matrix(true);
         let mut f11 = vk::PhysicalDeviceVulkan11Features::default()
@@ -197,10 +211,17 @@ impl Gpu {
         if coop {
             f12 = f12.shader_float16(true).vulkan_memory_model(true);
         }
-        let mut info = vk::DeviceCreateInfo::default().queue_create_infos(&queues).push_next(&mut f12);
+        let mut info = vk::DeviceCreateInfo::default()
+            .queue_create_infos(&queues)
+            .enabled_extension_names(&extensions)
+            .push_next(&mut f12);
         if coop {
             // Each was checked to be supported (context.rs, coop_matrix_f16).
-            info = info.enabled_extension_names(&extensions).push_next(&mut coop_features).push_next(&mut f11);
+            info = info.push_next(&mut coop_features).push_next(&mut f11);
+        }
+        if stats {
+            // Checked to be supported (context.rs, executable_stats).
+            info = info.push_next(&mut stats_features);
         }
         if coop_bf16 {
             // Checked to be supported (context.rs, coop_matrix_bf16).
@@ -280,6 +301,7 @@ impl Gpu {
                     .map_err(|e| err("vkCreatePipelineCache", e))?,
             }
         };
+        let stats_ext = stats.then(|| ash::khr::pipeline_executable_properties::Device::new(&inst.instance, &device));
         Ok(Gpu {
             device_id,
             physical,
@@ -297,6 +319,7 @@ impl Gpu {
             cache_saved,
             coop,
             coop_bf16,
+            stats: stats_ext,
         })
     }
 
@@ -489,14 +512,53 @@ impl Gpu {
                 .stage(vk::ShaderStageFlags::COMPUTE)
                 .module(module)
                 .name(c"main");
-            let info = [vk::ComputePipelineCreateInfo::default().stage(stage).layout(layout)];
+            let flags = if self.stats.is_some() {
+                vk::PipelineCreateFlags::CAPTURE_STATISTICS_KHR
+            } else {
+                vk::PipelineCreateFlags::empty()
+            };
+            let info = [vk::ComputePipelineCreateInfo::default().flags(flags).stage(stage).layout(layout)];
             let made = self.device.create_compute_pipelines(self.pipeline_cache, &info, None);
             self.device.destroy_shader_module(module, None);
             let pipeline = made.map_err(|(_, e)| err("vkCreateComputePipelines", e))?[0];
+            self.log_statistics(name, pipeline);
             let p = Arc::new(Pipeline { set_layout, layout, pipeline, bindings, push_bytes });
             map.insert(name.to_string(), p.clone());
             self.save_pipeline_cache();
             Ok(p)
+        }
+    }
+
+    /// Logs the driver's statistics of `pipeline` (`TEFL_VULKAN_PIPELINE_STATS=1`): one line
+    /// per executable, `name: stat=value, ...`. A failed query logs nothing.
+    fn log_statistics(&self, name: &str, pipeline: vk::Pipeline) {
+        let Some(ext) = &self.stats else { return };
+        let info = vk::PipelineInfoKHR::default().pipeline(pipeline);
+        // SAFETY: the pipeline is live and was created with CAPTURE_STATISTICS_KHR on a device
+        // with the extension and feature enabled.
+        let executables = unsafe { ext.get_pipeline_executable_properties(&info) }.unwrap_or_default();
+        for index in 0..executables.len() as u32 {
+            let info = vk::PipelineExecutableInfoKHR::default().pipeline(pipeline).executable_index(index);
+            // SAFETY: as above; `index` is one of the pipeline's executables.
+            let stats = unsafe { ext.get_pipeline_executable_statistics(&info) }.unwrap_or_default();
+            let shown: Vec<String> = stats
+                .iter()
+                .map(|s| {
+                    let stat = s.name_as_c_str().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                    // SAFETY: `format` says which member of the union the driver wrote.
+                    let value = unsafe {
+                        match s.format {
+                            vk::PipelineExecutableStatisticFormatKHR::BOOL32 => (s.value.b32 != 0).to_string(),
+                            vk::PipelineExecutableStatisticFormatKHR::INT64 => s.value.i64.to_string(),
+                            vk::PipelineExecutableStatisticFormatKHR::UINT64 => s.value.u64.to_string(),
+                            vk::PipelineExecutableStatisticFormatKHR::FLOAT64 => s.value.f64.to_string(),
+                            _ => "?".to_string(),
+                        }
+                    };
+                    format!("{stat}={value}")
+                })
+                .collect();
+            tracing::info!(target: "TE-FL", "Vulkan pipeline {name}: {}", shown.join(", "));
         }
     }
 

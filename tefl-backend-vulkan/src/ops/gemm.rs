@@ -6,7 +6,8 @@
 //! turns them off), f16 products run on them (`shaders/gemm_coop.wgsl`, tensor cores on
 //! NVIDIA), and bf16 ones too where the device also has `VK_KHR_shader_bfloat16`
 //! (`Gpu::coop_bf16`), when k (and m or n where they are a source's contiguous dimension) are
-//! multiples of 8.
+//! multiples of 8. A plain product (no C, no epilogue) skips the epilogue stage where the
+//! product can write D itself: an f32 D, or a 16-bit D from cooperative matrices.
 
 use tefl_core::catalogue::*;
 use tefl_core::{DType, Error, KernelCtx, Result, Tensor};
@@ -59,11 +60,6 @@ pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
         return Err(unsupported(format!("{m}x{n} needs {tiles_m}x{tiles_n} tiles, over {MAX_GROUPS} per side")));
     }
     let c = a.c.as_ref().filter(|_| a.accumulate);
-    let w = if k == 0 { Tensor::zeros([m, n], DType::F32, &dev)? } else { Tensor::uninit([m, n], DType::F32, &dev)? };
-    let bias_grad = if a.epilogue.writes_bias_grad() { Some(Tensor::uninit([n], DType::F32, &dev)?) } else { None };
-    let parts = PARTS.min(m);
-    let ws = if bias_grad.is_some() { Some(Tensor::uninit([parts, n], DType::F32, &dev)?) } else { None };
-
     let name = format!("gemm.tx={}.wg={WG}", dtype_name(OP, "a", a.a.dtype())?);
     let gpu = gpu(dev)?;
     let pipeline = gpu.pipeline(&name, 8, PUSH_BYTES)?;
@@ -75,13 +71,30 @@ pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
         _ => None,
     };
     let chunked = k.is_multiple_of(8) && (!a.transa || m.is_multiple_of(8)) && (a.transb || n.is_multiple_of(8));
-    let (product, product_groups) = if let Some(tx) = coop_dtype.filter(|_| chunked) {
+    let coop = coop_dtype.filter(|_| chunked);
+    let (product, product_groups) = if let Some(tx) = coop {
         let groups = (n.div_ceil(COOP_TILE) as u32, m.div_ceil(COOP_TILE) as u32, 1);
         let name = format!("gemm_coop.tx={tx}.ta={}.tb={}", u8::from(a.transa), u8::from(a.transb));
         (gpu.pipeline(&name, 8, PUSH_BYTES)?, groups)
     } else {
         (pipeline.clone(), (tiles_n as u32, tiles_m as u32, 1))
     };
+    // A plain product (k > 0, no C, no epilogue) needs no epilogue stage where the product can
+    // write D itself: an f32 D is W, and the cooperative-matrix product's stage 4 writes a
+    // 16-bit D whose rows are whole 16-byte chunks. W is then D (bound, not used, in stage 4).
+    let plain = k > 0 && a.epilogue == GemmEpilogue::None && c.is_none();
+    let direct = plain && coop.is_some() && a.out_dtype != DType::F32 && n.is_multiple_of(8);
+    let epilogue = !(direct || plain && a.out_dtype == DType::F32);
+    let w = if !epilogue {
+        d.clone()
+    } else if k == 0 {
+        Tensor::zeros([m, n], DType::F32, &dev)?
+    } else {
+        Tensor::uninit([m, n], DType::F32, &dev)?
+    };
+    let bias_grad = if a.epilogue.writes_bias_grad() { Some(Tensor::uninit([n], DType::F32, &dev)?) } else { None };
+    let parts = PARTS.min(m);
+    let ws = if bias_grad.is_some() { Some(Tensor::uninit([parts, n], DType::F32, &dev)?) } else { None };
     let bind = super::binding;
     let or_w = |t: Option<&Tensor>| t.map_or_else(|| bind(&w), bind);
     let push = |stage: u32| -> Result<Vec<u8>> {
@@ -116,7 +129,7 @@ pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
     ];
     let per_word = if a.out_dtype == DType::F32 { 1 } else { 2 };
     let epi_groups = ((m * n).div_ceil(per_word) as u32).div_ceil(WG).clamp(1, MAX_GROUPS);
-    let (p0, p1) = (push(0)?, push(1)?);
+    let (p0, p1) = (push(if direct { 4 } else { 0 })?, push(1)?);
     let sums = match (&bias_grad, &ws) {
         (Some(bg), Some(ws)) => {
             let mut partial = main;
@@ -131,7 +144,9 @@ pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
         if k > 0 {
             r.dispatch(&product, &main, &p0, product_groups)?;
         }
-        r.dispatch(&pipeline, &main, &p1, (epi_groups, 1, 1))?;
+        if epilogue {
+            r.dispatch(&pipeline, &main, &p1, (epi_groups, 1, 1))?;
+        }
         if let Some((partial, finish, p2, p3)) = &sums {
             let col_groups = n.div_ceil(WG as usize) as u32;
             r.dispatch(&pipeline, partial, p2, (col_groups, parts as u32, 1))?;

@@ -406,6 +406,13 @@ fn peer_times(device: &Device, specs: &[(String, usize)]) -> Result<PeerTimes, S
 }
 
 fn main() -> ExitCode {
+    // TE-FL's log lines (which impl ran, the Vulkan pipeline statistics) when asked for.
+    if std::env::var_os("TEFL_LOG_LEVEL").is_some()
+        && let Err(e) = tefl_core::logging::init()
+    {
+        eprintln!("{e}");
+        return ExitCode::from(2);
+    }
     let mut args = std::env::args().skip(1);
     let (mut backend, mut shapes, mut vs_torch, mut json, mut reps) =
         ("reference".to_string(), None, false, None, 20usize);

@@ -9,6 +9,13 @@ use tefl_core::{Manager, Registry};
 use tefl_tests::conformance::{Size, Suite};
 
 fn main() -> ExitCode {
+    // TE-FL's log lines (which impl ran, the Vulkan pipeline statistics) when asked for.
+    if std::env::var_os("TEFL_LOG_LEVEL").is_some()
+        && let Err(e) = tefl_core::logging::init()
+    {
+        eprintln!("{e}");
+        return ExitCode::from(2);
+    }
     let mut args = std::env::args().skip(1);
     let mut backend = None;
     let (mut allow_unavailable, mut size, mut seed, mut verbose) = (false, Size::Quick, None, false);
