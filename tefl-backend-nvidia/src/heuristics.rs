@@ -3,6 +3,7 @@
 //! CUDA kernels have. The row and elementwise heuristics are `tefl_gpu::tune`'s.
 
 use tefl_core::tuning::TuneTable;
+use tefl_core::{DType, Device};
 use tefl_gpu::tune::{TuneConfigs, TuneFile, int};
 
 /// The tune configs: `tune_configs.toml`, then `hopper/tune_configs.toml` for the arch family
@@ -64,6 +65,43 @@ pub fn grouped_gemm_tiles(t: &TuneTable) -> GroupedTiles {
     t.configs("grouped_gemm").first().map_or(d, |c| GroupedTiles {
         m_first: c.get("m_first").and_then(|v| v.as_int()).map_or(d.m_first, |v| v != 0),
         max_stages: int(c, "max_stages", d.max_stages as i64).clamp(2, 8) as usize,
+    })
+}
+
+/// Which kernel `vendor.nvidia` runs for `op` on `device` and `dtype`, where it has more than
+/// one (chosen by arch and tune configs): what `explain` shows under the impl. `None` for the
+/// other ops, for the by-id portable impl and for a device whose properties cannot be read.
+pub fn kernel_choice(impl_id: &str, op: &str, device: Device, dtype: DType) -> Option<String> {
+    if impl_id != crate::IMPL_ID {
+        return None;
+    }
+    let arch = tefl_core::device::info(device).ok()?.arch.clone();
+    let hopper = arch == "sm_90";
+    let sixteen = matches!(dtype, DType::BF16 | DType::F16);
+    let mma = if sixteen { "tensor-core mma.sync" } else { "f32 FMAs" };
+    Some(match op {
+        "fused_attn_fwd" if hopper && sixteen && attention_fwd_wgmma(&TUNE_CONFIGS.table(&arch)) => {
+            "attn_fwd_sm90 (TMA loads, wgmma, a producer warp and two consumer warpgroups, persistent CTAs) \
+             for head dim 64/128, bshd/sbhd, no padding, no dropout; attn_fwd (mma.sync) for other calls"
+                .to_string()
+        }
+        "fused_attn_fwd" if hopper && sixteen => {
+            "attn_fwd (mma.sync): the tune config or TEFL_ATTN_WGMMA=0 keeps the sm_90 kernel off".to_string()
+        }
+        "fused_attn_fwd" if hopper => format!("attn_fwd ({mma}; the wgmma kernel takes f16/bf16 only)"),
+        "fused_attn_fwd" => format!("attn_fwd ({mma}; the wgmma kernel needs sm_90, this is {arch})"),
+        "fused_attn_bwd" => format!("attn_bwd_delta, attn_bwd_dkdv, attn_bwd_dq_out ({mma}; no wgmma backward yet)"),
+        "te_general_grouped_gemm" if hopper && (sixteen || dtype.is_fp8()) => {
+            "grouped_gemm_sm90 (one launch over a table of groups: TMA, wgmma) where every group's rows are \
+             16-byte aligned; cuBLASLt per group otherwise"
+                .to_string()
+        }
+        "te_general_grouped_gemm" => {
+            format!("cuBLASLt, one launch per group (the one-launch kernel needs sm_90; this is {arch})")
+        }
+        "generic_gemm" if dtype.is_fp8() => "cuBLASLt FP8 (TN; other forms transposed first)".to_string(),
+        "generic_gemm" => "cuBLASLt".to_string(),
+        _ => return None,
     })
 }
 

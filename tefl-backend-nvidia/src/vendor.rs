@@ -19,6 +19,7 @@ pub fn vendor_info() -> VendorInfo {
             ("sm_7", "volta"),
         ])
         .availability(availability)
+        .kernels(crate::heuristics::kernel_choice)
 }
 
 tefl_core::register_vendor!(vendor_info);

@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicU64;
 
 use crate::op::{DynKernel, ErasedKernel, Op, OpDescriptor};
 pub use crate::op::{KernelCtx, KernelFn};
-use crate::{DType, DeviceKind, Error, Result};
+use crate::{DType, Device, DeviceKind, Error, Result};
 
 /// The three kinds of implementation, as in TE-FL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -327,7 +327,15 @@ pub struct VendorInfo {
     pub unused_ops: Vec<String>,
     /// Whether the vendor's driver is usable here (`Err` says why not).
     pub availability: AvailabilityFn,
+    /// Which kernel one of the vendor's impls (by id) of an op runs for a device and dtype
+    /// (where it has more than one, chosen by arch and tune configs): `explain` shows it under
+    /// the impl.
+    pub kernels: Option<KernelChoiceFn>,
 }
+
+/// A vendor's answer to "which kernel would your impl `impl_id` of `op` run on `device` for
+/// `dtype`", called as `f(impl_id, op, device, dtype)` (`None`: one kernel, or nothing to say).
+pub type KernelChoiceFn = Arc<dyn Fn(&str, &str, Device, DType) -> Option<String> + Send + Sync>;
 
 impl VendorInfo {
     /// A vendor with no arch map, no unused ops and an always-available check.
@@ -340,7 +348,19 @@ impl VendorInfo {
             arch_map: Vec::new(),
             unused_ops: Vec::new(),
             availability: Arc::new(|| Ok(())),
+            kernels: None,
         }
+    }
+    /// Sets the kernel-choice description `explain` shows (see [`VendorInfo::kernels`]).
+    pub fn kernels(mut self, f: impl Fn(&str, &str, Device, DType) -> Option<String> + Send + Sync + 'static) -> Self {
+        self.kernels = Some(Arc::new(f));
+        self
+    }
+    /// The kernel the vendor's impl `impl_id` of `op` runs on `device` for `dtype`, where the
+    /// vendor says; a panic in the vendor's function reads as nothing said.
+    pub fn kernel_for(&self, impl_id: &str, op: &str, device: Device, dtype: DType) -> Option<String> {
+        let f = self.kernels.as_ref()?;
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(impl_id, op, device, dtype))).ok().flatten()
     }
     /// Sets the arch map.
     pub fn arch_map(mut self, map: &[(&str, &str)]) -> Self {

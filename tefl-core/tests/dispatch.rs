@@ -591,3 +591,34 @@ fn by_name_only_impls_serve_only_when_routed_by_id() {
         9.0
     );
 }
+
+#[test]
+fn explain_shows_the_kernel_a_vendor_names_for_its_impls_in_the_chain() {
+    let (mut reg, _) = registry(&[]);
+    let kernels = |impl_id: &str, op: &str, _: Device, dtype: DType| match (impl_id, dtype) {
+        ("vendor.acme", DType::BF16) => Some(format!("{op}: the bf16 kernel")),
+        ("vendor.acme", DType::F16) => panic!("the vendor's description panicked"),
+        _ => None,
+    };
+    reg.register_vendor(VendorInfo::new("acme", "cpu", "true").kernels(kernels));
+    for id in ["vendor.acme", "vendor.acme.other"] {
+        reg.register_impl(
+            OpImpl::new::<RmsNormFwd>(id, Kind::Vendor, |_, _| Err(Error::invalid("t", "t", "t"))).vendor("acme"),
+        )
+        .unwrap();
+    }
+    let m = Manager::new(reg, SelectionPolicy::default());
+    let kernel = |dtype: DType, id: &str| {
+        let ex = m.explain("rmsnorm_fwd", &Device::CPU, dtype).unwrap();
+        (ex.entries.iter().find(|e| e.impl_id == id).unwrap().kernel.clone(), ex.to_string())
+    };
+    let (k, text) = kernel(DType::BF16, "vendor.acme");
+    assert_eq!(k.as_deref(), Some("rmsnorm_fwd: the bf16 kernel"));
+    assert!(text.contains("kernel: rmsnorm_fwd: the bf16 kernel"), "{text}");
+    // Another impl of the vendor, another dtype, and a panicking description: nothing said.
+    assert_eq!(kernel(DType::BF16, "vendor.acme.other").0, None);
+    assert_eq!(kernel(DType::F32, "vendor.acme").0, None);
+    let (k, text) = kernel(DType::F16, "vendor.acme");
+    assert_eq!(k, None);
+    assert!(!text.contains("kernel:"), "{text}");
+}

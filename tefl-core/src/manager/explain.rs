@@ -28,6 +28,10 @@ pub struct ExplainEntry {
     pub staged: bool,
     /// Why it was dropped, or why it sits where it does.
     pub reason: String,
+    /// For an impl in the chain: which kernel it runs on this device for this dtype, where its
+    /// vendor says ([`crate::VendorInfo::kernels`]; e.g. the Hopper attention kernel or the
+    /// sm_80 one, chosen by arch and tune configs).
+    pub kernel: Option<String>,
 }
 
 /// The candidate chain of one (op, device, dtype) under the current policy, with reasons.
@@ -79,6 +83,9 @@ impl fmt::Display for Explanation {
                 if e.staged { "[staged via host] " } else { "" },
                 e.reason
             )?;
+            if let Some(k) = &e.kernel {
+                writeln!(f, "           kernel: {k}")?;
+            }
         }
         Ok(())
     }
@@ -94,7 +101,21 @@ impl Manager {
         let Some(op) = known else {
             return Err(Error::UnknownOp(op.to_string()));
         };
-        Ok(self.resolve(op, *device, dtype, &self.effective_policy()))
+        let mut ex = self.resolve(op, *device, dtype, &self.effective_policy());
+        self.name_kernels(&mut ex);
+        Ok(ex)
+    }
+
+    /// Fills in the kernel each impl of the chain runs, from its vendor's description.
+    fn name_kernels(&self, ex: &mut Explanation) {
+        let reg = read_lock(&self.registry);
+        for e in ex.entries.iter_mut().filter(|e| e.position.is_some()) {
+            e.kernel = e
+                .vendor
+                .as_deref()
+                .and_then(|v| reg.vendor(v))
+                .and_then(|v| v.kernel_for(&e.impl_id, &ex.op, ex.device, ex.dtype));
+        }
     }
 
     /// Like [`Manager::explain`], for one concrete call: the chain for these arguments' device
@@ -126,6 +147,8 @@ impl Manager {
                 }
             }
         }
+        drop(reg);
+        self.name_kernels(&mut ex);
         Ok(ex)
     }
 
@@ -141,6 +164,7 @@ impl Manager {
             position,
             staged,
             reason,
+            kernel: None,
         };
         let mut candidates: Vec<(Arc<OpImpl>, bool)> = Vec::new();
         for imp in reg.impls_of(op) {
