@@ -70,6 +70,13 @@ __device__ __forceinline__ float fast_exp2(float x) {
     return y;
 }
 
+// 1/x in one instruction (about 1 ulp; denormals flush to zero, 1/inf = 0): activations.
+__device__ __forceinline__ float fast_rcp(float x) {
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 // ---- FP8 ----
 // The saturating RNE cast of one f32 to an FP8 code in one instruction (sm_89 on; NaN gives
 // the canonical 0x7f, as the software cast in common.h does). `mant_bits` picks the format

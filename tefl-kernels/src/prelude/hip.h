@@ -55,6 +55,12 @@ __device__ __forceinline__ float fast_exp2(float x) { return __builtin_amdgcn_ex
 #else
 __device__ __forceinline__ float fast_exp2(float x) { return exp2f(x); }
 #endif
+// 1/x: v_rcp_f32 where the compiler has the builtin, else a division.
+#if defined(__has_builtin) && __has_builtin(__builtin_amdgcn_rcpf)
+__device__ __forceinline__ float fast_rcp(float x) { return __builtin_amdgcn_rcpf(x); }
+#else
+__device__ __forceinline__ float fast_rcp(float x) { return 1.0f / x; }
+#endif
 
 // ---- atomics ----
 // p[0] += a, p[1] += b (two f32 atomics: amdgcn has no packed f32 add to global memory).

@@ -5,12 +5,20 @@
 
 #define NV (VEC_BYTES / (int)sizeof(TX))
 
-__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+// e^x and the logistic function on the prelude's one-instruction exp2 and reciprocal (a few
+// ulp; these kernels are memory-bound only when their arithmetic is this short: tanhf, expf
+// and IEEE division made GELU issue-bound on an H100). exp overflowing to inf gives
+// sigmoid 0, underflowing gives 1; NaN stays NaN.
+__device__ __forceinline__ float fast_exp(float x) { return fast_exp2(x * 1.4426950408889634f); }
+__device__ __forceinline__ float sigmoid(float x) { return fast_rcp(1.0f + fast_exp(-x)); }
+
+// The tanh GELU's inner argument u = sqrt(2/pi) (x + 0.044715 x^3).
+__device__ __forceinline__ float gelu_inner(float x) { return 0.7978845608f * (x + 0.044715f * x * x * x); }
 
 __device__ __forceinline__ float act(float x) {
 #if ACT == 0
-    const float inner = 0.7978845608f * (x + 0.044715f * x * x * x);
-    return 0.5f * x * (1.0f + tanhf(inner));
+    // 0.5 x (1 + tanh(u)) = x sigmoid(2u).
+    return x * sigmoid(2.0f * gelu_inner(x));
 #elif ACT == 1
     return x * sigmoid(1.702f * x);
 #elif ACT == 2
@@ -25,9 +33,12 @@ __device__ __forceinline__ float act(float x) {
 
 __device__ __forceinline__ float dact(float x) {
 #if ACT == 0
-    const float inner = 0.7978845608f * (x + 0.044715f * x * x * x);
-    const float t = tanhf(inner);
-    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * 0.7978845608f * (1.0f + 3.0f * 0.044715f * x * x);
+    // d/dx x s with s = sigmoid(2u): s + 2 x s (1 - s) u', where 1 - s = e s for e = exp(-2u)
+    // (exact where s is near 1; 1 where e overflows and s is 0).
+    const float e = fast_exp(-2.0f * gelu_inner(x));
+    const float s = fast_rcp(1.0f + e);
+    const float q = fminf(e * s, 1.0f);
+    return s + 2.0f * x * s * q * 0.7978845608f * (1.0f + 3.0f * 0.044715f * x * x);
 #elif ACT == 1
     const float s = sigmoid(1.702f * x);
     return s + 1.702f * x * s * (1.0f - s);
