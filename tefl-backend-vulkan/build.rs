@@ -247,6 +247,17 @@ const BFLOAT16_CAPABILITIES: [u32; 2] = [5116, 5118];
 /// The FP encoding operand of OpTypeFloat that makes a 16-bit float bfloat16.
 const FP_ENCODING_BFLOAT16: u32 = 0;
 
+/// Appends SPV_KHR_bfloat16's capabilities and its extension (where the module's capabilities end).
+fn declare_bfloat16(out: &mut Vec<u32>) {
+    for cap in BFLOAT16_CAPABILITIES {
+        out.extend([(2 << 16) | OP_CAPABILITY, cap]);
+    }
+    let mut text = b"SPV_KHR_bfloat16".to_vec();
+    text.resize(text.len() / 4 * 4 + 4, 0);
+    out.push(((1 + text.len() as u32 / 4) << 16) | OP_EXTENSION);
+    out.extend(text.chunks(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])));
+}
+
 /// Turns a module whose only 16-bit float type is the element type of its cooperative matrices
 /// into the same module on bfloat16 (SPV_KHR_bfloat16): the type gets the BFloat16KHR encoding,
 /// and the capabilities and extension are declared. Panics (failing the build) when the module
@@ -264,13 +275,7 @@ fn mark_bfloat16(name: &str, words: &mut Vec<u32>) {
         let inst = &words[at..at + count];
         if !declared && opcode != OP_CAPABILITY {
             // After the last capability: the new capabilities, then the extension.
-            for cap in BFLOAT16_CAPABILITIES {
-                out.extend([(2 << 16) | OP_CAPABILITY, cap]);
-            }
-            let mut text = b"SPV_KHR_bfloat16".to_vec();
-            text.resize(text.len() / 4 * 4 + 4, 0);
-            out.push(((1 + text.len() as u32 / 4) << 16) | OP_EXTENSION);
-            out.extend(text.chunks(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])));
+            declare_bfloat16(&mut out);
             declared = true;
         }
         if opcode == OP_TYPE_FLOAT && count == 3 && inst[2] == 16 {
@@ -315,13 +320,7 @@ fn retype_coop_operands(name: &str, words: &mut Vec<u32>, bf16: bool) {
         if !declared && opcode != OP_CAPABILITY {
             // After the last capability: the new type's capabilities (and extension).
             if bf16 {
-                for cap in BFLOAT16_CAPABILITIES {
-                    out.extend([(2 << 16) | OP_CAPABILITY, cap]);
-                }
-                let mut text = b"SPV_KHR_bfloat16".to_vec();
-                text.resize(text.len() / 4 * 4 + 4, 0);
-                out.push(((1 + text.len() as u32 / 4) << 16) | OP_EXTENSION);
-                out.extend(text.chunks(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])));
+                declare_bfloat16(&mut out);
             } else if !has_float16 {
                 out.extend([(2 << 16) | OP_CAPABILITY, CAPABILITY_FLOAT16]);
             }

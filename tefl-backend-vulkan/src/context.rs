@@ -266,12 +266,16 @@ fn list_devices(entry: &ash::Entry, instance: &ash::Instance) -> Result<Vec<Phys
     select(devices, std::env::var(DEVICE_VAR).ok().as_deref())
 }
 
-/// Whether device `h` offers pipeline statistics (see [`PhysicalInfo::executable_stats`]).
-fn executable_stats(instance: &ash::Instance, h: vk::PhysicalDevice) -> bool {
+/// Whether device `h` offers every extension of `names`.
+fn has_extensions(instance: &ash::Instance, h: vk::PhysicalDevice, names: &[&std::ffi::CStr]) -> bool {
     // SAFETY: a query of a physical device of the live instance.
     let extensions = unsafe { instance.enumerate_device_extension_properties(h) }.unwrap_or_default();
-    let name = ash::khr::pipeline_executable_properties::NAME;
-    if !extensions.iter().any(|e| e.extension_name_as_c_str().is_ok_and(|n| n == name)) {
+    names.iter().all(|&name| extensions.iter().any(|e| e.extension_name_as_c_str().is_ok_and(|n| n == name)))
+}
+
+/// Whether device `h` offers pipeline statistics (see [`PhysicalInfo::executable_stats`]).
+fn executable_stats(instance: &ash::Instance, h: vk::PhysicalDevice) -> bool {
+    if !has_extensions(instance, h, &[ash::khr::pipeline_executable_properties::NAME]) {
         return false;
     }
     let mut stats = vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default();
@@ -286,10 +290,7 @@ pub(crate) const COOP_EXTENSIONS: [&std::ffi::CStr; 1] = [ash::khr::cooperative_
 
 /// Whether device `h` offers what `gemm_coop.wgsl` needs (see [`PhysicalInfo::coop_matrix_f16`]).
 fn coop_matrix_f16(entry: &ash::Entry, instance: &ash::Instance, h: vk::PhysicalDevice) -> bool {
-    // SAFETY: a query of a physical device of the live instance.
-    let extensions = unsafe { instance.enumerate_device_extension_properties(h) }.unwrap_or_default();
-    let has = |name: &std::ffi::CStr| extensions.iter().any(|e| e.extension_name_as_c_str().is_ok_and(|n| n == name));
-    if !COOP_EXTENSIONS.iter().all(|n| has(n)) {
+    if !has_extensions(instance, h, &COOP_EXTENSIONS) {
         return false;
     }
     let mut coop = vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default();
@@ -321,10 +322,7 @@ fn coop_matrix_f16(entry: &ash::Entry, instance: &ash::Instance, h: vk::Physical
 
 /// The SM count of device `h` where it has `VK_NV_shader_sm_builtins`, else `None`.
 fn sm_count(instance: &ash::Instance, h: vk::PhysicalDevice) -> Option<u32> {
-    // SAFETY: a query of a physical device of the live instance.
-    let extensions = unsafe { instance.enumerate_device_extension_properties(h) }.unwrap_or_default();
-    let name = ash::nv::shader_sm_builtins::NAME;
-    if !extensions.iter().any(|e| e.extension_name_as_c_str().is_ok_and(|n| n == name)) {
+    if !has_extensions(instance, h, &[ash::nv::shader_sm_builtins::NAME]) {
         return None;
     }
     let mut sm = vk::PhysicalDeviceShaderSMBuiltinsPropertiesNV::default();
@@ -379,9 +377,7 @@ unsafe impl vk::ExtendsDeviceCreateInfo for Bfloat16Features {}
 /// Whether device `h` (which has what `coop_matrix_f16` checks) also multiplies bfloat16
 /// cooperative matrices.
 fn coop_matrix_bf16(entry: &ash::Entry, instance: &ash::Instance, h: vk::PhysicalDevice) -> bool {
-    // SAFETY: a query of a physical device of the live instance.
-    let extensions = unsafe { instance.enumerate_device_extension_properties(h) }.unwrap_or_default();
-    if !extensions.iter().any(|e| e.extension_name_as_c_str().is_ok_and(|n| n == BFLOAT16_EXTENSION)) {
+    if !has_extensions(instance, h, &[BFLOAT16_EXTENSION]) {
         return false;
     }
     let mut bf16 = Bfloat16Features::new(false, false);
