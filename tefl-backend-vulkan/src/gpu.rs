@@ -153,6 +153,16 @@ fn coop_wanted(value: Option<&str>) -> Result<bool> {
     }
 }
 
+/// Whether the value of `TEFL_VULKAN_PIPELINE_STATS` asks for pipeline statistics; a value
+/// other than unset, `0` or `1` is a configuration error naming the variable.
+fn stats_wanted(value: Option<&str>) -> Result<bool> {
+    match value.map(str::trim) {
+        None | Some("") | Some("0") => Ok(false),
+        Some("1") => Ok(true),
+        Some(other) => Err(Error::config(PIPELINE_STATS_VAR, other, "expected 1 (log statistics) or 0 (the default)")),
+    }
+}
+
 // SAFETY: every Vulkan object that needs external synchronisation (the queue, the command pool
 // and buffer, the descriptor pool, the allocator) is used under its mutex; the device handle and
 // pipelines may be used from any thread.
@@ -195,7 +205,7 @@ impl Gpu {
         if coop_bf16 {
             extensions.push(crate::context::BFLOAT16_EXTENSION.as_ptr());
         }
-        let stats = physical.executable_stats && std::env::var(PIPELINE_STATS_VAR).is_ok_and(|v| v == "1");
+        let stats = stats_wanted(std::env::var(PIPELINE_STATS_VAR).ok().as_deref())? && physical.executable_stats;
         if stats {
             extensions.push(ash::khr::pipeline_executable_properties::NAME.as_ptr());
         }
@@ -924,7 +934,7 @@ pub fn shader_names() -> impl Iterator<Item = &'static str> {
 
 #[cfg(test)]
 mod tests {
-    use super::{COOPMAT_VAR, coop_wanted, size_class};
+    use super::{COOPMAT_VAR, PIPELINE_STATS_VAR, coop_wanted, size_class, stats_wanted};
 
     #[test]
     fn the_coopmat_knob_takes_0_or_1_and_names_itself_otherwise() {
@@ -933,6 +943,15 @@ mod tests {
         assert!(!coop_wanted(Some(" 0 ")).unwrap());
         let e = coop_wanted(Some("yes")).unwrap_err().to_string();
         assert!(e.contains(COOPMAT_VAR) && e.contains("yes"), "{e}");
+    }
+
+    #[test]
+    fn the_pipeline_stats_knob_is_off_unless_1_and_names_itself_when_wrong() {
+        assert!(!stats_wanted(None).unwrap());
+        assert!(!stats_wanted(Some("0")).unwrap());
+        assert!(stats_wanted(Some(" 1")).unwrap());
+        let e = stats_wanted(Some("on")).unwrap_err().to_string();
+        assert!(e.contains(PIPELINE_STATS_VAR) && e.contains("on"), "{e}");
     }
 
     #[test]
