@@ -227,10 +227,13 @@ fn list_devices(entry: &ash::Entry, instance: &ash::Instance) -> Result<Vec<Phys
             instance.get_physical_device_features2(h, &mut f2);
             (props, subgroup, instance.get_physical_device_queue_family_properties(h), f11)
         };
-        let coop_matrix_f16 = subgroup.subgroup_size == 32 && coop_matrix_f16(entry, instance, h);
-        let coop_matrix_bf16 = coop_matrix_f16 && coop_matrix_bf16(entry, instance, h);
-        let compute_units = sm_count(instance, h);
-        let executable_stats = executable_stats(instance, h);
+        // SAFETY: a query of a physical device of the live instance.
+        let extensions = unsafe { instance.enumerate_device_extension_properties(h) }.unwrap_or_default();
+        let ext = Extensions(&extensions);
+        let coop_matrix_f16 = subgroup.subgroup_size == 32 && coop_matrix_f16(entry, instance, h, ext);
+        let coop_matrix_bf16 = coop_matrix_f16 && coop_matrix_bf16(entry, instance, h, ext);
+        let compute_units = sm_count(instance, h, ext);
+        let executable_stats = executable_stats(instance, h, ext);
         let Some((family, q)) =
             queues.iter().enumerate().find(|(_, q)| q.queue_flags.contains(vk::QueueFlags::COMPUTE))
         else {
@@ -266,16 +269,20 @@ fn list_devices(entry: &ash::Entry, instance: &ash::Instance) -> Result<Vec<Phys
     select(devices, std::env::var(DEVICE_VAR).ok().as_deref())
 }
 
-/// Whether device `h` offers every extension of `names`.
-fn has_extensions(instance: &ash::Instance, h: vk::PhysicalDevice, names: &[&std::ffi::CStr]) -> bool {
-    // SAFETY: a query of a physical device of the live instance.
-    let extensions = unsafe { instance.enumerate_device_extension_properties(h) }.unwrap_or_default();
-    names.iter().all(|&name| extensions.iter().any(|e| e.extension_name_as_c_str().is_ok_and(|n| n == name)))
+/// A device's extensions (enumerated once per device).
+#[derive(Clone, Copy)]
+struct Extensions<'a>(&'a [vk::ExtensionProperties]);
+
+impl Extensions<'_> {
+    /// Whether every extension of `names` is among them.
+    fn has(self, names: &[&std::ffi::CStr]) -> bool {
+        names.iter().all(|&name| self.0.iter().any(|e| e.extension_name_as_c_str().is_ok_and(|n| n == name)))
+    }
 }
 
 /// Whether device `h` offers pipeline statistics (see [`PhysicalInfo::executable_stats`]).
-fn executable_stats(instance: &ash::Instance, h: vk::PhysicalDevice) -> bool {
-    if !has_extensions(instance, h, &[ash::khr::pipeline_executable_properties::NAME]) {
+fn executable_stats(instance: &ash::Instance, h: vk::PhysicalDevice, ext: Extensions<'_>) -> bool {
+    if !ext.has(&[ash::khr::pipeline_executable_properties::NAME]) {
         return false;
     }
     let mut stats = vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default();
@@ -289,8 +296,8 @@ fn executable_stats(instance: &ash::Instance, h: vk::PhysicalDevice) -> bool {
 pub(crate) const COOP_EXTENSIONS: [&std::ffi::CStr; 1] = [ash::khr::cooperative_matrix::NAME];
 
 /// Whether device `h` offers what `gemm_coop.wgsl` needs (see [`PhysicalInfo::coop_matrix_f16`]).
-fn coop_matrix_f16(entry: &ash::Entry, instance: &ash::Instance, h: vk::PhysicalDevice) -> bool {
-    if !has_extensions(instance, h, &COOP_EXTENSIONS) {
+fn coop_matrix_f16(entry: &ash::Entry, instance: &ash::Instance, h: vk::PhysicalDevice, ext: Extensions<'_>) -> bool {
+    if !ext.has(&COOP_EXTENSIONS) {
         return false;
     }
     let mut coop = vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default();
@@ -321,8 +328,8 @@ fn coop_matrix_f16(entry: &ash::Entry, instance: &ash::Instance, h: vk::Physical
 }
 
 /// The SM count of device `h` where it has `VK_NV_shader_sm_builtins`, else `None`.
-fn sm_count(instance: &ash::Instance, h: vk::PhysicalDevice) -> Option<u32> {
-    if !has_extensions(instance, h, &[ash::nv::shader_sm_builtins::NAME]) {
+fn sm_count(instance: &ash::Instance, h: vk::PhysicalDevice, ext: Extensions<'_>) -> Option<u32> {
+    if !ext.has(&[ash::nv::shader_sm_builtins::NAME]) {
         return None;
     }
     let mut sm = vk::PhysicalDeviceShaderSMBuiltinsPropertiesNV::default();
@@ -376,8 +383,8 @@ unsafe impl vk::ExtendsDeviceCreateInfo for Bfloat16Features {}
 
 /// Whether device `h` (which has what `coop_matrix_f16` checks) also multiplies bfloat16
 /// cooperative matrices.
-fn coop_matrix_bf16(entry: &ash::Entry, instance: &ash::Instance, h: vk::PhysicalDevice) -> bool {
-    if !has_extensions(instance, h, &[BFLOAT16_EXTENSION]) {
+fn coop_matrix_bf16(entry: &ash::Entry, instance: &ash::Instance, h: vk::PhysicalDevice, ext: Extensions<'_>) -> bool {
+    if !ext.has(&[BFLOAT16_EXTENSION]) {
         return false;
     }
     let mut bf16 = Bfloat16Features::new(false, false);

@@ -393,18 +393,13 @@ def generic_gemm(
     d = out["d"]
     if q is not None:
         _raise_amax(quantizer.amax, out["d_amax"])
-        d = Float8Tensor(d, _reciprocal(q[0]), q[2])
+        d = Float8Tensor(d, 1.0 / q[0], q[2])  # scale_inv, a new tensor of the scale's kind
     if D is not None:
         D[...] = d.reshape(_shape(D)) if _shape(d) != _shape(D) else d
         d = D
     if out.get("aux_out") is not None and gelu_in is not None and not grad:
         gelu_in[...] = out["aux_out"].reshape(_shape(gelu_in))
     return d, out.get("bias_grad"), gelu_in if gelu else None, None
-
-
-def _reciprocal(scale):
-    """1 / scale as a new tensor of scale's kind (the FP8 output's scale_inv)."""
-    return 1.0 / scale
 
 
 def _flatten2(t):
