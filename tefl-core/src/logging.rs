@@ -111,6 +111,17 @@ impl CapturedLog {
         let buf = self.0.lock().unwrap_or_else(|p| p.into_inner());
         String::from_utf8_lossy(&buf).lines().map(str::to_string).collect()
     }
+    /// Runs `f` with this sink receiving TE-FL's lines from `level` up (on this thread), and
+    /// returns what `f` returns. Rebuilds `tracing`'s per-callsite interest first: a callsite
+    /// another thread registered while this sink's subscriber was being created can otherwise
+    /// keep an interest computed without it, and its events never reach the sink (tests running
+    /// in parallel lost a fallback's WARNING that way).
+    pub fn capture<R>(&self, level: LogLevel, f: impl FnOnce() -> R) -> R {
+        tracing::subscriber::with_default(subscriber(level, self.clone()), || {
+            tracing::callsite::rebuild_interest_cache();
+            f()
+        })
+    }
     /// The messages written so far: each line without its `[<time> TE-FL <file>:<line> <LEVEL>] ` prefix,
     /// with the level: `(LEVEL, message)`.
     pub fn messages(&self) -> Vec<(String, String)> {
@@ -160,7 +171,7 @@ mod tests {
     #[test]
     fn line_format_matches_te_fl() {
         let log = CapturedLog::new();
-        tracing::subscriber::with_default(subscriber(LogLevel::Info, log.clone()), || {
+        log.capture(LogLevel::Info, || {
             tracing::info!(target: TARGET, "hello {}", 1);
             tracing::debug!(target: TARGET, "hidden");
             tracing::warn!(target: TARGET, "careful");

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tefl_core::catalogue::{RmsNormFwd, RmsNormFwdArgs, RmsNormFwdOut};
 use tefl_core::device::{Buffer, DeviceRuntime};
-use tefl_core::logging::{CapturedLog, subscriber};
+use tefl_core::logging::CapturedLog;
 use tefl_core::policy::LogLevel;
 use tefl_core::{
     BackendImplKind as Kind, DType, Device, DeviceKind, Error, Manager, OpImpl, PolicyOverride, Prefer, Registry,
@@ -169,7 +169,7 @@ fn strict_mode_returns_the_first_error() {
 fn fallback_logs_and_counters() {
     let log = CapturedLog::new();
     let (reg, _) = registry(&[("default.a", Behaviour::Fail)]);
-    tracing::subscriber::with_default(subscriber(LogLevel::Info, log.clone()), || {
+    log.capture(LogLevel::Info, || {
         let m = Manager::new(reg, SelectionPolicy::default());
         assert_eq!(served_tag(&m).unwrap(), 2.0);
         let s = m.stats_of("rmsnorm_fwd", "default.b").unwrap();
@@ -196,7 +196,7 @@ fn fallback_logs_and_counters() {
 fn using_is_logged_once_and_switched_on_change() {
     let log = CapturedLog::new();
     let (reg, _) = registry(&[]);
-    tracing::subscriber::with_default(subscriber(LogLevel::Info, log.clone()), || {
+    log.capture(LogLevel::Info, || {
         let m = Manager::new(reg, SelectionPolicy::default());
         for _ in 0..5 {
             served_tag(&m).unwrap();
@@ -384,7 +384,7 @@ fn tex_backends_force_one_backend_with_fallback() {
 #[test]
 fn unknown_names_in_the_policy_are_warnings() {
     let log = CapturedLog::new();
-    tracing::subscriber::with_default(subscriber(LogLevel::Info, log.clone()), || {
+    log.capture(LogLevel::Info, || {
         let p = SelectionPolicy::default().per_op("rmsnorm_fwd", "vendor:acme|impl:vendor.nope|reference").unwrap();
         let m = Manager::new(registry(&[]).0, p);
         assert_eq!(served_tag(&m).unwrap(), 5.0);

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use tefl_core::catalogue::{
     AmaxAlgo, DelayedScalingArgs, FusedAmaxAndScaleUpdate, RmsNormFwd, RmsNormFwdArgs, RmsNormFwdOut,
 };
-use tefl_core::logging::{CapturedLog, subscriber};
+use tefl_core::logging::CapturedLog;
 use tefl_core::policy::LogLevel;
 use tefl_core::{
     BackendImplKind as Kind, DType, Device, Error, Manager, OpImpl, PolicyOverride, Prefer, Registry, SelectionPolicy,
@@ -89,7 +89,7 @@ fn failure_memory_survives_a_scope_per_call() {
     reg.register_impl(failing("vendor.bad", "bad", hits.clone())).unwrap();
     reg.register_impl(tagged("reference.cpu", Kind::Reference, None, 1.0, counter())).unwrap();
     let log = CapturedLog::new();
-    tracing::subscriber::with_default(subscriber(LogLevel::Info, log.clone()), || {
+    log.capture(LogLevel::Info, || {
         let m = Manager::new(reg, SelectionPolicy::default());
         for i in 0..1000 {
             // Alternate between two equal scopes and a different one: all share the memory.
@@ -336,7 +336,7 @@ fn messages_are_short_and_say_what_was_typed() {
     assert_eq!(e.to_string(), "Backend 'hygon' not found. Available backends: ['reference']");
     // A panic is logged once with its message, without the prefix twice.
     let log = CapturedLog::new();
-    tracing::subscriber::with_default(subscriber(LogLevel::Info, log.clone()), || {
+    log.capture(LogLevel::Info, || {
         let mut reg = Registry::new();
         reg.register_impl(OpImpl::new::<RmsNormFwd>("x", Kind::Default, |_, _| panic!("boom"))).unwrap();
         reg.register_impl(tagged("reference.cpu", Kind::Reference, None, 1.0, counter())).unwrap();

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use tefl_core::catalogue::{RmsNormFwd, RmsNormFwdArgs};
-use tefl_core::logging::{CapturedLog, subscriber};
+use tefl_core::logging::CapturedLog;
 use tefl_core::policy::LogLevel;
 use tefl_core::{DType, EnvConfig, Error, Manager};
 use tefl_tests::{Rng, assert_close, oracle, seed, tensor, values};
@@ -58,7 +58,7 @@ fn a_c_plugin_serves_rmsnorm_when_routed_to_it() {
     let lib = build_plugin("cplug_ok", &[]);
     let log = CapturedLog::new();
     let mut rng = Rng::new(seed("c_plugin"));
-    tracing::subscriber::with_default(subscriber(LogLevel::Info, log.clone()), || {
+    log.capture(LogLevel::Info, || {
         let m = manager(&[
             ("TE_FL_PLUGIN_MODULES", lib.display().to_string()),
             ("TE_FL_PER_OP", "rmsnorm_fwd=vendor:cplug".into()),
@@ -97,7 +97,7 @@ fn broken_plugins_are_skipped_with_an_error_line() {
     let mut rng = Rng::new(seed("c_plugin_broken"));
     for (bad, reason) in cases {
         let log = CapturedLog::new();
-        tracing::subscriber::with_default(subscriber(LogLevel::Info, log.clone()), || {
+        log.capture(LogLevel::Info, || {
             let m = manager(&[("TE_FL_PLUGIN_MODULES", format!("{bad},{}", good.display()))]);
             let (args, want) = rmsnorm_case(&mut rng);
             let out = m.call::<RmsNormFwd>(&args).unwrap();
@@ -148,7 +148,7 @@ fn failing_and_garbage_status_codes_are_failures_with_fallback() {
 fn a_plugin_with_a_duplicate_impl_is_not_partly_registered() {
     let lib = build_plugin("cplug_dup", &["DUPLICATE_IMPL"]);
     let log = CapturedLog::new();
-    tracing::subscriber::with_default(subscriber(LogLevel::Info, log.clone()), || {
+    log.capture(LogLevel::Info, || {
         let m = manager(&[("TE_FL_PLUGIN_MODULES", lib.display().to_string()), ("TE_FL_PREFER", "vendor".into())]);
         assert!(m.with_registry(|r| !r.impl_ids().iter().any(|i| i == "vendor.cplug")));
         assert!(m.with_registry(|r| r.vendor("cplug").is_none()), "the vendor is not registered either");
