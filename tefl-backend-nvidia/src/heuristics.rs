@@ -43,6 +43,18 @@ pub fn attention_fwd_wgmma(t: &TuneTable) -> bool {
     t.configs("attention").first().is_some_and(|c| c.get("fwd_wgmma").and_then(|v| v.as_int()).is_some_and(|v| v != 0))
 }
 
+/// Whether the backward's dK/dV runs on the Hopper wgmma kernel where it takes the call
+/// (`attention`'s `bwd_wgmma`: 1 in the Hopper tune configs, 0 by default; `TEFL_ATTN_WGMMA=0`
+/// turns it off as it does the forward's).
+pub fn attention_bwd_wgmma(t: &TuneTable) -> bool {
+    if let Ok(env) = tefl_core::policy::env()
+        && env.attn_wgmma == Some(false)
+    {
+        return false;
+    }
+    t.configs("attention").first().is_some_and(|c| c.get("bwd_wgmma").and_then(|v| v.as_int()).is_some_and(|v| v != 0))
+}
+
 /// The one-launch grouped GEMM's tile schedule (`grouped_gemm` in the tune configs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GroupedTiles {
@@ -90,7 +102,12 @@ pub fn kernel_choice(impl_id: &str, op: &str, device: Device, dtype: DType) -> O
         }
         "fused_attn_fwd" if hopper => format!("attn_fwd ({mma}; the wgmma kernel takes f16/bf16 only)"),
         "fused_attn_fwd" => format!("attn_fwd ({mma}; the wgmma kernel needs sm_90, this is {arch})"),
-        "fused_attn_bwd" => format!("attn_bwd_delta, attn_bwd_dkdv, attn_bwd_dq_out ({mma}; no wgmma backward yet)"),
+        "fused_attn_bwd" if hopper && sixteen && attention_bwd_wgmma(&TUNE_CONFIGS.table(&arch)) => {
+            "attn_bwd_delta, attn_bwd_sm90 (TMA loads, wgmma, dQ by tensor reduce-add; head dim 64/128, bshd/sbhd, \
+             no padding, no dropout; attn_bwd_dkdv (mma.sync) for other calls), attn_bwd_dq_out"
+                .to_string()
+        }
+        "fused_attn_bwd" => format!("attn_bwd_delta, attn_bwd_dkdv, attn_bwd_dq_out ({mma})"),
         "te_general_grouped_gemm" if hopper && (sixteen || dtype.is_fp8()) => {
             "grouped_gemm_sm90 (one launch over a table of groups: TMA, wgmma) where every group's rows are \
              16-byte aligned; cuBLASLt per group otherwise"
@@ -126,6 +143,7 @@ mod tests {
         assert_eq!(a.configs("norm").len(), 4);
         assert_eq!(attention_fwd_min_blocks(&h), 2);
         assert!(attention_fwd_wgmma(&h) && !attention_fwd_wgmma(&a));
+        assert!(attention_bwd_wgmma(&h) && !attention_bwd_wgmma(&a));
         assert_eq!(grouped_gemm_tiles(&h), GroupedTiles { m_first: true, max_stages: 4 });
         let r = row_kernel(&h, "norm", 8192, 2, 4);
         assert!(r.fused() && r.row_vecs <= 4, "{r:?}");

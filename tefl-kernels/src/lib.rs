@@ -173,6 +173,18 @@ pub static ATTENTION_SM90: Source = Source {
     arch_specific: true,
 };
 
+/// Flash attention backward on Hopper: dK and dV of 128 keys in two consumer warpgroups' registers,
+/// query tiles by the tensor memory accelerator, wgmma for all five products, dQ shares added by
+/// the copy engine's tensor reduce-add.
+pub static ATTENTION_BWD_SM90: Source = Source {
+    name: "attention_bwd_sm90",
+    path: "cuda/attention/attention_bwd_sm90.cu",
+    text: include_str!("cuda/attention/attention_bwd_sm90.cu"),
+    headers: &[&ATTENTION_MASK, &CUDA_MMA, &CUDA_HOPPER],
+    targets: &[Target::Cuda],
+    arch_specific: true,
+};
+
 /// Portable flash attention (forward) for any SIMT target: shared-memory key tiles, online
 /// softmax, the masks and sequences of `shared/attention_mask.h`.
 pub static ATTENTION_SIMT: Source = Source {
@@ -198,6 +210,7 @@ pub static SOURCES: &[&Source] = &[
     &ATTENTION_CUDA,
     &GROUPED_GEMM_SM90,
     &ATTENTION_SM90,
+    &ATTENTION_BWD_SM90,
 ];
 
 #[cfg(test)]

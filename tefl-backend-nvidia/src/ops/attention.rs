@@ -194,8 +194,9 @@ pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut
     let dev = ctx.device;
     let rows_heads = a.q.numel() / s.g.d;
     let delta = empty(dev, &[rows_heads], DType::F32)?;
-    // dQ is summed over key blocks in f32 by atomics (the delta kernel zeroes it), then scaled
-    // and converted; every element is written, rows outside the sequences as zeros.
+    // dQ is summed over key blocks in f32 by atomics or the Hopper kernel's tensor reduce-adds
+    // (the delta kernel zeroes it), then scaled and converted; every element is written, rows
+    // outside the sequences as zeros.
     let dq_acc = empty(dev, &[a.q.numel()], DType::F32)?;
     let dq = empty(dev, a.q.shape(), a.q.dtype())?;
     let mk = |t: &Tensor| if thd { zeros(dev, t.shape(), t.dtype()) } else { empty(dev, t.shape(), t.dtype()) };
@@ -211,6 +212,31 @@ pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut
             Arg::U64(rows_heads as u64),
         ],
     )?;
+    let hopper = super::attention_sm90::BwdBuffers { delta: &delta, dq_acc: &dq_acc, dk: &dk, dv: &dv };
+    if !super::attention_sm90::bwd(ctx, a, &s.g, &s.build, &hopper)? {
+        dkdv(ctx, a, &s, &delta, &dq_acc, &dk, &dv)?;
+    }
+    let n = a.q.numel();
+    s.kernel.launch(
+        "attn_bwd_dq_out",
+        Grid::linear(blocks_for(n, 256, sm_count(dev) * 8), 256),
+        &[Arg::Ptr(ptr(&dq_acc)?), Arg::Ptr(ptr(&dq)?), Arg::U64(n as u64), Arg::F32(a.scale)],
+    )?;
+    Ok(AttnBwdOut { dq, dk, dv })
+}
+
+/// The mma.sync dK/dV kernel (`attn_bwd_dkdv`), adding each tile's dQ share to `dq_acc`.
+fn dkdv(
+    ctx: &KernelCtx<'_>,
+    a: &AttnBwdArgs,
+    s: &Plan,
+    delta: &Tensor,
+    dq_acc: &Tensor,
+    dk: &Tensor,
+    dv: &Tensor,
+) -> Result<()> {
+    const OP: &str = "fused_attn_bwd";
+    let (cu_q, cu_k) = (a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref());
     let elem = a.q.dtype().size_in_bytes();
     let ld = s.dp + 16 / elem;
     let inputs = [
@@ -219,13 +245,13 @@ pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut
         Arg::Ptr(ptr(&a.v)?),
         Arg::Ptr(ptr(&a.d_o)?),
         Arg::Ptr(ptr(&a.softmax_lse)?),
-        Arg::Ptr(ptr(&delta)?),
+        Arg::Ptr(ptr(delta)?),
     ];
     let mut args = inputs.to_vec();
-    args.extend([Arg::Ptr(ptr(&dk)?), Arg::Ptr(ptr(&dv)?), Arg::Ptr(ptr(&dq_acc)?)]);
+    args.extend([Arg::Ptr(ptr(dk)?), Arg::Ptr(ptr(dv)?), Arg::Ptr(ptr(dq_acc)?)]);
     args.push(Arg::Ptr(opt_ptr(cu_q)?));
     args.push(Arg::Ptr(opt_ptr(cu_k)?));
-    args.extend(common_args(&s, a.scale, a.dropout_p, a.seed, a.offset));
+    args.extend(common_args(s, a.scale, a.dropout_p, a.seed, a.offset));
     // K, V; two stages of Q and dO; two stages of lse and delta; per key, br (padded) elements
     // for P^T handed from the dV to the dK warps and then dS^T; f32 builds also stage P and dS
     // in a tile of their own.
@@ -236,14 +262,7 @@ pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut
         check_smem(OP, ctx, ((2 * kb + 2 * stages * br) * ld + handover + own_tile) * elem + 2 * stages * br * 4)?;
     // A dV and a dK warp per 16 DKV_MT keys.
     let threads = (2 * kb / (16 * dkv_mtiles(s.dp)) * MMA_WARP) as u32;
-    s.kernel.launch("attn_bwd_dkdv", s.tile_grid(s.g.sk, kb, s.g.hk, threads, smem), &args)?;
-    let n = a.q.numel();
-    s.kernel.launch(
-        "attn_bwd_dq_out",
-        Grid::linear(blocks_for(n, 256, sm_count(dev) * 8), 256),
-        &[Arg::Ptr(ptr(&dq_acc)?), Arg::Ptr(ptr(&dq)?), Arg::U64(n as u64), Arg::F32(a.scale)],
-    )?;
-    Ok(AttnBwdOut { dq, dk, dv })
+    s.kernel.launch("attn_bwd_dkdv", s.tile_grid(s.g.sk, kb, s.g.hk, threads, smem), &args)
 }
 
 /// Variants covering every code path (the NVRTC compile test and cache warm-up).

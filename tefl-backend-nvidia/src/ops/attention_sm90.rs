@@ -1,28 +1,36 @@
-//! Flash attention forward on Hopper (`cuda/attention/attention_sm90.cu`): the copy engine
+//! Flash attention on Hopper. The forward (`cuda/attention/attention_sm90.cu`): the copy engine
 //! loads Q and K / V tiles of 128 rows (4-D tensor maps over the bshd or sbhd tensors, so a
 //! sequence's tail reads zeros), wgmma multiplies them, a producer warp feeds two consumer
 //! warpgroups of 64 query rows; one persistent CTA per SM claims work items (128 query rows of
-//! a head) from a counter.
+//! a head) from a counter. The backward's dK/dV kernel (`attention_bwd_sm90.cu`): one CTA per
+//! 128 keys of a kv head, query tiles of 64 rows of every head of the group streamed in by the
+//! copy engine, the five products on wgmma, dQ shares added to the f32 accumulator by tensor
+//! reduce-adds (the delta and dQ conversion kernels are `attention.cu`'s).
 //!
-//! [`fwd`] answers `Ok(None)` for a call the kernel does not take: another arch than sm_90,
-//! the tune config's `fwd_wgmma` off, f32, head dims other than 64 and 128, the thd layout,
-//! padding masks, dropout, or tensors the copy engine cannot address; `attention::fused_attn_fwd`
-//! then runs the mma.sync kernel.
+//! [`fwd`] and [`bwd`] decline (`Ok(None)` / `Ok(false)`) a call the kernels do not take:
+//! another arch than sm_90, the tune config's `fwd_wgmma` / `bwd_wgmma` off, f32, head dims
+//! other than 64 and 128, the thd layout, padding masks, dropout, or tensors the copy engine
+//! cannot address; `attention.rs` then runs the mma.sync kernels.
 
-use tefl_core::catalogue::{AttnFwdArgs, AttnFwdOut, AttnGeometry, QkvLayout};
+use tefl_core::catalogue::{AttnBwdArgs, AttnFwdArgs, AttnFwdOut, AttnGeometry, QkvLayout};
 use tefl_core::{DType, KernelCtx, Result, Tensor};
 use tefl_gpu::simt::attention::AttnBuild;
 use tefl_gpu::{Grid, Variant};
 
-use crate::heuristics::attention_fwd_wgmma;
+use crate::heuristics::{attention_bwd_wgmma, attention_fwd_wgmma};
 use crate::launch::{empty, info, launch_struct, ptr, sm_count, tune_table, zeros};
 use crate::tma::{TensorMap, encode};
 
 const OP: &str = "fused_attn_fwd";
 const ENTRIES: &[&str] = &["attn_fwd_sm90"];
-/// Query rows per CTA (two consumer warpgroups of 64) and keys per tile.
+const BWD_OP: &str = "fused_attn_bwd";
+const BWD_ENTRIES: &[&str] = &["attn_bwd_sm90"];
+/// Query rows per CTA (two consumer warpgroups of 64) and keys per tile; the backward's keys
+/// per CTA.
 const ROWS: usize = 128;
-/// K and V pipeline stages.
+/// The backward's query rows per tile.
+const BWD_ROWS: usize = 64;
+/// K and V pipeline stages (forward); Q and dO stages (backward).
 const STAGES: usize = 2;
 
 /// The kernel's `AttnParams`.
@@ -44,10 +52,36 @@ struct AttnParams {
     pad1: i32,
 }
 
-/// The kernel variant for a build (launches and the compile test).
+/// The backward kernel's `BwdParams`.
+#[repr(C)]
+struct BwdParams {
+    q: TensorMap,
+    k: TensorMap,
+    v: TensorMap,
+    d_o: TensorMap,
+    dq: TensorMap,
+    lse: u64,
+    delta: u64,
+    dk: u64,
+    dv: u64,
+    batch: i32,
+    sq: i32,
+    sk: i32,
+    hq: i32,
+    hk: i32,
+    scale: f32,
+}
+
+/// The forward kernel variant for a build (launches and the compile test).
 fn variant(b: &AttnBuild) -> Result<Variant> {
     let defines = b.defines(OP)?.flag("T_F16", b.dtype == DType::F16).set("STAGES", STAGES);
     Ok(Variant::new(&tefl_kernels::ATTENTION_SM90, ENTRIES, defines))
+}
+
+/// The backward kernel variant for a build.
+fn bwd_variant(b: &AttnBuild) -> Result<Variant> {
+    let defines = b.defines(BWD_OP)?.flag("T_F16", b.dtype == DType::F16).set("STAGES", STAGES);
+    Ok(Variant::new(&tefl_kernels::ATTENTION_BWD_SM90, BWD_ENTRIES, defines))
 }
 
 /// Work items of one call: 128 query rows of one head of one sequence each.
@@ -60,13 +94,33 @@ fn smem(d: usize) -> usize {
     1024 + (1 + 2 * STAGES) * ROWS * d * 2 + 8 * (2 + 4 * STAGES)
 }
 
-/// Why the kernel does not take this call (`None`: it does).
-fn declined(ctx: &KernelCtx<'_>, a: &AttnFwdArgs, g: &AttnGeometry, b: &AttnBuild) -> Result<Option<String>> {
+/// The backward's dynamic shared memory: the alignment slack, K and V (128 keys), STAGES Q and
+/// dO tiles (64 rows), two dSᵀ buffers (128 x 64, 16-bit), two consumers' dQ shares (64 x 64
+/// f32), STAGES lse and delta rows, the barriers.
+fn bwd_smem(d: usize) -> usize {
+    1024 + 2 * ROWS * d * 2
+        + 2 * STAGES * BWD_ROWS * d * 2
+        + 2 * ROWS * BWD_ROWS * 2
+        + 2 * BWD_ROWS * 64 * 4
+        + STAGES * 2 * BWD_ROWS * 4
+        + 8 * (1 + 2 * STAGES)
+}
+
+/// Why the kernel (forward or backward: `wgmma_on` is the tune config's choice, `smem` its
+/// shared memory) does not take a call on `tensors` (`None`: it does).
+fn declined(
+    ctx: &KernelCtx<'_>,
+    tensors: &[&Tensor],
+    g: &AttnGeometry,
+    b: &AttnBuild,
+    wgmma_on: bool,
+    smem: usize,
+) -> Result<Option<String>> {
     let arch = &info(ctx.device)?.arch;
     if arch != "sm_90" {
         return Ok(Some(format!("{arch} is not sm_90")));
     }
-    if !attention_fwd_wgmma(&*tune_table(ctx.device)?) {
+    if !wgmma_on {
         return Ok(Some("the tune config (or TEFL_ATTN_WGMMA=0) keeps the mma.sync kernel".into()));
     }
     if !matches!(b.dtype, DType::BF16 | DType::F16) {
@@ -81,29 +135,37 @@ fn declined(ctx: &KernelCtx<'_>, a: &AttnFwdArgs, g: &AttnGeometry, b: &AttnBuil
     if b.dropout {
         return Ok(Some("dropout".into()));
     }
-    for t in [&a.q, &a.k, &a.v] {
+    for t in tensors {
         if ptr(t)? % 16 != 0 {
             return Ok(Some("a tensor not 16-byte aligned".into()));
         }
     }
     if work_items(g).max(g.sq).max(g.sk) > i32::MAX as usize / 2
-        || smem(g.d) > info(ctx.device)?.shared_memory_per_block_optin
+        || smem > info(ctx.device)?.shared_memory_per_block_optin
     {
         return Ok(Some("past the kernel's index range or shared memory".into()));
     }
     Ok(None)
 }
 
-/// The 4-D map of q, k or v (`positions` rows of `heads` heads per sequence): dimensions
-/// (head dim, heads, positions, batch) for bshd, (head dim, heads, batch, positions) for
-/// sbhd; boxes of 64 head-dim elements (128 bytes) x 1 head x 128 positions.
-fn qkv_map(ctx: &KernelCtx<'_>, t: &Tensor, g: &AttnGeometry, positions: usize, heads: usize) -> Result<TensorMap> {
+/// The 4-D map of q, k, v, dO or the f32 dQ accumulator (`positions` rows of `heads` heads per
+/// sequence): dimensions (head dim, heads, positions, batch) for bshd, (head dim, heads, batch,
+/// positions) for sbhd; boxes of 128 bytes of head dim x 1 head x `rows` positions.
+fn qkv_map(
+    ctx: &KernelCtx<'_>,
+    t: &Tensor,
+    g: &AttnGeometry,
+    positions: usize,
+    heads: usize,
+    rows: usize,
+) -> Result<TensorMap> {
     let es = t.dtype().size_in_bytes() as u64;
     let (d, h, s, b) = (g.d as u64, heads as u64, positions as u64, g.batch as u64);
+    let inner = (128 / es) as u32;
     let (dims, strides, boxes) = if g.layout == QkvLayout::Bshd {
-        ([d, h, s, b], [d * es, h * d * es, s * h * d * es], [64, 1, ROWS as u32, 1])
+        ([d, h, s, b], [d * es, h * d * es, s * h * d * es], [inner, 1, rows as u32, 1])
     } else {
-        ([d, h, b, s], [d * es, h * d * es, b * h * d * es], [64, 1, 1, ROWS as u32])
+        ([d, h, b, s], [d * es, h * d * es, b * h * d * es], [inner, 1, 1, rows as u32])
     };
     encode(ctx, OP, ptr(t)?, t.dtype(), &dims, &strides, &boxes)
 }
@@ -111,7 +173,8 @@ fn qkv_map(ctx: &KernelCtx<'_>, t: &Tensor, g: &AttnGeometry, positions: usize, 
 /// The forward on the Hopper kernel, or `Ok(None)` when it does not take the call (the reason
 /// is logged at debug level).
 pub fn fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs, g: &AttnGeometry, b: &AttnBuild) -> Result<Option<AttnFwdOut>> {
-    if let Some(reason) = declined(ctx, a, g, b)? {
+    let on = attention_fwd_wgmma(&*tune_table(ctx.device)?);
+    if let Some(reason) = declined(ctx, &[&a.q, &a.k, &a.v], g, b, on, smem(g.d))? {
         tracing::debug!(target: "TE-FL", "{OP}: Hopper wgmma kernel declined ({reason}); the mma.sync kernel runs");
         return Ok(None);
     }
@@ -122,9 +185,9 @@ pub fn fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs, g: &AttnGeometry, b: &AttnBuild
     let ctas = work_items(g).min(sm_count(ctx.device) as usize);
     let counter = zeros(ctx.device, &[1 + ctas], DType::I32)?;
     let params = AttnParams {
-        q: qkv_map(ctx, &a.q, g, g.sq, g.hq)?,
-        k: qkv_map(ctx, &a.k, g, g.sk, g.hk)?,
-        v: qkv_map(ctx, &a.v, g, g.sk, g.hk)?,
+        q: qkv_map(ctx, &a.q, g, g.sq, g.hq, ROWS)?,
+        k: qkv_map(ctx, &a.k, g, g.sk, g.hk, ROWS)?,
+        v: qkv_map(ctx, &a.v, g, g.sk, g.hk, ROWS)?,
         o: ptr(&o)?,
         lse: ptr(&lse)?,
         counter: ptr(&counter)?,
@@ -146,6 +209,64 @@ pub fn fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs, g: &AttnGeometry, b: &AttnBuild
     Ok(Some(AttnFwdOut { o, softmax_lse: lse }))
 }
 
+/// The gradients the backward's dK/dV kernel fills (with `attention.rs`'s delta kernel before
+/// it, which zeroes `dq_acc`, and its dQ conversion after).
+pub struct BwdBuffers<'t> {
+    /// Σ dO·O per token row and head (f32, q's rows x heads).
+    pub delta: &'t Tensor,
+    /// The f32 dQ accumulator, laid out as q.
+    pub dq_acc: &'t Tensor,
+    /// dK, as k.
+    pub dk: &'t Tensor,
+    /// dV, as v.
+    pub dv: &'t Tensor,
+}
+
+/// The backward's dK/dV (and dQ shares) on the Hopper kernel: `Ok(false)` when it does not take
+/// the call (the reason is logged at debug level; the mma.sync kernel then runs).
+pub fn bwd(
+    ctx: &KernelCtx<'_>,
+    a: &AttnBwdArgs,
+    g: &AttnGeometry,
+    b: &AttnBuild,
+    out: &BwdBuffers<'_>,
+) -> Result<bool> {
+    let on = attention_bwd_wgmma(&*tune_table(ctx.device)?);
+    let tensors = [&a.q, &a.k, &a.v, &a.d_o, out.dq_acc];
+    if let Some(reason) = declined(ctx, &tensors, g, b, on, bwd_smem(g.d))? {
+        tracing::debug!(target: "TE-FL", "{BWD_OP}: Hopper wgmma kernel declined ({reason}); the mma.sync kernel runs");
+        return Ok(false);
+    }
+    let params = BwdParams {
+        q: qkv_map(ctx, &a.q, g, g.sq, g.hq, BWD_ROWS)?,
+        k: qkv_map(ctx, &a.k, g, g.sk, g.hk, ROWS)?,
+        v: qkv_map(ctx, &a.v, g, g.sk, g.hk, ROWS)?,
+        d_o: qkv_map(ctx, &a.d_o, g, g.sq, g.hq, BWD_ROWS)?,
+        dq: qkv_map(ctx, out.dq_acc, g, g.sq, g.hq, BWD_ROWS)?,
+        lse: ptr(&a.softmax_lse)?,
+        delta: ptr(out.delta)?,
+        dk: ptr(out.dk)?,
+        dv: ptr(out.dv)?,
+        batch: g.batch as i32,
+        sq: g.sq as i32,
+        sk: g.sk as i32,
+        hq: g.hq as i32,
+        hk: g.hk as i32,
+        scale: a.scale,
+    };
+    let grid = Grid {
+        blocks: (g.sk.div_ceil(ROWS) as u32, g.hk as u32, g.batch as u32),
+        threads: (384, 1, 1),
+        smem: bwd_smem(g.d) as u32,
+    };
+    // SAFETY: `BwdParams` is the kernel's parameter struct (repr(C), the same field order,
+    // 64-byte aligned maps); the maps and pointers address live tensors (q, k, v, dO, the f32
+    // dQ accumulator, lse, delta, dK and dV, of the geometry's shapes, checked by the op) that
+    // stream ordering keeps alive until the kernel has run.
+    unsafe { launch_struct(ctx.device, &bwd_variant(b)?, BWD_ENTRIES[0], grid, &params)? };
+    Ok(true)
+}
+
 /// Variants covering every code path (the NVRTC compile test, for sm_90a).
 pub fn variants() -> Vec<Variant> {
     use tefl_core::catalogue::AttnMask;
@@ -157,6 +278,7 @@ pub fn variants() -> Vec<Variant> {
     ] {
         let build = AttnBuild { dtype, d, layout, mask, window: (win, win), dropout: false };
         v.extend(variant(&build));
+        v.extend(bwd_variant(&build));
     }
     v
 }
@@ -175,9 +297,20 @@ mod tests {
         assert_eq!(std::mem::size_of::<AttnParams>(), 7 * 64);
     }
 
+    /// The backward's block: five maps, then the pointers and sizes.
+    #[test]
+    fn the_backward_parameters_match_the_kernels_layout() {
+        assert_eq!(std::mem::offset_of!(BwdParams, lse), 5 * 128);
+        assert_eq!(std::mem::offset_of!(BwdParams, batch), 5 * 128 + 32);
+        assert_eq!(std::mem::offset_of!(BwdParams, scale), 5 * 128 + 52);
+        assert_eq!(std::mem::size_of::<BwdParams>(), 11 * 64);
+    }
+
     #[test]
     fn both_head_dims_fit_hoppers_shared_memory() {
-        assert!(smem(128) <= 227 * 1024, "{}", smem(128));
-        assert!(smem(64) < smem(128));
+        for f in [smem, bwd_smem] {
+            assert!(f(128) <= 227 * 1024, "{}", f(128));
+            assert!(f(64) < f(128));
+        }
     }
 }

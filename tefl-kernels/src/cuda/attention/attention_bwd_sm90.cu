@@ -1,0 +1,380 @@
+// Flash attention backward for Hopper (sm_90a): dK and dV of a block of 128 keys in registers
+// of two consumer warpgroups (64 keys each), the query tiles of every head of the kv head's
+// group streamed through shared memory by the tensor memory accelerator, every product on
+// warpgroup MMAs (wgmma), and each tile's dQ share added to an f32 accumulator by the copy
+// engine's reduce-add (no per-element atomics).
+//
+// Warpgroup 0 is the producer: one warp loads K and V once, then per query tile Q and dO (TMA)
+// and the tile's lse (times log2 e) and delta (plain loads by the 32 lanes) into a ring of
+// STAGES stages; the other warps leave with their registers given back. Per query tile of 64
+// (BM) each consumer computes, for its 64 keys:
+//   Sᵀ  = K_c · Qᵀ      (m64n64, both operands K-major in shared memory)
+//   dPᵀ = V_c · dOᵀ     (the same)
+//   Pᵀ  = exp2(scale2 Sᵀ - lse2) under the mask, dSᵀ = Pᵀ ∘ (dPᵀ - delta)
+//   dV += Pᵀ · dO, dK += dSᵀ · Q  (A from registers: the accumulator pairs of two n8 blocks
+//                                   are A's fragment of one k16 step; B MN-major)
+//   dSᵀ to shared memory (16-bit, the 128-byte swizzled layout wgmma reads), then after both
+//   consumers have written theirs, dQ (64 queries x 64 columns) = dS · K with A = dS and
+//   B = K both MN-major from shared memory: head dim 128 splits dQ's columns between the
+//   consumers (each takes all 128 keys), head dim 64 splits the keys (each its own 64, both
+//   adding to the same columns). The share goes to shared memory and one thread per consumer
+//   hands it to the copy engine as a tensor reduce-add into dq_acc (f32, q's layout).
+//
+// Defines: those of the attention sources (T, D, LAYOUT, CAUSAL, BOTTOM_RIGHT, PADDING,
+// WIN_LEFT, WIN_RIGHT, DROPOUT; the host only picks this kernel for bshd / sbhd, no padding,
+// no dropout, D 64 or 128, 16-bit T), T_F16 (T is f16, else bf16), STAGES (query-tile stages).
+
+#define BN 128                    // keys per CTA
+#define BM 64                     // queries per tile
+#define CONSUMERS 2
+#define DBOX (D / 64)
+#define K_BOX (BN * 128)          // a box of 128 rows x 128 bytes
+#define Q_BOX (BM * 128)          // a box of 64 rows x 128 bytes
+#define K_TILE (DBOX * K_BOX)
+#define Q_TILE (DBOX * Q_BOX)
+#define DS_BYTES (BN * BM * 2)    // dSᵀ: 128 keys x 64 queries, 16-bit
+#define DQ_BYTES (BM * 64 * 4)    // a consumer's dQ share: 64 queries x 64 columns, f32
+#define NEG_INF (-__int_as_float(0x7f800000))
+#if T_F16
+#define T_PTX "f16"
+#else
+#define T_PTX "bf16"
+#endif
+
+static_assert(D == 64 || D == 128, "the Hopper attention kernels take head dims 64 and 128");
+
+// The launch's one parameter (the host's BwdParams mirrors it).
+struct BwdParams {
+    TensorMap q, k, v, d_o;  // 4-D maps of (D, heads, positions, batch) or (D, heads, batch, positions)
+    TensorMap dq;            // the f32 accumulator, boxes of 32 columns x 64 rows
+    unsigned long long lse, delta, dk, dv;
+    int batch, sq, sk, hq, hk;
+    float scale;
+};
+
+// Rows [row0, row0 + rows) of head `head` of sequence b: DBOX boxes of `box` bytes into `dst`.
+__device__ __forceinline__ void load_rows(u32 dst, const TensorMap* map, int head, int b, int row0, u32 box, u32 bar) {
+#pragma unroll
+    for (int j = 0; j < DBOX; ++j) {
+#if LAYOUT == 0
+        tma_load_4d(dst + j * box, map, 64 * j, head, row0, b, bar);
+#else
+        tma_load_4d(dst + j * box, map, 64 * j, head, b, row0, bar);
+#endif
+    }
+}
+
+// The box of dq_acc at columns c0.., rows row0.. of head h of sequence b += shared memory at src.
+__device__ __forceinline__ void tma_reduce_add(const TensorMap* map, u32 src, int c0, int h, int b, int row0) {
+#if LAYOUT == 0
+    const int c2 = row0, c3 = b;
+#else
+    const int c2 = b, c3 = row0;
+#endif
+    asm volatile("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];" ::"l"(
+                     reinterpret_cast<unsigned long long>(map)),
+                 "r"(c0), "r"(h), "r"(c2), "r"(c3), "r"(src)
+                 : "memory");
+}
+
+__device__ __forceinline__ void sts_u32(u32 addr, u32 v) {
+    asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ void sts_f32x2(u32 addr, float a, float b) {
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(a), "f"(b) : "memory");
+}
+__device__ __forceinline__ void sts_f32(u32 addr, float a) {
+    asm volatile("st.shared.f32 [%0], %1;" ::"r"(addr), "f"(a) : "memory");
+}
+__device__ __forceinline__ float2 lds_f32x2(u32 addr) {
+    float2 v;
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
+    return v;
+}
+
+// C(64 x 64) = A(64 x D) · B(64 x D)ᵀ, both K-major in shared memory: A's rows at `a` in boxes of
+// K_BOX bytes (64 rows of a 128-row tile), B's at `b` in boxes of Q_BOX.
+__device__ __forceinline__ void mm_nt(float* c, u32 a, u32 b) {
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+        const unsigned long long da = wgmma_desc(a + (ks / 4) * K_BOX + (ks % 4) * 32, 16, 1024);
+        const unsigned long long db = wgmma_desc(b + (ks / 4) * Q_BOX + (ks % 4) * 32, 16, 1024);
+        asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32." T_PTX "." T_PTX " " WG_REGS_32
+                     ", %32, %33, p, 1, 1, 0, 0;\n}"
+                     : WG_ACC32(c, 0)
+                     : "l"(da), "l"(db), "r"(ks));
+    }
+}
+
+// C(64 x D) += A(64 x 64) · B(64 x D): A as registers (k16 step kk in a[kk]), B MN-major (a query
+// tile of shared memory: rows are the k dimension, boxes of Q_BOX hold 64 columns each).
+__device__ __forceinline__ void mm_rs(float* c, const u32 (*a)[4], u32 b) {
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk) {
+        const unsigned long long db = wgmma_desc(b + kk * 2048, Q_BOX, 1024);
+#if D == 128
+        asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %69, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32." T_PTX "." T_PTX " " WG_REGS_64
+                     ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}"
+                     : WG_ACC64(c, 0)
+                     : "r"(a[kk][0]), "r"(a[kk][1]), "r"(a[kk][2]), "r"(a[kk][3]), "l"(db), "n"(1));
+#else
+        asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32." T_PTX "." T_PTX " " WG_REGS_32
+                     ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}"
+                     : WG_ACC32(c, 0)
+                     : "r"(a[kk][0]), "r"(a[kk][1]), "r"(a[kk][2]), "r"(a[kk][3]), "l"(db), "n"(1));
+#endif
+    }
+}
+
+// dQ share(64 x 64) = dS(64 x 16 steps) · K(16 steps x 64): both MN-major in shared memory (dSᵀ's
+// rows and K's rows are keys), STEPS k16 steps from `a` and `b`.
+template <int STEPS> __device__ __forceinline__ void mm_tt(float* c, u32 a, u32 b) {
+#pragma unroll
+    for (int kk = 0; kk < STEPS; ++kk) {
+        const unsigned long long da = wgmma_desc(a + kk * 2048, DS_BYTES, 1024);
+        const unsigned long long db = wgmma_desc(b + kk * 2048, K_BOX, 1024);
+        asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32." T_PTX "." T_PTX " " WG_REGS_32
+                     ", %32, %33, p, 1, 1, 1, 1;\n}"
+                     : WG_ACC32(c, 0)
+                     : "l"(da), "l"(db), "r"(kk));
+    }
+}
+
+// Named barriers: 1 joins the two consumers (256 threads), 2 + c one consumer's warpgroup.
+__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256;" ::: "memory"); }
+__device__ __forceinline__ void warpgroup_sync(int c) { asm volatile("bar.sync %0, 128;" ::"r"(2 + c) : "memory"); }
+
+// Query tile [i0, i0 + BM) sees some key of [j0, j0 + nk) (the bounds are monotone in the query).
+__device__ __forceinline__ bool tile_visible(const Seq& s, int i0, int j0, int nk) {
+    const int last = min(i0 + BM, s.lq) - 1;
+    int lo_first, hi_first, lo_last, hi_last;
+    key_range(s, i0, &lo_first, &hi_first);
+    key_range(s, last, &lo_last, &hi_last);
+    return nk > 0 && hi_last > j0 && lo_first < j0 + nk;
+}
+
+extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
+    attn_bwd_sm90(const __grid_constant__ BwdParams p) {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const u32 base = (smem_addr(smem_raw) + 1023u) & ~1023u;
+    const u32 k_s = base, v_s = base + K_TILE;
+#define Q_S(st) (base + 2 * K_TILE + (st) * Q_TILE)
+#define DO_S(st) (base + 2 * K_TILE + (STAGES + (st)) * Q_TILE)
+#define DS_S(i) (base + 2 * K_TILE + 2 * STAGES * Q_TILE + (i) * DS_BYTES)
+#define DQ_S(c) (base + 2 * K_TILE + 2 * STAGES * Q_TILE + 2 * DS_BYTES + (c) * DQ_BYTES)
+    const u32 rows_s = base + 2 * K_TILE + 2 * STAGES * Q_TILE + 2 * DS_BYTES + CONSUMERS * DQ_BYTES;
+#define LSE_S(st) (rows_s + (st) * 2 * BM * 4)
+#define DEL_S(st) (rows_s + (st) * 2 * BM * 4 + BM * 4)
+    const u32 bars = rows_s + STAGES * 2 * BM * 4;
+#define KV_FULL bars
+#define QD_FULL(st) (bars + 8u * (1 + (st)))
+#define QD_EMPTY(st) (bars + 8u * (1 + STAGES + (st)))
+    const int warpgroup = threadIdx.x / 128;
+    if (threadIdx.x == 0) {
+        mbar_init(KV_FULL, 1);
+        for (int st = 0; st < STAGES; ++st) {
+            mbar_init(QD_FULL(st), 32);
+            mbar_init(QD_EMPTY(st), CONSUMERS * 4);
+        }
+        mbar_init_fence();
+    }
+    __syncthreads();
+    const int b = blockIdx.z, hkv = blockIdx.y, j0 = blockIdx.x * BN;
+    const int group = p.hq / p.hk;
+    const Seq s = seq_of(b, p.batch, p.sq, p.sk, nullptr, nullptr);
+    const int nk = max(0, min(BN, s.lk - j0));
+
+    if (warpgroup == 0) {
+        regs_release<24>();
+        if (threadIdx.x >= 32) return;  // the producer warp stays
+        const int lane = threadIdx.x;
+        if (lane == 0) {
+            mbar_arrive_expect(KV_FULL, 2 * K_TILE);
+            load_rows(k_s, &p.k, hkv, b, j0, K_BOX, KV_FULL);
+            load_rows(v_s, &p.v, hkv, b, j0, K_BOX, KV_FULL);
+        }
+        const float* lse = reinterpret_cast<const float*>(p.lse);
+        const float* delta = reinterpret_cast<const float*>(p.delta);
+        int n = 0;
+        for (int hi = 0; hi < group; ++hi) {
+            const int h = hkv * group + hi;
+            for (int i0 = 0; i0 < s.lq; i0 += BM) {
+                if (!tile_visible(s, i0, j0, nk)) continue;
+                const int st = n % STAGES;
+                mbar_wait(QD_EMPTY(st), ((n / STAGES) & 1) ^ 1);
+#pragma unroll
+                for (int x = 0; x < 2; ++x) {
+                    const int r = lane + 32 * x, i = i0 + r;
+                    const bool ok = i < s.lq;
+                    sts_f32(LSE_S(st) + 4 * r, ok ? lse[((long long)b * p.hq + h) * p.sq + i] * 1.4426950408889634f : 0.0f);
+                    sts_f32(DEL_S(st) + 4 * r, ok ? delta[(s.qb + (long long)i * s.rs) * p.hq + h] : 0.0f);
+                }
+                if (lane == 0) {
+                    mbar_arrive_expect(QD_FULL(st), 2 * Q_TILE);
+                    load_rows(Q_S(st), &p.q, h, b, i0, Q_BOX, QD_FULL(st));
+                    load_rows(DO_S(st), &p.d_o, h, b, i0, Q_BOX, QD_FULL(st));
+                } else {
+                    mbar_arrive(QD_FULL(st));
+                }
+                ++n;
+            }
+        }
+        return;
+    }
+
+    regs_claim<240>();
+    const int c = warpgroup - 1;
+    const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const float scale2 = p.scale * 1.4426950408889634f;
+    const int kw = j0 + 64 * c;  // this consumer's first key; the thread's are kw + 16 warp + g (+8)
+    const u32 k_c = k_s + c * 64 * 128, v_c = v_s + c * 64 * 128;
+    // Accumulator i of a 64 x N wgmma tile is row 16 warp + g + 8 ((i / 2) % 2), column
+    // 8 (i / 4) + 2 t + i % 2.
+    float dv[D / 2], dk[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) dv[i] = dk[i] = 0.0f;
+    mbar_wait(KV_FULL, 0);
+    int n = 0;
+    for (int hi = 0; hi < group; ++hi) {
+        const int h = hkv * group + hi;
+        for (int i0 = 0; i0 < s.lq; i0 += BM) {
+            if (!tile_visible(s, i0, j0, nk)) continue;
+            const int st = n % STAGES;
+            const u32 q = Q_S(st), d_o = DO_S(st), ds = DS_S(n % 2);
+            mbar_wait(QD_FULL(st), (n / STAGES) & 1);
+            float sc[BM / 2], dp[BM / 2];
+            wgmma_fence();
+            mm_nt(sc, k_c, q);
+            wgmma_commit();
+            mm_nt(dp, v_c, d_o);
+            wgmma_commit();
+            // The mask: none when every query of the tile sees every key of this consumer's 64.
+            int lo_last, hi_first, unused;
+            key_range(s, i0, &unused, &hi_first);
+            key_range(s, min(i0 + BM, s.lq) - 1, &lo_last, &unused);
+            const bool full = i0 + BM <= s.lq && lo_last <= kw && hi_first >= kw + 64;
+            wgmma_wait<1>();
+#pragma unroll
+            for (int i = 0; i < BM / 2; ++i) acc_fence(sc[i]);
+            // Pᵀ = exp2(scale2 Sᵀ - lse2), zero outside the mask.
+#pragma unroll
+            for (int j = 0; j < BM / 8; ++j) {
+                const float2 l2 = lds_f32x2(LSE_S(st) + 4 * (8 * j + 2 * t));
+                int lo[2] = {0, 0}, hk_[2] = {0x7fffffff, 0x7fffffff};
+                if (!full) {
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const int qi = i0 + 8 * j + 2 * t + e;
+                        if (qi < s.lq) key_range(s, qi, &lo[e], &hk_[e]);
+                        else hk_[e] = 0;
+                    }
+                }
+#pragma unroll
+                for (int x = 0; x < 2; ++x)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const int i = 4 * j + 2 * x + e, key = kw + 16 * warp + g + 8 * x;
+                        const bool ok = full || (key >= lo[e] && key < hk_[e]);
+                        sc[i] = ok ? fast_exp2(fmaf(sc[i], scale2, -(e ? l2.y : l2.x))) : 0.0f;
+                    }
+            }
+            wgmma_wait<0>();
+#pragma unroll
+            for (int i = 0; i < BM / 2; ++i) acc_fence(dp[i]);
+            // dSᵀ = Pᵀ (dPᵀ - delta); its 16-bit rows into shared memory for the dQ product.
+            u32 pa[BM / 16][4], da[BM / 16][4];
+#pragma unroll
+            for (int j = 0; j < BM / 8; ++j) {
+                const float2 dl = lds_f32x2(DEL_S(st) + 4 * (8 * j + 2 * t));
+#pragma unroll
+                for (int x = 0; x < 2; ++x) {
+                    const int i = 4 * j + 2 * x;
+                    dp[i] = sc[i] * (dp[i] - dl.x);
+                    dp[i + 1] = sc[i + 1] * (dp[i + 1] - dl.y);
+                    const u32 w = pack2_f32<T>(dp[i], dp[i + 1]);
+                    const int row = 64 * c + 16 * warp + g + 8 * x;
+                    sts_u32(ds + row * 128 + ((j ^ g) << 4) + 4 * t, w);
+                }
+            }
+#pragma unroll
+            for (int kk = 0; kk < BM / 16; ++kk)
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                    pa[kk][r] = pack2_f32<T>(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1]);
+                    da[kk][r] = pack2_f32<T>(dp[8 * kk + 2 * r], dp[8 * kk + 2 * r + 1]);
+                }
+            fence_async_shared();
+            wgmma_fence();
+            mm_rs(dv, pa, d_o);
+            mm_rs(dk, da, q);
+            wgmma_commit();
+            consumers_sync();  // both consumers' dSᵀ rows are in shared memory
+            float dq[32];
+            wgmma_fence();
+#if D == 128
+            mm_tt<8>(dq, ds, k_s + c * K_BOX);
+#else
+            mm_tt<4>(dq, ds + c * 64 * 128, k_s + c * 64 * 128);
+#endif
+            wgmma_commit();
+            wgmma_wait<0>();
+#pragma unroll
+            for (int i = 0; i < 32; ++i) acc_fence(dq[i]);
+#pragma unroll
+            for (int i = 0; i < D / 2; ++i) {
+                acc_fence(dv[i]);
+                acc_fence(dk[i]);
+            }
+            __syncwarp();
+            if (lane == 0) mbar_arrive(QD_EMPTY(st));
+            // The dQ share: into this consumer's buffer (once the copy engine has read the last
+            // one) in the f32 map's swizzled boxes of 32 columns, then one reduce-add per box.
+            if (tid == 0) bulk_wait_read<0>();
+            warpgroup_sync(c);
+            const u32 dq_s = DQ_S(c);
+#pragma unroll
+            for (int i = 0; i < 32; i += 2) {
+                const int row = 16 * warp + g + 8 * ((i / 2) % 2), box = i / 16, chunk = 2 * ((i / 4) % 4) + t / 2;
+                sts_f32x2(dq_s + box * Q_BOX + row * 128 + ((chunk ^ g) << 4) + 8 * (t % 2), dq[i], dq[i + 1]);
+            }
+            fence_async_shared();
+            warpgroup_sync(c);
+            if (tid == 0) {
+                const int col0 = D == 128 ? 64 * c : 0;
+                tma_reduce_add(&p.dq, dq_s, col0, h, b, i0);
+                tma_reduce_add(&p.dq, dq_s + Q_BOX, col0 + 32, h, b, i0);
+                bulk_commit();
+            }
+            ++n;
+        }
+    }
+    if (tid == 0) bulk_wait<0>();
+    // dV and dK (times the softmax scale) of this consumer's keys.
+#pragma unroll
+    for (int x = 0; x < 2; ++x) {
+        const int key = kw + 16 * warp + g + 8 * x;
+        if (key >= s.lk) continue;
+        const long long row = ((s.kb + (long long)key * s.rs) * p.hk + hkv) * D + 2 * t;
+        T* dv_out = reinterpret_cast<T*>(p.dv) + row;
+        T* dk_out = reinterpret_cast<T*>(p.dk) + row;
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) {
+            *reinterpret_cast<u32*>(dv_out + 8 * j) = pack2_f32<T>(dv[4 * j + 2 * x], dv[4 * j + 2 * x + 1]);
+            *reinterpret_cast<u32*>(dk_out + 8 * j) =
+                pack2_f32<T>(dk[4 * j + 2 * x] * p.scale, dk[4 * j + 2 * x + 1] * p.scale);
+        }
+    }
+#undef Q_S
+#undef DO_S
+#undef DS_S
+#undef DQ_S
+#undef LSE_S
+#undef DEL_S
+#undef KV_FULL
+#undef QD_FULL
+#undef QD_EMPTY
+}
