@@ -8,7 +8,9 @@ Peers: torch eager; torch.compile (norms, activations, softmax, RoPE); SDPA with
 the cuDNN backends (attention); FlagGems (`flag_gems.use_gems()` around the eager code) when
 it is importable. On CUDA each repetition is an L2 flush (a 256 MiB fill), then CUDA events
 around one call, all queued without a host wait, so the device is busy with the flush while
-the host queues the call; the median of the repetitions after about a second of warm-up.
+the host queues the call; the median of the repetitions after 3 s of back-to-back calls as
+warm-up, as bench warms tefl's (a power-bound kernel slows as the card heats, so both sides
+start from the same state). The inputs are uniform in [-0.5, 0.5), as bench's.
 """
 
 import contextlib
@@ -41,13 +43,16 @@ def sync():
         torch.cuda.synchronize()
 
 
+WARM_UP_SECS = 3.0
+
+
 def timed(f, reps):
     f()
     sync()
     warm = time.perf_counter()
-    while time.perf_counter() - warm < 1.0:
+    while time.perf_counter() - warm < WARM_UP_SECS:
         f()
-        sync()
+    sync()
     ts = []
     if cuda:
         ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]

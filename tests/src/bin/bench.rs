@@ -5,8 +5,9 @@
 //! activations, softmax and RoPE, SDPA's flash and cuDNN backends for attention, FlagGems when
 //! it is importable).
 //!
-//! tefl and its peers are timed the same way: 3 s of back-to-back calls as warm-up (a GPU
-//! idle before a case raises its clocks; torch's side warms for 1 s), then per repetition an L2
+//! tefl and its peers are timed the same way, on inputs drawn alike (uniform in [-0.5, 0.5)):
+//! 3 s of back-to-back calls as warm-up (a GPU idle before a case raises its clocks, and a
+//! power-bound one lowers them as it heats), then per repetition an L2
 //! flush (a 256 MiB fill) followed, with no host wait, by one call timed on the device (CUDA
 //! events; Vulkan timestamp queries), and the median of the repetitions. Reports GB/s (each
 //! input read once, each output written once) or TFLOP/s, the fraction of a copy's bandwidth
@@ -36,12 +37,20 @@ struct Ctx {
     mgr: &'static Manager,
     impl_id: String,
     device: Device,
+    /// Tensors made so far (each gets its own random stream).
+    tensors: std::cell::Cell<u64>,
 }
 
 impl Ctx {
+    /// A tensor of uniform values in [-0.5, 0.5), the distribution the peers' script draws
+    /// (`torch.rand(..) - 0.5`): a GEMM's power draw, hence its clocks, depends on its data, so
+    /// tefl and its peers are fed alike.
     fn t(&self, shape: &[usize], dtype: DType) -> tefl_core::Result<Tensor> {
         let n: usize = shape.iter().product();
-        let v: Vec<f32> = (0..n).map(|i| ((i % 1013) as f32 / 1013.0 - 0.5) * 0.5).collect();
+        let seed = self.tensors.get();
+        self.tensors.set(seed + 1);
+        let mut rng = tefl_tests::Rng::new(0x7E_F1_BE_4C + seed);
+        let v: Vec<f32> = (0..n).map(|_| rng.uniform(-0.5, 0.5) as f32).collect();
         Tensor::from_slice(&v, shape, dtype)?.to_device(&self.device)
     }
     fn case<O: Op>(&self, name: String, torch: String, bytes: f64, flops: f64, args: O::Args) -> Case
@@ -468,7 +477,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let ctx = Ctx { mgr, impl_id: impl_id.clone(), device };
+    let ctx = Ctx { mgr, impl_id: impl_id.clone(), device, tensors: std::cell::Cell::new(0) };
     let timer = match Timer::new(device) {
         Ok(t) => t,
         Err(e) => {
