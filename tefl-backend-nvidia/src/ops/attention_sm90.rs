@@ -150,9 +150,11 @@ fn declined(
 
 /// The 4-D map of q, k, v, dO or the f32 dQ accumulator (`positions` rows of `heads` heads per
 /// sequence): dimensions (head dim, heads, positions, batch) for bshd, (head dim, heads, batch,
-/// positions) for sbhd; boxes of 128 bytes of head dim x 1 head x `rows` positions.
+/// positions) for sbhd; boxes of 128 bytes of head dim x 1 head x `rows` positions (`op` names
+/// a failure).
 fn qkv_map(
     ctx: &KernelCtx<'_>,
+    op: &str,
     t: &Tensor,
     g: &AttnGeometry,
     positions: usize,
@@ -167,7 +169,7 @@ fn qkv_map(
     } else {
         ([d, h, b, s], [d * es, h * d * es, b * h * d * es], [inner, 1, 1, rows as u32])
     };
-    encode(ctx, OP, ptr(t)?, t.dtype(), &dims, &strides, &boxes)
+    encode(ctx, op, ptr(t)?, t.dtype(), &dims, &strides, &boxes)
 }
 
 /// The forward on the Hopper kernel, or `Ok(None)` when it does not take the call (the reason
@@ -185,9 +187,9 @@ pub fn fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs, g: &AttnGeometry, b: &AttnBuild
     let ctas = work_items(g).min(sm_count(ctx.device) as usize);
     let counter = zeros(ctx.device, &[1 + ctas], DType::I32)?;
     let params = AttnParams {
-        q: qkv_map(ctx, &a.q, g, g.sq, g.hq, ROWS)?,
-        k: qkv_map(ctx, &a.k, g, g.sk, g.hk, ROWS)?,
-        v: qkv_map(ctx, &a.v, g, g.sk, g.hk, ROWS)?,
+        q: qkv_map(ctx, OP, &a.q, g, g.sq, g.hq, ROWS)?,
+        k: qkv_map(ctx, OP, &a.k, g, g.sk, g.hk, ROWS)?,
+        v: qkv_map(ctx, OP, &a.v, g, g.sk, g.hk, ROWS)?,
         o: ptr(&o)?,
         lse: ptr(&lse)?,
         counter: ptr(&counter)?,
@@ -238,11 +240,11 @@ pub fn bwd(
         return Ok(false);
     }
     let params = BwdParams {
-        q: qkv_map(ctx, &a.q, g, g.sq, g.hq, BWD_ROWS)?,
-        k: qkv_map(ctx, &a.k, g, g.sk, g.hk, ROWS)?,
-        v: qkv_map(ctx, &a.v, g, g.sk, g.hk, ROWS)?,
-        d_o: qkv_map(ctx, &a.d_o, g, g.sq, g.hq, BWD_ROWS)?,
-        dq: qkv_map(ctx, out.dq_acc, g, g.sq, g.hq, BWD_ROWS)?,
+        q: qkv_map(ctx, BWD_OP, &a.q, g, g.sq, g.hq, BWD_ROWS)?,
+        k: qkv_map(ctx, BWD_OP, &a.k, g, g.sk, g.hk, ROWS)?,
+        v: qkv_map(ctx, BWD_OP, &a.v, g, g.sk, g.hk, ROWS)?,
+        d_o: qkv_map(ctx, BWD_OP, &a.d_o, g, g.sq, g.hq, BWD_ROWS)?,
+        dq: qkv_map(ctx, BWD_OP, out.dq_acc, g, g.sq, g.hq, BWD_ROWS)?,
         lse: ptr(&a.softmax_lse)?,
         delta: ptr(out.delta)?,
         dk: ptr(out.dk)?,
