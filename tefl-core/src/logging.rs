@@ -112,15 +112,24 @@ impl CapturedLog {
         String::from_utf8_lossy(&buf).lines().map(str::to_string).collect()
     }
     /// Runs `f` with this sink receiving TE-FL's lines from `level` up (on this thread), and
-    /// returns what `f` returns. Rebuilds `tracing`'s per-callsite interest first: a callsite
-    /// another thread registered while this sink's subscriber was being created can otherwise
-    /// keep an interest computed without it, and its events never reach the sink (tests running
-    /// in parallel lost a fallback's WARNING that way).
+    /// returns what `f` returns.
+    ///
+    /// While at most one dispatcher is registered, `tracing` computes the interest of a
+    /// callsite met for the first time from the *registering thread's* default dispatcher
+    /// alone, and caches it. A test thread without a capture that first meets a TE-FL callsite
+    /// while exactly one capture is live caches "never" for it, and the capturing thread's
+    /// events from that callsite are lost (CI lost a fallback's WARNING that way, twice). A
+    /// dispatcher registered once and kept for the whole process keeps the registry at two or
+    /// more, so that every registration asks every live dispatcher, this sink's included; the
+    /// interest cache is rebuilt after it is made, for callsites cached before.
     pub fn capture<R>(&self, level: LogLevel, f: impl FnOnce() -> R) -> R {
-        tracing::subscriber::with_default(subscriber(level, self.clone()), || {
+        static KEEP_REGISTRY_PLURAL: std::sync::OnceLock<tracing::Dispatch> = std::sync::OnceLock::new();
+        KEEP_REGISTRY_PLURAL.get_or_init(|| {
+            let d = tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default());
             tracing::callsite::rebuild_interest_cache();
-            f()
-        })
+            d
+        });
+        tracing::subscriber::with_default(subscriber(level, self.clone()), f)
     }
     /// The messages written so far: each line without its `[<time> TE-FL <file>:<line> <LEVEL>] ` prefix,
     /// with the level: `(LEVEL, message)`.
