@@ -76,6 +76,13 @@ def kind_of(values):
         for v in values:
             if isinstance(v, tensor):
                 return "torch"
+    else:
+        # Without torch loaded, a call whose first argument is a plain numpy array is numpy's.
+        numpy = sys.modules.get("numpy")
+        for v in values:
+            if numpy is not None and type(v) is numpy.ndarray:
+                return numpy.ndarray
+            break
     first = None
     for v in _walk(values):
         module = type(v).__module__
@@ -130,12 +137,14 @@ def to_kind(t, kind):
         elif t.dtype == "f8e5m2":
             x = x.view(torch.float8_e5m2)
         return x
-    import numpy as np
+    np = sys.modules.get("numpy")
+    if np is None:
+        import numpy as np
 
     if t.dtype == "bf16":
         t = _native.cast(t, "f32")
     x = np.from_dlpack(t)
-    if isinstance(kind, type) and issubclass(kind, np.ndarray) and kind is not np.ndarray:
+    if kind is not np.ndarray and isinstance(kind, type) and issubclass(kind, np.ndarray):
         x = x.view(kind)
     return x
 
