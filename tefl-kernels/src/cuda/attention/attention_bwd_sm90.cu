@@ -34,7 +34,6 @@
 #define Q_TILE (DBOX * Q_BOX)
 #define DS_BYTES (BN * BM * 2)    // dSᵀ: 128 keys x 64 queries, 16-bit
 #define DQ_BYTES (BM * 64 * 4)    // a consumer's dQ share: 64 queries x 64 columns, f32
-#define NEG_INF (-__int_as_float(0x7f800000))
 #if T_F16
 #define T_PTX "f16"
 #else
@@ -264,21 +263,18 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
 #pragma unroll
             for (int j = 0; j < BM / 8; ++j) {
                 const float2 l2 = lds_f32x2(LSE_S(st) + 4 * (8 * j + 2 * t));
-                int lo[2] = {0, 0}, hk_[2] = {0x7fffffff, 0x7fffffff};
+                // Keys [key_lo, key_hi) of the thread's two queries (none past the sequence).
+                int key_lo[2] = {0, 0}, key_hi[2] = {0x7fffffff, 0x7fffffff};
                 if (!full) {
 #pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        const int qi = i0 + 8 * j + 2 * t + e;
-                        if (qi < s.lq) key_range(s, qi, &lo[e], &hk_[e]);
-                        else hk_[e] = 0;
-                    }
+                    for (int e = 0; e < 2; ++e) key_range(s, i0 + 8 * j + 2 * t + e, &key_lo[e], &key_hi[e]);
                 }
 #pragma unroll
                 for (int x = 0; x < 2; ++x)
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
                         const int i = 4 * j + 2 * x + e, key = kw + 16 * warp + g + 8 * x;
-                        const bool ok = full || (key >= lo[e] && key < hk_[e]);
+                        const bool ok = full || (key >= key_lo[e] && key < key_hi[e]);
                         sc[i] = ok ? fast_exp2(fmaf(sc[i], scale2, -(e ? l2.y : l2.x))) : 0.0f;
                     }
             }
