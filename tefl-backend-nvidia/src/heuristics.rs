@@ -35,24 +35,24 @@ pub fn attention_fwd_min_blocks(t: &TuneTable) -> u32 {
 /// `fwd_wgmma`: 1 in the Hopper tune configs, 0 by default; `TEFL_ATTN_WGMMA=0` turns it off
 /// for comparisons, `1` leaves the tune config's choice).
 pub fn attention_fwd_wgmma(t: &TuneTable) -> bool {
-    if let Ok(env) = tefl_core::policy::env()
-        && env.attn_wgmma == Some(false)
-    {
-        return false;
-    }
-    t.configs("attention").first().is_some_and(|c| c.get("fwd_wgmma").and_then(|v| v.as_int()).is_some_and(|v| v != 0))
+    attention_wgmma(t, "fwd_wgmma")
 }
 
 /// Whether the backward's dK/dV runs on the Hopper wgmma kernel where it takes the call
 /// (`attention`'s `bwd_wgmma`: 1 in the Hopper tune configs, 0 by default; `TEFL_ATTN_WGMMA=0`
 /// turns it off as it does the forward's).
 pub fn attention_bwd_wgmma(t: &TuneTable) -> bool {
+    attention_wgmma(t, "bwd_wgmma")
+}
+
+/// `attention`'s flag `key` (nonzero: the wgmma kernel), unless `TEFL_ATTN_WGMMA=0`.
+fn attention_wgmma(t: &TuneTable, key: &str) -> bool {
     if let Ok(env) = tefl_core::policy::env()
         && env.attn_wgmma == Some(false)
     {
         return false;
     }
-    t.configs("attention").first().is_some_and(|c| c.get("bwd_wgmma").and_then(|v| v.as_int()).is_some_and(|v| v != 0))
+    t.configs("attention").first().is_some_and(|c| c.get(key).and_then(|v| v.as_int()).is_some_and(|v| v != 0))
 }
 
 /// The one-launch grouped GEMM's tile schedule (`grouped_gemm` in the tune configs).
