@@ -18,6 +18,7 @@ fn variant(
     backward: bool,
     d: usize,
     d_rot: usize,
+    group: usize,
 ) -> Result<Variant> {
     let defines = Defines::new()
         .set("TX", cty(op, "x", x)?)
@@ -25,20 +26,33 @@ fn variant(
         .flag("INTERLEAVED", interleaved)
         .flag("BACKWARD", backward)
         .set("D", d)
-        .set("DROT", d_rot);
+        .set("DROT", d_rot)
+        .set("GROUP", group);
     Ok(Variant::new(&tefl_kernels::ROPE, &["rope", "rope_vec"], defines))
+}
+
+/// Rows of one position a block of the vector kernel takes: the batch entries of a position
+/// share its cos/sin (computed once per block), which needs bshd / sbhd, no start positions
+/// and a batch that is a multiple of the group.
+fn rows_per_block(a: &RopeArgs, batch: usize) -> usize {
+    let shared = matches!(a.layout, QkvLayout::Bshd | QkvLayout::Sbhd) && a.start_positions.is_none();
+    [4, 2].into_iter().find(|g| shared && batch.is_multiple_of(*g)).unwrap_or(1)
 }
 
 fn run(op: &'static str, ctx: &KernelCtx<'_>, a: &RopeArgs, backward: bool) -> Result<RopeOut> {
     let g = rope_geometry(op, a)?;
-    let k = OnDevice::new(ctx.device, variant(op, a.x.dtype(), a.layout, a.interleaved, backward, g.d, g.d_rot)?)?;
+    let ve = 16 / a.x.dtype().size_in_bytes();
+    let rotated = if a.interleaved { g.d_rot } else { g.d_rot / 2 };
+    let vector = g.d.is_multiple_of(ve) && rotated.is_multiple_of(ve);
+    let group = if vector { rows_per_block(a, g.batch) } else { 1 };
+    let k =
+        OnDevice::new(ctx.device, variant(op, a.x.dtype(), a.layout, a.interleaved, backward, g.d, g.d_rot, group)?)?;
     let y = empty(ctx.device, a.x.shape(), a.x.dtype())?;
     let rows = a.x.numel() / (g.h * g.d).max(1);
     // The vector kernel has h · (rotated + copied vectors per head) slots, about h·d/16 of them.
     let threads = ((g.h * g.d / 16).next_power_of_two()).clamp(32, 256) as u32;
-    let grid = Grid { smem: (8 * g.d_rot) as u32, ..Grid::linear(blocks_for(rows, 1, i32::MAX as u32), threads) };
-    let ve = 16 / a.x.dtype().size_in_bytes();
-    let rotated = if a.interleaved { g.d_rot } else { g.d_rot / 2 };
+    let grid =
+        Grid { smem: (8 * g.d_rot) as u32, ..Grid::linear(blocks_for(rows / group, 1, i32::MAX as u32), threads) };
     let common = [
         Arg::Ptr(ptr(&a.x)?),
         Arg::Ptr(ptr(&a.freqs)?),
@@ -50,7 +64,7 @@ fn run(op: &'static str, ctx: &KernelCtx<'_>, a: &RopeArgs, backward: bool) -> R
         Arg::I32(i32_of(ctx, op, "x", g.s)?),
         Arg::I32(i32_of(ctx, op, "x", g.h)?),
     ];
-    if g.d.is_multiple_of(ve) && rotated.is_multiple_of(ve) {
+    if vector {
         k.launch("rope_vec", grid, &common)?;
     } else {
         let mut args = common.to_vec();
@@ -68,15 +82,18 @@ pub fn fused_rope_backward(ctx: &KernelCtx<'_>, a: &RopeArgs) -> Result<RopeOut>
     run("fused_rope_backward", ctx, a, true)
 }
 
-/// Define sets covering every code path (the NVRTC compile test and cache warm-up).
 /// Variants covering every code path (the NVRTC compile test and cache warm-up).
 pub fn variants() -> Vec<Variant> {
     let mut v = Vec::new();
     for t in [DType::F32, DType::BF16] {
         for layout in [QkvLayout::Bshd, QkvLayout::Sbhd, QkvLayout::Thd] {
+            // Row groups only where the launch uses them (bshd / sbhd).
+            let groups: &[usize] = if layout == QkvLayout::Thd { &[1] } else { &[1, 4] };
             for interleaved in [false, true] {
                 for backward in [false, true] {
-                    v.extend(variant("rope", t, layout, interleaved, backward, 64, 32));
+                    for &group in groups {
+                        v.extend(variant("rope", t, layout, interleaved, backward, 64, 32, group));
+                    }
                 }
             }
         }

@@ -73,8 +73,11 @@ extern "C" __global__ void rope(const TX* __restrict__ x, const float* __restric
 // The vector path: D (head dim) and DROT (rotated dims) known at compile time, 16-byte
 // accesses. A slot is one vector of a head: a rotated vector of the first half together with
 // its partner of the second half (or, interleaved, the pairs inside one vector), or a vector
-// past DROT that is copied. A thread fetches its first slot before the row's cos/sin are
-// computed, so the loads overlap that work. The host checks that D and DROT / 2 (halves) or
+// past DROT that is copied. A block takes GROUP rows that share one position (GROUP > 1 only
+// for bshd / sbhd without start positions, batch a multiple of GROUP: batch entries
+// GROUP g0 .. GROUP g0 + GROUP - 1 at one position), so the cos/sin of a position are computed
+// once for all of them. A thread fetches its first slot of every row before the angles are
+// computed, so those loads overlap that work. The host checks that D and DROT / 2 (halves) or
 // DROT (interleaved) are whole vectors.
 #define VE (16 / (int)sizeof(TX))
 #if INTERLEAVED
@@ -83,84 +86,114 @@ extern "C" __global__ void rope(const TX* __restrict__ x, const float* __restric
 #define NROT (DROT / 2 / VE)
 #endif
 #define SLOTS (NROT + (D - DROT) / VE)
-// At most 256 threads; registers are capped (48) so that 5 such blocks share an SM: a row is
-// little work between two barriers, and more resident rows keep more loads in flight.
-extern "C" __global__ void __launch_bounds__(256, 5)
+#ifndef GROUP
+#define GROUP 1
+#endif
+
+// The first row of block item `item` (an item is GROUP rows of one position); its row g is
+// g * row_step(s) rows further.
+__device__ __forceinline__ int item_row(int item, int batch, int s) {
+#if GROUP == 1
+    return item;
+#else
+    const int groups = batch / GROUP, p = item / groups, b = (item % groups) * GROUP;
+#if LAYOUT == 0
+    return b * s + p;
+#else
+    return p * batch + b;
+#endif
+#endif
+}
+__device__ __forceinline__ int row_step(int s) { return LAYOUT == 0 ? s : 1; }
+
+// At most 256 threads; registers are capped so that 5 blocks of one row (3 of several) share an
+// SM: a row is little work between two barriers, and more resident rows keep more loads in
+// flight.
+extern "C" __global__ void __launch_bounds__(256, GROUP == 1 ? 5 : 3)
     rope_vec(const TX* __restrict__ x, const float* __restrict__ freqs, TX* __restrict__ y, const i32* __restrict__ cu,
              const i32* __restrict__ starts, int rows, int batch, int s, int h) {
     extern __shared__ float cs[]; // cos at [c], sin at [DROT + c]
     constexpr int HALF_ROT = DROT / 2;
-    for (int row = blockIdx.x; row < rows; row += gridDim.x) {
+    const int items = rows / GROUP;
+    for (int item = blockIdx.x; item < items; item += gridDim.x) {
         int pos;
-        const bool ok = row_position(row, cu, starts, batch, s, &pos);
-        const size_t rbase = (size_t)row * h * D;
+        // Every row of the item has this position (and belongs to a sequence or not alike).
+        const int row0 = item_row(item, batch, s);
+        const bool ok = row_position(row0, cu, starts, batch, s, &pos);
+        const size_t g_stride = (size_t)row_step(s) * h * D;  // elements from one row of the item to the next
         // The slot's rotated pair starts at c0 (and c0 + HALF_ROT); a copied vector at c0.
-        auto place = [&](int slot, size_t* base, int* c0, bool* rot) {
+        auto place = [&](int slot, int g, size_t* base, int* c0, bool* rot) {
             const int head = slot / SLOTS, k = slot % SLOTS;
-            *base = rbase + (size_t)head * D;
+            *base = ((size_t)row0 * h + head) * D + g * g_stride;
             *rot = ok && k < NROT;
             *c0 = k < NROT ? k * VE : DROT + (k - NROT) * VE;
         };
-        alignas(16) TX first_v[VE], first_w[VE];
+        alignas(16) TX first_v[GROUP][VE], first_w[GROUP][VE];
         const int slot0 = threadIdx.x;
         if (slot0 < h * SLOTS) {
-            size_t base; int c0; bool rot;
-            place(slot0, &base, &c0, &rot);
-            raw_copy<TX, VE>(first_v, x + base + c0);
-            if (!INTERLEAVED && rot) raw_copy<TX, VE>(first_w, x + base + c0 + HALF_ROT);
+#pragma unroll
+            for (int g = 0; g < GROUP; ++g) {
+                size_t base; int c0; bool rot;
+                place(slot0, g, &base, &c0, &rot);
+                raw_copy<TX, VE>(first_v[g], x + base + c0);
+                if (!INTERLEAVED && rot) raw_copy<TX, VE>(first_w[g], x + base + c0 + HALF_ROT);
+            }
         }
         row_angles(cs, freqs, pos, DROT, ok);
         for (int slot = slot0; slot < h * SLOTS; slot += blockDim.x) {
-            size_t base; int c0; bool rot;
-            place(slot, &base, &c0, &rot);
-            alignas(16) TX rv[VE], rw[VE];
-            if (slot == slot0) {
-                raw_copy<TX, VE>(rv, first_v);
-                if (!INTERLEAVED && rot) raw_copy<TX, VE>(rw, first_w);
-            } else {
-                raw_copy<TX, VE>(rv, x + base + c0);
-                if (!INTERLEAVED && rot) raw_copy<TX, VE>(rw, x + base + c0 + HALF_ROT);
-            }
-            if (!rot) {
-                raw_copy<TX, VE>(y + base + c0, rv);
-                continue;
-            }
-            float v[VE];
 #pragma unroll
-            for (int q = 0; q < VE; ++q) v[q] = to_f32(rv[q]);
+            for (int g = 0; g < GROUP; ++g) {
+                size_t base; int c0; bool rot;
+                place(slot, g, &base, &c0, &rot);
+                alignas(16) TX rv[VE], rw[VE];
+                if (slot == slot0) {
+                    raw_copy<TX, VE>(rv, first_v[g]);
+                    if (!INTERLEAVED && rot) raw_copy<TX, VE>(rw, first_w[g]);
+                } else {
+                    raw_copy<TX, VE>(rv, x + base + c0);
+                    if (!INTERLEAVED && rot) raw_copy<TX, VE>(rw, x + base + c0 + HALF_ROT);
+                }
+                if (!rot) {
+                    raw_copy<TX, VE>(y + base + c0, rv);
+                    continue;
+                }
+                float v[VE];
+#pragma unroll
+                for (int q = 0; q < VE; ++q) v[q] = to_f32(rv[q]);
 #if INTERLEAVED
-            float o[VE];
+                float o[VE];
 #pragma unroll
-            for (int q = 0; q < VE; q += 2) {
-                const int c = c0 + q;
-                const float x0 = v[q], x1 = v[q + 1];
+                for (int q = 0; q < VE; q += 2) {
+                    const int c = c0 + q;
+                    const float x0 = v[q], x1 = v[q + 1];
 #if BACKWARD
-                o[q] = x0 * cs[c] + x1 * cs[DROT + c + 1];
-                o[q + 1] = x1 * cs[c + 1] - x0 * cs[DROT + c];
+                    o[q] = x0 * cs[c] + x1 * cs[DROT + c + 1];
+                    o[q + 1] = x1 * cs[c + 1] - x0 * cs[DROT + c];
 #else
-                o[q] = x0 * cs[c] - x1 * cs[DROT + c];
-                o[q + 1] = x1 * cs[c + 1] + x0 * cs[DROT + c + 1];
+                    o[q] = x0 * cs[c] - x1 * cs[DROT + c];
+                    o[q + 1] = x1 * cs[c + 1] + x0 * cs[DROT + c + 1];
+#endif
+                }
+                store_n<TX, VE>(y + base + c0, o);
+#else
+                float w[VE], o1[VE], o2[VE];
+#pragma unroll
+                for (int q = 0; q < VE; ++q) w[q] = to_f32(rw[q]);
+#pragma unroll
+                for (int q = 0; q < VE; ++q) {
+                    const int c = c0 + q, c2 = c + HALF_ROT;
+#if BACKWARD
+                    o1[q] = v[q] * cs[c] + w[q] * cs[DROT + c2];
+                    o2[q] = w[q] * cs[c2] - v[q] * cs[DROT + c];
+#else
+                    o1[q] = v[q] * cs[c] - w[q] * cs[DROT + c];
+                    o2[q] = w[q] * cs[c2] + v[q] * cs[DROT + c2];
+#endif
+                }
+                store_n<TX, VE>(y + base + c0, o1);
+                store_n<TX, VE>(y + base + c0 + HALF_ROT, o2);
 #endif
             }
-            store_n<TX, VE>(y + base + c0, o);
-#else
-            float w[VE], o1[VE], o2[VE];
-#pragma unroll
-            for (int q = 0; q < VE; ++q) w[q] = to_f32(rw[q]);
-#pragma unroll
-            for (int q = 0; q < VE; ++q) {
-                const int c = c0 + q, c2 = c + HALF_ROT;
-#if BACKWARD
-                o1[q] = v[q] * cs[c] + w[q] * cs[DROT + c2];
-                o2[q] = w[q] * cs[c2] - v[q] * cs[DROT + c];
-#else
-                o1[q] = v[q] * cs[c] - w[q] * cs[DROT + c];
-                o2[q] = w[q] * cs[c2] + v[q] * cs[DROT + c2];
-#endif
-            }
-            store_n<TX, VE>(y + base + c0, o1);
-            store_n<TX, VE>(y + base + c0 + HALF_ROT, o2);
-#endif
         }
     }
 }
