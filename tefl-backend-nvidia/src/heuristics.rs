@@ -147,5 +147,7 @@ mod tests {
         assert_eq!(grouped_gemm_tiles(&h), GroupedTiles { m_first: true, max_stages: 4 });
         let r = row_kernel(&h, "norm", 8192, 2, 4);
         assert!(r.fused() && r.row_vecs <= 4, "{r:?}");
+        // Hopper: 256 threads of four vectors for 8192 bf16 columns.
+        assert_eq!((r.block, r.row_vecs), (256, 4));
     }
 }

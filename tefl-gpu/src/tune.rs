@@ -124,13 +124,14 @@ impl RowConfig {
 }
 
 /// The heuristic for a row kernel of `family`: the first candidate (in table order) that keeps
-/// the row in registers with at most `pref` vectors per thread and no more threads than half
-/// the row, else the first with at most `pref`, else any that keeps it, else the two-pass path
-/// with 256 threads (128 for rows under 1024).
+/// the row in registers with at most `pref` vectors per thread, no more threads than half the
+/// row and a vector for every thread, else the first with at most `pref`, else any that keeps
+/// it, else the two-pass path with 256 threads (128 for rows under 1024).
 pub fn row_kernel(t: &TuneTable, family: &str, n: usize, elem: usize, pref: u32) -> RowConfig {
     let fits: Vec<RowConfig> = t.configs(family).iter().filter_map(|c| RowConfig::from_candidate(c, n, elem)).collect();
+    let vectors = |r: &RowConfig| n / (r.vec_bytes as usize / elem.max(1)).max(1);
     fits.iter()
-        .find(|r| r.row_vecs <= pref && (r.block as usize) * 2 <= n.max(64))
+        .find(|r| r.row_vecs <= pref && (r.block as usize) * 2 <= n.max(64) && r.block as usize <= vectors(r))
         .or_else(|| fits.iter().find(|r| r.row_vecs <= pref))
         .or(fits.first())
         .copied()
@@ -299,6 +300,9 @@ mod tests {
         assert_eq!(row_kernel(&t, "norm", 1 << 17, 2, 4).row_vecs, 0);
         // A tiny row still gets a block.
         assert_eq!(row_kernel(&t, "norm", 8, 4, 4).row_vecs, 1);
+        // 1024 bf16 = 128 vectors: no block with threads that hold none, when one fits.
+        let r = row_kernel(&t, "norm", 1024, 2, 4);
+        assert!(r.block as usize <= 128 && r.fused(), "{r:?}");
         assert_eq!(elementwise(&t), ElementwiseConfig { block: 128, unroll: 1, vec_bytes: 16 });
     }
 
