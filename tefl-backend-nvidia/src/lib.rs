@@ -70,8 +70,11 @@ mod tests {
             return;
         }
         let (mut failures, mut compiled) = (Vec::new(), 0);
-        // TEFL_COMPILE_ONLY=attention,norm limits the test to those sources while iterating.
+        // TEFL_COMPILE_ONLY=attention,norm limits the test to those sources while iterating;
+        // TEFL_COMPILE_DUMP=DIR also writes each sm_90 variant's full source there (to read
+        // ptxas' register and spill report by hand).
         let only = std::env::var("TEFL_COMPILE_ONLY").ok();
+        let dump = std::env::var_os("TEFL_COMPILE_DUMP").map(std::path::PathBuf::from);
         let variants: Vec<_> = super::kernel_variants()
             .into_iter()
             .filter(|v| only.as_deref().is_none_or(|o| o.split(',').any(|n| n == v.source.name)))
@@ -80,6 +83,11 @@ mod tests {
             // Arch-specific sources (wgmma) exist for sm_90 only, as sm_90a.
             for v in variants.iter().filter(|v| !v.source.arch_specific || arch == "sm_90") {
                 let arch = &crate::launch::target_arch(v, arch);
+                if let Some(dir) = dump.as_ref().filter(|_| arch.starts_with("sm_90")) {
+                    let file = dir.join(format!("{}_{compiled}.cu", v.source.name));
+                    std::fs::write(&file, tefl_gpu::variant::full_source(tefl_gpu::Target::Cuda, v))
+                        .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+                }
                 compiled += 1;
                 match compile(&crate::nvrtc::Nvrtc, v, arch) {
                     Ok(cubin) => {
