@@ -96,13 +96,13 @@ fn smem(d: usize) -> usize {
 
 /// The backward's dynamic shared memory: the alignment slack, K and V (128 keys), STAGES Q and
 /// dO tiles (64 rows), two dSᵀ buffers (128 x 64, 16-bit), two consumers' dQ shares (64 x 64
-/// f32), STAGES lse and delta rows, the barriers.
+/// f32), the two consumers' lse and delta rows, the barriers.
 fn bwd_smem(d: usize) -> usize {
     1024 + 2 * ROWS * d * 2
         + 2 * STAGES * BWD_ROWS * d * 2
         + 2 * ROWS * BWD_ROWS * 2
         + 2 * BWD_ROWS * 64 * 4
-        + STAGES * 2 * BWD_ROWS * 4
+        + 2 * 2 * BWD_ROWS * 4
         + 8 * (1 + 2 * STAGES)
 }
 

@@ -4,15 +4,21 @@
 // warpgroup MMAs (wgmma), and each tile's dQ share added to an f32 accumulator by the copy
 // engine's reduce-add (no per-element atomics).
 //
-// Warpgroup 0 is the producer: one warp loads K and V once, then per query tile Q and dO (TMA)
-// and the tile's lse (times log2 e) and delta (plain loads by the 32 lanes) into a ring of
-// STAGES stages; the other warps leave with their registers given back. Per query tile of 64
-// (BM) each consumer computes, for its 64 keys:
+// Warpgroup 0 is the producer: one thread loads K and V once, then per query tile Q and dO
+// (TMA) into a ring of STAGES stages; the other threads leave with their registers given back.
+// Per query tile of 64 (BM) each consumer puts the tile's lse (times log2 e) and delta rows
+// into its own shared row buffer (one value a thread, loaded from global memory while the
+// tile's first products run; a handoff from the producer through the stage's mbarrier would be
+// as correct, but compute-sanitizer's racecheck does not follow it) and computes, for its 64
+// keys:
 //   Sᵀ  = K_c · Qᵀ      (m64n64, both operands K-major in shared memory)
 //   dPᵀ = V_c · dOᵀ     (the same)
 //   Pᵀ  = exp2(scale2 Sᵀ - lse2) under the mask, dSᵀ = Pᵀ ∘ (dPᵀ - delta)
 //   dV += Pᵀ · dO, dK += dSᵀ · Q  (A from registers: the accumulator pairs of two n8 blocks
-//                                   are A's fragment of one k16 step; B MN-major)
+//                                   are A's fragment of one k16 step; B MN-major; dV is issued
+//                                   before dSᵀ is formed, dK after dQ, so that the dQ share's
+//                                   trip to the copy engine and the next tile's first products
+//                                   overlap it: the stage is released once dK is done)
 //   dSᵀ to shared memory (16-bit, the 128-byte swizzled layout wgmma reads), then after both
 //   consumers have written theirs, dQ (64 queries x 64 columns) = dS · K with A = dS and
 //   B = K both MN-major from shared memory: head dim 128 splits dQ's columns between the
@@ -166,9 +172,9 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
 #define DS_S(i) (base + 2 * K_TILE + 2 * STAGES * Q_TILE + (i) * DS_BYTES)
 #define DQ_S(c) (base + 2 * K_TILE + 2 * STAGES * Q_TILE + 2 * DS_BYTES + (c) * DQ_BYTES)
     const u32 rows_s = base + 2 * K_TILE + 2 * STAGES * Q_TILE + 2 * DS_BYTES + CONSUMERS * DQ_BYTES;
-#define LSE_S(st) (rows_s + (st) * 2 * BM * 4)
-#define DEL_S(st) (rows_s + (st) * 2 * BM * 4 + BM * 4)
-    const u32 bars = rows_s + STAGES * 2 * BM * 4;
+#define LSE_S(c) (rows_s + (c) * 2 * BM * 4)
+#define DEL_S(c) (rows_s + (c) * 2 * BM * 4 + BM * 4)
+    const u32 bars = rows_s + CONSUMERS * 2 * BM * 4;
 #define KV_FULL bars
 #define QD_FULL(st) (bars + 8u * (1 + (st)))
 #define QD_EMPTY(st) (bars + 8u * (1 + STAGES + (st)))
@@ -176,7 +182,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     if (threadIdx.x == 0) {
         mbar_init(KV_FULL, 1);
         for (int st = 0; st < STAGES; ++st) {
-            mbar_init(QD_FULL(st), 32);
+            mbar_init(QD_FULL(st), 1);
             mbar_init(QD_EMPTY(st), CONSUMERS * 4);
         }
         mbar_init_fence();
@@ -189,15 +195,10 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
 
     if (warpgroup == 0) {
         regs_release<24>();
-        if (threadIdx.x >= 32) return;  // the producer warp stays
-        const int lane = threadIdx.x;
-        if (lane == 0) {
-            mbar_arrive_expect(KV_FULL, 2 * K_TILE);
-            load_rows(k_s, &p.k, hkv, b, j0, K_BOX, KV_FULL);
-            load_rows(v_s, &p.v, hkv, b, j0, K_BOX, KV_FULL);
-        }
-        const float* lse = reinterpret_cast<const float*>(p.lse);
-        const float* delta = reinterpret_cast<const float*>(p.delta);
+        if (threadIdx.x != 0) return;  // one producer thread issues the copies
+        mbar_arrive_expect(KV_FULL, 2 * K_TILE);
+        load_rows(k_s, &p.k, hkv, b, j0, K_BOX, KV_FULL);
+        load_rows(v_s, &p.v, hkv, b, j0, K_BOX, KV_FULL);
         int n = 0;
         for (int hi = 0; hi < group; ++hi) {
             const int h = hkv * group + hi;
@@ -205,20 +206,9 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
                 if (!tile_visible(s, i0, j0, nk)) continue;
                 const int st = n % STAGES;
                 mbar_wait(QD_EMPTY(st), ((n / STAGES) & 1) ^ 1);
-#pragma unroll
-                for (int x = 0; x < 2; ++x) {
-                    const int r = lane + 32 * x, i = i0 + r;
-                    const bool ok = i < s.lq;
-                    sts_f32(LSE_S(st) + 4 * r, ok ? lse[((long long)b * p.hq + h) * p.sq + i] * 1.4426950408889634f : 0.0f);
-                    sts_f32(DEL_S(st) + 4 * r, ok ? delta[(s.qb + (long long)i * s.rs) * p.hq + h] : 0.0f);
-                }
-                if (lane == 0) {
-                    mbar_arrive_expect(QD_FULL(st), 2 * Q_TILE);
-                    load_rows(Q_S(st), &p.q, h, b, i0, Q_BOX, QD_FULL(st));
-                    load_rows(DO_S(st), &p.d_o, h, b, i0, Q_BOX, QD_FULL(st));
-                } else {
-                    mbar_arrive(QD_FULL(st));
-                }
+                mbar_arrive_expect(QD_FULL(st), 2 * Q_TILE);
+                load_rows(Q_S(st), &p.q, h, b, i0, Q_BOX, QD_FULL(st));
+                load_rows(DO_S(st), &p.d_o, h, b, i0, Q_BOX, QD_FULL(st));
                 ++n;
             }
         }
@@ -231,12 +221,16 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     const float scale2 = p.scale * 1.4426950408889634f;
     const int kw = j0 + 64 * c;  // this consumer's first key; the thread's are kw + 16 warp + g (+8)
     const u32 k_c = k_s + c * 64 * 128, v_c = v_s + c * 64 * 128;
+    const float* lse = reinterpret_cast<const float*>(p.lse);
+    const float* delta = reinterpret_cast<const float*>(p.delta);
     // Accumulator i of a 64 x N wgmma tile is row 16 warp + g + 8 ((i / 2) % 2), column
     // 8 (i / 4) + 2 t + i % 2.
     float dv[D / 2], dk[D / 2];
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) dv[i] = dk[i] = 0.0f;
     mbar_wait(KV_FULL, 0);
+    // The stage whose dK product may still run (its Q is released once that is done), or -1.
+    int pending = -1;
     int n = 0;
     for (int hi = 0; hi < group; ++hi) {
         const int h = hkv * group + hi;
@@ -244,6 +238,16 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
             if (!tile_visible(s, i0, j0, nk)) continue;
             const int st = n % STAGES;
             const u32 q = Q_S(st), d_o = DO_S(st), ds = DS_S(n % 2);
+            // The tile's lse (threads 0-63) and delta (64-127) rows, one a thread, loaded while
+            // the products run: nothing uses the value before they are issued (the load is in
+            // flight through their issue).
+            float row_val = 0.0f;
+            {
+                const int i = i0 + tid % BM;
+                if (i < s.lq)
+                    row_val = tid < BM ? lse[((long long)b * p.hq + h) * p.sq + i]
+                                       : delta[(s.qb + (long long)i * s.rs) * p.hq + h];
+            }
             mbar_wait(QD_FULL(st), (n / STAGES) & 1);
             float sc[BM / 2], dp[BM / 2];
             wgmma_fence();
@@ -251,18 +255,27 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
             wgmma_commit();
             mm_nt(dp, v_c, d_o);
             wgmma_commit();
+            // The rows buffer's last readers (the previous tile) passed this warpgroup's dQ
+            // barriers already.
+            sts_f32(LSE_S(c) + 4 * tid, tid < BM ? row_val * 1.4426950408889634f : row_val);
+            warpgroup_sync(c);
             // The mask: none when every query of the tile sees every key of this consumer's 64.
             int lo_last, hi_first, unused;
             key_range(s, i0, &unused, &hi_first);
             key_range(s, min(i0 + BM, s.lq) - 1, &lo_last, &unused);
             const bool full = i0 + BM <= s.lq && lo_last <= kw && hi_first >= kw + 64;
+            // Done: the previous tile's dK and this one's Sᵀ (wgmma groups retire in order).
             wgmma_wait<1>();
 #pragma unroll
             for (int i = 0; i < BM / 2; ++i) acc_fence(sc[i]);
+            if (pending >= 0) {
+                __syncwarp();
+                if (lane == 0) mbar_arrive(QD_EMPTY(pending));
+            }
             // Pᵀ = exp2(scale2 Sᵀ - lse2), zero outside the mask.
 #pragma unroll
             for (int j = 0; j < BM / 8; ++j) {
-                const float2 l2 = lds_f32x2(LSE_S(st) + 4 * (8 * j + 2 * t));
+                const float2 l2 = lds_f32x2(LSE_S(c) + 4 * (8 * j + 2 * t));
                 // Keys [key_lo, key_hi) of the thread's two queries (none past the sequence).
                 int key_lo[2] = {0, 0}, key_hi[2] = {0x7fffffff, 0x7fffffff};
                 if (!full) {
@@ -278,14 +291,25 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
                         sc[i] = ok ? fast_exp2(fmaf(sc[i], scale2, -(e ? l2.y : l2.x))) : 0.0f;
                     }
             }
+            u32 pa[BM / 16][4];
+#pragma unroll
+            for (int kk = 0; kk < BM / 16; ++kk)
+#pragma unroll
+                for (int r = 0; r < 4; ++r) pa[kk][r] = pack2_f32<T>(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1]);
             wgmma_wait<0>();
 #pragma unroll
             for (int i = 0; i < BM / 2; ++i) acc_fence(dp[i]);
+#pragma unroll
+            for (int i = 0; i < D / 2; ++i) acc_fence(dk[i]);
+            // dV += Pᵀ · dO runs while dSᵀ is formed.
+            wgmma_fence();
+            mm_rs(dv, pa, d_o);
+            wgmma_commit();
             // dSᵀ = Pᵀ (dPᵀ - delta); its 16-bit rows into shared memory for the dQ product.
-            u32 pa[BM / 16][4], da[BM / 16][4];
+            u32 da[BM / 16][4];
 #pragma unroll
             for (int j = 0; j < BM / 8; ++j) {
-                const float2 dl = lds_f32x2(DEL_S(st) + 4 * (8 * j + 2 * t));
+                const float2 dl = lds_f32x2(DEL_S(c) + 4 * (8 * j + 2 * t));
 #pragma unroll
                 for (int x = 0; x < 2; ++x) {
                     const int i = 4 * j + 2 * x;
@@ -299,16 +323,10 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
 #pragma unroll
             for (int kk = 0; kk < BM / 16; ++kk)
 #pragma unroll
-                for (int r = 0; r < 4; ++r) {
-                    pa[kk][r] = pack2_f32<T>(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1]);
-                    da[kk][r] = pack2_f32<T>(dp[8 * kk + 2 * r], dp[8 * kk + 2 * r + 1]);
-                }
+                for (int r = 0; r < 4; ++r) da[kk][r] = pack2_f32<T>(dp[8 * kk + 2 * r], dp[8 * kk + 2 * r + 1]);
             fence_async_shared();
-            wgmma_fence();
-            mm_rs(dv, pa, d_o);
-            mm_rs(dk, da, q);
-            wgmma_commit();
             consumers_sync();  // both consumers' dSᵀ rows are in shared memory
+            // dQ first, then dK: the dQ share leaves for the copy engine while dK runs.
             float dq[32];
             wgmma_fence();
 #if D == 128
@@ -317,16 +335,14 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
             mm_tt<4>(dq, ds + c * 64 * 128, k_s + c * 64 * 128);
 #endif
             wgmma_commit();
-            wgmma_wait<0>();
+            mm_rs(dk, da, q);
+            wgmma_commit();
+            wgmma_wait<1>();
 #pragma unroll
             for (int i = 0; i < 32; ++i) acc_fence(dq[i]);
 #pragma unroll
-            for (int i = 0; i < D / 2; ++i) {
-                acc_fence(dv[i]);
-                acc_fence(dk[i]);
-            }
-            __syncwarp();
-            if (lane == 0) mbar_arrive(QD_EMPTY(st));
+            for (int i = 0; i < D / 2; ++i) acc_fence(dv[i]);
+            pending = st;
             // The dQ share: into this consumer's buffer (once the copy engine has read the last
             // one) in the f32 map's swizzled boxes of 32 columns, then one reduce-add per box.
             if (tid == 0) bulk_wait_read<0>();
@@ -348,6 +364,9 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
             ++n;
         }
     }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) acc_fence(dk[i]);
     if (tid == 0) bulk_wait<0>();
     // dV and dK (times the softmax scale) of this consumer's keys.
 #pragma unroll
