@@ -68,7 +68,12 @@ mod tests {
             eprintln!("skipped: {why}");
             return;
         }
-        let variants = crate::kernel_variants();
+        // TEFL_COMPILE_ONLY=norm,rope limits the test to those sources (as the CUDA one).
+        let only = std::env::var("TEFL_COMPILE_ONLY").ok();
+        let variants: Vec<_> = crate::kernel_variants()
+            .into_iter()
+            .filter(|v| only.as_deref().is_none_or(|o| o.split(',').any(|n| n == v.source.name)))
+            .collect();
         let mut failures = Vec::new();
         let mut n = 0;
         for arch in ["gfx90a", "gfx908", "gfx1030"] {
