@@ -149,5 +149,8 @@ mod tests {
         assert!(r.fused() && r.row_vecs <= 4, "{r:?}");
         // Hopper: 256 threads of four vectors for 8192 bf16 columns.
         assert_eq!((r.block, r.row_vecs), (256, 4));
+        // 1024 bf16 columns are 128 vectors: the 128-thread block (last in the list), not 256
+        // threads of which half hold none.
+        assert_eq!(row_kernel(&h, "norm", 1024, 2, 4).block, 128);
     }
 }
