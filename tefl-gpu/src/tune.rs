@@ -98,18 +98,28 @@ pub struct RowConfig {
     pub row_vecs: u32,
 }
 
+/// Elements of `elem` bytes in a vector of `vec_bytes` (at least one).
+fn elems_per_vector(vec_bytes: u32, elem: usize) -> usize {
+    (vec_bytes as usize / elem.max(1)).max(1)
+}
+
 impl RowConfig {
     /// The config a candidate gives for rows of `n` elements of `elem` bytes: the row fits
     /// in registers when `n` is a whole number of vectors and at most block · max_row_vecs.
     pub fn from_candidate(c: &TuneConfig, n: usize, elem: usize) -> Option<RowConfig> {
         let (block, vec_bytes, max) = (int(c, "block", 256), int(c, "vec_bytes", 16), int(c, "max_row_vecs", 8));
-        let nv = (vec_bytes as usize / elem.max(1)).max(1);
+        let nv = elems_per_vector(vec_bytes, elem);
         let nvecs = n / nv;
         if n.is_multiple_of(nv) && nvecs <= (block * max) as usize {
             Some(RowConfig { block, vec_bytes, row_vecs: nvecs.div_ceil(block as usize).max(1) as u32 })
         } else {
             None
         }
+    }
+
+    /// Vectors in a row of `n` elements of `elem` bytes (whole ones).
+    pub fn vectors(&self, n: usize, elem: usize) -> usize {
+        n / elems_per_vector(self.vec_bytes, elem)
     }
 
     /// The two-pass config (any `n`).
@@ -129,9 +139,8 @@ impl RowConfig {
 /// it, else the two-pass path with 256 threads (128 for rows under 1024).
 pub fn row_kernel(t: &TuneTable, family: &str, n: usize, elem: usize, pref: u32) -> RowConfig {
     let fits: Vec<RowConfig> = t.configs(family).iter().filter_map(|c| RowConfig::from_candidate(c, n, elem)).collect();
-    let vectors = |r: &RowConfig| n / (r.vec_bytes as usize / elem.max(1)).max(1);
     fits.iter()
-        .find(|r| r.row_vecs <= pref && (r.block as usize) * 2 <= n.max(64) && r.block as usize <= vectors(r))
+        .find(|r| r.row_vecs <= pref && (r.block as usize) * 2 <= n.max(64) && r.block as usize <= r.vectors(n, elem))
         .or_else(|| fits.iter().find(|r| r.row_vecs <= pref))
         .or(fits.first())
         .copied()

@@ -255,8 +255,8 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
             wgmma_commit();
             mm_nt(dp, v_c, d_o);
             wgmma_commit();
-            // The rows buffer's last readers (the previous tile) passed this warpgroup's dQ
-            // barriers already.
+            // Thread tid's value at float tid of the rows buffer (lse rows, then DEL_S(c)'s delta
+            // rows); its last readers (the previous tile) passed this warpgroup's dQ barriers.
             sts_f32(LSE_S(c) + 4 * tid, tid < BM ? row_val * 1.4426950408889634f : row_val);
             warpgroup_sync(c);
             // The mask: none when every query of the tile sees every key of this consumer's 64.
