@@ -3,6 +3,9 @@
 //! `$OUT_DIR/shaders.rs`: the table `SHADERS` of (variant name, SPIR-V bytes) the backend
 //! loads from. A shader that naga rejects fails the build with naga's message.
 
+#[path = "build/cm2.rs"]
+mod cm2;
+
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -378,6 +381,15 @@ fn main() {
             mark_bfloat16(&name, &mut words);
         }
         let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let file = out.join(format!("{name}.spv"));
+        std::fs::write(&file, bytes).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        let _ = writeln!(table, "    ({name:?}, include_bytes!(concat!(env!(\"OUT_DIR\"), \"/{name}.spv\"))),");
+    }
+    // The product on workgroup-scope cooperative matrices, assembled (build/cm2.rs).
+    println!("cargo:rerun-if-changed=build");
+    for v in cm2::Cm2::all() {
+        let name = v.name();
+        let bytes: Vec<u8> = v.assemble().iter().flat_map(|w| w.to_le_bytes()).collect();
         let file = out.join(format!("{name}.spv"));
         std::fs::write(&file, bytes).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
         let _ = writeln!(table, "    ({name:?}, include_bytes!(concat!(env!(\"OUT_DIR\"), \"/{name}.spv\"))),");

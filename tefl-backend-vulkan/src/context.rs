@@ -1,5 +1,5 @@
 //! The Vulkan instance and devices: the loader opened at run time (`ash`'s `loaded`), one
-//! instance per process (Vulkan 1.2), the physical devices with a compute queue in tefl's
+//! instance per process (Vulkan 1.3 where the loader has it, else 1.2), the physical devices with a compute queue in tefl's
 //! order (discrete GPUs first, then integrated, virtual and CPU devices; `TEFL_VULKAN_DEVICE`
 //! narrows the list to one by index or name), and on first use a logical device per entry with
 //! one compute queue, a memory allocator and the shader pipelines.
@@ -17,8 +17,12 @@ use ash::vk;
 /// The variable that picks one Vulkan device (an index into tefl's order, or part of a name).
 pub const DEVICE_VAR: &str = "TEFL_VULKAN_DEVICE";
 
-/// The Vulkan version tefl asks for (timeline semaphores, 16-bit storage queries).
+/// The Vulkan version every device tefl uses has (timeline semaphores, 16-bit storage queries).
 pub const API_VERSION: u32 = vk::API_VERSION_1_2;
+
+/// The version the instance asks for where the loader has it: SPIR-V 1.6 modules (the
+/// workgroup-scope GEMM of `coopmat2.rs`) need Vulkan 1.3.
+const API_VERSION_WANTED: u32 = vk::API_VERSION_1_3;
 
 static MESSAGES: AtomicUsize = AtomicUsize::new(0);
 
@@ -70,6 +74,9 @@ pub struct PhysicalInfo {
     /// Whether the device offers `VK_KHR_pipeline_executable_properties` with its
     /// `pipelineExecutableInfo` feature (the driver's statistics of each compiled pipeline).
     pub executable_stats: bool,
+    /// What the device offers the workgroup-scope GEMM (`VK_NV_cooperative_matrix2`), where it
+    /// also has what `coop_matrix_f16` needs.
+    pub coopmat2: Option<crate::coopmat2::Coopmat2>,
 }
 
 impl PhysicalInfo {
@@ -158,7 +165,11 @@ fn create() -> Result<Instance, String> {
         extensions.iter().any(|e| e.extension_name_as_c_str().is_ok_and(|n| n == ash::ext::debug_utils::NAME));
     let enabled: Vec<*const std::ffi::c_char> =
         if has_debug { vec![ash::ext::debug_utils::NAME.as_ptr()] } else { Vec::new() };
-    let app = vk::ApplicationInfo::default().application_name(c"tefl").engine_name(c"tefl").api_version(API_VERSION);
+    // SAFETY: a plain query of the loader (`None`: a Vulkan 1.0 loader).
+    let loader_version =
+        unsafe { entry.try_enumerate_instance_version() }.ok().flatten().unwrap_or(vk::API_VERSION_1_0);
+    let version = if loader_version >= API_VERSION_WANTED { API_VERSION_WANTED } else { API_VERSION };
+    let app = vk::ApplicationInfo::default().application_name(c"tefl").engine_name(c"tefl").api_version(version);
     let info = vk::InstanceCreateInfo::default().application_info(&app).enabled_extension_names(&enabled);
     // SAFETY: `info`, `app` and the extension names outlive the call.
     let instance =
@@ -178,7 +189,7 @@ fn create() -> Result<Instance, String> {
         // SAFETY: the callback is a plain function; the messenger lives as long as the instance.
         unsafe { du.create_debug_utils_messenger(&info, None) }.ok().map(|m| (du, m))
     });
-    let devices = match list_devices(&entry, &instance) {
+    let devices = match list_devices(&entry, &instance, version) {
         Ok(d) => d,
         Err(e) => {
             // SAFETY: nothing created from the instance is alive except the messenger.
@@ -206,7 +217,7 @@ fn type_rank(t: vk::PhysicalDeviceType) -> u8 {
     }
 }
 
-fn list_devices(entry: &ash::Entry, instance: &ash::Instance) -> Result<Vec<PhysicalInfo>, String> {
+fn list_devices(entry: &ash::Entry, instance: &ash::Instance, version: u32) -> Result<Vec<PhysicalInfo>, String> {
     // SAFETY: `instance` is live; the handles it returns are only queried while it lives.
     let handles = unsafe { instance.enumerate_physical_devices() }
         .map_err(|e| format!("vkEnumeratePhysicalDevices failed: {e}"))?;
@@ -232,6 +243,15 @@ fn list_devices(entry: &ash::Entry, instance: &ash::Instance) -> Result<Vec<Phys
         let ext = Extensions(&extensions);
         let coop_matrix_f16 = subgroup.subgroup_size == 32 && coop_matrix_f16(entry, instance, h, ext);
         let coop_matrix_bf16 = coop_matrix_f16 && coop_matrix_bf16(entry, instance, h, ext);
+        let coopmat2 = crate::coopmat2::query(
+            entry,
+            instance,
+            version,
+            h,
+            props.api_version,
+            coop_matrix_f16 && ext.has(&[crate::coopmat2::EXTENSION]),
+            coop_matrix_bf16,
+        );
         let compute_units = sm_count(instance, h, ext);
         let executable_stats = executable_stats(instance, h, ext);
         let Some((family, q)) =
@@ -260,6 +280,7 @@ fn list_devices(entry: &ash::Entry, instance: &ash::Instance) -> Result<Vec<Phys
             coop_matrix_f16,
             coop_matrix_bf16,
             executable_stats,
+            coopmat2,
         });
     }
     devices.sort_by_key(|d| type_rank(d.device_type));
@@ -450,6 +471,7 @@ mod tests {
             coop_matrix_f16: false,
             coop_matrix_bf16: false,
             executable_stats: false,
+            coopmat2: None,
         }
     }
 

@@ -126,6 +126,9 @@ pub struct Gpu {
     pub coop: bool,
     /// Whether the bf16 cooperative-matrix shaders may run as well (`VK_KHR_shader_bfloat16`).
     pub coop_bf16: bool,
+    /// Where the workgroup-scope GEMM may run (offered, enabled at creation, and
+    /// `TEFL_VULKAN_COOPMAT=2`): the shapes the device offers it.
+    pub coopmat2: Option<crate::coopmat2::Coopmat2>,
     /// Where `TEFL_VULKAN_PIPELINE_STATS=1` asked for them and the device has them: the
     /// functions that read the driver's statistics of each pipeline, logged at its creation.
     stats: Option<ash::khr::pipeline_executable_properties::Device>,
@@ -137,19 +140,27 @@ pub struct Gpu {
 pub const PIPELINE_STATS_VAR: &str = "TEFL_VULKAN_PIPELINE_STATS";
 
 /// The variable that chooses the GEMM and attention paths on a device with cooperative matrices:
-/// unset or `1` = the cooperative-matrix kernels (`gemm_coop.wgsl`, `attn_*_coop.wgsl`; f16, and
-/// bf16 where the device also has `VK_KHR_shader_bfloat16`), `0` = the portable kernels
-/// everywhere (so they are tested on such a device too). On the H100: bf16 8192³ at 199 TFLOP/s on cooperative matrices, 17 on the
-/// portable tiles (2026-11-24).
+/// unset or `1` = subgroup-scope matrices (`VK_KHR_cooperative_matrix`: `gemm_coop.wgsl`,
+/// `attn_*_coop.wgsl`; f16, and bf16 where the device also has `VK_KHR_shader_bfloat16`); `2` =
+/// the same, but GEMM on NVIDIA's workgroup-scope matrices (`VK_NV_cooperative_matrix2`,
+/// `build/cm2.rs`) where the device offers them; `0` = the portable kernels everywhere (so each
+/// path is tested on such a device too). `2` is not the default: on the H200 (2026-11-26, same
+/// run) it took bf16 4096³ in 0.877 ms and 8192³ in 6.76 ms, the subgroup-scope shader 0.847 and
+/// 5.83.
 pub const COOPMAT_VAR: &str = "TEFL_VULKAN_COOPMAT";
 
-/// Whether the value of `TEFL_VULKAN_COOPMAT` lets tefl use cooperative matrices; a value other
-/// than 0/1 is an error naming the variable.
-fn coop_wanted(value: Option<&str>) -> Result<bool> {
+/// The cooperative-matrix level `TEFL_VULKAN_COOPMAT` asks for (0, 1 or 2); a value other than
+/// those is an error naming the variable.
+fn coop_wanted(value: Option<&str>) -> Result<u8> {
     match value.map(str::trim) {
-        None | Some("") | Some("1") => Ok(true),
-        Some("0") => Ok(false),
-        Some(other) => Err(Error::config(COOPMAT_VAR, other, "expected 1 (cooperative matrices, the default) or 0")),
+        None | Some("") | Some("1") => Ok(1),
+        Some("2") => Ok(2),
+        Some("0") => Ok(0),
+        Some(other) => Err(Error::config(
+            COOPMAT_VAR,
+            other,
+            "expected 1 (subgroup-scope cooperative matrices, the default), 2 (GEMM on workgroup-scope ones where offered) or 0 (none)",
+        )),
     }
 }
 
@@ -198,12 +209,16 @@ impl Gpu {
             .queue_family_index(physical.queue_family)
             .queue_priorities(&priorities)];
         let wanted = coop_wanted(std::env::var(COOPMAT_VAR).ok().as_deref())?;
-        let coop = physical.coop_matrix_f16 && wanted;
+        let coop = physical.coop_matrix_f16 && wanted >= 1;
         let coop_bf16 = coop && physical.coop_matrix_bf16;
+        let coopmat2 = physical.coopmat2.clone().filter(|_| coop && wanted >= 2);
         let mut extensions: Vec<*const std::ffi::c_char> =
             if coop { crate::context::COOP_EXTENSIONS.iter().map(|n| n.as_ptr()).collect() } else { Vec::new() };
         if coop_bf16 {
             extensions.push(crate::context::BFLOAT16_EXTENSION.as_ptr());
+        }
+        if coopmat2.is_some() {
+            extensions.push(crate::coopmat2::EXTENSION.as_ptr());
         }
         let stats = stats_wanted(std::env::var(PIPELINE_STATS_VAR).ok().as_deref())? && physical.executable_stats;
         if stats {
@@ -213,6 +228,8 @@ impl Gpu {
             vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default().pipeline_executable_info(true);
         let mut bf16_features = crate::context::Bfloat16Features::new(true, true);
         let mut coop_features = vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default().cooperative_matrix(true);
+        let mut coopmat2_features = crate::coopmat2::Features::new(true);
+        let mut f13 = vk::PhysicalDeviceVulkan13Features::default().maintenance4(true);
         let mut f11 = vk::PhysicalDeviceVulkan11Features::default()
             .storage_buffer16_bit_access(true)
             .uniform_and_storage_buffer16_bit_access(true);
@@ -236,6 +253,10 @@ impl Gpu {
         if coop_bf16 {
             // Checked to be supported (context.rs, coop_matrix_bf16).
             info = info.push_next(&mut bf16_features);
+        }
+        if coopmat2.is_some() {
+            // Checked to be supported, with Vulkan 1.3 on instance and device (coopmat2.rs).
+            info = info.push_next(&mut coopmat2_features).push_next(&mut f13);
         }
         // SAFETY: the physical device belongs to the live instance; `info` and what it points to
         // outlive the call.
@@ -312,6 +333,12 @@ impl Gpu {
             }
         };
         let stats_ext = stats.then(|| ash::khr::pipeline_executable_properties::Device::new(&inst.instance, &device));
+        tracing::info!(
+            target: "TE-FL",
+            "{device_id} ({}): cooperative matrices {coop} (bf16 {coop_bf16}), workgroup-scope {:?}",
+            physical.name,
+            coopmat2
+        );
         Ok(Gpu {
             device_id,
             physical,
@@ -329,6 +356,7 @@ impl Gpu {
             cache_saved,
             coop,
             coop_bf16,
+            coopmat2,
             stats: stats_ext,
         })
     }
@@ -475,9 +503,22 @@ impl Gpu {
     /// The pipeline of the shader variant `name` with `bindings` storage buffers and
     /// `push_bytes` bytes of push constants (created once).
     pub fn pipeline(&self, name: &str, bindings: u32, push_bytes: u32) -> Result<Arc<Pipeline>> {
+        self.specialized_pipeline(name, bindings, push_bytes, &[])
+    }
+
+    /// [`Gpu::pipeline`] with specialization constants: `constants[i]` is the u32 value of
+    /// constant id `i` (created once per name and values).
+    pub fn specialized_pipeline(
+        &self,
+        name: &str,
+        bindings: u32,
+        push_bytes: u32,
+        constants: &[u32],
+    ) -> Result<Arc<Pipeline>> {
         let dev = self.device_id;
+        let key = if constants.is_empty() { name.to_string() } else { format!("{name}{constants:?}") };
         let mut map = self.pipelines.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(p) = map.get(name) {
+        if let Some(p) = map.get(&key) {
             return Ok(p.clone());
         }
         let spirv = SHADERS.iter().find(|(n, _)| *n == name).map(|(_, b)| *b).ok_or_else(|| Error::DeviceFailure {
@@ -518,10 +559,18 @@ impl Gpu {
             }
             let layout =
                 self.device.create_pipeline_layout(&layout_info, None).map_err(|e| err("vkCreatePipelineLayout", e))?;
-            let stage = vk::PipelineShaderStageCreateInfo::default()
+            let entries: Vec<vk::SpecializationMapEntry> = (0..constants.len() as u32)
+                .map(|i| vk::SpecializationMapEntry { constant_id: i, offset: 4 * i, size: 4 })
+                .collect();
+            let data: Vec<u8> = constants.iter().flat_map(|c| c.to_le_bytes()).collect();
+            let specialization = vk::SpecializationInfo::default().map_entries(&entries).data(&data);
+            let mut stage = vk::PipelineShaderStageCreateInfo::default()
                 .stage(vk::ShaderStageFlags::COMPUTE)
                 .module(module)
                 .name(c"main");
+            if !constants.is_empty() {
+                stage = stage.specialization_info(&specialization);
+            }
             let flags = if self.stats.is_some() {
                 vk::PipelineCreateFlags::CAPTURE_STATISTICS_KHR
             } else {
@@ -531,9 +580,9 @@ impl Gpu {
             let made = self.device.create_compute_pipelines(self.pipeline_cache, &info, None);
             self.device.destroy_shader_module(module, None);
             let pipeline = made.map_err(|(_, e)| err("vkCreateComputePipelines", e))?[0];
-            self.log_statistics(name, pipeline);
+            self.log_statistics(&key, pipeline);
             let p = Arc::new(Pipeline { set_layout, layout, pipeline, bindings, push_bytes });
-            map.insert(name.to_string(), p.clone());
+            map.insert(key, p.clone());
             self.save_pipeline_cache();
             Ok(p)
         }
@@ -937,10 +986,12 @@ mod tests {
     use super::{COOPMAT_VAR, PIPELINE_STATS_VAR, coop_wanted, size_class, stats_wanted};
 
     #[test]
-    fn the_coopmat_knob_takes_0_or_1_and_names_itself_otherwise() {
-        assert!(coop_wanted(None).unwrap());
-        assert!(coop_wanted(Some("1")).unwrap());
-        assert!(!coop_wanted(Some(" 0 ")).unwrap());
+    fn the_coopmat_knob_takes_0_1_or_2_and_names_itself_otherwise() {
+        assert_eq!(coop_wanted(None).unwrap(), 1);
+        assert_eq!(coop_wanted(Some("2")).unwrap(), 2);
+        assert_eq!(coop_wanted(Some("1")).unwrap(), 1);
+        assert_eq!(coop_wanted(Some(" 0 ")).unwrap(), 0);
+        assert!(coop_wanted(Some("3")).is_err());
         let e = coop_wanted(Some("yes")).unwrap_err().to_string();
         assert!(e.contains(COOPMAT_VAR) && e.contains("yes"), "{e}");
     }

@@ -2,8 +2,11 @@
 //! arch folder of the device's vendor, e.g. `lavapipe/`), layered over the GPU defaults of
 //! `tefl-gpu`, and the choice among the workgroup sizes `build.rs` compiled.
 
+use tefl_core::tuning::TuneConfig;
 use tefl_core::{Device, Result};
-use tefl_gpu::tune::{TuneConfigs, TuneFile};
+use tefl_gpu::tune::{TuneConfigs, TuneFile, int};
+
+use crate::coopmat2::{FlexShape, Tile};
 
 /// The tune configs of the Vulkan backend.
 pub static TUNE_CONFIGS: TuneConfigs = TuneConfigs::new(
@@ -17,6 +20,14 @@ pub static TUNE_CONFIGS: TuneConfigs = TuneConfigs::new(
         },
     )],
 );
+
+/// The tile of the workgroup-scope GEMM (`build/cm2.rs`) a `gemm_cm2` candidate describes
+/// (`block_m`, `block_n`, `block_k`; 128, 128, 32 where unset) on a device offering `shape`:
+/// rounded up to its granularities, `None` past its largest dimension.
+pub fn cm2_tile_of(c: &TuneConfig, shape: &FlexShape, max_dimension: u32) -> Option<Tile> {
+    let (bm, bn, bk) = (int(c, "block_m", 128), int(c, "block_n", 128), int(c, "block_k", 32));
+    Tile::fit(bm, bn, bk, shape, max_dimension)
+}
 
 /// The workgroup sizes every elementwise shader variant is built with (`build.rs`).
 pub const WORKGROUPS: [u32; 3] = [64, 128, 256];

@@ -6,14 +6,23 @@
 //! turns them off), f16 products run on them (`shaders/gemm_coop.wgsl`, tensor cores on
 //! NVIDIA), and bf16 ones too where the device also has `VK_KHR_shader_bfloat16`
 //! (`Gpu::coop_bf16`), when k (and m or n where they are a source's contiguous dimension) are
-//! multiples of 8. A plain product (no C, no epilogue) skips the epilogue stage where the
-//! product can write D itself: an f32 D, or a 16-bit D from cooperative matrices.
+//! multiples of 8. With `TEFL_VULKAN_COOPMAT=2`, where the device offers NVIDIA's
+//! workgroup-scope matrices (`Gpu::coopmat2`, `VK_NV_cooperative_matrix2`), those products run
+//! on them instead (`build/cm2.rs`: the driver stages the tiles itself; tile sizes from the
+//! `gemm_cm2` tune configs). A plain product (no C, no epilogue) skips the epilogue stage where the product can
+//! write D itself: an f32 D, or a 16-bit D from cooperative matrices.
 
 use tefl_core::catalogue::*;
 use tefl_core::{DType, Error, KernelCtx, Result, Tensor};
 
 use super::{MAX_GROUPS, dtype_code, dtype_name};
-use crate::gpu::gpu;
+use std::sync::Arc;
+
+use tefl_core::tuning::TuneConfig;
+use tefl_gpu::tune;
+
+use crate::coopmat2::Tile;
+use crate::gpu::{Gpu, Pipeline, gpu};
 
 /// Bytes of the shader's push constants (fourteen 32-bit fields).
 const PUSH_BYTES: u32 = 56;
@@ -35,6 +44,70 @@ fn ep_code(ep: GemmEpilogue) -> u32 {
         GemmEpilogue::DGelu => 4,
         GemmEpilogue::DGeluBiasGrad => 5,
         GemmEpilogue::BiasGrad => 6,
+    }
+}
+
+/// A workgroup grid.
+type Groups = (u32, u32, u32);
+/// A pipeline and its workgroup grid.
+type Product = (Arc<Pipeline>, Groups);
+
+/// The product on workgroup-scope cooperative matrices (`build/cm2.rs`) for 16-bit inputs of
+/// dtype `tx`, where the device offers them for it. It writes D (`direct`, a 16-bit
+/// `out_dtype`) or W. The tile is the `gemm_cm2` tune configs' first that fits, or with
+/// `TEFL_AUTOTUNE=1` the fastest of them per power-of-two bucket of m, n and k (`run` times
+/// one product). `None`: not offered here, or the driver could not make the pipeline (logged;
+/// the subgroup-scope product runs instead).
+fn cm2_product(
+    ctx: &KernelCtx<'_>,
+    gpu: &Gpu,
+    tx: &str,
+    a: &GemmArgs,
+    direct: bool,
+    (m, n, k): (usize, usize, usize),
+    run: &dyn Fn(&Pipeline, Groups) -> Result<()>,
+) -> Result<Option<Product>> {
+    let Some(offer) = &gpu.coopmat2 else { return Ok(None) };
+    let Some(shape) = (if tx == "bf16" { offer.bf16 } else { offer.f16 }) else { return Ok(None) };
+    let table = crate::heuristics::TUNE_CONFIGS.table(&gpu.physical.arch());
+    let out = match (direct, a.out_dtype) {
+        (true, DType::F16) => "f16",
+        (true, DType::BF16) => "bf16",
+        _ => "w",
+    };
+    let name = format!("gemm_cm2.tx={tx}.ta={}.tb={}.out={out}", u8::from(a.transa), u8::from(a.transb));
+    let make = |t: Tile| -> Result<Product> {
+        let p = gpu.specialized_pipeline(&name, 8, PUSH_BYTES, &[t.bm, t.bn, t.bk, shape.invocations])?;
+        Ok((p, (n.div_ceil(t.bn as usize) as u32, m.div_ceil(t.bm as usize) as u32, 1)))
+    };
+    let fit = |c: &TuneConfig| crate::heuristics::cm2_tile_of(c, &shape, offer.max_dimension);
+    let Some(heuristic) = table.configs("gemm_cm2").iter().find_map(fit).or_else(|| fit(&TuneConfig::new())) else {
+        return Ok(None);
+    };
+    let mut tile = heuristic;
+    if tune::autotune_requested() {
+        let cands: Vec<TuneConfig> = table.configs("gemm_cm2").iter().filter(|c| fit(c).is_some()).cloned().collect();
+        let info = tefl_core::device::info(ctx.device)?;
+        let bucket =
+            format!("{tx}.{out}.m={}.n={}.k={}", m.next_power_of_two(), n.next_power_of_two(), k.next_power_of_two());
+        let key = tune::tune_key("gemm_cm2", a.a.dtype(), &bucket, &info);
+        let chosen = tune::autotuner().select(
+            &key,
+            &cands,
+            |c| {
+                let (p, groups) = make(fit(c).ok_or_else(|| Error::Tuning("tile does not fit".into()))?)?;
+                tune::measure(ctx.device, &|| run(&p, groups))
+            },
+            TuneConfig::new,
+        );
+        tile = fit(&chosen).unwrap_or(heuristic);
+    }
+    match make(tile) {
+        Ok(p) => Ok(Some(p)),
+        Err(e) => {
+            tracing::warn!(target: "TE-FL", "{name} {tile:?}: {e}; the subgroup-scope product runs instead");
+            Ok(None)
+        }
     }
 }
 
@@ -72,16 +145,9 @@ pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
     };
     let chunked = k.is_multiple_of(8) && (!a.transa || m.is_multiple_of(8)) && (a.transb || n.is_multiple_of(8));
     let coop = coop_dtype.filter(|_| chunked);
-    let (product, product_groups) = if let Some(tx) = coop {
-        let groups = (n.div_ceil(COOP_TILE) as u32, m.div_ceil(COOP_TILE) as u32, 1);
-        let name = format!("gemm_coop.tx={tx}.ta={}.tb={}", u8::from(a.transa), u8::from(a.transb));
-        (gpu.pipeline(&name, 8, PUSH_BYTES)?, groups)
-    } else {
-        (pipeline.clone(), (tiles_n as u32, tiles_m as u32, 1))
-    };
     // A plain product (k > 0, no C, no epilogue) needs no epilogue stage where the product can
-    // write D itself: an f32 D is W, and the cooperative-matrix product's stage 4 writes a
-    // 16-bit D whose rows are whole 16-byte chunks. W is then D (bound, not used, in stage 4).
+    // write D itself: an f32 D is W, and the cooperative-matrix products write a 16-bit D
+    // whose rows are whole 16-byte chunks. W is then D (bound, not used, in those variants).
     let plain = k > 0 && a.epilogue == GemmEpilogue::None && c.is_none();
     let direct = plain && coop.is_some() && a.out_dtype != DType::F32 && n.is_multiple_of(8);
     let epilogue = !(direct || plain && a.out_dtype == DType::F32);
@@ -130,6 +196,22 @@ pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
     let per_word = if a.out_dtype == DType::F32 { 1 } else { 2 };
     let epi_groups = ((m * n).div_ceil(per_word) as u32).div_ceil(WG).clamp(1, MAX_GROUPS);
     let (p0, p1) = (push(if direct { 4 } else { 0 })?, push(1)?);
+    // The product: on workgroup-scope matrices where offered, else on subgroup-scope ones,
+    // else the portable tiles (all with the same bindings and push constants).
+    let run_product = |p: &Pipeline, groups: (u32, u32, u32)| gpu.run(|r| r.dispatch(p, &main, &p0, groups));
+    let workgroup_scope = match coop {
+        Some(tx) => cm2_product(ctx, &gpu, tx, a, direct, (m, n, k), &run_product)?,
+        None => None,
+    };
+    let (product, product_groups) = if let Some(p) = workgroup_scope {
+        p
+    } else if let Some(tx) = coop {
+        let groups = (n.div_ceil(COOP_TILE) as u32, m.div_ceil(COOP_TILE) as u32, 1);
+        let name = format!("gemm_coop.tx={tx}.ta={}.tb={}", u8::from(a.transa), u8::from(a.transb));
+        (gpu.pipeline(&name, 8, PUSH_BYTES)?, groups)
+    } else {
+        (pipeline.clone(), (tiles_n as u32, tiles_m as u32, 1))
+    };
     let sums = match (&bias_grad, &ws) {
         (Some(bg), Some(ws)) => {
             let mut partial = main;
