@@ -1,8 +1,9 @@
 //! The Vulkan instance and devices: the loader opened at run time (`ash`'s `loaded`), one
-//! instance per process (Vulkan 1.3 where the loader has it, else 1.2), the physical devices with a compute queue in tefl's
-//! order (discrete GPUs first, then integrated, virtual and CPU devices; `TEFL_VULKAN_DEVICE`
-//! narrows the list to one by index or name), and on first use a logical device per entry with
-//! one compute queue, a memory allocator and the shader pipelines.
+//! instance per process (Vulkan 1.3 where the loader has it, else 1.2), the physical devices
+//! with a compute queue in tefl's order (discrete GPUs first, then integrated, virtual and CPU
+//! devices; `TEFL_VULKAN_DEVICE` narrows the list to one by index or name), and on first use a
+//! logical device per entry with one compute queue, a memory allocator and the shader
+//! pipelines.
 //!
 //! When the instance offers `VK_EXT_debug_utils` (e.g. with `VK_INSTANCE_LAYERS` naming the
 //! Khronos validation layer), a messenger counts every warning and error the layers report and

@@ -9,18 +9,17 @@
 //! multiples of 8. With `TEFL_VULKAN_COOPMAT=2`, where the device offers NVIDIA's
 //! workgroup-scope matrices (`Gpu::coopmat2`, `VK_NV_cooperative_matrix2`), those products run
 //! on them instead (`build/cm2.rs`: the driver stages the tiles itself; tile sizes from the
-//! `gemm_cm2` tune configs). A plain product (no C, no epilogue) skips the epilogue stage where the product can
-//! write D itself: an f32 D, or a 16-bit D from cooperative matrices.
+//! `gemm_cm2` tune configs). A plain product (no C, no epilogue) skips the epilogue stage
+//! where the product can write D itself: an f32 D, or a 16-bit D from cooperative matrices.
 
-use tefl_core::catalogue::*;
-use tefl_core::{DType, Error, KernelCtx, Result, Tensor};
-
-use super::{MAX_GROUPS, dtype_code, dtype_name};
 use std::sync::Arc;
 
+use tefl_core::catalogue::*;
 use tefl_core::tuning::TuneConfig;
+use tefl_core::{DType, Error, KernelCtx, Result, Tensor};
 use tefl_gpu::tune;
 
+use super::{MAX_GROUPS, dtype_code, dtype_name};
 use crate::coopmat2::Tile;
 use crate::gpu::{Gpu, Pipeline, gpu};
 
@@ -198,7 +197,7 @@ pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
     let (p0, p1) = (push(if direct { 4 } else { 0 })?, push(1)?);
     // The product: on workgroup-scope matrices where offered, else on subgroup-scope ones,
     // else the portable tiles (all with the same bindings and push constants).
-    let run_product = |p: &Pipeline, groups: (u32, u32, u32)| gpu.run(|r| r.dispatch(p, &main, &p0, groups));
+    let run_product = |p: &Pipeline, groups: Groups| gpu.run(|r| r.dispatch(p, &main, &p0, groups));
     let workgroup_scope = match coop {
         Some(tx) => cm2_product(ctx, &gpu, tx, a, direct, (m, n, k), &run_product)?,
         None => None,
