@@ -11,6 +11,7 @@ pub fn vendor_info() -> VendorInfo {
     VendorInfo::new(VENDOR, "vulkan", "vulkaninfo")
         .arch_map(&[("nvidia", "nvidia"), ("amd", "amd"), ("intel", "intel"), ("lavapipe", "lavapipe")])
         .availability(availability)
+        .kernels(crate::heuristics::kernel_choice)
 }
 
 tefl_core::register_vendor!(vendor_info);
