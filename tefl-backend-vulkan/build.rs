@@ -255,10 +255,9 @@ fn declare_bfloat16(out: &mut Vec<u32>) {
     for cap in BFLOAT16_CAPABILITIES {
         out.extend([(2 << 16) | OP_CAPABILITY, cap]);
     }
-    let mut text = b"SPV_KHR_bfloat16".to_vec();
-    text.resize(text.len() / 4 * 4 + 4, 0);
-    out.push(((1 + text.len() as u32 / 4) << 16) | OP_EXTENSION);
-    out.extend(text.chunks(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])));
+    let text = cm2::string("SPV_KHR_bfloat16");
+    out.push(((1 + text.len() as u32) << 16) | OP_EXTENSION);
+    out.extend(text);
 }
 
 /// Turns a module whose only 16-bit float type is the element type of its cooperative matrices

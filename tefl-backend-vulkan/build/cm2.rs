@@ -31,8 +31,8 @@ pub const SPEC_WG: u32 = 3;
 const BINDING_W: u32 = 2;
 const BINDING_D: u32 = 6;
 
-/// Byte offsets of the push-constant fields this module reads (`gemm_params.wgsl`'s Params:
-/// thirteen u32 fields, then alpha).
+/// Indices of the push-constant fields this module reads (`gemm_params.wgsl`'s Params:
+/// thirteen u32 fields, then alpha; each 4 bytes).
 const PUSH_FIELDS: u32 = 14;
 const FIELD_M: u32 = 1;
 const FIELD_N: u32 = 2;
@@ -396,7 +396,8 @@ impl Asm {
         i
     }
 
-    /// A storage buffer of `elem` (`elem_bytes` each) at `binding`: the variable and the pointer type of one element.
+    /// A storage buffer of `elem` (`elem_bytes` each) at `binding`: the variable and the
+    /// pointer type of one element.
     fn buffer(&mut self, elem: u32, elem_bytes: u32, binding: u32, read_only: bool) -> (u32, u32) {
         let sc = spirv::StorageClass::StorageBuffer as u32;
         let arr = self.ty(Op::TypeRuntimeArray, &[elem]);
@@ -425,8 +426,9 @@ impl Asm {
     }
 }
 
-/// A literal string operand: UTF-8, NUL-terminated, padded to whole words.
-fn string(s: &str) -> Vec<u32> {
+/// A literal string operand: UTF-8, NUL-terminated, padded to whole words (also build.rs's
+/// extension names).
+pub fn string(s: &str) -> Vec<u32> {
     let mut bytes = s.as_bytes().to_vec();
     bytes.resize(bytes.len() / 4 * 4 + 4, 0);
     bytes.chunks(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
