@@ -1,11 +1,12 @@
-//! Rotary position embedding on CUDA: one block per token row, every layout, interleaved or
-//! half-split pairs, cu_seqlens and start positions.
+//! Rotary position embedding on every GPU target: a warp per heads of a token row when a head's
+//! 16-byte vectors tile the warp, else a block per token row (or rows of one position); every
+//! layout, interleaved or half-split pairs, cu_seqlens and start positions.
 
 use crate::{Defines, Variant};
 use tefl_core::catalogue::*;
 use tefl_core::{DType, KernelCtx, Result};
 
-use super::host::{Arg, Grid, OnDevice, blocks_for, cty, empty, i32_of, opt_ptr, ptr};
+use super::host::{Arg, Grid, OnDevice, blocks_for, cty, empty, i32_of, info, opt_ptr, ptr};
 
 /// The variant of `simt/rope.cu` for a dtype, layout, direction and head / rotated dims
 /// (launches and the compile test).
@@ -27,8 +28,22 @@ fn variant(
         .flag("BACKWARD", backward)
         .set("D", d)
         .set("DROT", d_rot)
-        .set("GROUP", group);
-    Ok(Variant::new(&tefl_kernels::ROPE, &["rope", "rope_vec"], defines))
+        .set("GROUP", group)
+        .set("HEADS", WARP_HEADS);
+    Ok(Variant::new(&tefl_kernels::ROPE, &["rope", "rope_vec", "rope_warp"], defines))
+}
+
+/// Heads a warp of `rope_warp` takes (of one token row). H200, bench shape (s4096 b4 h32 d128
+/// bf16, sbhd), 2026-11-26, two runs each: 16 heads with 4 vectors a lane in flight 0.072 /
+/// 0.073 ms, 32 heads 0.073 / 0.074, 16 heads with 2 vectors 0.074 / 0.074, 8 with 2 0.078 /
+/// 0.079; the block kernel (`rope_vec`) 0.082 / 0.082.
+const WARP_HEADS: usize = 16;
+
+/// Whether `rope_warp` takes heads of `d` elements, `ve` a vector: a lane keeps one vector
+/// of each head it takes, so a head's vectors must tile the warp.
+fn warp_kernel_fits(d: usize, ve: usize) -> bool {
+    let sv = d / ve;
+    sv > 0 && sv <= 32 && 32 % sv == 0
 }
 
 /// Rows of one position a block of the vector kernel takes: the batch entries of a position
@@ -45,7 +60,7 @@ fn run(op: &'static str, ctx: &KernelCtx<'_>, a: &RopeArgs, backward: bool) -> R
     let ve = 16 / a.x.dtype().size_in_bytes();
     let rotated = if a.interleaved { g.d_rot } else { g.d_rot / 2 };
     let vector = g.d.is_multiple_of(ve) && rotated.is_multiple_of(ve);
-    let group = if vector { rows_per_block(a, g.batch) } else { 1 };
+    let group = if vector && !warp_kernel_fits(g.d, ve) { rows_per_block(a, g.batch) } else { 1 };
     let k =
         OnDevice::new(ctx.device, variant(op, a.x.dtype(), a.layout, a.interleaved, backward, g.d, g.d_rot, group)?)?;
     let y = empty(ctx.device, a.x.shape(), a.x.dtype())?;
@@ -65,7 +80,12 @@ fn run(op: &'static str, ctx: &KernelCtx<'_>, a: &RopeArgs, backward: bool) -> R
         Arg::I32(i32_of(ctx, op, "x", g.s)?),
         Arg::I32(i32_of(ctx, op, "x", g.h)?),
     ];
-    if vector {
+    if vector && warp_kernel_fits(g.d, ve) {
+        // One warp per WARP_HEADS heads of a row, 128-thread blocks.
+        let warps_per_block = (128 / info(ctx.device)?.warp_size.max(1)).max(1) as usize;
+        let items = rows * g.h.div_ceil(WARP_HEADS);
+        k.launch("rope_warp", Grid::linear(blocks_for(items, warps_per_block, i32::MAX as u32), 128), &common)?;
+    } else if vector {
         k.launch("rope_vec", grid, &common)?;
     } else {
         let mut args = common.to_vec();

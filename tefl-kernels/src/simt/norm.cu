@@ -54,9 +54,13 @@ __device__ __forceinline__ void store_fp8(u8* dst, const float* o, float qs, flo
 // 16384x8192 0.190 -> 0.186 ms, 8192x4096 0.053 -> 0.051, FP8 output 0.159 -> 0.145,
 // layernorm 0.215 -> 0.203. Not for a layernorm of 16-bit rows with f32 gamma, whose
 // registers would spill 400 bytes a thread at that cap (the bf16 one spills 84 bytes and is
-// still faster). (HIP's second bound means waves per SIMD: not set there.)
+// still faster). Other layernorms are capped at 1536 threads an SM, which leaves them room for
+// the second pass over the row (H100, 2026-11-26, bench, layernorm fwd 16384x8192 bf16, two
+// runs, blocks of 256 an SM: 8 0.203 / 0.203 ms, 7 0.203 / 0.204, 6 0.192 / 0.192, 5 0.199 /
+// 0.200, 4 0.217 / 0.217; rmsnorm 0.186 at 8, 7 and 6, 0.191 at 5 and 4). (HIP's second bound
+// means waves per SIMD: not set there.)
 #if defined(TEFL_TARGET_CUDA)
-#define FWD_MIN_BLOCKS ((IS_LN && sizeof(TG) == 4 && sizeof(TX) == 2) ? 1 : 2048 / BLOCK)
+#define FWD_MIN_BLOCKS ((IS_LN && sizeof(TG) == 4 && sizeof(TX) == 2) ? 1 : (IS_LN ? 1536 : 2048) / BLOCK)
 #else
 #define FWD_MIN_BLOCKS 1
 #endif

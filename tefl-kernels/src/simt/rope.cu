@@ -1,5 +1,6 @@
-// Rotary position embedding, forward and backward (the transpose of the forward), one block
-// per token row. The row's cos/sin (one per rotated dim, shared by every head) are computed
+// Rotary position embedding, forward and backward (the transpose of the forward). rope_warp
+// (below) serves heads whose vectors tile a warp; rope_vec and rope, one block per token row,
+// the rest. In those the row's cos/sin (one per rotated dim, shared by every head) are computed
 // once into shared memory (dynamic, 8 * d_rot bytes). Defines: TX, LAYOUT (0 bshd, 1 sbhd,
 // 2 thd), INTERLEAVED, BACKWARD.
 
@@ -195,6 +196,102 @@ extern "C" __global__ void __launch_bounds__(256, GROUP == 1 ? 5 : 4)
                 store_n<TX, VE>(y + base + c0, o1);
                 store_n<TX, VE>(y + base + c0 + HALF_ROT, o2);
 #endif
+            }
+        }
+    }
+}
+
+// The warp path: no shared memory and no block barrier. A warp takes HEADS heads of one token
+// row; lane l keeps vector l % SV of every head it takes (SV = D / VE vectors a head, a power of
+// two <= the warp width, checked by the host), so it computes its VE angles' cos / sin once and
+// applies them to (HEADS · SV / WARP_SIZE) vectors: out[q] = v[q] · a[q] + w[q] · b[q], where v
+// is the vector, w its rotation partner (the other half's vector, or the pair's other element
+// when interleaved) and a, b fold in the direction and sign. UNROLL vectors a lane are loaded
+// before any is written.
+#define SV (D / VE)
+#ifndef HEADS
+#define HEADS 32
+#endif
+#ifndef UNROLL
+#define UNROLL 4
+#endif
+extern "C" __global__ void __launch_bounds__(128)
+    rope_warp(const TX* __restrict__ x, const float* __restrict__ freqs, TX* __restrict__ y, const i32* __restrict__ cu,
+              const i32* __restrict__ starts, int rows, int batch, int s, int h) {
+    constexpr int HALF_ROT = DROT / 2;
+    constexpr int STEP = WARP_SIZE / SV;  // heads a warp-wide access covers
+    const int lane = lane_id();
+    const int c0 = (lane % SV) * VE;  // this lane's first column of a head
+    const int chunks = (h + HEADS - 1) / HEADS;
+    const long long items = (long long)rows * chunks;
+    const long long warps = (long long)gridDim.x * (blockDim.x / WARP_SIZE);
+    for (long long item = (long long)blockIdx.x * (blockDim.x / WARP_SIZE) + warp_id(); item < items; item += warps) {
+        const int row = (int)(item / chunks), head0 = (int)(item % chunks) * HEADS;
+        const int head_end = min(h, head0 + HEADS);
+        int pos;
+        const bool ok = row_position(row, cu, starts, batch, s, &pos);
+        const bool rot = ok && c0 < DROT;
+#if INTERLEAVED
+        const int pc0 = c0;  // the partner is inside the vector
+#else
+        const int pc0 = c0 < HALF_ROT ? c0 + HALF_ROT : c0 - HALF_ROT;
+#endif
+        float a[VE], b[VE];
+        if (rot) {
+            const float* f = freqs + (size_t)pos * DROT;
+#pragma unroll
+            for (int q = 0; q < VE; ++q) {
+                const int c = c0 + q;
+#if INTERLEAVED
+                const bool first = (q % 2) == 0;
+                const int pc = c ^ 1;
+#else
+                const bool first = c0 < HALF_ROT;
+                const int pc = pc0 + q;
+#endif
+#if BACKWARD
+                // The transpose: the partner's sine, with the sign of the partner's term.
+                a[q] = cosf(f[c]);
+                const float sp = sinf(f[pc]);
+                b[q] = first ? sp : -sp;
+#else
+                float sn;
+                sincosf(f[c], &sn, &a[q]);
+                b[q] = first ? -sn : sn;
+#endif
+            }
+        }
+        const TX* xr = x + (size_t)row * h * D;
+        TX* yr = y + (size_t)row * h * D;
+        for (int head = head0 + lane / SV; head < head_end; head += STEP * UNROLL) {
+            alignas(16) TX rv[UNROLL][VE], rw[UNROLL][VE];
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                const int hd = head + u * STEP;
+                if (hd < head_end) {
+                    raw_copy<TX, VE>(rv[u], xr + (size_t)hd * D + c0);
+                    if (!INTERLEAVED && rot) raw_copy<TX, VE>(rw[u], xr + (size_t)hd * D + pc0);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                const int hd = head + u * STEP;
+                if (hd >= head_end) continue;
+                if (!rot) {
+                    raw_copy<TX, VE>(yr + (size_t)hd * D + c0, rv[u]);
+                    continue;
+                }
+                float o[VE];
+#pragma unroll
+                for (int q = 0; q < VE; ++q) {
+#if INTERLEAVED
+                    const float w = to_f32(rv[u][q ^ 1]);
+#else
+                    const float w = to_f32(rw[u][q]);
+#endif
+                    o[q] = to_f32(rv[u][q]) * a[q] + w * b[q];
+                }
+                store_n<TX, VE>(yr + (size_t)hd * D + c0, o);
             }
         }
     }
