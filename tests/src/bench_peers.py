@@ -15,6 +15,7 @@ start from the same state). The inputs are uniform in [-0.5, 0.5), as bench's.
 
 import contextlib
 import json
+import os
 import sys
 import time
 
@@ -43,7 +44,16 @@ def sync():
         torch.cuda.synchronize()
 
 
-WARM_UP_SECS = 3.0
+def warm_up_secs():
+    """bench's warm-up: 3 s, or TEFL_BENCH_WARMUP seconds (0.1 to 60)."""
+    try:
+        v = float(os.environ.get("TEFL_BENCH_WARMUP", "3"))
+    except ValueError:
+        return 3.0
+    return v if 0.1 <= v <= 60.0 else 3.0
+
+
+WARM_UP_SECS = warm_up_secs()
 
 
 def timed(f, reps):

@@ -6,7 +6,7 @@
 //! it is importable).
 //!
 //! tefl and its peers are timed the same way, on inputs drawn alike (uniform in [-0.5, 0.5)):
-//! 3 s of back-to-back calls as warm-up (a GPU idle before a case raises its clocks, and a
+//! 3 s (`TEFL_BENCH_WARMUP`) of back-to-back calls as warm-up (a GPU idle before a case raises its clocks, and a
 //! power-bound one lowers them as it heats), then per repetition an L2
 //! flush (a 256 MiB fill) followed, with no host wait, by one call timed on the device (CUDA
 //! events; Vulkan timestamp queries), and the median of the repetitions. Reports GB/s (each
@@ -322,8 +322,16 @@ struct Timer {
     flush: Option<std::sync::Arc<dyn Buffer>>,
 }
 
-/// Seconds of back-to-back calls before a case is timed.
-const WARM_UP_SECS: f64 = 3.0;
+/// Seconds of back-to-back calls before a case is timed: 3, or `TEFL_BENCH_WARMUP` (seconds,
+/// 0.1 to 60; the peers' script reads it too), e.g. to fit a full CUDA run with every peer in
+/// a time limit.
+fn warm_up_secs() -> f64 {
+    std::env::var("TEFL_BENCH_WARMUP")
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| (0.1..=60.0).contains(s))
+        .unwrap_or(3.0)
+}
 
 /// Bytes of the L2 flush (H100: 50 MB of L2, H200: 60 MB).
 const FLUSH_BYTES: usize = 256 << 20;
@@ -337,12 +345,12 @@ impl Timer {
 
     /// Warm-up, then the median of up to `reps` timed calls (at least 3, at most ~20 s).
     fn median_secs(&self, reps: usize, f: &dyn Fn() -> tefl_core::Result<()>) -> tefl_core::Result<f64> {
-        // Warm-up: calls back to back for at least WARM_UP_SECS, so that a GPU idle before the
+        // Warm-up: calls back to back for at least the warm-up time, so that a GPU idle before the
         // case has raised its clocks. The H100 under Vulkan needed seconds of steady work:
         // after 0.2 s, and still after 1.5 s, it ran a 4096^3 GEMM about five times slower
         // than after 3 s (the slow phase ends at once, not gradually).
-        let warm = Instant::now();
-        while warm.elapsed().as_secs_f64() < WARM_UP_SECS {
+        let (warm, secs) = (Instant::now(), warm_up_secs());
+        while warm.elapsed().as_secs_f64() < secs {
             f()?;
         }
         self.rt.synchronize(self.device)?;
