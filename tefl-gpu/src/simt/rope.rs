@@ -8,10 +8,46 @@ use tefl_core::{DType, KernelCtx, Result};
 
 use super::host::{Arg, Grid, OnDevice, blocks_for, cty, empty, i32_of, info, opt_ptr, ptr};
 
-/// The variant of `simt/rope.cu` for a dtype, layout, direction and head / rotated dims
-/// (launches and the compile test).
+/// Which kernel of `simt/rope.cu` a call runs; each is compiled alone (`ROPE_KERNEL`), so a
+/// cold start compiles only the one it launches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kernel {
+    /// `rope`: any head and rotated dims, element by element.
+    Scalar = 0,
+    /// `rope_vec`: 16-byte vectors, a block per token row (or rows of one position).
+    Vector = 1,
+    /// `rope_warp`: 16-byte vectors, a warp per heads of a token row.
+    Warp = 2,
+}
+
+impl Kernel {
+    /// The kernel for heads of `d` elements with `d_rot` rotated, `ve` elements a vector.
+    fn pick(d: usize, d_rot: usize, interleaved: bool, ve: usize) -> Kernel {
+        let rotated = if interleaved { d_rot } else { d_rot / 2 };
+        if !(d.is_multiple_of(ve) && rotated.is_multiple_of(ve)) {
+            Kernel::Scalar
+        } else if warp_kernel_fits(d, ve) {
+            Kernel::Warp
+        } else {
+            Kernel::Vector
+        }
+    }
+
+    /// The entry point (as a variant's entry list).
+    fn entries(self) -> &'static [&'static str] {
+        match self {
+            Kernel::Scalar => &["rope"],
+            Kernel::Vector => &["rope_vec"],
+            Kernel::Warp => &["rope_warp"],
+        }
+    }
+}
+
+/// The variant of `simt/rope.cu` for a kernel, dtype, layout, direction and head / rotated
+/// dims (launches and the compile test).
 #[allow(clippy::too_many_arguments)]
 fn variant(
+    kernel: Kernel,
     op: &'static str,
     x: DType,
     layout: QkvLayout,
@@ -22,6 +58,7 @@ fn variant(
     group: usize,
 ) -> Result<Variant> {
     let defines = Defines::new()
+        .set("ROPE_KERNEL", kernel as u8)
         .set("TX", cty(op, "x", x)?)
         .set("LAYOUT", layout as u8)
         .flag("INTERLEAVED", interleaved)
@@ -30,7 +67,7 @@ fn variant(
         .set("DROT", d_rot)
         .set("GROUP", group)
         .set("HEADS", WARP_HEADS);
-    Ok(Variant::new(&tefl_kernels::ROPE, &["rope", "rope_vec", "rope_warp"], defines))
+    Ok(Variant::new(&tefl_kernels::ROPE, kernel.entries(), defines))
 }
 
 /// Heads a warp of `rope_warp` takes (of one token row). H200, bench shape (s4096 b4 h32 d128
@@ -58,11 +95,12 @@ fn rows_per_block(a: &RopeArgs, batch: usize) -> usize {
 fn run(op: &'static str, ctx: &KernelCtx<'_>, a: &RopeArgs, backward: bool) -> Result<RopeOut> {
     let g = rope_geometry(op, a)?;
     let ve = 16 / a.x.dtype().size_in_bytes();
-    let rotated = if a.interleaved { g.d_rot } else { g.d_rot / 2 };
-    let vector = g.d.is_multiple_of(ve) && rotated.is_multiple_of(ve);
-    let group = if vector && !warp_kernel_fits(g.d, ve) { rows_per_block(a, g.batch) } else { 1 };
-    let k =
-        OnDevice::new(ctx.device, variant(op, a.x.dtype(), a.layout, a.interleaved, backward, g.d, g.d_rot, group)?)?;
+    let kernel = Kernel::pick(g.d, g.d_rot, a.interleaved, ve);
+    let group = if kernel == Kernel::Vector { rows_per_block(a, g.batch) } else { 1 };
+    let k = OnDevice::new(
+        ctx.device,
+        variant(kernel, op, a.x.dtype(), a.layout, a.interleaved, backward, g.d, g.d_rot, group)?,
+    )?;
     let y = empty(ctx.device, a.x.shape(), a.x.dtype())?;
     let rows = a.x.numel() / (g.h * g.d).max(1);
     // The vector kernel has h · (rotated + copied vectors per head) slots, about h·d/16 of them.
@@ -80,17 +118,19 @@ fn run(op: &'static str, ctx: &KernelCtx<'_>, a: &RopeArgs, backward: bool) -> R
         Arg::I32(i32_of(ctx, op, "x", g.s)?),
         Arg::I32(i32_of(ctx, op, "x", g.h)?),
     ];
-    if vector && warp_kernel_fits(g.d, ve) {
-        // One warp per WARP_HEADS heads of a row, 128-thread blocks.
-        let warps_per_block = (128 / info(ctx.device)?.warp_size.max(1)).max(1) as usize;
-        let items = rows * g.h.div_ceil(WARP_HEADS);
-        k.launch("rope_warp", Grid::linear(blocks_for(items, warps_per_block, i32::MAX as u32), 128), &common)?;
-    } else if vector {
-        k.launch("rope_vec", grid, &common)?;
-    } else {
-        let mut args = common.to_vec();
-        args.extend([Arg::I32(i32_of(ctx, op, "x", g.d)?), Arg::I32(i32_of(ctx, op, "freqs", g.d_rot)?)]);
-        k.launch("rope", grid, &args)?;
+    match kernel {
+        Kernel::Warp => {
+            // One warp per WARP_HEADS heads of a row, 128-thread blocks.
+            let warps_per_block = (128 / info(ctx.device)?.warp_size.max(1)).max(1) as usize;
+            let items = rows * g.h.div_ceil(WARP_HEADS);
+            k.launch("rope_warp", Grid::linear(blocks_for(items, warps_per_block, i32::MAX as u32), 128), &common)?;
+        }
+        Kernel::Vector => k.launch("rope_vec", grid, &common)?,
+        Kernel::Scalar => {
+            let mut args = common.to_vec();
+            args.extend([Arg::I32(i32_of(ctx, op, "x", g.d)?), Arg::I32(i32_of(ctx, op, "freqs", g.d_rot)?)]);
+            k.launch("rope", grid, &args)?;
+        }
     }
     Ok(RopeOut { y })
 }
@@ -110,15 +150,38 @@ pub fn variants() -> Vec<Variant> {
         for layout in [QkvLayout::Bshd, QkvLayout::Sbhd, QkvLayout::Thd] {
             for interleaved in [false, true] {
                 for backward in [false, true] {
-                    v.extend(variant("rope", t, layout, interleaved, backward, 64, 32, 1));
+                    for kernel in [Kernel::Scalar, Kernel::Vector, Kernel::Warp] {
+                        v.extend(variant(kernel, "rope", t, layout, interleaved, backward, 64, 32, 1));
+                    }
                 }
-                // Row groups (bshd / sbhd only) touch only the row addressing: one direction
-                // covers them.
+                // Row groups (bshd / sbhd only) touch only the vector kernel's row addressing:
+                // one direction covers them.
                 if layout != QkvLayout::Thd {
-                    v.extend(variant("rope", t, layout, interleaved, false, 64, 32, 2));
+                    v.extend(variant(Kernel::Vector, "rope", t, layout, interleaved, false, 64, 32, 2));
                 }
             }
         }
     }
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Kernel;
+
+    #[test]
+    fn picks_the_kernel_by_head_shape() {
+        // bf16 (8 a vector): d 128 is 16 vectors, which tile a warp.
+        assert_eq!(Kernel::pick(128, 128, false, 8), Kernel::Warp);
+        assert_eq!(Kernel::pick(64, 32, true, 8), Kernel::Warp);
+        // 12 vectors a head do not tile a warp; 64 are more than one.
+        assert_eq!(Kernel::pick(96, 96, false, 8), Kernel::Vector);
+        assert_eq!(Kernel::pick(512, 512, false, 8), Kernel::Vector);
+        // Half of 20 rotated dims is not a whole vector of 8; d 100 is not either.
+        assert_eq!(Kernel::pick(64, 20, false, 8), Kernel::Scalar);
+        assert_eq!(Kernel::pick(100, 96, false, 8), Kernel::Scalar);
+        // f32 (4 a vector): d 256 is 64 vectors.
+        assert_eq!(Kernel::pick(128, 128, false, 4), Kernel::Warp);
+        assert_eq!(Kernel::pick(256, 256, true, 4), Kernel::Vector);
+    }
 }

@@ -1,8 +1,9 @@
 // Rotary position embedding, forward and backward (the transpose of the forward). rope_warp
 // (below) serves heads whose vectors tile a warp; rope_vec and rope, one block per token row,
 // the rest. In those the row's cos/sin (one per rotated dim, shared by every head) are computed
-// once into shared memory (dynamic, 8 * d_rot bytes). Defines: TX, LAYOUT (0 bshd, 1 sbhd,
-// 2 thd), INTERLEAVED, BACKWARD.
+// once into shared memory (dynamic, 8 * d_rot bytes). Defines: ROPE_KERNEL (0 rope, 1 rope_vec,
+// 2 rope_warp: the one kernel compiled), TX, LAYOUT (0 bshd, 1 sbhd, 2 thd), INTERLEAVED,
+// BACKWARD.
 
 // The (sequence, position) of token row `row` and whether it belongs to a sequence (thd rows
 // past the last cu_seqlens entry do not); `*pos` is the position plus the sequence's start.
@@ -37,6 +38,7 @@ __device__ __forceinline__ void row_angles(float* cs, const float* freqs, int po
     __syncthreads();
 }
 
+#if ROPE_KERNEL == 0
 extern "C" __global__ void rope(const TX* __restrict__ x, const float* __restrict__ freqs, TX* __restrict__ y,
                                 const i32* __restrict__ cu, const i32* __restrict__ starts, int rows, int batch, int s,
                                 int h, int d, int d_rot) {
@@ -70,6 +72,8 @@ extern "C" __global__ void rope(const TX* __restrict__ x, const float* __restric
         }
     }
 }
+
+#endif
 
 // The vector path: D (head dim) and DROT (rotated dims) known at compile time, 16-byte
 // accesses. A slot is one vector of a head: a rotated vector of the first half together with
@@ -107,6 +111,7 @@ __device__ __forceinline__ int item_row(int item, int batch, int s) {
 }
 __device__ __forceinline__ int row_step(int s) { return LAYOUT == 0 ? s : 1; }
 
+#if ROPE_KERNEL == 1
 // At most 256 threads; registers are capped so that 5 blocks of one row (4 of several) share an
 // SM: a row is little work between two barriers, and more resident rows keep more loads in
 // flight. (H200, s4096 b4 h32 d128 bf16, one run each: 2 rows a block with 4 blocks an SM
@@ -201,6 +206,9 @@ extern "C" __global__ void __launch_bounds__(256, GROUP == 1 ? 5 : 4)
     }
 }
 
+#endif
+
+#if ROPE_KERNEL == 2
 // The warp path: no shared memory and no block barrier. A warp takes HEADS heads of one token
 // row; lane l keeps vector l % SV of every head it takes (SV = D / VE vectors a head, a power of
 // two <= the warp width, checked by the host), so it computes its VE angles' cos / sin once and
@@ -296,3 +304,4 @@ extern "C" __global__ void __launch_bounds__(128)
         }
     }
 }
+#endif
