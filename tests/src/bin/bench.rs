@@ -324,13 +324,23 @@ struct Timer {
 
 /// Seconds of back-to-back calls before a case is timed: 3, or `TEFL_BENCH_WARMUP` (seconds,
 /// 0.1 to 60; the peers' script reads it too), e.g. to fit a full CUDA run with every peer in
-/// a time limit.
+/// a time limit. A value that is not such a number is an error naming it.
+fn checked_warm_up_secs() -> Result<f64, String> {
+    match std::env::var("TEFL_BENCH_WARMUP") {
+        Err(std::env::VarError::NotPresent) => Ok(3.0),
+        Err(std::env::VarError::NotUnicode(v)) => Err(format!("TEFL_BENCH_WARMUP={v:?}: not UTF-8")),
+        Ok(v) => v
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|s| (0.1..=60.0).contains(s))
+            .ok_or_else(|| format!("TEFL_BENCH_WARMUP={v:?}: expected seconds from 0.1 to 60")),
+    }
+}
+
+/// The warm-up's seconds (checked at start: `main` refuses a bad value).
 fn warm_up_secs() -> f64 {
-    std::env::var("TEFL_BENCH_WARMUP")
-        .ok()
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .filter(|s| (0.1..=60.0).contains(s))
-        .unwrap_or(3.0)
+    checked_warm_up_secs().unwrap_or(3.0)
 }
 
 /// Bytes of the L2 flush (H100: 50 MB of L2, H200: 60 MB).
@@ -451,6 +461,10 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
         }
+    }
+    if let Err(e) = checked_warm_up_secs() {
+        eprintln!("bench: {e}");
+        return ExitCode::from(2);
     }
     let _ = tefl_ops::linked_backends();
     let mgr: &'static Manager = Box::leak(Box::new(Manager::new(Registry::with_builtins(), Default::default())));
