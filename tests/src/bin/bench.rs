@@ -320,6 +320,8 @@ struct Timer {
     device: Device,
     /// What each repetition fills first (GPU devices): larger than any last-level cache here.
     flush: Option<std::sync::Arc<dyn Buffer>>,
+    /// Seconds of back-to-back calls before each case is timed.
+    warm_up: f64,
 }
 
 /// Seconds of back-to-back calls before a case is timed: 3, or `TEFL_BENCH_WARMUP` (seconds,
@@ -338,19 +340,14 @@ fn checked_warm_up_secs() -> Result<f64, String> {
     }
 }
 
-/// The warm-up's seconds (checked at start: `main` refuses a bad value).
-fn warm_up_secs() -> f64 {
-    checked_warm_up_secs().unwrap_or(3.0)
-}
-
 /// Bytes of the L2 flush (H100: 50 MB of L2, H200: 60 MB).
 const FLUSH_BYTES: usize = 256 << 20;
 
 impl Timer {
-    fn new(device: Device) -> tefl_core::Result<Self> {
+    fn new(device: Device, warm_up: f64) -> tefl_core::Result<Self> {
         let rt = tefl_core::device::runtime(device.kind)?;
         let flush = if device.is_cpu() { None } else { Some(rt.alloc(device, FLUSH_BYTES)?) };
-        Ok(Timer { rt, device, flush })
+        Ok(Timer { rt, device, flush, warm_up })
     }
 
     /// Warm-up, then the median of up to `reps` timed calls (at least 3, at most ~20 s).
@@ -359,8 +356,8 @@ impl Timer {
         // case has raised its clocks. The H100 under Vulkan needed seconds of steady work:
         // after 0.2 s, and still after 1.5 s, it ran a 4096^3 GEMM about five times slower
         // than after 3 s (the slow phase ends at once, not gradually).
-        let (warm, secs) = (Instant::now(), warm_up_secs());
-        while warm.elapsed().as_secs_f64() < secs {
+        let warm = Instant::now();
+        while warm.elapsed().as_secs_f64() < self.warm_up {
             f()?;
         }
         self.rt.synchronize(self.device)?;
@@ -462,10 +459,13 @@ fn main() -> ExitCode {
             }
         }
     }
-    if let Err(e) = checked_warm_up_secs() {
-        eprintln!("bench: {e}");
-        return ExitCode::from(2);
-    }
+    let warm_up = match checked_warm_up_secs() {
+        Ok(secs) => secs,
+        Err(e) => {
+            eprintln!("bench: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let _ = tefl_ops::linked_backends();
     let mgr: &'static Manager = Box::leak(Box::new(Manager::new(Registry::with_builtins(), Default::default())));
     let Some(info) = mgr.list_backends().into_iter().find(|b| b.name == backend) else {
@@ -500,7 +500,7 @@ fn main() -> ExitCode {
         }
     };
     let ctx = Ctx { mgr, impl_id: impl_id.clone(), device, tensors: std::cell::Cell::new(0) };
-    let timer = match Timer::new(device) {
+    let timer = match Timer::new(device, warm_up) {
         Ok(t) => t,
         Err(e) => {
             eprintln!("bench: {e}");
