@@ -62,14 +62,14 @@ mod tests {
     /// Hopper-only sources) with NVRTC when
     /// libnvrtc is present (no GPU needed; CI installs libnvrtc from the `nvidia-cuda-nvrtc`
     /// wheel), and checks each binary defines every entry point the variant launches, so a
-    /// kernel that does not compile fails here rather than on the GPU machine.
+    /// kernel that does not compile fails here rather than on the GPU machine. The programs
+    /// compile on all cores (half the time of one core on CI's two).
     #[test]
     fn every_kernel_compiles_with_nvrtc() {
         if let Err(reason) = crate::nvrtc::nvrtc_available() {
             eprintln!("skipped: {reason}");
             return;
         }
-        let (mut failures, mut compiled) = (Vec::new(), 0);
         // TEFL_COMPILE_ONLY=attention,norm limits the test to those sources while iterating;
         // TEFL_COMPILE_DUMP=DIR also writes each sm_90 variant's full source there (to read
         // ptxas' register and spill report by hand).
@@ -79,26 +79,37 @@ mod tests {
             .into_iter()
             .filter(|v| only.as_deref().is_none_or(|o| o.split(',').any(|n| n == v.source.name)))
             .collect();
-        for arch in ["sm_80", "sm_90"] {
-            // Arch-specific sources (wgmma) exist for sm_90 only, as sm_90a.
-            for v in variants.iter().filter(|v| !v.source.arch_specific || arch == "sm_90") {
-                let arch = &crate::launch::target_arch(v, arch);
-                if let Some(dir) = dump.as_ref().filter(|_| arch.starts_with("sm_90")) {
-                    let file = dir.join(format!("{}_{compiled}.cu", v.source.name));
-                    std::fs::write(&file, tefl_gpu::variant::full_source(tefl_gpu::Target::Cuda, v))
-                        .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
-                }
-                compiled += 1;
-                match compile(&crate::nvrtc::Nvrtc, v, arch) {
-                    Ok(cubin) => {
-                        for e in v.entries.iter().filter(|e| !binary_has_entry(&cubin, e)) {
-                            failures.push(format!("{arch} {}: no entry {e} ({:?})", v.source.name, v.defines));
-                        }
-                    }
-                    Err(e) => failures.push(format!("{arch} {:?}: {e}", v.defines)),
-                }
+        // Arch-specific sources (wgmma) exist for sm_90 only, as sm_90a.
+        let jobs: Vec<_> = ["sm_80", "sm_90"]
+            .into_iter()
+            .flat_map(|arch| {
+                variants
+                    .iter()
+                    .filter(move |v| !v.source.arch_specific || arch == "sm_90")
+                    .map(move |v| (crate::launch::target_arch(v, arch), v))
+            })
+            .collect();
+        if let Some(dir) = dump.as_ref() {
+            for (i, (_, v)) in jobs.iter().enumerate().filter(|(_, (arch, _))| arch.starts_with("sm_90")) {
+                let file = dir.join(format!("{}_{i}.cu", v.source.name));
+                std::fs::write(&file, tefl_gpu::variant::full_source(tefl_gpu::Target::Cuda, v))
+                    .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
             }
         }
+        let compiled = jobs.len();
+        let failures: Vec<String> =
+            tefl_gpu::rtc::map_on_all_cores(&jobs, |(arch, v)| match compile(&crate::nvrtc::Nvrtc, v, arch) {
+                Ok(cubin) => v
+                    .entries
+                    .iter()
+                    .filter(|e| !binary_has_entry(&cubin, e))
+                    .map(|e| format!("{arch} {}: no entry {e} ({:?})", v.source.name, v.defines))
+                    .collect(),
+                Err(e) => vec![format!("{arch} {:?}: {e}", v.defines)],
+            })
+            .into_iter()
+            .flatten()
+            .collect();
         assert!(failures.is_empty(), "{} of {compiled} failed:\n{}", failures.len(), failures.join("\n"));
     }
 

@@ -51,6 +51,31 @@ pub fn compile(c: &dyn RtcCompiler, variant: &Variant, arch: &str) -> Result<Vec
     c.compile_text(&text, variant.source.path, &c.options(arch)).map_err(|log| compile_error(c, variant, log))
 }
 
+/// Runs `f` on every item on all cores (as many threads as `available_parallelism`), in
+/// item order in the result: the compile tests build hundreds of independent programs, and
+/// NVRTC and hiprtc compile independent programs concurrently.
+pub fn map_on_all_cores<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(items.len()).max(1);
+    let next = AtomicUsize::new(0);
+    let done = Mutex::new(Vec::with_capacity(items.len()));
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(item) = items.get(i) else { break };
+                    let r = f(item);
+                    done.lock().unwrap_or_else(|p| p.into_inner()).push((i, r));
+                }
+            });
+        }
+    });
+    let mut done = done.into_inner().unwrap_or_else(|p| p.into_inner());
+    done.sort_by_key(|(i, _)| *i);
+    done.into_iter().map(|(_, r)| r).collect()
+}
+
 /// The cache key of a compilation: full source (prelude, defines, headers), options, arch,
 /// compiler name and version.
 pub fn cache_key(c: &dyn RtcCompiler, variant: &Variant, arch: &str, version: &str) -> u64 {
@@ -171,6 +196,19 @@ mod tests {
     use super::*;
     use crate::variant::Defines;
     use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn map_on_all_cores_keeps_item_order_and_runs_each_item_once() {
+        let calls = AtomicUsize::new(0);
+        let items: Vec<u64> = (0..257).collect();
+        let out = map_on_all_cores(&items, |x| {
+            calls.fetch_add(1, Ordering::Relaxed);
+            x * x + 1
+        });
+        assert_eq!(out, items.iter().map(|x| x * x + 1).collect::<Vec<_>>());
+        assert_eq!(calls.load(Ordering::Relaxed), items.len());
+        assert!(map_on_all_cores(&[] as &[u8], |x| *x).is_empty());
+    }
 
     /// A compiler that "compiles" to the text's length and counts its calls.
     struct Counting(AtomicUsize);
