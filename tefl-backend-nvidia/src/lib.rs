@@ -63,13 +63,20 @@ mod tests {
     /// libnvrtc is present (no GPU needed; CI installs libnvrtc from the `nvidia-cuda-nvrtc`
     /// wheel), and checks each binary defines every entry point the variant launches, so a
     /// kernel that does not compile fails here rather than on the GPU machine. The programs
-    /// compile on all cores (half the time of one core on CI's two).
+    /// compile in one process per core (`tefl_gpu::rtc::compile_shard`).
     #[test]
     fn every_kernel_compiles_with_nvrtc() {
         if let Err(reason) = crate::nvrtc::nvrtc_available() {
             eprintln!("skipped: {reason}");
             return;
         }
+        let shard = match tefl_gpu::rtc::compile_shard("tests::every_kernel_compiles_with_nvrtc") {
+            tefl_gpu::rtc::ShardRole::Spawned(failures) => {
+                assert!(failures.is_empty(), "{}", failures.join("\n"));
+                return;
+            }
+            tefl_gpu::rtc::ShardRole::Compile(shard) => shard,
+        };
         // TEFL_COMPILE_ONLY=attention,norm limits the test to those sources while iterating;
         // TEFL_COMPILE_DUMP=DIR also writes each sm_90 variant's full source there (to read
         // ptxas' register and spill report by hand).
@@ -89,27 +96,24 @@ mod tests {
                     .map(move |v| (crate::launch::target_arch(v, arch), v))
             })
             .collect();
-        if let Some(dir) = dump.as_ref() {
-            for (i, (_, v)) in jobs.iter().enumerate().filter(|(_, (arch, _))| arch.starts_with("sm_90")) {
+        let mut failures = Vec::new();
+        let mut compiled = 0;
+        for (i, (arch, v)) in jobs.iter().enumerate().filter(|(i, _)| shard.owns(*i)) {
+            if let Some(dir) = dump.as_ref().filter(|_| arch.starts_with("sm_90")) {
                 let file = dir.join(format!("{}_{i}.cu", v.source.name));
                 std::fs::write(&file, tefl_gpu::variant::full_source(tefl_gpu::Target::Cuda, v))
                     .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
             }
+            compiled += 1;
+            match compile(&crate::nvrtc::Nvrtc, v, arch) {
+                Ok(cubin) => {
+                    for e in v.entries.iter().filter(|e| !binary_has_entry(&cubin, e)) {
+                        failures.push(format!("{arch} {}: no entry {e} ({:?})", v.source.name, v.defines));
+                    }
+                }
+                Err(e) => failures.push(format!("{arch} {:?}: {e}", v.defines)),
+            }
         }
-        let compiled = jobs.len();
-        let failures: Vec<String> =
-            tefl_gpu::rtc::map_on_all_cores(&jobs, |(arch, v)| match compile(&crate::nvrtc::Nvrtc, v, arch) {
-                Ok(cubin) => v
-                    .entries
-                    .iter()
-                    .filter(|e| !binary_has_entry(&cubin, e))
-                    .map(|e| format!("{arch} {}: no entry {e} ({:?})", v.source.name, v.defines))
-                    .collect(),
-                Err(e) => vec![format!("{arch} {:?}: {e}", v.defines)],
-            })
-            .into_iter()
-            .flatten()
-            .collect();
         assert!(failures.is_empty(), "{} of {compiled} failed:\n{}", failures.len(), failures.join("\n"));
     }
 

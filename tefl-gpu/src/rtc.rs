@@ -51,29 +51,78 @@ pub fn compile(c: &dyn RtcCompiler, variant: &Variant, arch: &str) -> Result<Vec
     c.compile_text(&text, variant.source.path, &c.options(arch)).map_err(|log| compile_error(c, variant, log))
 }
 
-/// Runs `f` on every item on all cores (as many threads as `available_parallelism`), in
-/// item order in the result: the compile tests build hundreds of independent programs, and
-/// NVRTC and hiprtc compile independent programs concurrently.
-pub fn map_on_all_cores<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(items.len()).max(1);
-    let next = AtomicUsize::new(0);
-    let done = Mutex::new(Vec::with_capacity(items.len()));
-    std::thread::scope(|s| {
-        for _ in 0..threads {
-            s.spawn(|| {
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(item) = items.get(i) else { break };
-                    let r = f(item);
-                    done.lock().unwrap_or_else(|p| p.into_inner()).push((i, r));
-                }
-            });
-        }
+/// Which part of a compile test's programs this process builds ([`compile_shard`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shard {
+    /// This process's part, `0..count`.
+    pub index: usize,
+    /// How many processes share the programs.
+    pub count: usize,
+}
+
+impl Shard {
+    /// Whether job `i` of the list is this shard's (round robin).
+    pub fn owns(&self, i: usize) -> bool {
+        i % self.count == self.index
+    }
+}
+
+/// What [`compile_shard`] decided for this process.
+#[derive(Debug)]
+pub enum ShardRole {
+    /// Build this shard's programs.
+    Compile(Shard),
+    /// Other processes built every program: their failures, empty when all passed.
+    Spawned(Vec<String>),
+}
+
+/// Spreads the compile test `test` (its full libtest name) over one process per core:
+/// hiprtc (ROCm 5.2) corrupts its heap when two threads compile at once, so the test binary
+/// runs itself again, once per shard (`TEFL_COMPILE_SHARD=i/n`, only `test`), and the parent
+/// collects what each reports. A shard that does not report its one test passed is a failure.
+/// One core, or a process that is itself a shard, compiles (its part) in place.
+pub fn compile_shard(test: &str) -> ShardRole {
+    if let Ok(v) = std::env::var("TEFL_COMPILE_SHARD") {
+        let parsed = v.split_once('/').and_then(|(i, n)| Some((i.parse::<usize>().ok()?, n.parse::<usize>().ok()?)));
+        return match parsed {
+            Some((index, count)) if index < count => ShardRole::Compile(Shard { index, count }),
+            _ => ShardRole::Spawned(vec![format!("TEFL_COMPILE_SHARD={v:?}: expected i/n with i < n")]),
+        };
+    }
+    let count = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let exe = match std::env::current_exe() {
+        Ok(exe) if count > 1 => exe,
+        _ => return ShardRole::Compile(Shard { index: 0, count: 1 }),
+    };
+    let outputs: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..count)
+            .map(|index| {
+                let exe = &exe;
+                s.spawn(move || {
+                    std::process::Command::new(exe)
+                        .args([test, "--exact", "--nocapture", "--test-threads=1"])
+                        .env("TEFL_COMPILE_SHARD", format!("{index}/{count}"))
+                        .output()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join()).collect()
     });
-    let mut done = done.into_inner().unwrap_or_else(|p| p.into_inner());
-    done.sort_by_key(|(i, _)| *i);
-    done.into_iter().map(|(_, r)| r).collect()
+    let mut failures = Vec::new();
+    for (index, out) in outputs.into_iter().enumerate() {
+        match out {
+            Ok(Ok(o)) => {
+                let stdout = String::from_utf8_lossy(&o.stdout);
+                if !o.status.success() || !stdout.contains("test result: ok. 1 passed") {
+                    let stderr = String::from_utf8_lossy(&o.stderr);
+                    failures.push(format!("shard {index}/{count} ({}):\n{stdout}\n{stderr}", o.status));
+                }
+            }
+            Ok(Err(e)) => failures.push(format!("shard {index}/{count}: could not run {}: {e}", exe.display())),
+            Err(_) => failures.push(format!("shard {index}/{count}: its waiting thread panicked")),
+        }
+    }
+    ShardRole::Spawned(failures)
 }
 
 /// The cache key of a compilation: full source (prelude, defines, headers), options, arch,
@@ -198,16 +247,12 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     #[test]
-    fn map_on_all_cores_keeps_item_order_and_runs_each_item_once() {
-        let calls = AtomicUsize::new(0);
-        let items: Vec<u64> = (0..257).collect();
-        let out = map_on_all_cores(&items, |x| {
-            calls.fetch_add(1, Ordering::Relaxed);
-            x * x + 1
-        });
-        assert_eq!(out, items.iter().map(|x| x * x + 1).collect::<Vec<_>>());
-        assert_eq!(calls.load(Ordering::Relaxed), items.len());
-        assert!(map_on_all_cores(&[] as &[u8], |x| *x).is_empty());
+    fn shards_split_the_jobs_round_robin() {
+        let shards: Vec<_> = (0..3).map(|index| Shard { index, count: 3 }).collect();
+        for i in 0..10 {
+            assert_eq!(shards.iter().filter(|s| s.owns(i)).count(), 1, "job {i}");
+        }
+        assert!(shards[1].owns(4) && !shards[1].owns(5));
     }
 
     /// A compiler that "compiles" to the text's length and counts its calls.
