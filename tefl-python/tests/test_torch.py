@@ -55,6 +55,72 @@ def test_norms_match_torch(dtype):
     close(wt.grad, wr.grad, dtype)
 
 
+def grads_match(ours, theirs, inputs, dtype):
+    """Runs both modules on clones of ``inputs`` (and a fixed upstream gradient), then checks
+    the outputs, the input gradients and every parameter's gradient (by name) agree."""
+    got_in = [t.clone().requires_grad_() for t in inputs]
+    want_in = [t.clone().requires_grad_() for t in inputs]
+    got, want = ours(*got_in), theirs(*want_in)
+    close(got, want, dtype)
+    dy = randn(*want.shape, dtype=dtype)
+    got.backward(dy)
+    want.backward(dy)
+    for g, w in zip(got_in, want_in):
+        close(g.grad, w.grad, dtype)
+    params = dict(theirs.named_parameters())
+    for name, p in ours.named_parameters():
+        close(p.grad, params[name].grad, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_torch_layers_match_torch_nn(dtype):
+    """Every tefl.torch layer, forward and backward, against the torch.nn layer (or torch's
+    formula) holding the same weights."""
+    kw = dict(device=DEVICE, dtype=dtype)
+    x = randn(3, 17, 96, dtype=dtype)
+    for bias in (True, False):
+        ours = tt.Linear(96, 80, bias=bias, **kw)
+        theirs = torch.nn.Linear(96, 80, bias=bias, **kw)
+        theirs.load_state_dict(ours.state_dict())
+        grads_match(ours, theirs, [x], dtype)
+    ours, theirs = tt.RMSNorm(96, **kw), torch.nn.RMSNorm(96, eps=1e-5, **kw)
+    with torch.no_grad():
+        ours.weight.copy_(randn(96, dtype=dtype))
+    theirs.load_state_dict(ours.state_dict())
+    grads_match(ours, theirs, [x], dtype)
+    ours, theirs = tt.LayerNorm(96, **kw), torch.nn.LayerNorm(96, eps=1e-5, **kw)
+    with torch.no_grad():
+        ours.weight.copy_(randn(96, dtype=dtype))
+        ours.bias.copy_(randn(96, dtype=dtype))
+    theirs.load_state_dict(ours.state_dict())
+    grads_match(ours, theirs, [x], dtype)
+
+    class TorchSwiGLU(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = torch.nn.Linear(96, 2 * 40, bias=True, **kw), torch.nn.Linear(40, 96, bias=True, **kw)
+
+        def forward(self, x):
+            gate, up = self.fc1(x).chunk(2, dim=-1)
+            return self.fc2(F.silu(gate) * up)
+
+    ours, theirs = tt.SwiGLUMLP(96, 40, bias=True, **kw), TorchSwiGLU()
+    theirs.load_state_dict(ours.state_dict())
+    grads_match(ours, theirs, [x], dtype)
+
+    for causal in (True, False):
+
+        class Sdpa(torch.nn.Module):
+            def forward(self, q, k, v):
+                o = F.scaled_dot_product_attention(
+                    q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal, enable_gqa=True
+                )
+                return o.transpose(1, 2)
+
+        q, k, v = randn(2, 33, 4, 64, dtype=dtype), randn(2, 33, 2, 64, dtype=dtype), randn(2, 33, 2, 64, dtype=dtype)
+        grads_match(tt.DotProductAttention(4, causal=causal), Sdpa(), [q, k, v], dtype)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_generic_gemm_matches_torch(dtype):
     A, B = randn(512, 256, dtype=dtype), randn(128, 256, dtype=dtype)

@@ -73,6 +73,7 @@ def _gemm(a, b, transa, transb, bias=None):
             "transb": transb,
             "alpha": 1.0,
             "accumulate": False,
+            "split_accumulator": False,
             "epilogue": "bias" if bias is not None else "none",
             "out_dtype": _dtype(a),
         },
