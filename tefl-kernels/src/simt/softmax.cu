@@ -21,7 +21,17 @@ __device__ __forceinline__ bool masked(const u8* mask, int row, int j, int h, in
 #endif
 }
 
-extern "C" __global__ void __launch_bounds__(BLOCK) softmax_fwd(const TX* __restrict__ x, const u8* __restrict__ mask,
+// On CUDA the fused forward is capped at 32 registers a thread (2048 threads an SM) when its
+// row copy takes at most 16 of them: more rows in flight hide the two block reductions (H100,
+// 2026-11-26, bench, softmax 16384x8192 bf16, blocks of 256 x 4 vectors: 0.218 ms uncapped,
+// 0.217 at 6 blocks an SM, 0.208 at 8). Not with a mask (the 16-bit ones spill 76-248 bytes
+// at 4 vectors) or longer row copies. (HIP's second bound means waves per SIMD: not set there.)
+#if defined(TEFL_TARGET_CUDA) && FUSED && MASK == 0
+#define FWD_MIN_BLOCKS (ROW_VECS * VEC_BYTES <= 64 ? 2048 / BLOCK : 1)
+#else
+#define FWD_MIN_BLOCKS 1
+#endif
+extern "C" __global__ void __launch_bounds__(BLOCK, FWD_MIN_BLOCKS) softmax_fwd(const TX* __restrict__ x, const u8* __restrict__ mask,
                                                              TX* __restrict__ y, int rows, int sq, int sk, int h,
                                                              int mask_batch, float scale) {
     __shared__ float scratch[MAX_WARPS];
