@@ -16,10 +16,10 @@ HERE = pathlib.Path(__file__).parent
 
 
 def run(script_args, **env):
-    e = dict(os.environ)
+    # The checks read INFO log lines: the caller's own TEFL_LOG_LEVEL must not hide them.
+    e = dict(os.environ, TEFL_LOG_LEVEL="INFO")
     e.update(env)
     e["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE / "plugins"), e.get("PYTHONPATH", "")]))
-    e.setdefault("TEFL_LOG_LEVEL", "INFO")
     return subprocess.run([sys.executable, *script_args], capture_output=True, text=True, env=e, timeout=120)
 
 

@@ -202,6 +202,28 @@ def test_tefl_runs_on_the_callers_stream():
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a GPU")
+def test_a_training_step_through_tefl_never_waits_for_the_gpu():
+    """Nothing on the way from tefl.torch to tefl's kernels synchronises with the GPU: torch's
+    sync debug mode raises on any synchronising torch call (a device tensor built from Python
+    values, a device value read back), forward and backward."""
+    kw = dict(device=DEVICE, dtype=torch.bfloat16)
+    norm, proj, mlp = tt.RMSNorm(256, **kw), tt.Linear(256, 256, **kw), tt.SwiGLUMLP(256, 128, **kw)
+    attn = tt.DotProductAttention(4, causal=True)
+    x = randn(2, 64, 256, dtype=torch.bfloat16).requires_grad_()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        h = norm(x)
+        q = h.reshape(2, 64, 4, 64)
+        y = mlp(proj(attn(q, q, q).reshape(2, 64, 256)))
+        y.float().square().sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+    assert x.grad is not None and torch.isfinite(x.grad.float()).all()
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a GPU")
 def test_the_tex_readme_snippet_runs():
     # "Testing Your Backend", as written, with "your_vendor" filled in by tefl's CUDA backend.
     tex.set_backend("nvidia")

@@ -508,7 +508,8 @@ def fused_attn_fwd(
     offset=0,
 ):
     """``-> [O, softmax_lse, rng_state]``: flash attention (online softmax, no sq×sk buffer).
-    rng_state holds the dropout seed and offset for the backward (an int64 pair)."""
+    rng_state holds the dropout seed and offset for the backward (an int64 pair, on the host:
+    neither direction waits for the GPU to read or write it)."""
     _unsupported(
         "fused_attn_fwd",
         bias_type=(bias_type, _no_bias),
@@ -532,12 +533,15 @@ _U64 = (1 << 64) - 1
 
 
 def _rng_state(like, seed, offset):
-    """TE's rng_state: the seed and offset as an int64 pair (u64 values by their bits)."""
+    """TE's rng_state: the seed and offset as an int64 pair (u64 values by their bits). For
+    torch it is a host tensor even when the attention ran on the GPU: building a device one
+    from Python values copies from pageable memory and waits for the stream, and the backward
+    reading it back would wait again (the tensor only carries the pair to the backward)."""
     seed, offset = [v - (1 << 64) if v >= 1 << 63 else v for v in (int(seed), int(offset))]
     if type(like).__module__.startswith("torch"):
         import torch
 
-        return torch.tensor([seed, offset], dtype=torch.int64, device=like.device)
+        return torch.tensor([seed, offset], dtype=torch.int64)
     import numpy as np
 
     return np.array([seed, offset], dtype=np.int64)
@@ -586,8 +590,7 @@ def fused_attn_bwd(
     lse = Aux_CTX_Tensors[0]
     seed, offset = 0, 0
     if len(Aux_CTX_Tensors) > 1 and Aux_CTX_Tensors[1] is not None:
-        rng = Aux_CTX_Tensors[1]
-        seed, offset = int(rng[0]) & _U64, int(rng[1]) & _U64
+        seed, offset = (int(v) & _U64 for v in Aux_CTX_Tensors[1].tolist())
     args = _attn_args(
         Q, K, V, cu_seqlens_q, cu_seqlens_kv, qkv_layout, attn_mask_type, attn_scale, float(p_dropout), seed, offset, window_size
     )
