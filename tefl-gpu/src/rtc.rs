@@ -76,7 +76,7 @@ pub enum ShardRole {
     Spawned(Vec<String>),
 }
 
-/// Spreads the compile test `test` (its full libtest name) over one process per core:
+/// Spreads the compile test `test` (its full libtest name) over one process per core (up to 8):
 /// hiprtc (ROCm 5.2) corrupts its heap when two threads compile at once, so the test binary
 /// runs itself again, once per shard (`TEFL_COMPILE_SHARD=i/n`, only `test`), and the parent
 /// collects what each reports. A shard that does not report its one test passed is a failure.
@@ -89,7 +89,8 @@ pub fn compile_shard(test: &str) -> ShardRole {
             _ => ShardRole::Spawned(vec![format!("TEFL_COMPILE_SHARD={v:?}: expected i/n with i < n")]),
         };
     }
-    let count = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // At most 8: each process holds a compiler of a few hundred MB.
+    let count = std::thread::available_parallelism().map_or(1, |n| n.get()).min(8);
     let exe = match std::env::current_exe() {
         Ok(exe) if count > 1 => exe,
         _ => return ShardRole::Compile(Shard { index: 0, count: 1 }),
