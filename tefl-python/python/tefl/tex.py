@@ -590,7 +590,8 @@ def fused_attn_bwd(
     lse = Aux_CTX_Tensors[0]
     seed, offset = 0, 0
     if len(Aux_CTX_Tensors) > 1 and Aux_CTX_Tensors[1] is not None:
-        seed, offset = (int(v) & _U64 for v in Aux_CTX_Tensors[1].tolist())
+        rng = Aux_CTX_Tensors[1]
+        seed, offset = (int(v) & _U64 for v in (rng.tolist() if hasattr(rng, "tolist") else rng))
     args = _attn_args(
         Q, K, V, cu_seqlens_q, cu_seqlens_kv, qkv_layout, attn_mask_type, attn_scale, float(p_dropout), seed, offset, window_size
     )
