@@ -31,6 +31,12 @@ const ATTN_COOP_STAGES: [(&str, &[&str]); 3] = [
     ("attn_dkdv_coop", &["philox.wgsl", "attn_common.wgsl", "attn_coop.wgsl", "attn_dkdv_coop.wgsl"]),
 ];
 
+/// The subgroup grids (along m, along n) the cooperative-matrix GEMM is built for: each
+/// subgroup computes 64×64 of the product, so a workgroup 64·SGM × 64·SGN.
+const GEMM_COOP_GRIDS: [(u32, u32); 3] = [(2, 2), (2, 4), (4, 2)];
+/// Tile rows per raster group the cooperative-matrix GEMM is built for (1 = plain row order).
+const GEMM_COOP_RASTER_GROUPS: [u32; 2] = [1, 8];
+
 /// A variant: the shader, the files it is made of after `common.wgsl` (in order), and its
 /// constants, in order (`name=value`).
 struct Variant {
@@ -123,15 +129,27 @@ fn variants() -> Vec<Variant> {
         });
     }
     // The product on cooperative matrices, for 16-bit inputs, per pair of transposes (bf16:
-    // the f16 module retyped, see `mark_bfloat16`).
+    // the f16 module retyped, see `retype_coop_operands`), subgroup grid and raster group
+    // (the `gemm_coop` tune configs choose; ops/gemm.rs names the same values).
     for (tx, cx) in [("f16", 1), ("bf16", 2)] {
         for (ta, tb) in [(0u32, 0u32), (0, 1), (1, 0), (1, 1)] {
-            v.push(Variant {
-                shader: "gemm_coop",
-                header: "enable f16;\nenable wgpu_cooperative_matrix;\n",
-                files: &["gemm_params.wgsl", "gemm_coop.wgsl"],
-                consts: vec![("TX", tx.into(), cx), ("TA", ta.to_string(), ta), ("TB", tb.to_string(), tb)],
-            });
+            for (sgm, sgn) in GEMM_COOP_GRIDS {
+                for gm in GEMM_COOP_RASTER_GROUPS {
+                    v.push(Variant {
+                        shader: "gemm_coop",
+                        header: "enable f16;\nenable wgpu_cooperative_matrix;\n",
+                        files: &["gemm_params.wgsl", "gemm_coop.wgsl"],
+                        consts: vec![
+                            ("TX", tx.into(), cx),
+                            ("TA", ta.to_string(), ta),
+                            ("TB", tb.to_string(), tb),
+                            ("SGM", sgm.to_string(), sgm),
+                            ("SGN", sgn.to_string(), sgn),
+                            ("GM", gm.to_string(), gm),
+                        ],
+                    });
+                }
+            }
         }
     }
     // The attention stages on cooperative matrices, per 16-bit dtype and head dim (64 or 128,

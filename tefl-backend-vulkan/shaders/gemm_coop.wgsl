@@ -2,25 +2,29 @@
 // W = alpha·op(A)·op(B) in f32 for 16-bit A and B, the stage 0 of gemm.wgsl on another pipeline
 // (its epilogue stages follow unchanged), or, for a plain product (stage 4), D itself in its
 // 16-bit dtype with no W and no epilogue stage. Constants: TX (f16 or bf16), TA and TB
-// (transposes).
+// (transposes), SGM and SGN (subgroups along m and n), GM (tile rows per raster group).
 //
-// A workgroup of four 32-lane subgroups computes a 128×128 tile of W, each subgroup a 64×64
-// quarter as 4×4 accumulators of 16×16. K goes in steps of KT: each invocation copies its share
-// of the next step's A and B tiles from memory to registers (16 bytes per load) while the
-// subgroups multiply the current step out of shared memory, then stores it to shared memory
-// as it came (16 bytes per store, no conversion). The tiles are arrays of 16-byte units that
-// the fragment loads reinterpret as 16-bit elements: SPV_KHR_cooperative_matrix lets a load's
-// pointer point at another type than the matrix's, with strides in the pointer's units. WGSL
-// (naga) types a loaded matrix by its pointer, so the A and B matrices here are declared f32
-// and build.rs retypes them to the variant's 16-bit type after naga; that also makes the bf16
-// variant, for which WGSL has no type. The tiles hold the sources' elements in the sources' own
-// orientation: a transposed operand is read as a column-major matrix instead of being
-// transposed, so every copy is a straight one.
+// A workgroup of SGM×SGN 32-lane subgroups computes a TM×TN tile of W (TM = 64·SGM,
+// TN = 64·SGN), each subgroup a 64×64 part as 4×4 accumulators of 16×16. K goes in steps of KT:
+// each invocation copies its share of the next step's A and B tiles from memory to registers
+// (16 bytes per load) while the subgroups multiply the current step out of shared memory, then
+// stores it to shared memory as it came (16 bytes per store, no conversion). The tiles are
+// arrays of 16-byte units that the fragment loads reinterpret as 16-bit elements:
+// SPV_KHR_cooperative_matrix lets a load's pointer point at another type than the matrix's,
+// with strides in the pointer's units. WGSL (naga) types a loaded matrix by its pointer, so the
+// A and B matrices here are declared f32 and build.rs retypes them to the variant's 16-bit type
+// after naga; that also makes the bf16 variant, for which WGSL has no type. The tiles hold the
+// sources' elements in the sources' own orientation: a transposed operand is read as a
+// column-major matrix instead of being transposed, so every copy is a straight one.
 //
-// Measured on the H100 (2026-11-25, bf16 8192³): this shape 5.85 ms; the same loop with the
-// copies from memory left out (the multiplies from shared memory alone) 2.45–2.51 ms. The copy,
-// which WGSL can only stage through registers (no asynchronous copies), is what is left to
-// win; KT 64, 256-wide tiles, 32-wide subgroup tiles and double-buffered tiles were all slower.
+// Workgroups take their tiles in raster groups of GM tile rows (column by column within a
+// group), so the workgroups running at once share rows of A and columns of B in the L2 cache;
+// GM = 1 is plain row order.
+//
+// Measured on the H100 (2026-11-25, bf16 8192³, 128×128 tiles): 5.85 ms; the same loop with the
+// copies from memory left out (the multiplies from shared memory alone) 2.45–2.51 ms. KT 64,
+// 32-wide subgroup tiles and double-buffered tiles were all slower; on the H200 (2026-11-26)
+// the 128×256 and 256×128 tiles were 2–10% slower than 128×128, raster groups of 8 1–2% faster.
 //
 // The host takes this path only where every operand row is a whole number of 16-byte chunks
 // (k, and m or n where they are the contiguous dimension, multiples of 8), so a chunk is
@@ -31,33 +35,37 @@
 // D (stage 4): rows of n 16-bit elements, as 16-byte chunks of 8.
 @group(0) @binding(6) var<storage, read_write> d: array<vec4<u32>>;
 
-const TM: u32 = 128u;
-const TN: u32 = 128u;
+const TM: u32 = 64u * SGM;
+const TN: u32 = 64u * SGN;
 const KT: u32 = 32u;
-// Invocations per workgroup: four subgroups of 32.
-const WGS: u32 = 128u;
-// Row strides of the shared tiles in 16-byte units (eight elements): a tile is either 128 rows
-// of KT elements (KT/8 units, padded by 1) or KT rows of 128 elements (16 units, padded by 1).
-// The padding makes the 8 rows a fragment load reads at once fall on different 16-byte bank
-// groups (the strides are odd).
+// Invocations per workgroup: SGM·SGN subgroups of 32.
+const WGS: u32 = 32u * SGM * SGN;
+// Row strides of the shared tiles in 16-byte units (eight elements): a tile is either TM (or
+// TN) rows of KT elements (KT/8 units, padded by 1) or KT rows of TM (or TN) elements (TM/8
+// units, padded by 1). The padding makes the 8 rows a fragment load reads at once fall on
+// different 16-byte bank groups (the strides are odd).
 const SHORT: u32 = KT / 8u + 1u;
-const LONG: u32 = TM / 8u + 1u;
-// 16-byte units per tile (the larger of the two shapes).
-const UNITS: u32 = max(TM * SHORT, KT * LONG);
-// Chunks of 8 elements per invocation and tile: 128·KT / 8 / WGS.
-const CHUNKS: u32 = TM * KT / 8u / WGS;
+const LONG_A: u32 = TM / 8u + 1u;
+const LONG_B: u32 = TN / 8u + 1u;
+// 16-byte units per tile (the larger of its two shapes).
+const UNITS_A: u32 = max(TM * SHORT, KT * LONG_A);
+const UNITS_B: u32 = max(TN * SHORT, KT * LONG_B);
+// Chunks of 8 elements per invocation and tile: TM·KT / 8 / WGS (A), TN·KT / 8 / WGS (B).
+const CHUNKS_A: u32 = TM * KT / 8u / WGS;
+const CHUNKS_B: u32 = TN * KT / 8u / WGS;
 
-var<workgroup> tile_a: array<vec4<f32>, UNITS>;
-var<workgroup> tile_b: array<vec4<f32>, UNITS>;
+var<workgroup> tile_a: array<vec4<f32>, UNITS_A>;
+var<workgroup> tile_b: array<vec4<f32>, UNITS_B>;
 // One 16×16 f32 accumulator per subgroup on its way out (edge tiles of W, and stage 4).
-var<workgroup> stage: array<f32, 1024>;
+var<workgroup> stage: array<f32, 256u * SGM * SGN>;
 
-// The i-th chunk (of CHUNKS) this invocation copies of a tile whose source has `len` rows or
-// columns of W (m for A, n for B) starting at o0: its index in the source (or 0xFFFFFFFF where
-// it is outside) and its unit in the tile. A `short` tile has 128 rows (W's) of KT elements
-// along k, KT/8 chunks each: the source is that operand stored with k contiguous (A, or Bᵀ); a
-// long one has KT rows (k steps) of 128 elements, 16 chunks each (Aᵀ, or B).
-fn chunk(lane: u32, i: u32, short: bool, o0: u32, len: u32, k0: u32) -> vec2<u32> {
+// The i-th chunk this invocation copies of a tile whose source has `len` rows or columns of W
+// (m for A, n for B) starting at o0, `t` of them in the tile (TM or TN): its index in the
+// source (or 0xFFFFFFFF where it is outside) and its unit in the tile. A `short` tile has t
+// rows (W's) of KT elements along k, KT/8 chunks each: the source is that operand stored with k
+// contiguous (A, or Bᵀ); a long one has KT rows (k steps) of t elements, t/8 chunks each (Aᵀ,
+// or B).
+fn chunk(lane: u32, i: u32, short: bool, t: u32, o0: u32, len: u32, k0: u32) -> vec2<u32> {
     let q = lane + i * WGS;
     if (short) {
         let r = q / (KT / 8u);
@@ -65,18 +73,18 @@ fn chunk(lane: u32, i: u32, short: bool, o0: u32, len: u32, k0: u32) -> vec2<u32
         let ok = o0 + r < len && k0 + c * 8u < p.k;
         return vec2<u32>(select(0xFFFFFFFFu, ((o0 + r) * p.k + k0) / 8u + c, ok), r * SHORT + c);
     }
-    let kk = q / 16u;
-    let c = q % 16u;
+    let kk = q / (t / 8u);
+    let c = q % (t / 8u);
     let ok = k0 + kk < p.k && o0 + c * 8u < len;
-    return vec2<u32>(select(0xFFFFFFFFu, ((k0 + kk) * len + o0) / 8u + c, ok), kk * LONG + c);
+    return vec2<u32>(select(0xFFFFFFFFu, ((k0 + kk) * len + o0) / 8u + c, ok), kk * (t / 8u + 1u) + c);
 }
 
 fn chunk_a(lane: u32, i: u32, row0: u32, k0: u32) -> vec2<u32> {
-    return chunk(lane, i, TA == 0u, row0, p.m, k0);
+    return chunk(lane, i, TA == 0u, TM, row0, p.m, k0);
 }
 
 fn chunk_b(lane: u32, i: u32, col0: u32, k0: u32) -> vec2<u32> {
-    return chunk(lane, i, TB == 1u, col0, p.n, k0);
+    return chunk(lane, i, TB == 1u, TN, col0, p.n, k0);
 }
 
 fn fetch_a(at: u32) -> vec4<u32> {
@@ -98,13 +106,13 @@ fn frag_a(r: u32, kk: u32) -> coop_mat16x16<f32, A> {
     if (TA == 0u) {
         return coopLoadT<coop_mat16x16<f32, A>>(&tile_a[r * SHORT + kk / 8u], SHORT);
     }
-    return coopLoad<coop_mat16x16<f32, A>>(&tile_a[kk * LONG + r / 8u], LONG);
+    return coopLoad<coop_mat16x16<f32, A>>(&tile_a[kk * LONG_A + r / 8u], LONG_A);
 }
 
 // Fragment of op(B): k steps kk.., tile columns c...
 fn frag_b(kk: u32, c: u32) -> coop_mat16x16<f32, B> {
     if (TB == 0u) {
-        return coopLoadT<coop_mat16x16<f32, B>>(&tile_b[kk * LONG + c / 8u], LONG);
+        return coopLoadT<coop_mat16x16<f32, B>>(&tile_b[kk * LONG_B + c / 8u], LONG_B);
     }
     return coopLoad<coop_mat16x16<f32, B>>(&tile_b[c * SHORT + kk / 8u], SHORT);
 }
@@ -149,14 +157,30 @@ fn put(m: coop_mat16x16<f32, C>, inside: bool, sg: u32, lane: u32, r: u32, c: u3
     }
 }
 
+// The tile (column, row) of W workgroup `group` of a `grid` computes: raster groups of GM
+// tile rows, each taken column by column.
+fn tile_of(group: vec3<u32>, grid: vec3<u32>) -> vec2<u32> {
+    let id = group.y * grid.x + group.x;
+    let per_group = GM * grid.x;
+    let first = (id / per_group) * GM;
+    let rows = min(grid.y - first, GM);
+    let at = id % per_group;
+    return vec2<u32>(at / rows, first + at % rows);
+}
+
 @compute @workgroup_size(WGS)
-fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
-    let row0 = group.y * TM;
-    let col0 = group.x * TN;
-    // This subgroup's 64×64 quarter of the tile.
+fn main(
+    @builtin(workgroup_id) group: vec3<u32>,
+    @builtin(num_workgroups) grid: vec3<u32>,
+    @builtin(local_invocation_index) lane: u32,
+) {
+    let tile = tile_of(group, grid);
+    let row0 = tile.y * TM;
+    let col0 = tile.x * TN;
+    // This subgroup's 64×64 part of the tile.
     let sg = lane / 32u;
-    let sr = (sg / 2u) * 64u;
-    let sc = (sg % 2u) * 64u;
+    let sr = (sg / SGN) * 64u;
+    let sc = (sg % SGN) * 64u;
     var c00 = coop_mat16x16<f32, C>();
     var c01 = coop_mat16x16<f32, C>();
     var c02 = coop_mat16x16<f32, C>();
@@ -174,22 +198,28 @@ fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
     var c32 = coop_mat16x16<f32, C>();
     var c33 = coop_mat16x16<f32, C>();
     // The next step's chunks, in registers.
-    var ra: array<vec4<u32>, CHUNKS>;
-    var rb: array<vec4<u32>, CHUNKS>;
-    for (var i = 0u; i < CHUNKS; i++) {
+    var ra: array<vec4<u32>, CHUNKS_A>;
+    var rb: array<vec4<u32>, CHUNKS_B>;
+    for (var i = 0u; i < CHUNKS_A; i++) {
         ra[i] = fetch_a(chunk_a(lane, i, row0, 0u).x);
+    }
+    for (var i = 0u; i < CHUNKS_B; i++) {
         rb[i] = fetch_b(chunk_b(lane, i, col0, 0u).x);
     }
     for (var k0 = 0u; k0 < p.k; k0 += KT) {
         workgroupBarrier();
-        for (var i = 0u; i < CHUNKS; i++) {
+        for (var i = 0u; i < CHUNKS_A; i++) {
             tile_a[chunk_a(lane, i, row0, 0u).y] = bitcast<vec4<f32>>(ra[i]);
+        }
+        for (var i = 0u; i < CHUNKS_B; i++) {
             tile_b[chunk_b(lane, i, col0, 0u).y] = bitcast<vec4<f32>>(rb[i]);
         }
         workgroupBarrier();
         if (k0 + KT < p.k) {
-            for (var i = 0u; i < CHUNKS; i++) {
+            for (var i = 0u; i < CHUNKS_A; i++) {
                 ra[i] = fetch_a(chunk_a(lane, i, row0, k0 + KT).x);
+            }
+            for (var i = 0u; i < CHUNKS_B; i++) {
                 rb[i] = fetch_b(chunk_b(lane, i, col0, k0 + KT).x);
             }
         }

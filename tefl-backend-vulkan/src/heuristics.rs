@@ -29,6 +29,102 @@ pub fn cm2_tile_of(c: &TuneConfig, shape: &FlexShape, max_dimension: u32) -> Opt
     Tile::fit(bm, bn, bk, shape, max_dimension)
 }
 
+/// The tile of the subgroup-scope cooperative-matrix GEMM (`shaders/gemm_coop.wgsl`): its
+/// subgroups along m and n (each computes 64×64 of the product) and its raster group (tile
+/// rows taken column by column, so that the workgroups running at once share operand rows and
+/// columns in the L2 cache; 1 = row order).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CoopTile {
+    /// Subgroups along m (the tile has 64 times as many rows).
+    pub sgm: u32,
+    /// Subgroups along n.
+    pub sgn: u32,
+    /// Tile rows per raster group.
+    pub group_m: u32,
+}
+
+/// The subgroup grids `build.rs` compiles `gemm_coop` for.
+const COOP_GRIDS: [(u32, u32); 3] = [(2, 2), (2, 4), (4, 2)];
+/// The raster groups `build.rs` compiles `gemm_coop` for.
+const COOP_RASTER_GROUPS: [u32; 2] = [1, 8];
+
+impl CoopTile {
+    /// Rows of the product per workgroup.
+    pub fn rows(&self) -> u32 {
+        64 * self.sgm
+    }
+
+    /// Columns of the product per workgroup.
+    pub fn cols(&self) -> u32 {
+        64 * self.sgn
+    }
+
+    /// Invocations per workgroup (32-lane subgroups).
+    pub fn invocations(&self) -> u32 {
+        32 * self.sgm * self.sgn
+    }
+
+    /// Bytes of shared memory the shader declares for this tile: the A and B tiles of one k step
+    /// of 32 (16-byte units, in the larger of their two orientations, with a padding unit per
+    /// row) and a 16×16 f32 staging tile per subgroup (as `gemm_coop.wgsl` computes them).
+    pub fn shared_bytes(&self) -> u32 {
+        const KT: u32 = 32;
+        let units = |t: u32| (t * (KT / 8 + 1)).max(KT * (t / 8 + 1));
+        16 * (units(self.rows()) + units(self.cols())) + 1024 * self.sgm * self.sgn
+    }
+
+    /// The shader variant's name for dtype `tx` and transposes.
+    pub fn variant(&self, tx: &str, transa: bool, transb: bool) -> String {
+        format!(
+            "gemm_coop.tx={tx}.ta={}.tb={}.sgm={}.sgn={}.gm={}",
+            u8::from(transa),
+            u8::from(transb),
+            self.sgm,
+            self.sgn,
+            self.group_m
+        )
+    }
+}
+
+/// The tile a `gemm_coop` candidate describes (`block_m`, `block_n`: 128 or 256 each, not both
+/// 256; `group_m` 1 or 8; 128, 128, 8 where unset), where it was built and fits a device with
+/// `max_shared` bytes of shared memory and `max_invocations` per workgroup.
+pub fn coop_tile_of(c: &TuneConfig, max_shared: u32, max_invocations: u32) -> Option<CoopTile> {
+    let (bm, bn) = (int(c, "block_m", 128), int(c, "block_n", 128));
+    let tile = CoopTile { sgm: bm / 64, sgn: bn / 64, group_m: int(c, "group_m", 8) };
+    let built = bm % 64 == 0
+        && bn % 64 == 0
+        && COOP_GRIDS.contains(&(tile.sgm, tile.sgn))
+        && COOP_RASTER_GROUPS.contains(&tile.group_m);
+    (built && tile.shared_bytes() <= max_shared && tile.invocations() <= max_invocations).then_some(tile)
+}
+
+/// The variable that pins the subgroup-scope GEMM's tile: `MxN` or `MxN/G` (block_m, block_n,
+/// group_m as in the `gemm_coop` tune configs; G = 8 where left out). Unset or empty = the tune
+/// configs choose.
+pub const GEMM_TILE_VAR: &str = "TEFL_VULKAN_GEMM_TILE";
+
+/// The `gemm_coop` candidate `TEFL_VULKAN_GEMM_TILE` pins (`None` when unset or empty): a value
+/// that is not `MxN[/G]`, or names a tile that was not built or does not fit the device, is an
+/// error naming the variable.
+pub fn pinned_coop_tile(value: Option<&str>, max_shared: u32, max_invocations: u32) -> Result<Option<CoopTile>> {
+    let Some(v) = value.map(str::trim).filter(|v| !v.is_empty()) else { return Ok(None) };
+    let bad = |why: &str| tefl_core::Error::config(GEMM_TILE_VAR, v, why);
+    let (dims, group) = v.split_once('/').unwrap_or((v, "8"));
+    let (bm, bn) = dims.split_once(['x', 'X']).ok_or_else(|| bad("expected MxN or MxN/G, e.g. 128x256/8"))?;
+    let num = |t: &str| t.trim().parse::<i64>().map_err(|_| bad("expected MxN or MxN/G, e.g. 128x256/8"));
+    let mut c = TuneConfig::new();
+    c.insert("block_m".into(), tefl_core::tuning::TuneValue::Int(num(bm)?));
+    c.insert("block_n".into(), tefl_core::tuning::TuneValue::Int(num(bn)?));
+    c.insert("group_m".into(), tefl_core::tuning::TuneValue::Int(num(group)?));
+    coop_tile_of(&c, max_shared, max_invocations).map(Some).ok_or_else(|| {
+        bad(&format!(
+            "not a built tile that fits this device (M and N 128 or 256, not both 256; G 1 or 8; \
+             {max_shared} bytes of shared memory and {max_invocations} invocations per workgroup)"
+        ))
+    })
+}
+
 /// The shaders `default.vulkan` runs for `op` on `device` (explain's "kernel:" line), for the
 /// ops where that depends on the device: GEMM and attention, on cooperative matrices or the
 /// portable kernels. Opens the device (its enabled extensions decide); `None` for other ops
@@ -95,6 +191,7 @@ pub fn elementwise_workgroup(device: Device) -> Result<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tefl_core::tuning::TuneValue;
 
     /// On the Vulkan device this machine has (lavapipe in CI), explain's kernel line names the
     /// GEMM and attention shaders the device's extensions allow, and nothing for other impls
@@ -114,6 +211,51 @@ mod tests {
         assert_eq!(fwd.starts_with("attn_fwd_coop"), gpu.coop, "{fwd}");
         let f32_gemm = kernel_choice(crate::IMPL_ID, "generic_gemm", device, DType::F32).unwrap();
         assert!(f32_gemm.starts_with("gemm (portable"), "{f32_gemm}");
+    }
+
+    /// The coop tiles are the ones build.rs compiles, sized as the shader declares them, and a
+    /// device with too little shared memory or too few invocations gets none of the large ones.
+    #[test]
+    fn coop_tiles_are_built_ones_that_fit_the_device() {
+        let cfg = |bm: i64, bn: i64, gm: i64| {
+            let mut c = TuneConfig::new();
+            c.insert("block_m".into(), TuneValue::Int(bm));
+            c.insert("block_n".into(), TuneValue::Int(bn));
+            c.insert("group_m".into(), TuneValue::Int(gm));
+            c
+        };
+        let square = coop_tile_of(&TuneConfig::new(), 48 * 1024, 1024).unwrap();
+        assert_eq!(square, CoopTile { sgm: 2, sgn: 2, group_m: 8 });
+        // 128 rows of 5 units and 32 rows of 17, twice, and four 1 KB staging tiles.
+        assert_eq!(square.shared_bytes(), 2 * 16 * 640 + 4096);
+        assert_eq!(square.variant("bf16", true, false), "gemm_coop.tx=bf16.ta=1.tb=0.sgm=2.sgn=2.gm=8");
+        let wide = coop_tile_of(&cfg(128, 256, 1), 48 * 1024, 1024).unwrap();
+        assert_eq!((wide.rows(), wide.cols(), wide.invocations()), (128, 256, 256));
+        assert_eq!(wide.shared_bytes(), 16 * (640 + 1280) + 8192);
+        assert_eq!(coop_tile_of(&cfg(128, 256, 1), 32 * 1024, 1024), None);
+        assert_eq!(coop_tile_of(&cfg(256, 128, 8), 48 * 1024, 128), None);
+        assert_eq!(coop_tile_of(&cfg(256, 256, 8), 1 << 20, 1024), None);
+        assert_eq!(coop_tile_of(&cfg(128, 128, 4), 48 * 1024, 1024), None);
+        assert_eq!(coop_tile_of(&cfg(96, 128, 8), 48 * 1024, 1024), None);
+        for c in TUNE_CONFIGS.table("nvidia").configs("gemm_coop") {
+            assert!(coop_tile_of(c, 48 * 1024, 1024).is_some(), "{c:?} is not a built tile that fits the H100");
+        }
+    }
+
+    #[test]
+    fn the_tile_knob_pins_a_built_tile_and_names_itself_otherwise() {
+        assert_eq!(pinned_coop_tile(None, 48 * 1024, 1024).unwrap(), None);
+        assert_eq!(pinned_coop_tile(Some(" "), 48 * 1024, 1024).unwrap(), None);
+        let t = pinned_coop_tile(Some("128x256"), 48 * 1024, 1024).unwrap().unwrap();
+        assert_eq!(t, CoopTile { sgm: 2, sgn: 4, group_m: 8 });
+        let t = pinned_coop_tile(Some("256X128/1"), 48 * 1024, 1024).unwrap().unwrap();
+        assert_eq!(t, CoopTile { sgm: 4, sgn: 2, group_m: 1 });
+        for bad in ["128", "ax128", "128x128/", "256x256", "128x128/3", "128x-1"] {
+            let e = pinned_coop_tile(Some(bad), 48 * 1024, 1024).unwrap_err().to_string();
+            assert!(e.contains(GEMM_TILE_VAR) && e.contains(bad), "{bad}: {e}");
+        }
+        let e = pinned_coop_tile(Some("128x256"), 32 * 1024, 1024).unwrap_err().to_string();
+        assert!(e.contains("32768 bytes"), "{e}");
     }
 
     #[test]

@@ -22,13 +22,12 @@ use tefl_gpu::tune;
 use super::{MAX_GROUPS, dtype_code, dtype_name};
 use crate::coopmat2::Tile;
 use crate::gpu::{Gpu, Pipeline, gpu};
+use crate::heuristics::{CoopTile, GEMM_TILE_VAR, coop_tile_of, pinned_coop_tile};
 
 /// Bytes of the shader's push constants (fourteen 32-bit fields).
 const PUSH_BYTES: u32 = 56;
 /// Rows and columns of D per workgroup of the product.
 const TILE: usize = 64;
-/// Rows and columns of W per workgroup of the cooperative-matrix product.
-const COOP_TILE: usize = 128;
 /// Invocations per workgroup (the shader's WG).
 const WG: u32 = 256;
 /// Row parts of the bias-gradient column sums.
@@ -50,6 +49,41 @@ fn ep_code(ep: GemmEpilogue) -> u32 {
 type Groups = (u32, u32, u32);
 /// A pipeline and its workgroup grid.
 type Product = (Arc<Pipeline>, Groups);
+
+/// The tile of `family` (`gemm_cm2`, `gemm_coop`) a product runs with: `heuristic`, or with
+/// `TEFL_AUTOTUNE=1` the fastest of the family's candidates that `fit`, timed per bucket (the
+/// variant `what` and power-of-two buckets of m, n and k) by running the product `make` builds.
+#[allow(clippy::too_many_arguments)]
+fn tuned_tile<T: Copy>(
+    ctx: &KernelCtx<'_>,
+    table: &tefl_core::tuning::TuneTable,
+    family: &str,
+    dtype: DType,
+    what: &str,
+    (m, n, k): (usize, usize, usize),
+    fit: &dyn Fn(&TuneConfig) -> Option<T>,
+    make: &dyn Fn(T) -> Result<Product>,
+    run: &dyn Fn(&Pipeline, Groups) -> Result<()>,
+    heuristic: T,
+) -> Result<T> {
+    if !tune::autotune_requested() {
+        return Ok(heuristic);
+    }
+    let cands: Vec<TuneConfig> = table.configs(family).iter().filter(|c| fit(c).is_some()).cloned().collect();
+    let info = tefl_core::device::info(ctx.device)?;
+    let bucket = format!("{what}.m={}.n={}.k={}", m.next_power_of_two(), n.next_power_of_two(), k.next_power_of_two());
+    let key = tune::tune_key(family, dtype, &bucket, &info);
+    let chosen = tune::autotuner().select(
+        &key,
+        &cands,
+        |c| {
+            let (p, groups) = make(fit(c).ok_or_else(|| Error::Tuning("tile does not fit".into()))?)?;
+            tune::measure(ctx.device, &|| run(&p, groups))
+        },
+        TuneConfig::new,
+    );
+    Ok(fit(&chosen).unwrap_or(heuristic))
+}
 
 /// The product on workgroup-scope cooperative matrices (`build/cm2.rs`) for 16-bit inputs of
 /// dtype `tx`, where the device offers them for it. It writes D (`direct`, a 16-bit
@@ -83,24 +117,18 @@ fn cm2_product(
     let Some(heuristic) = table.configs("gemm_cm2").iter().find_map(fit).or_else(|| fit(&TuneConfig::new())) else {
         return Ok(None);
     };
-    let mut tile = heuristic;
-    if tune::autotune_requested() {
-        let cands: Vec<TuneConfig> = table.configs("gemm_cm2").iter().filter(|c| fit(c).is_some()).cloned().collect();
-        let info = tefl_core::device::info(ctx.device)?;
-        let bucket =
-            format!("{tx}.{out}.m={}.n={}.k={}", m.next_power_of_two(), n.next_power_of_two(), k.next_power_of_two());
-        let key = tune::tune_key("gemm_cm2", a.a.dtype(), &bucket, &info);
-        let chosen = tune::autotuner().select(
-            &key,
-            &cands,
-            |c| {
-                let (p, groups) = make(fit(c).ok_or_else(|| Error::Tuning("tile does not fit".into()))?)?;
-                tune::measure(ctx.device, &|| run(&p, groups))
-            },
-            TuneConfig::new,
-        );
-        tile = fit(&chosen).unwrap_or(heuristic);
-    }
+    let tile = tuned_tile(
+        ctx,
+        &table,
+        "gemm_cm2",
+        a.a.dtype(),
+        &format!("{tx}.{out}"),
+        (m, n, k),
+        &fit,
+        &make,
+        run,
+        heuristic,
+    )?;
     match make(tile) {
         Ok(p) => Ok(Some(p)),
         Err(e) => {
@@ -108,6 +136,48 @@ fn cm2_product(
             Ok(None)
         }
     }
+}
+
+/// The product on subgroup-scope cooperative matrices (`shaders/gemm_coop.wgsl`) for 16-bit
+/// inputs of dtype `tx`, writing D (`direct`) or W. The tile is the `gemm_coop` tune configs'
+/// first that fits the device, the one `TEFL_VULKAN_GEMM_TILE` pins, or with `TEFL_AUTOTUNE=1`
+/// the fastest of them per power-of-two bucket of m, n and k (`run` times one product).
+fn coop_product(
+    ctx: &KernelCtx<'_>,
+    gpu: &Gpu,
+    tx: &str,
+    a: &GemmArgs,
+    direct: bool,
+    (m, n, k): (usize, usize, usize),
+    run: &dyn Fn(&Pipeline, Groups) -> Result<()>,
+) -> Result<Product> {
+    let table = crate::heuristics::TUNE_CONFIGS.table(&gpu.physical.arch());
+    let limits = &gpu.physical.limits;
+    let fit = |c: &TuneConfig| {
+        coop_tile_of(c, limits.max_compute_shared_memory_size, limits.max_compute_work_group_invocations)
+    };
+    let make = |t: CoopTile| -> Result<Product> {
+        let p = gpu.pipeline(&t.variant(tx, a.transa, a.transb), 8, PUSH_BYTES)?;
+        // (Fewer tiles than the portable product's 64×64, whose count the caller checked.)
+        Ok((p, (n.div_ceil(t.cols() as usize) as u32, m.div_ceil(t.rows() as usize) as u32, 1)))
+    };
+    // The 128×128 tile fits every device that has cooperative matrices (24 KB of shared memory,
+    // 128 invocations: within Vulkan's required minimums).
+    let heuristic = table.configs("gemm_coop").iter().find_map(fit).unwrap_or(CoopTile { sgm: 2, sgn: 2, group_m: 8 });
+    let pinned = pinned_coop_tile(
+        std::env::var(GEMM_TILE_VAR).ok().as_deref(),
+        limits.max_compute_shared_memory_size,
+        limits.max_compute_work_group_invocations,
+    )?;
+    let tile = match pinned {
+        Some(t) => t,
+        None => {
+            let out = if direct { dtype_name("generic_gemm", "out_dtype", a.out_dtype)? } else { "w" };
+            let what = format!("{tx}.{out}.ta={}.tb={}", u8::from(a.transa), u8::from(a.transb));
+            tuned_tile(ctx, &table, "gemm_coop", a.a.dtype(), &what, (m, n, k), &fit, &make, run, heuristic)?
+        }
+    };
+    make(tile)
 }
 
 /// `generic_gemm`.
@@ -205,9 +275,7 @@ pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
     let (product, product_groups) = if let Some(p) = workgroup_scope {
         p
     } else if let Some(tx) = coop {
-        let groups = (n.div_ceil(COOP_TILE) as u32, m.div_ceil(COOP_TILE) as u32, 1);
-        let name = format!("gemm_coop.tx={tx}.ta={}.tb={}", u8::from(a.transa), u8::from(a.transb));
-        (gpu.pipeline(&name, 8, PUSH_BYTES)?, groups)
+        coop_product(ctx, &gpu, tx, a, direct, (m, n, k), &run_product)?
     } else {
         (pipeline.clone(), (tiles_n as u32, tiles_m as u32, 1))
     };
