@@ -60,45 +60,59 @@ var<workgroup> tile_b: array<vec4<f32>, UNITS_B>;
 var<workgroup> stage: array<f32, 256u * SGM * SGN>;
 
 // The i-th chunk this invocation copies of a tile whose source has `len` rows or columns of W
-// (m for A, n for B) starting at o0, `t` of them in the tile (TM or TN): its index in the
-// source (or 0xFFFFFFFF where it is outside) and its unit in the tile. A `short` tile has t
-// rows (W's) of KT elements along k, KT/8 chunks each: the source is that operand stored with k
-// contiguous (A, or Bᵀ); a long one has KT rows (k steps) of t elements, t/8 chunks each (Aᵀ,
-// or B).
-fn chunk(lane: u32, i: u32, short: bool, t: u32, o0: u32, len: u32, k0: u32) -> vec2<u32> {
+// (m for A, n for B) starting at o0, `t` of them in the tile (TM or TN): its unit in the tile
+// (x), its k offset within the step (y) and its index in the source at the first k step (z;
+// 0xFFFFFFFF where its row or column is outside the source). A `short` tile has t rows (W's) of
+// KT elements along k, KT/8 chunks each: the source is that operand stored with k contiguous
+// (A, or Bᵀ), and a k step moves a chunk KT/8 units on; a long one has KT rows (k steps) of t
+// elements, t/8 chunks each (Aᵀ, or B), and a k step moves a chunk KT rows (KT·len/8 units) on.
+// Computed once: per step a copy only adds the step's offset and checks k (the copies run
+// beside the multiplies and compete with them for instruction issue).
+fn chunk(lane: u32, i: u32, short: bool, t: u32, o0: u32, len: u32) -> vec3<u32> {
     let q = lane + i * WGS;
     if (short) {
         let r = q / (KT / 8u);
         let c = q % (KT / 8u);
-        let ok = o0 + r < len && k0 + c * 8u < p.k;
-        return vec2<u32>(select(0xFFFFFFFFu, ((o0 + r) * p.k + k0) / 8u + c, ok), r * SHORT + c);
+        let at = select(0xFFFFFFFFu, (o0 + r) * (p.k / 8u) + c, o0 + r < len);
+        return vec3<u32>(r * SHORT + c, c * 8u, at);
     }
     let kk = q / (t / 8u);
     let c = q % (t / 8u);
-    let ok = k0 + kk < p.k && o0 + c * 8u < len;
-    return vec2<u32>(select(0xFFFFFFFFu, ((k0 + kk) * len + o0) / 8u + c, ok), kk * (t / 8u + 1u) + c);
+    let at = select(0xFFFFFFFFu, (kk * len + o0) / 8u + c, o0 + c * 8u < len);
+    return vec3<u32>(kk * (t / 8u + 1u) + c, kk, at);
 }
 
-fn chunk_a(lane: u32, i: u32, row0: u32, k0: u32) -> vec2<u32> {
-    return chunk(lane, i, TA == 0u, TM, row0, p.m, k0);
+fn chunk_a(lane: u32, i: u32, row0: u32) -> vec3<u32> {
+    return chunk(lane, i, TA == 0u, TM, row0, p.m);
 }
 
-fn chunk_b(lane: u32, i: u32, col0: u32, k0: u32) -> vec2<u32> {
-    return chunk(lane, i, TB == 1u, TN, col0, p.n, k0);
+fn chunk_b(lane: u32, i: u32, col0: u32) -> vec3<u32> {
+    return chunk(lane, i, TB == 1u, TN, col0, p.n);
 }
 
-fn fetch_a(at: u32) -> vec4<u32> {
-    if (at == 0xFFFFFFFFu) {
+// Units a k step of KT moves a chunk of A (or B) on in its source.
+fn step_a(k0: u32) -> u32 {
+    return select(k0 / 8u, k0 * (p.m / 8u), TA == 1u);
+}
+
+fn step_b(k0: u32) -> u32 {
+    return select(k0 / 8u, k0 * (p.n / 8u), TB == 0u);
+}
+
+// The chunk at source index `at` (at the first k step) moved `step` units on, with k offset
+// `kofs` in the step at k0: zeros where it is outside the source.
+fn fetch_a(at: u32, kofs: u32, k0: u32, step: u32) -> vec4<u32> {
+    if (at == 0xFFFFFFFFu || k0 + kofs >= p.k) {
         return vec4<u32>();
     }
-    return a[at];
+    return a[at + step];
 }
 
-fn fetch_b(at: u32) -> vec4<u32> {
-    if (at == 0xFFFFFFFFu) {
+fn fetch_b(at: u32, kofs: u32, k0: u32, step: u32) -> vec4<u32> {
+    if (at == 0xFFFFFFFFu || k0 + kofs >= p.k) {
         return vec4<u32>();
     }
-    return b[at];
+    return b[at + step];
 }
 
 // Fragment of op(A): tile rows r.. (16 of them), k steps kk.. (16, kk a multiple of 16).
@@ -197,30 +211,39 @@ fn main(
     var c31 = coop_mat16x16<f32, C>();
     var c32 = coop_mat16x16<f32, C>();
     var c33 = coop_mat16x16<f32, C>();
-    // The next step's chunks, in registers.
+    // Each chunk's source index at the first k step, and the next step's chunks, in registers.
+    var at_a: array<u32, CHUNKS_A>;
+    var at_b: array<u32, CHUNKS_B>;
     var ra: array<vec4<u32>, CHUNKS_A>;
     var rb: array<vec4<u32>, CHUNKS_B>;
     for (var i = 0u; i < CHUNKS_A; i++) {
-        ra[i] = fetch_a(chunk_a(lane, i, row0, 0u).x);
+        let ch = chunk_a(lane, i, row0);
+        at_a[i] = ch.z;
+        ra[i] = fetch_a(ch.z, ch.y, 0u, 0u);
     }
     for (var i = 0u; i < CHUNKS_B; i++) {
-        rb[i] = fetch_b(chunk_b(lane, i, col0, 0u).x);
+        let ch = chunk_b(lane, i, col0);
+        at_b[i] = ch.z;
+        rb[i] = fetch_b(ch.z, ch.y, 0u, 0u);
     }
     for (var k0 = 0u; k0 < p.k; k0 += KT) {
         workgroupBarrier();
         for (var i = 0u; i < CHUNKS_A; i++) {
-            tile_a[chunk_a(lane, i, row0, 0u).y] = bitcast<vec4<f32>>(ra[i]);
+            tile_a[chunk_a(lane, i, row0).x] = bitcast<vec4<f32>>(ra[i]);
         }
         for (var i = 0u; i < CHUNKS_B; i++) {
-            tile_b[chunk_b(lane, i, col0, 0u).y] = bitcast<vec4<f32>>(rb[i]);
+            tile_b[chunk_b(lane, i, col0).x] = bitcast<vec4<f32>>(rb[i]);
         }
         workgroupBarrier();
-        if (k0 + KT < p.k) {
+        let next = k0 + KT;
+        if (next < p.k) {
+            let sa = step_a(next);
+            let sb = step_b(next);
             for (var i = 0u; i < CHUNKS_A; i++) {
-                ra[i] = fetch_a(chunk_a(lane, i, row0, k0 + KT).x);
+                ra[i] = fetch_a(at_a[i], chunk_a(lane, i, row0).y, next, sa);
             }
             for (var i = 0u; i < CHUNKS_B; i++) {
-                rb[i] = fetch_b(chunk_b(lane, i, col0, k0 + KT).x);
+                rb[i] = fetch_b(at_b[i], chunk_b(lane, i, col0).y, next, sb);
             }
         }
         for (var kk = 0u; kk < KT; kk += 16u) {
