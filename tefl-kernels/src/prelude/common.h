@@ -104,7 +104,6 @@ __device__ __forceinline__ float block_sum_alternating(float v, float* scratch, 
     return block_reduce_alternating<warp_sum>(v, scratch, turn, 0.0f);
 }
 
-
 __device__ __forceinline__ float block_max(float v, float* scratch) {
     return block_reduce<warp_max>(v, scratch, -__int_as_float(0x7f800000));
 }
