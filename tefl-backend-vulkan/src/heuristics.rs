@@ -99,6 +99,18 @@ pub fn coop_tile_of(c: &TuneConfig, max_shared: u32, max_invocations: u32) -> Op
     (built && tile.shared_bytes() <= max_shared && tile.invocations() <= max_invocations).then_some(tile)
 }
 
+/// The tile the subgroup-scope GEMM takes on a device of `arch` without autotuning: the first
+/// `gemm_coop` tune config that fits, else 128×128 in raster groups of 8 (24 KB of shared memory
+/// and 128 invocations: within what Vulkan requires of every device).
+pub fn heuristic_coop_tile(arch: &str, max_shared: u32, max_invocations: u32) -> CoopTile {
+    TUNE_CONFIGS
+        .table(arch)
+        .configs("gemm_coop")
+        .iter()
+        .find_map(|c| coop_tile_of(c, max_shared, max_invocations))
+        .unwrap_or(CoopTile { sgm: 2, sgn: 2, group_m: 8 })
+}
+
 /// The variable that pins the subgroup-scope GEMM's tile: `MxN` or `MxN/G` (block_m, block_n,
 /// group_m as in the `gemm_coop` tune configs; G = 8 where left out). Unset or empty = the tune
 /// configs choose.
@@ -151,10 +163,33 @@ pub fn kernel_choice(impl_id: &str, op: &str, device: Device, dtype: DType) -> O
              k (and m or n where contiguous) are multiples of 8, else {portable_gemm}; then its epilogue stage unless \
              the product writes D"
         ),
-        "generic_gemm" if coop => format!(
-            "gemm_coop (subgroup-scope cooperative matrices, VK_KHR_cooperative_matrix) where k (and m or n where \
-             contiguous) are multiples of 8, else {portable_gemm}; then its epilogue stage unless the product writes D"
-        ),
+        "generic_gemm" if coop => {
+            let limits = &gpu.physical.limits;
+            let (shared, invocations) =
+                (limits.max_compute_shared_memory_size, limits.max_compute_work_group_invocations);
+            let pinned = pinned_coop_tile(std::env::var(GEMM_TILE_VAR).ok().as_deref(), shared, invocations);
+            let tile = match pinned {
+                Ok(Some(t)) => {
+                    format!("{}x{} tiles in raster groups of {} ({GEMM_TILE_VAR})", t.rows(), t.cols(), t.group_m)
+                }
+                Err(e) => format!("no tile: {e}"),
+                Ok(None) => {
+                    let t = heuristic_coop_tile(&gpu.physical.arch(), shared, invocations);
+                    format!(
+                        "{}x{} tiles in raster groups of {} (the first gemm_coop tune config that fits; TEFL_AUTOTUNE=1 \
+                         times them per shape)",
+                        t.rows(),
+                        t.cols(),
+                        t.group_m
+                    )
+                }
+            };
+            format!(
+                "gemm_coop (subgroup-scope cooperative matrices, VK_KHR_cooperative_matrix; {tile}) where k (and m or \
+                 n where contiguous) are multiples of 8, else {portable_gemm}; then its epilogue stage unless the \
+                 product writes D"
+            )
+        }
         "generic_gemm" => format!("{portable_gemm}, then its epilogue stage unless the product writes D"),
         "fused_attn_fwd" if coop => {
             "attn_fwd_coop (cooperative matrices) for head dim 64 or 128, attn_fwd (one query row an invocation) \
@@ -237,6 +272,11 @@ mod tests {
         assert_eq!(coop_tile_of(&cfg(256, 256, 8), 1 << 20, 1024), None);
         assert_eq!(coop_tile_of(&cfg(128, 128, 4), 48 * 1024, 1024), None);
         assert_eq!(coop_tile_of(&cfg(96, 128, 8), 48 * 1024, 1024), None);
+        // The first config that fits: 128x128 in raster groups of 8 on NVIDIA (the H200's
+        // fastest); a device too small for every config gets that tile too.
+        let first = CoopTile { sgm: 2, sgn: 2, group_m: 8 };
+        assert_eq!(heuristic_coop_tile("nvidia", 48 * 1024, 1024), first);
+        assert_eq!(heuristic_coop_tile("nvidia", 16 * 1024, 128), first);
         for c in TUNE_CONFIGS.table("nvidia").configs("gemm_coop") {
             assert!(coop_tile_of(c, 48 * 1024, 1024).is_some(), "{c:?} is not a built tile that fits the H100");
         }

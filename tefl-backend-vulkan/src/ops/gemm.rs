@@ -22,7 +22,7 @@ use tefl_gpu::tune;
 use super::{MAX_GROUPS, dtype_code, dtype_name};
 use crate::coopmat2::Tile;
 use crate::gpu::{Gpu, Pipeline, gpu};
-use crate::heuristics::{CoopTile, GEMM_TILE_VAR, coop_tile_of, pinned_coop_tile};
+use crate::heuristics::{CoopTile, GEMM_TILE_VAR, coop_tile_of, heuristic_coop_tile, pinned_coop_tile};
 
 /// Bytes of the shader's push constants (fourteen 32-bit fields).
 const PUSH_BYTES: u32 = 56;
@@ -161,9 +161,11 @@ fn coop_product(
         // (Fewer tiles than the portable product's 64×64, whose count the caller checked.)
         Ok((p, (n.div_ceil(t.cols() as usize) as u32, m.div_ceil(t.rows() as usize) as u32, 1)))
     };
-    // The 128×128 tile fits every device that has cooperative matrices (24 KB of shared memory,
-    // 128 invocations: within Vulkan's required minimums).
-    let heuristic = table.configs("gemm_coop").iter().find_map(fit).unwrap_or(CoopTile { sgm: 2, sgn: 2, group_m: 8 });
+    let heuristic = heuristic_coop_tile(
+        &gpu.physical.arch(),
+        limits.max_compute_shared_memory_size,
+        limits.max_compute_work_group_invocations,
+    );
     let pinned = pinned_coop_tile(
         std::env::var(GEMM_TILE_VAR).ok().as_deref(),
         limits.max_compute_shared_memory_size,
