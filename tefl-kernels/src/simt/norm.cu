@@ -57,8 +57,9 @@ __device__ __forceinline__ void store_fp8(u8* dst, const float* o, float qs, flo
 // still faster). Other layernorms are capped at 1536 threads an SM, which leaves them room for
 // the second pass over the row (H100, 2026-11-26, bench, layernorm fwd 16384x8192 bf16, two
 // runs, blocks of 256 an SM: 8 0.203 / 0.203 ms, 7 0.203 / 0.204, 6 0.192 / 0.192, 5 0.199 /
-// 0.200, 4 0.217 / 0.217; rmsnorm 0.186 at 8, 7 and 6, 0.191 at 5 and 4). (HIP's second bound
-// means waves per SIMD: not set there.)
+// 0.200, 4 0.217 / 0.217; rmsnorm 0.186 at 8, 7 and 6, 0.191 at 5 and 4; H200, 2026-11-26,
+// with one barrier per reduction, layernorm at 5 / 6 / 7 / 8 blocks: 0.165 / 0.156 / 0.174 /
+// 0.175 ms, the same twice). (HIP's second bound means waves per SIMD: not set there.)
 #if defined(TEFL_TARGET_CUDA)
 #define FWD_MIN_BLOCKS ((IS_LN && sizeof(TG) == 4 && sizeof(TX) == 2) ? 1 : (IS_LN ? 1536 : 2048) / BLOCK)
 #else
