@@ -282,6 +282,23 @@ mod tests {
         }
     }
 
+    /// Every tile the host may pick has its shader variants, for both dtypes and all four
+    /// transpose pairs (build.rs keeps its own list of grids and raster groups).
+    #[test]
+    fn every_coop_tile_has_its_shader_variants() {
+        for (sgm, sgn) in COOP_GRIDS {
+            for group_m in COOP_RASTER_GROUPS {
+                let t = CoopTile { sgm, sgn, group_m };
+                for tx in ["f16", "bf16"] {
+                    for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+                        let name = t.variant(tx, ta, tb);
+                        assert!(crate::gpu::SHADERS.iter().any(|(n, _)| *n == name), "{name} was not built");
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn the_tile_knob_pins_a_built_tile_and_names_itself_otherwise() {
         assert_eq!(pinned_coop_tile(None, 48 * 1024, 1024).unwrap(), None);
