@@ -71,18 +71,24 @@ __device__ __forceinline__ void amax_reduce(float m, float* amax) {
     if (lane_id() == 0 && b != 0) atomicMax((int*)amax, b);
 }
 
+// The end of a block reduction: each warp's total (`warp_total`) into `slots`, a barrier, then
+// every warp reduces the slots.
+template <float (*WarpReduce)(float)>
+__device__ __forceinline__ float reduce_warp_totals(float warp_total, float* slots, float identity) {
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    if (lane == 0) slots[warp] = warp_total;
+    __syncthreads();
+    return WarpReduce(lane < (int)(blockDim.x / WARP_SIZE) ? slots[lane] : identity);
+}
 // Reduces v over the block with a warp reduction (blockDim.x a multiple of WARP_SIZE;
 // `identity` stands in for absent warps); `scratch` holds >= MAX_WARPS floats. Every thread gets the
 // result. Safe to call repeatedly with the same scratch.
 template <float (*WarpReduce)(float)>
 __device__ __forceinline__ float block_reduce(float v, float* scratch, float identity) {
-    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
-    const int nwarps = blockDim.x / WARP_SIZE;
     v = WarpReduce(v);
+    // (No warp may overwrite the slots while a slower one still reads a previous call's.)
     __syncthreads();
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    return WarpReduce(lane < nwarps ? scratch[lane] : identity);
+    return reduce_warp_totals<WarpReduce>(v, scratch, identity);
 }
 __device__ __forceinline__ float block_sum(float v, float* scratch) { return block_reduce<warp_sum>(v, scratch, 0.0f); }
 // block_reduce with one barrier instead of two, for loops that reduce on every iteration:
@@ -92,13 +98,9 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) { return blo
 // (The softmax forward's max and sum this way measured no faster on the H200, 2026-11-26.)
 template <float (*WarpReduce)(float)>
 __device__ __forceinline__ float block_reduce_alternating(float v, float* scratch, int& turn, float identity) {
-    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     float* half = scratch + turn * MAX_WARPS;
     turn ^= 1;
-    v = WarpReduce(v);
-    if (lane == 0) half[warp] = v;
-    __syncthreads();
-    return WarpReduce(lane < (int)(blockDim.x / WARP_SIZE) ? half[lane] : identity);
+    return reduce_warp_totals<WarpReduce>(WarpReduce(v), half, identity);
 }
 __device__ __forceinline__ float block_sum_alternating(float v, float* scratch, int& turn) {
     return block_reduce_alternating<warp_sum>(v, scratch, turn, 0.0f);
