@@ -137,6 +137,23 @@ pub fn pinned_coop_tile(value: Option<&str>, max_shared: u32, max_invocations: u
     })
 }
 
+/// What a device allows a `gemm_coop` tile: bytes of shared memory and invocations per
+/// workgroup.
+pub fn coop_limits(physical: &crate::context::PhysicalInfo) -> (u32, u32) {
+    (physical.limits.max_compute_shared_memory_size, physical.limits.max_compute_work_group_invocations)
+}
+
+/// The tile the subgroup-scope GEMM takes on `physical` before any autotuning, and whether
+/// `TEFL_VULKAN_GEMM_TILE` pinned it (else it is [`heuristic_coop_tile`]'s); a bad value of
+/// the variable is its error.
+pub fn coop_tile(physical: &crate::context::PhysicalInfo) -> Result<(CoopTile, bool)> {
+    let (shared, invocations) = coop_limits(physical);
+    Ok(match pinned_coop_tile(std::env::var(GEMM_TILE_VAR).ok().as_deref(), shared, invocations)? {
+        Some(t) => (t, true),
+        None => (heuristic_coop_tile(&physical.arch(), shared, invocations), false),
+    })
+}
+
 /// The shaders `default.vulkan` runs for `op` on `device` (explain's "kernel:" line), for the
 /// ops where that depends on the device: GEMM and attention, on cooperative matrices or the
 /// portable kernels. Opens the device (its enabled extensions decide); `None` for other ops
@@ -164,25 +181,18 @@ pub fn kernel_choice(impl_id: &str, op: &str, device: Device, dtype: DType) -> O
              the product writes D"
         ),
         "generic_gemm" if coop => {
-            let limits = &gpu.physical.limits;
-            let (shared, invocations) =
-                (limits.max_compute_shared_memory_size, limits.max_compute_work_group_invocations);
-            let pinned = pinned_coop_tile(std::env::var(GEMM_TILE_VAR).ok().as_deref(), shared, invocations);
-            let tile = match pinned {
-                Ok(Some(t)) => {
+            let tile = match coop_tile(&gpu.physical) {
+                Ok((t, true)) => {
                     format!("{}x{} tiles in raster groups of {} ({GEMM_TILE_VAR})", t.rows(), t.cols(), t.group_m)
                 }
+                Ok((t, false)) => format!(
+                    "{}x{} tiles in raster groups of {} (the first gemm_coop tune config that fits; TEFL_AUTOTUNE=1 \
+                     times them per shape)",
+                    t.rows(),
+                    t.cols(),
+                    t.group_m
+                ),
                 Err(e) => format!("no tile: {e}"),
-                Ok(None) => {
-                    let t = heuristic_coop_tile(&gpu.physical.arch(), shared, invocations);
-                    format!(
-                        "{}x{} tiles in raster groups of {} (the first gemm_coop tune config that fits; TEFL_AUTOTUNE=1 \
-                         times them per shape)",
-                        t.rows(),
-                        t.cols(),
-                        t.group_m
-                    )
-                }
             };
             format!(
                 "gemm_coop (subgroup-scope cooperative matrices, VK_KHR_cooperative_matrix; {tile}) where k (and m or \

@@ -22,7 +22,7 @@ use tefl_gpu::tune;
 use super::{MAX_GROUPS, dtype_code, dtype_name};
 use crate::coopmat2::Tile;
 use crate::gpu::{Gpu, Pipeline, gpu};
-use crate::heuristics::{CoopTile, GEMM_TILE_VAR, coop_tile_of, heuristic_coop_tile, pinned_coop_tile};
+use crate::heuristics::{CoopTile, coop_limits, coop_tile, coop_tile_of};
 
 /// Bytes of the shader's push constants (fourteen 32-bit fields).
 const PUSH_BYTES: u32 = 56;
@@ -152,28 +152,16 @@ fn coop_product(
     run: &dyn Fn(&Pipeline, Groups) -> Result<()>,
 ) -> Result<Product> {
     let table = crate::heuristics::TUNE_CONFIGS.table(&gpu.physical.arch());
-    let limits = &gpu.physical.limits;
-    let fit = |c: &TuneConfig| {
-        coop_tile_of(c, limits.max_compute_shared_memory_size, limits.max_compute_work_group_invocations)
-    };
+    let (shared, invocations) = coop_limits(&gpu.physical);
+    let fit = |c: &TuneConfig| coop_tile_of(c, shared, invocations);
     let make = |t: CoopTile| -> Result<Product> {
         let p = gpu.pipeline(&t.variant(tx, a.transa, a.transb), 8, PUSH_BYTES)?;
         // (Fewer tiles than the portable product's 64×64, whose count the caller checked.)
         Ok((p, (n.div_ceil(t.cols() as usize) as u32, m.div_ceil(t.rows() as usize) as u32, 1)))
     };
-    let heuristic = heuristic_coop_tile(
-        &gpu.physical.arch(),
-        limits.max_compute_shared_memory_size,
-        limits.max_compute_work_group_invocations,
-    );
-    let pinned = pinned_coop_tile(
-        std::env::var(GEMM_TILE_VAR).ok().as_deref(),
-        limits.max_compute_shared_memory_size,
-        limits.max_compute_work_group_invocations,
-    )?;
-    let tile = match pinned {
-        Some(t) => t,
-        None => {
+    let tile = match coop_tile(&gpu.physical)? {
+        (t, true) => t,
+        (heuristic, false) => {
             let out = if direct { dtype_name("generic_gemm", "out_dtype", a.out_dtype)? } else { "w" };
             let what = format!("{tx}.{out}.ta={}.tb={}", u8::from(a.transa), u8::from(a.transb));
             tuned_tile(ctx, &table, "gemm_coop", a.a.dtype(), &what, (m, n, k), &fit, &make, run, heuristic)?
