@@ -57,6 +57,19 @@ __device__ __forceinline__ void tile_keys(const Seq& s, int q0, int rows, int* l
     *lo = l; *hi = h;
 }
 
+// Work item w of `tiles` tiles per head row (one head of one sequence) x `rows` head rows, in
+// an order that ends a launch evenly: within groups of `group` head rows (few enough that the
+// tiles they all read stay in L2 while the group runs), every row's rank-0 tile (the one with
+// the most work under causal masks) first, then every row's rank 1, and so on; the last group
+// may be smaller. Gives the item's rank and head row.
+__device__ __forceinline__ void heavy_first(int w, int tiles, int rows, int group, int* rank, int* row) {
+    const int first = w / (tiles * group) * group;
+    const int n = min(group, rows - first);
+    const int r = w - first * tiles;
+    *rank = r / n;
+    *row = first + r % n;
+}
+
 // A run of query rows [first, first + rows) see every key of [j0, j0 + n): no per-element
 // mask. The key bounds are monotone in the query, so the first row's hi and the last row's
 // lo decide (a row past the sequence has hi = 0).

@@ -28,7 +28,10 @@
 //
 // Defines: those of the attention sources (T, D, LAYOUT, CAUSAL, BOTTOM_RIGHT, PADDING,
 // WIN_LEFT, WIN_RIGHT, DROPOUT; the host only picks this kernel for bshd / sbhd, no padding,
-// no dropout, D 64 or 128, 16-bit T), T_F16 (T is f16, else bf16), STAGES (query-tile stages).
+// no dropout, D 64 or 128, 16-bit T), T_F16 (T is f16, else bf16), STAGES (query-tile stages),
+// HEAD_GROUP (kv heads per scheduling group). The grid is one-dimensional: CTA i takes the key
+// block and kv head of item i in heavy_first's order (key block 0 sees the most query tiles
+// under causal masks), so the launch ends on light blocks.
 
 #define BN 128                    // keys per CTA
 #define BM 64                     // queries per tile
@@ -188,7 +191,9 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
         mbar_init_fence();
     }
     __syncthreads();
-    const int b = blockIdx.z, hkv = blockIdx.y, j0 = blockIdx.x * BN;
+    int rank, row;
+    heavy_first(blockIdx.x, (p.sk + BN - 1) / BN, p.hk * p.batch, HEAD_GROUP, &rank, &row);
+    const int b = row / p.hk, hkv = row % p.hk, j0 = rank * BN;
     const int group = p.hq / p.hk;
     const Seq s = seq_of(b, p.batch, p.sq, p.sk, nullptr, nullptr);
     const int nk = max(0, min(BN, s.lk - j0));

@@ -19,7 +19,8 @@
 //
 // Defines: those of the attention sources (T, D, LAYOUT, CAUSAL, BOTTOM_RIGHT, PADDING,
 // WIN_LEFT, WIN_RIGHT, DROPOUT; the host only picks this kernel for bshd / sbhd, no padding,
-// no dropout, D 64 or 128, 16-bit T), T_F16 (T is f16, else bf16), STAGES (K and V stages).
+// no dropout, D 64 or 128, 16-bit T), T_F16 (T is f16, else bf16), STAGES (K and V stages),
+// HEAD_GROUP (heads per scheduling group, heavy_first).
 
 #define BM 128
 #define BC 128
@@ -159,9 +160,9 @@ __device__ __forceinline__ void pack_p(u32 (*pa)[4], const float* sc) {
         for (int r = 0; r < 4; ++r) pa[kk][r] = pack2_f32<T>(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1]);
 }
 
-// Work item w (of nq query tiles x hq heads x batch): query tiles fastest, from the last (which
-// sees the most keys under causal masks) to the first, then heads, then sequences: the CTAs
-// running at once share few heads' K and V (they stay in L2). With its sequence and the keys
+// Work item w (of nq query tiles x hq heads x batch), in heavy_first's order over HEAD_GROUP
+// heads (the CTAs running at once share few heads' K and V, which stay in L2): rank 0 is the
+// last query tile, which sees the most keys under causal masks. With its sequence and the keys
 // [blo, bhi) its rows see; the producer and the consumers both decode items with it.
 struct Work {
     int b, h, q0, blo, bhi;
@@ -169,9 +170,11 @@ struct Work {
 };
 __device__ __forceinline__ Work work_item(const AttnParams& p, int w) {
     Work k;
-    k.q0 = (p.tiles_q - 1 - w % p.tiles_q) * BM;
-    k.h = (w / p.tiles_q) % p.hq;
-    k.b = w / (p.tiles_q * p.hq);
+    int rank, row;
+    heavy_first(w, p.tiles_q, p.hq * p.batch, HEAD_GROUP, &rank, &row);
+    k.q0 = (p.tiles_q - 1 - rank) * BM;
+    k.h = row % p.hq;
+    k.b = row / p.hq;
     k.s = seq_of(k.b, p.batch, p.sq, p.sk, nullptr, nullptr);
     tile_keys(k.s, k.q0, BM, &k.blo, &k.bhi);
     return k;
