@@ -83,6 +83,13 @@ __device__ __forceinline__ unsigned long long wgmma_desc(u32 addr, u32 lead_byte
     return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)((lead_bytes & 0x3FFFF) >> 4) << 16) |
            ((unsigned long long)((stride_bytes & 0x3FFFF) >> 4) << 32) | (1ull << 62);
 }
+// x, opaque to the compiler: descriptors derived from it where an MMA needs them are computed
+// there (a few uniform-datapath instructions) instead of being hoisted out of a loop, where,
+// under the consumers' register pressure, they are spilled and reloaded just before the MMA.
+__device__ __forceinline__ u32 opaque(u32 x) {
+    asm volatile("mov.b32 %0, %1;" : "=r"(x) : "r"(x));
+    return x;
+}
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 // Waits until at most N committed groups of this warpgroup are still in flight.

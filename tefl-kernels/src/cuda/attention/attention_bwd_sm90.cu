@@ -225,7 +225,6 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const float scale2 = p.scale * 1.4426950408889634f;
     const int kw = j0 + 64 * c;  // this consumer's first key; the thread's are kw + 16 warp + g (+8)
-    const u32 k_c = k_s + c * 64 * 128, v_c = v_s + c * 64 * 128;
     const float* lse = reinterpret_cast<const float*>(p.lse);
     const float* delta = reinterpret_cast<const float*>(p.delta);
     // Accumulator i of a 64 x N wgmma tile is row 16 warp + g + 8 ((i / 2) % 2), column
@@ -243,6 +242,10 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
             if (!tile_visible(s, i0, j0, nk)) continue;
             const int st = n % STAGES;
             const u32 q = Q_S(st), d_o = DO_S(st), ds = DS_S(n % 2);
+            // K and V (shared memory) of this tile's products: their descriptors are recomputed
+            // per tile (opaque), not kept in registers across the loop (ptxas spilled them).
+            const u32 k_t = opaque(k_s), v_t = opaque(v_s);
+            const u32 k_c = k_t + c * 64 * 128, v_c = v_t + c * 64 * 128;
             // The tile's lse (threads 0-63) and delta (64-127) rows, one a thread, loaded while
             // the products run: nothing uses the value before they are issued (the load is in
             // flight through their issue).
@@ -311,15 +314,22 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
             mm_rs(dv, pa, d_o);
             wgmma_commit();
             // dSᵀ = Pᵀ (dPᵀ - delta); its 16-bit rows into shared memory for the dQ product.
+            // The delta pairs loaded four at a time: one shared-memory latency per four pairs, not
+            // one per pair (the loads and the dSᵀ stores are ordered asm, so the compiler does
+            // not mix them; all eight at once made ptxas spill).
             u32 da[BM / 16][4];
+            float2 dl[4];
 #pragma unroll
             for (int j = 0; j < BM / 8; ++j) {
-                const float2 dl = lds_f32x2(DEL_S(c) + 4 * (8 * j + 2 * t));
+                if (j % 4 == 0) {
+#pragma unroll
+                    for (int u = 0; u < 4; ++u) dl[u] = lds_f32x2(DEL_S(c) + 4 * (8 * (j + u) + 2 * t));
+                }
 #pragma unroll
                 for (int x = 0; x < 2; ++x) {
                     const int i = 4 * j + 2 * x;
-                    dp[i] = sc[i] * (dp[i] - dl.x);
-                    dp[i + 1] = sc[i + 1] * (dp[i + 1] - dl.y);
+                    dp[i] = sc[i] * (dp[i] - dl[j % 4].x);
+                    dp[i + 1] = sc[i + 1] * (dp[i + 1] - dl[j % 4].y);
                     const u32 w = pack2_f32<T>(dp[i], dp[i + 1]);
                     const int row = 64 * c + 16 * warp + g + 8 * x;
                     sts_u32(ds + row * 128 + ((j ^ g) << 4) + 4 * t, w);
@@ -335,9 +345,9 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
             float dq[32];
             wgmma_fence();
 #if D == 128
-            mm_tt<8>(dq, ds, k_s + c * K_BOX);
+            mm_tt<8>(dq, ds, k_t + c * K_BOX);
 #else
-            mm_tt<4>(dq, ds + c * 64 * 128, k_s + c * 64 * 128);
+            mm_tt<4>(dq, ds + c * 64 * 128, k_c);
 #endif
             wgmma_commit();
             mm_rs(dk, da, q);
