@@ -182,16 +182,14 @@ pub fn kernel_choice(impl_id: &str, op: &str, device: Device, dtype: DType) -> O
         ),
         "generic_gemm" if coop => {
             let tile = match coop_tile(&gpu.physical) {
-                Ok((t, true)) => {
-                    format!("{}x{} tiles in raster groups of {} ({GEMM_TILE_VAR})", t.rows(), t.cols(), t.group_m)
+                Ok((t, pinned)) => {
+                    let from = if pinned {
+                        GEMM_TILE_VAR
+                    } else {
+                        "the first gemm_coop tune config that fits; TEFL_AUTOTUNE=1 times them per shape"
+                    };
+                    format!("{}x{} tiles in raster groups of {} ({from})", t.rows(), t.cols(), t.group_m)
                 }
-                Ok((t, false)) => format!(
-                    "{}x{} tiles in raster groups of {} (the first gemm_coop tune config that fits; TEFL_AUTOTUNE=1 \
-                     times them per shape)",
-                    t.rows(),
-                    t.cols(),
-                    t.group_m
-                ),
                 Err(e) => format!("no tile: {e}"),
             };
             format!(
