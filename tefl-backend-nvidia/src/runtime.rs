@@ -73,36 +73,38 @@ fn reuse_class(bytes: usize) -> usize {
     if bytes <= REUSED_MAX_BYTES { bytes.max(256).next_power_of_two() } else { bytes }
 }
 
-/// Keeps a freed allocation for reuse, or frees it (its own drop) when its class is full, the
-/// device's kept large allocations would pass [`LARGE_KEPT_BYTES`], or its length is not a
-/// class size.
+/// Whether a freed allocation of `len` bytes is kept for reuse, with `same_class` kept of its
+/// class on its device already and `large_bytes` of larger allocations: its length must be a
+/// class size and its class not full (32 below 1 MiB, 2 above), and the device's kept larger
+/// allocations stay within [`LARGE_KEPT_BYTES`].
+fn keeps(len: usize, same_class: usize, large_bytes: usize) -> bool {
+    if reuse_class(len) != len {
+        false
+    } else if len > REUSED_MAX_BYTES {
+        same_class < LARGE_PER_SIZE && large_bytes.saturating_add(len) <= LARGE_KEPT_BYTES
+    } else {
+        same_class < REUSED_PER_CLASS
+    }
+}
+
+/// Keeps a freed allocation for reuse (see [`keeps`]), or frees it (its own drop, after the
+/// lock is released).
 fn recycle(device: Device, slice: CudaSlice<u8>) {
     let len = slice.len();
-    if reuse_class(len) != len {
+    let mut kept = REUSED.lock().unwrap_or_else(|p| p.into_inner());
+    let large_bytes: usize = kept
+        .iter()
+        .filter(|((d, size), _)| *d == device.ordinal && *size > REUSED_MAX_BYTES)
+        .map(|((_, size), v)| size * v.len())
+        .sum();
+    let key = (device.ordinal, len);
+    let at = kept.iter().position(|(k, _)| *k == key);
+    if !keeps(len, at.map_or(0, |i| kept[i].1.len()), large_bytes) {
         return;
     }
-    let mut kept = REUSED.lock().unwrap_or_else(|p| p.into_inner());
-    let large = len > REUSED_MAX_BYTES;
-    if large {
-        let held: usize = kept
-            .iter()
-            .filter(|((d, size), _)| *d == device.ordinal && *size > REUSED_MAX_BYTES)
-            .map(|((_, size), v)| size * v.len())
-            .sum();
-        if held + len > LARGE_KEPT_BYTES {
-            return;
-        }
-    }
-    let key = (device.ordinal, len);
-    let at = match kept.iter().position(|(k, _)| *k == key) {
-        Some(i) => i,
-        None => {
-            kept.push((key, Vec::new()));
-            kept.len() - 1
-        }
-    };
-    if kept[at].1.len() < if large { LARGE_PER_SIZE } else { REUSED_PER_CLASS } {
-        kept[at].1.push(slice);
+    match at {
+        Some(i) => kept[i].1.push(slice),
+        None => kept.push((key, vec![slice])),
     }
 }
 
@@ -490,7 +492,7 @@ inventory::submit! {
 
 #[cfg(test)]
 mod tests {
-    use super::{REUSED_MAX_BYTES, reuse_class};
+    use super::{LARGE_KEPT_BYTES, LARGE_PER_SIZE, REUSED_MAX_BYTES, REUSED_PER_CLASS, keeps, reuse_class};
 
     #[test]
     fn small_allocations_come_in_power_of_two_classes_and_large_ones_exactly() {
@@ -502,5 +504,20 @@ mod tests {
         assert_eq!(reuse_class(REUSED_MAX_BYTES), REUSED_MAX_BYTES);
         assert_eq!(reuse_class(REUSED_MAX_BYTES + 1), REUSED_MAX_BYTES + 1);
         assert_eq!(reuse_class(3 << 24), 3 << 24);
+    }
+
+    #[test]
+    fn freed_allocations_are_kept_within_their_limits() {
+        // Small: class sizes only, up to 32 a class.
+        assert!(keeps(4096, 0, 0) && keeps(4096, REUSED_PER_CLASS - 1, 0));
+        assert!(!keeps(4096, REUSED_PER_CLASS, 0));
+        assert!(!keeps(1000, 0, 0), "not a class size (an exact zeroed allocation)");
+        // Large: two of a size, and the device's kept large bytes within the cap.
+        let big = 48 << 20;
+        assert!(keeps(big, 0, 0) && keeps(big, LARGE_PER_SIZE - 1, 0));
+        assert!(!keeps(big, LARGE_PER_SIZE, 0));
+        assert!(keeps(big, 0, LARGE_KEPT_BYTES - big));
+        assert!(!keeps(big, 0, LARGE_KEPT_BYTES - big + 1));
+        assert!(!keeps(usize::MAX, 0, 1), "no overflow");
     }
 }
