@@ -52,8 +52,10 @@ const LARGE_KEPT_BYTES: usize = 1 << 31;
 /// their class: an op's output is allocated and freed at every call, and the pair of
 /// `cuMemAllocAsync` and `cuMemFreeAsync` costs about 2 µs of host time (H200, 2026-11-26), a
 /// fifth of a tiny op's call from Python, and about 1 µs of the device's time (H100,
-/// 2026-11-27, bench alternating with and without reuse above 1 MiB, three runs each: rmsnorm
-/// fwd 8192x4096 0.051 -> 0.050 ms, softmax 16384x8192 0.209 -> 0.207, gelu 0.182 -> 0.181).
+/// 2026-11-27, bench alternating with and without reuse above 1 MiB, three runs each, of a
+/// first form with power-of-two classes up to 256 MiB: rmsnorm fwd 8192x4096 0.051 -> 0.050
+/// ms, softmax 16384x8192 0.209 -> 0.207, gelu 0.182 -> 0.181; this form, two runs: softmax
+/// 0.211 -> 0.208, the others within the runs' noise).
 /// Up to 1 MiB the classes are powers of two; above, exact sizes (a training step asks for the
 /// same sizes again; rounding would waste up to half of a large buffer). The memory pool keeps
 /// freed memory too (`keep_pool_memory`) but serves any size from it; what is kept here on top
