@@ -94,11 +94,16 @@ fn keeps(len: usize, same_class: usize, large_bytes: usize) -> bool {
 fn recycle(device: Device, slice: CudaSlice<u8>) {
     let len = slice.len();
     let mut kept = REUSED.lock().unwrap_or_else(|p| p.into_inner());
-    let large_bytes: usize = kept
-        .iter()
-        .filter(|((d, size), _)| *d == device.ordinal && *size > REUSED_MAX_BYTES)
-        .map(|((_, size), v)| size * v.len())
-        .sum();
+    // The device's kept larger allocations, summed only for a larger one (`keeps` reads them
+    // for those alone): most frees are of small outputs.
+    let large_bytes: usize = if len > REUSED_MAX_BYTES {
+        kept.iter()
+            .filter(|((d, size), _)| *d == device.ordinal && *size > REUSED_MAX_BYTES)
+            .map(|((_, size), v)| size * v.len())
+            .sum()
+    } else {
+        0
+    };
     let key = (device.ordinal, len);
     let at = kept.iter().position(|(k, _)| *k == key);
     if !keeps(len, at.map_or(0, |i| kept[i].1.len()), large_bytes) {
