@@ -165,6 +165,21 @@ __device__ __forceinline__ bool tile_visible(const Seq& s, int i0, int j0, int n
     return nk > 0 && hi_last > j0 && lo_first < j0 + nk;
 }
 
+// Thread tid's row value of query tile i0 of head h: lse (threads 0-63, lse's [batch, head,
+// query] layout) or delta (64-127, q's token rows), 0 past the sequence. The load is asm, so
+// that it is issued where it stands in the source.
+__device__ __forceinline__ float row_value(const BwdParams& p, const Seq& s, int b, int h, int i0, int tid) {
+    const int i = i0 + tid % BM;
+    if (i >= s.lq) return 0.0f;
+    const float* lse = reinterpret_cast<const float*>(p.lse);
+    const float* delta = reinterpret_cast<const float*>(p.delta);
+    const float* at =
+        tid < BM ? lse + ((long long)b * p.hq + h) * p.sq + i : delta + (s.qb + (long long)i * s.rs) * p.hq + h;
+    float v;
+    asm volatile("ld.global.nc.f32 %0, [%1];" : "=f"(v) : "l"(at));
+    return v;
+}
+
 extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     attn_bwd_sm90(const __grid_constant__ BwdParams p) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -225,8 +240,6 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const float scale2 = p.scale * 1.4426950408889634f;
     const int kw = j0 + 64 * c;  // this consumer's first key; the thread's are kw + 16 warp + g (+8)
-    const float* lse = reinterpret_cast<const float*>(p.lse);
-    const float* delta = reinterpret_cast<const float*>(p.delta);
     // Accumulator i of a 64 x N wgmma tile is row 16 warp + g + 8 ((i / 2) % 2), column
     // 8 (i / 4) + 2 t + i % 2.
     float dv[D / 2], dk[D / 2];
@@ -246,16 +259,6 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
             // per tile (opaque), not kept in registers across the loop (ptxas spilled them).
             const u32 k_t = opaque(k_s), v_t = opaque(v_s);
             const u32 k_c = k_t + c * 64 * 128, v_c = v_t + c * 64 * 128;
-            // The tile's lse (threads 0-63) and delta (64-127) rows, one a thread, loaded while
-            // the products run: nothing uses the value before they are issued (the load is in
-            // flight through their issue).
-            float row_val = 0.0f;
-            {
-                const int i = i0 + tid % BM;
-                if (i < s.lq)
-                    row_val = tid < BM ? lse[((long long)b * p.hq + h) * p.sq + i]
-                                       : delta[(s.qb + (long long)i * s.rs) * p.hq + h];
-            }
             mbar_wait(QD_FULL(st), (n / STAGES) & 1);
             float sc[BM / 2], dp[BM / 2];
             wgmma_fence();
@@ -263,6 +266,12 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
             wgmma_commit();
             mm_nt(dp, v_c, d_o);
             wgmma_commit();
+            // The tile's lse (threads 0-63) and delta (64-127) rows, one a thread, loaded while
+            // the products run, by an asm load issued after them. As a plain load before them,
+            // ptxas copied the loaded register ahead of the products' issue, so the warps
+            // waited for the load there: Nsight Compute (H200, 2026-11-27) counted that copy as
+            // the largest stall, 9% of the samples.
+            const float row_val = row_value(p, s, b, h, i0, tid);
             // Thread tid's value at float tid of the rows buffer (lse rows, then DEL_S(c)'s delta
             // rows); its last readers (the previous tile) passed this warpgroup's dQ barriers.
             sts_f32(LSE_S(c) + 4 * tid, tid < BM ? row_val * 1.4426950408889634f : row_val);
