@@ -44,7 +44,7 @@ pub fn kernels_available() -> Result<(), String> {
 }
 
 /// Every kernel variant the op files launch, built by the same functions the launches use
-/// (the NVRTC compile test and cache warm-up).
+/// (the NVRTC compile test).
 pub fn kernel_variants() -> Vec<tefl_gpu::Variant> {
     let mut v = Vec::new();
     v.extend(tefl_gpu::simt::variants());

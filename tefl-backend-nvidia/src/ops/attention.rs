@@ -265,7 +265,7 @@ fn dkdv(
     s.kernel.launch("attn_bwd_dkdv", s.tile_grid(s.g.sk, kb, s.g.hk, threads, smem), &args)
 }
 
-/// Variants covering every code path (the NVRTC compile test and cache warm-up).
+/// Variants covering every code path (the NVRTC compile test).
 pub fn variants() -> Vec<Variant> {
     use DType::{BF16, F16, F32};
     let mut v = Vec::new();

@@ -159,7 +159,7 @@ pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
 }
 
 /// Variants covering every code path: the tiled kernel per input dtype and the epilogue per
-/// epilogue kind (the compile tests and cache warm-up).
+/// epilogue kind (the compile tests).
 pub fn variants() -> Vec<Variant> {
     use GemmEpilogue as E;
     let tiled = [DType::F32, DType::F16, DType::BF16].into_iter().filter_map(|d| tiled_variant(d).ok());

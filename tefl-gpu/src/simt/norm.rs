@@ -247,7 +247,7 @@ pub fn layernorm_bwd(ctx: &KernelCtx<'_>, a: &LayerNormBwdArgs) -> Result<LayerN
     Ok(LayerNormBwdOut { dx, dgamma, dbeta })
 }
 
-/// Variants covering every code path (the NVRTC compile test and cache warm-up).
+/// Variants covering every code path (the NVRTC compile test).
 pub fn variants() -> Vec<Variant> {
     use DType::{BF16, F8E4M3, F8E5M2, F16, F32};
     let mut v = Vec::new();

@@ -250,7 +250,7 @@ pub fn multi_tensor_compute_scale_and_scale_inv(ctx: &KernelCtx<'_>, a: &Compute
     Ok(ComputeScaleOut {})
 }
 
-/// Variants covering every code path (the NVRTC compile test and cache warm-up).
+/// Variants covering every code path (the NVRTC compile test).
 pub fn variants() -> Vec<Variant> {
     (0..6).map(|kind| variant(kind, ["bf16", "f16", "float", "float", "float"])).collect()
 }

@@ -222,7 +222,7 @@ pub fn delayed_scaling(ctx: &KernelCtx<'_>, a: &DelayedScalingArgs) -> Result<De
     Ok(DelayedScalingOut {})
 }
 
-/// Variants covering every code path (the NVRTC compile test and cache warm-up).
+/// Variants covering every code path (the NVRTC compile test).
 pub fn variants() -> Vec<Variant> {
     let mut v = Vec::new();
     for t in [DType::F32, DType::F16, DType::BF16] {

@@ -143,7 +143,7 @@ pub fn fused_rope_backward(ctx: &KernelCtx<'_>, a: &RopeArgs) -> Result<RopeOut>
     run("fused_rope_backward", ctx, a, true)
 }
 
-/// Variants covering every code path (the NVRTC compile test and cache warm-up).
+/// Variants covering every code path (the NVRTC compile test).
 pub fn variants() -> Vec<Variant> {
     let mut v = Vec::new();
     for t in [DType::F32, DType::BF16] {

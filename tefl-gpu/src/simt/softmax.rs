@@ -135,7 +135,7 @@ pub fn scaled_aligned_causal_masked_softmax_backward(ctx: &KernelCtx<'_>, a: &So
     backward("scaled_aligned_causal_masked_softmax_backward", ctx, a)
 }
 
-/// Variants covering every code path (the NVRTC compile test and cache warm-up).
+/// Variants covering every code path (the NVRTC compile test).
 pub fn variants() -> Vec<Variant> {
     use DType::{BF16, F16, F32};
     let mut v = Vec::new();
