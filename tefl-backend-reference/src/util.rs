@@ -3,7 +3,7 @@
 use std::ops::Deref;
 
 use rayon::prelude::*;
-use tefl_core::device::HostRead;
+use tefl_core::device::{HostRead, try_zeroed};
 use tefl_core::fp8::Fp8Format;
 use tefl_core::{DType, Error, Result, Tensor, bf16, f16};
 
@@ -127,6 +127,39 @@ pub fn set_noop(flag: &Tensor) -> Result<()> {
     Ok(())
 }
 
+/// Σ over `rows` of `f(row, acc)` into a length-`n` accumulator, in parallel. The length comes
+/// from the user's shapes (a [0, 2^40] gradient has no rows and a huge width), so the result is
+/// allocated fallibly first; with no rows it is that zero vector, and with rows every
+/// per-thread accumulator is no larger than the data being summed.
+pub fn column_sums(rows: usize, n: usize, what: &str, f: impl Fn(usize, &mut [f32]) + Sync) -> Result<Vec<f32>> {
+    let total: Vec<f32> = try_zeroed(n, || format!("{what} [{n}]"))?;
+    if rows == 0 || n == 0 {
+        return Ok(total);
+    }
+    Ok((0..rows)
+        .into_par_iter()
+        .fold(
+            || vec![0.0f32; n],
+            |mut acc, r| {
+                f(r, &mut acc);
+                acc
+            },
+        )
+        .reduce_with(|mut a, b| {
+            a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
+            a
+        })
+        .unwrap_or(total))
+}
+
+/// Σ of the rows of a row-major `[rows, n]` matrix (a bias gradient).
+pub fn row_major_column_sums(data: &[f32], n: usize, what: &str) -> Result<Vec<f32>> {
+    let rows = data.len().checked_div(n).unwrap_or(0);
+    column_sums(rows, n, what, |r, acc| {
+        acc.iter_mut().zip(&data[r * n..(r + 1) * n]).for_each(|(s, v)| *s += v);
+    })
+}
+
 /// A one-element f32 tensor.
 pub fn scalar_tensor(v: f32) -> Result<Tensor> {
     Tensor::from_slice(&[v], [1], DType::F32)
@@ -178,6 +211,10 @@ pub fn map_rows<const K: usize>(
     let srcs = inputs.iter().zip(&guards).map(|((t, _), g)| Src::new(t.dtype(), g)).collect::<Result<Vec<_>>>()?;
     let widths: [usize; K] = std::array::from_fn(|k| inputs[k].1);
     let out = Tensor::zeros(out_shape, out_dtype, &tefl_core::Device::CPU)?;
+    if rows == 0 || m == 0 {
+        // Nothing to map, and the scratch rows below would be sized by a width no row has.
+        return Ok((out, Vec::new()));
+    }
     let min_rows = (CHUNK / m.max(1)).max(1);
     let stats = {
         let mut w = out.host_bytes_mut()?;
@@ -211,6 +248,6 @@ pub fn map_rows<const K: usize>(
             d => return Err(Error::Tensor(format!("reference: cannot store floats as {d}"))),
         }
     };
-    debug_assert!(m == 0 || stats.len() == rows);
+    debug_assert!(stats.len() == rows);
     Ok((out, stats))
 }

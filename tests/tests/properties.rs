@@ -13,7 +13,10 @@ use tefl_core::op::check_outputs;
 use tefl_core::{DType, Device, Error, Op, Tensor};
 use tefl_tests::{oracle, rel_err, tolerance};
 
-const CASES: u32 = 256;
+/// Cases per property: 256, or `TEFL_PROPS_CASES` for a longer hunt.
+fn cases() -> u32 {
+    std::env::var("TEFL_PROPS_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(256)
+}
 
 /// Every dtype: floats most of the time, the others to hit dtype checks.
 fn dtype() -> impl Strategy<Value = DType> {
@@ -119,7 +122,7 @@ fn vals(t: &Tensor) -> Vec<f64> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: CASES, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(), failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
     fn norms(xs in shape(0..=3), gs in prop_oneof![4 => Just(None), 1 => shape(0..=1).prop_map(Some)], dt in dtype(), gdt in dtype(), out in dtype(),

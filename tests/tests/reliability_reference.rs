@@ -64,6 +64,44 @@ fn huge_gemm_products_are_errors() {
     assert_eq!((d.shape(), values(&d)), (&[3usize, 5][..], vec![0.0; 15]));
 }
 
+/// A gradient with no rows and a huge width (`[0, 2^40]`, no memory) has a bias gradient no
+/// memory holds, and `2^62` one whose byte size overflows: both are errors naming the output,
+/// never an abort (found by the gemm property, which shrank a capacity-overflow panic of the
+/// bias-gradient sums into a 4 TiB allocation).
+#[test]
+fn empty_rows_with_huge_widths_are_errors() {
+    let oom = |r: tefl_core::Result<String>, what: &str| match r {
+        Err(Error::AllFailed { failures, .. }) => {
+            assert!(failures.iter().all(|(_, e)| e.contains("out of memory") && e.contains(what)), "{failures:?}")
+        }
+        Err(Error::OutOfMemory { what: w, .. }) => assert!(w.contains(what), "{w}"),
+        other => panic!("{what}: {other:?}"),
+    };
+    for n in [1usize << 40, 1 << 62] {
+        let a = Tensor::zeros([0, 0], DType::F32, &Device::CPU).unwrap();
+        let b = Tensor::zeros([0, n], DType::F32, &Device::CPU).unwrap();
+        let r = tefl_ops::generic_gemm(&a, &b).epilogue(GemmEpilogue::BiasGrad).call_with(m());
+        oom(r.map(|o| format!("{o:?}")), "bias_grad");
+        // The column-sum ops reject rowless inputs up front; either way, an error.
+        let g = Tensor::zeros([0, n], DType::F32, &Device::CPU).unwrap();
+        let scale = tensor(&[1.0], &[1], DType::F32);
+        for r in [
+            tefl_ops::dbias_dgelu(&g, &g).call_with(m()).map(|o| format!("{o:?}")),
+            tefl_ops::bgrad_quantize(&g, DType::F8E4M3, &scale).call_with(m()).map(|o| format!("{o:?}")),
+        ] {
+            match r {
+                Err(Error::Shape { .. }) => {}
+                r => oom(r, "dbias"),
+            }
+        }
+    }
+    // A width that fits is a real (zero) bias gradient.
+    let a = Tensor::zeros([0, 3], DType::F32, &Device::CPU).unwrap();
+    let b = tensor(&[1.0; 15], &[3, 5], DType::F32);
+    let o = tefl_ops::generic_gemm(&a, &b).epilogue(GemmEpilogue::BiasGrad).call_with(m()).unwrap();
+    assert_eq!(values(o.bias_grad.as_ref().unwrap()), vec![0.0; 5]);
+}
+
 /// Defect 8: NaN in the query reaches its output row and log-sum-exp.
 #[test]
 fn nan_in_the_query_propagates() {

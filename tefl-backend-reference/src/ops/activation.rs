@@ -4,7 +4,7 @@ use rayon::prelude::*;
 use tefl_core::catalogue::*;
 use tefl_core::{KernelCtx, Result};
 
-use crate::util::{CHUNK, map_rows, store, view};
+use crate::util::{CHUNK, map_rows, row_major_column_sums, store, view};
 
 const SQRT_2_OVER_PI: f32 = 0.797_884_6;
 
@@ -146,22 +146,7 @@ fn d_gated(a: &DActArgs, kind: Activation) -> Result<DActOut> {
 fn dbias(a: &DActArgs, kind: Activation) -> Result<DBiasOut> {
     let n = a.input.last_dim();
     let dx = d_elementwise(a, kind)?;
-    let db = dx
-        .par_chunks(n)
-        .fold(
-            || vec![0.0f32; n],
-            |mut acc, row| {
-                acc.iter_mut().zip(row).for_each(|(s, v)| *s += v);
-                acc
-            },
-        )
-        .reduce(
-            || vec![0.0f32; n],
-            |mut x, y| {
-                x.iter_mut().zip(&y).for_each(|(s, v)| *s += v);
-                x
-            },
-        );
+    let db = row_major_column_sums(&dx, n, "dbias")?;
     Ok(DBiasOut {
         dbias: store(&db, &[n], a.input.dtype())?,
         grad_input: store(&dx, a.input.shape(), a.input.dtype())?,

@@ -10,7 +10,7 @@ use tefl_core::{DType, KernelCtx, Result, Tensor};
 
 use super::activation::{act, dact};
 use crate::kernels::sgemm::{MatRef, sgemm};
-use crate::util::{scalar_tensor, store, store_fp8, view};
+use crate::util::{row_major_column_sums, scalar_tensor, store, store_fp8, view};
 
 /// The one-element value of an optional f32 scale (1 when absent).
 fn scale_of(t: Option<&Tensor>) -> Result<f32> {
@@ -69,25 +69,7 @@ pub fn generic_gemm(_: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
         }
     }
     let bias_grad = if ep.writes_bias_grad() {
-        let sums = if n == 0 {
-            Vec::new()
-        } else {
-            d.par_chunks(n)
-                .fold(
-                    || vec![0.0f32; n],
-                    |mut acc, r| {
-                        acc.iter_mut().zip(r).for_each(|(s, v)| *s += v);
-                        acc
-                    },
-                )
-                .reduce(
-                    || vec![0.0f32; n],
-                    |mut x, y| {
-                        x.iter_mut().zip(&y).for_each(|(s, v)| *s += v);
-                        x
-                    },
-                )
-        };
+        let sums = row_major_column_sums(&d, n, "generic_gemm output bias_grad")?;
         Some(Tensor::from_slice(&sums, [n], DType::F32)?)
     } else {
         None

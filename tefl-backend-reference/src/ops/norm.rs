@@ -4,7 +4,7 @@ use rayon::prelude::*;
 use tefl_core::catalogue::*;
 use tefl_core::{DType, KernelCtx, Result, Tensor};
 
-use crate::util::{map_rows, scalar_tensor, store, store_fp8, view};
+use crate::util::{column_sums, map_rows, scalar_tensor, store, store_fp8, view};
 
 /// Σ f(x) over a row, accumulated in f64 (rows reach 16384 and more).
 fn row_sum(xs: impl Iterator<Item = f32>) -> f32 {
@@ -13,26 +13,6 @@ fn row_sum(xs: impl Iterator<Item = f32>) -> f32 {
 
 fn gamma_eff(gamma: &[f32], zero_centered: bool) -> Vec<f32> {
     gamma.iter().map(|g| if zero_centered { 1.0 + g } else { *g }).collect()
-}
-
-/// Σ over rows of f(row) into a length-n accumulator, in parallel.
-fn column_sums(rows: usize, n: usize, f: impl Fn(usize, &mut [f32]) + Sync) -> Vec<f32> {
-    (0..rows)
-        .into_par_iter()
-        .fold(
-            || vec![0.0f32; n],
-            |mut acc, r| {
-                f(r, &mut acc);
-                acc
-            },
-        )
-        .reduce(
-            || vec![0.0f32; n],
-            |mut a, b| {
-                a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
-                a
-            },
-        )
 }
 
 /// The dtype a forward computes its rows in: `out` itself, f32 for an FP8 output (cast after).
@@ -90,12 +70,12 @@ fn rms_bwd(
             }
         }
     });
-    let dgamma = column_sums(rows, n, |r, acc| {
+    let dgamma = column_sums(rows, n, "dgamma", |r, acc| {
         let rr = rs[r];
         for i in 0..n {
             acc[i] += dyv[r * n + i] * xv[r * n + i] * rr;
         }
-    });
+    })?;
     Ok((store(&dx, x.shape(), x.dtype())?, store(&dgamma, gamma.shape(), gamma.dtype())?))
 }
 
@@ -156,14 +136,14 @@ pub fn layernorm_bwd(_: &KernelCtx<'_>, a: &LayerNormBwdArgs) -> Result<LayerNor
             dxr[i] = rr * (dyr[i] * g[i] - mean_d - xhat * mean_dx);
         }
     });
-    let sums = column_sums(rows, 2 * n, |r, acc| {
+    let sums = column_sums(rows, 2 * n, "dgamma/dbeta", |r, acc| {
         let (m, rr) = (mu[r], rs[r]);
         for i in 0..n {
             let dy = dyv[r * n + i];
             acc[i] += dy * (xv[r * n + i] - m) * rr;
             acc[n + i] += dy;
         }
-    });
+    })?;
     Ok(LayerNormBwdOut {
         dx: store(&dx, a.x.shape(), a.x.dtype())?,
         dgamma: store(&sums[..n], a.gamma.shape(), a.gamma.dtype())?,

@@ -2,6 +2,7 @@
 
 use rayon::prelude::*;
 use tefl_core::catalogue::*;
+use tefl_core::device::try_zeroed;
 use tefl_core::fp8::Fp8Format;
 use tefl_core::{Error, KernelCtx, Result, Tensor};
 
@@ -51,7 +52,7 @@ pub fn bgrad_quantize(_: &KernelCtx<'_>, a: &BgradQuantizeArgs) -> Result<BgradQ
     let scale = a.scale.to_vec::<f32>()?[0];
     let (q, amax) = store_fp8(&x, &[m, n], a.fp8_dtype, scale)?;
     // Column sums in f64 then rounded once: the oracle's sum, whatever the row count.
-    let mut sums = vec![0.0f64; n];
+    let mut sums: Vec<f64> = try_zeroed(n, || format!("bgrad_quantize output dbias [{n}]"))?;
     for row in x.chunks(n.max(1)) {
         sums.iter_mut().zip(row).for_each(|(s, v)| *s += f64::from(*v));
     }
