@@ -41,6 +41,18 @@ fn checked_bytes(shape: &[usize], dtype: DType) -> Result<usize> {
         .ok_or_else(|| Error::Tensor(format!("shape {shape:?} of {dtype} is more than isize::MAX bytes")))
 }
 
+/// The byte count of a new `shape` of `dtype` on `device`: a shape whose element count
+/// overflows is an error, and one whose bytes do not fit `isize` (no allocation can be that
+/// large) is [`Error::OutOfMemory`] naming the tensor, as a size the device lacks would be.
+fn alloc_bytes(shape: &[usize], dtype: DType, device: &Device) -> Result<usize> {
+    let numel = checked_numel(shape)?;
+    numel.checked_mul(dtype.size_in_bytes()).filter(|b| *b <= isize::MAX as usize).ok_or_else(|| Error::OutOfMemory {
+        device: device.to_string(),
+        bytes: numel.saturating_mul(dtype.size_in_bytes()),
+        what: format!("a {dtype} tensor of shape {shape:?}"),
+    })
+}
+
 impl Tensor {
     /// Builds a CPU tensor of `dtype` from `data`, converting element by element when
     /// the element type differs (float to any float or FP8 dtype, rounding to nearest even).
@@ -62,7 +74,7 @@ impl Tensor {
     /// [`Error::OutOfMemory`] naming the tensor, never an abort.
     pub fn zeros(shape: impl AsRef<[usize]>, dtype: DType, device: &Device) -> Result<Tensor> {
         let shape = shape.as_ref();
-        let bytes = checked_bytes(shape, dtype)?;
+        let bytes = alloc_bytes(shape, dtype, device)?;
         let what = || format!("a {dtype} tensor of shape {shape:?}");
         let name = |e: Error| match e {
             Error::OutOfMemory { device, bytes, .. } => Error::OutOfMemory { device, bytes, what: what() },
@@ -85,7 +97,7 @@ impl Tensor {
     /// are poisoned): for outputs a kernel writes in full. [`Error::OutOfMemory`] names it.
     pub fn uninit(shape: impl AsRef<[usize]>, dtype: DType, device: &Device) -> Result<Tensor> {
         let shape = shape.as_ref();
-        let bytes = checked_bytes(shape, dtype)?;
+        let bytes = alloc_bytes(shape, dtype, device)?;
         let storage = device::runtime(device.kind)?.alloc_uninit(*device, bytes).map_err(|e| match e {
             Error::OutOfMemory { device, bytes, .. } => {
                 Error::OutOfMemory { device, bytes, what: format!("a {dtype} tensor of shape {shape:?}") }

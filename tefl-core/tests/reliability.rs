@@ -305,7 +305,16 @@ fn huge_tensors_are_typed_errors() {
         other => panic!("{other:?}"),
     }
     assert!(matches!(Tensor::zeros([1usize << 62, 4], DType::F32, &Device::CPU), Err(Error::Tensor(_))));
-    assert!(matches!(Tensor::zeros([1usize << 62], DType::F32, &Device::CPU), Err(Error::Tensor(_))));
+    // Elements that exist but whose bytes no allocation can have: out of memory, naming the
+    // tensor (an output sized by an op meets this, and the error says which output).
+    match Tensor::zeros([1usize << 62], DType::F32, &Device::CPU) {
+        Err(Error::OutOfMemory { bytes, what, .. }) => {
+            assert_eq!(bytes, usize::MAX);
+            assert!(what.contains("f32 tensor of shape [4611686018427387904]"), "{what}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(Tensor::uninit([1usize << 62], DType::F32, &Device::CPU), Err(Error::OutOfMemory { .. })));
     let empty = Tensor::zeros([0], DType::F32, &Device::CPU).unwrap();
     let r = Tensor::from_buffer(empty.buffer().clone(), [1usize << 62], DType::F32);
     assert!(matches!(r, Err(Error::Tensor(_))), "{r:?}");

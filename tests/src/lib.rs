@@ -55,7 +55,7 @@ pub mod progress;
 use std::sync::OnceLock;
 
 use tefl_core::op::Op;
-use tefl_core::{DType, Manager, Registry, Tensor};
+use tefl_core::{DType, Error, Manager, Registry, Tensor};
 
 /// A small deterministic generator (splitmix64) so failures replay from the printed seed.
 #[derive(Debug, Clone)]
@@ -158,4 +158,22 @@ pub fn manager() -> &'static Manager {
 /// Calls the reference impl of `O` directly (bypassing policy).
 pub fn reference<O: Op>(args: &O::Args) -> tefl_core::Result<O::Output> {
     manager().call_impl::<O>("reference.cpu", args)
+}
+
+/// Errors that name what was wrong: an argument, a variable, a tensor, an impl.
+pub fn names_the_culprit(e: &Error) -> bool {
+    match e {
+        Error::Shape { arg, .. } | Error::DType { arg, .. } | Error::InvalidArgument { arg, .. } => !arg.is_empty(),
+        Error::DeviceMismatch { .. } | Error::Config { .. } => true,
+        Error::OutOfMemory { what, .. } => !what.is_empty(),
+        Error::Unsupported { impl_id, .. } => !impl_id.is_empty(),
+        // Every impl of the chain failed: each failure must name its culprit in turn.
+        Error::AllFailed { failures, .. } => {
+            !failures.is_empty()
+                && failures.iter().all(|(_, r)| {
+                    r.contains("argument '") || r.contains("out of memory allocating") || r.starts_with("not supported")
+                })
+        }
+        _ => false,
+    }
 }

@@ -10,8 +10,8 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use proptest::prelude::*;
 use tefl_core::catalogue::*;
 use tefl_core::op::check_outputs;
-use tefl_core::{DType, Device, Error, Op, Tensor};
-use tefl_tests::{oracle, rel_err, tolerance};
+use tefl_core::{DType, Device, Op, Tensor};
+use tefl_tests::{names_the_culprit, oracle, rel_err, tolerance};
 
 /// Cases per property: 256, or `TEFL_PROPS_CASES` for a longer hunt.
 fn cases() -> u32 {
@@ -61,24 +61,6 @@ fn make(shape: &[usize], dtype: DType, salt: u64) -> Option<Tensor> {
         Tensor::from_slice(&v, shape, dtype).ok()
     } else {
         Tensor::zeros(shape, dtype, &Device::CPU).ok()
-    }
-}
-
-/// Errors that name what was wrong: an argument, a variable, a tensor, an impl.
-fn names_the_culprit(e: &Error) -> bool {
-    match e {
-        Error::Shape { arg, .. } | Error::DType { arg, .. } | Error::InvalidArgument { arg, .. } => !arg.is_empty(),
-        Error::DeviceMismatch { .. } | Error::Config { .. } => true,
-        Error::OutOfMemory { what, .. } => !what.is_empty(),
-        Error::Unsupported { impl_id, .. } => !impl_id.is_empty(),
-        // Every impl of the chain failed: each failure must name its culprit in turn.
-        Error::AllFailed { failures, .. } => {
-            !failures.is_empty()
-                && failures.iter().all(|(_, r)| {
-                    r.contains("argument '") || r.contains("out of memory allocating") || r.starts_with("not supported")
-                })
-        }
-        _ => false,
     }
 }
 

@@ -321,9 +321,9 @@ pub fn attn_geometry(
     for (name, t) in [("q", q), ("k", k), ("v", v)] {
         if t.rank() != rank || t.shape().contains(&0) {
             let expected = match layout {
-                QkvLayout::Bshd => "[b, s, h, d]",
-                QkvLayout::Sbhd => "[s, b, h, d]",
-                QkvLayout::Thd => "[t, h, d]",
+                QkvLayout::Bshd => "[b, s, h, d], no dimension 0",
+                QkvLayout::Sbhd => "[s, b, h, d], no dimension 0",
+                QkvLayout::Thd => "[t, h, d], no dimension 0",
             };
             return Err(Error::Shape { op, arg: name, got: t.shape().to_vec(), expected: expected.into() });
         }

@@ -67,7 +67,7 @@ pub mod check {
                 op,
                 arg,
                 got: t.shape().to_vec(),
-                expected: format!("at least {rank} non-empty dimension(s)"),
+                expected: format!("rank at least {rank}, no dimension 0"),
             });
         }
         Ok(())

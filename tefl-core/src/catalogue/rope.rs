@@ -73,7 +73,7 @@ pub fn rope_geometry(op: &'static str, a: &RopeArgs) -> Result<RopeGeometry> {
             op,
             arg: "x",
             got: a.x.shape().to_vec(),
-            expected: format!("rank {rank} for {:?}", a.layout),
+            expected: format!("rank {rank} for {:?}, no dimension 0", a.layout),
         });
     }
     let xs = a.x.shape();
