@@ -272,17 +272,24 @@ impl CudaRuntime {
         let stream = self.context(device)?.default_stream();
         // Allocations come in size classes, kept for reuse when freed (`recycle`).
         let class = reuse_class(bytes);
-        let mut slice = match reuse(device, class) {
+        let slice = match reuse(device, class) {
             Some(kept) => kept,
             // SAFETY: the memory is only handed out inside a CudaBuffer, whose users either
             // write it fully before reading (kernels' outputs) or poison it just below.
             None => alloc_or_drop_kept(device, || unsafe { stream.alloc::<u8>(class) })
                 .map_err(|e| device_error(device, e))?,
         };
-        if tefl_core::device::poison_allocations() && bytes > 0 {
-            stream.memcpy_htod(&vec![0xFFu8; bytes], &mut slice).map_err(|e| device_error(device, e))?;
+        self.poisoned(self.wrap(device, bytes, slice, stream))
+    }
+
+    /// `buf`, filled with 0xFF bytes (NaN in every float dtype) on the device when allocations
+    /// are being poisoned (the conformance suite), so a kernel that reads an element it never
+    /// wrote fails a comparison.
+    fn poisoned(&self, buf: Arc<CudaBuffer>) -> Result<Arc<CudaBuffer>> {
+        if tefl_core::device::poison_allocations() {
+            self.fill(&*buf, 0xFF)?;
         }
-        Ok(self.wrap(device, bytes, slice, stream))
+        Ok(buf)
     }
 
     fn wrap(&self, device: Device, len: usize, slice: CudaSlice<u8>, stream: Arc<CudaStream>) -> Arc<CudaBuffer> {
@@ -323,12 +330,9 @@ impl DeviceRuntime for CudaRuntime {
     fn alloc(&self, device: Device, bytes: usize) -> Result<Arc<dyn Buffer>> {
         let stream = self.context(device)?.default_stream();
         // A zero-byte request still gets a (one-byte) allocation, so every buffer is real.
-        let mut slice = alloc_or_drop_kept(device, || stream.alloc_zeros::<u8>(bytes.max(1)))
+        let slice = alloc_or_drop_kept(device, || stream.alloc_zeros::<u8>(bytes.max(1)))
             .map_err(|e| device_error(device, e))?;
-        if tefl_core::device::poison_allocations() && bytes > 0 {
-            stream.memcpy_htod(&vec![0xFFu8; bytes], &mut slice).map_err(|e| device_error(device, e))?;
-        }
-        Ok(self.wrap(device, bytes, slice, stream))
+        Ok(self.poisoned(self.wrap(device, bytes, slice, stream))?)
     }
     fn copy_from_host(&self, dst: &dyn Buffer, src: &[u8]) -> Result<()> {
         let d = self.buffer(dst)?;
