@@ -128,13 +128,12 @@ pub fn set_noop(flag: &Tensor) -> Result<()> {
 }
 
 /// Σ over `rows` of `f(row, acc)` into a length-`n` accumulator, in parallel. The length comes
-/// from the user's shapes (a [0, 2^40] gradient has no rows and a huge width), so the result is
-/// allocated fallibly first; with no rows it is that zero vector, and with rows every
-/// per-thread accumulator is no larger than the data being summed.
+/// from the user's shapes (a [0, 2^40] gradient has no rows and a huge width): with no rows
+/// the result is a zero vector allocated fallibly; with rows, every accumulator is no larger
+/// than a row of the data being summed.
 pub fn column_sums(rows: usize, n: usize, what: &str, f: impl Fn(usize, &mut [f32]) + Sync) -> Result<Vec<f32>> {
-    let total: Vec<f32> = try_zeroed(n, || format!("{what} [{n}]"))?;
     if rows == 0 || n == 0 {
-        return Ok(total);
+        return try_zeroed(n, || format!("{what} [{n}]"));
     }
     Ok((0..rows)
         .into_par_iter()
@@ -145,11 +144,13 @@ pub fn column_sums(rows: usize, n: usize, what: &str, f: impl Fn(usize, &mut [f3
                 acc
             },
         )
-        .reduce_with(|mut a, b| {
-            a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
-            a
-        })
-        .unwrap_or(total))
+        .reduce(
+            || vec![0.0f32; n],
+            |mut a, b| {
+                a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
+                a
+            },
+        ))
 }
 
 /// Σ of the rows of a row-major `[rows, n]` matrix (a bias gradient).

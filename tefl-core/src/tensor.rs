@@ -32,24 +32,42 @@ fn checked_numel(shape: &[usize]) -> Result<usize> {
         .ok_or_else(|| Error::Tensor(format!("shape {shape:?} overflows usize")))
 }
 
-/// The byte count of a `shape` of `dtype`; an error when it does not fit `isize` (no
-/// allocation or slice can be that large).
+/// The bytes of `numel` elements of `dtype`, where they fit `isize` (no allocation or slice can
+/// be larger).
+fn byte_count(numel: usize, dtype: DType) -> Option<usize> {
+    numel.checked_mul(dtype.size_in_bytes()).filter(|b| *b <= isize::MAX as usize)
+}
+
+/// The byte count of a `shape` of `dtype`; an error when it does not fit `isize`.
 fn checked_bytes(shape: &[usize], dtype: DType) -> Result<usize> {
-    checked_numel(shape)?
-        .checked_mul(dtype.size_in_bytes())
-        .filter(|b| *b <= isize::MAX as usize)
+    byte_count(checked_numel(shape)?, dtype)
         .ok_or_else(|| Error::Tensor(format!("shape {shape:?} of {dtype} is more than isize::MAX bytes")))
 }
 
+/// What a new tensor's allocation is for, as [`Error::OutOfMemory`] names it.
+fn tensor_what(shape: &[usize], dtype: DType) -> String {
+    format!("a {dtype} tensor of shape {shape:?}")
+}
+
+/// A device's out-of-memory error renamed after the tensor being allocated; others as they are.
+fn name_oom(e: Error, shape: &[usize], dtype: DType) -> Error {
+    match e {
+        Error::OutOfMemory { device, bytes, .. } => {
+            Error::OutOfMemory { device, bytes, what: tensor_what(shape, dtype) }
+        }
+        e => e,
+    }
+}
+
 /// The byte count of a new `shape` of `dtype` on `device`: a shape whose element count
-/// overflows is an error, and one whose bytes do not fit `isize` (no allocation can be that
-/// large) is [`Error::OutOfMemory`] naming the tensor, as a size the device lacks would be.
+/// overflows is an error, and one whose bytes do not fit `isize` is [`Error::OutOfMemory`]
+/// naming the tensor, as a size the device lacks would be.
 fn alloc_bytes(shape: &[usize], dtype: DType, device: &Device) -> Result<usize> {
     let numel = checked_numel(shape)?;
-    numel.checked_mul(dtype.size_in_bytes()).filter(|b| *b <= isize::MAX as usize).ok_or_else(|| Error::OutOfMemory {
+    byte_count(numel, dtype).ok_or_else(|| Error::OutOfMemory {
         device: device.to_string(),
         bytes: numel.saturating_mul(dtype.size_in_bytes()),
-        what: format!("a {dtype} tensor of shape {shape:?}"),
+        what: tensor_what(shape, dtype),
     })
 }
 
@@ -75,11 +93,7 @@ impl Tensor {
     pub fn zeros(shape: impl AsRef<[usize]>, dtype: DType, device: &Device) -> Result<Tensor> {
         let shape = shape.as_ref();
         let bytes = alloc_bytes(shape, dtype, device)?;
-        let what = || format!("a {dtype} tensor of shape {shape:?}");
-        let name = |e: Error| match e {
-            Error::OutOfMemory { device, bytes, .. } => Error::OutOfMemory { device, bytes, what: what() },
-            e => e,
-        };
+        let name = |e: Error| name_oom(e, shape, dtype);
         let rt = device::runtime(device.kind)?;
         // The CPU runtime hands out zeroed memory unless allocations are being poisoned; any
         // other memory is zeroed once, by the device's fill (not also by its allocator).
@@ -98,12 +112,8 @@ impl Tensor {
     pub fn uninit(shape: impl AsRef<[usize]>, dtype: DType, device: &Device) -> Result<Tensor> {
         let shape = shape.as_ref();
         let bytes = alloc_bytes(shape, dtype, device)?;
-        let storage = device::runtime(device.kind)?.alloc_uninit(*device, bytes).map_err(|e| match e {
-            Error::OutOfMemory { device, bytes, .. } => {
-                Error::OutOfMemory { device, bytes, what: format!("a {dtype} tensor of shape {shape:?}") }
-            }
-            e => e,
-        })?;
+        let storage =
+            device::runtime(device.kind)?.alloc_uninit(*device, bytes).map_err(|e| name_oom(e, shape, dtype))?;
         Ok(Tensor { dtype, device: *device, shape: shape.into(), storage })
     }
 
