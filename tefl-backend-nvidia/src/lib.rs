@@ -56,14 +56,19 @@ pub fn kernel_variants() -> Vec<tefl_gpu::Variant> {
 
 #[cfg(test)]
 mod tests {
-    use tefl_gpu::rtc::{binary_has_entry, compile};
+    use tefl_gpu::RtcCompiler;
+    use tefl_gpu::rtc::binary_has_entry;
+
+    use crate::nvrtc::{Nvrtc, performance_advisories};
 
     /// Compiles every kernel variant the op files launch for sm_80 and sm_90 (sm_90a for the
     /// Hopper-only sources) with NVRTC when
     /// libnvrtc is present (no GPU needed; CI installs libnvrtc from the `nvidia-cuda-nvrtc`
     /// wheel), and checks each binary defines every entry point the variant launches, so a
-    /// kernel that does not compile fails here rather than on the GPU machine. The programs
-    /// compile in one process per core (`tefl_gpu::rtc::compile_shard`).
+    /// kernel that does not compile fails here rather than on the GPU machine. A kernel for
+    /// which ptxas reports a performance loss (e.g. C7515: wgmma instructions serialised, which
+    /// a harmless-looking change to a Hopper kernel's control flow can cause) fails too. The
+    /// programs compile in one process per core (`tefl_gpu::rtc::compile_shard`).
     #[test]
     fn every_kernel_compiles_with_nvrtc() {
         if let Err(reason) = crate::nvrtc::nvrtc_available() {
@@ -105,10 +110,14 @@ mod tests {
                     .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
             }
             compiled += 1;
-            match compile(&crate::nvrtc::Nvrtc, v, arch) {
-                Ok(cubin) => {
+            let text = tefl_gpu::variant::full_source(tefl_gpu::Target::Cuda, v);
+            match Nvrtc.compile_logged(&text, v.source.path, &Nvrtc.options(arch)) {
+                Ok((cubin, log)) => {
                     for e in v.entries.iter().filter(|e| !binary_has_entry(&cubin, e)) {
                         failures.push(format!("{arch} {}: no entry {e} ({:?})", v.source.name, v.defines));
+                    }
+                    for advice in performance_advisories(&log) {
+                        failures.push(format!("{arch} {} ({:?}): {advice}", v.source.name, v.defines));
                     }
                 }
                 Err(e) => failures.push(format!("{arch} {:?}: {e}", v.defines)),

@@ -56,6 +56,30 @@ impl RtcCompiler for Nvrtc {
         "cubin"
     }
     fn compile_text(&self, text: &str, file_name: &str, options: &[String]) -> std::result::Result<Vec<u8>, String> {
+        let (cubin, log) = self.compile_logged(text, file_name, options)?;
+        for advice in performance_advisories(&log) {
+            tracing::warn!(target: "TE-FL", "{file_name}: {advice}");
+        }
+        Ok(cubin)
+    }
+}
+
+/// The lines of a compile log in which ptxas reports a performance loss it could not avoid,
+/// such as wgmma instructions serialised (C7515): the kernel is correct but runs much slower than
+/// its source intends. A kernel author's bug, never the user's: the compile test fails on any.
+pub fn performance_advisories(log: &str) -> Vec<&str> {
+    log.lines().filter(|l| l.contains("Performance Loss")).map(str::trim).collect()
+}
+
+impl Nvrtc {
+    /// Compiles `text` into a cubin, returning it with the compiler's log (ptxas' advisories
+    /// appear there even on success), or the log alone when it fails.
+    pub fn compile_logged(
+        &self,
+        text: &str,
+        file_name: &str,
+        options: &[String],
+    ) -> std::result::Result<(Vec<u8>, String), String> {
         let text = CString::new(text).map_err(|e| e.to_string())?;
         let name = CString::new(file_name).map_err(|e| e.to_string())?;
         let prog = cudarc::nvrtc::result::create_program(&text, Some(&name))
@@ -63,25 +87,44 @@ impl RtcCompiler for Nvrtc {
         // SAFETY: `prog` is a live program (created above, destroyed once below); `text` and
         // `name` outlive it.
         let out = unsafe {
-            match cudarc::nvrtc::result::compile_program(prog, options) {
+            let compiled = cudarc::nvrtc::result::compile_program(prog, options);
+            let log = cudarc::nvrtc::result::get_program_log(prog)
+                .map(|l| String::from_utf8_lossy(&l.iter().map(|&c| c as u8).collect::<Vec<_>>()).into_owned())
+                .unwrap_or_default();
+            let log = log.trim_end_matches('\0').to_string();
+            match compiled {
                 Ok(()) => {
                     let mut size = 0usize;
                     let r = nvrtc_sys::nvrtcGetCUBINSize(prog, &mut size).result();
                     let mut cubin = vec![0u8; size];
                     r.and_then(|()| nvrtc_sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr().cast()).result())
-                        .map(|()| cubin)
+                        .map(|()| (cubin, log))
                         .map_err(|e| format!("nvrtcGetCUBIN: {e:?}"))
                 }
-                Err(e) => {
-                    let log = cudarc::nvrtc::result::get_program_log(prog)
-                        .map(|l| String::from_utf8_lossy(&l.iter().map(|&c| c as u8).collect::<Vec<_>>()).into_owned())
-                        .unwrap_or_default();
-                    Err(format!("{e:?}\n{}", log.trim_end_matches('\0')))
-                }
+                Err(e) => Err(format!("{e:?}\n{log}")),
             }
         };
         // SAFETY: destroyed exactly once, after its last use.
         let _ = unsafe { cudarc::nvrtc::result::destroy_program(prog) };
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::performance_advisories;
+
+    #[test]
+    fn ptxas_performance_losses_are_picked_out_of_a_log() {
+        let log = "ptxas info    : 0 bytes gmem\n\
+                   ptxas info    : (C7515) Potential Performance Loss: wgmma.mma_async instructions are serialized \
+                   due to non wgmma instructions defining accumulator registers of a wgmma between start and end of \
+                   the pipeline stage in the function 'attn_bwd_sm90'\n\
+                   ptxas info    : Used 168 registers, used 16 barriers\n";
+        let found = performance_advisories(log);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].starts_with("ptxas info    : (C7515)") && found[0].ends_with("'attn_bwd_sm90'"));
+        assert!(performance_advisories("ptxas info    : Used 40 registers\n").is_empty());
+        assert!(performance_advisories("").is_empty());
     }
 }
