@@ -254,7 +254,11 @@ pub fn import_capsule(capsule: &Bound<'_, PyAny>, arg: &str) -> PyResult<Importe
         .iter()
         .map(|&d| usize::try_from(d).map_err(|_| PyValueError::new_err(format!("argument '{arg}': dim {d} < 0"))))
         .collect::<PyResult<_>>()?;
-    if !t.strides.is_null() && ndim > 0 {
+    let numel = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+    // Strides matter only where there are elements to address: an empty tensor is contiguous
+    // whatever its producer reports (numpy exports zero strides for some empty arrays), as in
+    // torch, and so is a dimension of size 1.
+    if !t.strides.is_null() && ndim > 0 && numel != Some(0) {
         // SAFETY: DLPack: `strides` holds `ndim` entries when not null.
         let strides = unsafe { std::slice::from_raw_parts(t.strides, ndim) };
         let mut want = 1i64;
@@ -267,7 +271,6 @@ pub fn import_capsule(capsule: &Bound<'_, PyAny>, arg: &str) -> PyResult<Importe
             want = want.saturating_mul(d);
         }
     }
-    let numel = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
     let bytes = numel
         .and_then(|n| n.checked_mul(dtype.size_in_bytes()))
         .ok_or_else(|| PyValueError::new_err(format!("argument '{arg}': shape {shape:?} overflows")))?;

@@ -438,6 +438,44 @@ def test_bad_input_is_a_named_python_error():
         tefl.call("rmsnorm_fw", {})
 
 
+def test_scalar_arguments_are_checked_and_named():
+    x, g = rand(3, 8), rand(8)
+    # Numbers of any kind convert (numpy scalars, 0-d arrays, whole floats for integers) ...
+    y, _, _ = tex.rmsnorm_fwd(x, g, np.float32(1e-5), None, None, None, np.int64(2), False)
+    close(y, x / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-5) * g, tol=1e-5)
+    close(tex.scaled_softmax_forward(x.reshape(1, 1, 3, 8), np.array(2.0)), tex.scaled_softmax_forward(x.reshape(1, 1, 3, 8), 2.0))
+    tex.dropout_fwd(x, 0.5, seed=7.0, offset=np.uint64(3))
+    # ... anything else is a TypeError naming the argument; strings are not numbers.
+    for call, name in [
+        (lambda: tex.rmsnorm_fwd(x, g, "1e-5", None, None, None, 0, False), "eps"),
+        (lambda: tex.layernorm_fwd(x, g, g, None, None, None, None, 0, False), "eps"),
+        (lambda: tex.scaled_softmax_forward(x.reshape(1, 1, 3, 8), "2"), "scale_factor"),
+        (lambda: tex.dropout_fwd(x, "a"), "dropout_probability"),
+        (lambda: tex.dropout_fwd(x, 0.5, seed=1.5), "seed"),
+        (lambda: tex.rmsnorm_bwd(x, x, rand(3), g, 1.5, False), "sm_margin"),
+        (lambda: tex.clamped_swiglu(rand(3, 8), None, limit=[7.0]), "limit"),
+    ]:
+        with pytest.raises(TypeError, match=f"'{name}'"):
+            call()
+    # TE's sm_margin is a C int of SMs to leave free: checked, though tefl reserves none.
+    for bad in (-1, 1 << 31):
+        with pytest.raises(ValueError, match="sm_margin"):
+            tex.layernorm_fwd(x, g, g, 1e-5, None, None, None, bad, False)
+    lists = [[rand(8)], [rand(8)], [np.zeros(8, np.float32)], [np.zeros(8, np.float32)]]
+    with pytest.raises(ValueError, match="'mode'"):
+        tex.multi_tensor_adam(2048, np.zeros(1, np.int32), lists, 1e-3, 0.9, 0.999, 1e-8, 1, 2, 1, 0.0)
+    with pytest.raises(TypeError, match="'lr'"):
+        tex.multi_tensor_adam(2048, np.zeros(1, np.int32), lists, None, 0.9, 0.999, 1e-8, 1, 1, 1, 0.0)
+
+
+def test_an_empty_array_is_a_shape_error_not_a_stride_one():
+    # numpy reports zero strides for empty arrays; an empty tensor is contiguous whatever its
+    # strides, so what tefl says is about its shape, naming the argument.
+    for empty in (np.zeros((0, 8), np.float32), rand(4, 8)[:0]):
+        with pytest.raises(ValueError, match="'x'.*dimension 0"):
+            tex.rmsnorm_fwd(empty, rand(8), 1e-5, None, None, None, 0, False)
+
+
 def test_outputs_are_zero_copy_views_of_tefl_memory():
     x = rand(4, 32)
     y = tex.gelu(x, None)

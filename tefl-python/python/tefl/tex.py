@@ -12,7 +12,12 @@ FP8 goes through ``Float8Quantizer`` (the norms' and ``generic_gemm``'s ``quanti
 of quantizer, an attention bias, context parallelism, ...) raise ``NotImplementedError`` naming
 them; bad values raise ``ValueError``/``TypeError`` naming
 the argument; an impl failure with no fallback left raises ``RuntimeError`` naming the impls.
+Scalar arguments take any number (Python, numpy, a one-element tensor), not strings. TE's
+``sm_margin`` (SMs the norms leave to other kernels) is checked as TE's C++ int and otherwise
+ignored: tefl's kernels take the whole device.
 """
+
+import operator
 
 from . import _native
 from ._core import call, dtype_name, global_manager, kind_of
@@ -64,6 +69,38 @@ def _unsupported(fn, **named):
 
 def _none(v):
     return v is None
+
+
+def _real(name, v):
+    """Argument ``name`` as a float: a Python or numpy number, or a one-element tensor
+    (``TypeError`` naming it otherwise; strings are not numbers here)."""
+    if not isinstance(v, (str, bytes)):
+        try:
+            return float(v)
+        except (TypeError, ValueError):
+            pass
+    raise TypeError(f"argument '{name}' must be a real number, got {type(v).__name__} {v!r}")
+
+
+def _integer(name, v):
+    """Argument ``name`` as an int: an integer, or a float with no fractional part (``TypeError``
+    naming it otherwise; its range is checked by the op)."""
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    if not isinstance(v, (str, bytes, float)):
+        try:
+            return operator.index(v)
+        except TypeError:
+            pass
+    raise TypeError(f"argument '{name}' must be an integer, got {type(v).__name__} {v!r}")
+
+
+def _sm_margin(sm_margin):
+    """TE's SMs to leave to other kernels: checked (an integer in [0, 2^31), as TE's C++ int),
+    not used: tefl's norm kernels size their grids to the whole device."""
+    v = _integer("sm_margin", sm_margin)
+    if not 0 <= v < 1 << 31:
+        raise ValueError(f"argument 'sm_margin' must be in [0, 2^31), got {v}")
 
 
 def _zero(v):
@@ -195,8 +232,9 @@ def rmsnorm_fwd(input, weight, eps, ln_out=None, quantizer=None, otype=None, sm_
 
     With a ``quantizer`` (``Float8Quantizer``), out is a ``Float8Tensor`` written in the same
     pass, and the quantizer's amax is raised to max |input·rsigma·weight|."""
+    _sm_margin(sm_margin)
     kind = kind_of([input])
-    args = {"x": input, "gamma": weight, "eps": float(eps), "zero_centered_gamma": bool(zero_centered_gamma)}
+    args = {"x": input, "gamma": weight, "eps": _real("eps", eps), "zero_centered_gamma": bool(zero_centered_gamma)}
     q = _norm_out(args, "rmsnorm_fwd", input, ln_out, quantizer, otype)
     out = call("rmsnorm_fwd", args, kind=kind)
     return _norm_result(out, ln_out, quantizer, q), None, out["rsigma"]
@@ -227,6 +265,7 @@ def _norm_result(out, ln_out, quantizer, q):
 
 def rmsnorm_bwd(dz, x, rsigma, gamma, sm_margin=0, zero_centered_gamma=False):
     """``-> (dx, dgamma)``."""
+    _sm_margin(sm_margin)
     out = call(
         "rmsnorm_bwd",
         {"dy": dz, "x": x, "rsigma": rsigma, "gamma": gamma, "zero_centered_gamma": bool(zero_centered_gamma)},
@@ -236,6 +275,7 @@ def rmsnorm_bwd(dz, x, rsigma, gamma, sm_margin=0, zero_centered_gamma=False):
 
 def rmsnorm_bwd_add(dz, x, add, rsigma, gamma, sm_margin=0, zero_centered_gamma=False):
     """``-> (dx, dgamma)``: as ``rmsnorm_bwd``, with ``add`` added to dx (a residual's gradient)."""
+    _sm_margin(sm_margin)
     out = call(
         "rmsnorm_bwd_add",
         {
@@ -254,8 +294,15 @@ def layernorm_fwd(
     input, weight, bias, eps, ln_out=None, quantizer=None, otype=None, sm_margin=0, zero_centered_gamma=False
 ):
     """``-> (out, mu, rsigma)``; with a ``quantizer``, out is a ``Float8Tensor`` (as ``rmsnorm_fwd``)."""
+    _sm_margin(sm_margin)
     kind = kind_of([input])
-    args = {"x": input, "gamma": weight, "beta": bias, "eps": float(eps), "zero_centered_gamma": bool(zero_centered_gamma)}
+    args = {
+        "x": input,
+        "gamma": weight,
+        "beta": bias,
+        "eps": _real("eps", eps),
+        "zero_centered_gamma": bool(zero_centered_gamma),
+    }
     q = _norm_out(args, "layernorm_fwd", input, ln_out, quantizer, otype)
     out = call("layernorm_fwd", args, kind=kind)
     return _norm_result(out, ln_out, quantizer, q), out["mu"], out["rsigma"]
@@ -263,6 +310,7 @@ def layernorm_fwd(
 
 def layernorm_bwd(dz, x, mu, rsigma, gamma, sm_margin=0, zero_centered_gamma=False):
     """``-> (dx, dgamma, dbeta)``."""
+    _sm_margin(sm_margin)
     out = call(
         "layernorm_bwd",
         {"dy": dz, "x": x, "mu": mu, "rsigma": rsigma, "gamma": gamma, "zero_centered_gamma": bool(zero_centered_gamma)},
@@ -454,7 +502,7 @@ def _no_bias(bias_type):
 
 def _attn_args(Q, K, V, cu_q, cu_kv, qkv_layout, attn_mask_type, attn_scale, p, seed, offset, window_size):
     """The arguments tefl's attention forward and backward share, from TE's."""
-    scale = float(attn_scale) if attn_scale is not None else float(_shape(Q)[-1]) ** -0.5
+    scale = _real("attn_scale", attn_scale) if attn_scale is not None else float(_shape(Q)[-1]) ** -0.5
     return {
         "q": Q,
         "k": K,
@@ -465,8 +513,8 @@ def _attn_args(Q, K, V, cu_q, cu_kv, qkv_layout, attn_mask_type, attn_scale, p, 
         "mask": _mask(attn_mask_type),
         "scale": scale,
         "dropout_p": p,
-        "seed": int(seed),
-        "offset": int(offset),
+        "seed": _integer("seed", seed),
+        "offset": _integer("offset", offset),
         "window": _window(window_size),
     }
 
@@ -475,7 +523,7 @@ def _window(window_size):
     if window_size is None:
         return [-1, -1]
     left, right = window_size
-    return [int(left), int(right)]
+    return [_integer("window_size", left), _integer("window_size", right)]
 
 
 def fused_attn_fwd(
@@ -523,7 +571,7 @@ def fused_attn_fwd(
     )
     if rng_gen is not None and hasattr(rng_gen, "initial_seed"):
         seed = int(rng_gen.initial_seed())
-    p = float(p_dropout) if is_training else 0.0
+    p = _real("p_dropout", p_dropout) if is_training else 0.0
     args = _attn_args(Q, K, V, cu_seqlens_q, cu_seqlens_kv, qkv_layout, attn_mask_type, attn_scale, p, seed, offset, window_size)
     out = call("fused_attn_fwd", args)
     return [out["o"], out["softmax_lse"], _rng_state(Q, seed, offset)]
@@ -537,7 +585,7 @@ def _rng_state(like, seed, offset):
     torch it is a host tensor even when the attention ran on the GPU: building a device one
     from Python values copies from pageable memory and waits for the stream, and the backward
     reading it back would wait again (the tensor only carries the pair to the backward)."""
-    seed, offset = [v - (1 << 64) if v >= 1 << 63 else v for v in (int(seed), int(offset))]
+    seed, offset = [v - (1 << 64) if v >= 1 << 63 else v for v in (_integer("seed", seed), _integer("offset", offset))]
     if type(like).__module__.startswith("torch"):
         import torch
 
@@ -593,7 +641,18 @@ def fused_attn_bwd(
         rng = Aux_CTX_Tensors[1]
         seed, offset = (int(v) & _U64 for v in (rng.tolist() if hasattr(rng, "tolist") else rng))
     args = _attn_args(
-        Q, K, V, cu_seqlens_q, cu_seqlens_kv, qkv_layout, attn_mask_type, attn_scale, float(p_dropout), seed, offset, window_size
+        Q,
+        K,
+        V,
+        cu_seqlens_q,
+        cu_seqlens_kv,
+        qkv_layout,
+        attn_mask_type,
+        attn_scale,
+        _real("p_dropout", p_dropout),
+        seed,
+        offset,
+        window_size,
     )
     args.update({"o": O, "d_o": dO, "softmax_lse": lse})
     out = call("fused_attn_bwd", args)
@@ -652,13 +711,13 @@ def _softmax_fwd(name, masked):
     if masked:
 
         def forward(input, mask, scale_factor):
-            return call(name, {"x": input, "mask": mask, "scale": float(scale_factor)})["y"]
+            return call(name, {"x": input, "mask": mask, "scale": _real("scale_factor", scale_factor)})["y"]
 
         forward.__doc__ = f"TE's ``{name}(input, mask, scale_factor)``: softmax(scale·input), masked where mask is set."
     else:
 
         def forward(input, scale_factor):
-            return call(name, {"x": input, "scale": float(scale_factor)})["y"]
+            return call(name, {"x": input, "scale": _real("scale_factor", scale_factor)})["y"]
 
         forward.__doc__ = f"TE's ``{name}(input, scale_factor)``."
     forward.__name__ = name
@@ -667,7 +726,7 @@ def _softmax_fwd(name, masked):
 
 def _softmax_bwd(name):
     def backward(output_grads, softmax_results, scale_factor):
-        return call(name, {"dy": output_grads, "y": softmax_results, "scale": float(scale_factor)})["dx"]
+        return call(name, {"dy": output_grads, "y": softmax_results, "scale": _real("scale_factor", scale_factor)})["dx"]
 
     backward.__name__ = name
     backward.__doc__ = f"TE's ``{name}(output_grads, softmax_results, scale_factor)``."
@@ -726,14 +785,13 @@ for _n in ["dbias_dgelu", "dbias_dsilu", "dbias_drelu", "dbias_dqgelu", "dbias_d
 
 def clamped_swiglu(input, quantizer=None, limit=7.0, alpha=1.702):
     _unsupported("clamped_swiglu", quantizer=(quantizer, _none))
-    return call("clamped_swiglu", {"x": input, "limit": float(limit), "alpha": float(alpha)})["y"]
+    return call("clamped_swiglu", {"x": input, "limit": _real("limit", limit), "alpha": _real("alpha", alpha)})["y"]
 
 
 def clamped_dswiglu(grad, input, quantizer=None, limit=7.0, alpha=1.702):
     _unsupported("clamped_dswiglu", quantizer=(quantizer, _none))
-    return call("clamped_dswiglu", {"grad": grad, "input": input, "limit": float(limit), "alpha": float(alpha)})[
-        "grad_input"
-    ]
+    args = {"grad": grad, "input": input, "limit": _real("limit", limit), "alpha": _real("alpha", alpha)}
+    return call("clamped_dswiglu", args)["grad_input"]
 
 
 __all__ += ["clamped_swiglu", "clamped_dswiglu"]
@@ -751,7 +809,7 @@ def _lists(fn, tensor_lists, n):
 def multi_tensor_scale(chunk_size, noop_flag, tensor_lists, scale):
     """dst = src·scale over ``tensor_lists = [src, dst]``; noop_flag set on inf/NaN."""
     src, dst = _lists("multi_tensor_scale", tensor_lists, (2,))
-    call("multi_tensor_scale", {"noop_flag": noop_flag, "src": src, "dst": dst, "scale": float(scale)})
+    call("multi_tensor_scale", {"noop_flag": noop_flag, "src": src, "dst": dst, "scale": _real("scale", scale)})
 
 
 def multi_tensor_l2norm(chunk_size, noop_flag, tensor_lists, per_tensor=False):
@@ -771,6 +829,14 @@ def multi_tensor_unscale_l2norm(chunk_size, noop_flag, tensor_lists, inv_scale, 
     return out["total"], out["per_tensor_norms"]
 
 
+def _adam_mode(mode):
+    """TE's Adam mode: 0 = L2 regularisation, 1 = AdamW (decoupled weight decay)."""
+    v = _integer("mode", mode)
+    if v not in (0, 1):
+        raise ValueError(f"argument 'mode' must be 0 (L2) or 1 (AdamW), got {v}")
+    return "adamw" if v == 1 else "l2"
+
+
 def multi_tensor_adam(
     chunk_size, noop_flag, tensor_lists, lr, beta1, beta2, epsilon, step, mode, bias_correction, weight_decay
 ):
@@ -778,14 +844,14 @@ def multi_tensor_adam(
     params as a fifth list); ``mode`` 0 = L2, 1 = AdamW."""
     lists = _lists("multi_tensor_adam", tensor_lists, (4, 5))
     hyper = {
-        "lr": float(lr),
-        "beta1": float(beta1),
-        "beta2": float(beta2),
-        "eps": float(epsilon),
-        "step": int(step),
-        "mode": "adamw" if int(mode) == 1 else "l2",
+        "lr": _real("lr", lr),
+        "beta1": _real("beta1", beta1),
+        "beta2": _real("beta2", beta2),
+        "eps": _real("epsilon", epsilon),
+        "step": _integer("step", step),
+        "mode": _adam_mode(mode),
         "bias_correction": bool(bias_correction),
-        "weight_decay": float(weight_decay),
+        "weight_decay": _real("weight_decay", weight_decay),
     }
     if len(lists) == 4:
         g, p, m, v = lists
@@ -821,14 +887,14 @@ def multi_tensor_sgd(
             "grads": g,
             "params": p,
             "momentum_buf": mom,
-            "weight_decay": float(wd),
-            "momentum": float(momentum),
-            "dampening": float(dampening),
-            "lr": float(lr),
+            "weight_decay": _real("wd", wd),
+            "momentum": _real("momentum", momentum),
+            "dampening": _real("dampening", dampening),
+            "lr": _real("lr", lr),
             "nesterov": bool(nesterov),
             "first_run": bool(first_run),
             "wd_after_momentum": bool(wd_after_momentum),
-            "scale": float(scale),
+            "scale": _real("scale", scale),
         },
     )
 
@@ -843,9 +909,9 @@ def multi_tensor_compute_scale_and_scale_inv(chunk_size, noop_flag, tensor_lists
             "amax": amax,
             "scale": scale,
             "scale_inv": scale_inv,
-            "fp8_max": float(max_fp8),
+            "fp8_max": _real("max_fp8", max_fp8),
             "force_pow_2": bool(force_pow_2_scales),
-            "epsilon": float(epsilon),
+            "epsilon": _real("epsilon", epsilon),
         },
     )
 
@@ -882,8 +948,8 @@ def fused_amax_and_scale_update_after_reduction(amax_history, scale, scale_inv, 
             "amax_history": amax_history,
             "scale": scale,
             "scale_inv": scale_inv,
-            "fp8_max": float(fp8_max),
-            "margin": float(margin),
+            "fp8_max": _real("fp8_max", fp8_max),
+            "margin": _real("margin", margin),
             "algo": str(amax_compute_algo),
         },
     )
@@ -891,9 +957,11 @@ def fused_amax_and_scale_update_after_reduction(amax_history, scale, scale_inv, 
 
 def dropout_fwd(input, dropout_probability, seed=0, offset=0):
     """``-> (output, mask)``."""
-    out = call("dropout_fwd", {"x": input, "p": float(dropout_probability), "seed": int(seed), "offset": int(offset)})
+    p = _real("dropout_probability", dropout_probability)
+    out = call("dropout_fwd", {"x": input, "p": p, "seed": _integer("seed", seed), "offset": _integer("offset", offset)})
     return out["y"], out["mask"]
 
 
 def dropout_bwd(grad_output, mask, dropout_probability):
-    return call("dropout_bwd", {"dy": grad_output, "mask": mask, "p": float(dropout_probability)})["dx"]
+    p = _real("dropout_probability", dropout_probability)
+    return call("dropout_bwd", {"dy": grad_output, "mask": mask, "p": p})["dx"]
