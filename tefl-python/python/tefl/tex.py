@@ -85,13 +85,17 @@ def _real(name, v):
 def _integer(name, v):
     """Argument ``name`` as an int: an integer, or a float with no fractional part (``TypeError``
     naming it otherwise; its range is checked by the op)."""
-    if isinstance(v, float) and v.is_integer():
-        return int(v)
-    if not isinstance(v, (str, bytes, float)):
+    if not isinstance(v, (str, bytes)):
         try:
             return operator.index(v)
         except TypeError:
             pass
+        try:
+            whole = float(v)
+        except (TypeError, ValueError):
+            whole = None
+        if whole is not None and whole.is_integer():
+            return int(whole)
     raise TypeError(f"argument '{name}' must be an integer, got {type(v).__name__} {v!r}")
 
 
