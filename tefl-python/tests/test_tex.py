@@ -443,7 +443,8 @@ def test_scalar_arguments_are_checked_and_named():
     # Numbers of any kind convert (numpy scalars, 0-d arrays, whole floats for integers) ...
     y, _, _ = tex.rmsnorm_fwd(x, g, np.float32(1e-5), None, None, None, np.int64(2), False)
     close(y, x / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-5) * g, tol=1e-5)
-    close(tex.scaled_softmax_forward(x.reshape(1, 1, 3, 8), np.array(2.0)), tex.scaled_softmax_forward(x.reshape(1, 1, 3, 8), 2.0))
+    x4 = x.reshape(1, 1, 3, 8)
+    close(tex.scaled_softmax_forward(x4, np.array(2.0)), tex.scaled_softmax_forward(x4, 2.0))
     tex.dropout_fwd(x, 0.5, seed=7.0, offset=np.uint64(3))
     # ... anything else is a TypeError naming the argument; strings are not numbers.
     for call, name in [
@@ -454,6 +455,11 @@ def test_scalar_arguments_are_checked_and_named():
         (lambda: tex.dropout_fwd(x, 0.5, seed=1.5), "seed"),
         (lambda: tex.rmsnorm_bwd(x, x, rand(3), g, 1.5, False), "sm_margin"),
         (lambda: tex.clamped_swiglu(rand(3, 8), None, limit=[7.0]), "limit"),
+        (lambda: tex.rmsnorm_fwd(x, g, 1e-5, None, None, None, 0, "False"), "zero_centered_gamma"),
+        (
+            lambda: tex.generic_gemm(x, "True", x, False, None, None, "f32", None, None, False, None, False, None, 0, False, False),
+            "transA",
+        ),
     ]:
         with pytest.raises(TypeError, match=f"'{name}'"):
             call()

@@ -99,6 +99,14 @@ def _integer(name, v):
     raise TypeError(f"argument '{name}' must be an integer, got {type(v).__name__} {v!r}")
 
 
+def _flag(name, v):
+    """Argument ``name`` as a bool, as TE's bindings convert one (None is False); a string is a
+    ``TypeError`` naming it ('False' would otherwise be true)."""
+    if isinstance(v, (str, bytes)):
+        raise TypeError(f"argument '{name}' must be a bool, got {type(v).__name__} {v!r}")
+    return bool(v)
+
+
 def _sm_margin(sm_margin):
     """TE's SMs to leave to other kernels: checked (an integer in [0, 2^31), as TE's C++ int),
     not used: tefl's norm kernels size their grids to the whole device."""
@@ -238,7 +246,7 @@ def rmsnorm_fwd(input, weight, eps, ln_out=None, quantizer=None, otype=None, sm_
     pass, and the quantizer's amax is raised to max |input·rsigma·weight|."""
     _sm_margin(sm_margin)
     kind = kind_of([input])
-    args = {"x": input, "gamma": weight, "eps": _real("eps", eps), "zero_centered_gamma": bool(zero_centered_gamma)}
+    args = {"x": input, "gamma": weight, "eps": _real("eps", eps), "zero_centered_gamma": _flag("zero_centered_gamma", zero_centered_gamma)}
     q = _norm_out(args, "rmsnorm_fwd", input, ln_out, quantizer, otype)
     out = call("rmsnorm_fwd", args, kind=kind)
     return _norm_result(out, ln_out, quantizer, q), None, out["rsigma"]
@@ -272,7 +280,7 @@ def rmsnorm_bwd(dz, x, rsigma, gamma, sm_margin=0, zero_centered_gamma=False):
     _sm_margin(sm_margin)
     out = call(
         "rmsnorm_bwd",
-        {"dy": dz, "x": x, "rsigma": rsigma, "gamma": gamma, "zero_centered_gamma": bool(zero_centered_gamma)},
+        {"dy": dz, "x": x, "rsigma": rsigma, "gamma": gamma, "zero_centered_gamma": _flag("zero_centered_gamma", zero_centered_gamma)},
     )
     return out["dx"], out["dgamma"]
 
@@ -288,7 +296,7 @@ def rmsnorm_bwd_add(dz, x, add, rsigma, gamma, sm_margin=0, zero_centered_gamma=
             "rsigma": rsigma,
             "gamma": gamma,
             "add": add,
-            "zero_centered_gamma": bool(zero_centered_gamma),
+            "zero_centered_gamma": _flag("zero_centered_gamma", zero_centered_gamma),
         },
     )
     return out["dx"], out["dgamma"]
@@ -305,7 +313,7 @@ def layernorm_fwd(
         "gamma": weight,
         "beta": bias,
         "eps": _real("eps", eps),
-        "zero_centered_gamma": bool(zero_centered_gamma),
+        "zero_centered_gamma": _flag("zero_centered_gamma", zero_centered_gamma),
     }
     q = _norm_out(args, "layernorm_fwd", input, ln_out, quantizer, otype)
     out = call("layernorm_fwd", args, kind=kind)
@@ -317,7 +325,7 @@ def layernorm_bwd(dz, x, mu, rsigma, gamma, sm_margin=0, zero_centered_gamma=Fal
     _sm_margin(sm_margin)
     out = call(
         "layernorm_bwd",
-        {"dy": dz, "x": x, "mu": mu, "rsigma": rsigma, "gamma": gamma, "zero_centered_gamma": bool(zero_centered_gamma)},
+        {"dy": dz, "x": x, "mu": mu, "rsigma": rsigma, "gamma": gamma, "zero_centered_gamma": _flag("zero_centered_gamma", zero_centered_gamma)},
     )
     return out["dx"], out["dgamma"], out["dbeta"]
 
@@ -367,6 +375,7 @@ def generic_gemm(
     product), ``use_split_accumulator`` picks TE's split accumulation, and a ``quantizer``
     (``Float8Quantizer``) makes D a ``Float8Tensor`` of (product · scale), its amax raised.
     """
+    transA, transB = _flag("transA", transA), _flag("transB", transB)
     kind = kind_of([x.data if isinstance(x, Float8Tensor) else x for x in (A, B, D)])
     fa, fb = _fp8_operand(A), _fp8_operand(B)
     if (fa is None) != (fb is None):
@@ -433,13 +442,13 @@ def generic_gemm(
         "bias": bias if epilogue in ("bias", "bias_gelu") else None,
         "aux": gelu_in if epilogue in ("dgelu", "dgelu_bias_grad") else None,
         "c": D if accumulate else None,
-        "transa": bool(tl),
-        "transb": bool(tr),
+        "transa": tl,
+        "transb": tr,
         "alpha": 1.0,
-        "accumulate": bool(accumulate),
+        "accumulate": _flag("accumulate", accumulate),
         "epilogue": epilogue,
         "out_dtype": out_dtype,
-        "split_accumulator": bool(use_split_accumulator),
+        "split_accumulator": _flag("use_split_accumulator", use_split_accumulator),
     }
     out = call("generic_gemm", args, kind=kind)
     d = out["d"]
@@ -687,7 +696,7 @@ def _rope(op, input, freqs, start_positions, qkv_format, interleaved, cu_seqlens
         "cu_seqlens": cu_seqlens,
         "start_positions": start_positions,
         "layout": _qkv_format(qkv_format),
-        "interleaved": bool(interleaved),
+        "interleaved": _flag("interleaved", interleaved),
     }
     return call(op, args)["y"]
 
@@ -819,7 +828,7 @@ def multi_tensor_scale(chunk_size, noop_flag, tensor_lists, scale):
 def multi_tensor_l2norm(chunk_size, noop_flag, tensor_lists, per_tensor=False):
     """``-> (total_norm, per_tensor_norms)``."""
     (tensors,) = _lists("multi_tensor_l2norm", tensor_lists, (1,))
-    out = call("multi_tensor_l2norm", {"noop_flag": noop_flag, "tensors": tensors, "per_tensor": bool(per_tensor)})
+    out = call("multi_tensor_l2norm", {"noop_flag": noop_flag, "tensors": tensors, "per_tensor": _flag("per_tensor", per_tensor)})
     return out["total"], out["per_tensor_norms"]
 
 
@@ -828,7 +837,7 @@ def multi_tensor_unscale_l2norm(chunk_size, noop_flag, tensor_lists, inv_scale, 
     (tensors,) = _lists("multi_tensor_unscale_l2norm", tensor_lists, (1,))
     out = call(
         "multi_tensor_unscale_l2norm",
-        {"noop_flag": noop_flag, "tensors": tensors, "inv_scale": inv_scale, "per_tensor": bool(per_tensor)},
+        {"noop_flag": noop_flag, "tensors": tensors, "inv_scale": inv_scale, "per_tensor": _flag("per_tensor", per_tensor)},
     )
     return out["total"], out["per_tensor_norms"]
 
@@ -854,7 +863,7 @@ def multi_tensor_adam(
         "eps": _real("epsilon", epsilon),
         "step": _integer("step", step),
         "mode": _adam_mode(mode),
-        "bias_correction": bool(bias_correction),
+        "bias_correction": _flag("bias_correction", bias_correction),
         "weight_decay": _real("weight_decay", weight_decay),
     }
     if len(lists) == 4:
@@ -895,9 +904,9 @@ def multi_tensor_sgd(
             "momentum": _real("momentum", momentum),
             "dampening": _real("dampening", dampening),
             "lr": _real("lr", lr),
-            "nesterov": bool(nesterov),
-            "first_run": bool(first_run),
-            "wd_after_momentum": bool(wd_after_momentum),
+            "nesterov": _flag("nesterov", nesterov),
+            "first_run": _flag("first_run", first_run),
+            "wd_after_momentum": _flag("wd_after_momentum", wd_after_momentum),
             "scale": _real("scale", scale),
         },
     )
@@ -914,7 +923,7 @@ def multi_tensor_compute_scale_and_scale_inv(chunk_size, noop_flag, tensor_lists
             "scale": scale,
             "scale_inv": scale_inv,
             "fp8_max": _real("max_fp8", max_fp8),
-            "force_pow_2": bool(force_pow_2_scales),
+            "force_pow_2": _flag("force_pow_2_scales", force_pow_2_scales),
             "epsilon": _real("epsilon", epsilon),
         },
     )
@@ -928,7 +937,7 @@ def quantize(tensor, scale, fp8_dtype, want_transpose=False):
     q as uint8 bytes for numpy (float8 for torch)."""
     out = call(
         "quantize",
-        {"x": tensor, "scale": scale, "fp8_dtype": dtype_name(fp8_dtype, "fp8_dtype"), "want_transpose": bool(want_transpose)},
+        {"x": tensor, "scale": scale, "fp8_dtype": dtype_name(fp8_dtype, "fp8_dtype"), "want_transpose": _flag("want_transpose", want_transpose)},
     )
     return out["q"], out["q_t"], out["amax"], out["scale_inv"]
 
