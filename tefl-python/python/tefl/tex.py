@@ -107,12 +107,14 @@ def _flag(name, v):
     return bool(v)
 
 
-def _sm_margin(sm_margin):
-    """TE's SMs to leave to other kernels: checked (an integer in [0, 2^31), as TE's C++ int),
+def _zero_centered(sm_margin, zero_centered_gamma):
+    """The two options every TE norm takes: ``zero_centered_gamma`` as a bool, returned, and
+    ``sm_margin`` (SMs to leave to other kernels), checked as TE's C++ int, in [0, 2^31), and
     not used: tefl's norm kernels size their grids to the whole device."""
     v = _integer("sm_margin", sm_margin)
     if not 0 <= v < 1 << 31:
         raise ValueError(f"argument 'sm_margin' must be in [0, 2^31), got {v}")
+    return _flag("zero_centered_gamma", zero_centered_gamma)
 
 
 def _zero(v):
@@ -244,9 +246,9 @@ def rmsnorm_fwd(input, weight, eps, ln_out=None, quantizer=None, otype=None, sm_
 
     With a ``quantizer`` (``Float8Quantizer``), out is a ``Float8Tensor`` written in the same
     pass, and the quantizer's amax is raised to max |input·rsigma·weight|."""
-    _sm_margin(sm_margin)
+    zc = _zero_centered(sm_margin, zero_centered_gamma)
     kind = kind_of([input])
-    args = {"x": input, "gamma": weight, "eps": _real("eps", eps), "zero_centered_gamma": _flag("zero_centered_gamma", zero_centered_gamma)}
+    args = {"x": input, "gamma": weight, "eps": _real("eps", eps), "zero_centered_gamma": zc}
     q = _norm_out(args, "rmsnorm_fwd", input, ln_out, quantizer, otype)
     out = call("rmsnorm_fwd", args, kind=kind)
     return _norm_result(out, ln_out, quantizer, q), None, out["rsigma"]
@@ -277,17 +279,17 @@ def _norm_result(out, ln_out, quantizer, q):
 
 def rmsnorm_bwd(dz, x, rsigma, gamma, sm_margin=0, zero_centered_gamma=False):
     """``-> (dx, dgamma)``."""
-    _sm_margin(sm_margin)
+    zc = _zero_centered(sm_margin, zero_centered_gamma)
     out = call(
         "rmsnorm_bwd",
-        {"dy": dz, "x": x, "rsigma": rsigma, "gamma": gamma, "zero_centered_gamma": _flag("zero_centered_gamma", zero_centered_gamma)},
+        {"dy": dz, "x": x, "rsigma": rsigma, "gamma": gamma, "zero_centered_gamma": zc},
     )
     return out["dx"], out["dgamma"]
 
 
 def rmsnorm_bwd_add(dz, x, add, rsigma, gamma, sm_margin=0, zero_centered_gamma=False):
     """``-> (dx, dgamma)``: as ``rmsnorm_bwd``, with ``add`` added to dx (a residual's gradient)."""
-    _sm_margin(sm_margin)
+    zc = _zero_centered(sm_margin, zero_centered_gamma)
     out = call(
         "rmsnorm_bwd_add",
         {
@@ -296,7 +298,7 @@ def rmsnorm_bwd_add(dz, x, add, rsigma, gamma, sm_margin=0, zero_centered_gamma=
             "rsigma": rsigma,
             "gamma": gamma,
             "add": add,
-            "zero_centered_gamma": _flag("zero_centered_gamma", zero_centered_gamma),
+            "zero_centered_gamma": zc,
         },
     )
     return out["dx"], out["dgamma"]
@@ -306,15 +308,9 @@ def layernorm_fwd(
     input, weight, bias, eps, ln_out=None, quantizer=None, otype=None, sm_margin=0, zero_centered_gamma=False
 ):
     """``-> (out, mu, rsigma)``; with a ``quantizer``, out is a ``Float8Tensor`` (as ``rmsnorm_fwd``)."""
-    _sm_margin(sm_margin)
+    zc = _zero_centered(sm_margin, zero_centered_gamma)
     kind = kind_of([input])
-    args = {
-        "x": input,
-        "gamma": weight,
-        "beta": bias,
-        "eps": _real("eps", eps),
-        "zero_centered_gamma": _flag("zero_centered_gamma", zero_centered_gamma),
-    }
+    args = {"x": input, "gamma": weight, "beta": bias, "eps": _real("eps", eps), "zero_centered_gamma": zc}
     q = _norm_out(args, "layernorm_fwd", input, ln_out, quantizer, otype)
     out = call("layernorm_fwd", args, kind=kind)
     return _norm_result(out, ln_out, quantizer, q), out["mu"], out["rsigma"]
@@ -322,10 +318,10 @@ def layernorm_fwd(
 
 def layernorm_bwd(dz, x, mu, rsigma, gamma, sm_margin=0, zero_centered_gamma=False):
     """``-> (dx, dgamma, dbeta)``."""
-    _sm_margin(sm_margin)
+    zc = _zero_centered(sm_margin, zero_centered_gamma)
     out = call(
         "layernorm_bwd",
-        {"dy": dz, "x": x, "mu": mu, "rsigma": rsigma, "gamma": gamma, "zero_centered_gamma": _flag("zero_centered_gamma", zero_centered_gamma)},
+        {"dy": dz, "x": x, "mu": mu, "rsigma": rsigma, "gamma": gamma, "zero_centered_gamma": zc},
     )
     return out["dx"], out["dgamma"], out["dbeta"]
 
