@@ -25,6 +25,12 @@
 // copies from memory left out (the multiplies from shared memory alone) 2.45–2.51 ms. KT 64,
 // 32-wide subgroup tiles and double-buffered tiles were all slower; on the H200 (2026-11-26)
 // the 128×256 and 256×128 tiles were 2–10% slower than 128×128, raster groups of 8 1–2% faster.
+// On the H200 (2026-11-27, alternating three times in one run): issuing the next step's loads
+// before the barrier that precedes the multiplies, rather than after it, 8192³ 5.612–5.615 ms
+// against 5.634–5.658 (kept); loads without a branch (a clamped index and a select of zero)
+// 11.56 ms: the select uses each loaded value as soon as it is loaded, so every load waits there
+// instead of behind the multiplies; the fragment loads reordered (B's four, then one A fragment
+// before each row of products) made the same binary.
 //
 // The host takes this path only where every operand row is a whole number of 16-byte chunks
 // (k, and m or n where they are the contiguous dimension, multiples of 8), so a chunk is
@@ -235,7 +241,9 @@ fn main(
         for (var i = 0u; i < CHUNKS_B; i++) {
             tile_b[chunk_b(lane, i, col0).x] = bitcast<vec4<f32>>(rb[i]);
         }
-        workgroupBarrier();
+        // The next step's chunks into registers, issued before the barrier so that they are on
+        // their way while the slowest subgroup stores; nothing reads them before the next step's
+        // stores (a value used sooner makes its load wait there).
         let next = k0 + KT;
         if (next < p.k) {
             let sa = step_a(next);
@@ -247,6 +255,7 @@ fn main(
                 rb[i] = fetch_b(at_b[i], chunk_b(lane, i, col0).y, next, sb);
             }
         }
+        workgroupBarrier();
         for (var kk = 0u; kk < KT; kk += 16u) {
             let a0 = frag_a(sr, kk);
             let a1 = frag_a(sr + 16u, kk);
