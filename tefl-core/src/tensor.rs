@@ -49,12 +49,11 @@ fn tensor_what(shape: &[usize], dtype: DType) -> String {
     format!("a {dtype} tensor of shape {shape:?}")
 }
 
-/// A device's out-of-memory error renamed after the tensor being allocated; others as they are.
-fn name_oom(e: Error, shape: &[usize], dtype: DType) -> Error {
+/// A device's out-of-memory error renamed after the tensor being allocated, with the bytes it
+/// asked for (a driver's error does not say them); others as they are.
+fn name_oom(e: Error, shape: &[usize], dtype: DType, bytes: usize) -> Error {
     match e {
-        Error::OutOfMemory { device, bytes, .. } => {
-            Error::OutOfMemory { device, bytes, what: tensor_what(shape, dtype) }
-        }
+        Error::OutOfMemory { device, .. } => Error::OutOfMemory { device, bytes, what: tensor_what(shape, dtype) },
         e => e,
     }
 }
@@ -93,7 +92,7 @@ impl Tensor {
     pub fn zeros(shape: impl AsRef<[usize]>, dtype: DType, device: &Device) -> Result<Tensor> {
         let shape = shape.as_ref();
         let bytes = alloc_bytes(shape, dtype, device)?;
-        let name = |e: Error| name_oom(e, shape, dtype);
+        let name = |e: Error| name_oom(e, shape, dtype, bytes);
         let rt = device::runtime(device.kind)?;
         // The CPU runtime hands out zeroed memory unless allocations are being poisoned; any
         // other memory is zeroed once, by the device's fill (not also by its allocator).
@@ -113,7 +112,7 @@ impl Tensor {
         let shape = shape.as_ref();
         let bytes = alloc_bytes(shape, dtype, device)?;
         let storage =
-            device::runtime(device.kind)?.alloc_uninit(*device, bytes).map_err(|e| name_oom(e, shape, dtype))?;
+            device::runtime(device.kind)?.alloc_uninit(*device, bytes).map_err(|e| name_oom(e, shape, dtype, bytes))?;
         Ok(Tensor { dtype, device: *device, shape: shape.into(), storage })
     }
 
@@ -327,6 +326,16 @@ mod tests {
         assert_eq!(i.to_vec::<i32>().unwrap(), vec![1, 2, 3]);
         assert!(i.to_vec::<f32>().is_err());
         assert!(Tensor::from_slice(&[1.0f32], [2], DType::F32).is_err());
+    }
+
+    #[test]
+    fn a_drivers_out_of_memory_is_named_after_the_tensor_and_its_bytes() {
+        // What the CUDA runtime returns: the driver's error says neither.
+        let driver = Error::OutOfMemory { device: "cuda:0".into(), bytes: 0, what: "a device allocation".into() };
+        let e = name_oom(driver, &[2, 3], DType::BF16, 12);
+        assert_eq!(e.to_string(), "device cuda:0: out of memory allocating 12 bytes for a bf16 tensor of shape [2, 3]");
+        let other = Error::Tensor("x".into());
+        assert!(matches!(name_oom(other, &[1], DType::F32, 4), Error::Tensor(_)));
     }
 
     #[test]

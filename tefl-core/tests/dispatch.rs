@@ -18,6 +18,8 @@ enum Behaviour {
     Ok,
     Fail,
     Panic,
+    /// Returns the device runtimes' out-of-memory error.
+    OutOfMemory,
 }
 
 /// Each impl writes its tag into `rsigma`, so the caller sees who served it.
@@ -44,6 +46,11 @@ fn imp(
                 Err(Error::DeviceFailure { device: "test".into(), reason: format!("{id_owned} refuses") })
             }
             Behaviour::Panic => panic!("{id_owned} exploded"),
+            Behaviour::OutOfMemory => Err(Error::OutOfMemory {
+                device: "cpu".into(),
+                bytes: 1 << 40,
+                what: format!("{id_owned}'s workspace"),
+            }),
         }
     })
     .priority(prio);
@@ -246,6 +253,51 @@ fn failure_memory_skips_then_retries() {
     m.reset_failures();
     served_tag(&m).unwrap();
     assert_eq!(fx.hits("default.a"), 4);
+}
+
+#[test]
+fn an_impl_out_of_memory_falls_back_but_keeps_its_place() {
+    let (reg, fx) = registry(&[("default.a", Behaviour::OutOfMemory)]);
+    let m = Manager::new(reg, SelectionPolicy::default());
+    for call in 1..=5 {
+        assert_eq!(served_tag(&m).unwrap(), 2.0);
+        // Tried on every call: running out of memory is not remembered against it.
+        assert_eq!(fx.hits("default.a"), call);
+    }
+    let stats = m.stats_of("rmsnorm_fwd", "default.a").unwrap();
+    assert_eq!((stats.failures, stats.skipped), (5, 0));
+    assert_eq!(m.stats_of("rmsnorm_fwd", "default.b").unwrap().fallbacks, 5);
+    let f = &m.recent_failures()[0];
+    assert!(f.impl_id == "default.a" && f.error.contains("out of memory"), "{}", f.error);
+    // Another failure of the same impl is still remembered.
+    let (reg, fx) = registry(&[("default.a", Behaviour::Fail)]);
+    let m = Manager::new(reg, SelectionPolicy::default());
+    served_tag(&m).unwrap();
+    served_tag(&m).unwrap();
+    assert_eq!(fx.hits("default.a"), 1);
+}
+
+#[test]
+fn a_call_that_only_ran_out_of_memory_returns_that_error() {
+    let all = ["default.a", "default.b", "vendor.x", "vendor.y", "reference.cpu"];
+    let oom: Vec<_> = all.iter().map(|&i| (i, Behaviour::OutOfMemory)).collect();
+    let m = Manager::new(registry(&oom).0, SelectionPolicy::default());
+    // The first impl's error: the call's cause, not a list of five.
+    match served_tag(&m) {
+        Err(Error::OutOfMemory { what, .. }) => assert_eq!(what, "default.a's workspace"),
+        other => panic!("{other:?}"),
+    }
+    // With any other failure among them, the list.
+    let mut mixed = oom.clone();
+    mixed[3].1 = Behaviour::Fail;
+    let m = Manager::new(registry(&mixed).0, SelectionPolicy::default());
+    match served_tag(&m) {
+        Err(Error::AllFailed { failures, .. }) => {
+            assert_eq!(failures.len(), 5);
+            assert!(failures[2].1.contains("vendor.y refuses"), "{failures:?}");
+        }
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]

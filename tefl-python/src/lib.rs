@@ -24,10 +24,19 @@ use tefl_core::dynargs::{self, Value};
 use tefl_core::op::{DynKernel, FieldKind};
 use tefl_core::{BackendImplKind, DType, Device, DeviceKind, Error, OpImpl, Registry, Tensor};
 
+pyo3::create_exception!(
+    _native,
+    OutOfMemoryError,
+    PyRuntimeError,
+    "A device (or the host) could not hold what a call needed: tefl's OutOfMemory error, raised \
+     when every impl that failed ran out of memory. A RuntimeError, like torch's own."
+);
+
 /// A tefl error as the Python exception the package promises.
 pub(crate) fn to_py(e: Error) -> PyErr {
     let msg = e.to_string();
     match e {
+        Error::OutOfMemory { .. } => OutOfMemoryError::new_err(msg),
         Error::ArgumentType { .. } => PyTypeError::new_err(msg),
         Error::Config { .. }
         | Error::Shape { .. }
@@ -562,6 +571,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     tefl_core::logging::init().map_err(to_py)?;
     m.add_class::<PyTensor>()?;
     m.add_class::<PyManager>()?;
+    m.add("OutOfMemoryError", m.py().get_type::<OutOfMemoryError>())?;
     m.add_function(wrap_pyfunction!(global_manager, m)?)?;
     m.add_function(wrap_pyfunction!(catalogue, m)?)?;
     m.add_function(wrap_pyfunction!(to_device, m)?)?;

@@ -489,3 +489,14 @@ def test_outputs_are_zero_copy_views_of_tefl_memory():
     assert not y.flags["OWNDATA"]
     y2 = y * 1
     assert np.array_equal(y, y2)
+
+
+def test_running_out_of_memory_is_an_out_of_memory_error():
+    # D = B·A in TE's column-major reading, [2^30, 0]·[0, 2^30]: 2^60 f32 elements (4 EiB), which
+    # no allocator gives. The error is tefl.OutOfMemoryError (a RuntimeError, as torch's is),
+    # naming the size and the output, not a list of failed impls.
+    a = np.zeros((0, 2**30), np.float32)
+    b = np.zeros((2**30, 0), np.float32)
+    with pytest.raises(tefl.OutOfMemoryError, match=f"out of memory allocating {2**62} bytes for .*generic_gemm"):
+        tex.generic_gemm(a, False, b, False, None, None, np.float32, None, None, False, None, False, None, 0, False, False)
+    assert issubclass(tefl.OutOfMemoryError, RuntimeError)

@@ -81,6 +81,10 @@ impl Manager {
         let mut failures: Vec<(String, String)> = Vec::new();
         let mut unsupported: Vec<usize> = Vec::new();
         let mut attempted = false;
+        // The first impl's out-of-memory error, while every impl that failed ran out of memory:
+        // then that is what the call returns (the cause), not the list of failures.
+        let mut out_of_memory: Option<Error> = None;
+        let mut other_failure = false;
         for pass in 0..2 {
             for (i, e) in sh.entries.iter().enumerate() {
                 if unsupported.contains(&i) {
@@ -132,6 +136,11 @@ impl Manager {
                             return Err(err);
                         }
                         failures.push((e.imp.impl_id().to_string(), failure_text(&err, e.imp.impl_id())));
+                        if matches!(err, Error::OutOfMemory { .. }) {
+                            out_of_memory.get_or_insert(err);
+                        } else {
+                            other_failure = true;
+                        }
                     }
                 }
             }
@@ -148,7 +157,10 @@ impl Manager {
                 reason: why.join("; "),
             });
         }
-        Err(Error::AllFailed { op: O::NAME, failures })
+        match out_of_memory {
+            Some(oom) if !other_failure => Err(oom),
+            _ => Err(Error::AllFailed { op: O::NAME, failures }),
+        }
     }
 
     fn attempt<O: Op>(&self, e: &ChainEntry, s: &ArgSummary, args: &O::Args) -> Result<O::Output> {
@@ -189,7 +201,13 @@ impl Manager {
     #[inline(never)]
     fn on_failure(&self, e: &ChainEntry, op: &'static str, device: Device, err: &Error) {
         e.imp.counters.failures.fetch_add(1, Ordering::Relaxed);
-        e.note_failure();
+        // Running out of memory says how large the call was and how full the device is, not
+        // that the impl is broken: it is counted and recorded, but not passed over on the
+        // next calls (a training loop that hit one large batch, or a batch-size search, would
+        // otherwise run its following calls, up to thousands, on a slower impl).
+        if !matches!(err, Error::OutOfMemory { .. }) {
+            e.note_failure();
+        }
         tracing::warn!(target: LOG, "Implementation '{}' failed for op '{}': {}", e.imp.impl_id(), op, failure_text(err, e.imp.impl_id()));
         self.remember_failure(op, e.imp.impl_id(), device, err);
     }

@@ -11,7 +11,11 @@ and torch layers (``tefl.torch``), on tefl's Rust dispatch layer.
 from . import _native
 from ._core import call, dtype_name
 
-__all__ = ["call", "dtype_name", "explain", "list_backends", "linked_backends"]
+# Raised when a call could not get the memory it needed (every impl that failed ran out of
+# memory); a RuntimeError.
+OutOfMemoryError = _native.OutOfMemoryError
+
+__all__ = ["OutOfMemoryError", "call", "dtype_name", "explain", "list_backends", "linked_backends"]
 __version__ = "0.1.0"
 
 

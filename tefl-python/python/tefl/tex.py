@@ -11,7 +11,8 @@ FP8 goes through ``Float8Quantizer`` (the norms' and ``generic_gemm``'s ``quanti
 ``Float8Tensor`` (``generic_gemm``'s A and B). Arguments tefl does not support yet (other kinds
 of quantizer, an attention bias, context parallelism, ...) raise ``NotImplementedError`` naming
 them; bad values raise ``ValueError``/``TypeError`` naming
-the argument; an impl failure with no fallback left raises ``RuntimeError`` naming the impls.
+the argument; an impl failure with no fallback left raises ``RuntimeError`` naming the impls,
+and a call that could not get its memory ``tefl.OutOfMemoryError`` (a ``RuntimeError``).
 Scalar arguments take any number (Python, numpy, a one-element tensor), not strings. TE's
 ``sm_margin`` (SMs the norms leave to other kernels) is checked as TE's C++ int and otherwise
 ignored: tefl's kernels take the whole device.
