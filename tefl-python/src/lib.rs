@@ -25,7 +25,7 @@ use tefl_core::op::{DynKernel, FieldKind};
 use tefl_core::{BackendImplKind, DType, Device, DeviceKind, Error, OpImpl, Registry, Tensor};
 
 pyo3::create_exception!(
-    _native,
+    tefl,
     OutOfMemoryError,
     PyRuntimeError,
     "A device (or the host) could not hold what a call needed: tefl's OutOfMemory error, raised \

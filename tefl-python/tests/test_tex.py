@@ -500,3 +500,4 @@ def test_running_out_of_memory_is_an_out_of_memory_error():
     with pytest.raises(tefl.OutOfMemoryError, match=f"out of memory allocating {2**62} bytes for .*generic_gemm"):
         tex.generic_gemm(a, False, b, False, None, None, np.float32, None, None, False, None, False, None, 0, False, False)
     assert issubclass(tefl.OutOfMemoryError, RuntimeError)
+    assert f"{tefl.OutOfMemoryError.__module__}.{tefl.OutOfMemoryError.__name__}" == "tefl.OutOfMemoryError"
