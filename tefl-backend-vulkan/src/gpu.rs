@@ -38,6 +38,15 @@ pub(crate) fn vk_error(device: Device, what: &str, e: vk::Result) -> Error {
     Error::DeviceFailure { device: device.to_string(), reason: format!("{what}: {e}") }
 }
 
+/// `e` with the bytes of the request that failed, where it is an out-of-memory error (a Vulkan
+/// result code does not say them).
+fn with_bytes(e: Error, bytes: usize) -> Error {
+    match e {
+        Error::OutOfMemory { device, what, .. } => Error::OutOfMemory { device, bytes, what },
+        e => e,
+    }
+}
+
 /// A compute pipeline and its layouts.
 pub struct Pipeline {
     set_layout: vk::DescriptorSetLayout,
@@ -428,8 +437,8 @@ impl Gpu {
             )
             .sharing_mode(vk::SharingMode::EXCLUSIVE);
         // SAFETY: the device is live; `info` outlives the call.
-        let buffer =
-            unsafe { self.device.create_buffer(&info, None) }.map_err(|e| vk_error(dev, "vkCreateBuffer", e))?;
+        let buffer = unsafe { self.device.create_buffer(&info, None) }
+            .map_err(|e| with_bytes(vk_error(dev, "vkCreateBuffer", e), bytes))?;
         // SAFETY: `buffer` is a live buffer of this device.
         let requirements = unsafe { self.device.get_buffer_memory_requirements(buffer) };
         let allocation = self.allocator.lock().unwrap_or_else(|p| p.into_inner()).allocate(&AllocationCreateDesc {
@@ -457,7 +466,7 @@ impl Gpu {
         let bound = unsafe { self.device.bind_buffer_memory(buffer, allocation.memory(), allocation.offset()) };
         if let Err(e) = bound {
             self.destroy_buffer(buffer, allocation);
-            return Err(vk_error(dev, "vkBindBufferMemory", e));
+            return Err(with_bytes(vk_error(dev, "vkBindBufferMemory", e), bytes));
         }
         Ok((buffer, allocation, size))
     }
@@ -983,7 +992,19 @@ pub fn shader_names() -> impl Iterator<Item = &'static str> {
 
 #[cfg(test)]
 mod tests {
-    use super::{COOPMAT_VAR, PIPELINE_STATS_VAR, coop_wanted, size_class, stats_wanted};
+    use super::{COOPMAT_VAR, PIPELINE_STATS_VAR, coop_wanted, size_class, stats_wanted, vk_error, with_bytes};
+    use ash::vk;
+    use tefl_core::{Device, DeviceKind, Error};
+
+    #[test]
+    fn a_vulkan_out_of_memory_result_says_the_bytes_of_the_buffer_it_refused() {
+        let dev = Device::new(DeviceKind::VULKAN, 0);
+        let e = with_bytes(vk_error(dev, "vkCreateBuffer", vk::Result::ERROR_OUT_OF_DEVICE_MEMORY), 4096);
+        assert!(matches!(e, Error::OutOfMemory { bytes: 4096, .. }), "{e:?}");
+        assert!(e.to_string().contains("allocating 4096 bytes"), "{e}");
+        let other = with_bytes(vk_error(dev, "vkCreateBuffer", vk::Result::ERROR_DEVICE_LOST), 4096);
+        assert!(matches!(other, Error::DeviceFailure { .. }), "{other:?}");
+    }
 
     #[test]
     fn the_coopmat_knob_takes_0_1_or_2_and_names_itself_otherwise() {

@@ -52,7 +52,7 @@ extern "C" {
 #define TEFL_ERR_INVALID_ARGUMENT 1
 #define TEFL_ERR_UNSUPPORTED 2 /* these arguments are not served: tefl tries the next impl, no failure is counted */
 #define TEFL_ERR_DEVICE 3
-#define TEFL_ERR_OUT_OF_MEMORY 4
+#define TEFL_ERR_OUT_OF_MEMORY 4 /* tefl falls back but keeps trying this impl on later calls */
 #define TEFL_ERR_INTERNAL 5
 
 /* DLPack device types and dtype codes used here. */

@@ -99,11 +99,12 @@ pub enum Error {
         reason: String,
     },
     /// The device ran out of memory.
-    #[error("device {device}: out of memory allocating {bytes} bytes for {what}")]
+    #[error("device {device}: out of memory {}", oom_request(*bytes, what))]
     OutOfMemory {
         /// The device.
         device: String,
-        /// The request.
+        /// The request in bytes; 0 when the one that ran out did not say (a driver error
+        /// outside a tensor allocation, a plugin's or a Python impl's own allocation).
         bytes: usize,
         /// What the memory was for (a tensor's shape and dtype, an argument).
         what: String,
@@ -212,6 +213,11 @@ impl Error {
     pub fn config(variable: &'static str, token: impl Into<String>, reason: impl Into<String>) -> Self {
         Error::Config { variable, token: cut(&token.into(), 200), reason: reason.into() }
     }
+}
+
+/// The request of an [`Error::OutOfMemory`]: its size when known.
+fn oom_request(bytes: usize, what: &str) -> String {
+    if bytes == 0 { format!("for {what} (size not reported)") } else { format!("allocating {bytes} bytes for {what}") }
 }
 
 /// Long user-given values are cut in messages (a bad 100 KB list must not echo 100 KB).

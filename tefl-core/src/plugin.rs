@@ -193,6 +193,9 @@ fn dtype_from_code(code: u8, bits: u8) -> Option<DType> {
 /// What the host keeps for one kernel call.
 struct CallState {
     outputs: Vec<Option<Tensor>>,
+    /// The last output allocation that ran out of memory: what a kernel returning
+    /// TEFL_ERR_OUT_OF_MEMORY is reported as (with its bytes and tensor).
+    out_of_memory: Option<Error>,
 }
 
 unsafe extern "C" fn host_alloc_output(
@@ -229,7 +232,12 @@ unsafe extern "C" fn host_alloc_output(
     let dims: Vec<usize> = dims.iter().map(|d| *d as usize).collect();
     let tensor = match Tensor::zeros(&dims, dtype, &Device::CPU) {
         Ok(t) => t,
-        Err(e) => return make_error(4, &e.to_string()),
+        Err(e @ Error::OutOfMemory { .. }) => {
+            let err = make_error(4, &e.to_string());
+            state.out_of_memory = Some(e);
+            return err;
+        }
+        Err(e) => return make_error(1, &format!("alloc_output: {e}")),
     };
     let Some(ptr) = crate::device::as_host(&**tensor.buffer()).map(|h| h.raw_ptr()) else {
         return make_error(5, "alloc_output: not host memory");
@@ -324,7 +332,7 @@ fn call_plugin(k: &PluginKernel, call: &DynCall<'_>) -> Result<Vec<Option<Tensor
         });
     }
     let n_outputs = call.outputs.len();
-    let mut state = CallState { outputs: vec![None; n_outputs] };
+    let mut state = CallState { outputs: vec![None; n_outputs], out_of_memory: None };
     let op_c = CString::new(call.op).map_err(|e| fail(e.to_string()))?;
     let scalars_c = CString::new(scalars.join(";")).map_err(|e| fail(e.to_string()))?;
     let c_call = CCall {
@@ -347,6 +355,16 @@ fn call_plugin(k: &PluginKernel, call: &DynCall<'_>) -> Result<Vec<Option<Tensor
         None => {}
         // TEFL_ERR_UNSUPPORTED: the kernel has no code for these arguments; not a failure.
         Some((2, reason)) => return Err(Error::Unsupported { op: call.op, impl_id: k.impl_id.clone(), reason }),
+        // TEFL_ERR_OUT_OF_MEMORY: the manager falls back without passing the impl over on
+        // later calls. An output allocation that ran out says its bytes and tensor; the
+        // plugin's own allocations say only what the plugin wrote.
+        Some((4, reason)) => {
+            return Err(state.out_of_memory.take().unwrap_or_else(|| Error::OutOfMemory {
+                device: Device::CPU.to_string(),
+                bytes: 0,
+                what: format!("impl '{}' of op '{}': {reason}", k.impl_id, call.op),
+            }));
+        }
         Some((_, reason)) => return Err(fail(reason)),
     }
     Ok(state.outputs)

@@ -332,6 +332,7 @@ mod tests {
     fn a_drivers_out_of_memory_is_named_after_the_tensor_and_its_bytes() {
         // What the CUDA runtime returns: the driver's error says neither.
         let driver = Error::OutOfMemory { device: "cuda:0".into(), bytes: 0, what: "a device allocation".into() };
+        assert_eq!(driver.to_string(), "device cuda:0: out of memory for a device allocation (size not reported)");
         let e = name_oom(driver, &[2, 3], DType::BF16, 12);
         assert_eq!(e.to_string(), "device cuda:0: out of memory allocating 12 bytes for a bf16 tensor of shape [2, 3]");
         let other = Error::Tensor("x".into());

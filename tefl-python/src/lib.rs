@@ -17,7 +17,7 @@ mod dlpack;
 
 use std::sync::Arc;
 
-use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use tefl_core::dynargs::{self, Value};
@@ -310,7 +310,17 @@ fn python_impl(spec: ImplSpec) -> PyResult<OpImpl> {
                 let obj = from_value(py, v).map_err(|e| fail(e.to_string()))?;
                 kwargs.set_item(name, obj).map_err(|e| fail(e.to_string()))?;
             }
-            let ret = func.bind(py).call1((call.op, kwargs)).map_err(|e| fail(format!("raised {e}")))?;
+            let ret = func.bind(py).call1((call.op, kwargs)).map_err(|e| {
+                if raised_out_of_memory(py, &e) {
+                    // Not a defect of the impl: the manager falls back without passing it over.
+                    return Error::OutOfMemory {
+                        device: ctx.device.to_string(),
+                        bytes: 0,
+                        what: format!("impl '{}' of op '{}': raised {e}", ctx.impl_id, call.op),
+                    };
+                }
+                fail(format!("raised {e}"))
+            })?;
             outputs_of(&ret, call.outputs).map_err(|e| fail(e.to_string()))
         })
     });
@@ -327,6 +337,19 @@ fn python_impl(spec: ImplSpec) -> PyResult<OpImpl> {
         imp = imp.dtypes(&ds);
     }
     Ok(imp)
+}
+
+/// Whether a Python impl's exception says it ran out of memory: `MemoryError`, or an exception
+/// class named `OutOfMemoryError` (torch's `torch.OutOfMemoryError`, alias
+/// `torch.cuda.OutOfMemoryError`, or tefl's own), matched by name so that torch need not be
+/// imported.
+fn raised_out_of_memory(py: Python<'_>, e: &PyErr) -> bool {
+    if e.is_instance_of::<PyMemoryError>(py) {
+        return true;
+    }
+    e.get_type(py).mro().iter().any(|c| {
+        c.cast::<pyo3::types::PyType>().ok().and_then(|t| t.name().ok()).is_some_and(|n| n == "OutOfMemoryError")
+    })
 }
 
 /// The output slots of a Python impl's return value.

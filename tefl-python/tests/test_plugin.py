@@ -108,6 +108,48 @@ def test_a_python_impl_that_raises_falls_back_and_is_remembered():
     assert (ok, failures) == (0, 1)
 
 
+def test_a_python_impl_out_of_memory_falls_back_and_is_tried_again():
+    # MemoryError, or torch's OutOfMemoryError (matched by class name: torch is not needed),
+    # says how big the call was, not that the impl is broken: fallback on every call, no
+    # passing over, and the failures still counted.
+    class OutOfMemoryError(RuntimeError):
+        pass
+
+    for exc in (MemoryError("host pool exhausted"), OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")):
+        calls = []
+
+        def hungry(x, gamma, exc=exc, **kwargs):
+            calls.append(1)
+            raise exc
+
+        m = make_manager(hungry)
+        x, g = np.ones((2, 8), np.float32), np.ones(8, np.float32)
+        for _ in range(3):
+            y, _ = m.call("rmsnorm_fwd", x, g)
+            assert np.allclose(y, 1.0, atol=1e-4)
+        assert len(calls) == 3, f"{type(exc).__name__}: an impl out of memory is tried again"
+        ok, failures, _ = m.counters()[("rmsnorm_fwd", "vendor.pytest")]
+        assert (ok, failures) == (0, 3)
+
+
+def test_a_call_whose_only_impl_ran_out_of_memory_raises_tefl_out_of_memory_error():
+    r = run(["-c", (
+        "import numpy as np, tefl\n"
+        "from tefl.plugin.core import *\n"
+        "def hungry(x, **k):\n"
+        "    raise MemoryError('no room for the relu workspace')\n"
+        "reg = OpRegistry()\n"
+        "reg.register_impl(OpImpl(op_name='relu', impl_id='vendor.hungry', kind=BackendImplKind.VENDOR, vendor='hungry', fn=hungry, priority=9))\n"
+        "m = OpManager(reg)\n"
+        "try:\n"
+        "    m.call('relu', np.ones(4, np.float32))\n"
+        "except tefl.OutOfMemoryError as e:\n"
+        "    print('OutOfMemoryError:', e)\n"
+    )], TE_FL_PER_OP="relu=vendor:hungry")
+    assert "OutOfMemoryError:" in r.stdout, r.stdout + r.stderr
+    assert "impl 'vendor.hungry' of op 'relu'" in r.stdout and "no room for the relu workspace" in r.stdout, r.stdout
+
+
 def test_strict_mode_raises_the_impl_failure_naming_it():
     def broken(x, gamma, **kwargs):
         raise ValueError("nope")

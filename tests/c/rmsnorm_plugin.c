@@ -13,6 +13,7 @@
  *                    the first pointer (which must still be valid)
  *   -DHUGE_ALLOC     asks for a {2^40, 2^20} f32 output (must be an error, not an abort)
  *   -DUNSUPPORTED_3  returns TEFL_ERR_UNSUPPORTED for 3-row inputs
+ *   -DPOOL_FULL      returns TEFL_ERR_OUT_OF_MEMORY for its own (device) memory
  */
 #include <math.h>
 #include <stdlib.h>
@@ -31,6 +32,9 @@ static tefl_error *rmsnorm_fwd(void *user, const tefl_call *call) {
     (void)user;
 #ifdef FAILING_OP
     return call->make_error(TEFL_ERR_INTERNAL, "the acme device is on fire");
+#endif
+#ifdef POOL_FULL
+    return call->make_error(TEFL_ERR_OUT_OF_MEMORY, "the acme device's memory pool is full");
 #endif
 #ifdef GARBAGE_CODE
     return call->make_error(12345, "what is this code");

@@ -171,7 +171,7 @@ pub fn names_the_culprit(e: &Error) -> bool {
         Error::AllFailed { failures, .. } => {
             !failures.is_empty()
                 && failures.iter().all(|(_, r)| {
-                    r.contains("argument '") || r.contains("out of memory allocating") || r.starts_with("not supported")
+                    r.contains("argument '") || r.contains(": out of memory ") || r.starts_with("not supported")
                 })
         }
         _ => false,

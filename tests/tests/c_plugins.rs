@@ -171,7 +171,7 @@ fn plugin_outputs_and_allocations_are_checked() {
         ("WRONG_SHAPE", "output 'y' is [1] of f32"),
         ("WRONG_DTYPE", "output 'y' is [5, 1000] of i32"),
         ("DOUBLE_ALLOC", "output 0 is already allocated"),
-        ("HUGE_ALLOC", "out of memory"),
+        ("HUGE_ALLOC", "out of memory allocating 4611686018427387904 bytes for a f32 tensor"),
     ] {
         let lib = build_plugin(&format!("cplug_{}", define.to_ascii_lowercase()), &[define]);
         let m = manager(&[("TE_FL_PLUGIN_MODULES", lib.display().to_string()), ("TE_FL_PREFER", "vendor".into())]);
@@ -182,6 +182,40 @@ fn plugin_outputs_and_allocations_are_checked() {
         assert_eq!(f.len(), 1, "{define}: {f:?}");
         assert_eq!(f[0].impl_id, "vendor.cplug");
         assert!(f[0].error.contains(reason), "{define}: {} should say {reason:?}", f[0].error);
+    }
+}
+
+/// A plugin kernel that runs out of memory (an output too large for the host, or its own
+/// memory, TEFL_ERR_OUT_OF_MEMORY) is tefl's OutOfMemory: the call falls back and the failure is
+/// counted and recorded, but the plugin is tried again on the next calls (it is not broken);
+/// routed to the plugin alone, the call returns that OutOfMemory error, not AllFailed.
+#[test]
+fn plugin_out_of_memory_falls_back_and_is_tried_again() {
+    let mut rng = Rng::new(seed("c_plugin_oom"));
+    for (define, reason) in [
+        ("HUGE_ALLOC", "allocating 4611686018427387904 bytes for a f32 tensor of shape [1099511627776, 1048576]"),
+        ("POOL_FULL", "impl 'vendor.cplug' of op 'rmsnorm_fwd': the acme device's memory pool is full"),
+    ] {
+        let lib = build_plugin(&format!("cplug_oom_{}", define.to_ascii_lowercase()), &[define]);
+        let m = manager(&[("TE_FL_PLUGIN_MODULES", lib.display().to_string()), ("TE_FL_PREFER", "vendor".into())]);
+        for _ in 0..3 {
+            let (args, want) = rmsnorm_case(&mut rng);
+            let out = m.call::<RmsNormFwd>(&args).unwrap();
+            assert_close("fallback after a plugin out of memory", &values(&out.y), &want, DType::F32);
+        }
+        let s = m.stats_of("rmsnorm_fwd", "vendor.cplug").unwrap();
+        assert_eq!((s.calls, s.failures), (0, 3), "{define}: tried on every call");
+        assert_eq!(m.stats_of("rmsnorm_fwd", "reference.cpu").unwrap().fallbacks, 3);
+        let f = m.recent_failures();
+        assert!(f[0].error.contains(reason), "{define}: {} should say {reason:?}", f[0].error);
+        let only = manager(&[
+            ("TE_FL_PLUGIN_MODULES", lib.display().to_string()),
+            ("TE_FL_PER_OP", "rmsnorm_fwd=vendor:cplug".into()),
+        ]);
+        match only.call::<RmsNormFwd>(&rmsnorm_case(&mut rng).0) {
+            Err(e @ Error::OutOfMemory { .. }) => assert!(e.to_string().contains(reason), "{define}: {e}"),
+            other => panic!("{define}: expected OutOfMemory, got {other:?}"),
+        }
     }
 }
 

@@ -15,7 +15,10 @@ registered with tefl's Rust manager as a run-time impl. Its function is called w
 leading tensor arguments positionally and the rest by keyword, under tefl's argument names
 (``rmsnorm_fwd``: ``fn(x, gamma, eps=..., zero_centered_gamma=..., out_dtype=...)``), tensors
 in the caller's kind; it returns the op's outputs in order (a tuple, or one tensor). What it
-raises is an impl failure: the manager logs it, names the impl, and falls back.
+raises is an impl failure: the manager logs it, names the impl, and falls back. ``MemoryError``
+or torch's ``OutOfMemoryError`` counts as running out of memory: the manager falls back but
+keeps trying the impl on later calls, and a call with nothing else to run raises
+``tefl.OutOfMemoryError``.
 
 ``TE_FL_PLUGIN_MODULES`` may name Python modules: their ``register(registry)`` is called when
 the process-wide manager is first used (``import tefl`` does it) and by every ``OpManager``.
