@@ -1,6 +1,8 @@
 """The Python-side overhead of a cached tiny op call: ``tex.relu`` on a 16-element tensor,
 against torch eager's ``torch.relu`` on the same tensor (or numpy's ``np.maximum`` without
-torch). Prints microseconds per call (median of 7 runs of 2000 calls).
+torch). Prints microseconds per call (median of 7 runs of 2000 calls). With torch, also the
+host time of a ``tefl.torch`` layer's forward with autograd recording (``tt.rmsnorm``,
+``tt.linear`` on ``[8, 1024]`` bf16 rows) against ``torch.nn.functional``'s.
 
     python tefl-python/tests/bench_overhead.py [--device cuda|cpu]
 """
@@ -48,6 +50,26 @@ def main():
     ours = per_call(lambda: tex.relu(x, None), sync=sync)
     theirs = per_call(peer, sync=sync)
     print(f"tiny op call on {device}: tefl tex.relu {ours:.1f} us, {peer_name} {theirs:.1f} us (ratio {ours / theirs:.2f})")
+    if peer_name == "torch.relu":
+        layers(device, sync)
+
+
+def layers(device, sync):
+    import torch
+    import torch.nn.functional as F
+
+    import tefl.torch as tt
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    x = torch.randn(8, 1024, device=device, dtype=dtype, requires_grad=True)
+    w = torch.ones(1024, device=device, dtype=dtype, requires_grad=True)
+    wl = torch.randn(1024, 1024, device=device, dtype=dtype, requires_grad=True)
+    for name, peer, ours, theirs in (
+        ("rmsnorm", "rms_norm", lambda: tt.rmsnorm(x, w), lambda: F.rms_norm(x, (1024,), w, 1e-5)),
+        ("linear", "linear", lambda: tt.linear(x, wl), lambda: F.linear(x, wl)),
+    ):
+        a, b = per_call(ours, sync=sync), per_call(theirs, sync=sync)
+        print(f"layer forward with autograd on {device}: tt.{name} {a:.1f} us, F.{peer} {b:.1f} us (ratio {a / b:.2f})")
 
 
 if __name__ == "__main__":

@@ -72,6 +72,19 @@ def grads_match(ours, theirs, inputs, dtype):
         close(p.grad, params[name].grad, dtype)
 
 
+def norm_pairs(hidden, dtype):
+    """(tefl.torch, torch.nn) RMSNorm and LayerNorm pairs holding the same random weights."""
+    kw = dict(device=DEVICE, dtype=dtype)
+    rms = tt.RMSNorm(hidden, **kw), torch.nn.RMSNorm(hidden, eps=1e-5, **kw)
+    ln = tt.LayerNorm(hidden, **kw), torch.nn.LayerNorm(hidden, eps=1e-5, **kw)
+    for ours, theirs in (rms, ln):
+        with torch.no_grad():
+            for p in ours.parameters():
+                p.copy_(randn(hidden, dtype=dtype))
+        theirs.load_state_dict(ours.state_dict())
+    return [rms, ln]
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_torch_layers_match_torch_nn(dtype):
     """Every tefl.torch layer, forward and backward, against the torch.nn layer (or torch's
@@ -83,17 +96,8 @@ def test_torch_layers_match_torch_nn(dtype):
         theirs = torch.nn.Linear(96, 80, bias=bias, **kw)
         theirs.load_state_dict(ours.state_dict())
         grads_match(ours, theirs, [x], dtype)
-    ours, theirs = tt.RMSNorm(96, **kw), torch.nn.RMSNorm(96, eps=1e-5, **kw)
-    with torch.no_grad():
-        ours.weight.copy_(randn(96, dtype=dtype))
-    theirs.load_state_dict(ours.state_dict())
-    grads_match(ours, theirs, [x], dtype)
-    ours, theirs = tt.LayerNorm(96, **kw), torch.nn.LayerNorm(96, eps=1e-5, **kw)
-    with torch.no_grad():
-        ours.weight.copy_(randn(96, dtype=dtype))
-        ours.bias.copy_(randn(96, dtype=dtype))
-    theirs.load_state_dict(ours.state_dict())
-    grads_match(ours, theirs, [x], dtype)
+    for pair in norm_pairs(96, dtype):
+        grads_match(*pair, [x], dtype)
 
     class TorchSwiGLU(torch.nn.Module):
         def __init__(self):
@@ -119,6 +123,20 @@ def test_torch_layers_match_torch_nn(dtype):
 
         q, k, v = randn(2, 33, 4, 64, dtype=dtype), randn(2, 33, 2, 64, dtype=dtype), randn(2, 33, 2, 64, dtype=dtype)
         grads_match(tt.DotProductAttention(4, causal=causal), Sdpa(), [q, k, v], dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_torch_layers_take_views_that_are_not_contiguous_rows(dtype):
+    """2-D and 3-D inputs that are transposed views (the layers make rows of them), forward and
+    backward, against the torch.nn layers."""
+    kw = dict(device=DEVICE, dtype=dtype)
+    for x in (randn(96, 40, dtype=dtype).t(), randn(96, 5, 7, dtype=dtype).permute(2, 1, 0)):
+        assert not x.is_contiguous()
+        for pair in norm_pairs(96, dtype):
+            grads_match(*pair, [x], dtype)
+        ours, theirs = tt.Linear(96, 24, **kw), torch.nn.Linear(96, 24, **kw)
+        theirs.load_state_dict(ours.state_dict())
+        grads_match(ours, theirs, [x], dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -43,8 +43,26 @@ _DTYPE_NAMES = {
 }
 
 
+# tefl's names of the torch and numpy dtype objects seen so far (hashable, and few): their text
+# is parsed once, not on every call. Other values (strings, enums that compare equal to ints)
+# are parsed each time.
+_DTYPE_CACHE = {}
+
+
 def dtype_name(dtype, arg="dtype"):
     """tefl's name of a dtype given as a torch dtype, a numpy dtype, TE's DType or a string."""
+    cached = type(dtype).__module__.split(".")[0] in ("torch", "numpy")
+    if cached:
+        name = _DTYPE_CACHE.get(dtype)
+        if name is not None:
+            return name
+    name = _parse_dtype(dtype, arg)
+    if cached:
+        _DTYPE_CACHE[dtype] = name
+    return name
+
+
+def _parse_dtype(dtype, arg):
     if dtype is None:
         raise ValueError(f"argument '{arg}': a dtype is required")
     text = str(dtype)

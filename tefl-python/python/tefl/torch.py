@@ -16,47 +16,85 @@ current CUDA stream.
 import torch
 
 from . import tex
-from ._core import call
+from ._core import call, dtype_name
 
 __all__ = ["RMSNorm", "LayerNorm", "Linear", "DotProductAttention", "SwiGLUMLP", "rmsnorm", "layernorm", "linear", "swiglu"]
 
 
+# The layers call tefl's ops directly (the arguments are theirs, already of the right types),
+# not through the TE-signature wrappers of tefl.tex, and reshape only what is not already
+# contiguous rows: at small shapes a layer's cost is its host time.
+
+
 def _dtype(t):
-    return str(t.dtype).replace("torch.", "")
+    return dtype_name(t.dtype)
+
+
+def _rows(x):
+    """x as contiguous rows ``[rows, last dim]``: x itself when it already is."""
+    if x.dim() == 2 and x.is_contiguous():
+        return x
+    return x.reshape(-1, x.shape[-1]).contiguous()
+
+
+def _like(y, shape):
+    """y (rows) in `shape`, without a reshape when it already has it."""
+    return y if y.shape == shape else y.reshape(shape)
 
 
 class _RMSNormFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, eps, zero_centered):
-        shape = x.shape
-        x2 = x.reshape(-1, shape[-1]).contiguous()
-        y, _, rsigma = tex.rmsnorm_fwd(x2, weight.contiguous(), eps, None, None, x.dtype, 0, zero_centered)
-        ctx.save_for_backward(x2, rsigma, weight)
+        x2 = _rows(x)
+        out = call(
+            "rmsnorm_fwd",
+            {"x": x2, "gamma": weight.contiguous(), "eps": eps, "zero_centered_gamma": zero_centered, "out_dtype": _dtype(x)},
+            kind="torch",
+        )
+        ctx.save_for_backward(x2, out["rsigma"], weight)
         ctx.zero_centered = zero_centered
-        return y.reshape(shape)
+        return _like(out["y"], x.shape)
 
     @staticmethod
     def backward(ctx, dy):
         x2, rsigma, weight = ctx.saved_tensors
-        dx, dw = tex.rmsnorm_bwd(dy.reshape(x2.shape).contiguous(), x2, rsigma, weight, 0, ctx.zero_centered)
-        return dx.reshape(dy.shape), dw.to(weight.dtype), None, None
+        out = call(
+            "rmsnorm_bwd",
+            {"dy": _rows(dy), "x": x2, "rsigma": rsigma, "gamma": weight, "zero_centered_gamma": ctx.zero_centered},
+            kind="torch",
+        )
+        return _like(out["dx"], dy.shape), out["dgamma"].to(weight.dtype), None, None
 
 
 class _LayerNormFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, eps, zero_centered):
-        shape = x.shape
-        x2 = x.reshape(-1, shape[-1]).contiguous()
-        y, mu, rsigma = tex.layernorm_fwd(x2, weight.contiguous(), bias.contiguous(), eps, None, None, x.dtype, 0, zero_centered)
-        ctx.save_for_backward(x2, mu, rsigma, weight)
+        x2 = _rows(x)
+        out = call(
+            "layernorm_fwd",
+            {
+                "x": x2,
+                "gamma": weight.contiguous(),
+                "beta": bias.contiguous(),
+                "eps": eps,
+                "zero_centered_gamma": zero_centered,
+                "out_dtype": _dtype(x),
+            },
+            kind="torch",
+        )
+        ctx.save_for_backward(x2, out["mu"], out["rsigma"], weight)
         ctx.zero_centered = zero_centered
-        return y.reshape(shape)
+        return _like(out["y"], x.shape)
 
     @staticmethod
     def backward(ctx, dy):
         x2, mu, rsigma, weight = ctx.saved_tensors
-        dx, dw, db = tex.layernorm_bwd(dy.reshape(x2.shape).contiguous(), x2, mu, rsigma, weight, 0, ctx.zero_centered)
-        return dx.reshape(dy.shape), dw.to(weight.dtype), db.to(weight.dtype), None, None
+        out = call(
+            "layernorm_bwd",
+            {"dy": _rows(dy), "x": x2, "mu": mu, "rsigma": rsigma, "gamma": weight, "zero_centered_gamma": ctx.zero_centered},
+            kind="torch",
+        )
+        return _like(out["dx"], dy.shape), out["dgamma"].to(weight.dtype), out["dbeta"].to(weight.dtype), None, None
 
 
 def _gemm(a, b, transa, transb, bias=None):
@@ -77,6 +115,7 @@ def _gemm(a, b, transa, transb, bias=None):
             "epilogue": "bias" if bias is not None else "none",
             "out_dtype": _dtype(a),
         },
+        kind="torch",
     )
     return out["d"]
 
@@ -84,19 +123,20 @@ def _gemm(a, b, transa, transb, bias=None):
 class _LinearFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias):
-        shape = x.shape
-        x2 = x.reshape(-1, shape[-1]).contiguous()
+        x2 = _rows(x)
         w = weight.contiguous()
         y = _gemm(x2, w, False, True, bias.contiguous() if bias is not None else None)
         ctx.save_for_backward(x2, w)
         ctx.has_bias = bias is not None
-        return y.reshape(*shape[:-1], w.shape[0])
+        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], w.shape[0])
 
     @staticmethod
     def backward(ctx, dy):
         x2, w = ctx.saved_tensors
-        dy2 = dy.reshape(-1, w.shape[0]).contiguous()
-        dx = _gemm(dy2, w, False, False).reshape(*dy.shape[:-1], w.shape[1])
+        dy2 = _rows(dy)
+        dx = _gemm(dy2, w, False, False)
+        if dy.dim() != 2:
+            dx = dx.reshape(*dy.shape[:-1], w.shape[1])
         dw = _gemm(dy2, x2, True, False)
         db = dy2.float().sum(0).to(dy.dtype) if ctx.has_bias else None
         return dx, dw, db
@@ -144,12 +184,12 @@ def swiglu(x):
 
 def rmsnorm(x, weight, eps=1e-5, zero_centered_gamma=False):
     """y = x·rsigma·weight over the last dim (autograd through tefl)."""
-    return _RMSNormFn.apply(x, weight, eps, zero_centered_gamma)
+    return _RMSNormFn.apply(x, weight, float(eps), bool(zero_centered_gamma))
 
 
 def layernorm(x, weight, bias, eps=1e-5, zero_centered_gamma=False):
     """LayerNorm over the last dim (autograd through tefl)."""
-    return _LayerNormFn.apply(x, weight, bias, eps, zero_centered_gamma)
+    return _LayerNormFn.apply(x, weight, bias, float(eps), bool(zero_centered_gamma))
 
 
 def linear(x, weight, bias=None):
