@@ -2,7 +2,8 @@
 against torch eager's ``torch.relu`` on the same tensor (or numpy's ``np.maximum`` without
 torch). Prints microseconds per call (median of 7 runs of 2000 calls). With torch, also the
 host time of a ``tefl.torch`` layer's forward with autograd recording (``tt.rmsnorm``,
-``tt.linear`` on ``[8, 1024]`` bf16 rows) against ``torch.nn.functional``'s.
+``tt.linear`` on ``[8, 1024]`` bf16 rows, ``tt.DotProductAttention`` on a causal 128-token
+sequence of 8 heads) against ``torch.nn.functional``'s.
 
     python tefl-python/tests/bench_overhead.py [--device cuda|cpu]
 """
@@ -64,9 +65,19 @@ def layers(device, sync):
     x = torch.randn(8, 1024, device=device, dtype=dtype, requires_grad=True)
     w = torch.ones(1024, device=device, dtype=dtype, requires_grad=True)
     wl = torch.randn(1024, 1024, device=device, dtype=dtype, requires_grad=True)
+    # Attention on [batch 1, seq 128, heads 8, head dim 64] (SDPA takes the heads-first view).
+    q = torch.randn(1, 128, 8, 64, device=device, dtype=dtype, requires_grad=True)
+    attn = tt.DotProductAttention(8, causal=True)
+    qh = q.transpose(1, 2)
     for name, peer, ours, theirs in (
         ("rmsnorm", "rms_norm", lambda: tt.rmsnorm(x, w), lambda: F.rms_norm(x, (1024,), w, 1e-5)),
         ("linear", "linear", lambda: tt.linear(x, wl), lambda: F.linear(x, wl)),
+        (
+            "DotProductAttention",
+            "scaled_dot_product_attention",
+            lambda: attn(q, q, q),
+            lambda: F.scaled_dot_product_attention(qh, qh, qh, is_causal=True),
+        ),
     ):
         a, b = per_call(ours, sync=sync), per_call(theirs, sync=sync)
         print(f"layer forward with autograd on {device}: tt.{name} {a:.1f} us, F.{peer} {b:.1f} us (ratio {a / b:.2f})")

@@ -142,26 +142,41 @@ class _LinearFn(torch.autograd.Function):
         return dx, dw, db
 
 
+def _attn_args(q, k, v, mask, scale):
+    """fused_attn_fwd / _bwd's shared arguments for bshd q, k, v, no dropout, no window."""
+    return {
+        "q": q,
+        "k": k,
+        "v": v,
+        "cu_seqlens_q": None,
+        "cu_seqlens_kv": None,
+        "layout": "bshd",
+        "mask": mask,
+        "scale": scale,
+        "dropout_p": 0.0,
+        "seed": 0,
+        "offset": 0,
+        "window": [-1, -1],
+    }
+
+
 class _AttentionFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal, scale):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        mask = "causal" if causal else "no_mask"
-        o, lse, rng = tex.fused_attn_fwd(
-            q.shape[1], k.shape[1], True, scale, 0.0, True, "bshd_bshd_bshd", "no_bias", mask, None, None, None, q, k, v
-        )
-        ctx.save_for_backward(q, k, v, o, lse, rng)
+        mask = "causal" if causal else "none"
+        out = call("fused_attn_fwd", _attn_args(q, k, v, mask, scale), kind="torch")
+        ctx.save_for_backward(q, k, v, out["o"], out["softmax_lse"])
         ctx.mask, ctx.scale = mask, scale
-        return o
+        return out["o"]
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, o, lse, rng = ctx.saved_tensors
-        dq, dk, dv, _ = tex.fused_attn_bwd(
-            q.shape[1], k.shape[1], ctx.scale, 0.0, True, "bshd_bshd_bshd", "no_bias", ctx.mask, None, False,
-            None, None, q, k, v, o, do.contiguous(), None, None, [lse, rng],
-        )
-        return dq, dk, dv, None, None
+        q, k, v, o, lse = ctx.saved_tensors
+        args = _attn_args(q, k, v, ctx.mask, ctx.scale)
+        args.update({"o": o, "d_o": do.contiguous(), "softmax_lse": lse})
+        out = call("fused_attn_bwd", args, kind="torch")
+        return out["dq"], out["dk"], out["dv"], None, None
 
 
 class _SwiGLUFn(torch.autograd.Function):
@@ -246,7 +261,7 @@ class DotProductAttention(torch.nn.Module):
 
     def forward(self, q, k, v):
         scale = self.scale if self.scale is not None else q.shape[-1] ** -0.5
-        return _AttentionFn.apply(q, k, v, self.causal, scale)
+        return _AttentionFn.apply(q, k, v, bool(self.causal), float(scale))
 
 
 class SwiGLUMLP(torch.nn.Module):
