@@ -41,6 +41,16 @@ fn manager(vars: &[(&'static str, String)]) -> Manager {
     Manager::from_config(cfg)
 }
 
+/// A manager with the plugin at `lib` loaded, vendor impls preferred (the reference after).
+fn preferring_plugin(lib: &std::path::Path) -> Manager {
+    manager(&[("TE_FL_PLUGIN_MODULES", lib.display().to_string()), ("TE_FL_PREFER", "vendor".into())])
+}
+
+/// A manager with the plugin at `lib` loaded and rmsnorm_fwd routed to it alone.
+fn routed_to_plugin(lib: &std::path::Path) -> Manager {
+    manager(&[("TE_FL_PLUGIN_MODULES", lib.display().to_string()), ("TE_FL_PER_OP", "rmsnorm_fwd=vendor:cplug".into())])
+}
+
 fn rmsnorm_case(rng: &mut Rng) -> (RmsNormFwdArgs, Vec<f64>) {
     let (rows, n) = (5, 1000);
     let x = tensor(&rng.vec(rows * n, -2.0, 2.0), &[rows, n], DType::F32);
@@ -59,10 +69,7 @@ fn a_c_plugin_serves_rmsnorm_when_routed_to_it() {
     let log = CapturedLog::new();
     let mut rng = Rng::new(seed("c_plugin"));
     log.capture(LogLevel::Info, || {
-        let m = manager(&[
-            ("TE_FL_PLUGIN_MODULES", lib.display().to_string()),
-            ("TE_FL_PER_OP", "rmsnorm_fwd=vendor:cplug".into()),
-        ]);
+        let m = routed_to_plugin(&lib);
         let (args, want) = rmsnorm_case(&mut rng);
         let out = m.call::<RmsNormFwd>(&args).unwrap();
         assert_close("C plugin rmsnorm_fwd y", &values(&out.y), &want, DType::F32);
@@ -123,7 +130,7 @@ fn failing_and_garbage_status_codes_are_failures_with_fallback() {
         (&["GARBAGE_HANDLE"][..], "returned an error handle tefl did not issue"),
     ] {
         let lib = build_plugin(&format!("cplug_{}", defines[0].to_ascii_lowercase()), defines);
-        let m = manager(&[("TE_FL_PLUGIN_MODULES", lib.display().to_string()), ("TE_FL_PREFER", "vendor".into())]);
+        let m = preferring_plugin(&lib);
         let (args, want) = rmsnorm_case(&mut rng);
         let out = m.call::<RmsNormFwd>(&args).unwrap();
         assert_close("fallback after a failing plugin kernel", &values(&out.y), &want, DType::F32);
@@ -131,10 +138,7 @@ fn failing_and_garbage_status_codes_are_failures_with_fallback() {
         let f = m.recent_failures();
         assert_eq!(f[0].impl_id, "vendor.cplug");
         assert!(f[0].error.contains(reason), "{}", f[0].error);
-        let strict = manager(&[
-            ("TE_FL_PLUGIN_MODULES", lib.display().to_string()),
-            ("TE_FL_PER_OP", "rmsnorm_fwd=vendor:cplug".into()),
-        ]);
+        let strict = routed_to_plugin(&lib);
         match strict.call::<RmsNormFwd>(&args) {
             Err(Error::AllFailed { failures, .. }) => assert!(failures[0].1.contains(reason), "{failures:?}"),
             other => panic!("expected a typed failure, got {other:?}"),
@@ -149,7 +153,7 @@ fn a_plugin_with_a_duplicate_impl_is_not_partly_registered() {
     let lib = build_plugin("cplug_dup", &["DUPLICATE_IMPL"]);
     let log = CapturedLog::new();
     log.capture(LogLevel::Info, || {
-        let m = manager(&[("TE_FL_PLUGIN_MODULES", lib.display().to_string()), ("TE_FL_PREFER", "vendor".into())]);
+        let m = preferring_plugin(&lib);
         assert!(m.with_registry(|r| !r.impl_ids().iter().any(|i| i == "vendor.cplug")));
         assert!(m.with_registry(|r| r.vendor("cplug").is_none()), "the vendor is not registered either");
         let (args, _) = rmsnorm_case(&mut Rng::new(seed("c_plugin_dup")));
@@ -174,7 +178,7 @@ fn plugin_outputs_and_allocations_are_checked() {
         ("HUGE_ALLOC", "out of memory allocating 4611686018427387904 bytes for a f32 tensor"),
     ] {
         let lib = build_plugin(&format!("cplug_{}", define.to_ascii_lowercase()), &[define]);
-        let m = manager(&[("TE_FL_PLUGIN_MODULES", lib.display().to_string()), ("TE_FL_PREFER", "vendor".into())]);
+        let m = preferring_plugin(&lib);
         let (args, want) = rmsnorm_case(&mut rng);
         let out = m.call::<RmsNormFwd>(&args).unwrap();
         assert_close("fallback after a bad plugin output", &values(&out.y), &want, DType::F32);
@@ -197,7 +201,7 @@ fn plugin_out_of_memory_falls_back_and_is_tried_again() {
         ("POOL_FULL", "impl 'vendor.cplug' of op 'rmsnorm_fwd': the acme device's memory pool is full"),
     ] {
         let lib = build_plugin(&format!("cplug_oom_{}", define.to_ascii_lowercase()), &[define]);
-        let m = manager(&[("TE_FL_PLUGIN_MODULES", lib.display().to_string()), ("TE_FL_PREFER", "vendor".into())]);
+        let m = preferring_plugin(&lib);
         for _ in 0..3 {
             let (args, want) = rmsnorm_case(&mut rng);
             let out = m.call::<RmsNormFwd>(&args).unwrap();
@@ -208,10 +212,7 @@ fn plugin_out_of_memory_falls_back_and_is_tried_again() {
         assert_eq!(m.stats_of("rmsnorm_fwd", "reference.cpu").unwrap().fallbacks, 3);
         let f = m.recent_failures();
         assert!(f[0].error.contains(reason), "{define}: {} should say {reason:?}", f[0].error);
-        let only = manager(&[
-            ("TE_FL_PLUGIN_MODULES", lib.display().to_string()),
-            ("TE_FL_PER_OP", "rmsnorm_fwd=vendor:cplug".into()),
-        ]);
+        let only = routed_to_plugin(&lib);
         match only.call::<RmsNormFwd>(&rmsnorm_case(&mut rng).0) {
             Err(e @ Error::OutOfMemory { .. }) => assert!(e.to_string().contains(reason), "{define}: {e}"),
             other => panic!("{define}: expected OutOfMemory, got {other:?}"),
@@ -224,7 +225,7 @@ fn plugin_out_of_memory_falls_back_and_is_tried_again() {
 #[test]
 fn plugin_unsupported_is_not_a_failure() {
     let lib = build_plugin("cplug_unsup3", &["UNSUPPORTED_3"]);
-    let m = manager(&[("TE_FL_PLUGIN_MODULES", lib.display().to_string()), ("TE_FL_PREFER", "vendor".into())]);
+    let m = preferring_plugin(&lib);
     let mut rng = Rng::new(seed("c_plugin_unsupported"));
     let case = |rows: usize, rng: &mut Rng| {
         let n = 16;
