@@ -474,12 +474,32 @@ def test_scalar_arguments_are_checked_and_named():
         tex.multi_tensor_adam(2048, np.zeros(1, np.int32), lists, None, 0.9, 0.999, 1e-8, 1, 1, 1, 0.0)
 
 
-def test_an_empty_array_is_a_shape_error_not_a_stride_one():
-    # numpy reports zero strides for empty arrays; an empty tensor is contiguous whatever its
-    # strides, so what tefl says is about its shape, naming the argument.
+def test_arrays_without_rows_give_empty_outputs_and_zero_sums():
+    # An expert that drew no tokens: no rows. numpy reports zero strides for empty arrays; an
+    # empty array is contiguous whatever its strides. Sums over the rows (dgamma, dbeta, dbias)
+    # are zeros, as torch gives.
     for empty in (np.zeros((0, 8), np.float32), rand(4, 8)[:0]):
-        with pytest.raises(ValueError, match="'x'.*dimension 0"):
-            tex.rmsnorm_fwd(empty, rand(8), 1e-5, None, None, None, 0, False)
+        g, b = rand(8), rand(8)
+        y, _, rs = tex.rmsnorm_fwd(empty, g, 1e-5, None, None, None, 0, False)
+        assert y.shape == (0, 8) and rs.shape == (0,)
+        dx, dg = tex.rmsnorm_bwd(empty, empty, rs, g, 0, False)
+        assert dx.shape == (0, 8) and np.array_equal(dg, np.zeros(8))
+        y, mu, rs = tex.layernorm_fwd(empty, g, b, 1e-5, None, None, None, 0, True)
+        assert y.shape == (0, 8) and mu.shape == rs.shape == (0,)
+        dx, dg, db = tex.layernorm_bwd(empty, empty, mu, rs, g, 0, True)
+        assert dx.shape == (0, 8) and np.array_equal(dg, np.zeros(8)) and np.array_equal(db, np.zeros(8))
+        assert tex.gelu(empty, None).shape == (0, 8)
+        assert tex.swiglu(empty, None).shape == (0, 4)
+        assert tex.dswiglu(empty[:, :4], empty, None).shape == (0, 8)
+        dbias, dgelu = tex.dbias_dgelu(empty, empty, None)
+        assert dgelu.shape == (0, 8) and np.array_equal(dbias, np.zeros(8))
+    no_heads = np.zeros((2, 0, 5, 7), np.float32)
+    y = tex.scaled_softmax_forward(no_heads, 0.5)
+    assert y.shape == (2, 0, 5, 7)
+    assert tex.scaled_softmax_backward(no_heads, y, 0.5).shape == (2, 0, 5, 7)
+    # A row of no elements has no norm: a last dimension of 0 is a shape error naming x.
+    with pytest.raises(ValueError, match="'x'.*last dimension over 0"):
+        tex.rmsnorm_fwd(np.zeros((4, 0), np.float32), np.zeros(0, np.float32), 1e-5, None, None, None, 0, False)
 
 
 def test_outputs_are_zero_copy_views_of_tefl_memory():

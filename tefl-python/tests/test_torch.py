@@ -140,6 +140,26 @@ def test_torch_layers_take_views_that_are_not_contiguous_rows(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_torch_layers_take_a_batch_without_tokens(dtype):
+    """An expert that drew no tokens: every layer returns an empty output, an empty input
+    gradient and zero weight gradients, as torch.nn does."""
+    kw = dict(device=DEVICE, dtype=dtype)
+    layers = [pair[0] for pair in norm_pairs(96, dtype)]
+    layers += [tt.Linear(96, 24, **kw), tt.SwiGLUMLP(96, 40, bias=True, **kw)]
+    for layer in layers:
+        for shape in ((0, 96), (2, 0, 96)):
+            x = randn(*shape, dtype=dtype).requires_grad_()
+            y = layer(x)
+            assert y.shape[:-1] == shape[:-1] and y.dtype == dtype
+            y.backward(torch.zeros_like(y))
+            assert x.grad.shape == shape
+            for name, p in layer.named_parameters():
+                assert p.grad is not None and p.grad.shape == p.shape, name
+                assert torch.count_nonzero(p.grad).item() == 0, f"{type(layer).__name__}.{name}"
+            layer.zero_grad()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_generic_gemm_matches_torch(dtype):
     A, B = randn(512, 256, dtype=dtype), randn(128, 256, dtype=dtype)
     D = torch.empty(128, 512, device=DEVICE, dtype=dtype)

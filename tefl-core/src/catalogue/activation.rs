@@ -92,7 +92,7 @@ declare_args! {
 }
 
 fn check_fwd(op: &'static str, x: &Tensor, gated: bool) -> Result<()> {
-    check::rank_at_least(op, "x", x, 1)?;
+    check::rows_of(op, "x", x, 1)?;
     check::float(op, "x", x)?;
     if gated && !x.last_dim().is_multiple_of(2) {
         return Err(Error::Shape {

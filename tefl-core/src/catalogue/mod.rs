@@ -60,14 +60,16 @@ pub mod check {
         Err(Error::Shape { op, arg, got: t.shape().to_vec(), expected: format!("{want:?}") })
     }
 
-    /// `t` has at least `rank` dimensions and no zero-sized one.
-    pub fn rank_at_least(op: &'static str, arg: &'static str, t: &Tensor, rank: usize) -> Result<()> {
-        if t.rank() < rank || t.shape().contains(&0) {
+    /// `t` has at least `rank` dimensions and a last dimension over 0 (the row length). The
+    /// leading dimensions may be 0: a tensor without rows (an expert that drew no tokens, an
+    /// empty batch) gives empty outputs and zero sums over its rows, as in torch.
+    pub fn rows_of(op: &'static str, arg: &'static str, t: &Tensor, rank: usize) -> Result<()> {
+        if t.rank() < rank || t.last_dim() == 0 {
             return Err(Error::Shape {
                 op,
                 arg,
                 got: t.shape().to_vec(),
-                expected: format!("rank at least {rank}, no dimension 0"),
+                expected: format!("rank at least {rank}, a last dimension over 0"),
             });
         }
         Ok(())
@@ -376,6 +378,30 @@ mod tests {
         assert!(matches!(RmsNormFwd::validate(&args), Err(Error::InvalidArgument { arg: "eps", .. })));
         let args = RmsNormFwdArgs { eps: 1e-5, x: t(&[3, 8], DType::I32), ..args };
         assert!(matches!(RmsNormFwd::validate(&args), Err(Error::DType { arg: "x", .. })));
+    }
+
+    #[test]
+    fn rows_may_be_absent_but_a_row_is_never_empty() {
+        let norm = |x: &[usize], n: usize| RmsNormFwdArgs {
+            x: t(x, DType::F32),
+            gamma: t(&[n], DType::F32),
+            eps: 1e-5,
+            zero_centered_gamma: false,
+            out_dtype: DType::F32,
+            scale: None,
+        };
+        RmsNormFwd::validate(&norm(&[0, 8], 8)).unwrap();
+        RmsNormFwd::validate(&norm(&[4, 0, 8], 8)).unwrap();
+        match RmsNormFwd::validate(&norm(&[4, 0], 0)) {
+            Err(Error::Shape { arg: "x", expected, .. }) => assert!(expected.contains("last dimension over 0")),
+            other => panic!("{other:?}"),
+        }
+        Swiglu::validate(&ActArgs { x: t(&[0, 6], DType::F32) }).unwrap();
+        assert!(matches!(Gelu::validate(&ActArgs { x: t(&[3, 0], DType::F32) }), Err(Error::Shape { arg: "x", .. })));
+        let softmax = |s: &[usize]| ScaledSoftmaxForward::validate(&SoftmaxArgs { x: t(s, DType::F32), scale: 1.0 });
+        softmax(&[2, 0, 5, 7]).unwrap();
+        assert!(matches!(softmax(&[2, 1, 5, 0]), Err(Error::Shape { arg: "x", .. })));
+        assert!(matches!(softmax(&[0]), Err(Error::Shape { arg: "x", .. })));
     }
 
     #[test]

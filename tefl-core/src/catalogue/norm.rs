@@ -210,7 +210,7 @@ fn fwd_common(
     out_dtype: DType,
     scale: Option<&Tensor>,
 ) -> crate::Result<()> {
-    check::rank_at_least(op, "x", x, 1)?;
+    check::rows_of(op, "x", x, 1)?;
     check::float(op, "x", x)?;
     check::float(op, "gamma", gamma)?;
     check::shape_is(op, "gamma", gamma, &[x.last_dim()])?;
@@ -245,7 +245,7 @@ fn bwd_outputs(x: &Tensor, gamma: &Tensor, dbeta: bool) -> Vec<OutputSpec> {
 }
 
 fn bwd_common(op: &'static str, dy: &Tensor, x: &Tensor, rsigma: &Tensor, gamma: &Tensor) -> crate::Result<()> {
-    check::rank_at_least(op, "x", x, 1)?;
+    check::rows_of(op, "x", x, 1)?;
     check::float(op, "x", x)?;
     check::float(op, "dy", dy)?;
     check::shape_is(op, "dy", dy, x.shape())?;

@@ -52,7 +52,7 @@ declare_output! {
 }
 
 fn check_x(op: &'static str, x: &Tensor, scale: f32, square: bool) -> Result<()> {
-    check::rank_at_least(op, "x", x, 2)?;
+    check::rows_of(op, "x", x, 2)?;
     check::float(op, "x", x)?;
     if !scale.is_finite() {
         return Err(Error::invalid(op, "scale", format!("must be finite, got {scale}")));
@@ -70,7 +70,7 @@ fn like_x(name: &'static str, x: &Tensor) -> Vec<OutputSpec> {
 }
 
 fn check_bwd(op: &'static str, a: &SoftmaxBwdArgs) -> Result<()> {
-    check::rank_at_least(op, "y", &a.y, 2)?;
+    check::rows_of(op, "y", &a.y, 2)?;
     check::float(op, "y", &a.y)?;
     check::float(op, "dy", &a.dy)?;
     check::shape_is(op, "dy", &a.dy, a.y.shape())?;

@@ -137,11 +137,15 @@ fn backward(
     let (rows, n) = (x.rows(), x.last_dim());
     let is_ln = mu.is_some();
     let dx = empty(ctx.device, x.shape(), x.dtype())?;
-    let dgamma = empty(ctx.device, gamma.shape(), gamma.dtype())?;
-    let dbeta = if is_ln { Some(empty(ctx.device, gamma.shape(), gamma.dtype())?) } else { None };
-    if n == 0 {
+    if rows == 0 || n == 0 {
+        // No rows: the sums over them are zeros, and no kernel runs (the fused kernel's
+        // variant writes its partial sums whatever the row count).
+        let dgamma = zeros(ctx.device, gamma.shape(), gamma.dtype())?;
+        let dbeta = if is_ln { Some(zeros(ctx.device, gamma.shape(), gamma.dtype())?) } else { None };
         return Ok((dx, dgamma, dbeta));
     }
+    let dgamma = empty(ctx.device, gamma.shape(), gamma.dtype())?;
+    let dbeta = if is_ln { Some(empty(ctx.device, gamma.shape(), gamma.dtype())?) } else { None };
     let types = Types { x: x.dtype(), g: gamma.dtype(), y: dy.dtype(), add: add.map(Tensor::dtype) };
     // The backward holds more per vector (x̂, d, two column sums): fewer vectors per thread.
     let cfg = tune::row_kernel(&*tune_table(ctx.device)?, "norm", n, x.dtype().size_in_bytes(), 2);
@@ -150,7 +154,7 @@ fn backward(
     let col_grid = Grid::linear(n.div_ceil(256) as u32, 256);
     // Fused: a grid of `parts` blocks sums dgamma/dbeta per block into ws, reduced after.
     // Otherwise one block per row computes dx and a column kernel the sums.
-    let fused = cfg.row_vecs > 0 && rows > 0;
+    let fused = cfg.row_vecs > 0;
     let parts =
         if fused { blocks_for(rows, 1, 4 * sm_count(ctx.device)) } else { blocks_for(rows, 1, i32::MAX as u32) };
     let ws = if fused {

@@ -40,7 +40,8 @@ impl Suite<'_> {
             ("dbias_dsrelu", Activation::Srelu, |s, a| s.call::<DBiasDSrelu>(&a)),
             ("dbias_dsilu", Activation::Silu, |s, a| s.call::<DBiasDSilu>(&a)),
         ];
-        let mut shapes = vec![(1, 1000), (5, 4097), (2, 16384)];
+        // (0, 1000): no rows (dbias is zeros).
+        let mut shapes = vec![(1, 1000), (5, 4097), (2, 16384), (0, 1000)];
         if self.size == Size::Full {
             shapes.push((64, 16384));
         }
