@@ -13,7 +13,9 @@
 //! input read once, each output written once) or TFLOP/s, the fraction of a copy's bandwidth
 //! measured the same way, each peer's time, the best peer and tefl's speed relative to it
 //! (best peer's time / tefl's: above 1, tefl is faster). `--svg FILE` draws that last column
-//! as a bar chart. `cargo xtask bench` runs it.
+//! as a bar chart. `cargo xtask bench` runs it. `TEFL_BENCH_HOST=1` also prints each case's
+//! median host time per call: where it passes the flush's device time, the device waits for
+//! the host inside the timed span.
 
 use std::fmt::Write as _;
 use std::process::ExitCode;
@@ -363,12 +365,23 @@ impl Timer {
         self.rt.synchronize(self.device)?;
         let budget = Instant::now();
         let mut ts = Vec::new();
+        let mut host = Vec::new();
         while ts.len() < reps.max(3) && (ts.len() < 3 || budget.elapsed().as_secs_f64() < 20.0) {
+            let mut timed = || {
+                let t0 = Instant::now();
+                let r = f();
+                host.push(t0.elapsed().as_secs_f64());
+                r
+            };
             let t = match &self.flush {
-                Some(buf) => self.rt.time_after(self.device, &mut || self.rt.fill(&**buf, 0), &mut || f())?,
-                None => self.rt.time_on_device(self.device, &mut || f())?,
+                Some(buf) => self.rt.time_after(self.device, &mut || self.rt.fill(&**buf, 0), &mut timed)?,
+                None => self.rt.time_on_device(self.device, &mut timed)?,
             };
             ts.push(t);
+        }
+        if std::env::var_os("TEFL_BENCH_HOST").is_some() {
+            host.sort_by(f64::total_cmp);
+            eprintln!("  host time per call: median {:.1} us", host[host.len() / 2] * 1e6);
         }
         ts.sort_by(f64::total_cmp);
         Ok(ts[ts.len() / 2])
