@@ -83,6 +83,17 @@ fn a_c_plugin_serves_rmsnorm_when_routed_to_it() {
             ..args
         };
         assert!(matches!(m.call::<RmsNormFwd>(&bf), Err(Error::NoImplementation { .. })));
+        // No rows (an expert that drew no tokens): the plugin gets the call and allocates empty
+        // outputs through the ABI.
+        let none = RmsNormFwdArgs {
+            x: tensor(&[], &[0, 4], DType::F32),
+            gamma: tensor(&[1.0; 4], &[4], DType::F32),
+            out_dtype: DType::F32,
+            ..bf
+        };
+        let out = m.call::<RmsNormFwd>(&none).unwrap();
+        assert_eq!((out.y.shape(), out.rsigma.shape()), (&[0, 4][..], &[0][..]));
+        assert_eq!(m.stats_of("rmsnorm_fwd", "vendor.cplug").unwrap().calls, 2);
     });
     let msgs: Vec<String> = log.messages().into_iter().map(|(_, m)| m).collect();
     assert!(msgs.iter().any(|m| m.starts_with("Plugin '") && m.ends_with("loaded: 1 impl(s)")), "{msgs:?}");
