@@ -206,11 +206,15 @@ extern "C" __global__ void __launch_bounds__(BLOCK) norm_bwd(const TY* __restric
 #endif
 #if FUSED
     // The next row's x and dy are fetched (raw) before this row's reduction, so a block keeps
-    // a row's loads in flight while it waits at the barriers.
+    // a row's loads in flight while it waits at the barriers; its rsigma (and mu) with them, so
+    // that a row does not start by waiting for a load of its own.
     alignas(16) TX nx[ROW_VECS][NV];
     alignas(16) TY ndy[ROW_VECS][NV];
+    float next_r = 0.0f, next_m = 0.0f;
     auto fetch = [&](int row) {
         const size_t base = (size_t)row * n;
+        next_r = rsigma[row];
+        if (IS_LN) next_m = mu[row];
 #pragma unroll
         for (int it = 0; it < ROW_VECS; ++it) {
             const int v = threadIdx.x + it * BLOCK;
@@ -224,9 +228,9 @@ extern "C" __global__ void __launch_bounds__(BLOCK) norm_bwd(const TY* __restric
 #endif
     for (int row = blockIdx.x; row < rows; row += gridDim.x) {
         const size_t base = (size_t)row * n;
-        const float r = rsigma[row];
-        const float m = IS_LN ? mu[row] : 0.0f;
 #if FUSED
+        const float r = next_r;
+        const float m = IS_LN ? next_m : 0.0f;
         float xh[ROW_VECS][NV], d[ROW_VECS][NV];
         float sd = 0.0f, sdx = 0.0f;
 #pragma unroll
@@ -270,6 +274,8 @@ extern "C" __global__ void __launch_bounds__(BLOCK) norm_bwd(const TY* __restric
             }
         }
 #else
+        const float r = rsigma[row];
+        const float m = IS_LN ? mu[row] : 0.0f;
         float sd = 0.0f, sdx = 0.0f;
         for (int i = threadIdx.x; i < n; i += BLOCK) {
             const float dv = to_f32(dy[base + i]) * gamma_at(gamma, i, zc);
