@@ -244,6 +244,23 @@ extern "C" __global__ void __launch_bounds__(128)
 #else
         const int pc0 = c0 < HALF_ROT ? c0 + HALF_ROT : c0 - HALF_ROT;
 #endif
+        const TX* xr = x + (size_t)row * h * D;
+        TX* yr = y + (size_t)row * h * D;
+        // UNROLL vectors a lane (and their partners), loaded before they are used; the first
+        // ones are issued before the angles are computed, so that their trip from memory
+        // overlaps the sines and cosines.
+        alignas(16) TX rv[UNROLL][VE], rw[UNROLL][VE];
+        auto load = [&](int head) {
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                const int hd = head + u * STEP;
+                if (hd < head_end) {
+                    raw_copy<TX, VE>(rv[u], xr + (size_t)hd * D + c0);
+                    if (!INTERLEAVED && rot) raw_copy<TX, VE>(rw[u], xr + (size_t)hd * D + pc0);
+                }
+            }
+        };
+        load(head0 + lane / SV);
         float a[VE], b[VE];
         if (rot) {
             const float* f = freqs + (size_t)pos * DROT;
@@ -269,18 +286,8 @@ extern "C" __global__ void __launch_bounds__(128)
 #endif
             }
         }
-        const TX* xr = x + (size_t)row * h * D;
-        TX* yr = y + (size_t)row * h * D;
         for (int head = head0 + lane / SV; head < head_end; head += STEP * UNROLL) {
-            alignas(16) TX rv[UNROLL][VE], rw[UNROLL][VE];
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
-                const int hd = head + u * STEP;
-                if (hd < head_end) {
-                    raw_copy<TX, VE>(rv[u], xr + (size_t)hd * D + c0);
-                    if (!INTERLEAVED && rot) raw_copy<TX, VE>(rw[u], xr + (size_t)hd * D + pc0);
-                }
-            }
+            if (head != head0 + lane / SV) load(head);
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) {
                 const int hd = head + u * STEP;
