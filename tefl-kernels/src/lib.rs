@@ -271,6 +271,8 @@ mod tests {
             "pack2_bf16_bits",
             "pack2_half_bits",
             "max_nan",
+            "max2_nan_bf16_bits",
+            "max2_nan_half_bits",
             "fast_exp2",
             "atomic_add2_f32",
         ] {

@@ -29,6 +29,7 @@ fn variant(op: &'static str, x: DType, g: DType, mask: MaskKind, cfg: RowConfig)
         .set("BLOCK", cfg.block)
         .set("ROW_VECS", cfg.row_vecs.max(1))
         .flag("FUSED", cfg.fused())
+        .flag("PAIR_MAX", cfg.fused() && matches!(mask, MaskKind::None) && x.size_in_bytes() == 2)
         .set("VEC_BYTES", cfg.vec_bytes);
     Ok(Variant::new(&tefl_kernels::SOFTMAX, ENTRIES, defines))
 }

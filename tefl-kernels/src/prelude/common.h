@@ -32,6 +32,11 @@ template <> __device__ __forceinline__ u32 pack2_f32<f16>(float lo, float hi) { 
 template <typename T> __device__ __forceinline__ float lo_f32(u32 w) { return to_f32(T{(u16)(w & 0xffffu)}); }
 template <typename T> __device__ __forceinline__ float hi_f32(u32 w) { return to_f32(T{(u16)(w >> 16)}); }
 
+// The lane-wise max of two packed pairs of T (bf16 or f16), NaN in a lane where either is.
+template <typename T> __device__ __forceinline__ u32 max2_nan(u32 a, u32 b);
+template <> __device__ __forceinline__ u32 max2_nan<bf16>(u32 a, u32 b) { return max2_nan_bf16_bits(a, b); }
+template <> __device__ __forceinline__ u32 max2_nan<f16>(u32 a, u32 b) { return max2_nan_half_bits(a, b); }
+
 // ---- warp and block reductions ----
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -165,11 +170,24 @@ template <typename T, int N> __device__ __forceinline__ void load_n(const T* p, 
 #pragma unroll
     for (int i = 0; i < N; ++i) out[i] = to_f32(tmp[i]);
 }
+// Whether T is a 16-bit float that pack2_f32 rounds two at a time.
+template <typename T> struct packs_in_pairs { static constexpr bool value = false; };
+template <> struct packs_in_pairs<bf16> { static constexpr bool value = true; };
+template <> struct packs_in_pairs<f16> { static constexpr bool value = true; };
+// N f32 rounded to T and stored as one vector; 16-bit floats are rounded a pair per
+// instruction (the same round-to-nearest-even as from_f32).
 template <typename T, int N> __device__ __forceinline__ void store_n(T* p, const float* in) {
-    alignas(16) T tmp[N];
+    if constexpr (packs_in_pairs<T>::value && N % 2 == 0) {
+        alignas(16) u32 w[N / 2];
 #pragma unroll
-    for (int i = 0; i < N; ++i) tmp[i] = from_f32<T>(in[i]);
-    raw_copy<T, N>(p, tmp);
+        for (int i = 0; i < N / 2; ++i) w[i] = pack2_f32<T>(in[2 * i], in[2 * i + 1]);
+        raw_copy<T, N>(p, (const T*)w);
+    } else {
+        alignas(16) T tmp[N];
+#pragma unroll
+        for (int i = 0; i < N; ++i) tmp[i] = from_f32<T>(in[i]);
+        raw_copy<T, N>(p, tmp);
+    }
 }
 
 // ---- Philox 4x32-10 (Random123), the stream tefl_core::philox defines ----

@@ -63,6 +63,18 @@ __device__ __forceinline__ float max_nan(float a, float b) {
     return (a != a || b != b) ? __int_as_float(0x7fffffff) : fmaxf(a, b);
 #endif
 }
+// The lane-wise max of two packed pairs of bf16 (f16) values, NaN in a lane where either is:
+// one instruction on the raw bits, no conversion.
+__device__ __forceinline__ unsigned int max2_nan_bf16_bits(unsigned int a, unsigned int b) {
+    unsigned int d;
+    asm("max.NaN.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+__device__ __forceinline__ unsigned int max2_nan_half_bits(unsigned int a, unsigned int b) {
+    unsigned int d;
+    asm("max.NaN.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
 // 2^x in one instruction (denormal results flush to zero): softmax exponents.
 __device__ __forceinline__ float fast_exp2(float x) {
     float y;

@@ -48,6 +48,18 @@ __device__ __forceinline__ unsigned int pack2_half_bits(float lo, float hi) {
 __device__ __forceinline__ float max_nan(float a, float b) {
     return (a != a || b != b) ? __int_as_float(0x7fffffff) : fmaxf(a, b);
 }
+// The lane-wise max of two packed pairs of bf16 (f16) values, NaN in a lane where either is
+// (through f32: the max is one of the inputs, so packing it back is exact).
+__device__ __forceinline__ unsigned int max2_nan_bf16_bits(unsigned int a, unsigned int b) {
+    const float lo = max_nan(__uint_as_float(a << 16), __uint_as_float(b << 16));
+    const float hi = max_nan(__uint_as_float(a & 0xffff0000u), __uint_as_float(b & 0xffff0000u));
+    return pack2_bf16_bits(lo, hi);
+}
+__device__ __forceinline__ unsigned int max2_nan_half_bits(unsigned int a, unsigned int b) {
+    const float lo = max_nan(half_bits_to_f32((unsigned short)(a & 0xffffu)), half_bits_to_f32((unsigned short)(b & 0xffffu)));
+    const float hi = max_nan(half_bits_to_f32((unsigned short)(a >> 16)), half_bits_to_f32((unsigned short)(b >> 16)));
+    return pack2_half_bits(lo, hi);
+}
 // 2^x: v_exp_f32 directly where the compiler has the builtin (clang 17+, ROCm 6+; denormal
 // results may flush to zero, as on CUDA), else the device library's exp2f.
 #if defined(__has_builtin) && __has_builtin(__builtin_amdgcn_exp2f)

@@ -2,7 +2,7 @@
 // (16-byte vectors) when it fits (FUSED), scalar passes otherwise.
 // Defines: TX (x / y), TG (dy in the backward), MASK (0 none, 1 mask tensor, 2 upper
 // triangular j > i, 3 bottom-right aligned causal j > i + sk - sq), BLOCK, ROW_VECS, FUSED,
-// VEC_BYTES.
+// VEC_BYTES, PAIR_MAX (the fused unmasked forward of 16-bit rows: the max on packed pairs).
 
 #define NV (VEC_BYTES / (int)sizeof(TX))
 #define NEG_INF (-__int_as_float(0x7f800000))
@@ -20,6 +20,29 @@ __device__ __forceinline__ bool masked(const u8* mask, int row, int j, int h, in
     return false;
 #endif
 }
+
+#if PAIR_MAX
+template <typename T> __device__ __forceinline__ u32 neg_inf_pair();
+template <> __device__ __forceinline__ u32 neg_inf_pair<bf16>() { return 0xff80ff80u; }
+template <> __device__ __forceinline__ u32 neg_inf_pair<f16>() { return 0xfc00fc00u; }
+// Loads this thread's vectors of the row into c and returns the lane-wise max of their pairs
+// (of the negated values when NEG), NaN if any is NaN, (-inf, -inf) for a thread with none.
+template <bool NEG>
+__device__ __forceinline__ u32 load_row_pair_max(TX (&c)[ROW_VECS][NV], const TX* __restrict__ xr, int nvecs) {
+    u32 mx = neg_inf_pair<TX>();
+#pragma unroll
+    for (int it = 0; it < ROW_VECS; ++it) {
+        const int v = threadIdx.x + it * BLOCK;
+        if (v < nvecs) {
+            raw_copy<TX, NV>(c[it], xr + v * NV);
+            const u32* w = (const u32*)c[it];
+#pragma unroll
+            for (int j = 0; j < NV / 2; ++j) mx = max2_nan<TX>(mx, NEG ? w[j] ^ 0x80008000u : w[j]);
+        }
+    }
+    return mx;
+}
+#endif
 
 // On CUDA the fused forward is capped at 32 registers a thread (2048 threads an SM) when its
 // row copy takes at most 16 of them: more rows in flight hide the two block reductions (H100,
@@ -40,11 +63,20 @@ extern "C" __global__ void __launch_bounds__(BLOCK, FWD_MIN_BLOCKS) softmax_fwd(
         TX* yr = y + (size_t)row * sk;
 #if FUSED
         // The row as loaded (16-bit rows take half the registers of f32 copies: more blocks per
-        // SM); exp(scale x - m) = exp2(scale2 x - m2) by one FFMA and exp2, computed for the sum
-        // and again for the output.
+        // SM); exp(scale x - m) = exp2(scale2 x - m2) by one FFMA and one ex2, computed for the
+        // sum and again for the output. The forward is issue-bound on the H200 (Nsight Compute,
+        // 2026-11-27: 83% of issue slots, 37 instructions an element), so each element costs
+        // as few instructions as it can.
         const int nvecs = sk / NV;
         const float scale2 = scale * 1.4426950408889634f;
         alignas(16) TX c[ROW_VECS][NV];
+#if PAIR_MAX
+        // max(scale2 x) = |scale2| max(x), or |scale2| max(-x) for a negative scale, taken on the
+        // raw 16-bit pairs: one instruction a pair, no conversion.
+        const u32 pair = scale2 < 0.0f ? load_row_pair_max<true>(c, xr, nvecs) : load_row_pair_max<false>(c, xr, nvecs);
+        const float px = max_nan(lo_f32<TX>(pair), hi_f32<TX>(pair));
+        float m = px == NEG_INF ? NEG_INF : fabsf(scale2) * px;
+#else
         float m = NEG_INF;
 #pragma unroll
         for (int it = 0; it < ROW_VECS; ++it) {
@@ -56,12 +88,19 @@ extern "C" __global__ void __launch_bounds__(BLOCK, FWD_MIN_BLOCKS) softmax_fwd(
                     if (!masked(mask, row, v * NV + j, h, sq, sk, mask_batch)) m = max_nan(m, to_f32(c[it][j]) * scale2);
             }
         }
+#endif
         m = block_max(m, scratch);
-        // exp of element j of vector it, 0 where masked (or when the whole row is).
+        // A row with nothing unmasked (or every entry -inf) has the max -inf: exponents against
+        // 0 then give 0 for every entry that counts, a zero sum and zero outputs.
+        const float m0 = m == NEG_INF ? 0.0f : m;
+        // exp of element j of vector it, 0 where masked.
         auto e = [&](int it, int v, int j) {
-            return (m == NEG_INF || masked(mask, row, v * NV + j, h, sq, sk, mask_batch))
-                       ? 0.0f
-                       : exp2f(fmaf(to_f32(c[it][j]), scale2, -m));
+#if MASK == 0
+            return fast_exp2(fmaf(to_f32(c[it][j]), scale2, -m0));
+#else
+            return masked(mask, row, v * NV + j, h, sq, sk, mask_batch) ? 0.0f
+                                                                        : fast_exp2(fmaf(to_f32(c[it][j]), scale2, -m0));
+#endif
         };
         float s = 0.0f;
 #pragma unroll
@@ -81,9 +120,14 @@ extern "C" __global__ void __launch_bounds__(BLOCK, FWD_MIN_BLOCKS) softmax_fwd(
                 float o[NV];
 #pragma unroll
                 for (int j = 0; j < NV; ++j) {
+#if MASK == 0
+                    // A NaN or +inf in the row makes the sum, and so every output, NaN.
+                    o[j] = e(it, v, j) * inv;
+#else
                     // Masked entries (e = 0) stay 0 even when a NaN made inv NaN.
                     const float ej = e(it, v, j);
                     o[j] = ej == 0.0f ? 0.0f : ej * inv;
+#endif
                 }
                 store_n<TX, NV>(yr + v * NV, o);
             }
