@@ -158,27 +158,31 @@ extern "C" __global__ void __launch_bounds__(BLOCK) softmax_bwd(const TG* __rest
     for (int row = blockIdx.x; row < rows; row += gridDim.x) {
         const size_t base = (size_t)row * sk;
 #if FUSED
+        // The rows as loaded (16-bit rows in half the registers of f32 copies: no spill at 4
+        // vectors, more blocks an SM), converted where used; dx = y (scale dy - scale s).
         const int nvecs = sk / NV;
-        float yv[ROW_VECS][NV], dv[ROW_VECS][NV];
+        alignas(16) TX yc[ROW_VECS][NV];
+        alignas(16) TG dc[ROW_VECS][NV];
         float s = 0.0f;
 #pragma unroll
         for (int it = 0; it < ROW_VECS; ++it) {
             const int v = threadIdx.x + it * BLOCK;
             if (v < nvecs) {
-                load_n<TX, NV>(y + base + v * NV, yv[it]);
-                load_n<TG, NV>(dy + base + v * NV, dv[it]);
+                raw_copy<TX, NV>(yc[it], y + base + v * NV);
+                raw_copy<TG, NV>(dc[it], dy + base + v * NV);
 #pragma unroll
-                for (int j = 0; j < NV; ++j) s += yv[it][j] * dv[it][j];
+                for (int j = 0; j < NV; ++j) s = fmaf(to_f32(yc[it][j]), to_f32(dc[it][j]), s);
             }
         }
-        s = block_sum(s, scratch);
+        const float neg_scaled_sum = -scale * block_sum(s, scratch);
 #pragma unroll
         for (int it = 0; it < ROW_VECS; ++it) {
             const int v = threadIdx.x + it * BLOCK;
             if (v < nvecs) {
+                float o[NV];
 #pragma unroll
-                for (int j = 0; j < NV; ++j) yv[it][j] = scale * yv[it][j] * (dv[it][j] - s);
-                store_n<TX, NV>(dx + base + v * NV, yv[it]);
+                for (int j = 0; j < NV; ++j) o[j] = to_f32(yc[it][j]) * fmaf(to_f32(dc[it][j]), scale, neg_scaled_sum);
+                store_n<TX, NV>(dx + base + v * NV, o);
             }
         }
 #else

@@ -119,7 +119,15 @@ fn cases(c: &Ctx, small: bool) -> tefl_core::Result<Vec<Case>> {
         format!("rmsnorm_bwd {r} {n}"),
         e * 3.0 * rn,
         0.0,
-        RmsNormBwdArgs { dy: x.clone(), x: x.clone(), rsigma: rs, gamma: g.clone(), zero_centered_gamma: false },
+        // dy a tensor of its own: the same buffer as x would be read once from memory and
+        // once from L2.
+        RmsNormBwdArgs {
+            dy: c.t(&[r, n], bf)?,
+            x: x.clone(),
+            rsigma: rs,
+            gamma: g.clone(),
+            zero_centered_gamma: false,
+        },
     ));
     v.push(c.case::<LayerNormFwd>(
         format!("layernorm_fwd {r}x{n}"),
@@ -157,6 +165,13 @@ fn cases(c: &Ctx, small: bool) -> tefl_core::Result<Vec<Case>> {
         e * 2.0 * rn,
         0.0,
         SoftmaxArgs { x: x.reshape([1, 1, r, n])?, scale: 0.125 },
+    ));
+    v.push(c.case::<ScaledSoftmaxBackward>(
+        format!("softmax_bwd {r}x{n}"),
+        format!("softmax_bwd {r} {n}"),
+        e * 3.0 * rn,
+        0.0,
+        SoftmaxBwdArgs { dy: c.t(&[1, 1, r, n], bf)?, y: x.reshape([1, 1, r, n])?, scale: 0.125 },
     ));
     let (s, b, h, d) = if small { (1024, 2, 8, 128) } else { (4096, 4, 32, 128) };
     let xr = c.t(&[s, b, h, d], bf)?;
@@ -283,7 +298,8 @@ fn cases(c: &Ctx, small: bool) -> tefl_core::Result<Vec<Case>> {
             format!("attn_bwd {ab} {ah} {asq} {ad}"),
             0.0,
             2.5 * fwd_flops,
-            fwd.backward(o.o, q.clone(), o.softmax_lse),
+            // dO a tensor of its own, as the peers' (q = k = v on both sides).
+            fwd.backward(o.o, c.t(&[ab, asq, ah, ad], bf)?, o.softmax_lse),
         ));
     }
     let np = if small { 16 << 20 } else { 256 << 20 };
