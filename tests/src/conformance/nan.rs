@@ -149,9 +149,21 @@ impl Suite<'_> {
     fn nan_softmax(&mut self, dtype: DType) {
         let (b, h, sq, sk) = (1, 2, 3, 50);
         self.case("scaled_softmax_forward", dtype, "NaN in x[0, 1, 2, 10]".into(), |s| {
-            let _ = b;
             let at = (sq + 2) * sk + 10; // batch 0, head 1, row 2, column 10
             let (x, xv) = s.rand_nan(&[b, h, sq, sk], dtype, -3.0, 3.0, &[at])?;
+            let o = s.call::<ScaledSoftmaxForward>(&SoftmaxArgs { x, scale: 0.5 })?;
+            Ok(vec![nan_cmp("y", &o.y, oracle::softmax(&xv, sq, sk, 0.5, |_, _, _| false), dtype)?])
+        });
+        // +inf: exp(inf - inf) is NaN, so the row's sum and every output of that row are NaN
+        // (as in torch and the oracle), not 0 beside one NaN; the other rows are unaffected.
+        // Rows of 64, whole 16-byte vectors: the backends' register-resident row paths.
+        self.case("scaled_softmax_forward", dtype, "+inf in x[0, 0, 1, 7], rows of 64".into(), |s| {
+            let sk = 64;
+            let at = sk + 7; // batch 0, head 0, row 1, column 7
+            let mut v = s.rng.vec(b * h * sq * sk, -3.0, 3.0);
+            v[at] = f64::INFINITY;
+            let x = s.put(&v, &[b, h, sq, sk], dtype)?;
+            let xv = x.to_vec::<f64>()?;
             let o = s.call::<ScaledSoftmaxForward>(&SoftmaxArgs { x, scale: 0.5 })?;
             Ok(vec![nan_cmp("y", &o.y, oracle::softmax(&xv, sq, sk, 0.5, |_, _, _| false), dtype)?])
         });
