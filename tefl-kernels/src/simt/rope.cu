@@ -260,7 +260,8 @@ extern "C" __global__ void __launch_bounds__(128)
                 }
             }
         };
-        load(head0 + lane / SV);
+        const int first = head0 + lane / SV;  // this lane's first head of the chunk
+        load(first);
         float a[VE], b[VE];
         if (rot) {
             const float* f = freqs + (size_t)pos * DROT;
@@ -286,8 +287,8 @@ extern "C" __global__ void __launch_bounds__(128)
 #endif
             }
         }
-        for (int head = head0 + lane / SV; head < head_end; head += STEP * UNROLL) {
-            if (head != head0 + lane / SV) load(head);
+        for (int head = first; head < head_end; head += STEP * UNROLL) {
+            if (head != first) load(head);
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) {
                 const int hd = head + u * STEP;

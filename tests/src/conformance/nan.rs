@@ -28,10 +28,23 @@ impl Suite<'_> {
         hi: f64,
         nan_at: &[usize],
     ) -> tefl_core::Result<(Tensor, Vec<f64>)> {
+        self.rand_with(shape, dtype, lo, hi, nan_at, f64::NAN)
+    }
+
+    /// A random tensor with `special` (NaN, ±inf) at the flat positions `at`, and its values.
+    fn rand_with(
+        &mut self,
+        shape: &[usize],
+        dtype: DType,
+        lo: f64,
+        hi: f64,
+        at: &[usize],
+        special: f64,
+    ) -> tefl_core::Result<(Tensor, Vec<f64>)> {
         let n: usize = shape.iter().product();
         let mut v = self.rng.vec(n, lo, hi);
-        for &i in nan_at {
-            v[i] = f64::NAN;
+        for &i in at {
+            v[i] = special;
         }
         let t = self.put(&v, shape, dtype)?;
         let exact = t.to_vec::<f64>()?;
@@ -160,10 +173,7 @@ impl Suite<'_> {
         self.case("scaled_softmax_forward", dtype, "+inf in x[0, 0, 1, 7], rows of 64".into(), |s| {
             let sk = 64;
             let at = sk + 7; // batch 0, head 0, row 1, column 7
-            let mut v = s.rng.vec(b * h * sq * sk, -3.0, 3.0);
-            v[at] = f64::INFINITY;
-            let x = s.put(&v, &[b, h, sq, sk], dtype)?;
-            let xv = x.to_vec::<f64>()?;
+            let (x, xv) = s.rand_with(&[b, h, sq, sk], dtype, -3.0, 3.0, &[at], f64::INFINITY)?;
             let o = s.call::<ScaledSoftmaxForward>(&SoftmaxArgs { x, scale: 0.5 })?;
             Ok(vec![nan_cmp("y", &o.y, oracle::softmax(&xv, sq, sk, 0.5, |_, _, _| false), dtype)?])
         });
