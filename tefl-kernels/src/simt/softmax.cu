@@ -93,12 +93,13 @@ extern "C" __global__ void __launch_bounds__(BLOCK, FWD_MIN_BLOCKS) softmax_fwd(
         // A row with nothing unmasked (or every entry -inf) has the max -inf: exponents against
         // 0 then give 0 for every entry that counts, a zero sum and zero outputs.
         const float m0 = m == NEG_INF ? 0.0f : m;
-        // exp of element j of vector it, 0 where masked.
+        // exp of element j of vector it; -0 where masked (an exponential is never -0, so the
+        // output pass tells a masked entry from a visible one that underflowed to +0).
         auto e = [&](int it, int v, int j) {
 #if MASK == 0
             return fast_exp2(fmaf(to_f32(c[it][j]), scale2, -m0));
 #else
-            return masked(mask, row, v * NV + j, h, sq, sk, mask_batch) ? 0.0f
+            return masked(mask, row, v * NV + j, h, sq, sk, mask_batch) ? -0.0f
                                                                         : fast_exp2(fmaf(to_f32(c[it][j]), scale2, -m0));
 #endif
         };
@@ -124,9 +125,10 @@ extern "C" __global__ void __launch_bounds__(BLOCK, FWD_MIN_BLOCKS) softmax_fwd(
                     // A NaN or +inf in the row makes the sum, and so every output, NaN.
                     o[j] = e(it, v, j) * inv;
 #else
-                    // Masked entries (e = 0) stay 0 even when a NaN made inv NaN.
+                    // Masked entries (e = -0) stay 0 even when a NaN or +inf made inv NaN;
+                    // visible ones are NaN then, 0 · NaN included, as in the reference.
                     const float ej = e(it, v, j);
-                    o[j] = ej == 0.0f ? 0.0f : ej * inv;
+                    o[j] = __float_as_uint(ej) == 0x80000000u ? 0.0f : ej * inv;
 #endif
                 }
                 store_n<TX, NV>(yr + v * NV, o);

@@ -177,6 +177,28 @@ impl Suite<'_> {
             let o = s.call::<ScaledSoftmaxForward>(&SoftmaxArgs { x, scale: 0.5 })?;
             Ok(vec![nan_cmp("y", &o.y, oracle::softmax(&xv, sq, sk, 0.5, |_, _, _| false), dtype)?])
         });
+        // The same under masks: the row's visible entries are NaN, its masked ones stay 0.
+        self.case(
+            "scaled_upper_triang_masked_softmax_forward",
+            dtype,
+            "+inf in x[0, 0, 9, 3], rows of 64".into(),
+            |s| {
+                let (sq, sk) = (64, 64);
+                let (x, xv) = s.rand_with(&[1, 2, sq, sk], dtype, -3.0, 3.0, &[9 * sk + 3], f64::INFINITY)?;
+                let o = s.call::<ScaledUpperTriangMaskedSoftmaxForward>(&SoftmaxArgs { x, scale: 0.5 })?;
+                Ok(vec![nan_cmp("y", &o.y, oracle::softmax(&xv, sq, sk, 0.5, |_, i, j| j > i), dtype)?])
+            },
+        );
+        self.case("scaled_masked_softmax_forward", dtype, "+inf in x[0, 1, 2, 5], rows of 64".into(), |s| {
+            let sk = 64;
+            let (x, xv) = s.rand_with(&[b, h, sq, sk], dtype, -3.0, 3.0, &[(sq + 2) * sk + 5], f64::INFINITY)?;
+            // Every other column masked, except the +inf's.
+            let mv: Vec<u8> = (0..sq * sk).map(|e| u8::from(e % 2 == 0 && e % sk != 5)).collect();
+            let mask = Tensor::from_slice(&mv, [1, 1, sq, sk], DType::U8)?.to_device(&s.device)?;
+            let o = s.call::<ScaledMaskedSoftmaxForward>(&MaskedSoftmaxArgs { x, mask, scale: 0.5 })?;
+            let want = oracle::softmax(&xv, sq, sk, 0.5, |_, i, j| mv[i * sk + j] != 0);
+            Ok(vec![nan_cmp("y", &o.y, want, dtype)?])
+        });
         self.case("scaled_upper_triang_masked_softmax_forward", dtype, "NaN in x[0, 0, 2, 1]".into(), |s| {
             let (sq, sk) = (5, 5);
             let (x, xv) = s.rand_nan(&[1, 1, sq, sk], dtype, -3.0, 3.0, &[2 * sk + 1])?;
