@@ -25,7 +25,12 @@ pub struct Tensor {
     storage: Arc<dyn Buffer>,
 }
 
+/// The element count of `shape`: 0 when any dimension is 0 (whatever the others are), else
+/// their product, an error when it overflows.
 fn checked_numel(shape: &[usize]) -> Result<usize> {
+    if shape.contains(&0) {
+        return Ok(0);
+    }
     shape
         .iter()
         .try_fold(1usize, |acc, &d| acc.checked_mul(d))
@@ -141,9 +146,9 @@ impl Tensor {
     pub fn rank(&self) -> usize {
         self.shape.len()
     }
-    /// Number of elements.
+    /// Number of elements (0 when any dimension is 0, whatever the others are).
     pub fn numel(&self) -> usize {
-        self.shape.iter().product()
+        if self.shape.contains(&0) { 0 } else { self.shape.iter().product() }
     }
     /// Size of the data in bytes.
     pub fn size_in_bytes(&self) -> usize {

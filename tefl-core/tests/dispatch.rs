@@ -173,6 +173,41 @@ fn strict_mode_returns_the_first_error() {
 }
 
 #[test]
+fn a_call_with_only_empty_outputs_runs_no_kernel() {
+    use tefl_core::catalogue::{FusedRopeForward, QkvLayout, RopeArgs, RopeOut};
+    let hits = Arc::new(AtomicUsize::new(0));
+    let h = hits.clone();
+    let mut reg = Registry::new();
+    let rope_impl = OpImpl::new::<FusedRopeForward>("vendor.rope", Kind::Vendor, move |_, a: &RopeArgs| {
+        h.fetch_add(1, Ordering::Relaxed);
+        Ok(RopeOut { y: a.x.clone() })
+    });
+    reg.register_impl(rope_impl).unwrap();
+    let m = Manager::new(reg, SelectionPolicy::default());
+    let rope = |shape: [usize; 4]| {
+        let x = Tensor::zeros(shape, DType::BF16, &Device::CPU).unwrap();
+        let freqs = Tensor::zeros([8, 8], DType::F32, &Device::CPU).unwrap();
+        let args =
+            RopeArgs { x, freqs, cu_seqlens: None, start_positions: None, layout: QkvLayout::Bshd, interleaved: false };
+        m.call::<FusedRopeForward>(&args)
+    };
+    // No sequences: the impl the chain picked answers (and is counted) without its kernel.
+    let y = rope([0, 4, 2, 8]).unwrap().y;
+    assert_eq!((y.shape(), y.dtype()), (&[0usize, 4, 2, 8][..], DType::BF16));
+    assert_eq!(hits.load(Ordering::Relaxed), 0);
+    assert_eq!(m.stats_of("fused_rope_forward", "vendor.rope").unwrap().calls, 1);
+    // A call with something to compute reaches it.
+    rope([1, 4, 2, 8]).unwrap();
+    assert_eq!(hits.load(Ordering::Relaxed), 1);
+    // So does one whose outputs are not all listed as empty (rmsnorm's optional FP8 outputs).
+    let (reg, fx) = registry(&[]);
+    let m = Manager::new(reg, SelectionPolicy::default());
+    let empty = RmsNormFwdArgs { x: Tensor::from_slice(&[0.0f32; 0], [0, 3], DType::F32).unwrap(), ..args() };
+    assert_eq!(m.call::<RmsNormFwd>(&empty).unwrap().y.shape(), &[0, 3]);
+    assert_eq!(fx.hits(&chain(&m)[0]), 1);
+}
+
+#[test]
 fn fallback_logs_and_counters() {
     let log = CapturedLog::new();
     let (reg, _) = registry(&[("default.a", Behaviour::Fail)]);

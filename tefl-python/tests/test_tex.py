@@ -281,6 +281,18 @@ def test_rope():
         tex.fused_rope_forward(x, freqs, None, "sbhd", False, None, 2, 0)
 
 
+def test_empty_batches():
+    # A batch of no sequences: empty outputs of the right shapes, no error (as torch gives).
+    x, freqs = rand(5, 0, 3, 8), rand(5, 1, 1, 8)
+    assert tex.fused_rope_forward(x, freqs, None, "sbhd", False, None, 1, 0).shape == (5, 0, 3, 8)
+    q = rand(0, 7, 2, 16)
+    o, lse, _ = tex.fused_attn_fwd(7, 7, True, 0.25, 0.0, True, "bshd_bshd_bshd", "no_bias", "causal", (-1, -1), None, None, q, q, q)
+    assert o.shape == (0, 7, 2, 16) and lse.shape == (0, 2, 7)
+    with pytest.raises(ValueError, match="'k'"):
+        tex.fused_attn_fwd(7, 7, True, 0.25, 0.0, True, "bshd_bshd_bshd", "no_bias", "causal", (-1, -1), None, None,
+                           rand(1, 7, 2, 16), rand(1, 0, 2, 16), rand(1, 0, 2, 16))
+
+
 def softmax(x, axis=-1):
     e = np.exp(x - x.max(axis, keepdims=True))
     return e / e.sum(axis, keepdims=True)

@@ -15,6 +15,7 @@ use crate::{Rng, rel_err, tolerance};
 mod activations;
 mod attention;
 mod dropout;
+mod empty;
 mod fp8;
 mod gemm;
 mod nan;
@@ -272,7 +273,7 @@ impl<'m> Suite<'m> {
     }
 
     /// The op families, in the order [`Suite::run_all`] runs them.
-    pub const FAMILIES: [&'static str; 11] = [
+    pub const FAMILIES: [&'static str; 12] = [
         "norms",
         "gemm",
         "activations",
@@ -284,12 +285,13 @@ impl<'m> Suite<'m> {
         "dropout",
         "nan",
         "aliasing",
+        "empty",
     ];
 
     /// Runs the families named in `only` (all when `None`).
     pub fn run_families(&mut self, only: Option<&[String]>, progress: &mut dyn FnMut(&str)) {
         type Family<'a> = (&'static str, fn(&mut Suite<'a>));
-        let families: [Family<'m>; 11] = [
+        let families: [Family<'m>; 12] = [
             ("norms", Self::norms),
             ("gemm", Self::gemm),
             ("activations", Self::activations),
@@ -301,6 +303,7 @@ impl<'m> Suite<'m> {
             ("dropout", Self::dropout),
             ("nan", Self::nan),
             ("aliasing", Self::aliasing),
+            ("empty", Self::empty),
         ];
         for (name, f) in families {
             if only.is_some_and(|o| !o.iter().any(|x| x == name)) {

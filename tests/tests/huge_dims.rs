@@ -77,8 +77,9 @@ fn sweep(dev: &Device) {
     let f32s = |shape: &[usize]| zeros(shape, DType::F32, dev);
     for h in HUGE {
         for s in placements(2, h).into_iter().chain(placements(3, h)) {
-            // Shapes whose dimensions overflow before the 0 are refused by `Tensor` itself.
-            let Ok(x) = Tensor::zeros(&s[..], DType::F32, dev) else { continue };
+            // (Every such tensor exists: a shape with a 0 holds no elements, whatever its other
+            // dimensions multiply to.)
+            let x = f32s(&s);
             let n = *s.last().unwrap();
             let rows_shape: Vec<usize> = s[..s.len() - 1].to_vec();
             // Norms: gamma [n] exists only when n is 0 or small.
@@ -138,6 +139,31 @@ fn sweep(dev: &Device) {
                 tefl_ops::multi_tensor_adam(&noop, &list, &p, &mm, &v, 1e-3).step(1).call_with(m)
             });
             check(&tag("multi_tensor_sgd"), || tefl_ops::multi_tensor_sgd(&noop, &list, &p, &mm, 1e-3).call_with(m));
+        }
+        // RoPE and attention on [b, s, h, d] with an empty batch or sequence (b or s 0); an
+        // empty head row (h or d 0) is a shape error.
+        for s in placements(4, h) {
+            let x = zeros(&s, DType::BF16, dev);
+            let tag = |op: &str| format!("{op} x {s:?}");
+            let freqs = f32s(&[4, 8]);
+            for layout in [QkvLayout::Bshd, QkvLayout::Sbhd] {
+                check(&tag("fused_rope_forward"), || {
+                    tefl_ops::fused_rope_forward(&x, &freqs).layout(layout).call_with(m)
+                });
+                check(&tag("fused_rope_backward"), || {
+                    tefl_ops::fused_rope_backward(&x, &freqs).layout(layout).call_with(m)
+                });
+                let fwd = || tefl_ops::fused_attn_fwd(&x, &x, &x).layout(layout).mask(AttnMask::Causal).call_with(m);
+                check(&tag("fused_attn_fwd"), fwd);
+                if let Ok(out) = fwd() {
+                    check(&tag("fused_attn_bwd"), || {
+                        tefl_ops::fused_attn_bwd(&x, &x, &x, &out.o, &x, &out.softmax_lse)
+                            .layout(layout)
+                            .mask(AttnMask::Causal)
+                            .call_with(m)
+                    });
+                }
+            }
         }
         // GEMM: every (m, k, n) with one huge and one zero, under every epilogue.
         for s in placements(3, h) {

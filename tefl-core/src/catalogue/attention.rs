@@ -233,9 +233,9 @@ pub struct AttnGeometry {
     pub d: usize,
     /// Total query rows (thd) or batch·sq.
     pub tq: usize,
-    /// Query spans per sequence.
+    /// Query spans per sequence (none for bshd / sbhd calls with nothing to compute).
     pub q_spans: Vec<SeqSpan>,
-    /// Key spans per sequence.
+    /// Key spans per sequence (as `q_spans`).
     pub k_spans: Vec<SeqSpan>,
 }
 
@@ -319,16 +319,22 @@ pub fn attn_geometry(
     check::dtype_is(op, "v", v, q.dtype())?;
     let rank = if layout == QkvLayout::Thd { 3 } else { 4 };
     for (name, t) in [("q", q), ("k", k), ("v", v)] {
-        if t.rank() != rank || t.shape().contains(&0) {
+        if t.rank() != rank || t.shape()[rank - 2..].contains(&0) {
             let expected = match layout {
-                QkvLayout::Bshd => "[b, s, h, d], no dimension 0",
-                QkvLayout::Sbhd => "[s, b, h, d], no dimension 0",
-                QkvLayout::Thd => "[t, h, d], no dimension 0",
+                QkvLayout::Bshd => "[b, s, h, d], h and d >= 1",
+                QkvLayout::Sbhd => "[s, b, h, d], h and d >= 1",
+                QkvLayout::Thd => "[t, h, d], h and d >= 1",
             };
             return Err(Error::Shape { op, arg: name, got: t.shape().to_vec(), expected: expected.into() });
         }
     }
     let (qs, ks, vs) = (q.shape(), k.shape(), v.shape());
+    // No sequences or no positions: q, k and v all empty is a call with nothing to compute
+    // (every output is empty); an empty q beside keys, or keys missing for queries, is refused.
+    if let Some((name, t)) = [("k", k), ("v", v)].into_iter().find(|(_, t)| (t.numel() == 0) != (q.numel() == 0)) {
+        let expected = if q.numel() == 0 { "empty, as q is" } else { "not empty, as q is not" };
+        return Err(Error::Shape { op, arg: name, got: t.shape().to_vec(), expected: format!("{expected} ({qs:?})") });
+    }
     let (hq, d) = (qs[rank - 2], qs[rank - 1]);
     let (hk, dk) = (ks[rank - 2], ks[rank - 1]);
     if dk != d {
@@ -381,12 +387,17 @@ pub fn attn_geometry(
                     expected: format!("batch {b} (that of q)"),
                 });
             }
-            let full = |s: usize| (0..b).map(|i| SeqSpan { start: i * s, len: s }).collect::<Vec<_>>();
+            // (No spans for a call with nothing to compute: its batch may be any size, even one
+            // no memory could list, when every sequence is empty.)
+            let nothing = q.numel() == 0;
+            let full = |s: usize| {
+                if nothing { Vec::new() } else { (0..b).map(|i| SeqSpan { start: i * s, len: s }).collect::<Vec<_>>() }
+            };
             let (qsp, ksp) = if mask.is_padding() {
                 let lens = |name: &'static str, t: Option<&Tensor>, s: usize| -> Result<Vec<SeqSpan>> {
                     let v = cu(name, t, b * s)?
                         .ok_or_else(|| Error::invalid(op, name, format!("the {mask:?} mask needs {name}")))?;
-                    if v.len() != b + 1 {
+                    if v.len() - 1 != b {
                         return Err(Error::invalid(op, name, format!("{} entries for batch {b}", v.len())));
                     }
                     v.windows(2)

@@ -405,6 +405,52 @@ mod tests {
     }
 
     #[test]
+    fn sequences_may_be_absent_but_heads_are_never_empty() {
+        let rope = |x: &[usize]| {
+            FusedRopeForward::validate(&RopeArgs {
+                x: t(x, DType::BF16),
+                freqs: t(&[4, 8], DType::F32),
+                cu_seqlens: None,
+                start_positions: None,
+                layout: QkvLayout::Bshd,
+                interleaved: false,
+            })
+        };
+        rope(&[0, 4, 2, 8]).unwrap();
+        rope(&[3, 0, 2, 8]).unwrap();
+        for bad in [[3, 4, 0, 8], [3, 4, 2, 0]] {
+            assert!(matches!(rope(&bad), Err(Error::Shape { arg: "x", .. })), "{bad:?}");
+        }
+        let attn = |q: &[usize], k: &[usize]| {
+            FusedAttnFwd::validate(&AttnFwdArgs {
+                q: t(q, DType::BF16),
+                k: t(k, DType::BF16),
+                v: t(k, DType::BF16),
+                cu_seqlens_q: None,
+                cu_seqlens_kv: None,
+                layout: QkvLayout::Bshd,
+                mask: AttnMask::Causal,
+                scale: 0.125,
+                dropout_p: 0.0,
+                seed: 0,
+                offset: 0,
+                window: AttnWindow::default(),
+            })
+        };
+        attn(&[0, 5, 4, 64], &[0, 7, 2, 64]).unwrap();
+        attn(&[2, 0, 4, 64], &[2, 0, 2, 64]).unwrap();
+        // Queries over no keys, or no queries over keys: refused, naming k.
+        for (q, k) in [([2, 5, 4, 64], [2, 0, 2, 64]), ([2, 0, 4, 64], [2, 7, 2, 64])] {
+            match attn(&q, &k) {
+                Err(Error::Shape { arg: "k", expected, .. }) => assert!(expected.contains("as q is"), "{expected}"),
+                other => panic!("{q:?} {k:?}: {other:?}"),
+            }
+        }
+        assert!(matches!(attn(&[2, 5, 0, 64], &[2, 5, 0, 64]), Err(Error::Shape { arg: "q", .. })));
+        assert!(matches!(attn(&[2, 5, 4, 0], &[2, 5, 2, 0]), Err(Error::Shape { arg: "q", .. })));
+    }
+
+    #[test]
     fn summary_packs_dtypes_in_order() {
         let args = RmsNormBwdArgs {
             dy: t(&[2, 4], DType::BF16),

@@ -47,9 +47,9 @@ pub struct RopeGeometry {
     pub d: usize,
     /// Rotated dims.
     pub d_rot: usize,
-    /// (first token row for thd, length) per sequence.
+    /// (first token row for thd, length) per sequence (none when `x` is empty).
     pub spans: Vec<(usize, usize)>,
-    /// Start position per sequence.
+    /// Start position per sequence (none when `x` is empty and no start positions are given).
     pub starts: Vec<usize>,
 }
 
@@ -68,12 +68,14 @@ impl RopeGeometry {
 pub fn rope_geometry(op: &'static str, a: &RopeArgs) -> Result<RopeGeometry> {
     check::float(op, "x", &a.x)?;
     let rank = if a.layout == QkvLayout::Thd { 3 } else { 4 };
-    if a.x.rank() != rank || a.x.shape().contains(&0) {
+    // No sequences or no positions is a call with nothing to rotate; a token row of no heads
+    // or heads of no dims is refused.
+    if a.x.rank() != rank || a.x.shape()[rank - 2..].contains(&0) {
         return Err(Error::Shape {
             op,
             arg: "x",
             got: a.x.shape().to_vec(),
-            expected: format!("rank {rank} for {:?}, no dimension 0", a.layout),
+            expected: format!("rank {rank} for {:?}, h and d >= 1", a.layout),
         });
     }
     let xs = a.x.shape();
@@ -105,11 +107,13 @@ pub fn rope_geometry(op: &'static str, a: &RopeArgs) -> Result<RopeGeometry> {
                 return Err(Error::invalid(op, "cu_seqlens", "only read by the thd layout"));
             }
             let (b, s) = if l == QkvLayout::Bshd { (xs[0], xs[1]) } else { (xs[1], xs[0]) };
-            (b, s, (0..b).map(|i| (i * s, s)).collect())
+            // (No spans for an empty x: its batch may be any size when its sequences are empty.)
+            let spans = if a.x.numel() == 0 { Vec::new() } else { (0..b).map(|i| (i * s, s)).collect() };
+            (b, s, spans)
         }
     };
     let starts = match &a.start_positions {
-        None => vec![0; batch],
+        None => vec![0; spans.len()],
         Some(t) => {
             check::dtype_is(op, "start_positions", t, DType::I32)?;
             check::shape_is(op, "start_positions", t, &[batch])?;

@@ -6,9 +6,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::SystemTime;
 
 use crate::device::read_lock;
-use crate::op::{ArgSummary, Op, OpArgs, OpOutput, check_inout_aliasing};
+use crate::op::{ArgSummary, FieldKind, Op, OpArgs, OpOutput, check_inout_aliasing};
 use crate::registry::{BackendImplKind, KernelCtx, OpImpl, panic_message};
-use crate::{Device, Error, Result};
+use crate::{Device, Error, Result, Tensor};
 
 use super::cache::{ChainEntry, LocalChain};
 use super::{FAILURE_MEMORY, FailureRecord, LOG, Manager, lock};
@@ -24,6 +24,38 @@ fn failure_text(err: &Error, impl_id: &str) -> String {
         }
         e => e.to_string(),
     }
+}
+
+/// The outputs of a call with nothing to compute, or `None`. When every output of the op is a
+/// tensor its contract lists for these arguments and each is empty (a batch of no sequences or
+/// no positions), and nothing is written in place, the impl the chain picked answers with
+/// empty outputs on the call's device without its kernel running: RoPE and attention, whose
+/// kernels describe their tensors to the hardware (TMA maps) and take no empty dims, never see
+/// such calls. Anything else (an optional output the contract does not list, a column sum or
+/// an amax over no rows) goes to the impl as usual.
+fn nothing_to_compute<O: Op>(args: &O::Args, device: Device) -> Result<Option<O::Output>> {
+    let d = O::descriptor();
+    if !d.has_output_contract || d.outputs.is_empty() || d.args.iter().any(|f| f.kind == FieldKind::InOut) {
+        return Ok(None);
+    }
+    // Empty outputs come from an empty input: calls without one (nearly all) stop here, before
+    // the contract's shapes are built.
+    let mut any_empty = false;
+    args.visit_tensors(&mut |_, _, t| any_empty |= t.numel() == 0);
+    if !any_empty {
+        return Ok(None);
+    }
+    let specs = O::output_contract(args);
+    let Some(empty) = <O::Output as OpOutput>::FIELDS
+        .iter()
+        .map(|f| specs.iter().find(|o| o.name == f.name && o.shape.contains(&0)))
+        .collect::<Option<Vec<_>>>()
+    else {
+        return Ok(None);
+    };
+    let slots =
+        empty.into_iter().map(|o| Tensor::uninit(&o.shape, o.dtype, &device).map(Some)).collect::<Result<_>>()?;
+    O::Output::from_slots(O::NAME, slots).map(Some)
 }
 
 impl Manager {
@@ -164,6 +196,9 @@ impl Manager {
     }
 
     fn attempt<O: Op>(&self, e: &ChainEntry, s: &ArgSummary, args: &O::Args) -> Result<O::Output> {
+        if let Some(out) = nothing_to_compute::<O>(args, s.device)? {
+            return Ok(out);
+        }
         let kernel = e.imp.kernel::<O>()?;
         let device = if e.staged { Device::CPU } else { s.device };
         let ctx = KernelCtx { device, op: O::NAME, impl_id: e.imp.impl_id() };
