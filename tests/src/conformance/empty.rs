@@ -12,6 +12,7 @@ impl Suite<'_> {
         for dtype in [DType::F32, DType::BF16] {
             self.empty_rows(dtype);
             self.empty_gemm(dtype);
+            self.empty_grouped_gemm(dtype);
             self.empty_sequences(dtype);
         }
     }
@@ -85,6 +86,19 @@ impl Suite<'_> {
             let o =
                 s.call::<GenericGemm>(tefl_ops::generic_gemm(&a, &b).epilogue(GemmEpilogue::Bias).bias(&bias).args())?;
             Ok(vec![cmp("d", &o.d, (0..5).flat_map(|_| bv.iter().copied()).collect(), dtype)?])
+        });
+    }
+
+    /// Grouped GEMMs whose every group has no rows: one empty D per group.
+    fn empty_grouped_gemm(&mut self, dtype: DType) {
+        self.case("te_general_grouped_gemm", dtype, "2 groups of m 0, k 32, n 16".into(), |s| {
+            let a = [s.put(&[], &[0, 32], dtype)?, s.put(&[], &[0, 32], dtype)?];
+            let b = [s.rand(&[32, 16], dtype, -1.0, 1.0)?.0, s.rand(&[32, 16], dtype, -1.0, 1.0)?.0];
+            let o = s.call::<GroupedGemm>(tefl_ops::grouped_gemm(&a, &b).args())?;
+            if o.d.len() != 2 {
+                return Err(tefl_core::Error::Tensor(format!("{} outputs for 2 groups", o.d.len())));
+            }
+            Ok(vec![cmp("d[0]", &o.d[0], vec![], dtype)?, cmp("d[1]", &o.d[1], vec![], dtype)?])
         });
     }
 
