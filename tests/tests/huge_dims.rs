@@ -43,16 +43,21 @@ fn placements(rank: usize, h: usize) -> Vec<Vec<usize>> {
 }
 
 /// Runs one call with panics caught; fails unless it returned or its error names a culprit.
-fn check<T>(what: &str, call: impl FnOnce() -> Result<T>) {
+/// Returns what the call returned, if it did.
+fn check<T>(what: &str, call: impl FnOnce() -> Result<T>) -> Option<T> {
     match catch_unwind(AssertUnwindSafe(call)) {
         Err(p) => {
             let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
             panic!("{what}: panicked: {msg:?}")
         }
-        Ok(Ok(_)) => {
+        Ok(Ok(out)) => {
             RETURNED.fetch_add(1, Ordering::Relaxed);
+            Some(out)
         }
-        Ok(Err(e)) => assert!(tefl_tests::names_the_culprit(&e), "{what}: error naming nothing: {e:?}"),
+        Ok(Err(e)) => {
+            assert!(tefl_tests::names_the_culprit(&e), "{what}: error naming nothing: {e:?}");
+            None
+        }
     }
 }
 
@@ -154,8 +159,7 @@ fn sweep(dev: &Device) {
                     tefl_ops::fused_rope_backward(&x, &freqs).layout(layout).call_with(m)
                 });
                 let fwd = || tefl_ops::fused_attn_fwd(&x, &x, &x).layout(layout).mask(AttnMask::Causal).call_with(m);
-                check(&tag("fused_attn_fwd"), fwd);
-                if let Ok(out) = fwd() {
+                if let Some(out) = check(&tag("fused_attn_fwd"), fwd) {
                     check(&tag("fused_attn_bwd"), || {
                         tefl_ops::fused_attn_bwd(&x, &x, &x, &out.o, &x, &out.softmax_lse)
                             .layout(layout)
