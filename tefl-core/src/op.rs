@@ -12,6 +12,7 @@
 use std::any::{Any, TypeId};
 use std::sync::Arc;
 
+use crate::tensor::Region;
 use crate::{DType, Device, Error, Result, Tensor};
 
 /// What a kernel gets besides its arguments.
@@ -293,16 +294,18 @@ const fn has_inout(fields: &[FieldDesc]) -> bool {
     false
 }
 
-/// Rejects arguments an op writes in place that share storage with another argument (the
-/// same tensor, or a reshape of it, passed twice): the write would race with the other
-/// use. The error names both arguments. Ops without in-place arguments pay nothing.
+/// Rejects arguments an op writes in place whose memory overlaps another argument's (the
+/// same tensor, a reshape of it, or, for tensors with an address such as DLPack imports, two
+/// views of one allocation): the write would race with the other use. The error names both
+/// arguments. Ops without in-place arguments pay nothing.
 pub fn check_inout_aliasing<O: Op>(args: &O::Args) -> Result<()> {
     /// One tensor argument, as the aliasing check sees it.
     struct Slot {
+        seq: usize,
         name: &'static str,
         index: usize,
         written: bool,
-        storage: usize,
+        region: Region,
         dtype: DType,
         shape: Vec<usize>,
     }
@@ -312,40 +315,48 @@ pub fn check_inout_aliasing<O: Op>(args: &O::Args) -> Result<()> {
         return Ok(());
     }
     let mut all: Vec<Slot> = Vec::new();
+    let mut index_in_list = (None, 0usize);
     args.visit_tensors(&mut |name, written, t| {
-        let index = all.iter().rev().take_while(|s| s.name == name).count();
-        let storage = std::sync::Arc::as_ptr(t.buffer()).cast::<u8>() as usize;
-        all.push(Slot { name, index, written, storage, dtype: t.dtype(), shape: t.shape().to_vec() });
+        let index = match index_in_list {
+            (Some(n), i) if n == name => i + 1,
+            _ => 0,
+        };
+        index_in_list = (Some(name), index);
+        let region = t.region();
+        all.push(Slot { seq: all.len(), name, index, written, region, dtype: t.dtype(), shape: t.shape().to_vec() });
     });
-    // An elementwise in-place pair the op declares: same index, dtype and shape.
+    // An elementwise in-place pair the op declares: the same memory, index, dtype and shape.
     let allowed = |a: &Slot, b: &Slot| {
-        a.index == b.index
+        a.region == b.region
+            && a.index == b.index
             && a.dtype == b.dtype
             && a.shape == b.shape
             && O::IN_PLACE
                 .iter()
                 .any(|&(w, r)| (w == a.name && r == b.name && a.written) || (w == b.name && r == a.name && b.written))
     };
-    let mut seen: std::collections::HashMap<usize, &Slot> = std::collections::HashMap::new();
-    for s in &all {
-        match seen.get(&s.storage) {
-            Some(first) if allowed(first, s) => {}
-            Some(first) if s.written || first.written => {
-                let (written, other) = if first.written { (first.name, s.name) } else { (s.name, first.name) };
-                let reason = if written == other {
-                    format!("holds the same tensor twice; '{written}' is written in place")
-                } else {
-                    format!(
-                        "shares storage with '{}'; '{written}' is written in place, so they must be distinct tensors",
-                        first.name
-                    )
-                };
-                return Err(Error::invalid(op, s.name, reason));
+    // Every overlapping pair, by a sweep over the ranges in address order (each slot meets only
+    // the later ones that start before it ends).
+    all.sort_by_key(|s| (s.region.space, s.region.start));
+    for (i, first) in all.iter().enumerate() {
+        let r = first.region;
+        for s in all[i + 1..].iter().take_while(|s| s.region.space == r.space && s.region.start < r.end) {
+            if allowed(first, s) || !(s.written || first.written) {
+                continue;
             }
-            Some(_) => {}
-            None => {
-                seen.insert(s.storage, s);
-            }
+            // Reported at the later argument of the two (in declaration order), naming the
+            // earlier one.
+            let (first, s) = if first.seq < s.seq { (first, s) } else { (s, first) };
+            let written = if first.written { first.name } else { s.name };
+            let reason = if written == first.name && written == s.name {
+                format!("holds the same tensor twice; '{written}' is written in place")
+            } else {
+                format!(
+                    "shares storage with '{}'; '{written}' is written in place, so they must be distinct tensors",
+                    first.name
+                )
+            };
+            return Err(Error::invalid(op, s.name, reason));
         }
     }
     Ok(())

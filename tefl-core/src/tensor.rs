@@ -8,6 +8,23 @@ use crate::dtype::{Element, bf16, f16};
 use crate::fp8::Fp8Format;
 use crate::{DType, Device, Error, Result};
 
+/// An address space that tensor bytes lie in (see [`Tensor::overlaps`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Space {
+    /// A device's addresses.
+    Address(Device),
+    /// One allocation without an address, as a whole.
+    Allocation(usize),
+}
+
+/// The byte range `[start, end)` of a tensor in its [`Space`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Region {
+    pub(crate) space: Space,
+    pub(crate) start: u64,
+    pub(crate) end: u64,
+}
+
 /// A dense, contiguous, row-major tensor. Cloning shares the storage.
 ///
 /// ```
@@ -174,6 +191,28 @@ impl Tensor {
     /// True when both tensors share storage.
     pub fn shares_storage(&self, other: &Tensor) -> bool {
         std::ptr::addr_eq(Arc::as_ptr(&self.storage), Arc::as_ptr(&other.storage))
+    }
+    /// True when the two tensors' bytes overlap: they share storage, or their storages have
+    /// addresses ([`Buffer::raw_address`]) whose byte ranges on one device intersect (two
+    /// DLPack imports of one allocation, say). An empty tensor overlaps only the tensors that
+    /// share its storage (itself passed twice).
+    pub fn overlaps(&self, other: &Tensor) -> bool {
+        let (a, b) = (self.region(), other.region());
+        a.space == b.space && a.start < b.end && b.start < a.end
+    }
+    /// Where the tensor's bytes lie, for overlap checks: its address range, or its storage as
+    /// a whole where the storage has no address or the tensor no bytes.
+    pub(crate) fn region(&self) -> Region {
+        match self.storage.raw_address().filter(|_| self.numel() > 0) {
+            Some(a) => Region {
+                space: Space::Address(self.device),
+                start: a,
+                end: a.saturating_add(self.storage.len_bytes() as u64),
+            },
+            None => {
+                Region { space: Space::Allocation(Arc::as_ptr(&self.storage).cast::<u8>() as usize), start: 0, end: 1 }
+            }
+        }
     }
 
     /// The same data with another shape of equal element count (shares storage).

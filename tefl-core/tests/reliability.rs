@@ -294,6 +294,54 @@ fn aliasing_in_place_arguments_is_a_named_error() {
     );
 }
 
+/// Aliasing is judged by memory, not by storage object: two buffers over the same bytes (two
+/// DLPack imports of one NumPy array or torch tensor, say) alias, and so do partly overlapping
+/// ones; disjoint ones do not.
+#[test]
+fn aliasing_is_judged_by_memory_ranges() {
+    let m = Manager::new(Registry::new(), SelectionPolicy::default());
+    // 64 bytes of host memory, 8-byte aligned, that outlive every tensor below.
+    let mut words = vec![0u64; 8];
+    let base = words.as_mut_ptr().cast::<u8>();
+    let view = |offset: usize, shape: &[usize]| {
+        let bytes = shape.iter().product::<usize>() * 4;
+        // SAFETY: `words` holds 64 bytes that outlive the tensors (dropped at the end of the
+        // test, after them), offset + bytes <= 64, and only the calls below touch them.
+        let buf = unsafe { tefl_core::device::external_host_buffer(base.add(offset), bytes, Box::new(())) }.unwrap();
+        Tensor::from_buffer(buf, shape, DType::F32).unwrap()
+    };
+    let args = |h: Tensor, s: Tensor, si: Tensor| DelayedScalingArgs {
+        amax_history: h,
+        scale: s,
+        scale_inv: si,
+        fp8_max: 448.0,
+        margin: 0.0,
+        algo: AmaxAlgo::Max,
+    };
+    // scale and scale_inv: two buffers at one address.
+    match m.call::<FusedAmaxAndScaleUpdate>(&args(view(0, &[4, 1]), view(16, &[1]), view(16, &[1]))) {
+        Err(Error::InvalidArgument { arg: "scale_inv", reason, .. }) => assert!(reason.contains("'scale'"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    // scale inside the history's 16 bytes.
+    match m.call::<FusedAmaxAndScaleUpdate>(&args(view(0, &[4, 1]), view(8, &[1]), view(24, &[1]))) {
+        Err(Error::InvalidArgument { arg: "scale", reason, .. }) => {
+            assert!(reason.contains("'amax_history'"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+    // The history's 16 bytes and the two scalars just past them: past the aliasing check (no
+    // impl is registered).
+    assert!(
+        matches!(
+            m.call::<FusedAmaxAndScaleUpdate>(&args(view(0, &[4, 1]), view(16, &[1]), view(24, &[1]))),
+            Err(Error::NoImplementation { .. })
+        ),
+        "adjacent tensors pass"
+    );
+    drop(words);
+}
+
 /// Defect 4: huge sizes are typed errors, never an abort or a panic.
 #[test]
 fn huge_tensors_are_typed_errors() {

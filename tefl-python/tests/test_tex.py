@@ -450,6 +450,21 @@ def test_bad_input_is_a_named_python_error():
         tefl.call("rmsnorm_fw", {})
 
 
+def test_overlapping_views_written_in_place_are_refused():
+    # Each argument is imported on its own, so the check goes by memory: two views of one array
+    # (or overlapping slices of it) written in place would race.
+    g, p, v = rand(8), rand(8), np.zeros(16, np.float32)
+    noop = np.zeros(1, np.int32)
+    with pytest.raises(ValueError, match="exp_avg_sq.*'exp_avg'"):
+        tex.multi_tensor_adam(2048, noop, [[g], [p], [v[:8]], [v[4:12]]], 1e-3, 0.9, 0.999, 1e-8, 1, 1, 1, 0.0)
+    with pytest.raises(ValueError, match="'params'"):
+        tex.multi_tensor_adam(2048, noop, [[g], [p[:]], [p.view()], [v[8:]]], 1e-3, 0.9, 0.999, 1e-8, 1, 1, 1, 0.0)
+    before = v.copy()
+    # Disjoint halves of one array are fine, and both are updated in place.
+    tex.multi_tensor_adam(2048, noop, [[g], [p], [v[:8]], [v[8:]]], 1e-3, 0.9, 0.999, 1e-8, 1, 1, 1, 0.0)
+    assert np.allclose(v[:8], 0.1 * g) and np.allclose(v[8:], 0.001 * g * g) and not np.array_equal(v, before)
+
+
 def test_scalar_arguments_are_checked_and_named():
     x, g = rand(3, 8), rand(8)
     # Numbers of any kind convert (numpy scalars, 0-d arrays, whole floats for integers) ...
