@@ -505,11 +505,22 @@ pub fn set_foreign_entries(entries: Vec<String>) {
     *crate::device::write_lock(&FOREIGN_ENTRIES) = entries;
 }
 
+/// What the host language loads itself, for the error of an entry that is neither that nor a
+/// library (e.g. "Python module"); empty when no host language loads plugins.
+static FOREIGN_KIND: std::sync::RwLock<String> = std::sync::RwLock::new(String::new());
+
+/// Names what the host language loads from `TE_FL_PLUGIN_MODULES` ("Python module"): an entry
+/// that is a bare name and fails to load as a library is then reported as neither.
+pub fn set_foreign_kind(kind: &str) {
+    *crate::device::write_lock(&FOREIGN_KIND) = kind.to_string();
+}
+
 /// Loads every plugin of `TE_FL_PLUGIN_MODULES`; each failure is an ERROR log line naming
 /// the plugin and the reason, and the others still load. Returns how many loaded.
 pub fn load_plugins(reg: &mut Registry, entries: &[OsString]) -> usize {
     let mut loaded = 0;
     let foreign = read_lock(&FOREIGN_ENTRIES).clone();
+    let foreign_kind = read_lock(&FOREIGN_KIND).clone();
     for entry in entries {
         let e = entry.to_string_lossy();
         if foreign.iter().any(|f| f.as_str() == e) {
@@ -520,6 +531,15 @@ pub fn load_plugins(reg: &mut Registry, entries: &[OsString]) -> usize {
             Ok(n) => {
                 tracing::info!(target: "TE-FL", "Plugin '{e}' loaded: {n} impl(s)");
                 loaded += 1;
+            }
+            Err(err)
+                if !foreign_kind.is_empty()
+                    && !e.contains('/')
+                    && !e.ends_with(".so")
+                    && !e.ends_with(".dylib")
+                    && !e.ends_with(".dll") =>
+            {
+                tracing::error!(target: "TE-FL", "Plugin '{e}' skipped: not a {foreign_kind} that can be imported, nor a library ({err})")
             }
             Err(err) => tracing::error!(target: "TE-FL", "Plugin '{e}' skipped: {err}"),
         }

@@ -578,6 +578,7 @@ fn view_as(py: Python<'_>, t: &Bound<'_, PyAny>, dtype: &str) -> PyResult<Py<PyA
 /// `register(registry)`), so that tefl does not also try to open them as libraries.
 #[pyfunction]
 fn set_python_plugin_modules(names: Vec<String>) {
+    tefl_core::plugin::set_foreign_kind("Python module");
     tefl_core::plugin::set_foreign_entries(names);
 }
 

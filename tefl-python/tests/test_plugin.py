@@ -64,6 +64,15 @@ def test_a_broken_plugin_module_is_reported_and_skipped():
     assert "4.0" in r.stdout
 
 
+def test_a_plugin_name_that_is_neither_a_module_nor_a_library_says_so():
+    r = run(["-c", "import numpy as np, tefl.tex as tex; print(tex.relu(np.ones((2, 2), np.float32), None).sum())"],
+            TE_FL_PLUGIN_MODULES="no_such_tefl_plugin")
+    assert r.returncode == 0, r.stderr
+    line = [l for l in r.stderr.splitlines() if "Plugin 'no_such_tefl_plugin' skipped" in l]
+    assert line and "not a Python module" in line[0] and "nor a library" in line[0], r.stderr
+    assert "4.0" in r.stdout
+
+
 def make_manager(fn, op="rmsnorm_fwd", priority=200, kind=BackendImplKind.VENDOR):
     registry = OpRegistry()
     registry.register_impl(OpImpl(op_name=op, impl_id="vendor.pytest", kind=kind, vendor="pytest", fn=fn, priority=priority))
