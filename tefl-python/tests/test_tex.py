@@ -462,7 +462,9 @@ def test_overlapping_views_written_in_place_are_refused():
     before = v.copy()
     # Disjoint halves of one array are fine, and both are updated in place.
     tex.multi_tensor_adam(2048, noop, [[g], [p], [v[:8]], [v[8:]]], 1e-3, 0.9, 0.999, 1e-8, 1, 1, 1, 0.0)
-    assert np.allclose(v[:8], 0.1 * g) and np.allclose(v[8:], 0.001 * g * g) and not np.array_equal(v, before)
+    # (rtol: 1 - beta2 in f32 is 0.00100005.)
+    assert np.allclose(v[:8], 0.1 * g, rtol=1e-4) and np.allclose(v[8:], 0.001 * g * g, rtol=1e-4)
+    assert not np.array_equal(v, before)
 
 
 def test_scalar_arguments_are_checked_and_named():
