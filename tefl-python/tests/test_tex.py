@@ -262,6 +262,11 @@ def test_fused_attention(causal):
         tex.fused_attn_fwd(s, s, True, scale, 0.0, True, "bshd_bshd_bshd", "no_bias", mask, None, None, None, q, k, v, Bias=q)
     with pytest.raises(NotImplementedError, match="qkv_layout"):
         tex.fused_attn_fwd(s, s, True, scale, 0.0, True, "bs3hd", "no_bias", mask, None, None, None, q, k, v)
+    with pytest.raises(ValueError, match="window_size"):
+        tex.fused_attn_fwd(s, s, True, scale, 0.0, True, "bshd_bshd_bshd", "no_bias", mask, (4,), None, None, q, k, v)
+    # v's head dim must be that of q and k (o takes q's shape).
+    with pytest.raises(ValueError, match="'v'"):
+        tex.fused_attn_fwd(s, s, True, scale, 0.0, True, "bshd_bshd_bshd", "no_bias", mask, None, None, None, q, k, v[..., :8].copy())
 
 
 def test_rope():

@@ -413,6 +413,12 @@ fn bad_input_is_rejected_with_the_argument_named() {
     // heads not divisible
     let e = m.call::<FusedAttnFwd>(&attn(f(&[1, 4, 3, 8]), f(&[1, 4, 2, 8]), None, QkvLayout::Bshd, 0.0)).unwrap_err();
     assert_eq!(names(e), "k");
+    // v's head dim is not k's (o takes q's shape; a backend would read past v)
+    let mut a = attn(f(&[1, 4, 2, 16]), f(&[1, 4, 2, 16]), None, QkvLayout::Bshd, 0.0);
+    a.v = f(&[1, 4, 2, 8]);
+    assert_eq!(names(m.call::<FusedAttnFwd>(&a).unwrap_err()), "v");
+    a.v = f(&[1, 4, 2, 32]);
+    assert_eq!(names(m.call::<FusedAttnFwd>(&a).unwrap_err()), "v");
     // cu_seqlens not monotone, and past the end
     let e = m
         .call::<FusedAttnFwd>(&attn(f(&[8, 2, 8]), f(&[8, 2, 8]), Some(vec![0, 5, 3]), QkvLayout::Thd, 0.0))

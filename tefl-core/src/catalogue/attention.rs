@@ -340,13 +340,9 @@ pub fn attn_geometry(
     if dk != d {
         return Err(Error::Shape { op, arg: "k", got: ks.to_vec(), expected: format!("head dim {d} (that of q)") });
     }
-    if vs[..rank - 1] != ks[..rank - 1] {
-        return Err(Error::Shape {
-            op,
-            arg: "v",
-            got: vs.to_vec(),
-            expected: format!("{:?} then any head dim", &ks[..rank - 1]),
-        });
+    // v as k: o takes q's shape, so v's head dim is q's too (every backend reads d columns of it).
+    if vs != ks {
+        return Err(Error::Shape { op, arg: "v", got: vs.to_vec(), expected: format!("{ks:?} (that of k)") });
     }
     if hq % hk != 0 {
         return Err(Error::invalid(op, "k", format!("{hq} query heads are not a multiple of {hk} kv heads")));

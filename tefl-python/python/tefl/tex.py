@@ -532,7 +532,10 @@ def _attn_args(Q, K, V, cu_q, cu_kv, qkv_layout, attn_mask_type, attn_scale, p, 
 def _window(window_size):
     if window_size is None:
         return [-1, -1]
-    left, right = window_size
+    try:
+        left, right = window_size
+    except (TypeError, ValueError):
+        raise ValueError(f"argument 'window_size' must be a pair (left, right), got {window_size!r}") from None
     return [_integer("window_size", left), _integer("window_size", right)]
 
 
