@@ -19,12 +19,16 @@ def _copy(v):
         return np.array(v, copy=True)
     if isinstance(v, list):
         return [_copy(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _copy(x) for k, x in v.items()}
     return v
 
 
 def _plain(v):
     if isinstance(v, list):
         return all(_plain(x) for x in v)
+    if isinstance(v, dict):
+        return all(_plain(x) for x in v.values())
     return v is None or isinstance(v, (np.ndarray, bool, int, float, str))
 
 
@@ -45,3 +49,8 @@ def _record_calls():
 def original_call(op, args):
     """A call that is not recorded."""
     return _call(op, args)
+
+
+def copy_args(args):
+    """Deep copies of a call's arguments (in-place ops write into them)."""
+    return {k: _copy(v) for k, v in args.items()}

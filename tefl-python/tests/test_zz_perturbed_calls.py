@@ -4,16 +4,69 @@ more, or another dtype; a number out of range or not finite. Each must succeed (
 are still valid) or raise ValueError / TypeError / NotImplementedError / OverflowError naming
 an argument, or tefl.OutOfMemoryError for a size no memory holds; never another error (an impl
 that failed on arguments validation let through). Runs last (file order), after the calls are
-recorded."""
+recorded; the ops the other tests do not call on NumPy inputs get a valid call of their own
+here (EXTRA)."""
 
 import numpy as np
 import pytest
 
 import tefl
-from conftest import RECORDED, original_call
+from conftest import RECORDED, copy_args, original_call
 
 ARGUMENT_ERRORS = (ValueError, TypeError, NotImplementedError, OverflowError, tefl.OutOfMemoryError)
 NUMBERS = (-1, 0, 2**31, 2**63, -(2**63), 1e30, float("nan"), float("inf"), -0.5, 7)
+
+_rng = np.random.default_rng(0)
+
+
+def _r(*shape):
+    return _rng.uniform(-1, 1, shape).astype(np.float32)
+
+
+def _ones(*shape):
+    return np.ones(shape, np.float32)
+
+
+def _noop():
+    return np.zeros(1, np.int32)
+
+
+_HYPER = {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "step": 1, "mode": "adamw", "bias_correction": True,
+          "weight_decay": 0.01}
+_GLU_BWD = ("dgeglu", "dqgeglu", "dreglu", "dsreglu")
+
+# (op, a valid call's arguments) for the ops the other tests reach only through torch or not at
+# all; FP8 inputs (dequantize, fp8_transpose) have no NumPy dtype and are left out.
+EXTRA = [
+    ("bgrad_quantize", lambda: {"x": _r(4, 8), "scale": _ones(1), "fp8_dtype": "f8e4m3", "want_transpose": True}),
+    ("clamped_swiglu", lambda: {"x": _r(4, 8), "limit": 7.0, "alpha": 1.702}),
+    ("clamped_dswiglu", lambda: {"grad": _r(4, 4), "input": _r(4, 8), "limit": 7.0, "alpha": 1.702}),
+    ("compute_amax", lambda: {"x": _r(4, 8)}),
+    *[(op, lambda: {"grad": _r(4, 8), "input": _r(4, 8)}) for op in ("dbias_dqgelu", "dbias_drelu", "dbias_dsilu", "dbias_dsrelu", "dsrelu")],
+    *[(op, lambda: {"grad": _r(4, 4), "input": _r(4, 8)}) for op in _GLU_BWD],
+    *[(op, lambda: {"x": _r(4, 8)}) for op in ("qgeglu", "sreglu", "srelu")],
+    ("fused_amax_and_scale_update_after_reduction", lambda: {"amax_history": np.abs(_r(4, 2)), "scale": _ones(2),
+                                                            "scale_inv": _ones(2), "fp8_max": 448.0, "margin": 0.0,
+                                                            "algo": "max"}),
+    ("multi_tensor_adam", lambda: {"noop_flag": _noop(), "grads": [_r(8), _r(5)], "params": [_r(8), _r(5)],
+                                   "exp_avg": [_r(8), _r(5)], "exp_avg_sq": [np.abs(_r(8)), np.abs(_r(5))],
+                                   "hyper": dict(_HYPER)}),
+    ("multi_tensor_adam_master", lambda: {"noop_flag": _noop(), "grads": [_r(8)], "model_params": [_r(8)],
+                                          "master_params": [_r(8)], "exp_avg": [_r(8)], "exp_avg_sq": [np.abs(_r(8))],
+                                          "hyper": dict(_HYPER)}),
+    ("multi_tensor_compute_scale_and_scale_inv", lambda: {"noop_flag": _noop(), "amax": [np.abs(_r(1)), np.abs(_r(1))],
+                                                          "scale": [_ones(1), _ones(1)], "scale_inv": [_ones(1), _ones(1)],
+                                                          "fp8_max": 448.0, "force_pow_2": False, "epsilon": 0.0}),
+    ("multi_tensor_unscale_l2norm", lambda: {"noop_flag": _noop(), "tensors": [_r(8), _r(5)], "inv_scale": _ones(1),
+                                             "per_tensor": True}),
+    ("scaled_aligned_causal_masked_softmax_forward", lambda: {"x": _r(2, 2, 4, 4), "scale": 0.5}),
+    ("scaled_aligned_causal_masked_softmax_backward", lambda: {"dy": _r(2, 2, 4, 4), "y": np.abs(_r(2, 2, 4, 4)), "scale": 0.5}),
+    ("scaled_masked_softmax_backward", lambda: {"dy": _r(2, 2, 4, 4), "y": np.abs(_r(2, 2, 4, 4)), "scale": 0.5}),
+    ("scaled_upper_triang_masked_softmax_backward", lambda: {"dy": _r(2, 4, 4), "y": np.abs(_r(2, 4, 4)), "scale": 0.5}),
+    ("te_general_grouped_gemm", lambda: {"a": [_r(3, 8), _r(5, 8)], "b": [_r(8, 4), _r(8, 4)], "a_scale_inv": [],
+                                         "b_scale_inv": [], "bias": [_r(4), _r(4)], "transa": False, "transb": False,
+                                         "out_dtype": "f32", "split_accumulator": False}),
+]
 
 
 def _tensor_variants(a):
@@ -44,13 +97,23 @@ def _perturbed(args):
         elif isinstance(v, (int, float)) and not isinstance(v, bool):
             for w in NUMBERS:
                 yield name, f"= {w!r}", {**args, name: w}
+        elif isinstance(v, dict):
+            for key, x in v.items():
+                if isinstance(x, (int, float)) and not isinstance(x, bool):
+                    for w in NUMBERS:
+                        yield name, f"[{key!r}] = {w!r}", {**args, name: {**v, key: w}}
+
+
+def test_the_extra_calls_are_valid():
+    for op, make in EXTRA:
+        original_call(op, make())
 
 
 def test_calls_with_one_wrong_argument_are_refused_by_validation():
     if not RECORDED:
         pytest.skip("no calls recorded: run the whole test directory")
     seen, tried, wrong = set(), 0, []
-    for op, args in RECORDED:
+    for op, args in [*RECORDED, *((op, make()) for op, make in EXTRA)]:
         for name, what, bad in _perturbed(args):
             key = (op, name, what, tuple((k, getattr(v, "shape", None)) for k, v in args.items()))
             if key in seen:
@@ -58,7 +121,7 @@ def test_calls_with_one_wrong_argument_are_refused_by_validation():
             seen.add(key)
             tried += 1
             try:
-                original_call(op, {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in bad.items()})
+                original_call(op, copy_args(bad))
             except ARGUMENT_ERRORS:
                 pass
             except Exception as e:  # an impl failure: validation let the change through
