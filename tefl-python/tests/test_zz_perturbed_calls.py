@@ -42,6 +42,7 @@ EXTRA = [
     ("clamped_swiglu", lambda: {"x": _r(4, 8), "limit": 7.0, "alpha": 1.702}),
     ("clamped_dswiglu", lambda: {"grad": _r(4, 4), "input": _r(4, 8), "limit": 7.0, "alpha": 1.702}),
     ("compute_amax", lambda: {"x": _r(4, 8)}),
+    ("dropout_bwd", lambda: {"dy": _r(4, 8), "mask": (_r(4, 8) > 0).astype(np.uint8), "p": 0.5}),
     *[(op, lambda: {"grad": _r(4, 8), "input": _r(4, 8)}) for op in ("dbias_dqgelu", "dbias_drelu", "dbias_dsilu", "dbias_dsrelu", "dsrelu")],
     *[(op, lambda: {"grad": _r(4, 4), "input": _r(4, 8)}) for op in _GLU_BWD],
     *[(op, lambda: {"x": _r(4, 8)}) for op in ("qgeglu", "sreglu", "srelu")],
