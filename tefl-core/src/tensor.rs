@@ -8,7 +8,8 @@ use crate::dtype::{Element, bf16, f16};
 use crate::fp8::Fp8Format;
 use crate::{DType, Device, Error, Result};
 
-/// An address space that tensor bytes lie in (see [`Tensor::overlaps`]).
+/// An address space that tensor bytes lie in (for the aliasing check,
+/// [`crate::op::check_inout_aliasing`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Space {
     /// A device's addresses.
@@ -192,16 +193,9 @@ impl Tensor {
     pub fn shares_storage(&self, other: &Tensor) -> bool {
         std::ptr::addr_eq(Arc::as_ptr(&self.storage), Arc::as_ptr(&other.storage))
     }
-    /// True when the two tensors' bytes overlap: they share storage, or their storages have
-    /// addresses ([`Buffer::raw_address`]) whose byte ranges on one device intersect (two
-    /// DLPack imports of one allocation, say). An empty tensor overlaps only the tensors that
-    /// share its storage (itself passed twice).
-    pub fn overlaps(&self, other: &Tensor) -> bool {
-        let (a, b) = (self.region(), other.region());
-        a.space == b.space && a.start < b.end && b.start < a.end
-    }
-    /// Where the tensor's bytes lie, for overlap checks: its address range, or its storage as
-    /// a whole where the storage has no address or the tensor no bytes.
+    /// Where the tensor's bytes lie, for overlap checks: its address range ([`Buffer::raw_address`];
+    /// two DLPack imports of one allocation overlap there), or its storage as a whole where the
+    /// storage has no address or the tensor no bytes (then only tensors sharing the storage meet).
     pub(crate) fn region(&self) -> Region {
         match self.storage.raw_address().filter(|_| self.numel() > 0) {
             Some(a) => Region {

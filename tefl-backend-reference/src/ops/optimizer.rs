@@ -154,10 +154,6 @@ pub fn multi_tensor_adam(_: &KernelCtx<'_>, a: &MultiTensorAdamArgs) -> Result<M
     if noop_set(&a.noop_flag)? {
         return Ok(MultiTensorAdamOut {});
     }
-    check::distinct_storage(
-        "multi_tensor_adam",
-        &[("params", &a.params), ("exp_avg", &a.exp_avg), ("exp_avg_sq", &a.exp_avg_sq)],
-    )?;
     let adam = Adam::new(&a.hyper);
     for i in 0..a.grads.len() {
         let p = adam.tensor(&a.grads[i], &a.params[i], &a.exp_avg[i], &a.exp_avg_sq[i])?;
@@ -170,15 +166,6 @@ pub fn multi_tensor_adam_master(_: &KernelCtx<'_>, a: &MultiTensorAdamMasterArgs
     if noop_set(&a.noop_flag)? {
         return Ok(MultiTensorAdamMasterOut {});
     }
-    check::distinct_storage(
-        "multi_tensor_adam_master",
-        &[
-            ("model_params", &a.model_params),
-            ("master_params", &a.master_params),
-            ("exp_avg", &a.exp_avg),
-            ("exp_avg_sq", &a.exp_avg_sq),
-        ],
-    )?;
     let adam = Adam::new(&a.hyper);
     for i in 0..a.grads.len() {
         let p = adam.tensor(&a.grads[i], &a.master_params[i], &a.exp_avg[i], &a.exp_avg_sq[i])?;
@@ -192,7 +179,6 @@ pub fn multi_tensor_sgd(_: &KernelCtx<'_>, a: &MultiTensorSgdArgs) -> Result<Mul
     if noop_set(&a.noop_flag)? {
         return Ok(MultiTensorSgdOut {});
     }
-    check::distinct_storage("multi_tensor_sgd", &[("params", &a.params), ("momentum_buf", &a.momentum_buf)])?;
     for i in 0..a.grads.len() {
         let g = view(&a.grads[i])?;
         let mut p = view(&a.params[i])?.to_vec();

@@ -108,28 +108,6 @@ pub mod check {
         Ok(())
     }
 
-    /// No tensor of the in-place `lists` overlaps another of them in memory ([`Tensor::overlaps`]:
-    /// an in-place update would race with itself); the error names the list of the second one.
-    pub fn distinct_storage(op: &'static str, lists: &[(&'static str, &[Tensor])]) -> Result<()> {
-        // (list position, region), swept in address order: O(n log n) for optimizer lists of
-        // thousands of tensors.
-        let mut all: Vec<(usize, crate::tensor::Region)> = Vec::new();
-        for (li, (_, list)) in lists.iter().enumerate() {
-            all.extend(list.iter().map(|t| (li, t.region())));
-        }
-        all.sort_by_key(|(li, r)| (r.space, r.start, *li));
-        // Sorted by start, a range that overlaps a later one overlaps the next one.
-        for pair in all.windows(2) {
-            let ((la, a), (lb, b)) = (&pair[0], &pair[1]);
-            if b.space == a.space && b.start < a.end {
-                // Name the later list of the two (the first the same list twice).
-                let (first, second) = (lists[*la.min(lb)].0, lists[*la.max(lb)].0);
-                return Err(Error::invalid(op, second, format!("a tensor shares storage with one in '{first}'")));
-            }
-        }
-        Ok(())
-    }
-
     /// Two tensor lists have the same length.
     pub fn same_len(op: &'static str, arg: &'static str, len: usize, want: usize) -> Result<()> {
         if len != want {

@@ -182,7 +182,6 @@ fn adam_args(h: &AdamHyper) -> Vec<Arg> {
 
 pub fn multi_tensor_adam(ctx: &KernelCtx<'_>, a: &MultiTensorAdamArgs) -> Result<MultiTensorAdamOut> {
     const OP: &str = "multi_tensor_adam";
-    check::distinct_storage(OP, &[("params", &a.params), ("exp_avg", &a.exp_avg), ("exp_avg_sq", &a.exp_avg_sq)])?;
     let snap = snapshot(ctx, &a.noop_flag)?;
     for g in groups(OP, ctx, Kind::Adam, &[&a.grads, &a.params, &a.exp_avg, &a.exp_avg_sq])? {
         run(&g, "mt_adam", &snap, &adam_args(&a.hyper))?;
@@ -195,15 +194,6 @@ pub fn multi_tensor_adam_master(
     a: &MultiTensorAdamMasterArgs,
 ) -> Result<MultiTensorAdamMasterOut> {
     const OP: &str = "multi_tensor_adam_master";
-    check::distinct_storage(
-        OP,
-        &[
-            ("model_params", &a.model_params),
-            ("master_params", &a.master_params),
-            ("exp_avg", &a.exp_avg),
-            ("exp_avg_sq", &a.exp_avg_sq),
-        ],
-    )?;
     let snap = snapshot(ctx, &a.noop_flag)?;
     let lists: [&[Tensor]; 5] = [&a.grads, &a.model_params, &a.master_params, &a.exp_avg, &a.exp_avg_sq];
     for g in groups(OP, ctx, Kind::AdamMaster, &lists)? {
@@ -214,7 +204,6 @@ pub fn multi_tensor_adam_master(
 
 pub fn multi_tensor_sgd(ctx: &KernelCtx<'_>, a: &MultiTensorSgdArgs) -> Result<MultiTensorSgdOut> {
     const OP: &str = "multi_tensor_sgd";
-    check::distinct_storage(OP, &[("params", &a.params), ("momentum_buf", &a.momentum_buf)])?;
     let snap = snapshot(ctx, &a.noop_flag)?;
     for g in groups(OP, ctx, Kind::Sgd, &[&a.grads, &a.params, &a.momentum_buf])? {
         run(
