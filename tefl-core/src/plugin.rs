@@ -379,11 +379,18 @@ fn c_str(p: *const c_char) -> Option<String> {
     unsafe { CStr::from_ptr(p) }.to_str().ok().map(str::to_string)
 }
 
+/// Whether a `TE_FL_PLUGIN_MODULES` entry names a library file: a path (it has a `/`), or a
+/// file name ending in `.so`, `.dylib` or `.dll` (or versioned, `libx.so.1`). Any other entry
+/// is a bare name: the library `libx.so` found by the system loader, or, where a host language
+/// loads plugins too, one of its modules (the Python package asks this same question).
+pub fn is_library_path(entry: &str) -> bool {
+    entry.contains('/') || [".so", ".dylib", ".dll"].iter().any(|s| entry.ends_with(s)) || entry.contains(".so.")
+}
+
 /// The file to open for a `TE_FL_PLUGIN_MODULES` entry: a path as given, or a library name
 /// `x` as `libx.so` (found by the system loader).
 fn library_file(entry: &OsStr) -> OsString {
-    let text = entry.to_string_lossy();
-    if text.contains('/') || text.contains(std::env::consts::DLL_SUFFIX) {
+    if is_library_path(&entry.to_string_lossy()) {
         entry.to_os_string()
     } else {
         let mut f = OsString::from(std::env::consts::DLL_PREFIX);
@@ -532,17 +539,33 @@ pub fn load_plugins(reg: &mut Registry, entries: &[OsString]) -> usize {
                 tracing::info!(target: "TE-FL", "Plugin '{e}' loaded: {n} impl(s)");
                 loaded += 1;
             }
-            Err(err)
-                if !foreign_kind.is_empty()
-                    && !e.contains('/')
-                    && !e.ends_with(".so")
-                    && !e.ends_with(".dylib")
-                    && !e.ends_with(".dll") =>
-            {
+            Err(err) if !foreign_kind.is_empty() && !is_library_path(&e) => {
                 tracing::error!(target: "TE-FL", "Plugin '{e}' skipped: not a {foreign_kind} that can be imported, nor a library ({err})")
             }
             Err(err) => tracing::error!(target: "TE-FL", "Plugin '{e}' skipped: {err}"),
         }
     }
     loaded
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{is_library_path, library_file};
+    use std::ffi::OsStr;
+
+    #[test]
+    fn plugin_entries_are_library_paths_or_bare_names() {
+        for path in ["./libx.so", "/opt/p/libx.so", "libx.so", "libx.so.1", "x.dylib", "x.dll", "dir/x"] {
+            assert!(is_library_path(path), "{path}");
+            assert_eq!(library_file(OsStr::new(path)), OsStr::new(path), "{path}");
+        }
+        // Bare names: Python modules (dotted too, including ones that merely contain ".so") or
+        // library names the loader completes.
+        for name in ["my_plugin", "pkg.plugins", "pkg.sockets", "tefl_vendor_x", "x.so_like"] {
+            assert!(!is_library_path(name), "{name}");
+            let file = library_file(OsStr::new(name)).to_string_lossy().into_owned();
+            let expected = format!("{}{name}{}", std::env::consts::DLL_PREFIX, std::env::consts::DLL_SUFFIX);
+            assert_eq!(file, expected);
+        }
+    }
 }

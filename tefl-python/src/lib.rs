@@ -582,6 +582,13 @@ fn set_python_plugin_modules(names: Vec<String>) {
     tefl_core::plugin::set_foreign_entries(names);
 }
 
+/// Whether a `TE_FL_PLUGIN_MODULES` entry names a library file rather than a bare name (tefl's
+/// one rule, `tefl_core::plugin::is_library_path`): such an entry is never a Python module.
+#[pyfunction]
+fn plugin_entry_is_library(entry: &str) -> bool {
+    tefl_core::plugin::is_library_path(entry)
+}
+
 /// The backend crates linked into this build.
 #[pyfunction]
 fn linked_backends() -> Vec<&'static str> {
@@ -598,6 +605,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("OutOfMemoryError", m.py().get_type::<OutOfMemoryError>())?;
     m.add_function(wrap_pyfunction!(global_manager, m)?)?;
     m.add_function(wrap_pyfunction!(catalogue, m)?)?;
+    m.add_function(wrap_pyfunction!(plugin_entry_is_library, m)?)?;
     m.add_function(wrap_pyfunction!(to_device, m)?)?;
     m.add_function(wrap_pyfunction!(cast, m)?)?;
     m.add_function(wrap_pyfunction!(view_as, m)?)?;

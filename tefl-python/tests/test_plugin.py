@@ -73,6 +73,19 @@ def test_a_plugin_name_that_is_neither_a_module_nor_a_library_says_so():
     assert "4.0" in r.stdout
 
 
+def test_a_dotted_name_with_so_in_it_is_a_name_and_a_versioned_library_is_a_path():
+    # One rule in the native loader and in the Python package: "pkg.sockets" is a bare name (a
+    # Python module or libpkg.sockets.so), "libx.so.1" a library file.
+    r = run(["-c", "import numpy as np, tefl.tex as tex; print(tex.relu(np.ones((2, 2), np.float32), None).sum())"],
+            TE_FL_PLUGIN_MODULES="no_such_pkg.sockets,./no_such_libx.so.1")
+    assert r.returncode == 0, r.stderr
+    name = [l for l in r.stderr.splitlines() if "Plugin 'no_such_pkg.sockets' skipped" in l]
+    assert name and "not a Python module" in name[0] and "libno_such_pkg.sockets.so" in name[0], r.stderr
+    path = [l for l in r.stderr.splitlines() if "Plugin './no_such_libx.so.1' skipped" in l]
+    assert path and "not a Python module" not in path[0] and "cannot load ./no_such_libx.so.1" in path[0], r.stderr
+    assert "4.0" in r.stdout
+
+
 def make_manager(fn, op="rmsnorm_fwd", priority=200, kind=BackendImplKind.VENDOR):
     registry = OpRegistry()
     registry.register_impl(OpImpl(op_name=op, impl_id="vendor.pytest", kind=kind, vendor="pytest", fn=fn, priority=priority))

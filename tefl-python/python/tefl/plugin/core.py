@@ -253,7 +253,8 @@ def _plugin_names():
 
 
 def _is_python_module(name):
-    if "/" in name or name.endswith((".so", ".dylib", ".dll")):
+    # A library path (tefl's own rule, shared with the native loader) is never a module.
+    if _native.plugin_entry_is_library(name):
         return False
     try:
         return importlib.util.find_spec(name) is not None
