@@ -16,6 +16,9 @@ rust-version.workspace = true
 [dependencies]
 tefl-core.workspace = true
 tefl-gpu.workspace = true
+
+[lints]
+workspace = true
 "#;
 
 const LIB_RS: &str = r#"//! # tefl-backend-@V@

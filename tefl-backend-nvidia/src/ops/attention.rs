@@ -143,6 +143,7 @@ fn common_args(s: &Plan, a_scale: f32, p: f32, seed: u64, offset: u64) -> Vec<Ar
     ]
 }
 
+/// The catalogue op `fused_attn_fwd` on CUDA (the Hopper wgmma kernels where they apply, else the mma.sync ones).
 pub fn fused_attn_fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<AttnFwdOut> {
     const OP: &str = "fused_attn_fwd";
     let (cu_q, cu_k) = (a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref());
@@ -178,6 +179,7 @@ pub fn fused_attn_fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<AttnFwdOut
     Ok(AttnFwdOut { o, softmax_lse: lse })
 }
 
+/// The catalogue op `fused_attn_bwd` on CUDA (the Hopper wgmma kernels where they apply, else the mma.sync ones).
 pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut> {
     const OP: &str = "fused_attn_bwd";
     let (cu_q, cu_k) = (a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref());

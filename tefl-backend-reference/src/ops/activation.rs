@@ -156,12 +156,15 @@ fn dbias(a: &DActArgs, kind: Activation) -> Result<DBiasOut> {
 macro_rules! kernels {
     ($( $fwd:ident, $bwd:ident, $dbias:ident => $kind:ident; )*) => {
         $(
+            #[doc = concat!("The catalogue op `", stringify!($fwd), "` on the CPU reference (the catalogue's formula, checked against the f64 oracle).")]
             pub fn $fwd(_: &KernelCtx<'_>, a: &ActArgs) -> Result<ActOut> {
                 elementwise(a, Activation::$kind)
             }
+            #[doc = concat!("The catalogue op `", stringify!($bwd), "` on the CPU reference (the catalogue's formula, checked against the f64 oracle).")]
             pub fn $bwd(_: &KernelCtx<'_>, a: &DActArgs) -> Result<DActOut> {
                 Ok(DActOut { grad_input: d_elementwise_t(a, Activation::$kind)? })
             }
+            #[doc = concat!("The catalogue op `", stringify!($dbias), "` on the CPU reference (the catalogue's formula, checked against the f64 oracle).")]
             pub fn $dbias(_: &KernelCtx<'_>, a: &DActArgs) -> Result<DBiasOut> {
                 dbias(a, Activation::$kind)
             }
@@ -180,9 +183,11 @@ kernels! {
 macro_rules! gated_kernels {
     ($( $fwd:ident, $bwd:ident => $kind:ident; )*) => {
         $(
+            #[doc = concat!("The catalogue op `", stringify!($fwd), "` on the CPU reference (the catalogue's formula, checked against the f64 oracle).")]
             pub fn $fwd(_: &KernelCtx<'_>, a: &ActArgs) -> Result<ActOut> {
                 gated(a, Activation::$kind)
             }
+            #[doc = concat!("The catalogue op `", stringify!($bwd), "` on the CPU reference (the catalogue's formula, checked against the f64 oracle).")]
             pub fn $bwd(_: &KernelCtx<'_>, a: &DActArgs) -> Result<DActOut> {
                 d_gated(a, Activation::$kind)
             }
@@ -198,6 +203,7 @@ gated_kernels! {
     swiglu, dswiglu => Silu;
 }
 
+/// The catalogue op `clamped_swiglu` on the CPU reference (the catalogue's formula, checked against the f64 oracle).
 pub fn clamped_swiglu(_: &KernelCtx<'_>, a: &ClampedSwigluArgs) -> Result<ActOut> {
     gated_map(&a.x, |ar, br| {
         let av = if ar.is_nan() { ar } else { ar.min(a.limit) };
@@ -205,6 +211,7 @@ pub fn clamped_swiglu(_: &KernelCtx<'_>, a: &ClampedSwigluArgs) -> Result<ActOut
     })
 }
 
+/// The catalogue op `clamped_dswiglu` on the CPU reference (the catalogue's formula, checked against the f64 oracle).
 pub fn clamped_dswiglu(_: &KernelCtx<'_>, a: &ClampedDSwigluArgs) -> Result<DActOut> {
     gated_bwd_map(&a.grad, &a.input, |ar, br, g| {
         // NaN stays NaN through the clamps and their derivatives.

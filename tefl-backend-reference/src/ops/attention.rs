@@ -79,6 +79,7 @@ macro_rules! attn_ctx {
     };
 }
 
+/// The catalogue op `fused_attn_fwd` on the CPU reference (the catalogue's formula, checked against the f64 oracle).
 pub fn fused_attn_fwd(_: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<AttnFwdOut> {
     let (qv, kv, vv) = (view(&a.q)?, view(&a.k)?, view(&a.v)?);
     let c = attn_ctx!(a, "fused_attn_fwd", qv, kv, vv);
@@ -175,6 +176,7 @@ fn nan_max(a: f32, b: f32) -> f32 {
     if a.is_nan() || b.is_nan() { f32::NAN } else { a.max(b) }
 }
 
+/// The catalogue op `fused_attn_bwd` on the CPU reference (the catalogue's formula, checked against the f64 oracle).
 pub fn fused_attn_bwd(_: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut> {
     let (qv, kv, vv) = (view(&a.q)?, view(&a.k)?, view(&a.v)?);
     let (ov, dov, lsev) = (view(&a.o)?, view(&a.d_o)?, view(&a.softmax_lse)?);

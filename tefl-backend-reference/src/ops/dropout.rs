@@ -7,6 +7,7 @@ use tefl_core::{DType, KernelCtx, Result, Tensor};
 
 use crate::util::{CHUNK, store, view};
 
+/// The catalogue op `dropout_fwd` on the CPU reference (the catalogue's formula, checked against the f64 oracle).
 pub fn dropout_fwd(_: &KernelCtx<'_>, a: &DropoutFwdArgs) -> Result<DropoutFwdOut> {
     let x = view(&a.x)?;
     let keep_scale = 1.0 / (1.0 - a.p);
@@ -33,6 +34,7 @@ pub fn dropout_fwd(_: &KernelCtx<'_>, a: &DropoutFwdArgs) -> Result<DropoutFwdOu
     })
 }
 
+/// The catalogue op `dropout_bwd` on the CPU reference (the catalogue's formula, checked against the f64 oracle).
 pub fn dropout_bwd(_: &KernelCtx<'_>, a: &DropoutBwdArgs) -> Result<DropoutBwdOut> {
     let dy = view(&a.dy)?;
     let mask = a.mask.host_bytes()?;

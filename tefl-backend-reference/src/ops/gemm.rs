@@ -20,6 +20,7 @@ fn scale_of(t: Option<&Tensor>) -> Result<f32> {
     })
 }
 
+/// The catalogue op `generic_gemm` on the CPU reference (the catalogue's formula, checked against the f64 oracle).
 pub fn generic_gemm(_: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
     let (m, k, n) = gemm_dims(a)?;
     // FP8 codes are decoded by `view`; their scales fold into alpha.

@@ -28,6 +28,7 @@ fn quantize_out(y: Tensor, out: DType, scale: Option<&Tensor>) -> Result<(Tensor
     Ok((q, Some(scalar_tensor(amax)?), Some(scalar_tensor(1.0 / s)?)))
 }
 
+/// The catalogue op `rmsnorm_fwd` on the CPU reference (the catalogue's formula, checked against the f64 oracle).
 pub fn rmsnorm_fwd(_: &KernelCtx<'_>, a: &RmsNormFwdArgs) -> Result<RmsNormFwdOut> {
     let n = a.x.last_dim();
     let rows = a.x.rows();
@@ -79,16 +80,19 @@ fn rms_bwd(
     Ok((store(&dx, x.shape(), x.dtype())?, store(&dgamma, gamma.shape(), gamma.dtype())?))
 }
 
+/// The catalogue op `rmsnorm_bwd` on the CPU reference (the catalogue's formula, checked against the f64 oracle).
 pub fn rmsnorm_bwd(_: &KernelCtx<'_>, a: &RmsNormBwdArgs) -> Result<RmsNormBwdOut> {
     let (dx, dgamma) = rms_bwd(&a.dy, &a.x, &a.rsigma, &a.gamma, a.zero_centered_gamma, None)?;
     Ok(RmsNormBwdOut { dx, dgamma })
 }
 
+/// The catalogue op `rmsnorm_bwd_add` on the CPU reference (the catalogue's formula, checked against the f64 oracle).
 pub fn rmsnorm_bwd_add(_: &KernelCtx<'_>, a: &RmsNormBwdAddArgs) -> Result<RmsNormBwdAddOut> {
     let (dx, dgamma) = rms_bwd(&a.dy, &a.x, &a.rsigma, &a.gamma, a.zero_centered_gamma, Some(&a.add))?;
     Ok(RmsNormBwdAddOut { dx, dgamma })
 }
 
+/// The catalogue op `layernorm_fwd` on the CPU reference (the catalogue's formula, checked against the f64 oracle).
 pub fn layernorm_fwd(_: &KernelCtx<'_>, a: &LayerNormFwdArgs) -> Result<LayerNormFwdOut> {
     let n = a.x.last_dim();
     let rows = a.x.rows();
@@ -115,6 +119,7 @@ pub fn layernorm_fwd(_: &KernelCtx<'_>, a: &LayerNormFwdArgs) -> Result<LayerNor
     })
 }
 
+/// The catalogue op `layernorm_bwd` on the CPU reference (the catalogue's formula, checked against the f64 oracle).
 pub fn layernorm_bwd(_: &KernelCtx<'_>, a: &LayerNormBwdArgs) -> Result<LayerNormBwdOut> {
     let n = a.x.last_dim();
     let rows = a.x.rows();

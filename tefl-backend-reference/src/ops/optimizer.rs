@@ -6,6 +6,7 @@ use tefl_core::{DType, KernelCtx, Result, Tensor};
 
 use crate::util::{CHUNK, noop_set, set_noop, view, write_into};
 
+/// The catalogue op `multi_tensor_scale` on the CPU reference (the catalogue's formula, checked against the f64 oracle).
 pub fn multi_tensor_scale(_: &KernelCtx<'_>, a: &MultiTensorScaleArgs) -> Result<MultiTensorScaleOut> {
     if noop_set(&a.noop_flag)? {
         return Ok(MultiTensorScaleOut {});
@@ -61,6 +62,7 @@ fn norms(noop: &Tensor, tensors: &[Tensor], factor: f32, per_tensor: bool) -> Re
     Ok((Tensor::from_slice(&[total], [1], DType::F32)?, per))
 }
 
+/// The catalogue op `multi_tensor_l2norm` on the CPU reference (the catalogue's formula, checked against the f64 oracle).
 pub fn multi_tensor_l2norm(_: &KernelCtx<'_>, a: &MultiTensorL2NormArgs) -> Result<MultiTensorL2NormOut> {
     if noop_set(&a.noop_flag)? {
         let n = a.tensors.len();
@@ -76,6 +78,7 @@ pub fn multi_tensor_l2norm(_: &KernelCtx<'_>, a: &MultiTensorL2NormArgs) -> Resu
     Ok(MultiTensorL2NormOut { total, per_tensor_norms })
 }
 
+/// The catalogue op `multi_tensor_unscale_l2norm` on the CPU reference (the catalogue's formula, checked against the f64 oracle).
 pub fn multi_tensor_unscale_l2norm(
     _: &KernelCtx<'_>,
     a: &MultiTensorUnscaleL2NormArgs,
@@ -150,6 +153,7 @@ impl Adam {
     }
 }
 
+/// The catalogue op `multi_tensor_adam` on the CPU reference (the catalogue's formula, checked against the f64 oracle).
 pub fn multi_tensor_adam(_: &KernelCtx<'_>, a: &MultiTensorAdamArgs) -> Result<MultiTensorAdamOut> {
     if noop_set(&a.noop_flag)? {
         return Ok(MultiTensorAdamOut {});
@@ -162,6 +166,7 @@ pub fn multi_tensor_adam(_: &KernelCtx<'_>, a: &MultiTensorAdamArgs) -> Result<M
     Ok(MultiTensorAdamOut {})
 }
 
+/// The catalogue op `multi_tensor_adam_master` on the CPU reference (the catalogue's formula, checked against the f64 oracle).
 pub fn multi_tensor_adam_master(_: &KernelCtx<'_>, a: &MultiTensorAdamMasterArgs) -> Result<MultiTensorAdamMasterOut> {
     if noop_set(&a.noop_flag)? {
         return Ok(MultiTensorAdamMasterOut {});
@@ -175,6 +180,7 @@ pub fn multi_tensor_adam_master(_: &KernelCtx<'_>, a: &MultiTensorAdamMasterArgs
     Ok(MultiTensorAdamMasterOut {})
 }
 
+/// The catalogue op `multi_tensor_sgd` on the CPU reference (the catalogue's formula, checked against the f64 oracle).
 pub fn multi_tensor_sgd(_: &KernelCtx<'_>, a: &MultiTensorSgdArgs) -> Result<MultiTensorSgdOut> {
     if noop_set(&a.noop_flag)? {
         return Ok(MultiTensorSgdOut {});
@@ -210,6 +216,7 @@ pub fn multi_tensor_sgd(_: &KernelCtx<'_>, a: &MultiTensorSgdArgs) -> Result<Mul
     Ok(MultiTensorSgdOut {})
 }
 
+/// The catalogue op `multi_tensor_compute_scale_and_scale_inv` on the CPU reference (the catalogue's formula, checked against the f64 oracle).
 pub fn multi_tensor_compute_scale_and_scale_inv(_: &KernelCtx<'_>, a: &ComputeScaleArgs) -> Result<ComputeScaleOut> {
     if noop_set(&a.noop_flag)? {
         return Ok(ComputeScaleOut {});

@@ -22,6 +22,7 @@ fn transpose_codes(q: &[u8], m: usize, n: usize) -> Vec<u8> {
     t
 }
 
+/// The catalogue op `quantize` on the CPU reference (the catalogue's formula, checked against the f64 oracle).
 pub fn quantize(_: &KernelCtx<'_>, a: &QuantizeArgs) -> Result<QuantizeOut> {
     let f = format_of(a.fp8_dtype)?;
     let x = view(&a.x)?;
@@ -46,6 +47,7 @@ pub fn quantize(_: &KernelCtx<'_>, a: &QuantizeArgs) -> Result<QuantizeOut> {
     })
 }
 
+/// The catalogue op `bgrad_quantize` on the CPU reference (the catalogue's formula, checked against the f64 oracle).
 pub fn bgrad_quantize(_: &KernelCtx<'_>, a: &BgradQuantizeArgs) -> Result<BgradQuantizeOut> {
     let (m, n) = (a.x.shape()[0], a.x.shape()[1]);
     let x = view(&a.x)?;
@@ -71,6 +73,7 @@ pub fn bgrad_quantize(_: &KernelCtx<'_>, a: &BgradQuantizeArgs) -> Result<BgradQ
     })
 }
 
+/// The catalogue op `dequantize` on the CPU reference (the catalogue's formula, checked against the f64 oracle).
 pub fn dequantize(_: &KernelCtx<'_>, a: &DequantizeArgs) -> Result<DequantizeOut> {
     let q = view(&a.q)?;
     let s = a.scale_inv.to_vec::<f32>()?[0];
@@ -78,16 +81,19 @@ pub fn dequantize(_: &KernelCtx<'_>, a: &DequantizeArgs) -> Result<DequantizeOut
     Ok(DequantizeOut { y: store(&y, a.q.shape(), a.out_dtype)? })
 }
 
+/// The catalogue op `compute_amax` on the CPU reference (the catalogue's formula, checked against the f64 oracle).
 pub fn compute_amax(_: &KernelCtx<'_>, a: &ComputeAmaxArgs) -> Result<ComputeAmaxOut> {
     Ok(ComputeAmaxOut { amax: scalar_tensor(amax(&view(&a.x)?))? })
 }
 
+/// The catalogue op `fp8_transpose` on the CPU reference (the catalogue's formula, checked against the f64 oracle).
 pub fn fp8_transpose(_: &KernelCtx<'_>, a: &Fp8TransposeArgs) -> Result<Fp8TransposeOut> {
     let (m, n) = (a.q.shape()[0], a.q.shape()[1]);
     let q = a.q.host_bytes()?;
     Ok(Fp8TransposeOut { q_t: Tensor::from_slice(&transpose_codes(&q, m, n), [n, m], a.q.dtype())? })
 }
 
+/// The catalogue op `delayed_scaling` on the CPU reference (the catalogue's formula, checked against the f64 oracle).
 pub fn delayed_scaling(_: &KernelCtx<'_>, a: &DelayedScalingArgs) -> Result<DelayedScalingOut> {
     let (hist, n) = (a.amax_history.shape()[0], a.amax_history.shape()[1]);
     let mut h = a.amax_history.to_vec::<f32>()?;

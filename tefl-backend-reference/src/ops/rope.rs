@@ -80,10 +80,12 @@ fn run(a: &RopeArgs, op: &'static str, backward: bool) -> Result<RopeOut> {
     Ok(RopeOut { y: store(&y, a.x.shape(), a.x.dtype())? })
 }
 
+/// The catalogue op `fused_rope_forward` on the CPU reference (the catalogue's formula, checked against the f64 oracle).
 pub fn fused_rope_forward(_: &KernelCtx<'_>, a: &RopeArgs) -> Result<RopeOut> {
     run(a, "fused_rope_forward", false)
 }
 
+/// The catalogue op `fused_rope_backward` on the CPU reference (the catalogue's formula, checked against the f64 oracle).
 pub fn fused_rope_backward(_: &KernelCtx<'_>, a: &RopeArgs) -> Result<RopeOut> {
     run(a, "fused_rope_backward", true)
 }

@@ -43,10 +43,12 @@ fn run(x: &Tensor, scale: f32, masked: impl Fn(usize, usize, usize) -> bool + Sy
     Ok(SoftmaxOut { y })
 }
 
+/// The catalogue op `scaled_softmax_forward` on the CPU reference (the catalogue's formula, checked against the f64 oracle).
 pub fn scaled_softmax_forward(_: &KernelCtx<'_>, a: &SoftmaxArgs) -> Result<SoftmaxOut> {
     run(&a.x, a.scale, |_, _, _| false)
 }
 
+/// The catalogue op `scaled_masked_softmax_forward` on the CPU reference (the catalogue's formula, checked against the f64 oracle).
 pub fn scaled_masked_softmax_forward(_: &KernelCtx<'_>, a: &MaskedSoftmaxArgs) -> Result<SoftmaxOut> {
     let s = a.x.shape();
     let (h, sq, sk) = (s[1], s[2], s[3]);
@@ -58,10 +60,12 @@ pub fn scaled_masked_softmax_forward(_: &KernelCtx<'_>, a: &MaskedSoftmaxArgs) -
     })
 }
 
+/// The catalogue op `scaled_upper_triang_masked_softmax_forward` on the CPU reference (the catalogue's formula, checked against the f64 oracle).
 pub fn scaled_upper_triang_masked_softmax_forward(_: &KernelCtx<'_>, a: &SoftmaxArgs) -> Result<SoftmaxOut> {
     run(&a.x, a.scale, |_, i, j| j > i)
 }
 
+/// The catalogue op `scaled_aligned_causal_masked_softmax_forward` on the CPU reference (the catalogue's formula, checked against the f64 oracle).
 pub fn scaled_aligned_causal_masked_softmax_forward(_: &KernelCtx<'_>, a: &SoftmaxArgs) -> Result<SoftmaxOut> {
     let s = a.x.shape();
     let (sq, sk) = (s[s.len() - 2] as i64, s[s.len() - 1] as i64);
@@ -80,15 +84,19 @@ fn backward(a: &SoftmaxBwdArgs) -> Result<SoftmaxBwdOut> {
     Ok(SoftmaxBwdOut { dx })
 }
 
+/// The catalogue op `scaled_softmax_backward` on the CPU reference (the catalogue's formula, checked against the f64 oracle).
 pub fn scaled_softmax_backward(_: &KernelCtx<'_>, a: &SoftmaxBwdArgs) -> Result<SoftmaxBwdOut> {
     backward(a)
 }
+/// The catalogue op `scaled_masked_softmax_backward` on the CPU reference (the catalogue's formula, checked against the f64 oracle).
 pub fn scaled_masked_softmax_backward(_: &KernelCtx<'_>, a: &SoftmaxBwdArgs) -> Result<SoftmaxBwdOut> {
     backward(a)
 }
+/// The catalogue op `scaled_upper_triang_masked_softmax_backward` on the CPU reference (the catalogue's formula, checked against the f64 oracle).
 pub fn scaled_upper_triang_masked_softmax_backward(_: &KernelCtx<'_>, a: &SoftmaxBwdArgs) -> Result<SoftmaxBwdOut> {
     backward(a)
 }
+/// The catalogue op `scaled_aligned_causal_masked_softmax_backward` on the CPU reference (the catalogue's formula, checked against the f64 oracle).
 pub fn scaled_aligned_causal_masked_softmax_backward(_: &KernelCtx<'_>, a: &SoftmaxBwdArgs) -> Result<SoftmaxBwdOut> {
     backward(a)
 }

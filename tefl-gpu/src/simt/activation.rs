@@ -212,12 +212,15 @@ fn dbias(op: &'static str, ctx: &KernelCtx<'_>, a: &DActArgs, kind: Activation) 
 macro_rules! plain {
     ($( $fwd:ident, $bwd:ident, $db:ident => $kind:ident; )*) => {
         $(
+            #[doc = concat!("The catalogue op `", stringify!($fwd), "` on a GPU through the portable kernels of `simt/activation.cu` (every SIMT backend's impl).")]
             pub fn $fwd(ctx: &KernelCtx<'_>, a: &ActArgs) -> Result<ActOut> {
                 plain_fwd(stringify!($fwd), ctx, &a.x, Activation::$kind)
             }
+            #[doc = concat!("The catalogue op `", stringify!($bwd), "` on a GPU through the portable kernels of `simt/activation.cu` (every SIMT backend's impl).")]
             pub fn $bwd(ctx: &KernelCtx<'_>, a: &DActArgs) -> Result<DActOut> {
                 Ok(DActOut { grad_input: plain_bwd(stringify!($bwd), ctx, &a.grad, &a.input, Activation::$kind)? })
             }
+            #[doc = concat!("The catalogue op `", stringify!($db), "` on a GPU through the portable kernels of `simt/activation.cu` (every SIMT backend's impl).")]
             pub fn $db(ctx: &KernelCtx<'_>, a: &DActArgs) -> Result<DBiasOut> {
                 dbias(stringify!($db), ctx, a, Activation::$kind)
             }
@@ -236,9 +239,11 @@ plain! {
 macro_rules! gated {
     ($( $fwd:ident, $bwd:ident => $kind:ident; )*) => {
         $(
+            #[doc = concat!("The catalogue op `", stringify!($fwd), "` on a GPU through the portable kernels of `simt/activation.cu` (every SIMT backend's impl).")]
             pub fn $fwd(ctx: &KernelCtx<'_>, a: &ActArgs) -> Result<ActOut> {
                 gated_fwd(stringify!($fwd), ctx, &a.x, Activation::$kind, None)
             }
+            #[doc = concat!("The catalogue op `", stringify!($bwd), "` on a GPU through the portable kernels of `simt/activation.cu` (every SIMT backend's impl).")]
             pub fn $bwd(ctx: &KernelCtx<'_>, a: &DActArgs) -> Result<DActOut> {
                 gated_bwd(stringify!($bwd), ctx, &a.grad, &a.input, Activation::$kind, None)
             }
@@ -254,10 +259,12 @@ gated! {
     swiglu, dswiglu => Silu;
 }
 
+/// The catalogue op `clamped_swiglu` on a GPU through the portable kernels of `simt/activation.cu` (every SIMT backend's impl).
 pub fn clamped_swiglu(ctx: &KernelCtx<'_>, a: &ClampedSwigluArgs) -> Result<ActOut> {
     gated_fwd("clamped_swiglu", ctx, &a.x, Activation::Silu, Some((a.limit, a.alpha)))
 }
 
+/// The catalogue op `clamped_dswiglu` on a GPU through the portable kernels of `simt/activation.cu` (every SIMT backend's impl).
 pub fn clamped_dswiglu(ctx: &KernelCtx<'_>, a: &ClampedDSwigluArgs) -> Result<DActOut> {
     gated_bwd("clamped_dswiglu", ctx, &a.grad, &a.input, Activation::Silu, Some((a.limit, a.alpha)))
 }

@@ -19,6 +19,7 @@ fn kernel(op: &'static str, ctx: &KernelCtx<'_>, dtype: DType) -> Result<OnDevic
     OnDevice::new(ctx.device, variant(op, dtype)?)
 }
 
+/// The catalogue op `dropout_fwd` on a GPU through the portable kernels of `simt/dropout.cu` (every SIMT backend's impl).
 pub fn dropout_fwd(ctx: &KernelCtx<'_>, a: &DropoutFwdArgs) -> Result<DropoutFwdOut> {
     let k = kernel("dropout_fwd", ctx, a.x.dtype())?;
     let y = empty(ctx.device, a.x.shape(), a.x.dtype())?;
@@ -40,6 +41,7 @@ pub fn dropout_fwd(ctx: &KernelCtx<'_>, a: &DropoutFwdArgs) -> Result<DropoutFwd
     Ok(DropoutFwdOut { y, mask })
 }
 
+/// The catalogue op `dropout_bwd` on a GPU through the portable kernels of `simt/dropout.cu` (every SIMT backend's impl).
 pub fn dropout_bwd(ctx: &KernelCtx<'_>, a: &DropoutBwdArgs) -> Result<DropoutBwdOut> {
     let k = kernel("dropout_bwd", ctx, a.dy.dtype())?;
     let dx = empty(ctx.device, a.dy.shape(), a.dy.dtype())?;

@@ -209,6 +209,7 @@ fn backward(
     Ok((dx, dgamma, dbeta))
 }
 
+/// The catalogue op `rmsnorm_fwd` on a GPU through the portable kernels of `simt/norm.cu` (every SIMT backend's impl).
 pub fn rmsnorm_fwd(ctx: &KernelCtx<'_>, a: &RmsNormFwdArgs) -> Result<RmsNormFwdOut> {
     let f =
         forward("rmsnorm_fwd", ctx, &a.x, &a.gamma, None, a.eps, a.zero_centered_gamma, a.out_dtype, a.scale.as_ref())?;
@@ -216,6 +217,7 @@ pub fn rmsnorm_fwd(ctx: &KernelCtx<'_>, a: &RmsNormFwdArgs) -> Result<RmsNormFwd
     Ok(RmsNormFwdOut { y: f.y, rsigma: f.rsigma, amax, scale_inv })
 }
 
+/// The catalogue op `layernorm_fwd` on a GPU through the portable kernels of `simt/norm.cu` (every SIMT backend's impl).
 pub fn layernorm_fwd(ctx: &KernelCtx<'_>, a: &LayerNormFwdArgs) -> Result<LayerNormFwdOut> {
     let f = forward(
         "layernorm_fwd",
@@ -232,18 +234,21 @@ pub fn layernorm_fwd(ctx: &KernelCtx<'_>, a: &LayerNormFwdArgs) -> Result<LayerN
     Ok(LayerNormFwdOut { y: f.y, mu: f.mu, rsigma: f.rsigma, amax, scale_inv })
 }
 
+/// The catalogue op `rmsnorm_bwd` on a GPU through the portable kernels of `simt/norm.cu` (every SIMT backend's impl).
 pub fn rmsnorm_bwd(ctx: &KernelCtx<'_>, a: &RmsNormBwdArgs) -> Result<RmsNormBwdOut> {
     let (dx, dgamma, _) =
         backward("rmsnorm_bwd", ctx, &a.dy, &a.x, None, &a.rsigma, &a.gamma, None, a.zero_centered_gamma)?;
     Ok(RmsNormBwdOut { dx, dgamma })
 }
 
+/// The catalogue op `rmsnorm_bwd_add` on a GPU through the portable kernels of `simt/norm.cu` (every SIMT backend's impl).
 pub fn rmsnorm_bwd_add(ctx: &KernelCtx<'_>, a: &RmsNormBwdAddArgs) -> Result<RmsNormBwdAddOut> {
     let (dx, dgamma, _) =
         backward("rmsnorm_bwd_add", ctx, &a.dy, &a.x, None, &a.rsigma, &a.gamma, Some(&a.add), a.zero_centered_gamma)?;
     Ok(RmsNormBwdAddOut { dx, dgamma })
 }
 
+/// The catalogue op `layernorm_bwd` on a GPU through the portable kernels of `simt/norm.cu` (every SIMT backend's impl).
 pub fn layernorm_bwd(ctx: &KernelCtx<'_>, a: &LayerNormBwdArgs) -> Result<LayerNormBwdOut> {
     let (dx, dgamma, dbeta) =
         backward("layernorm_bwd", ctx, &a.dy, &a.x, Some(&a.mu), &a.rsigma, &a.gamma, None, a.zero_centered_gamma)?;

@@ -108,6 +108,7 @@ fn run(g: &Group, name: &'static str, snap: &Tensor, extra: &[Arg]) -> Result<()
     g.kernel.launch(name, Grid::linear(g.chunks as u32, BLOCK), &args)
 }
 
+/// The catalogue op `multi_tensor_scale` on a GPU through the portable kernels of `simt/optimizer.cu` (every SIMT backend's impl).
 pub fn multi_tensor_scale(ctx: &KernelCtx<'_>, a: &MultiTensorScaleArgs) -> Result<MultiTensorScaleOut> {
     const OP: &str = "multi_tensor_scale";
     let snap = snapshot(ctx, &a.noop_flag)?;
@@ -148,11 +149,13 @@ fn l2norm(
     Ok((total, per))
 }
 
+/// The catalogue op `multi_tensor_l2norm` on a GPU through the portable kernels of `simt/optimizer.cu` (every SIMT backend's impl).
 pub fn multi_tensor_l2norm(ctx: &KernelCtx<'_>, a: &MultiTensorL2NormArgs) -> Result<MultiTensorL2NormOut> {
     let (total, per_tensor_norms) = l2norm("multi_tensor_l2norm", ctx, &a.noop_flag, &a.tensors, None, a.per_tensor)?;
     Ok(MultiTensorL2NormOut { total, per_tensor_norms })
 }
 
+/// The catalogue op `multi_tensor_unscale_l2norm` on a GPU through the portable kernels of `simt/optimizer.cu` (every SIMT backend's impl).
 pub fn multi_tensor_unscale_l2norm(
     ctx: &KernelCtx<'_>,
     a: &MultiTensorUnscaleL2NormArgs,
@@ -180,6 +183,7 @@ fn adam_args(h: &AdamHyper) -> Vec<Arg> {
     ]
 }
 
+/// The catalogue op `multi_tensor_adam` on a GPU through the portable kernels of `simt/optimizer.cu` (every SIMT backend's impl).
 pub fn multi_tensor_adam(ctx: &KernelCtx<'_>, a: &MultiTensorAdamArgs) -> Result<MultiTensorAdamOut> {
     const OP: &str = "multi_tensor_adam";
     let snap = snapshot(ctx, &a.noop_flag)?;
@@ -189,6 +193,7 @@ pub fn multi_tensor_adam(ctx: &KernelCtx<'_>, a: &MultiTensorAdamArgs) -> Result
     Ok(MultiTensorAdamOut {})
 }
 
+/// The catalogue op `multi_tensor_adam_master` on a GPU through the portable kernels of `simt/optimizer.cu` (every SIMT backend's impl).
 pub fn multi_tensor_adam_master(
     ctx: &KernelCtx<'_>,
     a: &MultiTensorAdamMasterArgs,
@@ -202,6 +207,7 @@ pub fn multi_tensor_adam_master(
     Ok(MultiTensorAdamMasterOut {})
 }
 
+/// The catalogue op `multi_tensor_sgd` on a GPU through the portable kernels of `simt/optimizer.cu` (every SIMT backend's impl).
 pub fn multi_tensor_sgd(ctx: &KernelCtx<'_>, a: &MultiTensorSgdArgs) -> Result<MultiTensorSgdOut> {
     const OP: &str = "multi_tensor_sgd";
     let snap = snapshot(ctx, &a.noop_flag)?;
@@ -225,6 +231,7 @@ pub fn multi_tensor_sgd(ctx: &KernelCtx<'_>, a: &MultiTensorSgdArgs) -> Result<M
     Ok(MultiTensorSgdOut {})
 }
 
+/// The catalogue op `multi_tensor_compute_scale_and_scale_inv` on a GPU through the portable kernels of `simt/optimizer.cu` (every SIMT backend's impl).
 pub fn multi_tensor_compute_scale_and_scale_inv(ctx: &KernelCtx<'_>, a: &ComputeScaleArgs) -> Result<ComputeScaleOut> {
     const OP: &str = "multi_tensor_compute_scale_and_scale_inv";
     let snap = snapshot(ctx, &a.noop_flag)?;

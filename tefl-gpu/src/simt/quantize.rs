@@ -126,12 +126,14 @@ fn cast_transpose(
     Ok(CastTranspose { q, q_t, amax, scale_inv, dbias: dbias.then_some(out) })
 }
 
+/// The catalogue op `bgrad_quantize` on a GPU through the portable kernels of `simt/quantize.cu` (every SIMT backend's impl).
 pub fn bgrad_quantize(ctx: &KernelCtx<'_>, a: &BgradQuantizeArgs) -> Result<BgradQuantizeOut> {
     let c = cast_transpose(ctx, "bgrad_quantize", &a.x, &a.scale, a.fp8_dtype, a.want_transpose, true)?;
     let dbias = c.dbias.ok_or_else(|| Error::Tensor("bgrad_quantize: no dbias".into()))?;
     Ok(BgradQuantizeOut { dbias, q: c.q, q_t: c.q_t, amax: c.amax, scale_inv: c.scale_inv })
 }
 
+/// The catalogue op `quantize` on a GPU through the portable kernels of `simt/quantize.cu` (every SIMT backend's impl).
 pub fn quantize(ctx: &KernelCtx<'_>, a: &QuantizeArgs) -> Result<QuantizeOut> {
     const OP: &str = "quantize";
     if a.want_transpose {
@@ -170,6 +172,7 @@ pub(crate) fn reciprocal(ctx: &KernelCtx<'_>, scale: &Tensor, scale_inv: &Tensor
     )
 }
 
+/// The catalogue op `dequantize` on a GPU through the portable kernels of `simt/quantize.cu` (every SIMT backend's impl).
 pub fn dequantize(ctx: &KernelCtx<'_>, a: &DequantizeArgs) -> Result<DequantizeOut> {
     let k = kernel("dequantize", ctx, a.out_dtype, a.q.dtype())?;
     let n = a.q.numel();
@@ -182,6 +185,7 @@ pub fn dequantize(ctx: &KernelCtx<'_>, a: &DequantizeArgs) -> Result<DequantizeO
     Ok(DequantizeOut { y })
 }
 
+/// The catalogue op `compute_amax` on a GPU through the portable kernels of `simt/quantize.cu` (every SIMT backend's impl).
 pub fn compute_amax(ctx: &KernelCtx<'_>, a: &ComputeAmaxArgs) -> Result<ComputeAmaxOut> {
     let k = kernel("compute_amax", ctx, a.x.dtype(), DType::F8E4M3)?;
     let n = a.x.numel();
@@ -196,11 +200,13 @@ pub fn transpose_codes(ctx: &KernelCtx<'_>, q: &Tensor) -> Result<Tensor> {
     transpose(ctx, &k, ctx.op, q)
 }
 
+/// The catalogue op `fp8_transpose` on a GPU through the portable kernels of `simt/quantize.cu` (every SIMT backend's impl).
 pub fn fp8_transpose(ctx: &KernelCtx<'_>, a: &Fp8TransposeArgs) -> Result<Fp8TransposeOut> {
     let k = kernel("fp8_transpose", ctx, DType::F32, a.q.dtype())?;
     Ok(Fp8TransposeOut { q_t: transpose(ctx, &k, "fp8_transpose", &a.q)? })
 }
 
+/// The catalogue op `delayed_scaling` on a GPU through the portable kernels of `simt/quantize.cu` (every SIMT backend's impl).
 pub fn delayed_scaling(ctx: &KernelCtx<'_>, a: &DelayedScalingArgs) -> Result<DelayedScalingOut> {
     const OP: &str = "fused_amax_and_scale_update_after_reduction";
     let k = kernel(OP, ctx, DType::F32, DType::F8E4M3)?;

@@ -135,10 +135,12 @@ fn run(op: &'static str, ctx: &KernelCtx<'_>, a: &RopeArgs, backward: bool) -> R
     Ok(RopeOut { y })
 }
 
+/// The catalogue op `fused_rope_forward` on a GPU through the portable kernels of `simt/rope.cu` (every SIMT backend's impl).
 pub fn fused_rope_forward(ctx: &KernelCtx<'_>, a: &RopeArgs) -> Result<RopeOut> {
     run("fused_rope_forward", ctx, a, false)
 }
 
+/// The catalogue op `fused_rope_backward` on a GPU through the portable kernels of `simt/rope.cu` (every SIMT backend's impl).
 pub fn fused_rope_backward(ctx: &KernelCtx<'_>, a: &RopeArgs) -> Result<RopeOut> {
     run("fused_rope_backward", ctx, a, true)
 }

@@ -111,27 +111,35 @@ fn backward(op: &'static str, ctx: &KernelCtx<'_>, a: &SoftmaxBwdArgs) -> Result
     Ok(SoftmaxBwdOut { dx })
 }
 
+/// The catalogue op `scaled_softmax_forward` on a GPU through the portable kernels of `simt/softmax.cu` (every SIMT backend's impl).
 pub fn scaled_softmax_forward(ctx: &KernelCtx<'_>, a: &SoftmaxArgs) -> Result<SoftmaxOut> {
     forward("scaled_softmax_forward", ctx, &a.x, None, MaskKind::None, a.scale)
 }
+/// The catalogue op `scaled_masked_softmax_forward` on a GPU through the portable kernels of `simt/softmax.cu` (every SIMT backend's impl).
 pub fn scaled_masked_softmax_forward(ctx: &KernelCtx<'_>, a: &MaskedSoftmaxArgs) -> Result<SoftmaxOut> {
     forward("scaled_masked_softmax_forward", ctx, &a.x, Some(&a.mask), MaskKind::Tensor, a.scale)
 }
+/// The catalogue op `scaled_upper_triang_masked_softmax_forward` on a GPU through the portable kernels of `simt/softmax.cu` (every SIMT backend's impl).
 pub fn scaled_upper_triang_masked_softmax_forward(ctx: &KernelCtx<'_>, a: &SoftmaxArgs) -> Result<SoftmaxOut> {
     forward("scaled_upper_triang_masked_softmax_forward", ctx, &a.x, None, MaskKind::UpperTriang, a.scale)
 }
+/// The catalogue op `scaled_aligned_causal_masked_softmax_forward` on a GPU through the portable kernels of `simt/softmax.cu` (every SIMT backend's impl).
 pub fn scaled_aligned_causal_masked_softmax_forward(ctx: &KernelCtx<'_>, a: &SoftmaxArgs) -> Result<SoftmaxOut> {
     forward("scaled_aligned_causal_masked_softmax_forward", ctx, &a.x, None, MaskKind::AlignedCausal, a.scale)
 }
+/// The catalogue op `scaled_softmax_backward` on a GPU through the portable kernels of `simt/softmax.cu` (every SIMT backend's impl).
 pub fn scaled_softmax_backward(ctx: &KernelCtx<'_>, a: &SoftmaxBwdArgs) -> Result<SoftmaxBwdOut> {
     backward("scaled_softmax_backward", ctx, a)
 }
+/// The catalogue op `scaled_masked_softmax_backward` on a GPU through the portable kernels of `simt/softmax.cu` (every SIMT backend's impl).
 pub fn scaled_masked_softmax_backward(ctx: &KernelCtx<'_>, a: &SoftmaxBwdArgs) -> Result<SoftmaxBwdOut> {
     backward("scaled_masked_softmax_backward", ctx, a)
 }
+/// The catalogue op `scaled_upper_triang_masked_softmax_backward` on a GPU through the portable kernels of `simt/softmax.cu` (every SIMT backend's impl).
 pub fn scaled_upper_triang_masked_softmax_backward(ctx: &KernelCtx<'_>, a: &SoftmaxBwdArgs) -> Result<SoftmaxBwdOut> {
     backward("scaled_upper_triang_masked_softmax_backward", ctx, a)
 }
+/// The catalogue op `scaled_aligned_causal_masked_softmax_backward` on a GPU through the portable kernels of `simt/softmax.cu` (every SIMT backend's impl).
 pub fn scaled_aligned_causal_masked_softmax_backward(ctx: &KernelCtx<'_>, a: &SoftmaxBwdArgs) -> Result<SoftmaxBwdOut> {
     backward("scaled_aligned_causal_masked_softmax_backward", ctx, a)
 }
