@@ -12,6 +12,7 @@ import pytest
 
 import tefl
 from conftest import RECORDED, copy_args, original_call
+from tefl import _native
 
 ARGUMENT_ERRORS = (ValueError, TypeError, NotImplementedError, OverflowError, tefl.OutOfMemoryError)
 NUMBERS = (-1, 0, 2**31, 2**63, -(2**63), 1e30, float("nan"), float("inf"), -0.5, 7)
@@ -31,13 +32,33 @@ def _noop():
     return np.zeros(1, np.int32)
 
 
+class _Fp8:
+    """FP8 codes held as NumPy uint8 bytes (NumPy has no FP8 dtype), made a tefl FP8 tensor of
+    format `fmt` at call time."""
+
+    def __init__(self, codes, fmt):
+        self.codes, self.fmt = codes, fmt
+
+
+def _codes(*shape):
+    # e4m3 / e5m2 codes of finite values: 0x00-0x77 are positive finite in both formats.
+    return _rng.integers(0, 0x78, shape).astype(np.uint8)
+
+
+def _materialize(args):
+    return {k: _native.view_as(v.codes, v.fmt) if isinstance(v, _Fp8) else v for k, v in args.items()}
+
+
 _HYPER = {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "step": 1, "mode": "adamw", "bias_correction": True,
           "weight_decay": 0.01}
 _GLU_BWD = ("dgeglu", "dqgeglu", "dreglu", "dsreglu")
 
 # (op, a valid call's arguments) for the ops the other tests reach only through torch or not at
-# all; FP8 inputs (dequantize, fp8_transpose) have no NumPy dtype and are left out.
+# all; FP8 inputs are uint8 codes viewed as FP8 at call time (`_Fp8`).
 EXTRA = [
+    ("dequantize", lambda: {"q": _Fp8(_codes(4, 8), "f8e4m3"), "scale_inv": _ones(1), "out_dtype": "f32"}),
+    ("dequantize", lambda: {"q": _Fp8(_codes(3, 5), "f8e5m2"), "scale_inv": _ones(1), "out_dtype": "bf16"}),
+    ("fp8_transpose", lambda: {"q": _Fp8(_codes(4, 8), "f8e4m3")}),
     ("bgrad_quantize", lambda: {"x": _r(4, 8), "scale": _ones(1), "fp8_dtype": "f8e4m3", "want_transpose": True}),
     ("clamped_swiglu", lambda: {"x": _r(4, 8), "limit": 7.0, "alpha": 1.702}),
     ("clamped_dswiglu", lambda: {"grad": _r(4, 4), "input": _r(4, 8), "limit": 7.0, "alpha": 1.702}),
@@ -92,6 +113,11 @@ def _perturbed(args):
         if isinstance(v, np.ndarray):
             for what, w in _tensor_variants(v):
                 yield name, what, {**args, name: w}
+        elif isinstance(v, _Fp8):
+            # The codes' variants; one of another dtype goes in as that plain array.
+            for what, w in _tensor_variants(v.codes):
+                yield name, f"codes {what}", {**args, name: _Fp8(w, v.fmt) if w.dtype == np.uint8 else w}
+            yield name, "the codes as plain uint8", {**args, name: v.codes.copy()}
         elif isinstance(v, list) and v and all(isinstance(x, np.ndarray) for x in v):
             for what, w in _tensor_variants(v[0]):
                 yield name, f"element 0 {what}", {**args, name: [w, *v[1:]]}
@@ -107,7 +133,7 @@ def _perturbed(args):
 
 def test_the_extra_calls_are_valid():
     for op, make in EXTRA:
-        original_call(op, make())
+        original_call(op, _materialize(make()))
 
 
 def test_calls_with_one_wrong_argument_are_refused_by_validation():
@@ -122,7 +148,7 @@ def test_calls_with_one_wrong_argument_are_refused_by_validation():
             seen.add(key)
             tried += 1
             try:
-                original_call(op, copy_args(bad))
+                original_call(op, _materialize(copy_args(bad)))
             except ARGUMENT_ERRORS:
                 pass
             except Exception as e:  # an impl failure: validation let the change through
