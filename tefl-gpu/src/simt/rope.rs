@@ -73,7 +73,8 @@ fn variant(
 /// Heads a warp of `rope_warp` takes (of one token row). H200, bench shape (s4096 b4 h32 d128
 /// bf16, sbhd), 2026-11-26, two runs each: 16 heads with 4 vectors a lane in flight 0.072 /
 /// 0.073 ms, 32 heads 0.073 / 0.074, 16 heads with 2 vectors 0.074 / 0.074, 8 with 2 0.078 /
-/// 0.079; the block kernel (`rope_vec`) 0.082 / 0.082.
+/// 0.079; the block kernel (`rope_vec`) 0.082 / 0.082. A lane has had all 8 of its vectors in
+/// flight since 2026-11-28 (0.071 ms; docs/performance-log.md).
 const WARP_HEADS: usize = 16;
 
 /// Whether `rope_warp` takes heads of `d` elements, `ve` a vector: a lane keeps one vector

@@ -14,6 +14,7 @@ __device__ __forceinline__ float shfl_xor(float v, int mask) { return __shfl_xor
 __device__ __forceinline__ double shfl_xor(double v, int mask) { return __shfl_xor_sync(FULL_LANE_MASK, v, mask, WARP_SIZE); }
 __device__ __forceinline__ int shfl_xor(int v, int mask) { return __shfl_xor_sync(FULL_LANE_MASK, v, mask, WARP_SIZE); }
 __device__ __forceinline__ float shfl(float v, int lane) { return __shfl_sync(FULL_LANE_MASK, v, lane, WARP_SIZE); }
+__device__ __forceinline__ int shfl(int v, int lane) { return __shfl_sync(FULL_LANE_MASK, v, lane, WARP_SIZE); }
 __device__ __forceinline__ void warp_sync() { __syncwarp(); }
 
 // ---- 16-bit float bit patterns <-> f32 ----

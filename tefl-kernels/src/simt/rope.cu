@@ -221,7 +221,7 @@ extern "C" __global__ void __launch_bounds__(256, GROUP == 1 ? 5 : 4)
 #define HEADS 32
 #endif
 #ifndef UNROLL
-#define UNROLL 4
+#define UNROLL 8
 #endif
 extern "C" __global__ void __launch_bounds__(128)
     rope_warp(const TX* __restrict__ x, const float* __restrict__ freqs, TX* __restrict__ y, const i32* __restrict__ cu,
@@ -246,52 +246,77 @@ extern "C" __global__ void __launch_bounds__(128)
 #endif
         const TX* xr = x + (size_t)row * h * D;
         TX* yr = y + (size_t)row * h * D;
-        // UNROLL vectors a lane (and their partners), loaded before they are used; the first
-        // ones are issued before the angles are computed, so that their trip from memory
-        // overlaps the sines and cosines.
-        alignas(16) TX rv[UNROLL][VE], rw[UNROLL][VE];
-        auto load = [&](int head) {
+        // UNROLL vectors a lane, loaded before any is used; the first ones are issued before the
+        // angles are computed, so that their trip from memory overlaps the sines and cosines.
+        // The heads are stepped through warp-uniformly (head0 + i · STEP + lane / SV), so every
+        // lane takes part in each shuffle below.
+        alignas(16) TX rv[UNROLL][VE];
+        auto load = [&](int base) {
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) {
-                const int hd = head + u * STEP;
+                const int hd = base + u * STEP + lane / SV;
                 if (hd < head_end) {
                     raw_copy<TX, VE>(rv[u], xr + (size_t)hd * D + c0);
-                    if (!INTERLEAVED && rot) raw_copy<TX, VE>(rw[u], xr + (size_t)hd * D + pc0);
+                } else {
+#pragma unroll
+                    for (int q = 0; q < VE; ++q) rv[u][q] = TX{};
                 }
             }
         };
-        const int first = head0 + lane / SV;  // this lane's first head of the chunk
-        load(first);
+#if !INTERLEAVED
+        // A rotated vector's partner (the other half's vector of the same head) is another
+        // lane's own vector: taken from that lane by shuffles, not loaded a second time.
+        const int partner_lane = rot ? lane - lane % SV + pc0 / VE : lane;
+#endif
+        load(head0);
         float a[VE], b[VE];
         if (rot) {
+            // The lane's angles (and, backward and half-split, its partners'), fetched as whole
+            // vectors before any is used: one by one, each behind the previous sincos, they made
+            // VE dependent trips to memory. The row of freqs starts 16-byte aligned (CUDA and HIP
+            // tensors do; DROT is a multiple of VE) and c0, pc0 are multiples of VE.
             const float* f = freqs + (size_t)pos * DROT;
+            alignas(16) float fc[VE];
+            raw_copy<float, VE>(fc, f + c0);
+#if BACKWARD && !INTERLEAVED
+            alignas(16) float fp[VE];
+            raw_copy<float, VE>(fp, f + pc0);
+#endif
 #pragma unroll
             for (int q = 0; q < VE; ++q) {
-                const int c = c0 + q;
 #if INTERLEAVED
                 const bool first = (q % 2) == 0;
-                const int pc = c ^ 1;
 #else
                 const bool first = c0 < HALF_ROT;
-                const int pc = pc0 + q;
 #endif
 #if BACKWARD
                 // The transpose: the partner's sine, with the sign of the partner's term.
-                a[q] = cosf(f[c]);
-                const float sp = sinf(f[pc]);
+#if INTERLEAVED
+                const float partner = fc[q ^ 1];
+#else
+                const float partner = fp[q];
+#endif
+                a[q] = cosf(fc[q]);
+                const float sp = sinf(partner);
                 b[q] = first ? sp : -sp;
 #else
                 float sn;
-                sincosf(f[c], &sn, &a[q]);
+                sincosf(fc[q], &sn, &a[q]);
                 b[q] = first ? -sn : sn;
 #endif
             }
         }
-        for (int head = first; head < head_end; head += STEP * UNROLL) {
-            if (head != first) load(head);
+        for (int base = head0; base < head_end; base += STEP * UNROLL) {
+            if (base != head0) load(base);
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) {
-                const int hd = head + u * STEP;
+                const int hd = base + u * STEP + lane / SV;
+#if !INTERLEAVED
+                alignas(16) TX rw[VE];
+#pragma unroll
+                for (int i = 0; i < VE * (int)sizeof(TX) / 4; ++i)
+                    ((u32*)rw)[i] = (u32)shfl((int)((const u32*)rv[u])[i], partner_lane);
+#endif
                 if (hd >= head_end) continue;
                 if (!rot) {
                     raw_copy<TX, VE>(yr + (size_t)hd * D + c0, rv[u]);
@@ -303,7 +328,7 @@ extern "C" __global__ void __launch_bounds__(128)
 #if INTERLEAVED
                     const float w = to_f32(rv[u][q ^ 1]);
 #else
-                    const float w = to_f32(rw[u][q]);
+                    const float w = to_f32(rw[q]);
 #endif
                     o[q] = to_f32(rv[u][q]) * a[q] + w * b[q];
                 }
