@@ -25,7 +25,8 @@ struct Geometry {
 /// kernel takes, 20 heads make a warp's last group of heads partial; f32 d 256 is 64 vectors,
 /// the block kernel's, with two rows of a position in a block when there are no start
 /// positions; d 72 with 24 rotated leaves a half that is not a whole vector, the scalar
-/// kernel's).
+/// kernel's; d 64 with 48 rotated puts a rotated vector's partner three or six vectors on, not
+/// half a head, and 5 heads leave the warp kernel's lanes a different number of heads each).
 const GEOMETRIES: &[Geometry] = &[
     Geometry {
         b: 3,
@@ -66,6 +67,16 @@ const GEOMETRIES: &[Geometry] = &[
         starts: true,
         layouts: &[QkvLayout::Bshd],
         label: "d_rot 24 of 72",
+    },
+    Geometry {
+        b: 2,
+        sl: 7,
+        h: 5,
+        d: 64,
+        d_rot: 48,
+        starts: true,
+        layouts: &[QkvLayout::Sbhd, QkvLayout::Bshd],
+        label: "h 5, d_rot 48 of 64",
     },
 ];
 
