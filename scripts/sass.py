@@ -39,7 +39,8 @@ def compile_cubin(nvrtc, source, arch):
     prog = ctypes.c_void_p()
     if nvrtc.nvrtcCreateProgram(ctypes.byref(prog), source, b"kernel.cu", 0, None, None) != 0:
         sys.exit("sass.py: nvrtcCreateProgram failed")
-    # The backend's options (tefl-backend-nvidia/src/nvrtc.rs), plus ptxas' report.
+    # The backend's options (tefl-backend-nvidia/src/nvrtc.rs, whose tests check that this
+    # line has them), plus ptxas' report.
     opts = [f"--gpu-architecture={arch}".encode(), b"--std=c++17", b"-default-device", b"-lineinfo", b"-Xptxas=-v"]
     status = nvrtc.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
     size = ctypes.c_size_t()

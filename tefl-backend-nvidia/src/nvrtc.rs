@@ -112,7 +112,20 @@ impl Nvrtc {
 
 #[cfg(test)]
 mod tests {
-    use super::performance_advisories;
+    use super::{Nvrtc, performance_advisories};
+    use tefl_gpu::RtcCompiler;
+
+    /// `scripts/sass.py` compiles a dumped variant the way this backend does, so it passes the
+    /// same NVRTC options: each of them, as its bytes literal, is in the script.
+    #[test]
+    fn the_sass_script_passes_the_backends_nvrtc_options() {
+        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/sass.py");
+        let text = std::fs::read_to_string(&script).unwrap_or_else(|e| panic!("{}: {e}", script.display()));
+        for opt in Nvrtc.options("{arch}") {
+            let literal = if opt.contains("{arch}") { format!("f\"{opt}\".encode()") } else { format!("b\"{opt}\"") };
+            assert!(text.contains(&literal), "scripts/sass.py does not pass {opt} ({literal}) as nvrtc.rs does");
+        }
+    }
 
     #[test]
     fn ptxas_performance_losses_are_picked_out_of_a_log() {
