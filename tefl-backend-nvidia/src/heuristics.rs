@@ -116,6 +116,15 @@ pub fn kernel_choice(impl_id: &str, op: &str, device: Device, dtype: DType) -> O
         "te_general_grouped_gemm" => {
             format!("cuBLASLt, one launch per group (the one-launch kernel needs sm_90; this is {arch})")
         }
+        "rmsnorm_bwd" | "rmsnorm_bwd_add" | "layernorm_bwd" => {
+            match tefl_gpu::tune::norm_bwd_ring(&TUNE_CONFIGS.table(&arch)) {
+                0 => "norm_bwd (a block per few rows, each fetching its next row into registers), norm_reduce_ws"
+                    .to_string(),
+                n => format!(
+                    "norm_bwd (rows streamed through a ring of up to {n} row buffers in shared memory by cp.async,                      where the row is whole 16-byte vectors and two blocks' rings fit; else the next row in                      registers), norm_reduce_ws"
+                ),
+            }
+        }
         "generic_gemm" if dtype.is_fp8() => "cuBLASLt FP8 (TN; other forms transposed first)".to_string(),
         "generic_gemm" => "cuBLASLt".to_string(),
         _ => return None,
@@ -145,6 +154,9 @@ mod tests {
         assert!(attention_fwd_wgmma(&h) && !attention_fwd_wgmma(&a));
         assert!(attention_bwd_wgmma(&h) && !attention_bwd_wgmma(&a));
         assert_eq!(grouped_gemm_tiles(&h), GroupedTiles { m_first: true, max_stages: 4 });
+        // The norm backward's ring: Hopper's file asks for 3 row buffers, the defaults for none.
+        assert_eq!(tefl_gpu::tune::norm_bwd_stages(&h, 232_448, 32 << 10), 3);
+        assert_eq!(tefl_gpu::tune::norm_bwd_stages(&a, 232_448, 32 << 10), 0);
         let r = row_kernel(&h, "norm", 8192, 2, 4);
         assert!(r.fused() && r.row_vecs <= 4, "{r:?}");
         // Hopper: 256 threads of four vectors for 8192 bf16 columns.

@@ -128,7 +128,21 @@ unsafe fn launch_params(
     let f = function(device, variant, name)?;
     let rt = runtime::global();
     rt.context(device)?.bind_to_thread().map_err(|e| device_error(device, e))?;
-    if grid.smem > 48 * 1024 {
+    // Without the opt-in attribute a block gets 48 KiB, static and dynamic shared memory
+    // together: a kernel with static bytes of its own opts in below 48 KiB of dynamic ones.
+    let static_smem = if grid.smem > 0 {
+        // SAFETY: `f.f` is a function of this context's module.
+        unsafe {
+            cudarc::driver::result::function::get_function_attribute(
+                f.f,
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+            )
+        }
+        .map_err(|e| launch_error(device, f, e))?
+    } else {
+        0
+    };
+    if grid.smem as u64 + static_smem.max(0) as u64 > 48 * 1024 {
         // SAFETY: `f.f` is a function of this context's module.
         unsafe {
             cudarc::driver::result::function::set_function_attribute(

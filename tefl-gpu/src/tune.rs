@@ -147,6 +147,25 @@ pub fn row_kernel(t: &TuneTable, family: &str, n: usize, elem: usize, pref: u32)
         .unwrap_or_else(|| RowConfig::two_pass(if n < 1024 { 128 } else { 256 }))
 }
 
+/// Row buffers the tune table asks for in the shared-memory ring of the fused norm backward
+/// (`simt/norm.cu`, STAGES): `norm_bwd.stages`, at most 8; 0 (the next row waits in registers)
+/// when absent or below 2.
+pub fn norm_bwd_ring(t: &TuneTable) -> u32 {
+    let want = t.configs("norm_bwd").first().and_then(|c| c.get("stages")).and_then(|v| v.as_int()).unwrap_or(0);
+    if want >= 2 { want.min(8) as u32 } else { 0 }
+}
+
+/// The ring's row buffers for a launch: [`norm_bwd_ring`], fewer where two blocks' rings of
+/// `stage_bytes` each would not fit the device's `smem_optin` bytes a block, and none when
+/// fewer than two would.
+pub fn norm_bwd_stages(t: &TuneTable, smem_optin: usize, stage_bytes: usize) -> u32 {
+    // Two blocks an SM, each with its static shared memory and the driver's reserve beside.
+    let room = (smem_optin / 2).saturating_sub(2048);
+    let fit = room.checked_div(stage_bytes).unwrap_or(0).min(8) as u32;
+    let stages = norm_bwd_ring(t).min(fit);
+    if stages >= 2 { stages } else { 0 }
+}
+
 /// How an elementwise kernel runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ElementwiseConfig {
@@ -310,6 +329,25 @@ mod tests {
         // A tiny row still gets a block.
         assert_eq!(row_kernel(&t, "norm", 8, 4, 4).row_vecs, 1);
         assert_eq!(elementwise(&t), ElementwiseConfig { block: 128, unroll: 1, vec_bytes: 16 });
+    }
+
+    #[test]
+    fn the_norm_backward_ring_fits_two_blocks_or_is_not_used() {
+        let t = |text: &'static str| TuneTable::parse(text, "test.toml").unwrap();
+        let three = t("[[norm_bwd]]\nstages = 3\n");
+        // An H100's 227 KiB a block: rows of 8192 bf16 x and dy are 32 KiB a stage.
+        assert_eq!(norm_bwd_stages(&three, 232_448, 32 << 10), 3);
+        // 48 KiB stages (f32 x): two fit in half the memory, not three.
+        assert_eq!(norm_bwd_stages(&three, 232_448, 48 << 10), 2);
+        // 64 KiB stages: one would fit, and one is no ring.
+        assert_eq!(norm_bwd_stages(&three, 232_448, 64 << 10), 0);
+        // A 64 KiB device (HIP's LDS) holds two 8 KiB stages, but not three of 12 KiB.
+        assert_eq!(norm_bwd_stages(&three, 65_536, 8 << 10), 3);
+        assert_eq!(norm_bwd_stages(&three, 65_536, 12 << 10), 2);
+        // Not asked for (the GPU defaults), below 2, or an empty row.
+        assert_eq!(norm_bwd_stages(&t(""), 232_448, 32 << 10), 0);
+        assert_eq!(norm_bwd_stages(&t("[[norm_bwd]]\nstages = 1\n"), 232_448, 32 << 10), 0);
+        assert_eq!(norm_bwd_stages(&three, 232_448, 0), 0);
     }
 
     #[test]

@@ -1,6 +1,9 @@
 //! RMSNorm and LayerNorm: one block per row, the row kept in registers and read once
 //! (16-byte vectors) when it fits, a two-pass scalar path otherwise. The backward sums
-//! dgamma/dbeta per block in registers and reduces the partials in a second small kernel.
+//! dgamma/dbeta per block in registers and reduces the partials in a second small kernel; its
+//! blocks stride over the rows, fetching ahead either the next row into registers or, where
+//! the tune configs ask for it (`norm_bwd.stages`, Hopper), several rows into a ring in shared
+//! memory by asynchronous copies.
 
 use tefl_core::catalogue::*;
 use tefl_core::{DType, KernelCtx, Result, Tensor};
@@ -24,7 +27,7 @@ struct Types {
 
 /// The variant of `norm.cu` for these dtypes, norm kind and row config: the one place its
 /// defines are built (launches and the compile test both call it).
-fn variant(op: &'static str, t: &Types, is_ln: bool, cfg: RowConfig) -> Result<Variant> {
+fn variant(op: &'static str, t: &Types, is_ln: bool, cfg: RowConfig, stages: u32) -> Result<Variant> {
     let mut defines = Defines::new()
         .set("TX", cty(op, "x", t.x)?)
         .set("TG", cty(op, "gamma", t.g)?)
@@ -36,6 +39,7 @@ fn variant(op: &'static str, t: &Types, is_ln: bool, cfg: RowConfig) -> Result<V
         .set("ROW_VECS", cfg.row_vecs.max(1))
         .flag("FUSED", cfg.fused())
         .set("VEC_BYTES", cfg.vec_bytes)
+        .set("STAGES", stages)
         .flag("OUT_FP8", t.y.is_fp8());
     if t.y.is_fp8() {
         defines = super::quantize::fp8_format(op, defines, t.y)?;
@@ -43,8 +47,15 @@ fn variant(op: &'static str, t: &Types, is_ln: bool, cfg: RowConfig) -> Result<V
     Ok(Variant::new(&tefl_kernels::NORM, ENTRIES, defines))
 }
 
-fn kernel(op: &'static str, ctx: &KernelCtx<'_>, t: &Types, is_ln: bool, cfg: RowConfig) -> Result<OnDevice> {
-    OnDevice::new(ctx.device, variant(op, t, is_ln, cfg)?)
+fn kernel(
+    op: &'static str,
+    ctx: &KernelCtx<'_>,
+    t: &Types,
+    is_ln: bool,
+    cfg: RowConfig,
+    stages: u32,
+) -> Result<OnDevice> {
+    OnDevice::new(ctx.device, variant(op, t, is_ln, cfg, stages)?)
 }
 
 /// Row config for `n` elements: the heuristic, or the autotuner's pick when asked for.
@@ -105,7 +116,7 @@ fn forward(
     // took 0.151 ms (90% of copy), 32 0.152, 16 0.154, 8 0.170, a block per row 0.155.
     let max_blocks = if fp8.is_some() { 64 * sm_count(ctx.device) } else { i32::MAX as u32 };
     let run = |cfg: RowConfig| -> Result<()> {
-        let k = kernel(op, ctx, &types, beta.is_some(), cfg)?;
+        let k = kernel(op, ctx, &types, beta.is_some(), cfg, 0)?;
         k.launch("norm_fwd", Grid::linear(blocks_for(rows, 1, max_blocks), cfg.block), &args)
     };
     // The autotuner's trial launches fold the same values into amax: a max, so no harm.
@@ -149,14 +160,27 @@ fn backward(
     let types = Types { x: x.dtype(), g: gamma.dtype(), y: dy.dtype(), add: add.map(Tensor::dtype) };
     // The backward holds more per vector (x̂, d, two column sums): fewer vectors per thread.
     let cfg = tune::row_kernel(&*tune_table(ctx.device)?, "norm", n, x.dtype().size_in_bytes(), 2);
-    let k = kernel(op, ctx, &types, is_ln, cfg)?;
     let (rows_i, n_i) = (i32_of(ctx, op, "x", rows)?, i32_of(ctx, op, "x", n)?);
     let col_grid = Grid::linear(n.div_ceil(256) as u32, 256);
     // Fused: a grid of `parts` blocks sums dgamma/dbeta per block into ws, reduced after.
     // Otherwise one block per row computes dx and a column kernel the sums.
     let fused = cfg.row_vecs > 0;
-    let parts =
-        if fused { blocks_for(rows, 1, 4 * sm_count(ctx.device)) } else { blocks_for(rows, 1, i32::MAX as u32) };
+    // The fused kernel's ring of rows in shared memory where the tune configs ask for one
+    // (16-byte vectors only: the copies are whole vectors): two blocks an SM, a grid of one
+    // wave; otherwise four blocks an SM, each keeping its next row in registers.
+    let stage_bytes = n * (x.dtype().size_in_bytes() + dy.dtype().size_in_bytes());
+    let stages = if fused && cfg.vec_bytes == 16 {
+        tune::norm_bwd_stages(&*tune_table(ctx.device)?, info(ctx.device)?.shared_memory_per_block_optin, stage_bytes)
+    } else {
+        0
+    };
+    let k = kernel(op, ctx, &types, is_ln, cfg, stages)?;
+    let smem = stages as usize * stage_bytes;
+    let parts = match (fused, stages) {
+        (true, 0) => blocks_for(rows, 1, 4 * sm_count(ctx.device)),
+        (true, _) => blocks_for(rows, 1, 2 * sm_count(ctx.device)),
+        (false, _) => blocks_for(rows, 1, i32::MAX as u32),
+    };
     let ws = if fused {
         Some(empty(ctx.device, &[if is_ln { 2 } else { 1 }, parts as usize, n], DType::F32)?)
     } else {
@@ -164,7 +188,7 @@ fn backward(
     };
     k.launch(
         "norm_bwd",
-        Grid::linear(parts, cfg.block),
+        Grid { smem: smem as u32, ..Grid::linear(parts, cfg.block) },
         &[
             Arg::Ptr(ptr(dy)?),
             Arg::Ptr(ptr(x)?),
@@ -180,9 +204,10 @@ fn backward(
         ],
     )?;
     match &ws {
+        // `norm_reduce_ws`: RED_COLS (32) columns a block of RED_COLS x RED_SLICES (8) threads.
         Some(ws) => k.launch(
             "norm_reduce_ws",
-            col_grid,
+            Grid::linear(n.div_ceil(32) as u32, 32 * 8),
             &[
                 Arg::Ptr(ptr(ws)?),
                 Arg::Ptr(ptr(&dgamma)?),
@@ -268,14 +293,16 @@ pub fn variants() -> Vec<Variant> {
     ] {
         let types = Types { x, g, y, add: (!ln).then_some(add) };
         for cfg in [RowConfig { block: 256, vec_bytes: 16, row_vecs: 4 }, RowConfig::two_pass(256)] {
-            v.extend(variant("norm", &types, ln, cfg));
+            v.extend(variant("norm", &types, ln, cfg, 0));
         }
+        // The backward's ring of rows in shared memory.
+        v.extend(variant("norm", &types, ln, RowConfig { block: 512, vec_bytes: 16, row_vecs: 2 }, 3));
     }
     // The FP8 outputs (forward only: both formats, both norms, both paths).
     for (x, y, ln) in [(BF16, F8E4M3, false), (F32, F8E5M2, true), (F16, F8E4M3, true)] {
         let types = Types { x, g: x, y, add: None };
         for cfg in [RowConfig { block: 256, vec_bytes: 16, row_vecs: 4 }, RowConfig::two_pass(256)] {
-            v.extend(variant("norm", &types, ln, cfg));
+            v.extend(variant("norm", &types, ln, cfg, 0));
         }
     }
     v

@@ -190,6 +190,26 @@ template <typename T, int N> __device__ __forceinline__ void store_n(T* p, const
     }
 }
 
+// ---- asynchronous copies into shared memory: the fallback ----
+// A target without them (HAS_COPY_ASYNC unset: HIP, CUDA before sm_80) copies at once through
+// registers, so a kernel written against copy_async / copy_async_commit / copy_async_wait
+// (see prelude/cuda.h) is correct everywhere, only without the overlap.
+#ifndef HAS_COPY_ASYNC
+#define HAS_COPY_ASYNC 0
+template <int B> __device__ __forceinline__ void copy_async(void* dst, const void* src) {
+    if constexpr (B % 16 == 0) {
+#pragma unroll
+        for (int i = 0; i < B / 16; ++i) ((uint4*)dst)[i] = ((const uint4*)src)[i];
+    } else if constexpr (B == 8) {
+        *(uint2*)dst = *(const uint2*)src;
+    } else {
+        *(u32*)dst = *(const u32*)src;
+    }
+}
+__device__ __forceinline__ void copy_async_commit() {}
+template <int N> __device__ __forceinline__ void copy_async_wait() {}
+#endif
+
 // ---- Philox 4x32-10 (Random123), the stream tefl_core::philox defines ----
 __device__ __forceinline__ void philox4x32_10(u32* ctr, u32 k0, u32 k1) {
 #pragma unroll

@@ -117,6 +117,34 @@ __device__ __forceinline__ unsigned short fp8x2_encode_cvt(float lo, float hi, i
 }
 #endif
 
+// ---- asynchronous copies from global to shared memory ----
+// copy_async<B>(dst, src) starts a copy of B bytes (4, 8 or a multiple of 16; both addresses
+// aligned to B, at most 16) into the calling thread's open group; copy_async_commit() closes
+// the group; copy_async_wait<N>() returns once at most N of the thread's groups are still in
+// flight, the others' bytes then readable by this thread (by others after a barrier). sm_80
+// on: cp.async, which holds no registers while the bytes travel; before, common.h's copy
+// through registers.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define HAS_COPY_ASYNC 1
+template <int B> __device__ __forceinline__ void copy_async(void* dst, const void* src) {
+    static_assert(B == 4 || B == 8 || B % 16 == 0, "cp.async copies 4, 8 or 16 bytes");
+    unsigned int d;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(d) : "l"(dst));
+    if constexpr (B % 16 == 0) {
+#pragma unroll
+        for (int i = 0; i < B / 16; ++i)
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d + 16 * i), "l"((const char*)src + 16 * i)
+                         : "memory");
+    } else {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(d), "l"(src), "n"(B) : "memory");
+    }
+}
+__device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void copy_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+#endif
+
 // ---- atomics ----
 // p[0] += a, p[1] += b for a global p aligned to 8 bytes: one vector reduction from sm_90 on.
 __device__ __forceinline__ void atomic_add2_f32(float* p, float a, float b) {
