@@ -121,7 +121,9 @@ pub fn kernel_choice(impl_id: &str, op: &str, device: Device, dtype: DType) -> O
                 0 => "norm_bwd (a block per few rows, each fetching its next row into registers), norm_reduce_ws"
                     .to_string(),
                 n => format!(
-                    "norm_bwd (rows streamed through a ring of up to {n} row buffers in shared memory by cp.async,                      where the row is whole 16-byte vectors and two blocks' rings fit; else the next row in                      registers), norm_reduce_ws"
+                    "norm_bwd (rows streamed through a ring of up to {n} row buffers in shared memory by cp.async, where \
+                     the row is whole 16-byte vectors and two blocks' rings fit; else the next row in registers), \
+                     norm_reduce_ws"
                 ),
             }
         }
