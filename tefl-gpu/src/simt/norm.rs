@@ -159,7 +159,8 @@ fn backward(
     let dbeta = if is_ln { Some(empty(ctx.device, gamma.shape(), gamma.dtype())?) } else { None };
     let types = Types { x: x.dtype(), g: gamma.dtype(), y: dy.dtype(), add: add.map(Tensor::dtype) };
     // The backward holds more per vector (x̂, d, two column sums): fewer vectors per thread.
-    let cfg = tune::row_kernel(&*tune_table(ctx.device)?, "norm", n, x.dtype().size_in_bytes(), 2);
+    let table = tune_table(ctx.device)?;
+    let cfg = tune::row_kernel(&table, "norm", n, x.dtype().size_in_bytes(), 2);
     let (rows_i, n_i) = (i32_of(ctx, op, "x", rows)?, i32_of(ctx, op, "x", n)?);
     let col_grid = Grid::linear(n.div_ceil(256) as u32, 256);
     // Fused: a grid of `parts` blocks sums dgamma/dbeta per block into ws, reduced after.
@@ -170,7 +171,7 @@ fn backward(
     // wave; otherwise four blocks an SM, each keeping its next row in registers.
     let stage_bytes = n * (x.dtype().size_in_bytes() + dy.dtype().size_in_bytes());
     let stages = if fused && cfg.vec_bytes == 16 {
-        tune::norm_bwd_stages(&*tune_table(ctx.device)?, info(ctx.device)?.shared_memory_per_block_optin, stage_bytes)
+        tune::norm_bwd_stages(&table, info(ctx.device)?.shared_memory_per_block_optin, stage_bytes)
     } else {
         0
     };

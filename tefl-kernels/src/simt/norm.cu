@@ -248,11 +248,14 @@ extern "C" __global__ void __launch_bounds__(BLOCK, BWD_MIN_BLOCKS) norm_bwd(con
     extern __shared__ uint4 ring_words[];
     unsigned char* ring = (unsigned char*)ring_words;
     const size_t x_bytes = (size_t)n * sizeof(TX), stage_bytes = (size_t)n * (sizeof(TX) + sizeof(TY));
+    // A stage's x, then its dy.
+    auto stage_x = [&](int stage) { return (TX*)(ring + stage * stage_bytes); };
+    auto stage_dy = [&](int stage) { return (TY*)(ring + stage * stage_bytes + x_bytes); };
     auto issue = [&](long long row, int stage) {
         if (row < rows) {
             const size_t base = (size_t)row * n;
-            TX* sx = (TX*)(ring + stage * stage_bytes);
-            TY* sdy = (TY*)(ring + stage * stage_bytes + x_bytes);
+            TX* sx = stage_x(stage);
+            TY* sdy = stage_dy(stage);
 #pragma unroll
             for (int it = 0; it < ROW_VECS; ++it) {
                 const int v = threadIdx.x + it * BLOCK;
@@ -304,8 +307,8 @@ extern "C" __global__ void __launch_bounds__(BLOCK, BWD_MIN_BLOCKS) norm_bwd(con
             next_r = rsigma[row + gridDim.x];
             if (IS_LN) next_m = mu[row + gridDim.x];
         }
-        const TX* sx = (const TX*)(ring + stage * stage_bytes);
-        const TY* sdy = (const TY*)(ring + stage * stage_bytes + x_bytes);
+        const TX* sx = stage_x(stage);
+        const TY* sdy = stage_dy(stage);
         stage = (stage + 1) % STAGES;
         copy_async_wait<STAGES - 1>();
         // Two passes over the row in shared memory: the sums, then (after the reductions) dx,
