@@ -122,8 +122,8 @@ pub fn kernel_choice(impl_id: &str, op: &str, device: Device, dtype: DType) -> O
                     .to_string(),
                 n => format!(
                     "norm_bwd (rows streamed through a ring of up to {n} row buffers in shared memory by cp.async, where \
-                     the row is whole 16-byte vectors and two blocks' rings fit; else the next row in registers), \
-                     norm_reduce_ws"
+                     the row is whole 16-byte vectors and the rings of 1024 threads an SM fit; else the next row in \
+                     registers), norm_reduce_ws"
                 ),
             }
         }
@@ -156,9 +156,11 @@ mod tests {
         assert!(attention_fwd_wgmma(&h) && !attention_fwd_wgmma(&a));
         assert!(attention_bwd_wgmma(&h) && !attention_bwd_wgmma(&a));
         assert_eq!(grouped_gemm_tiles(&h), GroupedTiles { m_first: true, max_stages: 4 });
-        // The norm backward's ring: Hopper's file asks for 3 row buffers, the defaults for none.
-        assert_eq!(tefl_gpu::tune::norm_bwd_stages(&h, 232_448, 32 << 10), 3);
-        assert_eq!(tefl_gpu::tune::norm_bwd_stages(&a, 232_448, 32 << 10), 0);
+        // The norm backward's ring: Hopper's file asks for 3 row buffers of one vector a thread
+        // (8192 bf16 columns: one block of 1024 an SM), the defaults for none.
+        assert_eq!(tefl_gpu::tune::norm_bwd_stages(&h, 232_448, 32 << 10, 1), 3);
+        assert_eq!(tefl_gpu::tune::norm_bwd_ring_vecs(&h), 1);
+        assert_eq!(tefl_gpu::tune::norm_bwd_stages(&a, 232_448, 32 << 10, 1), 0);
         let r = row_kernel(&h, "norm", 8192, 2, 4);
         assert!(r.fused() && r.row_vecs <= 4, "{r:?}");
         // Hopper: 256 threads of four vectors for 8192 bf16 columns.

@@ -155,12 +155,24 @@ pub fn norm_bwd_ring(t: &TuneTable) -> u32 {
     if want >= 2 { want.min(8) as u32 } else { 0 }
 }
 
-/// The ring's row buffers for a launch: [`norm_bwd_ring`], fewer where two blocks' rings of
-/// `stage_bytes` each would not fit the device's `smem_optin` bytes a block, and none when
-/// fewer than two would.
-pub fn norm_bwd_stages(t: &TuneTable, smem_optin: usize, stage_bytes: usize) -> u32 {
-    // Two blocks an SM, each with its static shared memory and the driver's reserve beside.
-    let room = (smem_optin / 2).saturating_sub(2048);
+/// Vectors a thread takes of a row in the ring's kernel: `norm_bwd.row_vecs` (1 to 8; 2 when
+/// absent, as the register path). Fewer vectors a thread means larger blocks for the same row.
+pub fn norm_bwd_ring_vecs(t: &TuneTable) -> u32 {
+    t.configs("norm_bwd").first().map_or(2, |c| int(c, "row_vecs", 2).min(8))
+}
+
+/// Blocks of `block` threads the ring's kernel runs an SM: 1024 threads' worth, at least one
+/// (its registers are capped to match, `BWD_MIN_BLOCKS` in `simt/norm.cu`).
+pub fn norm_bwd_blocks_per_sm(block: u32) -> u32 {
+    (1024 / block.max(1)).max(1)
+}
+
+/// The ring's row buffers for a launch: [`norm_bwd_ring`], fewer where `blocks_per_sm`
+/// blocks' rings of `stage_bytes` each would not fit the device's `smem_optin` bytes a block,
+/// and none when fewer than two would.
+pub fn norm_bwd_stages(t: &TuneTable, smem_optin: usize, stage_bytes: usize, blocks_per_sm: u32) -> u32 {
+    // Each block with its static shared memory and the driver's reserve beside.
+    let room = (smem_optin / blocks_per_sm.max(1) as usize).saturating_sub(2048);
     let fit = room.checked_div(stage_bytes).unwrap_or(0).min(8) as u32;
     let stages = norm_bwd_ring(t).min(fit);
     if stages >= 2 { stages } else { 0 }
@@ -336,18 +348,24 @@ mod tests {
         let t = |text: &'static str| TuneTable::parse(text, "test.toml").unwrap();
         let three = t("[[norm_bwd]]\nstages = 3\n");
         // An H100's 227 KiB a block: rows of 8192 bf16 x and dy are 32 KiB a stage.
-        assert_eq!(norm_bwd_stages(&three, 232_448, 32 << 10), 3);
+        assert_eq!(norm_bwd_stages(&three, 232_448, 32 << 10, 2), 3);
         // 48 KiB stages (f32 x): two fit in half the memory, not three.
-        assert_eq!(norm_bwd_stages(&three, 232_448, 48 << 10), 2);
-        // 64 KiB stages: one would fit, and one is no ring.
-        assert_eq!(norm_bwd_stages(&three, 232_448, 64 << 10), 0);
+        assert_eq!(norm_bwd_stages(&three, 232_448, 48 << 10, 2), 2);
+        // 64 KiB stages: one would fit, and one is no ring; one block an SM holds three.
+        assert_eq!(norm_bwd_stages(&three, 232_448, 64 << 10, 2), 0);
+        assert_eq!(norm_bwd_stages(&three, 232_448, 64 << 10, 1), 3);
         // A 64 KiB device (HIP's LDS) holds two 8 KiB stages, but not three of 12 KiB.
-        assert_eq!(norm_bwd_stages(&three, 65_536, 8 << 10), 3);
-        assert_eq!(norm_bwd_stages(&three, 65_536, 12 << 10), 2);
+        assert_eq!(norm_bwd_stages(&three, 65_536, 8 << 10, 2), 3);
+        assert_eq!(norm_bwd_stages(&three, 65_536, 12 << 10, 2), 2);
         // Not asked for (the GPU defaults), below 2, or an empty row.
-        assert_eq!(norm_bwd_stages(&t(""), 232_448, 32 << 10), 0);
-        assert_eq!(norm_bwd_stages(&t("[[norm_bwd]]\nstages = 1\n"), 232_448, 32 << 10), 0);
-        assert_eq!(norm_bwd_stages(&three, 232_448, 0), 0);
+        assert_eq!(norm_bwd_stages(&t(""), 232_448, 32 << 10, 2), 0);
+        assert_eq!(norm_bwd_stages(&t("[[norm_bwd]]\nstages = 1\n"), 232_448, 32 << 10, 2), 0);
+        assert_eq!(norm_bwd_stages(&three, 232_448, 0, 2), 0);
+        // Vectors a thread: 2 unless set, at most 8; blocks an SM: 1024 threads' worth.
+        assert_eq!(norm_bwd_ring_vecs(&three), 2);
+        assert_eq!(norm_bwd_ring_vecs(&t("[[norm_bwd]]\nstages = 4\nrow_vecs = 1\n")), 1);
+        assert_eq!(norm_bwd_ring_vecs(&t("[[norm_bwd]]\nrow_vecs = 99\n")), 8);
+        assert_eq!((norm_bwd_blocks_per_sm(1024), norm_bwd_blocks_per_sm(512), norm_bwd_blocks_per_sm(256)), (1, 2, 4));
     }
 
     #[test]

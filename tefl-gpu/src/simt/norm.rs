@@ -160,26 +160,41 @@ fn backward(
     let types = Types { x: x.dtype(), g: gamma.dtype(), y: dy.dtype(), add: add.map(Tensor::dtype) };
     // The backward holds more per vector (x̂, d, two column sums): fewer vectors per thread.
     let table = tune_table(ctx.device)?;
-    let cfg = tune::row_kernel(&table, "norm", n, x.dtype().size_in_bytes(), 2);
+    let elem = x.dtype().size_in_bytes();
+    let mut cfg = tune::row_kernel(&table, "norm", n, elem, 2);
     let (rows_i, n_i) = (i32_of(ctx, op, "x", rows)?, i32_of(ctx, op, "x", n)?);
     let col_grid = Grid::linear(n.div_ceil(256) as u32, 256);
+    // The fused kernel's ring of rows in shared memory where the tune configs ask for one
+    // (16-byte vectors only: the copies are whole vectors), in blocks of the ring's own vectors
+    // a thread when its row takes them (`norm_bwd.row_vecs`), else of the register path's;
+    // 1024 threads an SM, a grid of one wave. Otherwise four blocks an SM, each keeping its
+    // next row in registers.
+    let stage_bytes = n * (elem + dy.dtype().size_in_bytes());
+    let mut stages = 0;
+    if tune::norm_bwd_ring(&table) > 0 {
+        let optin = info(ctx.device)?.shared_memory_per_block_optin;
+        let ring_vecs = tune::norm_bwd_ring_vecs(&table);
+        let own = tune::row_kernel(&table, "norm", n, elem, ring_vecs);
+        for c in [own].into_iter().filter(|c| c.row_vecs <= ring_vecs).chain([cfg]) {
+            let s = if c.fused() && c.vec_bytes == 16 {
+                tune::norm_bwd_stages(&table, optin, stage_bytes, tune::norm_bwd_blocks_per_sm(c.block))
+            } else {
+                0
+            };
+            if s > 0 {
+                (cfg, stages) = (c, s);
+                break;
+            }
+        }
+    }
     // Fused: a grid of `parts` blocks sums dgamma/dbeta per block into ws, reduced after.
     // Otherwise one block per row computes dx and a column kernel the sums.
     let fused = cfg.row_vecs > 0;
-    // The fused kernel's ring of rows in shared memory where the tune configs ask for one
-    // (16-byte vectors only: the copies are whole vectors): two blocks an SM, a grid of one
-    // wave; otherwise four blocks an SM, each keeping its next row in registers.
-    let stage_bytes = n * (x.dtype().size_in_bytes() + dy.dtype().size_in_bytes());
-    let stages = if fused && cfg.vec_bytes == 16 {
-        tune::norm_bwd_stages(&table, info(ctx.device)?.shared_memory_per_block_optin, stage_bytes)
-    } else {
-        0
-    };
     let k = kernel(op, ctx, &types, is_ln, cfg, stages)?;
     let smem = stages as usize * stage_bytes;
     let parts = match (fused, stages) {
         (true, 0) => blocks_for(rows, 1, 4 * sm_count(ctx.device)),
-        (true, _) => blocks_for(rows, 1, 2 * sm_count(ctx.device)),
+        (true, _) => blocks_for(rows, 1, tune::norm_bwd_blocks_per_sm(cfg.block) * sm_count(ctx.device)),
         (false, _) => blocks_for(rows, 1, i32::MAX as u32),
     };
     let ws = if fused {
@@ -296,8 +311,9 @@ pub fn variants() -> Vec<Variant> {
         for cfg in [RowConfig { block: 256, vec_bytes: 16, row_vecs: 4 }, RowConfig::two_pass(256)] {
             v.extend(variant("norm", &types, ln, cfg, 0));
         }
-        // The backward's ring of rows in shared memory.
+        // The backward's ring of rows in shared memory: two blocks an SM, and one.
         v.extend(variant("norm", &types, ln, RowConfig { block: 512, vec_bytes: 16, row_vecs: 2 }, 3));
+        v.extend(variant("norm", &types, ln, RowConfig { block: 1024, vec_bytes: 16, row_vecs: 1 }, 3));
     }
     // The FP8 outputs (forward only: both formats, both norms, both paths).
     for (x, y, ln) in [(BF16, F8E4M3, false), (F32, F8E5M2, true), (F16, F8E4M3, true)] {

@@ -207,8 +207,8 @@ __device__ __forceinline__ void store_dx(float* o, const TA* __restrict__ add, T
     store_n<TX, NV>(dx + at, o);
 }
 
-// With the ring (STAGES), registers are capped for two blocks' 1024 threads an SM, as its
-// shared memory is sized for two.
+// With the ring (STAGES), registers are capped for 1024 threads an SM (1024 / BLOCK blocks),
+// as its shared memory is sized for that many rings (tune::norm_bwd_stages).
 #if defined(TEFL_TARGET_CUDA) && STAGES > 0
 #define BWD_MIN_BLOCKS (1024 / BLOCK > 0 ? 1024 / BLOCK : 1)
 #else

@@ -9,12 +9,13 @@ use crate::oracle;
 impl Suite<'_> {
     pub(super) fn norms(&mut self) {
         // (0, 256): no rows, as an expert that drew no tokens has; dgamma and dbeta are zeros.
-        // (5, 4096): the CUDA backward's ring of rows on Hopper at 48 KiB of dynamic shared
-        // memory for 16-bit rows (past the default cap with the kernel's static bytes), 96 KiB
-        // for f32; (1500, 256): blocks that go round that ring several times.
+        // (5, 4096): the CUDA backward's ring of rows on Hopper past the default 48 KiB of
+        // dynamic shared memory (three 16 KiB stages for 16-bit rows, three of 32 KiB in
+        // one 1024-thread block for f32); (1500, 256): blocks that go round that ring several
+        // times; (600, 8192), full runs: 1024-thread blocks, one an SM, going round theirs.
         let mut shapes = vec![(1, 1000), (3, 4097), (17, 64), (2, 16384), (0, 256), (5, 4096), (1500, 256)];
         if self.size == Size::Full {
-            shapes.push((33, 16384));
+            shapes.extend([(33, 16384), (600, 8192)]);
         }
         for dtype in FLOATS {
             for &(rows, n) in &shapes {
