@@ -21,7 +21,16 @@ use crate::runtime::{self, device_error};
 /// A module loaded on one device, with its functions resolved on demand.
 struct Module {
     module: CUmodule,
-    functions: Mutex<HashMap<&'static str, CUfunction>>,
+    functions: Mutex<HashMap<&'static str, Resolved>>,
+}
+
+/// A resolved function: its handle, its static shared memory (read once, at resolution) and
+/// the dynamic shared memory it has been opted in to so far (0: the default 48 KiB cap).
+#[derive(Clone, Copy)]
+struct Resolved {
+    f: CUfunction,
+    static_smem: u32,
+    opted_in: u32,
 }
 
 // SAFETY: CUmodule and CUfunction are driver handles usable from any thread once the owning
@@ -42,8 +51,12 @@ struct Function {
     name: &'static str,
 }
 
-/// The entry `name` of `variant` on `device` (compiled, loaded and resolved on first use).
-fn function(device: Device, variant: &Variant, name: &'static str) -> Result<Function> {
+/// The entry `name` of `variant` on `device` (compiled, loaded and resolved on first use),
+/// ready for a launch with `dynamic_smem` bytes of dynamic shared memory: opted in to them
+/// where they and the function's static bytes pass the default 48 KiB a block (without the
+/// attribute, static and dynamic bytes together get 48 KiB). The device's context must be
+/// current on this thread.
+fn function(device: Device, variant: &Variant, name: &'static str, dynamic_smem: u32) -> Result<Function> {
     if !variant.has_entry(name) {
         return Err(Error::DeviceFailure {
             device: device.to_string(),
@@ -64,19 +77,45 @@ fn function(device: Device, variant: &Variant, name: &'static str) -> Result<Fun
         Ok(Module { module, functions: Mutex::new(HashMap::new()) })
     })?;
     let mut fns = module.functions.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(&f) = fns.get(name) {
-        return Ok(Function { f, name });
-    }
-    let cname = CString::new(name).map_err(|e| Error::Tensor(e.to_string()))?;
-    // SAFETY: `module.module` is a loaded module of this device's context.
-    let f = unsafe { cudarc::driver::result::module::get_function(module.module, cname) }.map_err(|e| {
-        Error::DeviceFailure {
-            device: device.to_string(),
-            reason: format!("kernel {name} not in {}: {e:?}", variant.source.path),
+    let mut r = match fns.get(name) {
+        Some(&r) => r,
+        None => {
+            let cname = CString::new(name).map_err(|e| Error::Tensor(e.to_string()))?;
+            // SAFETY: `module.module` is a loaded module of this device's context.
+            let f = unsafe { cudarc::driver::result::module::get_function(module.module, cname) }.map_err(|e| {
+                Error::DeviceFailure {
+                    device: device.to_string(),
+                    reason: format!("kernel {name} not in {}: {e:?}", variant.source.path),
+                }
+            })?;
+            // SAFETY: `f` is a function of this context's module, the context is current.
+            let static_smem = unsafe {
+                cudarc::driver::result::function::get_function_attribute(
+                    f,
+                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+                )
+            }
+            .map_err(|e| launch_error(device, Function { f, name }, e))?;
+            let r = Resolved { f, static_smem: static_smem.max(0) as u32, opted_in: 0 };
+            fns.insert(name, r);
+            r
         }
-    })?;
-    fns.insert(name, f);
-    Ok(Function { f, name })
+    };
+    let f = Function { f: r.f, name };
+    if dynamic_smem > r.opted_in && u64::from(dynamic_smem) + u64::from(r.static_smem) > 48 * 1024 {
+        // SAFETY: `r.f` is a function of this context's module, the context is current.
+        unsafe {
+            cudarc::driver::result::function::set_function_attribute(
+                r.f,
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                dynamic_smem as i32,
+            )
+        }
+        .map_err(|e| launch_error(device, f, e))?;
+        r.opted_in = dynamic_smem;
+        fns.insert(name, r);
+    }
+    Ok(f)
 }
 
 /// Queues the entry `name` of `variant` on the device's queue (the caller's stream inside
@@ -125,34 +164,9 @@ unsafe fn launch_params(
     if grid.is_empty() {
         return Ok(());
     }
-    let f = function(device, variant, name)?;
     let rt = runtime::global();
     rt.context(device)?.bind_to_thread().map_err(|e| device_error(device, e))?;
-    // Without the opt-in attribute a block gets 48 KiB, static and dynamic shared memory
-    // together: a kernel with static bytes of its own opts in below 48 KiB of dynamic ones.
-    let static_smem = if grid.smem > 0 {
-        // SAFETY: `f.f` is a function of this context's module.
-        unsafe {
-            cudarc::driver::result::function::get_function_attribute(
-                f.f,
-                CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
-            )
-        }
-        .map_err(|e| launch_error(device, f, e))?
-    } else {
-        0
-    };
-    if grid.smem as u64 + static_smem.max(0) as u64 > 48 * 1024 {
-        // SAFETY: `f.f` is a function of this context's module.
-        unsafe {
-            cudarc::driver::result::function::set_function_attribute(
-                f.f,
-                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                grid.smem as i32,
-            )
-        }
-        .map_err(|e| launch_error(device, f, e))?;
-    }
+    let f = function(device, variant, name, grid.smem)?;
     let timing = kernel_timing();
     rt.on_queue(device, |stream| {
         let event = || stream.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT));
