@@ -39,29 +39,67 @@ struct Ctx {
     mgr: &'static Manager,
     impl_id: String,
     device: Device,
-    /// Tensors made so far (each gets its own random stream).
+    /// `--only a,b`: the parts of the case names kept (all cases when `None`).
+    only: Option<Vec<String>>,
+    /// Tensors declared so far (each gets its own random stream).
     tensors: std::cell::Cell<u64>,
+}
+
+/// An input tensor made on first use: cases share inputs, and a run filtered by `--only`
+/// makes (draws, converts and uploads) only those of the cases it keeps. Its random stream is
+/// fixed when it is declared, so its values do not depend on the filter.
+struct Input<'c> {
+    ctx: &'c Ctx,
+    shape: Vec<usize>,
+    dtype: DType,
+    seed: u64,
+    made: std::cell::OnceCell<Tensor>,
+}
+
+impl Input<'_> {
+    /// The tensor (made now if no case has asked for it yet).
+    fn get(&self) -> tefl_core::Result<Tensor> {
+        if let Some(t) = self.made.get() {
+            return Ok(t.clone());
+        }
+        let n: usize = self.shape.iter().product();
+        let mut rng = tefl_tests::Rng::new(0x7E_F1_BE_4C + self.seed);
+        let v: Vec<f32> = (0..n).map(|_| rng.uniform(-0.5, 0.5) as f32).collect();
+        let t = Tensor::from_slice(&v, &self.shape, self.dtype)?.to_device(&self.ctx.device)?;
+        Ok(self.made.get_or_init(|| t).clone())
+    }
 }
 
 impl Ctx {
     /// A tensor of uniform values in [-0.5, 0.5), the distribution the peers' script draws
     /// (`torch.rand(..) - 0.5`): a GEMM's power draw, hence its clocks, depends on its data, so
-    /// tefl and its peers are fed alike.
-    fn t(&self, shape: &[usize], dtype: DType) -> tefl_core::Result<Tensor> {
-        let n: usize = shape.iter().product();
+    /// tefl and its peers are fed alike. Made when a kept case first asks for it.
+    fn t(&self, shape: &[usize], dtype: DType) -> Input<'_> {
         let seed = self.tensors.get();
         self.tensors.set(seed + 1);
-        let mut rng = tefl_tests::Rng::new(0x7E_F1_BE_4C + seed);
-        let v: Vec<f32> = (0..n).map(|_| rng.uniform(-0.5, 0.5) as f32).collect();
-        Tensor::from_slice(&v, shape, dtype)?.to_device(&self.device)
+        Input { ctx: self, shape: shape.to_vec(), dtype, seed, made: std::cell::OnceCell::new() }
     }
-    fn case<O: Op>(&self, name: String, torch: String, bytes: f64, flops: f64, args: O::Args) -> Case
+    /// Whether `--only` keeps the case `name` (its name contains one of the parts).
+    fn keeps(&self, name: &str) -> bool {
+        self.only.as_ref().is_none_or(|o| o.iter().any(|part| name.contains(part.as_str())))
+    }
+    /// The case `name` when `--only` keeps it, its arguments made by `args` (only then).
+    fn case<O: Op>(
+        &self,
+        name: String,
+        torch: String,
+        bytes: f64,
+        flops: f64,
+        args: impl FnOnce() -> tefl_core::Result<O::Args>,
+    ) -> tefl_core::Result<Option<Case>>
     where
         O::Args: 'static,
     {
-        let mgr = self.mgr;
-        let id = self.impl_id.clone();
-        Case { name, torch, bytes, flops, run: Box::new(move || mgr.call_impl::<O>(&id, &args).map(|_| ())) }
+        if !self.keeps(&name) {
+            return Ok(None);
+        }
+        let (mgr, id, args) = (self.mgr, self.impl_id.clone(), args()?);
+        Ok(Some(Case { name, torch, bytes, flops, run: Box::new(move || mgr.call_impl::<O>(&id, &args).map(|_| ())) }))
     }
 }
 
@@ -69,172 +107,189 @@ fn cases(c: &Ctx, small: bool) -> tefl_core::Result<Vec<Case>> {
     let bf = DType::BF16;
     let (r, n) = if small { (4096, 4096) } else { (16384, 8192) };
     let mut v = Vec::new();
-    let (x, g) = (c.t(&[r, n], bf)?, c.t(&[n], bf)?);
+    let (x, g) = (c.t(&[r, n], bf), c.t(&[n], bf));
     let e = 2.0;
     let rn = (r * n) as f64;
-    v.push(c.case::<RmsNormFwd>(
+    v.extend(c.case::<RmsNormFwd>(
         format!("rmsnorm_fwd {r}x{n}"),
         format!("rmsnorm_fwd {r} {n}"),
         e * 2.0 * rn,
         0.0,
-        RmsNormFwdArgs {
-            scale: None,
-            x: x.clone(),
-            gamma: g.clone(),
-            eps: 1e-5,
-            zero_centered_gamma: false,
-            out_dtype: bf,
+        || {
+            Ok(RmsNormFwdArgs {
+                scale: None,
+                x: x.get()?,
+                gamma: g.get()?,
+                eps: 1e-5,
+                zero_centered_gamma: false,
+                out_dtype: bf,
+            })
         },
-    ));
+    )?);
     if !small {
-        let (x2, g2) = (c.t(&[8192, 4096], bf)?, c.t(&[4096], bf)?);
-        v.push(c.case::<RmsNormFwd>(
+        let (x2, g2) = (c.t(&[8192, 4096], bf), c.t(&[4096], bf));
+        v.extend(c.case::<RmsNormFwd>(
             "rmsnorm_fwd 8192x4096".into(),
             "rmsnorm_fwd 8192 4096".into(),
             e * 2.0 * 8192.0 * 4096.0,
             0.0,
-            RmsNormFwdArgs { scale: None, x: x2, gamma: g2, eps: 1e-5, zero_centered_gamma: false, out_dtype: bf },
-        ));
+            || {
+                Ok(RmsNormFwdArgs {
+                    scale: None,
+                    x: x2.get()?,
+                    gamma: g2.get()?,
+                    eps: 1e-5,
+                    zero_centered_gamma: false,
+                    out_dtype: bf,
+                })
+            },
+        )?);
     }
     // TE's norm with an FP8 output quantizer (bytes: read x, write FP8). `one`: the unit scale
     // of the FP8 cases (`c.t` fills with a pattern, not ones).
     let one = Tensor::from_slice(&[1.0f32], [1], DType::F32)?.to_device(&c.device)?;
-    v.push(c.case::<RmsNormFwd>(
+    v.extend(c.case::<RmsNormFwd>(
         format!("rmsnorm_fwd fp8 {r}x{n}"),
         format!("rmsnorm_fp8 {r} {n}"),
         3.0 * rn,
         0.0,
-        RmsNormFwdArgs {
-            scale: Some(one.clone()),
-            x: x.clone(),
-            gamma: g.clone(),
-            eps: 1e-5,
-            zero_centered_gamma: false,
-            out_dtype: DType::F8E4M3,
+        || {
+            Ok(RmsNormFwdArgs {
+                scale: Some(one.clone()),
+                x: x.get()?,
+                gamma: g.get()?,
+                eps: 1e-5,
+                zero_centered_gamma: false,
+                out_dtype: DType::F8E4M3,
+            })
         },
-    ));
-    let rs = c.t(&[r], DType::F32)?;
-    v.push(c.case::<RmsNormBwd>(
+    )?);
+    let (rs, dy) = (c.t(&[r], DType::F32), c.t(&[r, n], bf));
+    v.extend(c.case::<RmsNormBwd>(
         format!("rmsnorm_bwd {r}x{n}"),
         format!("rmsnorm_bwd {r} {n}"),
         e * 3.0 * rn,
         0.0,
         // dy a tensor of its own: the same buffer as x would be read once from memory and
         // once from L2.
-        RmsNormBwdArgs {
-            dy: c.t(&[r, n], bf)?,
-            x: x.clone(),
-            rsigma: rs,
-            gamma: g.clone(),
-            zero_centered_gamma: false,
+        || {
+            Ok(RmsNormBwdArgs {
+                dy: dy.get()?,
+                x: x.get()?,
+                rsigma: rs.get()?,
+                gamma: g.get()?,
+                zero_centered_gamma: false,
+            })
         },
-    ));
-    v.push(c.case::<LayerNormFwd>(
+    )?);
+    v.extend(c.case::<LayerNormFwd>(
         format!("layernorm_fwd {r}x{n}"),
         format!("layernorm_fwd {r} {n}"),
         e * 2.0 * rn,
         0.0,
-        LayerNormFwdArgs {
-            scale: None,
-            x: x.clone(),
-            gamma: g.clone(),
-            beta: g.clone(),
-            eps: 1e-5,
-            zero_centered_gamma: false,
-            out_dtype: bf,
+        || {
+            Ok(LayerNormFwdArgs {
+                scale: None,
+                x: x.get()?,
+                gamma: g.get()?,
+                beta: g.get()?,
+                eps: 1e-5,
+                zero_centered_gamma: false,
+                out_dtype: bf,
+            })
         },
-    ));
-    v.push(c.case::<Gelu>(
-        format!("gelu {r}x{n}"),
-        format!("gelu {r} {n}"),
-        e * 2.0 * rn,
-        0.0,
-        ActArgs { x: x.clone() },
-    ));
-    let x2n = c.t(&[r, 2 * n], bf)?;
-    v.push(c.case::<Swiglu>(
-        format!("swiglu {r}x{n}"),
-        format!("swiglu {r} {n}"),
-        e * 3.0 * rn,
-        0.0,
-        ActArgs { x: x2n },
-    ));
-    v.push(c.case::<ScaledSoftmaxForward>(
+    )?);
+    v.extend(c.case::<Gelu>(format!("gelu {r}x{n}"), format!("gelu {r} {n}"), e * 2.0 * rn, 0.0, || {
+        Ok(ActArgs { x: x.get()? })
+    })?);
+    let x2n = c.t(&[r, 2 * n], bf);
+    v.extend(c.case::<Swiglu>(format!("swiglu {r}x{n}"), format!("swiglu {r} {n}"), e * 3.0 * rn, 0.0, || {
+        Ok(ActArgs { x: x2n.get()? })
+    })?);
+    v.extend(c.case::<ScaledSoftmaxForward>(
         format!("softmax {r}x{n}"),
         format!("softmax {r} {n}"),
         e * 2.0 * rn,
         0.0,
-        SoftmaxArgs { x: x.reshape([1, 1, r, n])?, scale: 0.125 },
-    ));
-    v.push(c.case::<ScaledSoftmaxBackward>(
+        || Ok(SoftmaxArgs { x: x.get()?.reshape([1, 1, r, n])?, scale: 0.125 }),
+    )?);
+    let sdy = c.t(&[1, 1, r, n], bf);
+    v.extend(c.case::<ScaledSoftmaxBackward>(
         format!("softmax_bwd {r}x{n}"),
         format!("softmax_bwd {r} {n}"),
         e * 3.0 * rn,
         0.0,
-        SoftmaxBwdArgs { dy: c.t(&[1, 1, r, n], bf)?, y: x.reshape([1, 1, r, n])?, scale: 0.125 },
-    ));
+        || Ok(SoftmaxBwdArgs { dy: sdy.get()?, y: x.get()?.reshape([1, 1, r, n])?, scale: 0.125 }),
+    )?);
     let (s, b, h, d) = if small { (1024, 2, 8, 128) } else { (4096, 4, 32, 128) };
-    let xr = c.t(&[s, b, h, d], bf)?;
-    let fr = c.t(&[s, d], DType::F32)?;
-    v.push(c.case::<FusedRopeForward>(
+    let (xr, fr) = (c.t(&[s, b, h, d], bf), c.t(&[s, d], DType::F32));
+    v.extend(c.case::<FusedRopeForward>(
         format!("rope_fwd s{s} b{b} h{h} d{d}"),
         format!("rope {s} {b} {h} {d}"),
         e * 2.0 * (s * b * h * d) as f64 + 4.0 * (s * d) as f64,
         0.0,
-        RopeArgs {
-            x: xr,
-            freqs: fr,
-            cu_seqlens: None,
-            start_positions: None,
-            layout: QkvLayout::Sbhd,
-            interleaved: false,
+        || {
+            Ok(RopeArgs {
+                x: xr.get()?,
+                freqs: fr.get()?,
+                cu_seqlens: None,
+                start_positions: None,
+                layout: QkvLayout::Sbhd,
+                interleaved: false,
+            })
         },
-    ));
+    )?);
     let sizes: &[usize] = if small { &[1024, 2048] } else { &[4096, 8192] };
     // bf16 at each size, and f16 at the first (backends whose fast paths differ by dtype: Vulkan's
     // cooperative matrices need VK_KHR_shader_bfloat16 for bf16).
     let gemms = sizes.iter().map(|&m| (m, bf, "")).chain([(sizes[0], DType::F16, " f16")]);
     for (m, dt, tag) in gemms {
-        let a = c.t(&[m, m], dt)?;
-        v.push(c.case::<GenericGemm>(
+        let a = c.t(&[m, m], dt);
+        v.extend(c.case::<GenericGemm>(
             format!("gemm{tag} {m}^3"),
             format!("gemm{} {m}", tag.replace(' ', "_")),
             0.0,
             2.0 * (m as f64).powi(3),
-            GemmArgs {
-                a_scale_inv: None,
-                b_scale_inv: None,
-                d_scale: None,
-                split_accumulator: false,
-                a: a.clone(),
-                b: a,
-                bias: None,
-                aux: None,
-                c: None,
-                transa: false,
-                transb: false,
-                alpha: 1.0,
-                accumulate: false,
-                epilogue: GemmEpilogue::None,
-                out_dtype: dt,
+            || {
+                let a = a.get()?;
+                Ok(GemmArgs {
+                    a_scale_inv: None,
+                    b_scale_inv: None,
+                    d_scale: None,
+                    split_accumulator: false,
+                    a: a.clone(),
+                    b: a,
+                    bias: None,
+                    aux: None,
+                    c: None,
+                    transa: false,
+                    transb: false,
+                    alpha: 1.0,
+                    accumulate: false,
+                    epilogue: GemmEpilogue::None,
+                    out_dtype: dt,
+                })
             },
-        ));
+        )?);
     }
     // FP8 (e4m3, TN, bf16 D, fast accumulation: TE's forward GEMM) against torch._scaled_mm.
     for &m in sizes {
-        let a = c.t(&[m, m], DType::F8E4M3)?;
-        v.push(c.case::<GenericGemm>(
+        let a = c.t(&[m, m], DType::F8E4M3);
+        v.extend(c.case::<GenericGemm>(
             format!("gemm fp8 {m}^3"),
             format!("gemm_fp8 {m}"),
             0.0,
             2.0 * (m as f64).powi(3),
-            GemmArgs {
-                a_scale_inv: Some(one.clone()),
-                b_scale_inv: Some(one.clone()),
-                transb: true,
-                ..GemmArgs::new(a.clone(), a)
+            || {
+                let a = a.get()?;
+                Ok(GemmArgs {
+                    a_scale_inv: Some(one.clone()),
+                    b_scale_inv: Some(one.clone()),
+                    transb: true,
+                    ..GemmArgs::new(a.clone(), a)
+                })
             },
-        ));
+        )?);
     }
     // Grouped GEMM: 8 experts, uneven m summing to 16384 (4 in small runs), k = n = 4096.
     let (total, kn) = if small { (2048, 1024) } else { (16384, 4096) };
@@ -243,91 +298,99 @@ fn cases(c: &Ctx, small: bool) -> tefl_core::Result<Vec<Case>> {
     // bf16, then the same experts in FP8 (e4m3 TN, bf16 D, fast accumulation: TE's forward)
     // against per-expert torch._scaled_mm.
     for (label, op, dtype) in [("", "grouped_gemm", bf), (" fp8", "grouped_gemm_fp8", DType::F8E4M3)] {
-        let (mut xs, mut ws) = (Vec::new(), Vec::new());
-        for &m in &ms {
-            xs.push(c.t(&[m, kn], dtype)?);
-            ws.push(c.t(&[kn, kn], dtype)?);
-        }
+        let xs: Vec<Input<'_>> = ms.iter().map(|&m| c.t(&[m, kn], dtype)).collect();
+        let ws: Vec<Input<'_>> = ms.iter().map(|_| c.t(&[kn, kn], dtype)).collect();
         let scales = if dtype.is_fp8() { vec![one.clone(); ms.len()] } else { Vec::new() };
-        v.push(c.case::<GroupedGemm>(
+        v.extend(c.case::<GroupedGemm>(
             format!("grouped_gemm{label} 8x {total}x{kn}x{kn}"),
             format!("{op} {kn} {}", splits.join(" ")),
             0.0,
             2.0 * (total * kn * kn) as f64,
-            GroupedGemmArgs {
-                a: xs,
-                b: ws,
-                a_scale_inv: scales.clone(),
-                b_scale_inv: scales,
-                bias: Vec::new(),
-                transa: false,
-                transb: true,
-                out_dtype: bf,
-                split_accumulator: false,
+            || {
+                Ok(GroupedGemmArgs {
+                    a: xs.iter().map(Input::get).collect::<tefl_core::Result<_>>()?,
+                    b: ws.iter().map(Input::get).collect::<tefl_core::Result<_>>()?,
+                    a_scale_inv: scales.clone(),
+                    b_scale_inv: scales,
+                    bias: Vec::new(),
+                    transa: false,
+                    transb: true,
+                    out_dtype: bf,
+                    split_accumulator: false,
+                })
             },
-        ));
+        )?);
     }
     let (ab, ah, asq, ad) = if small { (1, 8, 1024, 128) } else { (4, 32, 4096, 128) };
-    let q = c.t(&[ab, asq, ah, ad], bf)?;
+    let (q, d_o) = (c.t(&[ab, asq, ah, ad], bf), c.t(&[ab, asq, ah, ad], bf));
     let fwd_flops = 4.0 * (ab * ah) as f64 * (asq as f64).powi(2) * ad as f64 / 2.0;
-    let fwd = AttnFwdArgs {
-        q: q.clone(),
-        k: q.clone(),
-        v: q.clone(),
-        cu_seqlens_q: None,
-        cu_seqlens_kv: None,
-        layout: QkvLayout::Bshd,
-        mask: AttnMask::Causal,
-        scale: 1.0 / (ad as f32).sqrt(),
-        dropout_p: 0.0,
-        seed: 0,
-        offset: 0,
-        window: AttnWindow::default(),
+    let fwd = || -> tefl_core::Result<AttnFwdArgs> {
+        let q = q.get()?;
+        Ok(AttnFwdArgs {
+            q: q.clone(),
+            k: q.clone(),
+            v: q,
+            cu_seqlens_q: None,
+            cu_seqlens_kv: None,
+            layout: QkvLayout::Bshd,
+            mask: AttnMask::Causal,
+            scale: 1.0 / (ad as f32).sqrt(),
+            dropout_p: 0.0,
+            seed: 0,
+            offset: 0,
+            window: AttnWindow::default(),
+        })
     };
-    let out = c.mgr.call_impl::<FusedAttnFwd>(&c.impl_id, &fwd);
-    v.push(c.case::<FusedAttnFwd>(
+    v.extend(c.case::<FusedAttnFwd>(
         format!("attn_fwd causal b{ab} h{ah} s{asq} d{ad}"),
         format!("attn_fwd {ab} {ah} {asq} {ad}"),
         0.0,
         fwd_flops,
-        fwd.clone(),
-    ));
-    if let Ok(o) = out {
-        v.push(c.case::<FusedAttnBwd>(
-            format!("attn_bwd causal b{ab} h{ah} s{asq} d{ad}"),
-            format!("attn_bwd {ab} {ah} {asq} {ad}"),
-            0.0,
-            2.5 * fwd_flops,
-            // dO a tensor of its own, as the peers' (q = k = v on both sides).
-            fwd.backward(o.o, c.t(&[ab, asq, ah, ad], bf)?, o.softmax_lse),
-        ));
+        fwd,
+    )?);
+    // The backward's inputs come from a forward call; a backend without attention has no case.
+    let bwd_name = format!("attn_bwd causal b{ab} h{ah} s{asq} d{ad}");
+    if c.keeps(&bwd_name) {
+        let args = fwd()?;
+        if let Ok(o) = c.mgr.call_impl::<FusedAttnFwd>(&c.impl_id, &args) {
+            v.extend(c.case::<FusedAttnBwd>(
+                bwd_name,
+                format!("attn_bwd {ab} {ah} {asq} {ad}"),
+                0.0,
+                2.5 * fwd_flops,
+                // dO a tensor of its own, as the peers' (q = k = v on both sides).
+                || Ok(args.backward(o.o, d_o.get()?, o.softmax_lse)),
+            )?);
+        }
     }
     let np = if small { 16 << 20 } else { 256 << 20 };
-    let p = c.t(&[np], DType::F32)?;
-    let (gr, m, vv) = (c.t(&[np], DType::F32)?, c.t(&[np], DType::F32)?, c.t(&[np], DType::F32)?);
-    v.push(c.case::<MultiTensorAdam>(
+    let (p, gr, m, vv) =
+        (c.t(&[np], DType::F32), c.t(&[np], DType::F32), c.t(&[np], DType::F32), c.t(&[np], DType::F32));
+    v.extend(c.case::<MultiTensorAdam>(
         format!("adam {}M f32 params", np >> 20),
         format!("adam {np}"),
         7.0 * 4.0 * np as f64,
         0.0,
-        MultiTensorAdamArgs {
-            noop_flag: Tensor::from_slice(&[0i32], [1], DType::I32)?.to_device(&c.device)?,
-            grads: vec![gr],
-            params: vec![p],
-            exp_avg: vec![m],
-            exp_avg_sq: vec![vv],
-            hyper: AdamHyper {
-                lr: 1e-4,
-                beta1: 0.9,
-                beta2: 0.999,
-                eps: 1e-8,
-                step: 1,
-                mode: AdamMode::AdamW,
-                bias_correction: true,
-                weight_decay: 0.0,
-            },
+        || {
+            Ok(MultiTensorAdamArgs {
+                noop_flag: Tensor::from_slice(&[0i32], [1], DType::I32)?.to_device(&c.device)?,
+                grads: vec![gr.get()?],
+                params: vec![p.get()?],
+                exp_avg: vec![m.get()?],
+                exp_avg_sq: vec![vv.get()?],
+                hyper: AdamHyper {
+                    lr: 1e-4,
+                    beta1: 0.9,
+                    beta2: 0.999,
+                    eps: 1e-8,
+                    step: 1,
+                    mode: AdamMode::AdamW,
+                    bias_correction: true,
+                    weight_decay: 0.0,
+                },
+            })
         },
-    ));
+    )?);
     Ok(v)
 }
 
@@ -528,7 +591,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let ctx = Ctx { mgr, impl_id: impl_id.clone(), device, tensors: std::cell::Cell::new(0) };
+    // `--only a,b`: the cases whose name contains any of the comma-separated parts; the others'
+    // inputs are never made.
+    let only = only.map(|o| o.split(',').map(str::to_string).collect());
+    let ctx = Ctx { mgr, impl_id: impl_id.clone(), device, only, tensors: std::cell::Cell::new(0) };
     let timer = match Timer::new(device, warm_up) {
         Ok(t) => t,
         Err(e) => {
@@ -556,11 +622,7 @@ fn main() -> ExitCode {
         None => println!("copy: no figure, so no fraction of copy"),
     }
     let cases = match cases(&ctx, small) {
-        Ok(c) => {
-            // `--only a,b`: the cases whose name contains any of the comma-separated parts.
-            let keep = |name: &str| only.as_ref().is_none_or(|o| o.split(',').any(|part| name.contains(part)));
-            c.into_iter().filter(|c| keep(&c.name)).collect::<Vec<_>>()
-        }
+        Ok(c) => c,
         Err(e) => {
             eprintln!("bench: preparing inputs failed: {e}");
             return ExitCode::FAILURE;
