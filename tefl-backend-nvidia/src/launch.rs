@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::ffi::{CString, c_void};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::driver::sys::{CUfunction, CUfunction_attribute, CUmodule};
+use cudarc::driver::sys::{CUfunction, CUfunction_attribute, CUmodule, CUresult};
 use tefl_core::device::DeviceInfo;
 use tefl_core::tuning::TuneTable;
 use tefl_core::{DType, Device, Error, Result, Tensor};
@@ -127,7 +127,47 @@ pub fn launch(device: Device, variant: &Variant, name: &'static str, grid: Grid,
     // kernel reads sizeof(param) <= 8 bytes, little-endian); `packed` outlives the call; the
     // kernel's signature matches `args` (each op file passes the arguments its kernel
     // declares); pointers are live device allocations of this device.
-    unsafe { launch_params(device, variant, name, grid, packed.pointers()) }
+    unsafe { launch_params(device, variant, name, grid, packed.pointers(), false) }.map(|_| ())
+}
+
+/// Queues the entry `name` of `variant` as a cooperative launch (`cuLaunchCooperativeKernel`):
+/// every block resident at once, so that blocks may wait for each other. `Ok(false)`, nothing
+/// queued, where fewer blocks than the grid's fit the device at once (the occupancy the
+/// driver reports for the function, block and shared memory, times its SMs) or the driver
+/// refuses the launch as too large or unsupported (another process's share of the SMs), and
+/// always with `TEFL_COOPERATIVE=0`.
+pub fn launch_cooperative(
+    device: Device,
+    variant: &Variant,
+    name: &'static str,
+    grid: Grid,
+    args: &[Arg],
+) -> Result<bool> {
+    if tefl_core::policy::env().as_ref().is_ok_and(|e| !e.cooperative) {
+        return Ok(false);
+    }
+    if grid.is_empty() {
+        return Ok(true);
+    }
+    runtime::global().context(device)?.bind_to_thread().map_err(|e| device_error(device, e))?;
+    let f = function(device, variant, name, grid.smem)?;
+    let threads = grid.threads.0.saturating_mul(grid.threads.1).saturating_mul(grid.threads.2);
+    // SAFETY: `f` is a loaded function of the current context.
+    let per_sm = unsafe {
+        cudarc::driver::result::occupancy::max_active_block_per_multiprocessor(
+            f.f,
+            threads.min(i32::MAX as u32) as i32,
+            grid.smem as usize,
+        )
+    }
+    .map_err(|e| launch_error(device, f, e))?;
+    let blocks = u64::from(grid.blocks.0) * u64::from(grid.blocks.1) * u64::from(grid.blocks.2);
+    if per_sm <= 0 || blocks > per_sm as u64 * u64::from(sm_count(device)) {
+        return Ok(false);
+    }
+    let mut packed = PackedArgs::new(args);
+    // SAFETY: as `launch`: the packed words hold the kernel's arguments, live for the call.
+    unsafe { launch_params(device, variant, name, grid, packed.pointers(), true) }
 }
 
 /// Queues the entry `name` of `variant`, whose one parameter is a struct passed by value:
@@ -147,10 +187,12 @@ pub(crate) unsafe fn launch_struct<T>(
     let mut params = [block as *const T as *mut c_void];
     // SAFETY: the caller guarantees the parameter's layout and addresses; the driver copies
     // `sizeof(param)` bytes from `block`, which outlives the call.
-    unsafe { launch_params(device, variant, name, grid, &mut params) }
+    unsafe { launch_params(device, variant, name, grid, &mut params, false) }.map(|_| ())
 }
 
-/// The launch itself: `params` as cuLaunchKernel takes them.
+/// The launch itself: `params` as cuLaunchKernel takes them; `cooperative`: through
+/// cuLaunchCooperativeKernel, `Ok(false)` when the driver refuses it as too large for the
+/// device at once or unsupported (nothing queued), `Ok(true)` once queued.
 ///
 /// # Safety
 /// `params` must match the kernel's parameter list and point at live memory for the call.
@@ -160,9 +202,10 @@ unsafe fn launch_params(
     name: &'static str,
     grid: Grid,
     params: &mut [*mut c_void],
-) -> Result<()> {
+    cooperative: bool,
+) -> Result<bool> {
     if grid.is_empty() {
-        return Ok(());
+        return Ok(true);
     }
     let rt = runtime::global();
     rt.context(device)?.bind_to_thread().map_err(|e| device_error(device, e))?;
@@ -171,21 +214,34 @@ unsafe fn launch_params(
     rt.on_queue(device, |stream| {
         let event = || stream.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT));
         let start = if timing { Some(event().map_err(|e| launch_error(device, f, e))?) } else { None };
+        let queue = if cooperative {
+            cudarc::driver::result::launch_cooperative_kernel
+        } else {
+            cudarc::driver::result::launch_kernel
+        };
         // SAFETY: the caller guarantees `params` matches the kernel and is live for the call.
-        unsafe {
-            cudarc::driver::result::launch_kernel(f.f, grid.blocks, grid.threads, grid.smem, stream.cu_stream(), params)
+        let queued = unsafe { queue(f.f, grid.blocks, grid.threads, grid.smem, stream.cu_stream(), params) };
+        match queued {
+            Ok(()) => {}
+            Err(cudarc::driver::DriverError(
+                CUresult::CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE | CUresult::CUDA_ERROR_NOT_SUPPORTED,
+            )) if cooperative => return Ok(false),
+            Err(e) => return Err(launch_error(device, f, e)),
         }
-        .map_err(|e| launch_error(device, f, e))?;
         if let Some(start) = start {
             let end = event().map_err(|e| launch_error(device, f, e))?;
             end.synchronize().map_err(|e| launch_error(device, f, e))?;
             let ms = start.elapsed_ms(&end).map_err(|e| launch_error(device, f, e))?;
             eprintln!(
-                "[TE-FL kernel] {} grid {:?} block {:?} smem {} : {ms:.3} ms",
-                f.name, grid.blocks, grid.threads, grid.smem
+                "[TE-FL kernel] {}{} grid {:?} block {:?} smem {} : {ms:.3} ms",
+                f.name,
+                if cooperative { " (cooperative)" } else { "" },
+                grid.blocks,
+                grid.threads,
+                grid.smem
             );
         }
-        Ok(())
+        Ok(true)
     })
 }
 
@@ -219,6 +275,16 @@ impl tefl_gpu::target::GpuTarget for CudaTarget {
     }
     fn launch(&self, device: Device, variant: &Variant, entry: &'static str, grid: Grid, args: &[Arg]) -> Result<()> {
         launch(device, variant, entry, grid, args)
+    }
+    fn launch_cooperative(
+        &self,
+        device: Device,
+        variant: &Variant,
+        entry: &'static str,
+        grid: Grid,
+        args: &[Arg],
+    ) -> Result<bool> {
+        launch_cooperative(device, variant, entry, grid, args)
     }
     fn address(&self, t: &Tensor) -> Result<u64> {
         ptr(t)

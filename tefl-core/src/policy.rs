@@ -504,6 +504,11 @@ pub struct EnvConfig {
     /// `TEFL_ATTN_WGMMA` (`0`/`1`): whether the CUDA forward attention may run on the Hopper
     /// wgmma kernel (`None` = the tune config's choice; `0` compares with the mma.sync kernel).
     pub attn_wgmma: Option<bool>,
+    /// `TEFL_COOPERATIVE` (`0`/`1`, default `1`): whether GPU backends may use cooperative
+    /// launches (every block resident at once), where a kernel's blocks sum their partial
+    /// results among themselves instead of in a second launch; `0` keeps the second launch
+    /// (comparisons, or a GPU shared with other processes).
+    pub cooperative: bool,
 }
 
 /// Reads one variable as an OS string (paths): `Ok(None)` when unset or empty.
@@ -589,6 +594,8 @@ impl EnvConfig {
             },
         };
         let attn_wgmma = get("TEFL_ATTN_WGMMA")?.map(|v| parse_flag("TEFL_ATTN_WGMMA", &v)).transpose()?;
+        let cooperative =
+            get("TEFL_COOPERATIVE")?.map(|v| parse_flag("TEFL_COOPERATIVE", &v)).transpose()?.unwrap_or(true);
         let cache_dir = match get_os("TEFL_CACHE_DIR")? {
             Some(d) => PathBuf::from(trim_os(d)),
             None => match get_os("XDG_CACHE_HOME")? {
@@ -606,6 +613,7 @@ impl EnvConfig {
             kernel_timing,
             attn_fwd_min_blocks,
             attn_wgmma,
+            cooperative,
         })
     }
 }
@@ -721,15 +729,18 @@ mod tests {
             ("TEFL_KERNEL_TIMING", "1"),
             ("TEFL_ATTN_FWD_MIN_BLOCKS", " 3 "),
             ("TEFL_ATTN_WGMMA", "0"),
+            ("TEFL_COOPERATIVE", "0"),
             ("TEFL_CACHE_DIR", " /tmp/x "),
         ]))
         .unwrap();
         assert_eq!(c.attn_wgmma, Some(false));
+        assert!(!c.cooperative);
         assert!(c.autotune && c.kernel_timing);
         assert_eq!(c.attn_fwd_min_blocks, Some(3));
         assert_eq!(c.cache_dir, PathBuf::from("/tmp/x"));
         let d = EnvConfig::from_lookup(&lookup(&[("XDG_CACHE_HOME", "/c")])).unwrap();
         assert!(!d.autotune && !d.kernel_timing, "measuring and timing are opt-in");
+        assert!(d.cooperative, "cooperative launches are on by default");
         assert_eq!(d.cache_dir, PathBuf::from("/c/tefl"));
         let c = EnvConfig::from_lookup(&lookup(&[("TE_FL_DEBUG", "1"), ("TEFL_LOG_LEVEL", "error")])).unwrap();
         assert_eq!(c.log_level, LogLevel::Error);
@@ -744,6 +755,7 @@ mod tests {
             ("TEFL_ATTN_FWD_MIN_BLOCKS", "lots"),
             ("TEFL_ATTN_FWD_MIN_BLOCKS", "9"),
             ("TEFL_ATTN_WGMMA", "maybe"),
+            ("TEFL_COOPERATIVE", "yes please"),
         ] {
             match EnvConfig::from_lookup(&lookup(&[(var, val)])) {
                 Err(Error::Config { variable, .. }) => assert_eq!(variable, var),
@@ -795,7 +807,8 @@ mod tests {
                         "TE_FL_DENY_VENDORS", "TE_FL_PER_OP", "TE_BACKEND", "TE_PLUGIN",
                         "TE_FALLBACK_BACKEND", "TE_FL_PLUGIN_MODULES", "TE_FL_SKIP_CUDA",
                         "TEFL_LOG_LEVEL", "TE_FL_DEBUG", "TEFL_AUTOTUNE", "TEFL_CACHE_DIR",
-                        "TEFL_KERNEL_TIMING", "TEFL_ATTN_FWD_MIN_BLOCKS", "TEFL_ATTN_WGMMA"] {
+                        "TEFL_KERNEL_TIMING", "TEFL_ATTN_FWD_MIN_BLOCKS", "TEFL_ATTN_WGMMA",
+                        "TEFL_COOPERATIVE"] {
                 for v in [&s, &t] {
                     let vv = v.clone();
                     let get = move |k: &'static str| Ok(if k == var { Some(vv.clone()) } else { None });

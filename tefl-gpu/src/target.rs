@@ -17,6 +17,21 @@ pub trait GpuTarget: Send + Sync {
     /// Queues the entry `entry` of `variant` on the device's current queue: compiled for the
     /// device's arch and loaded on first use.
     fn launch(&self, device: Device, variant: &Variant, entry: &'static str, grid: Grid, args: &[Arg]) -> Result<()>;
+    /// Queues `entry` as a cooperative launch, every block of `grid` resident on the device at
+    /// once, so that its blocks may wait for each other (the prelude's grid flags). `Ok(false)`,
+    /// with nothing queued, where the target or the device cannot promise that for this grid
+    /// (the default): the caller then runs a form that needs no grid-wide wait.
+    fn launch_cooperative(
+        &self,
+        device: Device,
+        variant: &Variant,
+        entry: &'static str,
+        grid: Grid,
+        args: &[Arg],
+    ) -> Result<bool> {
+        let _ = (device, variant, entry, grid, args);
+        Ok(false)
+    }
     /// The device address of a tensor on one of its devices (a typed error for any other).
     fn address(&self, t: &Tensor) -> Result<u64>;
     /// The layered tune table of a device (vendor and arch-family files over the GPU defaults).

@@ -29,6 +29,12 @@ impl OnDevice {
     pub(crate) fn launch(&self, name: &'static str, grid: Grid, args: &[Arg]) -> Result<()> {
         self.target.launch(self.device, &self.variant, name, grid, args)
     }
+
+    /// Queues the entry `name` as a cooperative launch; `Ok(false)`, nothing queued, where the
+    /// target cannot (see [`GpuTarget::launch_cooperative`]).
+    pub(crate) fn launch_cooperative(&self, name: &'static str, grid: Grid, args: &[Arg]) -> Result<bool> {
+        self.target.launch_cooperative(self.device, &self.variant, name, grid, args)
+    }
 }
 
 /// The device address of a GPU tensor (a typed error for a tensor no linked-in target serves).

@@ -1,9 +1,15 @@
 //! RMSNorm and LayerNorm: one block per row, the row kept in registers and read once
 //! (16-byte vectors) when it fits, a two-pass scalar path otherwise. The backward sums
-//! dgamma/dbeta per block in registers and reduces the partials in a second small kernel; its
-//! blocks stride over the rows, fetching ahead either the next row into registers or, where
-//! the tune configs ask for it (`norm_bwd.stages`, Hopper), several rows into a ring in shared
-//! memory by asynchronous copies.
+//! dgamma/dbeta per block in registers and reduces the partials across the blocks: in the
+//! same kernel where the target launches it cooperatively (CUDA; the blocks wait for each
+//! other's flags), else in a second small kernel. Its blocks stride over the rows, fetching
+//! ahead either the next row into registers or, where the tune configs ask for it
+//! (`norm_bwd.stages`, Hopper), several rows into a ring in shared memory by asynchronous
+//! copies.
+
+use std::hash::{BuildHasher, Hasher};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use tefl_core::catalogue::*;
 use tefl_core::{DType, KernelCtx, Result, Tensor};
@@ -197,15 +203,16 @@ fn backward(
         (true, _) => blocks_for(rows, 1, tune::norm_bwd_blocks_per_sm(cfg.block) * sm_count(ctx.device)),
         (false, _) => blocks_for(rows, 1, i32::MAX as u32),
     };
-    let ws = if fused {
-        Some(empty(ctx.device, &[if is_ln { 2 } else { 1 }, parts as usize, n], DType::F32)?)
+    let (ws, flags) = if fused {
+        (
+            Some(empty(ctx.device, &[if is_ln { 2 } else { 1 }, parts as usize, n], DType::F32)?),
+            Some(empty(ctx.device, &[parts as usize], DType::I64)?),
+        )
     } else {
-        None
+        (None, None)
     };
-    k.launch(
-        "norm_bwd",
-        Grid { smem: smem as u32, ..Grid::linear(parts, cfg.block) },
-        &[
+    let args = |epoch: u64| -> Result<Vec<Arg>> {
+        Ok(vec![
             Arg::Ptr(ptr(dy)?),
             Arg::Ptr(ptr(x)?),
             Arg::Ptr(opt_ptr(mu)?),
@@ -217,8 +224,22 @@ fn backward(
             Arg::I32(rows_i),
             Arg::I32(n_i),
             Arg::I32(i32::from(zc)),
-        ],
-    )?;
+            Arg::Ptr(opt_ptr(flags.as_ref())?),
+            Arg::U64(epoch),
+            Arg::Ptr(ptr(&dgamma)?),
+            Arg::Ptr(opt_ptr(dbeta.as_ref())?),
+        ])
+    };
+    // The fused kernel sums the blocks' partials itself in a cooperative launch (its slices
+    // take 2 * block floats of shared memory after the ring); else the reduction's own launch.
+    let grid = Grid { smem: smem as u32, ..Grid::linear(parts, cfg.block) };
+    if fused {
+        let coop = Grid { smem: smem.max(2 * cfg.block as usize * 4) as u32, ..grid };
+        if k.launch_cooperative("norm_bwd", coop, &args(next_epoch())?)? {
+            return Ok((dx, dgamma, dbeta));
+        }
+    }
+    k.launch("norm_bwd", grid, &args(0)?)?;
     match &ws {
         // `norm_reduce_ws`: RED_COLS (32) columns a block of RED_COLS x RED_SLICES (8) threads.
         Some(ws) => k.launch(
@@ -273,6 +294,16 @@ pub fn layernorm_fwd(ctx: &KernelCtx<'_>, a: &LayerNormFwdArgs) -> Result<LayerN
     )?;
     let (amax, scale_inv) = f.fp8.unzip();
     Ok(LayerNormFwdOut { y: f.y, mu: f.mu, rsigma: f.rsigma, amax, scale_inv })
+}
+
+/// The epoch of a cooperative `norm_bwd` launch: a value no earlier launch of this process
+/// used, so that a flag buffer's earlier contents cannot pass for a flag raised in this one
+/// (epochs step by 2 from a random odd start: never 0, which tells the kernel to leave the
+/// sums to `norm_reduce_ws`, and data of another kind equals one by a 2^-63 chance).
+fn next_epoch() -> u64 {
+    static NEXT: OnceLock<AtomicU64> = OnceLock::new();
+    NEXT.get_or_init(|| AtomicU64::new(std::collections::hash_map::RandomState::new().build_hasher().finish() | 1))
+        .fetch_add(2, Ordering::Relaxed)
 }
 
 /// The catalogue op `rmsnorm_bwd` on a GPU through the portable kernels of `simt/norm.cu` (every SIMT backend's impl).

@@ -145,6 +145,39 @@ template <int N> __device__ __forceinline__ void copy_async_wait() {
 }
 #endif
 
+// ---- flags between the blocks of one grid (cooperative launches only) ----
+// A block publishes that its writes are done (every thread's writes before a barrier, then
+// flag_publish from one thread: a GPU-scope fence, then the flag's store); a block that reads
+// the flag with flag_read and then passes a barrier sees those writes through load_coherent
+// (which skips the SM's L1: it never holds lines another SM wrote). Blocks may wait for each
+// other's flags only when all of them are resident at once, which only a cooperative launch
+// guarantees. From sm_70 the store is a release and the read an acquire; before, volatile
+// accesses with fences.
+#define HAS_GRID_FLAGS 1
+__device__ __forceinline__ void flag_publish(unsigned long long* p, unsigned long long v) {
+    __threadfence();
+#if __CUDA_ARCH__ >= 700
+    asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+#else
+    *(volatile unsigned long long*)p = v;
+#endif
+}
+__device__ __forceinline__ unsigned long long flag_read(const unsigned long long* p) {
+    unsigned long long v;
+#if __CUDA_ARCH__ >= 700
+    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+#else
+    v = *(const volatile unsigned long long*)p;
+    __threadfence();
+#endif
+    return v;
+}
+__device__ __forceinline__ float load_coherent(const float* p) {
+    float v;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
+    return v;
+}
+
 // ---- atomics ----
 // p[0] += a, p[1] += b for a global p aligned to 8 bytes: one vector reduction from sm_90 on.
 __device__ __forceinline__ void atomic_add2_f32(float* p, float a, float b) {

@@ -7,6 +7,9 @@
 // STAGES (the fused backward): row buffers of x and dy in dynamic shared memory (STAGES *
 // n * (sizeof(TX) + sizeof(TY)) bytes, from the host), STAGES - 1 rows copied ahead; 0 (or
 // undefined): the next row is held in registers instead.
+// The fused backward writes each block's dgamma/dbeta partials to ws; with a nonzero epoch
+// (a cooperative launch, CUDA) its blocks then sum them into dgamma/dbeta themselves, else
+// norm_reduce_ws does in a second launch.
 // OUT_FP8 (forward): y holds FP8 codes (TY = u8) of the normalised value times *qscale, in the
 // format MANT / BIAS / MAXV / MAXCODE; the max |normalised value| goes to *amax (zeroed by the
 // host) and 1/(*qscale) to *scale_inv.
@@ -83,6 +86,8 @@ extern "C" __global__ void __launch_bounds__(BLOCK, FWD_MIN_BLOCKS) norm_fwd(con
     // 0.112 / 0.113; 8192x4096 and layernorm unchanged. (LayerNorm's two reductions as one of
     // Chan's count / mean / m2 triples took 0.154 -> 0.200 ms: the merges' divisions.)
     __shared__ float scratch[2 * MAX_WARPS];
+    // The ring's row buffers (STAGES), and after the rows the grid-wide sums' slices.
+    extern __shared__ uint4 smem_words[];
 #if FUSED
     int turn = 0;
 #endif
@@ -218,11 +223,15 @@ extern "C" __global__ void __launch_bounds__(BLOCK, BWD_MIN_BLOCKS) norm_bwd(con
                                                           const float* __restrict__ mu, const float* __restrict__ rsigma,
                                                           const TG* __restrict__ gamma, const TA* __restrict__ add,
                                                           TX* __restrict__ dx, float* __restrict__ ws, int rows, int n,
-                                                          int zc) {
+                                                          int zc, unsigned long long* __restrict__ flags,
+                                                          unsigned long long epoch, TG* __restrict__ dgamma,
+                                                          TG* __restrict__ dbeta) {
     // One barrier per reduction in the fused path (block_sum_alternating; H200, 2026-11-26,
     // bench alternating with two barriers: rmsnorm bwd 16384x8192 0.273 / 0.274 -> 0.271 /
     // 0.270 ms).
     __shared__ float scratch[2 * MAX_WARPS];
+    // The ring's row buffers (STAGES), and after the rows the grid-wide sums' slices.
+    extern __shared__ uint4 smem_words[];
 #if FUSED
     int turn = 0;
     const int nvecs = n / NV;
@@ -245,8 +254,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK, BWD_MIN_BLOCKS) norm_bwd(con
     // reads back, so no barrier guards the ring. The bytes in flight do not hold registers:
     // the register path below keeps one row ahead, at most one 512-thread block an SM (104
     // registers a thread), and an H200 needs more than that in flight to reach its bandwidth.
-    extern __shared__ uint4 ring_words[];
-    unsigned char* ring = (unsigned char*)ring_words;
+    unsigned char* ring = (unsigned char*)smem_words;
     const size_t x_bytes = (size_t)n * sizeof(TX), stage_bytes = (size_t)n * (sizeof(TX) + sizeof(TY));
     // A stage's x, then its dy.
     auto stage_x = [&](int stage) { return (TX*)(ring + stage * stage_bytes); };
@@ -420,6 +428,54 @@ extern "C" __global__ void __launch_bounds__(BLOCK, BWD_MIN_BLOCKS) norm_bwd(con
             }
         }
     }
+#if defined(HAS_GRID_FLAGS)
+    // In a cooperative launch (epoch != 0; the host passes 0 otherwise and sums ws with
+    // norm_reduce_ws), the blocks sum the partials themselves once all are written, which
+    // saves that second launch: each block raises its flag in `flags` to this call's epoch
+    // (a value no earlier call used, so whatever the buffer held before cannot pass for it)
+    // and waits until every block's flag holds it; then block b takes the columns
+    // [32 b, 32 b + 32), [32 (b + grid), ...), ..., lane l column l of each, warp w the parts
+    // w, w + warps, ..., and the warps' slices are added in shared memory (2 * BLOCK floats,
+    // which the host provides).
+    if (epoch != 0) {
+#if STAGES > 0
+        copy_async_wait<0>();
+#endif
+        __syncthreads();
+        if (threadIdx.x == 0) flag_publish(flags + blockIdx.x, epoch);
+        for (int b = threadIdx.x; b < (int)gridDim.x; b += BLOCK)
+            while (flag_read(flags + b) != epoch) {
+            }
+        __syncthreads();
+        float* slices = (float*)smem_words;
+        constexpr int WARPS = BLOCK / WARP_SIZE;
+        const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE, parts = gridDim.x;
+        for (int c0 = blockIdx.x * WARP_SIZE; c0 < n; c0 += gridDim.x * WARP_SIZE) {
+            const int c = c0 + lane;
+            float sg = 0.0f, sb = 0.0f;
+            if (c < n) {
+                for (int b = warp; b < parts; b += WARPS) {
+                    sg += load_coherent(ws + (size_t)b * n + c);
+                    if (IS_LN) sb += load_coherent(ws + (size_t)(parts + b) * n + c);
+                }
+            }
+            slices[threadIdx.x] = sg;
+            slices[BLOCK + threadIdx.x] = sb;
+            __syncthreads();
+            if (warp == 0 && c < n) {
+                sg = 0.0f;
+                sb = 0.0f;
+                for (int w = 0; w < WARPS; ++w) {
+                    sg += slices[w * WARP_SIZE + lane];
+                    sb += slices[BLOCK + w * WARP_SIZE + lane];
+                }
+                dgamma[c] = from_f32<TG>(sg);
+                if (IS_LN) dbeta[c] = from_f32<TG>(sb);
+            }
+            __syncthreads();
+        }
+    }
+#endif
 #endif
 }
 
