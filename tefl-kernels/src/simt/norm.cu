@@ -86,8 +86,6 @@ extern "C" __global__ void __launch_bounds__(BLOCK, FWD_MIN_BLOCKS) norm_fwd(con
     // 0.112 / 0.113; 8192x4096 and layernorm unchanged. (LayerNorm's two reductions as one of
     // Chan's count / mean / m2 triples took 0.154 -> 0.200 ms: the merges' divisions.)
     __shared__ float scratch[2 * MAX_WARPS];
-    // The ring's row buffers (STAGES), and after the rows the grid-wide sums' slices.
-    extern __shared__ uint4 smem_words[];
 #if FUSED
     int turn = 0;
 #endif
