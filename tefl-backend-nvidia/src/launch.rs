@@ -134,8 +134,8 @@ pub fn launch(device: Device, variant: &Variant, name: &'static str, grid: Grid,
 /// every block resident at once, so that blocks may wait for each other. `Ok(false)`, nothing
 /// queued, where fewer blocks than the grid's fit the device at once (the occupancy the
 /// driver reports for the function, block and shared memory, times its SMs) or the driver
-/// refuses the launch as too large or unsupported (another process's share of the SMs), and
-/// always with `TEFL_COOPERATIVE=0`.
+/// refuses the launch as too large or unsupported (another process's share of the SMs), on a
+/// stream being captured into a graph, and always with `TEFL_COOPERATIVE=0`.
 pub fn launch_cooperative(
     device: Device,
     variant: &Variant,
@@ -190,9 +190,14 @@ pub(crate) unsafe fn launch_struct<T>(
     unsafe { launch_params(device, variant, name, grid, &mut params, false) }.map(|_| ())
 }
 
+/// A stream's capture status when it is not being captured into a graph.
+const CAPTURE_NONE: cudarc::driver::sys::CUstreamCaptureStatus =
+    cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+
 /// The launch itself: `params` as cuLaunchKernel takes them; `cooperative`: through
-/// cuLaunchCooperativeKernel, `Ok(false)` when the driver refuses it as too large for the
-/// device at once or unsupported (nothing queued), `Ok(true)` once queued.
+/// cuLaunchCooperativeKernel, `Ok(false)` (nothing queued) when the stream is being captured
+/// into a graph or the driver refuses the launch as too large for the device at once or
+/// unsupported, `Ok(true)` once queued.
 ///
 /// # Safety
 /// `params` must match the kernel's parameter list and point at live memory for the call.
@@ -212,6 +217,13 @@ unsafe fn launch_params(
     let f = function(device, variant, name, grid.smem)?;
     let timing = kernel_timing();
     rt.on_queue(device, |stream| {
+        // A stream being captured into a graph gets no cooperative launch: a kernel whose blocks
+        // wait for flags raised to a per-call value would replay that value, and a second
+        // replay would find the first one's flags already raised.
+        // (A status the driver cannot tell counts as captured: the two-launch form is always safe.)
+        if cooperative && !matches!(stream.capture_status(), Ok(CAPTURE_NONE)) {
+            return Ok(false);
+        }
         let event = || stream.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT));
         let start = if timing { Some(event().map_err(|e| launch_error(device, f, e))?) } else { None };
         let queue = if cooperative {
