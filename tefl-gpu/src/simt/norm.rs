@@ -355,3 +355,22 @@ pub fn variants() -> Vec<Variant> {
     }
     v
 }
+
+#[cfg(test)]
+mod tests {
+    use super::next_epoch;
+
+    /// Epochs are never 0 (the kernel's "no cooperative sums") and never repeat within a
+    /// process, from any thread.
+    #[test]
+    fn epochs_are_nonzero_and_distinct() {
+        let mut seen: Vec<u64> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..4).map(|_| s.spawn(|| (0..1000).map(|_| next_epoch()).collect::<Vec<_>>())).collect();
+            hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
+        });
+        assert!(seen.iter().all(|&e| e != 0 && e % 2 == 1));
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen.len(), 4000);
+    }
+}
