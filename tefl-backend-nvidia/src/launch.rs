@@ -146,25 +146,6 @@ pub fn launch_cooperative(
     if tefl_core::policy::env().as_ref().is_ok_and(|e| !e.cooperative) {
         return Ok(false);
     }
-    if grid.is_empty() {
-        return Ok(true);
-    }
-    runtime::global().context(device)?.bind_to_thread().map_err(|e| device_error(device, e))?;
-    let f = function(device, variant, name, grid.smem)?;
-    let threads = grid.threads.0.saturating_mul(grid.threads.1).saturating_mul(grid.threads.2);
-    // SAFETY: `f` is a loaded function of the current context.
-    let per_sm = unsafe {
-        cudarc::driver::result::occupancy::max_active_block_per_multiprocessor(
-            f.f,
-            threads.min(i32::MAX as u32) as i32,
-            grid.smem as usize,
-        )
-    }
-    .map_err(|e| launch_error(device, f, e))?;
-    let blocks = u64::from(grid.blocks.0) * u64::from(grid.blocks.1) * u64::from(grid.blocks.2);
-    if per_sm <= 0 || blocks > per_sm as u64 * u64::from(sm_count(device)) {
-        return Ok(false);
-    }
     let mut packed = PackedArgs::new(args);
     // SAFETY: as `launch`: the packed words hold the kernel's arguments, live for the call.
     unsafe { launch_params(device, variant, name, grid, packed.pointers(), true) }
@@ -190,14 +171,31 @@ pub(crate) unsafe fn launch_struct<T>(
     unsafe { launch_params(device, variant, name, grid, &mut params, false) }.map(|_| ())
 }
 
+/// Whether every block of `grid` fits the device at once: the occupancy the driver reports
+/// for `f` at the grid's block and shared memory, times the device's SMs.
+fn all_resident(device: Device, f: Function, grid: Grid) -> Result<bool> {
+    let threads = grid.threads.0.saturating_mul(grid.threads.1).saturating_mul(grid.threads.2);
+    // SAFETY: `f` is a loaded function of the current context.
+    let per_sm = unsafe {
+        cudarc::driver::result::occupancy::max_active_block_per_multiprocessor(
+            f.f,
+            threads.min(i32::MAX as u32) as i32,
+            grid.smem as usize,
+        )
+    }
+    .map_err(|e| launch_error(device, f, e))?;
+    let blocks = u64::from(grid.blocks.0) * u64::from(grid.blocks.1) * u64::from(grid.blocks.2);
+    Ok(per_sm > 0 && blocks <= per_sm as u64 * u64::from(sm_count(device)))
+}
+
 /// A stream's capture status when it is not being captured into a graph.
 const CAPTURE_NONE: cudarc::driver::sys::CUstreamCaptureStatus =
     cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
 
 /// The launch itself: `params` as cuLaunchKernel takes them; `cooperative`: through
-/// cuLaunchCooperativeKernel, `Ok(false)` (nothing queued) when the stream is being captured
-/// into a graph or the driver refuses the launch as too large for the device at once or
-/// unsupported, `Ok(true)` once queued.
+/// cuLaunchCooperativeKernel, `Ok(false)` (nothing queued) when not every block fits the
+/// device at once ([`all_resident`]), the stream is being captured into a graph or the driver
+/// refuses the launch as too large or unsupported, `Ok(true)` once queued.
 ///
 /// # Safety
 /// `params` must match the kernel's parameter list and point at live memory for the call.
@@ -215,6 +213,9 @@ unsafe fn launch_params(
     let rt = runtime::global();
     rt.context(device)?.bind_to_thread().map_err(|e| device_error(device, e))?;
     let f = function(device, variant, name, grid.smem)?;
+    if cooperative && !all_resident(device, f, grid)? {
+        return Ok(false);
+    }
     let timing = kernel_timing();
     rt.on_queue(device, |stream| {
         // A stream being captured into a graph gets no cooperative launch: a kernel whose blocks
