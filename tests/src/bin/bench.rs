@@ -110,21 +110,17 @@ fn cases(c: &Ctx, small: bool) -> tefl_core::Result<Vec<Case>> {
     let (x, g) = (c.t(&[r, n], bf), c.t(&[n], bf));
     let e = 2.0;
     let rn = (r * n) as f64;
+    // The rmsnorm forward cases' arguments: x and gamma, the FP8 quantizer's scale and the
+    // output dtype.
+    let rms = |x: &Input, g: &Input, scale: Option<Tensor>, out_dtype| -> tefl_core::Result<RmsNormFwdArgs> {
+        Ok(RmsNormFwdArgs { scale, x: x.get()?, gamma: g.get()?, eps: 1e-5, zero_centered_gamma: false, out_dtype })
+    };
     v.extend(c.case::<RmsNormFwd>(
         format!("rmsnorm_fwd {r}x{n}"),
         format!("rmsnorm_fwd {r} {n}"),
         e * 2.0 * rn,
         0.0,
-        || {
-            Ok(RmsNormFwdArgs {
-                scale: None,
-                x: x.get()?,
-                gamma: g.get()?,
-                eps: 1e-5,
-                zero_centered_gamma: false,
-                out_dtype: bf,
-            })
-        },
+        || rms(&x, &g, None, bf),
     )?);
     if !small {
         let (x2, g2) = (c.t(&[8192, 4096], bf), c.t(&[4096], bf));
@@ -133,16 +129,7 @@ fn cases(c: &Ctx, small: bool) -> tefl_core::Result<Vec<Case>> {
             "rmsnorm_fwd 8192 4096".into(),
             e * 2.0 * 8192.0 * 4096.0,
             0.0,
-            || {
-                Ok(RmsNormFwdArgs {
-                    scale: None,
-                    x: x2.get()?,
-                    gamma: g2.get()?,
-                    eps: 1e-5,
-                    zero_centered_gamma: false,
-                    out_dtype: bf,
-                })
-            },
+            || rms(&x2, &g2, None, bf),
         )?);
     }
     // TE's norm with an FP8 output quantizer (bytes: read x, write FP8). `one`: the unit scale
@@ -153,16 +140,7 @@ fn cases(c: &Ctx, small: bool) -> tefl_core::Result<Vec<Case>> {
         format!("rmsnorm_fp8 {r} {n}"),
         3.0 * rn,
         0.0,
-        || {
-            Ok(RmsNormFwdArgs {
-                scale: Some(one.clone()),
-                x: x.get()?,
-                gamma: g.get()?,
-                eps: 1e-5,
-                zero_centered_gamma: false,
-                out_dtype: DType::F8E4M3,
-            })
-        },
+        || rms(&x, &g, Some(one.clone()), DType::F8E4M3),
     )?);
     let (rs, dy) = (c.t(&[r], DType::F32), c.t(&[r, n], bf));
     v.extend(c.case::<RmsNormBwd>(
