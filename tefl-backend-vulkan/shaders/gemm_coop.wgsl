@@ -31,6 +31,9 @@
 // 11.56 ms: the select uses each loaded value as soon as it is loaded, so every load waits there
 // instead of behind the multiplies; the fragment loads reordered (B's four, then one A fragment
 // before each row of products) made the same binary.
+// Shared memory is the budget to watch: on the H200 (2026-11-28) this shader with 30 KB of
+// workgroup memory instead of 24 KB ran half as fast (NVIDIA's Vulkan driver then fits one
+// workgroup an SM instead of two), which is also why double-buffered tiles (44 KB) lose.
 //
 // The host takes this path only where every operand row is a whole number of 16-byte chunks
 // (k, and m or n where they are the contiguous dimension, multiples of 8), so a chunk is
