@@ -7,8 +7,12 @@
 // WGSL has no bf16 type: the bf16 variants are these modules with their 16-bit float marked
 // bfloat16 after naga (build.rs), as in gemm_coop.wgsl.
 //
-// Each stage declares SCORE_TILES and PROB_TILES (the f32 and 16-bit tiles per subgroup it
-// needs) and `out_word` (its outputs).
+// Each stage declares KV_TILES (the KC-row tiles it stages at once: 2 for K and V, or q and dO,
+// side by side; 1 where they take turns), SCORE_TILES and PROB_TILES (the f32 and 16-bit tiles
+// per subgroup it needs) and `out_word` (its outputs). Shared memory is what limits how many
+// workgroups share an SM here: NVIDIA's Vulkan driver fits about 48 KB an SM (H200, 2026-11-28;
+// see gemm_coop.wgsl), so a stage of at most 24 KB runs two workgroups an SM and a larger one
+// runs one.
 
 @group(0) @binding(2) var<storage, read> q: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read> k: array<vec4<u32>>;
@@ -29,8 +33,9 @@ const LDP: u32 = KC / 2u + 4u;
 // Words per subgroup 16-bit tile.
 const PROB_TILE: u32 = 16u * LDP;
 
-// Two staged tiles of KC rows (K then V, or q then dO), or once the 64 rows of one input.
-var<workgroup> kv: array<vec2<f16>, 2u * KC * LDW>;
+// KV_TILES staged tiles of KC rows (K then V, or q then dO; with two, once the 64 rows of one
+// input).
+var<workgroup> kv: array<vec2<f16>, KV_TILES * KC * LDW>;
 // Per subgroup: SCORE_TILES tiles of 16×KC f32 (scores, dP; also the staging of an accumulator
 // on its way out).
 var<workgroup> scores: array<f32, SCORE_TILES * 4u * SCORE_TILE>;

@@ -12,6 +12,8 @@
 @group(0) @binding(8) var<storage, read_write> dk: array<u32>;
 @group(0) @binding(9) var<storage, read_write> dv: array<u32>;
 
+// The step's q and dO side by side.
+const KV_TILES: u32 = 2u;
 // Sᵀ and dPᵀ.
 const SCORE_TILES: u32 = 2u;
 // Pᵀz and dSᵀ.

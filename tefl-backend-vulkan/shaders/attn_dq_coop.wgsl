@@ -10,6 +10,8 @@
 @group(0) @binding(7) var<storage, read> delta: array<f32>;
 @group(0) @binding(8) var<storage, read_write> dq: array<u32>;
 
+// The step's K and V side by side.
+const KV_TILES: u32 = 2u;
 // S and dP.
 const SCORE_TILES: u32 = 2u;
 // dS.

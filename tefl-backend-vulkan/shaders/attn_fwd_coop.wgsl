@@ -5,10 +5,13 @@
 //
 // A workgroup of four 32-lane subgroups serves BR = 64 query rows of one head of one sequence,
 // 16 rows per subgroup, their Q fragments held in registers. Keys go by steps of KC = 32: the
-// workgroup stages that step's K and V rows in shared memory (16-byte loads), each subgroup
-// computes its 16×32 scores S = Q·Kᵀ on cooperative matrices and stores them to its own shared
-// tile, two invocations per query row turn them into probabilities (an online softmax), and the
-// subgroup adds P·V to its 16×d f32 accumulators.
+// workgroup stages that step's K rows in shared memory (16-byte loads), each subgroup computes
+// its 16×32 scores S = Q·Kᵀ on cooperative matrices and stores them to its own shared tile,
+// the step's V rows then take the K rows' place while two invocations per query row turn the
+// scores into probabilities (an online softmax), and the subgroup adds P·V to its 16×d f32
+// accumulators. K and V taking turns in one tile keeps the workgroup at 23.3 KB of shared
+// memory (d = 128), so two share an SM on NVIDIA's Vulkan driver; with both staged at once
+// (31.7 KB) one did.
 //
 // A cooperative matrix cannot be scaled row by row, so the accumulators are rescaled lazily: a
 // row keeps its reference max while the step's max stays within 2^8 of it in probability (P at
@@ -20,6 +23,8 @@
 @group(0) @binding(6) var<storage, read_write> o: array<u32>;
 @group(0) @binding(7) var<storage, read_write> lse: array<f32>;
 
+// K and V take turns in one tile.
+const KV_TILES: u32 = 1u;
 const SCORE_TILES: u32 = 1u;
 const PROB_TILES: u32 = 1u;
 // The largest growth of a row's max (as a log2 of probability) that keeps its reference.
@@ -71,21 +76,33 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let j_lo = x.span.x;
     let j_hi = x.span.y;
 
-    stage(lane, 0u, BR, q0, s.lq, s.qb, s.rs, a.hq, h, 0u);
-    workgroupBarrier();
-    let q_0 = frag_rows(sg * 16u, 0u);
-    let q_1 = frag_rows(sg * 16u, 1u);
-    let q_2 = frag_rows(sg * 16u, 2u);
-    let q_3 = frag_rows(sg * 16u, 3u);
+    // The 64 query rows in two halves of KC through the one tile: subgroups 0 and 1 take their
+    // fragments from the first, 2 and 3 from the second.
+    var q_0 = coop_mat16x16<f16, A>();
+    var q_1 = q_0;
+    var q_2 = q_0;
+    var q_3 = q_0;
     var q_4 = q_0;
     var q_5 = q_0;
     var q_6 = q_0;
     var q_7 = q_0;
-    if (DM == 128u) {
-        q_4 = frag_rows(sg * 16u, 4u);
-        q_5 = frag_rows(sg * 16u, 5u);
-        q_6 = frag_rows(sg * 16u, 6u);
-        q_7 = frag_rows(sg * 16u, 7u);
+    let qr = (sg % 2u) * 16u;
+    for (var half = 0u; half < 2u; half++) {
+        workgroupBarrier();
+        stage(lane, 0u, KC, q0 + i32(half * KC), s.lq, s.qb, s.rs, a.hq, h, 0u);
+        workgroupBarrier();
+        if (sg / 2u == half) {
+            q_0 = frag_rows(qr, 0u);
+            q_1 = frag_rows(qr, 1u);
+            q_2 = frag_rows(qr, 2u);
+            q_3 = frag_rows(qr, 3u);
+            if (DM == 128u) {
+                q_4 = frag_rows(qr, 4u);
+                q_5 = frag_rows(qr, 5u);
+                q_6 = frag_rows(qr, 6u);
+                q_7 = frag_rows(qr, 7u);
+            }
+        }
     }
     var o0 = coop_mat16x16<f32, C>();
     var o1 = coop_mat16x16<f32, C>();
@@ -105,25 +122,29 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var started = false;
     let tile = sg * SCORE_TILE + (sl / 2u) * LDS + part * 16u;
     let pt = sg * PROB_TILE + (sl / 2u) * LDP + part * 8u;
-    // The first step's K and V in registers; each step stores them and loads the next step's
-    // while it computes.
+    // The first step's K and V in registers; each step stores them (K, then V once the scores
+    // are done with K) and loads the next step's while it computes.
     var next_k = load_share(lane, 1u, j_lo, s.lk, s.kb, s.rs, a.hk, hkv);
     var next_v = load_share(lane, 2u, j_lo, s.lk, s.kb, s.rs, a.hk, hkv);
     for (var j0 = j_lo; j0 < j_hi; j0 += i32(KC)) {
+        let more = j0 + i32(KC) < j_hi;
         workgroupBarrier();
         put_share(lane, 0u, next_k);
-        put_share(lane, KC, next_v);
         if (lane < 4u) {
             grew[lane] = 0u;
         }
         workgroupBarrier();
-        if (j0 + i32(KC) < j_hi) {
+        if (more) {
             next_k = load_share(lane, 1u, j0 + i32(KC), s.lk, s.kb, s.rs, a.hk, hkv);
-            next_v = load_share(lane, 2u, j0 + i32(KC), s.lk, s.kb, s.rs, a.hk, hkv);
         }
         store_block(dot_block(0u, q_0, q_1, q_2, q_3, q_4, q_5, q_6, q_7), 0u, sg, 0u);
         store_block(dot_block(16u, q_0, q_1, q_2, q_3, q_4, q_5, q_6, q_7), 0u, sg, 16u);
         workgroupBarrier();
+        // Every subgroup is done with K: V takes its place (read after the barrier below).
+        put_share(lane, 0u, next_v);
+        if (more) {
+            next_v = load_share(lane, 2u, j0 + i32(KC), s.lk, s.kb, s.rs, a.hk, hkv);
+        }
 
         // This invocation's 16 keys: j0 + 16·part...
         let k0 = j0 + i32(part * 16u);
@@ -182,15 +203,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         started = true;
         let p0 = frag_prob(0u, sg, 0u);
         let p1 = frag_prob(0u, sg, 1u);
-        o0 = acc_block(o0, p0, p1, KC, 0u);
-        o1 = acc_block(o1, p0, p1, KC, 1u);
-        o2 = acc_block(o2, p0, p1, KC, 2u);
-        o3 = acc_block(o3, p0, p1, KC, 3u);
+        o0 = acc_block(o0, p0, p1, 0u, 0u);
+        o1 = acc_block(o1, p0, p1, 0u, 1u);
+        o2 = acc_block(o2, p0, p1, 0u, 2u);
+        o3 = acc_block(o3, p0, p1, 0u, 3u);
         if (DM == 128u) {
-            o4 = acc_block(o4, p0, p1, KC, 4u);
-            o5 = acc_block(o5, p0, p1, KC, 5u);
-            o6 = acc_block(o6, p0, p1, KC, 6u);
-            o7 = acc_block(o7, p0, p1, KC, 7u);
+            o4 = acc_block(o4, p0, p1, 0u, 4u);
+            o5 = acc_block(o5, p0, p1, 0u, 5u);
+            o6 = acc_block(o6, p0, p1, 0u, 6u);
+            o7 = acc_block(o7, p0, p1, 0u, 7u);
         }
     }
 
