@@ -7,9 +7,10 @@
 // WGSL has no bf16 type: the bf16 variants are these modules with their 16-bit float marked
 // bfloat16 after naga (build.rs), as in gemm_coop.wgsl.
 //
-// Each stage declares KV_TILES (the KC-row tiles it stages at once: 2 for K and V, or q and dO,
-// side by side; 1 where they take turns), SCORE_TILES and PROB_TILES (the f32 and 16-bit tiles
-// per subgroup it needs) and `out_word` (its outputs). Shared memory is what limits how many
+// Each stage declares KC (rows per step of its loop: 32, or 16), KV_TILES (the KC-row tiles it
+// stages at once: 2 for K and V, or q and dO, side by side; 1 where they take turns),
+// SCORE_TILES and PROB_TILES (the f32 and 16-bit tiles per subgroup it needs) and `out_word`
+// (its outputs). Shared memory is what limits how many
 // workgroups share an SM here: NVIDIA's Vulkan driver fits about 48 KB an SM (H200, 2026-11-28;
 // see gemm_coop.wgsl), so a stage of at most 24 KB runs two workgroups an SM and a larger one
 // runs one.
@@ -19,8 +20,6 @@
 @group(0) @binding(4) var<storage, read> v: array<vec4<u32>>;
 @group(0) @binding(5) var<storage, read> d_o: array<vec4<u32>>;
 
-// Rows (keys or queries) per step of a stage's loop.
-const KC: u32 = 32u;
 // Words per row of the staged tiles: DM halves and 8 of padding, which spreads a fragment's
 // rows over the banks and keeps rows 16-byte aligned.
 const LDW: u32 = DM / 2u + 4u;
@@ -33,8 +32,8 @@ const LDP: u32 = KC / 2u + 4u;
 // Words per subgroup 16-bit tile.
 const PROB_TILE: u32 = 16u * LDP;
 
-// KV_TILES staged tiles of KC rows (K then V, or q then dO; with two, once the 64 rows of one
-// input).
+// KV_TILES staged tiles of KC rows (K then V, or q then dO), also the staging of a block's own
+// 64 rows, KV_TILES·KC at a time.
 var<workgroup> kv: array<vec2<f16>, KV_TILES * KC * LDW>;
 // Per subgroup: SCORE_TILES tiles of 16×KC f32 (scores, dP; also the staging of an accumulator
 // on its way out).
@@ -95,8 +94,11 @@ fn put_chunk(c: u32, dst: u32, w: vec4<u32>) {
 }
 
 // An invocation's share of one KC-row tile in registers: chunks lane + 128·i (KC·DM/8 chunks
-// in all: 4 per invocation at DM = 128, 2 at 64), loaded while the workgroup computes on the
-// current tile and stored to shared memory at the next step.
+// in all: SHARE per invocation, 4 at KC = 32 and DM = 128, 1 at KC = 16 and DM = 64), loaded
+// while the workgroup computes on the current tile and stored to shared memory at the next
+// step.
+const SHARE: u32 = KC * DM / 1024u;
+
 struct TileShare {
     c0: vec4<u32>,
     c1: vec4<u32>,
@@ -107,8 +109,10 @@ struct TileShare {
 fn load_share(lane: u32, buf: u32, first: i32, len: i32, base: u32, rs: u32, heads: u32, h: u32) -> TileShare {
     var t: TileShare;
     t.c0 = load_chunk(lane, buf, first, len, base, rs, heads, h);
-    t.c1 = load_chunk(lane + 128u, buf, first, len, base, rs, heads, h);
-    if (DM == 128u) {
+    if (SHARE >= 2u) {
+        t.c1 = load_chunk(lane + 128u, buf, first, len, base, rs, heads, h);
+    }
+    if (SHARE == 4u) {
         t.c2 = load_chunk(lane + 256u, buf, first, len, base, rs, heads, h);
         t.c3 = load_chunk(lane + 384u, buf, first, len, base, rs, heads, h);
     }
@@ -117,8 +121,10 @@ fn load_share(lane: u32, buf: u32, first: i32, len: i32, base: u32, rs: u32, hea
 
 fn put_share(lane: u32, dst: u32, t: TileShare) {
     put_chunk(lane, dst, t.c0);
-    put_chunk(lane + 128u, dst, t.c1);
-    if (DM == 128u) {
+    if (SHARE >= 2u) {
+        put_chunk(lane + 128u, dst, t.c1);
+    }
+    if (SHARE == 4u) {
         put_chunk(lane + 256u, dst, t.c2);
         put_chunk(lane + 384u, dst, t.c3);
     }
@@ -171,11 +177,13 @@ fn dot_block(
     return s;
 }
 
-// acc + P·Y for head dims 16·f..: P the subgroup's 16-bit tile (two 16-column fragments p0,
-// p1), Y the KC staged rows from r0.
+// acc + P·Y for head dims 16·f..: P the subgroup's 16-bit tile (its 16-column fragments p0 and,
+// at KC = 32, p1), Y the KC staged rows from r0.
 fn acc_block(acc: coop_mat16x16<f32, C>, p0: coop_mat16x16<f16, A>, p1: coop_mat16x16<f16, A>, r0: u32, f: u32) -> coop_mat16x16<f32, C> {
     var r = coopMultiplyAdd(p0, frag_b(r0, f), acc);
-    r = coopMultiplyAdd(p1, frag_b(r0 + 16u, f), r);
+    if (KC == 32u) {
+        r = coopMultiplyAdd(p1, frag_b(r0 + 16u, f), r);
+    }
     return r;
 }
 

@@ -12,8 +12,14 @@
 @group(0) @binding(8) var<storage, read_write> dk: array<u32>;
 @group(0) @binding(9) var<storage, read_write> dv: array<u32>;
 
+// Queries per step. 16 declares 24.6 KB of shared memory (d = 128) instead of 46.3 KB, but the
+// backward ran 1% slower with it on the H200 (2026-11-28, 31.64 against 31.36 ms): the driver
+// reported 255 registers (and 43,136 bytes of shared memory) for it, so one workgroup an SM
+// either way.
+const KC: u32 = 32u;
 // The step's q and dO side by side.
 const KV_TILES: u32 = 2u;
+const_assert BR % (KV_TILES * KC) == 0u;
 // Sᵀ and dPᵀ.
 const SCORE_TILES: u32 = 2u;
 // Pᵀz and dSᵀ.
@@ -55,39 +61,58 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let scale2 = a.scale * LOG2E;
     let group = a.hq / a.hk;
 
-    stage(lane, 1u, BR, j0, s.lk, s.kb, s.rs, a.hk, hkv, 0u);
-    workgroupBarrier();
-    let r0 = sg * 16u;
-    let k_0 = frag_rows(r0, 0u);
-    let k_1 = frag_rows(r0, 1u);
-    let k_2 = frag_rows(r0, 2u);
-    let k_3 = frag_rows(r0, 3u);
+    // The 64 key rows of K, then of V, staged KV_TILES·KC rows at a time: each
+    // subgroup takes its fragments from the piece that holds its 16 rows.
+    var k_0 = coop_mat16x16<f16, A>();
+    var k_1 = k_0;
+    var k_2 = k_0;
+    var k_3 = k_0;
     var k_4 = k_0;
     var k_5 = k_0;
     var k_6 = k_0;
     var k_7 = k_0;
-    if (DM == 128u) {
-        k_4 = frag_rows(r0, 4u);
-        k_5 = frag_rows(r0, 5u);
-        k_6 = frag_rows(r0, 6u);
-        k_7 = frag_rows(r0, 7u);
-    }
-    workgroupBarrier();
-    stage(lane, 2u, BR, j0, s.lk, s.kb, s.rs, a.hk, hkv, 0u);
-    workgroupBarrier();
-    let v_0 = frag_rows(r0, 0u);
-    let v_1 = frag_rows(r0, 1u);
-    let v_2 = frag_rows(r0, 2u);
-    let v_3 = frag_rows(r0, 3u);
-    var v_4 = v_0;
-    var v_5 = v_0;
-    var v_6 = v_0;
-    var v_7 = v_0;
-    if (DM == 128u) {
-        v_4 = frag_rows(r0, 4u);
-        v_5 = frag_rows(r0, 5u);
-        v_6 = frag_rows(r0, 6u);
-        v_7 = frag_rows(r0, 7u);
+    var v_0 = k_0;
+    var v_1 = k_0;
+    var v_2 = k_0;
+    var v_3 = k_0;
+    var v_4 = k_0;
+    var v_5 = k_0;
+    var v_6 = k_0;
+    var v_7 = k_0;
+    let staged = KV_TILES * KC;
+    let pieces = BR / staged;
+    let r0 = (sg * 16u) % staged;
+    for (var t = 0u; t < 2u * pieces; t++) {
+        let piece = t % pieces;
+        let second = t >= pieces;
+        workgroupBarrier();
+        stage(lane, select(1u, 2u, second), staged, j0 + i32(piece * staged), s.lk, s.kb, s.rs, a.hk, hkv, 0u);
+        workgroupBarrier();
+        if ((sg * 16u) / staged == piece) {
+            if (!second) {
+                k_0 = frag_rows(r0, 0u);
+                k_1 = frag_rows(r0, 1u);
+                k_2 = frag_rows(r0, 2u);
+                k_3 = frag_rows(r0, 3u);
+                if (DM == 128u) {
+                    k_4 = frag_rows(r0, 4u);
+                    k_5 = frag_rows(r0, 5u);
+                    k_6 = frag_rows(r0, 6u);
+                    k_7 = frag_rows(r0, 7u);
+                }
+            } else {
+                v_0 = frag_rows(r0, 0u);
+                v_1 = frag_rows(r0, 1u);
+                v_2 = frag_rows(r0, 2u);
+                v_3 = frag_rows(r0, 3u);
+                if (DM == 128u) {
+                    v_4 = frag_rows(r0, 4u);
+                    v_5 = frag_rows(r0, 5u);
+                    v_6 = frag_rows(r0, 6u);
+                    v_7 = frag_rows(r0, 7u);
+                }
+            }
+        }
     }
     var dk0 = coop_mat16x16<f32, C>();
     var dk1 = coop_mat16x16<f32, C>();
@@ -106,9 +131,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var dv6 = coop_mat16x16<f32, C>();
     var dv7 = coop_mat16x16<f32, C>();
 
-    let at_s = sg * SCORE_TILE + (sl / 2u) * LDS + part * 16u;
+    let at_s = sg * SCORE_TILE + (sl / 2u) * LDS + part * (KC / 2u);
     let at_dp = at_s + 4u * SCORE_TILE;
-    let at_p = sg * PROB_TILE + (sl / 2u) * LDP + part * 8u;
+    let at_p = sg * PROB_TILE + (sl / 2u) * LDP + part * (KC / 4u);
     let at_ds = at_p + 4u * PROB_TILE;
     for (var h = hkv * group; h < (hkv + 1u) * group; h++) {
         // Each step's q and dO come from registers loaded during the step before.
@@ -135,15 +160,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 next_g = load_share(lane, 3u, i0 + i32(KC), s.lq, s.qb, s.rs, a.hq, h);
             }
             store_block(dot_block(0u, k_0, k_1, k_2, k_3, k_4, k_5, k_6, k_7), 0u, sg, 0u);
-            store_block(dot_block(16u, k_0, k_1, k_2, k_3, k_4, k_5, k_6, k_7), 0u, sg, 16u);
             store_block(dot_block(KC, v_0, v_1, v_2, v_3, v_4, v_5, v_6, v_7), 1u, sg, 0u);
-            store_block(dot_block(KC + 16u, v_0, v_1, v_2, v_3, v_4, v_5, v_6, v_7), 1u, sg, 16u);
+            if (KC == 32u) {
+                store_block(dot_block(16u, k_0, k_1, k_2, k_3, k_4, k_5, k_6, k_7), 0u, sg, 16u);
+                store_block(dot_block(KC + 16u, v_0, v_1, v_2, v_3, v_4, v_5, v_6, v_7), 1u, sg, 16u);
+            }
             workgroupBarrier();
-            for (var e = 0u; e < 16u; e += 2u) {
+            for (var e = 0u; e < KC / 2u; e += 2u) {
                 var pz = vec2<f32>(0.0);
                 var ds = vec2<f32>(0.0);
                 for (var t = 0u; t < 2u; t++) {
-                    let c = part * 16u + e + t;
+                    let c = part * (KC / 2u) + e + t;
                     let i = i0 + i32(c);
                     let keys = key_range(s, i);
                     if (j >= keys.x && j < keys.y) {
@@ -158,13 +185,19 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             }
             workgroupBarrier();
             let p0 = frag_prob(0u, sg, 0u);
-            let p1 = frag_prob(0u, sg, 1u);
+            var p1 = p0;
+            if (KC == 32u) {
+                p1 = frag_prob(0u, sg, 1u);
+            }
             dv0 = acc_block(dv0, p0, p1, KC, 0u);
             dv1 = acc_block(dv1, p0, p1, KC, 1u);
             dv2 = acc_block(dv2, p0, p1, KC, 2u);
             dv3 = acc_block(dv3, p0, p1, KC, 3u);
             let s0 = frag_prob(1u, sg, 0u);
-            let s1 = frag_prob(1u, sg, 1u);
+            var s1 = s0;
+            if (KC == 32u) {
+                s1 = frag_prob(1u, sg, 1u);
+            }
             dk0 = acc_block(dk0, s0, s1, 0u, 0u);
             dk1 = acc_block(dk1, s0, s1, 0u, 1u);
             dk2 = acc_block(dk2, s0, s1, 0u, 2u);

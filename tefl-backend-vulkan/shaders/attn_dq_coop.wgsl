@@ -10,8 +10,12 @@
 @group(0) @binding(7) var<storage, read> delta: array<f32>;
 @group(0) @binding(8) var<storage, read_write> dq: array<u32>;
 
+// Keys per step: 16 keeps the stage at 21.5 KB of shared memory (d = 128), so that two
+// workgroups share an SM on NVIDIA's Vulkan driver (attn_coop.wgsl).
+const KC: u32 = 16u;
 // The step's K and V side by side.
 const KV_TILES: u32 = 2u;
+const_assert BR % (KV_TILES * KC) == 0u;
 // S and dP.
 const SCORE_TILES: u32 = 2u;
 // dS.
@@ -49,39 +53,58 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         di = delta[(s.qb + u32(i) * s.rs) * a.hq + h];
     }
 
-    stage(lane, 0u, BR, q0, s.lq, s.qb, s.rs, a.hq, h, 0u);
-    workgroupBarrier();
-    let r0 = sg * 16u;
-    let q_0 = frag_rows(r0, 0u);
-    let q_1 = frag_rows(r0, 1u);
-    let q_2 = frag_rows(r0, 2u);
-    let q_3 = frag_rows(r0, 3u);
+    // The 64 query rows of q, then of dO, staged KV_TILES·KC rows at a time: each
+    // subgroup takes its fragments from the piece that holds its 16 rows.
+    var q_0 = coop_mat16x16<f16, A>();
+    var q_1 = q_0;
+    var q_2 = q_0;
+    var q_3 = q_0;
     var q_4 = q_0;
     var q_5 = q_0;
     var q_6 = q_0;
     var q_7 = q_0;
-    if (DM == 128u) {
-        q_4 = frag_rows(r0, 4u);
-        q_5 = frag_rows(r0, 5u);
-        q_6 = frag_rows(r0, 6u);
-        q_7 = frag_rows(r0, 7u);
-    }
-    workgroupBarrier();
-    stage(lane, 3u, BR, q0, s.lq, s.qb, s.rs, a.hq, h, 0u);
-    workgroupBarrier();
-    let g_0 = frag_rows(r0, 0u);
-    let g_1 = frag_rows(r0, 1u);
-    let g_2 = frag_rows(r0, 2u);
-    let g_3 = frag_rows(r0, 3u);
-    var g_4 = g_0;
-    var g_5 = g_0;
-    var g_6 = g_0;
-    var g_7 = g_0;
-    if (DM == 128u) {
-        g_4 = frag_rows(r0, 4u);
-        g_5 = frag_rows(r0, 5u);
-        g_6 = frag_rows(r0, 6u);
-        g_7 = frag_rows(r0, 7u);
+    var g_0 = q_0;
+    var g_1 = q_0;
+    var g_2 = q_0;
+    var g_3 = q_0;
+    var g_4 = q_0;
+    var g_5 = q_0;
+    var g_6 = q_0;
+    var g_7 = q_0;
+    let staged = KV_TILES * KC;
+    let pieces = BR / staged;
+    let r0 = (sg * 16u) % staged;
+    for (var t = 0u; t < 2u * pieces; t++) {
+        let piece = t % pieces;
+        let second = t >= pieces;
+        workgroupBarrier();
+        stage(lane, select(0u, 3u, second), staged, q0 + i32(piece * staged), s.lq, s.qb, s.rs, a.hq, h, 0u);
+        workgroupBarrier();
+        if ((sg * 16u) / staged == piece) {
+            if (!second) {
+                q_0 = frag_rows(r0, 0u);
+                q_1 = frag_rows(r0, 1u);
+                q_2 = frag_rows(r0, 2u);
+                q_3 = frag_rows(r0, 3u);
+                if (DM == 128u) {
+                    q_4 = frag_rows(r0, 4u);
+                    q_5 = frag_rows(r0, 5u);
+                    q_6 = frag_rows(r0, 6u);
+                    q_7 = frag_rows(r0, 7u);
+                }
+            } else {
+                g_0 = frag_rows(r0, 0u);
+                g_1 = frag_rows(r0, 1u);
+                g_2 = frag_rows(r0, 2u);
+                g_3 = frag_rows(r0, 3u);
+                if (DM == 128u) {
+                    g_4 = frag_rows(r0, 4u);
+                    g_5 = frag_rows(r0, 5u);
+                    g_6 = frag_rows(r0, 6u);
+                    g_7 = frag_rows(r0, 7u);
+                }
+            }
+        }
     }
     var d0 = coop_mat16x16<f32, C>();
     var d1 = coop_mat16x16<f32, C>();
@@ -92,9 +115,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var d6 = coop_mat16x16<f32, C>();
     var d7 = coop_mat16x16<f32, C>();
 
-    let at_s = sg * SCORE_TILE + (sl / 2u) * LDS + part * 16u;
+    let at_s = sg * SCORE_TILE + (sl / 2u) * LDS + part * (KC / 2u);
     let at_dp = at_s + 4u * SCORE_TILE;
-    let at_ds = sg * PROB_TILE + (sl / 2u) * LDP + part * 8u;
+    let at_ds = sg * PROB_TILE + (sl / 2u) * LDP + part * (KC / 4u);
     // Each step's K and V come from registers loaded during the step before.
     var next_k = load_share(lane, 1u, j_lo, s.lk, s.kb, s.rs, a.hk, hkv);
     var next_v = load_share(lane, 2u, j_lo, s.lk, s.kb, s.rs, a.hk, hkv);
@@ -108,12 +131,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             next_v = load_share(lane, 2u, j0 + i32(KC), s.lk, s.kb, s.rs, a.hk, hkv);
         }
         store_block(dot_block(0u, q_0, q_1, q_2, q_3, q_4, q_5, q_6, q_7), 0u, sg, 0u);
-        store_block(dot_block(16u, q_0, q_1, q_2, q_3, q_4, q_5, q_6, q_7), 0u, sg, 16u);
         store_block(dot_block(KC, g_0, g_1, g_2, g_3, g_4, g_5, g_6, g_7), 1u, sg, 0u);
-        store_block(dot_block(KC + 16u, g_0, g_1, g_2, g_3, g_4, g_5, g_6, g_7), 1u, sg, 16u);
+        if (KC == 32u) {
+            store_block(dot_block(16u, q_0, q_1, q_2, q_3, q_4, q_5, q_6, q_7), 0u, sg, 16u);
+            store_block(dot_block(KC + 16u, g_0, g_1, g_2, g_3, g_4, g_5, g_6, g_7), 1u, sg, 16u);
+        }
         workgroupBarrier();
-        let k0 = j0 + i32(part * 16u);
-        for (var e = 0u; e < 16u; e += 2u) {
+        let k0 = j0 + i32(part * (KC / 2u));
+        for (var e = 0u; e < KC / 2u; e += 2u) {
             var ds = vec2<f32>(0.0);
             for (var t = 0u; t < 2u; t++) {
                 let j = k0 + i32(e + t);
@@ -127,7 +152,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         workgroupBarrier();
         let s0 = frag_prob(0u, sg, 0u);
-        let s1 = frag_prob(0u, sg, 1u);
+        var s1 = s0;
+        if (KC == 32u) {
+            s1 = frag_prob(0u, sg, 1u);
+        }
         d0 = acc_block(d0, s0, s1, 0u, 0u);
         d1 = acc_block(d1, s0, s1, 0u, 1u);
         d2 = acc_block(d2, s0, s1, 0u, 2u);

@@ -23,6 +23,7 @@
 @group(0) @binding(6) var<storage, read_write> o: array<u32>;
 @group(0) @binding(7) var<storage, read_write> lse: array<f32>;
 
+const KC: u32 = 32u;
 // K and V take turns in one tile.
 const KV_TILES: u32 = 1u;
 const SCORE_TILES: u32 = 1u;
