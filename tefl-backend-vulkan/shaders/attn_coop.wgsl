@@ -10,10 +10,9 @@
 // Each stage declares KC (rows per step of its loop: 32, or 16), KV_TILES (the KC-row tiles it
 // stages at once: 2 for K and V, or q and dO, side by side; 1 where they take turns),
 // SCORE_TILES and PROB_TILES (the f32 and 16-bit tiles per subgroup it needs) and `out_word`
-// (its outputs). Shared memory is what limits how many
-// workgroups share an SM here: NVIDIA's Vulkan driver fits about 48 KB an SM (H200, 2026-11-28;
-// see gemm_coop.wgsl), so a stage of at most 24 KB runs two workgroups an SM and a larger one
-// runs one.
+// (its outputs). Shared memory often decides how many workgroups share an SM: NVIDIA's Vulkan
+// driver fits about 48 KB an SM (H200, 2026-11-28; see gemm_coop.wgsl), so a stage of at most
+// 24 KB runs two workgroups an SM where its registers allow, and a larger one runs one.
 
 @group(0) @binding(2) var<storage, read> q: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read> k: array<vec4<u32>>;

@@ -24,8 +24,9 @@
 @group(0) @binding(7) var<storage, read_write> lse: array<f32>;
 
 const KC: u32 = 32u;
-// K and V take turns in one tile.
+// K and V take turns in one tile (which also stages the block's 64 query rows, in two halves).
 const KV_TILES: u32 = 1u;
+const_assert BR == 2u * KV_TILES * KC;
 const SCORE_TILES: u32 = 1u;
 const PROB_TILES: u32 = 1u;
 // The largest growth of a row's max (as a log2 of probability) that keeps its reference.
