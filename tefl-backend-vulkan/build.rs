@@ -237,7 +237,9 @@ fn variants() -> Vec<Variant> {
     v
 }
 
-fn compile(name: &str, text: &str) -> Vec<u32> {
+/// The module's SPIR-V words and the bytes of workgroup memory it declares (the sum of its
+/// `var<workgroup>` sizes).
+fn compile(name: &str, text: &str) -> (Vec<u32>, u32) {
     let module = naga::front::wgsl::parse_str(text)
         .unwrap_or_else(|e| panic!("{name}: WGSL does not parse:\n{}", e.emit_to_string(text)));
     let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
@@ -255,8 +257,15 @@ fn compile(name: &str, text: &str) -> Vec<u32> {
     };
     let pipeline =
         naga::back::spv::PipelineOptions { shader_stage: naga::ShaderStage::Compute, entry_point: "main".into() };
-    naga::back::spv::write_vec(&module, &info, &options, Some(&pipeline))
-        .unwrap_or_else(|e| panic!("{name}: SPIR-V output failed: {e}"))
+    let words = naga::back::spv::write_vec(&module, &info, &options, Some(&pipeline))
+        .unwrap_or_else(|e| panic!("{name}: SPIR-V output failed: {e}"));
+    let shared = module
+        .global_variables
+        .iter()
+        .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup)
+        .map(|(_, g)| module.types[g.ty].inner.size(module.to_ctx()))
+        .sum();
+    (words, shared)
 }
 
 /// SPIR-V opcodes and operands `mark_bfloat16` reads or writes.
@@ -384,6 +393,9 @@ fn main() {
     let common = read("common.wgsl");
     let mut table = String::from("/// Every shader variant: its name and its SPIR-V (little-endian words).\n");
     table.push_str("pub static SHADERS: &[(&str, &[u8])] = &[\n");
+    let mut shared_table =
+        String::from("/// The workgroup memory each WGSL module declares, in bytes (build.rs, from naga).\n");
+    shared_table.push_str("pub static SHARED_BYTES: &[(&str, u32)] = &[\n");
     for v in variants() {
         let name = v.name();
         let mut text = format!("{}{}{common}\n", v.header, v.prelude());
@@ -391,7 +403,8 @@ fn main() {
             text.push_str(&read(f));
             text.push('\n');
         }
-        let mut words = compile(&name, &text);
+        let (mut words, shared) = compile(&name, &text);
+        let _ = writeln!(shared_table, "    ({name:?}, {shared}),");
         if v.shader == "gemm_coop" {
             retype_coop_operands(&name, &mut words, name.contains(".tx=bf16."));
         } else if v.shader.starts_with("attn_") && v.shader.ends_with("_coop") && name.contains(".tx=bf16.") {
@@ -412,5 +425,7 @@ fn main() {
         let _ = writeln!(table, "    ({name:?}, include_bytes!(concat!(env!(\"OUT_DIR\"), \"/{name}.spv\"))),");
     }
     table.push_str("];\n");
+    shared_table.push_str("];\n");
+    table.push_str(&shared_table);
     std::fs::write(out.join("shaders.rs"), table).expect("write shaders.rs");
 }

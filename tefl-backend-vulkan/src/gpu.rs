@@ -985,6 +985,12 @@ impl Recorder<'_> {
     }
 }
 
+/// Bytes of workgroup memory the WGSL module `name` declares, as naga measured it in build.rs
+/// (`None` for a name that is not one of them).
+pub fn declared_shared_bytes(name: &str) -> Option<u32> {
+    SHARED_BYTES.iter().find(|(n, _)| *n == name).map(|(_, b)| *b)
+}
+
 /// Every shader variant's name (tests).
 pub fn shader_names() -> impl Iterator<Item = &'static str> {
     SHADERS.iter().map(|(n, _)| *n)
@@ -992,9 +998,43 @@ pub fn shader_names() -> impl Iterator<Item = &'static str> {
 
 #[cfg(test)]
 mod tests {
-    use super::{COOPMAT_VAR, PIPELINE_STATS_VAR, coop_wanted, size_class, stats_wanted, vk_error, with_bytes};
+    use super::{
+        COOPMAT_VAR, PIPELINE_STATS_VAR, SHARED_BYTES, coop_wanted, declared_shared_bytes, shader_names, size_class,
+        stats_wanted, vk_error, with_bytes,
+    };
     use ash::vk;
     use tefl_core::{Device, DeviceKind, Error};
+
+    /// NVIDIA's Vulkan driver fits about 48 KB of shared memory an SM (H200, 2026-11-28: the
+    /// 128×128 GEMM with 30 KB a workgroup instead of 24 ran half as fast), so the stages that
+    /// run two workgroups an SM keep to 24 KB: the GEMM's 128×128 tile and attention's forward
+    /// and dQ on cooperative matrices (driver-reported sizes on the H200 matched these: 24,576,
+    /// 23,312 and 22,016 bytes at head dim 128).
+    #[test]
+    fn the_two_workgroup_stages_declare_at_most_24_kb_of_shared_memory() {
+        let budget = 24 * 1024;
+        let mut seen = 0;
+        for (name, bytes) in SHARED_BYTES {
+            let two_an_sm = (name.starts_with("gemm_coop.") && name.contains(".sgm=2.sgn=2."))
+                || name.starts_with("attn_fwd_coop.")
+                || name.starts_with("attn_dq_coop.");
+            if two_an_sm {
+                seen += 1;
+                assert!(*bytes <= budget, "{name} declares {bytes} bytes of shared memory (budget {budget})");
+            }
+        }
+        // Both dtypes, and four transpose pairs times two raster groups of the GEMM, two head dims
+        // of each attention stage.
+        assert_eq!(seen, 2 * (4 * 2 + 2 + 2), "variants checked");
+        assert_eq!(declared_shared_bytes("attn_fwd_coop.tx=bf16.dm=128.br=64"), Some(23_312));
+        assert_eq!(declared_shared_bytes("attn_dq_coop.tx=f16.dm=128.br=64"), Some(22_016));
+        assert_eq!(declared_shared_bytes("gemm_coop.tx=bf16.ta=0.tb=0.sgm=2.sgn=2.gm=8"), Some(24_576));
+        // Every WGSL module is measured (the assembled gemm_cm2 modules are not WGSL).
+        for name in shader_names().filter(|n| !n.starts_with("gemm_cm2.")) {
+            assert!(declared_shared_bytes(name).is_some(), "{name} has no measured shared memory");
+        }
+        assert_eq!(declared_shared_bytes("no_such_shader"), None);
+    }
 
     #[test]
     fn a_vulkan_out_of_memory_result_says_the_bytes_of_the_buffer_it_refused() {

@@ -64,13 +64,12 @@ impl CoopTile {
         32 * self.sgm * self.sgn
     }
 
-    /// Bytes of shared memory the shader declares for this tile: the A and B tiles of one k step
-    /// of 32 (16-byte units, in the larger of their two orientations, with a padding unit per
-    /// row) and a 16×16 f32 staging tile per subgroup (as `gemm_coop.wgsl` computes them).
+    /// Bytes of shared memory the shader declares for this tile (`u32::MAX` for a tile that was
+    /// not built): the A and B tiles of one k step of 32 (16-byte units, in the larger of their
+    /// two orientations, so the same for every transpose pair and dtype) and a 16×16 f32 staging
+    /// tile per subgroup, as naga measured the module in build.rs.
     pub fn shared_bytes(&self) -> u32 {
-        const KT: u32 = 32;
-        let units = |t: u32| (t * (KT / 8 + 1)).max(KT * (t / 8 + 1));
-        16 * (units(self.rows()) + units(self.cols())) + 1024 * self.sgm * self.sgn
+        crate::gpu::declared_shared_bytes(&self.variant("f16", false, false)).unwrap_or(u32::MAX)
     }
 
     /// The shader variant's name for dtype `tx` and transposes.

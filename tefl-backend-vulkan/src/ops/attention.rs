@@ -15,16 +15,12 @@ use tefl_core::{DType, Error, KernelCtx, Result, Tensor};
 use tefl_gpu::simt::attention::AttnBuild;
 
 use super::{MAX_GROUPS, binding as bind, dtype_name};
-use crate::gpu::{Binding, Gpu, gpu};
+use crate::gpu::{Binding, Gpu, declared_shared_bytes, gpu};
 
 /// The largest head dims the shaders are built for (`build.rs`'s ATTN_HEAD_DIMS).
 const HEAD_DIMS: [usize; 4] = [32, 64, 128, 256];
 /// The head dims the cooperative-matrix forward is built for (exactly; `build.rs`).
 const COOP_HEAD_DIMS: [usize; 2] = [64, 128];
-/// The most shared memory a cooperative-matrix stage takes (`attn_coop.wgsl`, head dim 128):
-/// dK/dV's staged tiles (2·32 rows of 68 words), two f32 tiles of 16×36 and two 16-bit tiles of
-/// 16×20 words per subgroup, and the step's lse and delta.
-const COOP_SHARED_BYTES: u32 = 2 * 32 * 68 * 4 + 2 * 4 * 16 * 36 * 4 + 2 * 4 * 16 * 20 * 4 + 2 * 32 * 4;
 /// Query (or key) rows per workgroup (`build.rs`'s ATTN_ROWS).
 const ROWS: usize = 64;
 /// Keys per step of the forward's online softmax (`attn_common.wgsl`'s BC).
@@ -131,17 +127,24 @@ fn loop_iterations(g: &AttnGeometry, dropout: bool, backward: bool) -> u64 {
     if backward { dq.max(dkdv) } else { fwd }
 }
 
-/// The variant suffix of the cooperative-matrix stages (`.tx=bf16.dm=128.br=64`) where they serve
-/// this call: the device has cooperative matrices for the dtype and shared memory enough, and the
-/// head dim is one they are built for. `None`: the one-row-per-invocation stages.
-fn coop_suffix(gpu: &Gpu, op: &'static str, dtype: DType, d: usize) -> Result<Option<String>> {
-    let on = match dtype {
+/// The variant suffix of the cooperative-matrix `stages` (`.tx=bf16.dm=128.br=64`) where they
+/// serve this call: the device has cooperative matrices for the dtype, the head dim is one they
+/// are built for, and the device's shared memory holds what each of those stages declares.
+/// `None`: the one-row-per-invocation stages.
+fn coop_suffix(gpu: &Gpu, op: &'static str, stages: &[&str], dtype: DType, d: usize) -> Result<Option<String>> {
+    let coop = match dtype {
         DType::F16 => gpu.coop,
         DType::BF16 => gpu.coop_bf16,
         _ => false,
-    } && COOP_HEAD_DIMS.contains(&d)
-        && gpu.physical.limits.max_compute_shared_memory_size >= COOP_SHARED_BYTES;
-    Ok(if on { Some(format!(".tx={}.dm={d}.br={ROWS}", dtype_name(op, "q", dtype)?)) } else { None })
+    };
+    if !coop || !COOP_HEAD_DIMS.contains(&d) {
+        return Ok(None);
+    }
+    let suffix = format!(".tx={}.dm={d}.br={ROWS}", dtype_name(op, "q", dtype)?);
+    let limit = gpu.physical.limits.max_compute_shared_memory_size;
+    let fits =
+        stages.iter().all(|s| declared_shared_bytes(&format!("{s}{suffix}")).is_some_and(|bytes| bytes <= limit));
+    Ok(fits.then_some(suffix))
 }
 
 /// [`plan`] for the arguments of either direction (`AttnFwdArgs` and `AttnBwdArgs` name their
@@ -187,7 +190,7 @@ pub fn fused_attn_fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<AttnFwdOut
     };
     let lse = Tensor::uninit(g.lse_shape(), DType::F32, &dev)?;
     let gpu = gpu(dev)?;
-    let name = match coop_suffix(&gpu, OP, a.q.dtype(), g.d)? {
+    let name = match coop_suffix(&gpu, OP, &["attn_fwd_coop"], a.q.dtype(), g.d)? {
         Some(suffix) => format!("attn_fwd_coop{suffix}"),
         None => format!("attn_fwd{}", p.suffix),
     };
@@ -232,7 +235,7 @@ pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut
     let gpu = gpu(dev)?;
     let dtype = dtype_name(OP, "q", a.q.dtype())?;
     let delta_pipeline = gpu.pipeline(&format!("attn_delta.tx={dtype}.wg={DELTA_WG}"), 3, DELTA_PUSH_BYTES)?;
-    let (dq_name, dkdv_name) = match coop_suffix(&gpu, OP, a.q.dtype(), g.d)? {
+    let (dq_name, dkdv_name) = match coop_suffix(&gpu, OP, &["attn_dq_coop", "attn_dkdv_coop"], a.q.dtype(), g.d)? {
         Some(suffix) => (format!("attn_dq_coop{suffix}"), format!("attn_dkdv_coop{suffix}")),
         None => (format!("attn_dq{}", p.suffix), format!("attn_dkdv{}", p.suffix)),
     };
