@@ -199,14 +199,14 @@ pub fn kernel_choice(impl_id: &str, op: &str, device: Device, dtype: DType) -> O
         }
         "generic_gemm" => format!("{portable_gemm}, then its epilogue stage unless the product writes D"),
         "fused_attn_fwd" if coop => {
-            "attn_fwd_coop (cooperative matrices) for head dim 64 or 128, attn_fwd (one query row an invocation) \
-             otherwise"
+            "attn_fwd_coop (cooperative matrices) for head dim 64 or 128 where the device's shared memory holds it, \
+             attn_fwd (one query row an invocation) otherwise"
                 .to_string()
         }
         "fused_attn_fwd" => "attn_fwd (one query row an invocation)".to_string(),
         "fused_attn_bwd" if coop => {
-            "attn_delta, then attn_dq_coop and attn_dkdv_coop (cooperative matrices) for head dim 64 or 128, \
-             attn_dq and attn_dkdv otherwise"
+            "attn_delta, then attn_dq_coop and attn_dkdv_coop (cooperative matrices) for head dim 64 or 128 where \
+             the device's shared memory holds both, attn_dq and attn_dkdv otherwise"
                 .to_string()
         }
         "fused_attn_bwd" => "attn_delta, attn_dq, attn_dkdv (one row an invocation)".to_string(),
