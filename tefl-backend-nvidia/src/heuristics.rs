@@ -146,10 +146,10 @@ mod tests {
     }
 
     #[test]
-    fn hopper_overrides_norm_but_not_softmax() {
+    fn hopper_overrides_attention_and_the_norm_backward_not_the_row_kernels() {
         let h = TUNE_CONFIGS.table("sm_90");
         let a = TUNE_CONFIGS.table("sm_80");
-        assert_ne!(h.configs("norm"), a.configs("norm"));
+        assert_eq!(h.configs("norm"), a.configs("norm"));
         assert_eq!(h.configs("softmax"), a.configs("softmax"));
         assert_eq!(a.configs("norm").len(), 4);
         assert_eq!(attention_fwd_min_blocks(&h), 2);
@@ -163,10 +163,13 @@ mod tests {
         assert_eq!(tefl_gpu::tune::norm_bwd_stages(&a, 232_448, 32 << 10, 1), 0);
         let r = row_kernel(&h, "norm", 8192, 2, 4);
         assert!(r.fused() && r.row_vecs <= 4, "{r:?}");
-        // Hopper: 256 threads of four vectors for 8192 bf16 columns.
+        // Hopper: four vectors a thread, 256 threads for 8192 bf16 columns, 128 for 4096.
         assert_eq!((r.block, r.row_vecs), (256, 4));
-        // 1024 bf16 columns are 128 vectors: the 128-thread block (last in the list), not 256
-        // threads of which half hold none.
+        let r = row_kernel(&h, "norm", 4096, 2, 4);
+        assert_eq!((r.block, r.row_vecs), (128, 4));
+        let r = row_kernel(&h, "norm", 16384, 2, 4);
+        assert_eq!((r.block, r.row_vecs), (512, 4));
+        // 1024 bf16 columns are 128 vectors: one each for 128 threads.
         assert_eq!(row_kernel(&h, "norm", 1024, 2, 4).block, 128);
     }
 }
