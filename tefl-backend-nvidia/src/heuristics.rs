@@ -80,6 +80,10 @@ pub fn grouped_gemm_tiles(t: &TuneTable) -> GroupedTiles {
     })
 }
 
+/// What the attention backward runs for a call with `deterministic` set (ops/attention.rs).
+const DETERMINISTIC_BWD: &str =
+    "deterministic calls: attn_bwd_delta_simt, attn_bwd_dkdv_simt, attn_bwd_dq_simt (dQ row by row, no atomics)";
+
 /// Which kernel `vendor.nvidia` runs for `op` on `device` and `dtype`, where it has more than
 /// one (chosen by arch and tune configs): what `explain` shows under the impl. `None` for the
 /// other ops, for the by-id portable impl and for a device whose properties cannot be read.
@@ -103,11 +107,12 @@ pub fn kernel_choice(impl_id: &str, op: &str, device: Device, dtype: DType) -> O
         "fused_attn_fwd" if hopper => format!("attn_fwd ({mma}; the wgmma kernel takes f16/bf16 only)"),
         "fused_attn_fwd" => format!("attn_fwd ({mma}; the wgmma kernel needs sm_90, this is {arch})"),
         "fused_attn_bwd" if hopper && sixteen && attention_bwd_wgmma(&TUNE_CONFIGS.table(&arch)) => {
-            "attn_bwd_delta, attn_bwd_sm90 (TMA loads, wgmma, dQ by tensor reduce-add; head dim 64/128, bshd/sbhd, \
-             no padding, no dropout; attn_bwd_dkdv (mma.sync) for other calls), attn_bwd_dq_out"
-                .to_string()
+            format!(
+                "attn_bwd_delta, attn_bwd_sm90 (TMA loads, wgmma, dQ by tensor reduce-add; head dim 64/128, bshd/sbhd, \
+                 no padding, no dropout; attn_bwd_dkdv (mma.sync) for other calls), attn_bwd_dq_out; {DETERMINISTIC_BWD}"
+            )
         }
-        "fused_attn_bwd" => format!("attn_bwd_delta, attn_bwd_dkdv, attn_bwd_dq_out ({mma})"),
+        "fused_attn_bwd" => format!("attn_bwd_delta, attn_bwd_dkdv, attn_bwd_dq_out ({mma}); {DETERMINISTIC_BWD}"),
         "te_general_grouped_gemm" if hopper && (sixteen || dtype.is_fp8()) => {
             "grouped_gemm_sm90 (one launch over a table of groups: TMA, wgmma) where every group's rows are \
              16-byte aligned; cuBLASLt per group otherwise"

@@ -71,6 +71,7 @@ pub fn fused_attn_bwd(
         seed: 0,
         offset: 0,
         window: AttnWindow::default(),
+        deterministic: false,
     })
 }
 setters!(FusedAttnBwd {
@@ -82,6 +83,9 @@ setters!(FusedAttnBwd {
     scale: f32,
     /// The sliding window.
     window: AttnWindow,
+    /// Whether dq must be the same bits on every repetition (see
+    /// [`AttnBwdArgs::deterministic`](tefl_core::catalogue::AttnBwdArgs::deterministic)).
+    deterministic: bool,
 });
 
 macro_rules! attn_common {

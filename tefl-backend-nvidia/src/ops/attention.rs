@@ -179,9 +179,20 @@ pub fn fused_attn_fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<AttnFwdOut
     Ok(AttnFwdOut { o, softmax_lse: lse })
 }
 
-/// The catalogue op `fused_attn_bwd` on CUDA (the Hopper wgmma kernels where they apply, else the mma.sync ones).
+/// The catalogue op `fused_attn_bwd` on CUDA (the Hopper wgmma kernels where they apply, else the
+/// mma.sync ones). Both add each key block's dQ share into an f32 accumulator as the blocks
+/// finish, in an order that varies from run to run; a call that asks for a deterministic dQ
+/// (`AttnBwdArgs::deterministic`) runs on the portable kernels instead (`tefl-gpu`'s SIMT
+/// backward: dQ row by row in one pass over the keys, no atomics). Those are slow: on the H200
+/// (2026-11-29, `bench --shapes small --only attn_bwd`) causal b1 h8 s1024 d128 took 16.3 ms
+/// against 0.066 ms, and at the anchor shape (b4 h32 s4096) three timed calls did not finish in
+/// 400 s. A deterministic tensor-core dQ (each query tile's shares added in key-block order)
+/// is what should replace them.
 pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut> {
     const OP: &str = "fused_attn_bwd";
+    if a.deterministic {
+        return tefl_gpu::simt::attention::fused_attn_bwd(ctx, a);
+    }
     let (cu_q, cu_k) = (a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref());
     let s = setup(OP, ctx, &a.q, &a.k, &a.v, cu_q, cu_k, a.layout, a.mask, a.window, a.dropout_p > 0.0)?;
     if a.d_o.dtype() != a.q.dtype() {

@@ -145,6 +145,13 @@ declare_op! {
         scalar offset: u64,
         /// As in the forward.
         scalar window: AttnWindow,
+        /// Whether `dq` must come out the same, bit for bit, every time the call is repeated
+        /// (TE's `deterministic`). An impl whose `dq` adds the key blocks' shares into one
+        /// accumulator as they finish (atomics, reduce-adds: an order that changes from run to
+        /// run, so the last bits of the sums do too) runs such a call through kernels that
+        /// compute each `dq` row in one pass over its keys instead, or declines it. `dk` and
+        /// `dv` are deterministic in every impl.
+        scalar deterministic: bool,
     }
     /// Outputs of [`FusedAttnBwd`].
     pub struct AttnBwdOut {
@@ -178,7 +185,7 @@ declare_op! {
 impl AttnFwdArgs {
     /// The backward call of this forward: the same inputs and options (dropout replays the
     /// same mask from `seed` and `offset`), with the forward's output `o`, its `softmax_lse`
-    /// and the output gradient `d_o`.
+    /// and the output gradient `d_o`; not [`AttnBwdArgs::deterministic`].
     pub fn backward(&self, o: Tensor, d_o: Tensor, softmax_lse: Tensor) -> AttnBwdArgs {
         AttnBwdArgs {
             q: self.q.clone(),
@@ -196,6 +203,7 @@ impl AttnFwdArgs {
             seed: self.seed,
             offset: self.offset,
             window: self.window,
+            deterministic: false,
         }
     }
 }

@@ -162,21 +162,21 @@ def _attn_args(q, k, v, mask, scale):
 
 class _AttentionFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale):
+    def forward(ctx, q, k, v, causal, scale, deterministic):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         mask = "causal" if causal else "none"
         out = call("fused_attn_fwd", _attn_args(q, k, v, mask, scale), kind="torch")
         ctx.save_for_backward(q, k, v, out["o"], out["softmax_lse"])
-        ctx.mask, ctx.scale = mask, scale
+        ctx.mask, ctx.scale, ctx.deterministic = mask, scale, deterministic
         return out["o"]
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
         args = _attn_args(q, k, v, ctx.mask, ctx.scale)
-        args.update({"o": o, "d_o": do.contiguous(), "softmax_lse": lse})
+        args.update({"o": o, "d_o": do.contiguous(), "softmax_lse": lse, "deterministic": ctx.deterministic})
         out = call("fused_attn_bwd", args, kind="torch")
-        return out["dq"], out["dk"], out["dv"], None, None
+        return out["dq"], out["dk"], out["dv"], None, None, None
 
 
 class _SwiGLUFn(torch.autograd.Function):
@@ -253,15 +253,21 @@ class Linear(torch.nn.Module):
 
 class DotProductAttention(torch.nn.Module):
     """Attention over ``[batch, seq, heads, head_dim]`` q, k, v (GQA: fewer k/v heads), causal
-    or not: tefl's flash attention forward and backward."""
+    or not: tefl's flash attention forward and backward. ``deterministic``: whether the backward's
+    dQ must be the same bits on every repetition (slower on CUDA, see ``tex.fused_attn_bwd``);
+    ``None`` follows ``torch.are_deterministic_algorithms_enabled()``."""
 
-    def __init__(self, num_heads, causal=True, scale=None):
+    def __init__(self, num_heads, causal=True, scale=None, deterministic=None):
         super().__init__()
         self.num_heads, self.causal, self.scale = num_heads, causal, scale
+        self.deterministic = deterministic
 
     def forward(self, q, k, v):
         scale = self.scale if self.scale is not None else q.shape[-1] ** -0.5
-        return _AttentionFn.apply(q, k, v, bool(self.causal), float(scale))
+        det = self.deterministic
+        if det is None:
+            det = torch.are_deterministic_algorithms_enabled()
+        return _AttentionFn.apply(q, k, v, bool(self.causal), float(scale), bool(det))
 
 
 class SwiGLUMLP(torch.nn.Module):

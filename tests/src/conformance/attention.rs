@@ -221,8 +221,29 @@ impl Suite<'_> {
             let lse = s.put(&fw.lse, &g.lse_shape(), DType::F32)?;
             let args = fwd_args.backward(o, d_o.clone(), lse);
             let got = s.call::<FusedAttnBwd>(&args)?;
+            // A deterministic call, twice: the same bits both times (and, below, the oracle's
+            // values). Impls whose dQ sums blocks in a varying order take it another way.
+            let det_args = AttnBwdArgs { deterministic: true, ..args.clone() };
+            let det = s.call::<FusedAttnBwd>(&det_args)?;
+            let again = s.call::<FusedAttnBwd>(&det_args)?;
+            for (name, a, b) in [("dq", &det.dq, &again.dq), ("dk", &det.dk, &again.dk), ("dv", &det.dv, &again.dv)] {
+                let (a, b) = (a.to_vec::<f64>()?, b.to_vec::<f64>()?);
+                if let Some(i) = a.iter().zip(&b).position(|(x, y)| x.to_bits() != y.to_bits()) {
+                    return Err(Error::Tensor(format!(
+                        "{name} of a deterministic call differs between two runs at element {i}: {} then {}",
+                        a[i], b[i]
+                    )));
+                }
+            }
             let (dq, dk, dv) = p.backward(&dov);
-            Ok(vec![cmp("dq", &got.dq, dq, dtype)?, cmp("dk", &got.dk, dk, dtype)?, cmp("dv", &got.dv, dv, dtype)?])
+            Ok(vec![
+                cmp("dq", &got.dq, dq.clone(), dtype)?,
+                cmp("dk", &got.dk, dk.clone(), dtype)?,
+                cmp("dv", &got.dv, dv.clone(), dtype)?,
+                cmp("dq (deterministic)", &det.dq, dq, dtype)?,
+                cmp("dk (deterministic)", &det.dk, dk, dtype)?,
+                cmp("dv (deterministic)", &det.dv, dv, dtype)?,
+            ])
         });
     }
 }
