@@ -11,7 +11,7 @@ use tefl_gpu::simt::attention::AttnBuild;
 use crate::launch::{Arg, Grid, OnDevice, blocks_for, empty, info, opt_ptr, ptr, sm_count, tune_table, zeros};
 
 /// The kernels of `cuda/attention/attention.cu` these ops launch.
-const ENTRIES: &[&str] = &["attn_fwd", "attn_bwd_delta", "attn_bwd_dkdv", "attn_bwd_dq_out", "fill_f32"];
+const ENTRIES: &[&str] = &["attn_fwd", "attn_bwd_delta", "attn_bwd_dkdv", "attn_bwd_dq", "attn_bwd_dq_out", "fill_f32"];
 /// Lanes of the warps the tensor-core tiles are laid out for (the kernels assert it).
 const MMA_WARP: usize = 32;
 
@@ -182,17 +182,11 @@ pub fn fused_attn_fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<AttnFwdOut
 /// The catalogue op `fused_attn_bwd` on CUDA (the Hopper wgmma kernels where they apply, else the
 /// mma.sync ones). Both add each key block's dQ share into an f32 accumulator as the blocks
 /// finish, in an order that varies from run to run; a call that asks for a deterministic dQ
-/// (`AttnBwdArgs::deterministic`) runs on the portable kernels instead (`tefl-gpu`'s SIMT
-/// backward: dQ row by row in one pass over the keys, no atomics). Those are slow: on the H200
-/// (2026-11-29, `bench --shapes small --only attn_bwd`) causal b1 h8 s1024 d128 took 16.3 ms
-/// against 0.066 ms, and at the anchor shape (b4 h32 s4096) three timed calls did not finish in
-/// 400 s. A deterministic tensor-core dQ (each query tile's shares added in key-block order)
-/// is what should replace them.
+/// (`AttnBwdArgs::deterministic`) runs the mma.sync dK/dV kernel without its dQ atomics and
+/// `attn_bwd_dq` for dQ (a query tile per block, in one pass over its keys): H200, 2026-11-29,
+/// `bench --only attn_bwd`, causal b4 h32 s4096 d128 7.405 ms against 3.517.
 pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut> {
     const OP: &str = "fused_attn_bwd";
-    if a.deterministic {
-        return tefl_gpu::simt::attention::fused_attn_bwd(ctx, a);
-    }
     let (cu_q, cu_k) = (a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref());
     let s = setup(OP, ctx, &a.q, &a.k, &a.v, cu_q, cu_k, a.layout, a.mask, a.window, a.dropout_p > 0.0)?;
     if a.d_o.dtype() != a.q.dtype() {
@@ -207,27 +201,24 @@ pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut
     let dev = ctx.device;
     let rows_heads = a.q.numel() / s.g.d;
     let delta = empty(dev, &[rows_heads], DType::F32)?;
+    let mk = |t: &Tensor| if thd { zeros(dev, t.shape(), t.dtype()) } else { empty(dev, t.shape(), t.dtype()) };
+    if a.deterministic {
+        let (dq, dk, dv) = (mk(&a.q)?, mk(&a.k)?, mk(&a.v)?);
+        delta_kernel(&s, a, &delta, None)?;
+        dkdv(ctx, a, &s, &delta, None, &dk, &dv)?;
+        dq_pass(ctx, a, &s, &delta, &dq)?;
+        return Ok(AttnBwdOut { dq, dk, dv });
+    }
     // dQ is summed over key blocks in f32 by atomics or the Hopper kernel's tensor reduce-adds
     // (the delta kernel zeroes it), then scaled and converted; every element is written, rows
     // outside the sequences as zeros.
     let dq_acc = empty(dev, &[a.q.numel()], DType::F32)?;
     let dq = empty(dev, a.q.shape(), a.q.dtype())?;
-    let mk = |t: &Tensor| if thd { zeros(dev, t.shape(), t.dtype()) } else { empty(dev, t.shape(), t.dtype()) };
     let (dk, dv) = (mk(&a.k)?, mk(&a.v)?);
-    s.kernel.launch(
-        "attn_bwd_delta",
-        Grid::linear((rows_heads * MMA_WARP).div_ceil(256).max(1) as u32, 256),
-        &[
-            Arg::Ptr(ptr(&a.o)?),
-            Arg::Ptr(ptr(&a.d_o)?),
-            Arg::Ptr(ptr(&delta)?),
-            Arg::Ptr(ptr(&dq_acc)?),
-            Arg::U64(rows_heads as u64),
-        ],
-    )?;
+    delta_kernel(&s, a, &delta, Some(&dq_acc))?;
     let hopper = super::attention_sm90::BwdBuffers { delta: &delta, dq_acc: &dq_acc, dk: &dk, dv: &dv };
     if !super::attention_sm90::bwd(ctx, a, &s.g, &s.build, &hopper)? {
-        dkdv(ctx, a, &s, &delta, &dq_acc, &dk, &dv)?;
+        dkdv(ctx, a, &s, &delta, Some(&dq_acc), &dk, &dv)?;
     }
     let n = a.q.numel();
     s.kernel.launch(
@@ -238,13 +229,57 @@ pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut
     Ok(AttnBwdOut { dq, dk, dv })
 }
 
-/// The mma.sync dK/dV kernel (`attn_bwd_dkdv`), adding each tile's dQ share to `dq_acc`.
+/// `attn_bwd_delta`: delta = Σ dO·O per row and head, zeroing `dq_acc` when there is one.
+fn delta_kernel(s: &Plan, a: &AttnBwdArgs, delta: &Tensor, dq_acc: Option<&Tensor>) -> Result<()> {
+    let rows_heads = a.q.numel() / s.g.d;
+    s.kernel.launch(
+        "attn_bwd_delta",
+        Grid::linear((rows_heads * MMA_WARP).div_ceil(256).max(1) as u32, 256),
+        &[
+            Arg::Ptr(ptr(&a.o)?),
+            Arg::Ptr(ptr(&a.d_o)?),
+            Arg::Ptr(ptr(delta)?),
+            Arg::Ptr(opt_ptr(dq_acc)?),
+            Arg::U64(rows_heads as u64),
+        ],
+    )
+}
+
+/// `attn_bwd_dq`: the deterministic dQ, a block per 64 queries of a head, written to `dq`.
+fn dq_pass(ctx: &KernelCtx<'_>, a: &AttnBwdArgs, s: &Plan, delta: &Tensor, dq: &Tensor) -> Result<()> {
+    const OP: &str = "fused_attn_bwd";
+    /// Queries per block (`DQ_BR` in attention.cu: 4 warps of 16).
+    const DQ_BR: usize = 64;
+    let (cu_q, cu_k) = (a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref());
+    let elem = a.q.dtype().size_in_bytes();
+    let bc = fwd_bc(a.q.dtype(), s.dp);
+    let (ld, ldp) = (s.dp + 16 / elem, bc + 16 / elem);
+    // Q and dO, two stages of K and V; f32 tiles stage dS per warp.
+    let ds_tile = if a.q.dtype() == DType::F32 { DQ_BR * ldp } else { 0 };
+    let smem = check_smem(OP, ctx, ((2 * DQ_BR + 4 * bc) * ld + ds_tile) * elem)?;
+    let mut args = vec![
+        Arg::Ptr(ptr(&a.q)?),
+        Arg::Ptr(ptr(&a.k)?),
+        Arg::Ptr(ptr(&a.v)?),
+        Arg::Ptr(ptr(&a.d_o)?),
+        Arg::Ptr(ptr(&a.softmax_lse)?),
+        Arg::Ptr(ptr(delta)?),
+        Arg::Ptr(ptr(dq)?),
+        Arg::Ptr(opt_ptr(cu_q)?),
+        Arg::Ptr(opt_ptr(cu_k)?),
+    ];
+    args.extend(common_args(s, a.scale, a.dropout_p, a.seed, a.offset));
+    s.kernel.launch("attn_bwd_dq", s.tile_grid(s.g.sq, DQ_BR, s.g.hq, (4 * MMA_WARP) as u32, smem), &args)
+}
+
+/// The mma.sync dK/dV kernel (`attn_bwd_dkdv`), adding each tile's dQ share to `dq_acc` (none:
+/// the deterministic path, whose dQ is `attn_bwd_dq`'s).
 fn dkdv(
     ctx: &KernelCtx<'_>,
     a: &AttnBwdArgs,
     s: &Plan,
     delta: &Tensor,
-    dq_acc: &Tensor,
+    dq_acc: Option<&Tensor>,
     dk: &Tensor,
     dv: &Tensor,
 ) -> Result<()> {
@@ -261,7 +296,7 @@ fn dkdv(
         Arg::Ptr(ptr(delta)?),
     ];
     let mut args = inputs.to_vec();
-    args.extend([Arg::Ptr(ptr(dk)?), Arg::Ptr(ptr(dv)?), Arg::Ptr(ptr(dq_acc)?)]);
+    args.extend([Arg::Ptr(ptr(dk)?), Arg::Ptr(ptr(dv)?), Arg::Ptr(opt_ptr(dq_acc)?)]);
     args.push(Arg::Ptr(opt_ptr(cu_q)?));
     args.push(Arg::Ptr(opt_ptr(cu_k)?));
     args.extend(common_args(s, a.scale, a.dropout_p, a.seed, a.offset));

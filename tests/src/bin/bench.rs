@@ -314,7 +314,7 @@ fn cases(c: &Ctx, small: bool) -> tefl_core::Result<Vec<Case>> {
     // The backward's inputs come from a forward call; a backend without attention has no case.
     let bwd_name = format!("attn_bwd causal b{ab} h{ah} s{asq} d{ad}");
     let det_name = format!("attn_bwd deterministic causal b{ab} h{ah} s{asq} d{ad}");
-    if c.keeps(&bwd_name) || (small && c.keeps(&det_name)) {
+    if c.keeps(&bwd_name) || c.keeps(&det_name) {
         let args = fwd()?;
         if let Ok(o) = c.mgr.call_impl::<FusedAttnFwd>(&c.impl_id, &args) {
             v.extend(c.case::<FusedAttnBwd>(
@@ -325,18 +325,14 @@ fn cases(c: &Ctx, small: bool) -> tefl_core::Result<Vec<Case>> {
                 // dO a tensor of its own, as the peers' (q = k = v on both sides).
                 || Ok(args.backward(o.o.clone(), d_o.get()?, o.softmax_lse.clone())),
             )?);
-            // The same call asking for a deterministic dQ, small shapes only: on CUDA it runs
-            // the portable kernels, which take minutes at the anchor shape. No peer (SDPA has
-            // no such switch).
-            if small {
-                v.extend(c.case::<FusedAttnBwd>(
-                    det_name,
-                    format!("attn_bwd_deterministic {ab} {ah} {asq} {ad}"),
-                    0.0,
-                    2.5 * fwd_flops,
-                    || Ok(AttnBwdArgs { deterministic: true, ..args.backward(o.o, d_o.get()?, o.softmax_lse) }),
-                )?);
-            }
+            // The same call asking for a deterministic dQ. No peer: SDPA has no such switch.
+            v.extend(c.case::<FusedAttnBwd>(
+                det_name,
+                format!("attn_bwd_deterministic {ab} {ah} {asq} {ad}"),
+                0.0,
+                2.5 * fwd_flops,
+                || Ok(AttnBwdArgs { deterministic: true, ..args.backward(o.o, d_o.get()?, o.softmax_lse) }),
+            )?);
         }
     }
     let np = if small { 16 << 20 } else { 256 << 20 };

@@ -7,7 +7,9 @@
 // Kernels: attn_fwd (FWD_BR queries per block, 4 warps of FWD_MT m-tiles), attn_bwd_delta
 // (Σ dO·O; zeroes the f32 dQ accumulator), attn_bwd_dkdv (one block per DKV_KB keys and kv head:
 // dK, dV over the group's query heads, a warp per 32 keys and accumulator, and each tile's dQ
-// share added to the accumulator by atomics), attn_bwd_dq_out (dQ = scale * accumulator).
+// share added to the accumulator by atomics), attn_bwd_dq_out (dQ = scale * accumulator);
+// for a deterministic dQ, attn_bwd_dq (dQ per query tile in one pass over its keys) instead of
+// the accumulator.
 // Warps take 32 rows on tensor cores so that every operand fragment read from shared memory
 // feeds two MMAs.
 //
@@ -371,8 +373,92 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS, FWD_MIN_BLOCKS) attn_f
     }
 }
 
+// The deterministic dQ (a backward call with `deterministic` set): one block per DQ_BR queries of
+// a head and sequence, 4 warps of 16 rows, looping over the key tiles the rows see as the
+// forward does (K and V double-buffered), each tile recomputing S = Q K^T and dP = dO V^T,
+// then dS = P (dP Z - delta) with P = exp2(scale2 S - lse2), and dQ += dS K in registers.
+// Every dQ element is one thread's sum over the keys in key order, so it is the same bits on
+// every run (the dK/dV kernel then skips its dQ atomics).
+#define DQ_BR 64
+
+extern "C" __global__ void __launch_bounds__(FWD_THREADS) attn_bwd_dq(const T* __restrict__ q, const T* __restrict__ k,
+                                                               const T* __restrict__ v, const T* __restrict__ d_o,
+                                                               const float* __restrict__ lse,
+                                                               const float* __restrict__ delta, T* __restrict__ dq,
+                                                               const i32* __restrict__ cu_q, const i32* __restrict__ cu_k,
+                                                               int batch, int sq, int sk, int hq, int hk, int tq,
+                                                               float scale, float p_drop, u64 seed, u64 offset) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T* Qs = (T*)smem_raw;
+    T* dOs = Qs + DQ_BR * LDD;
+    T* KV = dOs + DQ_BR * LDD;     // two stages of [K tile | V tile]
+    T* Ps = KV + 4 * FWD_BC * LDD; // f32 builds: per-warp [16][LDP]
+    __shared__ int s_lo, s_hi;
+
+    // Later query tiles see more keys under causal masks: run them first (a shorter tail).
+    const int b = blockIdx.z, h = blockIdx.y, q0 = (gridDim.x - 1 - blockIdx.x) * DQ_BR;
+    const int hkv = h / (hq / hk);
+    const Seq s = seq_of(b, batch, sq, sk, cu_q, cu_k);
+    const int slot = LAYOUT == 2 ? s.lq : sq; // rows this sequence owns in dq
+    if (q0 >= slot) return;
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE, g = lane / 4;
+    const int wr = q0 + warp * 16; // the warp's first query row
+    const WarpRows rows(s, wr, 16);
+    if (threadIdx.x == 0) tile_keys(s, q0, DQ_BR, &s_lo, &s_hi);
+    const long long base = s.qb + (long long)q0 * s.rs;
+    load_tile<DQ_BR, FWD_THREADS>(Qs, q, base, s.rs, min(DQ_BR, s.lq - q0), hq, h);
+    load_tile<DQ_BR, FWD_THREADS>(dOs, d_o, base, s.rs, min(DQ_BR, s.lq - q0), hq, h);
+    cp_async_commit();
+    __syncthreads();
+    const int blo = s_lo, bhi = s_hi;
+    if (blo < bhi) issue_kv<FWD_BC>(KV, 0, k, v, s, blo, bhi, hk, hkv);
+
+    // The thread's two rows (x: query wr + 8 x + g): lse (times log2 e) and delta.
+    float l2[2], dl[2];
+#pragma unroll
+    for (int x = 0; x < 2; ++x) {
+        const int r = wr + 8 * x + g;
+        const bool valid = r < s.lq;
+        l2[x] = valid ? lse[lse_index(s, b, h, hq, sq, tq, r)] * 1.4426950408889634f : 0.0f;
+        dl[x] = valid ? delta[(s.qb + (long long)r * s.rs) * hq + h] : 0.0f;
+    }
+    float acc[1][DP / 8][4];
+    zero_acc<1, DP / 8>(acc);
+    const float scale2 = scale * 1.4426950408889634f;
+    int stage = 0;
+    for (int j0 = blo; j0 < bhi; j0 += FWD_BC, stage ^= 1) {
+        const T* Ks = ready_kv<FWD_BC>(KV, stage, k, v, s, j0, bhi, hk, hkv);
+        const T* Vs = Ks + FWD_BC * LDD;
+        float sc[1][FWD_BC / 8][4], dp[1][FWD_BC / 8][4];
+        zero_acc<1, FWD_BC / 8>(sc);
+        zero_acc<1, FWD_BC / 8>(dp);
+        warp_mm<1, FWD_BC / 8, DP, false, true>(sc, Qs + warp * 16 * LDD, LDD, Ks, LDD);
+        warp_mm<1, FWD_BC / 8, DP, false, true>(dp, dOs + warp * 16 * LDD, LDD, Vs, LDD);
+        // dS in the place of S; P is zero wherever the mask or the sequence ends.
+        auto ds = [&](int mt, int nb, int e, int x, int j, bool visible) {
+            const float p = visible ? fast_exp2(fmaf(sc[mt][nb][e], scale2, -l2[x])) : 0.0f;
+            float dpz = dp[mt][nb][e];
+#if DROPOUT
+            if (p != 0.0f) dpz *= keep_factor(seed, offset, p_drop, b, h, hq, sq, sk, wr + x * 8 + g, j);
+#endif
+            sc[mt][nb][e] = p * (dpz - dl[x]);
+        };
+        if (rows.all_see(j0, FWD_BC)) for_each_score<1, FWD_BC / 8, false>(s, wr, j0, ds);
+        else for_each_score<1, FWD_BC / 8, true>(s, wr, j0, ds);
+        warp_mm_c<1, DP / 8, FWD_BC>(acc, sc, Ps + warp * 16 * LDP, LDP, Ks, LDD);
+        __syncthreads(); // every warp is done with this stage before it is refilled
+    }
+    cp_async_wait<0>(); // (no key tile: the query tiles' copy was never waited for)
+#pragma unroll
+    for (int x = 0; x < 2; ++x) {
+        const int r = wr + x * 8 + g;
+        if (r >= slot) continue;
+        store_row<1>(dq + ((s.qb + (long long)r * s.rs) * hq + h) * D, acc, x, r < s.lq, scale);
+    }
+}
+
 // delta[row * hq + h] = Σ_d dO·O (f32), one warp per (token row, head), which also zeroes that
-// row of the dQ accumulator.
+// row of the dQ accumulator (when there is one: not for attn_bwd_dq).
 extern "C" __global__ void attn_bwd_delta(const T* __restrict__ o, const T* __restrict__ d_o, float* __restrict__ delta,
                                           float* __restrict__ dq_acc, long long rows_heads) {
     const long long w = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / WARP_SIZE;
@@ -390,7 +476,7 @@ extern "C" __global__ void attn_bwd_delta(const T* __restrict__ o, const T* __re
             acc += a[i] * b[i];
             z[i] = 0.0f;
         }
-        store_n<float, V>(dq_acc + w * D + c, z);
+        if (dq_acc) store_n<float, V>(dq_acc + w * D + c, z);
     }
     acc = warp_sum(acc);
     if (lane == 0) delta[w] = acc;
@@ -678,7 +764,7 @@ extern "C" __global__ void __launch_bounds__(WARP_SIZE * DKV_WARPS) attn_bwd_dkd
 #if HALF
         __syncthreads(); // dS^T is complete
 #endif
-        add_dq_share(dq_acc, DSs, Ks, s, i0, nq, h, hq);
+        if (dq_acc) add_dq_share(dq_acc, DSs, Ks, s, i0, nq, h, hq); // (none: attn_bwd_dq's deterministic dQ)
         __syncthreads(); // every warp is done with this stage, P^T and dS^T before they are refilled
 #if QSTAGES == 1
         if (nhi < group) issue(nhi, ni0, 0);
