@@ -245,6 +245,18 @@ fn delta_kernel(s: &Plan, a: &AttnBwdArgs, delta: &Tensor, dq_acc: Option<&Tenso
     )
 }
 
+/// The first arguments of the backward's tile kernels: q, k, v, dO, lse and delta.
+fn bwd_inputs(a: &AttnBwdArgs, delta: &Tensor) -> Result<Vec<Arg>> {
+    Ok(vec![
+        Arg::Ptr(ptr(&a.q)?),
+        Arg::Ptr(ptr(&a.k)?),
+        Arg::Ptr(ptr(&a.v)?),
+        Arg::Ptr(ptr(&a.d_o)?),
+        Arg::Ptr(ptr(&a.softmax_lse)?),
+        Arg::Ptr(ptr(delta)?),
+    ])
+}
+
 /// `attn_bwd_dq`: the deterministic dQ, a block per 64 queries of a head, written to `dq`.
 fn dq_pass(ctx: &KernelCtx<'_>, a: &AttnBwdArgs, s: &Plan, delta: &Tensor, dq: &Tensor) -> Result<()> {
     const OP: &str = "fused_attn_bwd";
@@ -257,17 +269,8 @@ fn dq_pass(ctx: &KernelCtx<'_>, a: &AttnBwdArgs, s: &Plan, delta: &Tensor, dq: &
     // Q and dO, two stages of K and V; f32 tiles stage dS per warp.
     let ds_tile = if a.q.dtype() == DType::F32 { DQ_BR * ldp } else { 0 };
     let smem = check_smem(OP, ctx, ((2 * DQ_BR + 4 * bc) * ld + ds_tile) * elem)?;
-    let mut args = vec![
-        Arg::Ptr(ptr(&a.q)?),
-        Arg::Ptr(ptr(&a.k)?),
-        Arg::Ptr(ptr(&a.v)?),
-        Arg::Ptr(ptr(&a.d_o)?),
-        Arg::Ptr(ptr(&a.softmax_lse)?),
-        Arg::Ptr(ptr(delta)?),
-        Arg::Ptr(ptr(dq)?),
-        Arg::Ptr(opt_ptr(cu_q)?),
-        Arg::Ptr(opt_ptr(cu_k)?),
-    ];
+    let mut args = bwd_inputs(a, delta)?;
+    args.extend([Arg::Ptr(ptr(dq)?), Arg::Ptr(opt_ptr(cu_q)?), Arg::Ptr(opt_ptr(cu_k)?)]);
     args.extend(common_args(s, a.scale, a.dropout_p, a.seed, a.offset));
     s.kernel.launch("attn_bwd_dq", s.tile_grid(s.g.sq, DQ_BR, s.g.hq, (4 * MMA_WARP) as u32, smem), &args)
 }
@@ -287,15 +290,7 @@ fn dkdv(
     let (cu_q, cu_k) = (a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref());
     let elem = a.q.dtype().size_in_bytes();
     let ld = s.dp + 16 / elem;
-    let inputs = [
-        Arg::Ptr(ptr(&a.q)?),
-        Arg::Ptr(ptr(&a.k)?),
-        Arg::Ptr(ptr(&a.v)?),
-        Arg::Ptr(ptr(&a.d_o)?),
-        Arg::Ptr(ptr(&a.softmax_lse)?),
-        Arg::Ptr(ptr(delta)?),
-    ];
-    let mut args = inputs.to_vec();
+    let mut args = bwd_inputs(a, delta)?;
     args.extend([Arg::Ptr(ptr(dk)?), Arg::Ptr(ptr(dv)?), Arg::Ptr(opt_ptr(dq_acc)?)]);
     args.push(Arg::Ptr(opt_ptr(cu_q)?));
     args.push(Arg::Ptr(opt_ptr(cu_k)?));
