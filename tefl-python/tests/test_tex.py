@@ -258,6 +258,14 @@ def test_fused_attention(causal):
     close(dv, np.einsum("bhij,bihd->bjhd", p, do64), 1e-4)
     close(dq, np.einsum("bhij,bjhd->bihd", ds, k.astype(np.float64)) * scale, 1e-4)
     close(dk, np.einsum("bhij,bihd->bjhd", ds, q.astype(np.float64)) * scale, 1e-4)
+    # TE's deterministic argument: the same values, the same bits on a second call.
+    bwd_det = (s, s, scale, 0.0, True, "bshd_bshd_bshd", "no_bias", mask, (-1, -1), True, None, None, q, k, v, o, do)
+    dq_det, _, _, _ = tex.fused_attn_bwd(*bwd_det, None, None, [lse, rng_state])
+    dq_again, _, _, _ = tex.fused_attn_bwd(*bwd_det, None, None, [lse, rng_state])
+    close(dq_det, np.einsum("bhij,bjhd->bihd", ds, k.astype(np.float64)) * scale, 1e-4)
+    assert np.array_equal(np.asarray(dq_det), np.asarray(dq_again))
+    with pytest.raises(TypeError, match="deterministic"):
+        tex.fused_attn_bwd(*bwd_det[:9], "yes", *bwd_det[10:], None, None, [lse, rng_state])
     with pytest.raises(NotImplementedError, match="Bias"):
         tex.fused_attn_fwd(s, s, True, scale, 0.0, True, "bshd_bshd_bshd", "no_bias", mask, None, None, None, q, k, v, Bias=q)
     with pytest.raises(NotImplementedError, match="qkv_layout"):
