@@ -3,7 +3,7 @@
 //! f16/bf16, the same tiling with f32 FMAs for f32.
 
 use tefl_core::catalogue::*;
-use tefl_core::{DType, Error, KernelCtx, Result, Tensor};
+use tefl_core::{DType, Device, Error, KernelCtx, Result, Tensor};
 
 use tefl_gpu::Variant;
 use tefl_gpu::simt::attention::AttnBuild;
@@ -199,12 +199,10 @@ pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut
     }
     let thd = a.layout == QkvLayout::Thd;
     let dev = ctx.device;
-    let rows_heads = a.q.numel() / s.g.d;
-    let delta = empty(dev, &[rows_heads], DType::F32)?;
     let mk = |t: &Tensor| if thd { zeros(dev, t.shape(), t.dtype()) } else { empty(dev, t.shape(), t.dtype()) };
     if a.deterministic {
         let (dq, dk, dv) = (mk(&a.q)?, mk(&a.k)?, mk(&a.v)?);
-        delta_kernel(&s, a, &delta, None)?;
+        let delta = delta_kernel(&s, a, dev, None)?;
         dkdv(ctx, a, &s, &delta, None, &dk, &dv)?;
         dq_pass(ctx, a, &s, &delta, &dq)?;
         return Ok(AttnBwdOut { dq, dk, dv });
@@ -215,7 +213,7 @@ pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut
     let dq_acc = empty(dev, &[a.q.numel()], DType::F32)?;
     let dq = empty(dev, a.q.shape(), a.q.dtype())?;
     let (dk, dv) = (mk(&a.k)?, mk(&a.v)?);
-    delta_kernel(&s, a, &delta, Some(&dq_acc))?;
+    let delta = delta_kernel(&s, a, dev, Some(&dq_acc))?;
     let hopper = super::attention_sm90::BwdBuffers { delta: &delta, dq_acc: &dq_acc, dk: &dk, dv: &dv };
     if !super::attention_sm90::bwd(ctx, a, &s.g, &s.build, &hopper)? {
         dkdv(ctx, a, &s, &delta, Some(&dq_acc), &dk, &dv)?;
@@ -229,20 +227,23 @@ pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut
     Ok(AttnBwdOut { dq, dk, dv })
 }
 
-/// `attn_bwd_delta`: delta = Σ dO·O per row and head, zeroing `dq_acc` when there is one.
-fn delta_kernel(s: &Plan, a: &AttnBwdArgs, delta: &Tensor, dq_acc: Option<&Tensor>) -> Result<()> {
+/// `attn_bwd_delta`: delta = Σ dO·O per row and head (returned, f32), zeroing `dq_acc` when
+/// there is one.
+fn delta_kernel(s: &Plan, a: &AttnBwdArgs, dev: Device, dq_acc: Option<&Tensor>) -> Result<Tensor> {
     let rows_heads = a.q.numel() / s.g.d;
+    let delta = empty(dev, &[rows_heads], DType::F32)?;
     s.kernel.launch(
         "attn_bwd_delta",
         Grid::linear((rows_heads * MMA_WARP).div_ceil(256).max(1) as u32, 256),
         &[
             Arg::Ptr(ptr(&a.o)?),
             Arg::Ptr(ptr(&a.d_o)?),
-            Arg::Ptr(ptr(delta)?),
+            Arg::Ptr(ptr(&delta)?),
             Arg::Ptr(opt_ptr(dq_acc)?),
             Arg::U64(rows_heads as u64),
         ],
-    )
+    )?;
+    Ok(delta)
 }
 
 /// The first arguments of the backward's tile kernels: q, k, v, dO, lse and delta.
