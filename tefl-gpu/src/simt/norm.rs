@@ -31,9 +31,10 @@ struct Types {
     add: Option<DType>,
 }
 
-/// The variant of `norm.cu` for these dtypes, norm kind and row config: the one place its
-/// defines are built (launches and the compile test both call it).
-fn variant(op: &'static str, t: &Types, is_ln: bool, cfg: RowConfig, stages: u32) -> Result<Variant> {
+/// The variant of `norm.cu` for these dtypes, norm kind and row config (`keep_l2`: the forward
+/// holds x in L2 while its rows are in use, [`keep_l2`]): the one place its defines are built
+/// (launches and the compile test both call it).
+fn variant(op: &'static str, t: &Types, is_ln: bool, cfg: RowConfig, stages: u32, keep_l2: bool) -> Result<Variant> {
     let mut defines = Defines::new()
         .set("TX", cty(op, "x", t.x)?)
         .set("TG", cty(op, "gamma", t.g)?)
@@ -46,7 +47,8 @@ fn variant(op: &'static str, t: &Types, is_ln: bool, cfg: RowConfig, stages: u32
         .flag("FUSED", cfg.fused())
         .set("VEC_BYTES", cfg.vec_bytes)
         .set("STAGES", stages)
-        .flag("OUT_FP8", t.y.is_fp8());
+        .flag("OUT_FP8", t.y.is_fp8())
+        .flag("KEEP_L2", keep_l2);
     if t.y.is_fp8() {
         defines = super::quantize::fp8_format(op, defines, t.y)?;
     }
@@ -60,8 +62,24 @@ fn kernel(
     is_ln: bool,
     cfg: RowConfig,
     stages: u32,
+    keep_l2: bool,
 ) -> Result<OnDevice> {
-    OnDevice::new(ctx.device, variant(op, t, is_ln, cfg, stages)?)
+    OnDevice::new(ctx.device, variant(op, t, is_ln, cfg, stages, keep_l2)?)
+}
+
+/// Whether the RMSNorm forward of `x` loads x with an L2 evict_last policy and releases each
+/// line once its row is stored (`load_kept` / `release_after` in the prelude; plain loads on
+/// targets without them): where the tune configs' `norm_fwd_l2.keep_min_mib` is set (the
+/// Hopper file) and x has at least that many MiB. Not for LayerNorm or FP8 outputs, which
+/// measured slower with it (the Hopper tune configs have the figures).
+fn keep_l2(ctx: &KernelCtx<'_>, is_ln: bool, out_dtype: DType, x: &Tensor) -> Result<bool> {
+    if is_ln || out_dtype.is_fp8() {
+        return Ok(false);
+    }
+    let table = tune_table(ctx.device)?;
+    let min_mib = table.configs("norm_fwd_l2").first().and_then(|c| c.get("keep_min_mib")).and_then(|v| v.as_int());
+    let bytes = (x.numel() * x.dtype().size_in_bytes()) as u64;
+    Ok(min_mib.is_some_and(|m| m > 0 && bytes >= (m as u64).saturating_mul(1 << 20)))
 }
 
 /// Row config for `n` elements: the heuristic, or the autotuner's pick when asked for.
@@ -121,8 +139,9 @@ fn forward(
     // On an H100 (2026-11-24, 16384x8192 bf16 to e4m3, 256-thread blocks) 64 blocks per SM
     // took 0.151 ms (90% of copy), 32 0.152, 16 0.154, 8 0.170, a block per row 0.155.
     let max_blocks = if fp8.is_some() { 64 * sm_count(ctx.device) } else { i32::MAX as u32 };
+    let keep = keep_l2(ctx, beta.is_some(), out_dtype, x)?;
     let run = |cfg: RowConfig| -> Result<()> {
-        let k = kernel(op, ctx, &types, beta.is_some(), cfg, 0)?;
+        let k = kernel(op, ctx, &types, beta.is_some(), cfg, 0, keep)?;
         k.launch("norm_fwd", Grid::linear(blocks_for(rows, 1, max_blocks), cfg.block), &args)
     };
     // The autotuner's trial launches fold the same values into amax: a max, so no harm.
@@ -196,7 +215,7 @@ fn backward(
     // Fused: a grid of `parts` blocks sums dgamma/dbeta per block into ws, reduced after.
     // Otherwise one block per row computes dx and a column kernel the sums.
     let fused = cfg.row_vecs > 0;
-    let k = kernel(op, ctx, &types, is_ln, cfg, stages)?;
+    let k = kernel(op, ctx, &types, is_ln, cfg, stages, false)?;
     let smem = stages as usize * stage_bytes;
     let parts = match (fused, stages) {
         (true, 0) => blocks_for(rows, 1, 4 * sm_count(ctx.device)),
@@ -340,17 +359,22 @@ pub fn variants() -> Vec<Variant> {
     ] {
         let types = Types { x, g, y, add: (!ln).then_some(add) };
         for cfg in [RowConfig { block: 256, vec_bytes: 16, row_vecs: 4 }, RowConfig::two_pass(256)] {
-            v.extend(variant("norm", &types, ln, cfg, 0));
+            v.extend(variant("norm", &types, ln, cfg, 0, false));
         }
         // The backward's ring of rows in shared memory: two blocks an SM, and one.
-        v.extend(variant("norm", &types, ln, RowConfig { block: 512, vec_bytes: 16, row_vecs: 2 }, 3));
-        v.extend(variant("norm", &types, ln, RowConfig { block: 1024, vec_bytes: 16, row_vecs: 1 }, 3));
+        v.extend(variant("norm", &types, ln, RowConfig { block: 512, vec_bytes: 16, row_vecs: 2 }, 3, false));
+        v.extend(variant("norm", &types, ln, RowConfig { block: 1024, vec_bytes: 16, row_vecs: 1 }, 3, false));
+    }
+    // The RMSNorm forward holding its rows in L2 (16-bit and f32 rows).
+    for (x, y) in [(BF16, BF16), (F32, F32)] {
+        let types = Types { x, g: x, y, add: None };
+        v.extend(variant("norm", &types, false, RowConfig { block: 256, vec_bytes: 16, row_vecs: 4 }, 0, true));
     }
     // The FP8 outputs (forward only: both formats, both norms, both paths).
     for (x, y, ln) in [(BF16, F8E4M3, false), (F32, F8E5M2, true), (F16, F8E4M3, true)] {
         let types = Types { x, g: x, y, add: None };
         for cfg in [RowConfig { block: 256, vec_bytes: 16, row_vecs: 4 }, RowConfig::two_pass(256)] {
-            v.extend(variant("norm", &types, ln, cfg, 0));
+            v.extend(variant("norm", &types, ln, cfg, 0, false));
         }
     }
     v

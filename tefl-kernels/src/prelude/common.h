@@ -210,6 +210,20 @@ __device__ __forceinline__ void copy_async_commit() {}
 template <int N> __device__ __forceinline__ void copy_async_wait() {}
 #endif
 
+// ---- streamed inputs held in L2: the fallback (HIP, CUDA before sm_80) ----
+#ifndef HAS_L2_KEEP
+#define HAS_L2_KEEP 0
+template <typename T, int N> __device__ __forceinline__ void load_kept(T* dst, const T* src) { raw_copy<T, N>(dst, src); }
+__device__ __forceinline__ void release_line(const void*) {}
+#endif
+// After a kept load of the vector at `p` of a buffer starting at `base`: releases the line `p`
+// starts, or, for a row's first vector (`first`) inside a line, that line when it lies in the
+// buffer (a line two rows share is released by both, each after its own load).
+__device__ __forceinline__ void release_after(const void* base, const void* p, bool first) {
+    const unsigned long long a = (unsigned long long)p, line = a & ~127ull;
+    if (a == line || (first && line >= (unsigned long long)base)) release_line((const void*)line);
+}
+
 // ---- Philox 4x32-10 (Random123), the stream tefl_core::philox defines ----
 __device__ __forceinline__ void philox4x32_10(u32* ctr, u32 k0, u32 k1) {
 #pragma unroll

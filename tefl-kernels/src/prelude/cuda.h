@@ -145,6 +145,50 @@ template <int N> __device__ __forceinline__ void copy_async_wait() {
 }
 #endif
 
+// ---- streamed inputs held in L2 while they are in use ----
+// load_kept<T, N>(dst, src) loads N elements of an input the kernel does not write (raw_copy's
+// vectors) with an L2 evict_last cache policy; release_line(p) puts the 128-byte line at p
+// (128-byte aligned) back to the normal eviction priority once the kernel is done with it.
+// Stand-alone kernels in the bench's way (scripts/l2_policy_bench.cu, H200, 2026-11-29): a
+// 16384 x 8192 bf16 rmsnorm took 0.1349-0.1356 ms with plain loads, 0.1293-0.1297 with kept
+// ones never released (what Triton's evict_last loads do), 0.1311-0.1314 kept and released; a
+// 256 MB copy 0.1345 / 0.1288 / 0.1306. Lines left at evict_last crowd the L2 of the kernels
+// after it (a 24 MB buffer read twice right after: its second read took 0.0070 ms after the
+// plain or the released kernel, 0.0094 after the unreleased one), hence the release. In tefl
+// only the large RMSNorm forward gained (the Hopper tune configs' `norm_fwd_l2`). sm_80 on;
+// common.h's fallback loads plainly.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define HAS_L2_KEEP 1
+template <typename T, int N> __device__ __forceinline__ void load_kept(T* dst, const T* src) {
+    constexpr int B = N * (int)sizeof(T);
+    unsigned long long keep;
+    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(keep));
+    if constexpr (B % 16 == 0) {
+#pragma unroll
+        for (int i = 0; i < B / 16; ++i) {
+            unsigned int* d = (unsigned int*)dst + 4 * i;
+            asm("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                : "l"((const char*)src + 16 * i), "l"(keep));
+        }
+    } else if constexpr (B % 8 == 0) {
+#pragma unroll
+        for (int i = 0; i < B / 8; ++i) {
+            unsigned int* d = (unsigned int*)dst + 2 * i;
+            asm("ld.global.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;"
+                : "=r"(d[0]), "=r"(d[1])
+                : "l"((const char*)src + 8 * i), "l"(keep));
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < N; ++i) dst[i] = src[i];
+    }
+}
+__device__ __forceinline__ void release_line(const void* line) {
+    asm volatile("applypriority.global.L2::evict_normal [%0], 128;" ::"l"(line) : "memory");
+}
+#endif
+
 // ---- flags between the blocks of one grid (cooperative launches only) ----
 // A block publishes that its writes are done (every thread's writes before a barrier, then
 // flag_publish from one thread: a GPU-scope fence, then the flag's store); a block that reads
