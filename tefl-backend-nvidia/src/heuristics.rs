@@ -81,8 +81,8 @@ pub fn grouped_gemm_tiles(t: &TuneTable) -> GroupedTiles {
 }
 
 /// What the attention backward runs for a call with `deterministic` set (ops/attention.rs).
-const DETERMINISTIC_BWD: &str =
-    "deterministic calls: attn_bwd_delta, attn_bwd_dkdv without dQ atomics, attn_bwd_dq (dQ per query tile)";
+const DETERMINISTIC_BWD: &str = "deterministic calls: attn_bwd_delta, attn_bwd_dkdv without dQ atomics, attn_bwd_dq (dQ per query tile); \
+     the portable kernels where attn_bwd_dq's tiles exceed shared memory (f32 head dims over 208 on Hopper)";
 
 /// Which kernel `vendor.nvidia` runs for `op` on `device` and `dtype`, where it has more than
 /// one (chosen by arch and tune configs): what `explain` shows under the impl. `None` for the

@@ -43,9 +43,14 @@ fn dkv_mtiles(dp: usize) -> usize {
     if dp > 128 { 1 } else { 2 }
 }
 
+/// The most shared memory a block can have on the device (its opt-in limit).
+fn smem_limit(ctx: &KernelCtx<'_>) -> Result<usize> {
+    Ok(info(ctx.device)?.shared_memory_per_block_optin.max(48 * 1024))
+}
+
 /// Checks a kernel's shared memory against the device's opt-in per-block limit.
 fn check_smem(op: &'static str, ctx: &KernelCtx<'_>, bytes: usize) -> Result<u32> {
-    let limit = info(ctx.device)?.shared_memory_per_block_optin.max(48 * 1024);
+    let limit = smem_limit(ctx)?;
     if bytes > limit {
         return Err(crate::launch::unsupported(
             op,
@@ -184,7 +189,10 @@ pub fn fused_attn_fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<AttnFwdOut
 /// finish, in an order that varies from run to run; a call that asks for a deterministic dQ
 /// (`AttnBwdArgs::deterministic`) runs the mma.sync dK/dV kernel without its dQ atomics and
 /// `attn_bwd_dq` for dQ (a query tile per block, in one pass over its keys): H200, 2026-11-29,
-/// `bench --only attn_bwd`, causal b4 h32 s4096 d128 7.405 ms against 3.517.
+/// `bench --only attn_bwd`, causal b4 h32 s4096 d128 7.405 ms against 3.517. Where
+/// `attn_bwd_dq`'s tiles do not fit the device's shared memory (on Hopper, f32 head dims over
+/// 208: d 256 needs 275,456 bytes) a deterministic call runs the portable kernels' backward
+/// instead (`tefl-gpu`'s SIMT kernels: dQ row by row, no atomics; far slower).
 pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut> {
     const OP: &str = "fused_attn_bwd";
     let (cu_q, cu_k) = (a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref());
@@ -201,6 +209,9 @@ pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut
     let dev = ctx.device;
     let mk = |t: &Tensor| if thd { zeros(dev, t.shape(), t.dtype()) } else { empty(dev, t.shape(), t.dtype()) };
     if a.deterministic {
+        if dq_pass_smem(a.q.dtype(), s.dp) > smem_limit(ctx)? {
+            return tefl_gpu::simt::attention::fused_attn_bwd(ctx, a);
+        }
         let (dq, dk, dv) = (mk(&a.q)?, mk(&a.k)?, mk(&a.v)?);
         let delta = delta_kernel(&s, a, dev, None)?;
         dkdv(ctx, a, &s, &delta, None, &dk, &dv)?;
@@ -258,18 +269,24 @@ fn bwd_inputs(a: &AttnBwdArgs, delta: &Tensor) -> Result<Vec<Arg>> {
     ])
 }
 
+/// Queries per `attn_bwd_dq` block (`DQ_BR` in attention.cu: 4 warps of 16).
+const DQ_BR: usize = 64;
+
+/// `attn_bwd_dq`'s shared memory for a dtype and padded head dim: Q and dO, two stages of K
+/// and V; f32 tiles also stage dS per warp.
+fn dq_pass_smem(dtype: DType, dp: usize) -> usize {
+    let elem = dtype.size_in_bytes();
+    let bc = fwd_bc(dtype, dp);
+    let (ld, ldp) = (dp + 16 / elem, bc + 16 / elem);
+    let ds_tile = if dtype == DType::F32 { DQ_BR * ldp } else { 0 };
+    ((2 * DQ_BR + 4 * bc) * ld + ds_tile) * elem
+}
+
 /// `attn_bwd_dq`: the deterministic dQ, a block per 64 queries of a head, written to `dq`.
 fn dq_pass(ctx: &KernelCtx<'_>, a: &AttnBwdArgs, s: &Plan, delta: &Tensor, dq: &Tensor) -> Result<()> {
     const OP: &str = "fused_attn_bwd";
-    /// Queries per block (`DQ_BR` in attention.cu: 4 warps of 16).
-    const DQ_BR: usize = 64;
     let (cu_q, cu_k) = (a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref());
-    let elem = a.q.dtype().size_in_bytes();
-    let bc = fwd_bc(a.q.dtype(), s.dp);
-    let (ld, ldp) = (s.dp + 16 / elem, bc + 16 / elem);
-    // Q and dO, two stages of K and V; f32 tiles stage dS per warp.
-    let ds_tile = if a.q.dtype() == DType::F32 { DQ_BR * ldp } else { 0 };
-    let smem = check_smem(OP, ctx, ((2 * DQ_BR + 4 * bc) * ld + ds_tile) * elem)?;
+    let smem = check_smem(OP, ctx, dq_pass_smem(a.q.dtype(), s.dp))?;
     let mut args = bwd_inputs(a, delta)?;
     args.extend([Arg::Ptr(ptr(dq)?), Arg::Ptr(opt_ptr(cu_q)?), Arg::Ptr(opt_ptr(cu_k)?)]);
     args.extend(common_args(s, a.scale, a.dropout_p, a.seed, a.offset));
@@ -325,4 +342,26 @@ pub fn variants() -> Vec<Variant> {
         }
     }
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Hopper's per-block shared memory (227 KiB): `attn_bwd_dq` takes the 16-bit head dims up
+    /// to 256 and the f32 ones up to 208; the f32 ones above (the conformance suite's f32 d256
+    /// case) go to the portable kernels.
+    #[test]
+    fn the_deterministic_dq_tiles_fit_hopper_up_to_f32_d208() {
+        const HOPPER: usize = 232_448;
+        for d in [64, 128, 256] {
+            assert!(dq_pass_smem(DType::BF16, d) <= HOPPER, "bf16 d{d}: {}", dq_pass_smem(DType::BF16, d));
+            assert!(dq_pass_smem(DType::F16, d) <= HOPPER);
+        }
+        for d in [128, 144, 208] {
+            assert!(dq_pass_smem(DType::F32, d) <= HOPPER, "f32 d{d}: {}", dq_pass_smem(DType::F32, d));
+        }
+        assert!(dq_pass_smem(DType::F32, 224) > HOPPER);
+        assert_eq!(dq_pass_smem(DType::F32, 256), 275_456);
+    }
 }
