@@ -44,11 +44,13 @@ pub fn kernels_available() -> Result<(), String> {
 }
 
 /// Every kernel variant the op files launch, built by the same functions the launches use
-/// (the NVRTC compile test).
-pub fn kernel_variants() -> Vec<tefl_gpu::Variant> {
+/// (the NVRTC compile test); `all_masks` false samples the mma.sync attention kernels' layout
+/// and mask combinations (`ops::attention::variants`: the test compiles them all for sm_90 and
+/// half of them for sm_80).
+pub fn kernel_variants(all_masks: bool) -> Vec<tefl_gpu::Variant> {
     let mut v = Vec::new();
     v.extend(tefl_gpu::simt::variants());
-    v.extend(ops::attention::variants());
+    v.extend(ops::attention::variants(all_masks));
     v.extend(ops::attention_sm90::variants());
     v.extend(ops::grouped_gemm::variants());
     v
@@ -61,9 +63,11 @@ mod tests {
 
     use crate::nvrtc::{Nvrtc, performance_advisories};
 
-    /// Compiles every kernel variant the op files launch for sm_80 and sm_90 (sm_90a for the
-    /// Hopper-only sources) with NVRTC when
-    /// libnvrtc is present (no GPU needed; CI installs libnvrtc from the `nvidia-cuda-nvrtc`
+    /// Compiles every kernel variant the op files launch for sm_90 (sm_90a for the Hopper-only
+    /// sources), and for sm_80 the same except that the mma.sync attention kernels take two of
+    /// their four layout / mask combinations per head dim (their source has no arch-specific
+    /// code, and compiling them all twice took 150 s of the test's 300 s on CI's two cores),
+    /// with NVRTC when libnvrtc is present (no GPU needed; CI installs libnvrtc from the `nvidia-cuda-nvrtc`
     /// wheel), and checks each binary defines every entry point the variant launches, so a
     /// kernel that does not compile fails here rather than on the GPU machine. A kernel for
     /// which ptxas reports a performance loss (e.g. C7515: wgmma instructions serialised, which
@@ -87,14 +91,17 @@ mod tests {
         // ptxas' register and spill report by hand).
         let only = std::env::var("TEFL_COMPILE_ONLY").ok();
         let dump = std::env::var_os("TEFL_COMPILE_DUMP").map(std::path::PathBuf::from);
-        let variants: Vec<_> = super::kernel_variants()
-            .into_iter()
-            .filter(|v| only.as_deref().is_none_or(|o| o.split(',').any(|n| n == v.source.name)))
-            .collect();
+        let selected = |all_masks: bool| -> Vec<_> {
+            super::kernel_variants(all_masks)
+                .into_iter()
+                .filter(|v| only.as_deref().is_none_or(|o| o.split(',').any(|n| n == v.source.name)))
+                .collect()
+        };
+        let (ampere, hopper) = (selected(false), selected(true));
         // Arch-specific sources (wgmma) exist for sm_90 only, as sm_90a.
-        let jobs: Vec<_> = ["sm_80", "sm_90"]
+        let jobs: Vec<_> = [("sm_80", &ampere), ("sm_90", &hopper)]
             .into_iter()
-            .flat_map(|arch| {
+            .flat_map(|(arch, variants)| {
                 variants
                     .iter()
                     .filter(move |v| !v.source.arch_specific || arch == "sm_90")
@@ -128,7 +135,7 @@ mod tests {
 
     #[test]
     fn every_source_has_variants_and_entries() {
-        let variants = super::kernel_variants();
+        let variants = super::kernel_variants(true);
         for src in tefl_kernels::SOURCES.iter().filter(|s| s.supports(tefl_gpu::Target::Cuda)) {
             let of: Vec<_> = variants.iter().filter(|v| std::ptr::eq(v.source, *src)).collect();
             assert!(!of.is_empty(), "{} has no variant", src.path);
