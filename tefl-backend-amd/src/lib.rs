@@ -58,8 +58,9 @@ mod tests {
 
     /// Compiles every variant of the launch plans through this backend's hiprtc path for
     /// gfx90a (wave 64) and gfx1030 (wave 32), and every other variant of each source for
-    /// gfx908 (wave 64 too); an error, a warning or a missing entry point fails. The programs compile in one process per core
-    /// (`tefl_gpu::rtc::compile_shard`: hiprtc is not safe to call from two threads).
+    /// gfx908 (wave 64 too); an error, a warning or a missing entry point fails. The programs
+    /// compile in one process per core (`tefl_gpu::rtc::compile_shard`: hiprtc is not safe to
+    /// call from two threads).
     #[test]
     fn every_kernel_compiles_with_hiprtc() {
         let c = crate::hiprtc::Hiprtc;
