@@ -68,8 +68,9 @@ mod tests {
     /// their four layout / mask combinations per head dim (their source has no arch-specific
     /// code, and compiling them all twice took 150 s of the test's 300 s on CI's two cores),
     /// with NVRTC when libnvrtc is present (no GPU needed; CI installs libnvrtc from the
-    /// `nvidia-cuda-nvrtc` wheel), and checks each binary defines every entry point the variant launches, so a
-    /// kernel that does not compile fails here rather than on the GPU machine. A kernel for
+    /// `nvidia-cuda-nvrtc` wheel), and checks each binary defines every entry point the
+    /// variant launches, so a kernel that does not compile fails here rather than on the GPU
+    /// machine. A kernel for
     /// which ptxas reports a performance loss (e.g. C7515: wgmma instructions serialised, which
     /// a harmless-looking change to a Hopper kernel's control flow can cause) fails too. The
     /// programs compile in one process per core (`tefl_gpu::rtc::compile_shard`).
