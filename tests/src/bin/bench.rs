@@ -1,5 +1,5 @@
 //! `bench [--backend X] [--shapes anchor|small] [--vs torch] [--json FILE] [--svg FILE] [--reps N]
-//! [--only SUBSTRING[,...]]`: times each op of the anchor table (`shared/device/README.md`) on the
+//! [--only SUBSTRING[,...]] [--attn-d 64|128|256]`: times each op of the anchor table (`shared/device/README.md`) on the
 //! backend's device, and with `--vs torch` every peer a PyTorch user can pick on the same
 //! shapes in the same run (`tests/src/bench_peers.py`: torch eager, torch.compile for norms,
 //! activations, softmax and RoPE, SDPA's flash and cuDNN backends for attention, FlagGems when
@@ -15,7 +15,8 @@
 //! (best peer's time / tefl's: above 1, tefl is faster). `--svg FILE` draws that last column
 //! as a bar chart. `cargo xtask bench` runs it. `TEFL_BENCH_HOST=1` also prints each case's
 //! median host time per call: where it passes the flush's device time, the device waits for
-//! the host inside the timed span.
+//! the host inside the timed span. `--attn-d` sets the attention cases' head dim (128, the
+//! anchor's, unless given).
 
 use std::fmt::Write as _;
 use std::process::ExitCode;
@@ -103,7 +104,7 @@ impl Ctx {
     }
 }
 
-fn cases(c: &Ctx, small: bool) -> tefl_core::Result<Vec<Case>> {
+fn cases(c: &Ctx, small: bool, attn_d: usize) -> tefl_core::Result<Vec<Case>> {
     let bf = DType::BF16;
     let (r, n) = if small { (4096, 4096) } else { (16384, 8192) };
     let mut v = Vec::new();
@@ -284,7 +285,7 @@ fn cases(c: &Ctx, small: bool) -> tefl_core::Result<Vec<Case>> {
             },
         )?);
     }
-    let (ab, ah, asq, ad) = if small { (1, 8, 1024, 128) } else { (4, 32, 4096, 128) };
+    let (ab, ah, asq, ad) = if small { (1, 8, 1024, attn_d) } else { (4, 32, 4096, attn_d) };
     let (q, d_o) = (c.t(&[ab, asq, ah, ad], bf), c.t(&[ab, asq, ah, ad], bf));
     let fwd_flops = 4.0 * (ab * ah) as f64 * (asq as f64).powi(2) * ad as f64 / 2.0;
     let fwd = || -> tefl_core::Result<AttnFwdArgs> {
@@ -497,6 +498,7 @@ fn main() -> ExitCode {
         ("reference".to_string(), None, false, None, 20usize);
     let mut only: Option<String> = None;
     let mut svg_path: Option<String> = None;
+    let mut attn_d = 128usize;
     while let Some(a) = args.next() {
         match a.as_str() {
             "--backend" => backend = args.next().unwrap_or_default().to_ascii_lowercase(),
@@ -506,9 +508,19 @@ fn main() -> ExitCode {
             "--svg" => svg_path = args.next(),
             "--only" => only = args.next(),
             "--reps" => reps = args.next().and_then(|r| r.parse().ok()).unwrap_or(20),
+            "--attn-d" => {
+                let v = args.next().unwrap_or_default();
+                match v.parse::<usize>() {
+                    Ok(d @ (64 | 128 | 256)) => attn_d = d,
+                    _ => {
+                        eprintln!("bench: --attn-d {v:?}: expected a head dim of 64, 128 or 256");
+                        return ExitCode::from(2);
+                    }
+                }
+            }
             other => {
                 eprintln!(
-                    "bench: unexpected argument {other:?}\nusage: bench [--backend X] [--shapes anchor|small] [--vs torch] [--json FILE] [--svg FILE] [--reps N] [--only SUBSTRING[,SUBSTRING...]]"
+                    "bench: unexpected argument {other:?}\nusage: bench [--backend X] [--shapes anchor|small] [--vs torch] [--json FILE] [--svg FILE] [--reps N] [--only SUBSTRING[,SUBSTRING...]] [--attn-d 64|128|256]"
                 );
                 return ExitCode::from(2);
             }
@@ -584,7 +596,7 @@ fn main() -> ExitCode {
         Some(g) => println!("copy {} MiB: {g:.1} GB/s", copy_bytes >> 20),
         None => println!("copy: no figure, so no fraction of copy"),
     }
-    let cases = match cases(&ctx, small) {
+    let cases = match cases(&ctx, small, attn_d) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("bench: preparing inputs failed: {e}");

@@ -19,12 +19,16 @@
 //                                   before dSᵀ is formed, dK after dQ, so that the dQ share's
 //                                   trip to the copy engine and the next tile's first products
 //                                   overlap it: the stage is released once dK is done)
-//   dSᵀ to shared memory (16-bit, the 128-byte swizzled layout wgmma reads), then after both
-//   consumers have written theirs, dQ (64 queries x 64 columns) = dS · K with A = dS and
-//   B = K both MN-major from shared memory: head dim 128 splits dQ's columns between the
-//   consumers (each takes all 128 keys), head dim 64 splits the keys (each its own 64, both
-//   adding to the same columns). The share goes to shared memory and one thread per consumer
-//   hands it to the copy engine as a tensor reduce-add into dq_acc (f32, q's layout).
+//   dSᵀ to shared memory (16-bit, the 128-byte swizzled layout wgmma reads), then dQ = dS · K
+//   over all 128 keys (both consumers' dSᵀ rows) with A = dS and B = K both MN-major from
+//   shared memory. Head dim 128 splits dQ's columns between the consumers: each computes its
+//   64 once both have written their dSᵀ rows (a barrier joins them every tile). Head dim 64
+//   gives each tile's whole dQ (64 x 64) to one consumer, the tile's parity's (tile n: consumer
+//   n % 2), which waits at a barrier the other only arrives at: the consumers take the product
+//   and its hand-off in turns and add each tile's dQ once (split by keys instead, both added
+//   all 64 columns, twice the reduce-add traffic; H200, 2026-11-29: 2.28 against 2.76 ms).
+//   The dQ goes to shared memory and one thread of its consumer hands it to the copy engine as
+//   tensor reduce-adds into dq_acc (f32, q's layout).
 //
 // Defines: those of the attention sources (T, D, LAYOUT, CAUSAL, BOTTOM_RIGHT, PADDING,
 // WIN_LEFT, WIN_RIGHT, DROPOUT; the host only picks this kernel for bshd / sbhd, no padding,
@@ -137,8 +141,8 @@ __device__ __forceinline__ void mm_rs(float* c, const u32 (*a)[4], u32 b) {
     }
 }
 
-// dQ share(64 x 64) = dS(64 x 16 steps) · K(16 steps x 64): both MN-major in shared memory (dSᵀ's
-// rows and K's rows are keys), STEPS k16 steps from `a` and `b`.
+// 64 columns of dQ (64 x 64) = dS(64 x 16 steps) · K(16 steps x 64): both MN-major in shared
+// memory (dSᵀ's rows and K's rows are keys), STEPS k16 steps from `a` and `b`.
 template <int STEPS> __device__ __forceinline__ void mm_tt(float* c, u32 a, u32 b) {
 #pragma unroll
     for (int kk = 0; kk < STEPS; ++kk) {
@@ -152,9 +156,14 @@ template <int STEPS> __device__ __forceinline__ void mm_tt(float* c, u32 a, u32 
     }
 }
 
-// Named barriers: 1 joins the two consumers (256 threads), 2 + c one consumer's warpgroup.
+// Named barriers: 1 joins the two consumers (256 threads; head dim 128), 1 + n % 2 the two
+// consumers' dSᵀ rows of tile n (head dim 64: the tile's dQ consumer waits, the other arrives;
+// two ids, so that an arrival for tile n + 1 cannot complete tile n's barrier), 3 + c one
+// consumer's warpgroup.
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256;" ::: "memory"); }
-__device__ __forceinline__ void warpgroup_sync(int c) { asm volatile("bar.sync %0, 128;" ::"r"(2 + c) : "memory"); }
+__device__ __forceinline__ void ds_wait(int n) { asm volatile("bar.sync %0, 256;" ::"r"(1 + n % 2) : "memory"); }
+__device__ __forceinline__ void ds_arrive(int n) { asm volatile("bar.arrive %0, 256;" ::"r"(1 + n % 2) : "memory"); }
+__device__ __forceinline__ void warpgroup_sync(int c) { asm volatile("bar.sync %0, 128;" ::"r"(3 + c) : "memory"); }
 
 // Query tile [i0, i0 + BM) sees some key of [j0, j0 + nk) (the bounds are monotone in the query).
 __device__ __forceinline__ bool tile_visible(const Seq& s, int i0, int j0, int nk) {
@@ -180,6 +189,28 @@ __device__ __forceinline__ float row_value(const BwdParams& p, const Seq& s, int
     return v;
 }
 
+// A dQ share `dq` (a 64 x 64 accumulator) of query rows i0.. of head h of sequence b, columns
+// col0..: into consumer c's buffer `dq_s` (once the copy engine has read its last one) in the f32
+// map's swizzled boxes of 32 columns, then one reduce-add per box into dq_acc. Every thread of
+// the consumer's warpgroup takes part.
+__device__ __forceinline__ void hand_off_dq(const BwdParams& p, const float* dq, u32 dq_s, int c, int tid, int h, int b, int i0, int col0) {
+    const int warp = tid / 32, g = (tid % 32) / 4, t = tid % 4;
+    if (tid == 0) bulk_wait_read<0>();
+    warpgroup_sync(c);
+#pragma unroll
+    for (int i = 0; i < 32; i += 2) {
+        const int row = 16 * warp + g + 8 * ((i / 2) % 2), box = i / 16, chunk = 2 * ((i / 4) % 4) + t / 2;
+        sts_f32x2(dq_s + box * Q_BOX + row * 128 + ((chunk ^ g) << 4) + 8 * (t % 2), dq[i], dq[i + 1]);
+    }
+    fence_async_shared();
+    warpgroup_sync(c);
+    if (tid == 0) {
+        tma_reduce_add(&p.dq, dq_s, col0, h, b, i0);
+        tma_reduce_add(&p.dq, dq_s + Q_BOX, col0 + 32, h, b, i0);
+        bulk_commit();
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     attn_bwd_sm90(const __grid_constant__ BwdParams p) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -196,7 +227,14 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
 #define KV_FULL bars
 #define QD_FULL(st) (bars + 8u * (1 + (st)))
 #define QD_EMPTY(st) (bars + 8u * (1 + STAGES + (st)))
+#if D == 64
+    // Broadcast from lane 0, so that ptxas knows the warpgroup (and the dQ role derived from it)
+    // to be uniform across a warp: wgmma behind a branch it cannot prove uniform is serialised
+    // (C7520). (At head dim 128, which has no such branch, the broadcast cost registers.)
+    const int warpgroup = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0);
+#else
     const int warpgroup = threadIdx.x / 128;
+#endif
     if (threadIdx.x == 0) {
         mbar_init(KV_FULL, 1);
         for (int st = 0; st < STAGES; ++st) {
@@ -273,7 +311,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
             // the largest stall, 9% of the samples.
             const float row_val = row_value(p, s, b, h, i0, tid);
             // Thread tid's value at float tid of the rows buffer (lse rows, then DEL_S(c)'s delta
-            // rows); its last readers (the previous tile) passed this warpgroup's dQ barriers.
+            // rows); its last readers (the previous tile) passed a barrier of this warpgroup since.
             sts_f32(LSE_S(c) + 4 * tid, tid < BM ? row_val * 1.4426950408889634f : row_val);
             warpgroup_sync(c);
             // The mask: none when every query of the tile sees every key of this consumer's 64.
@@ -349,15 +387,42 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
 #pragma unroll
                 for (int r = 0; r < 4; ++r) da[kk][r] = pack2_f32<T>(dp[8 * kk + 2 * r], dp[8 * kk + 2 * r + 1]);
             fence_async_shared();
+#if D == 64
+            // The tile's dQ consumer waits for the other's dSᵀ rows; the other only arrives,
+            // after a barrier of its own warpgroup (its threads' last reads of the row buffer,
+            // which the next tile overwrites, are done; the dQ consumer's hand-off has two).
+            // Each path issues dK last and leaves only it running: with the dQ product and its
+            // hand-off behind separate branches ptxas serialised the wgmma (C7512).
+            if (n % 2 == c) {
+                ds_wait(n);
+                float dq[32];
+                wgmma_fence();
+                mm_tt<8>(dq, ds, k_t);
+                wgmma_commit();
+                mm_rs(dk, da, q);
+                wgmma_commit();
+                wgmma_wait<1>();  // dV and dQ (dK runs on)
+#pragma unroll
+                for (int i = 0; i < 32; ++i) acc_fence(dq[i]);
+#pragma unroll
+                for (int i = 0; i < D / 2; ++i) acc_fence(dv[i]);
+                hand_off_dq(p, dq, DQ_S(c), c, tid, h, b, i0, 0);
+            } else {
+                warpgroup_sync(c);
+                ds_arrive(n);
+                wgmma_fence();
+                mm_rs(dk, da, q);
+                wgmma_commit();
+                wgmma_wait<1>();  // dV (dK runs on)
+#pragma unroll
+                for (int i = 0; i < D / 2; ++i) acc_fence(dv[i]);
+            }
+#else
             consumers_sync();  // both consumers' dSᵀ rows are in shared memory
             // dQ first, then dK: the dQ share leaves for the copy engine while dK runs.
             float dq[32];
             wgmma_fence();
-#if D == 128
             mm_tt<8>(dq, ds, k_t + c * K_BOX);
-#else
-            mm_tt<4>(dq, ds + c * 64 * 128, k_c);
-#endif
             wgmma_commit();
             mm_rs(dk, da, q);
             wgmma_commit();
@@ -366,25 +431,9 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
             for (int i = 0; i < 32; ++i) acc_fence(dq[i]);
 #pragma unroll
             for (int i = 0; i < D / 2; ++i) acc_fence(dv[i]);
+            hand_off_dq(p, dq, DQ_S(c), c, tid, h, b, i0, 64 * c);
+#endif
             pending = st;
-            // The dQ share: into this consumer's buffer (once the copy engine has read the last
-            // one) in the f32 map's swizzled boxes of 32 columns, then one reduce-add per box.
-            if (tid == 0) bulk_wait_read<0>();
-            warpgroup_sync(c);
-            const u32 dq_s = DQ_S(c);
-#pragma unroll
-            for (int i = 0; i < 32; i += 2) {
-                const int row = 16 * warp + g + 8 * ((i / 2) % 2), box = i / 16, chunk = 2 * ((i / 4) % 4) + t / 2;
-                sts_f32x2(dq_s + box * Q_BOX + row * 128 + ((chunk ^ g) << 4) + 8 * (t % 2), dq[i], dq[i + 1]);
-            }
-            fence_async_shared();
-            warpgroup_sync(c);
-            if (tid == 0) {
-                const int col0 = D == 128 ? 64 * c : 0;
-                tma_reduce_add(&p.dq, dq_s, col0, h, b, i0);
-                tma_reduce_add(&p.dq, dq_s + Q_BOX, col0 + 32, h, b, i0);
-                bulk_commit();
-            }
             ++n;
         }
     }
