@@ -8,7 +8,9 @@ attention fwd/bwd, swiglu fwd/bwd and AdamW on a tefl backend and writes every i
 as raw f32 with a manifest. This script recomputes each case with PyTorch in float64 from the
 same inputs (the inputs are exactly representable, so the oracle sees what tefl saw) and prints
 max |tefl - torch| and that error relative to max |torch| per output. It exits 1 when an error
-exceeds the tolerance of the case's dtype.
+exceeds the tolerance of the case's dtype. FP8 outputs are judged as roundings instead: each
+value within one e4m3 step of torch's (a value at a near-tie may round either way from tefl's
+f32 arithmetic and torch's f64), and at most one in a thousand not equal to it.
 """
 import json
 import os
@@ -21,6 +23,21 @@ import torch.nn.functional as F
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 # Relative (to max |reference|) tolerance per dtype: bf16 keeps 8 bits, f32 accumulates.
 TOL = {"bf16": 2e-2, "f16": 4e-3, "f32": 2e-4, "f8e4m3": 7e-2}
+# Outputs stored as FP8 (e4m3), per oracle: compared step by step, not relative to the maximum (one
+# step at the top binade is 6-12% of it, so a single near-tie rounding otherwise failed a run).
+FP8_OUTPUTS = {"rmsnorm_fp8": {"y"}}
+
+
+def e4m3_step(a):
+    """The spacing of e4m3 values at magnitude a (3 mantissa bits, normals from 2^-6)."""
+    return torch.pow(2.0, torch.floor(torch.log2(a.clamp(min=2.0**-6))) - 3)
+
+
+def fp8_verdict(got, want):
+    """(max error in e4m3 steps, fraction of values that differ, ok)."""
+    steps = ((got - want).abs() / e4m3_step(want.abs())).max().item()
+    differ = (got != want).double().mean().item()
+    return steps, differ, steps <= 1.0 and differ <= 1e-3
 
 
 def load(d, entry):
@@ -150,6 +167,13 @@ def main():
                 passed += ok
                 failed += not ok
                 print(f"{case['case']:34} {name:8} {'(empty)':>12} {'':>11}  {'ok' if ok else 'FAIL'}")
+                continue
+            if name in FP8_OUTPUTS.get(case["op"], ()):
+                steps, differ, ok = fp8_verdict(got, want)
+                passed += ok
+                failed += not ok
+                verdict = "ok" if ok else "FAIL"
+                print(f"{case['case']:34} {name:8} {steps:7.2f} st {differ:11.3e}  {verdict} (e4m3 steps, fraction differing)")
                 continue
             err = (got - want).abs().max().item()
             scale = max(want.abs().max().item(), 1e-30)
