@@ -1,9 +1,9 @@
 //! `bench [--backend X] [--shapes anchor|small] [--vs torch] [--json FILE] [--svg FILE] [--reps N]
-//! [--only SUBSTRING[,...]] [--attn-d 64|128|256]`: times each op of the anchor table (`shared/device/README.md`) on the
-//! backend's device, and with `--vs torch` every peer a PyTorch user can pick on the same
-//! shapes in the same run (`tests/src/bench_peers.py`: torch eager, torch.compile for norms,
-//! activations, softmax and RoPE, SDPA's flash and cuDNN backends for attention, FlagGems when
-//! it is importable).
+//! [--only SUBSTRING[,...]] [--attn-d 64|128|256]`: times each op of the anchor table
+//! (`shared/device/README.md`) on the backend's device, and with `--vs torch` every peer a
+//! PyTorch user can pick on the same shapes in the same run (`tests/src/bench_peers.py`: torch
+//! eager, torch.compile for norms, activations, softmax and RoPE, SDPA's flash and cuDNN
+//! backends for attention, FlagGems when it is importable).
 //!
 //! tefl and its peers are timed the same way, on inputs drawn alike (uniform in [-0.5, 0.5)):
 //! 3 s (`TEFL_BENCH_WARMUP`) of back-to-back calls as warm-up (a GPU idle before a case raises its clocks, and a
