@@ -211,6 +211,25 @@ __device__ __forceinline__ void hand_off_dq(const BwdParams& p, const float* dq,
     }
 }
 
+// 64 columns of a tile's dQ (dSᵀ at `ds`, K's box of the columns at `k_box`, all 128 keys), then
+// dK += dSᵀ · Q: the dQ columns leave for the copy engine (hand_off_dq, columns col0..) while
+// dK runs. Waits for dV and the dQ product (dK alone runs on).
+__device__ __forceinline__ void dq_then_dk(const BwdParams& p, float* dk, float* dv, const u32 (*da)[4], u32 ds, u32 k_box, u32 q,
+                                           u32 dq_s, int c, int tid, int h, int b, int i0, int col0) {
+    float dq[32];
+    wgmma_fence();
+    mm_tt<8>(dq, ds, k_box);
+    wgmma_commit();
+    mm_rs(dk, da, q);
+    wgmma_commit();
+    wgmma_wait<1>();
+#pragma unroll
+    for (int i = 0; i < 32; ++i) acc_fence(dq[i]);
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) acc_fence(dv[i]);
+    hand_off_dq(p, dq, dq_s, c, tid, h, b, i0, col0);
+}
+
 extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     attn_bwd_sm90(const __grid_constant__ BwdParams p) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -395,18 +414,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
             // hand-off behind separate branches ptxas serialised the wgmma (C7512).
             if (n % 2 == c) {
                 ds_wait(n);
-                float dq[32];
-                wgmma_fence();
-                mm_tt<8>(dq, ds, k_t);
-                wgmma_commit();
-                mm_rs(dk, da, q);
-                wgmma_commit();
-                wgmma_wait<1>();  // dV and dQ (dK runs on)
-#pragma unroll
-                for (int i = 0; i < 32; ++i) acc_fence(dq[i]);
-#pragma unroll
-                for (int i = 0; i < D / 2; ++i) acc_fence(dv[i]);
-                hand_off_dq(p, dq, DQ_S(c), c, tid, h, b, i0, 0);
+                dq_then_dk(p, dk, dv, da, ds, k_t, q, DQ_S(c), c, tid, h, b, i0, 0);
             } else {
                 warpgroup_sync(c);
                 ds_arrive(n);
@@ -419,19 +427,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
             }
 #else
             consumers_sync();  // both consumers' dSᵀ rows are in shared memory
-            // dQ first, then dK: the dQ share leaves for the copy engine while dK runs.
-            float dq[32];
-            wgmma_fence();
-            mm_tt<8>(dq, ds, k_t + c * K_BOX);
-            wgmma_commit();
-            mm_rs(dk, da, q);
-            wgmma_commit();
-            wgmma_wait<1>();
-#pragma unroll
-            for (int i = 0; i < 32; ++i) acc_fence(dq[i]);
-#pragma unroll
-            for (int i = 0; i < D / 2; ++i) acc_fence(dv[i]);
-            hand_off_dq(p, dq, DQ_S(c), c, tid, h, b, i0, 64 * c);
+            dq_then_dk(p, dk, dv, da, ds, k_t + c * K_BOX, q, DQ_S(c), c, tid, h, b, i0, 64 * c);
 #endif
             pending = st;
             ++n;
