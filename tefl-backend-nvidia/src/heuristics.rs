@@ -98,7 +98,7 @@ pub fn kernel_choice(impl_id: &str, op: &str, device: Device, dtype: DType) -> O
     Some(match op {
         "fused_attn_fwd" if hopper && sixteen && attention_fwd_wgmma(&TUNE_CONFIGS.table(&arch)) => {
             "attn_fwd_sm90 (TMA loads, wgmma, a producer warp and two consumer warpgroups, persistent CTAs) \
-             for head dim 64/128, bshd/sbhd, no padding, no dropout; attn_fwd (mma.sync) for other calls"
+             for head dim 64/128/256, bshd/sbhd, no padding, no dropout; attn_fwd (mma.sync) for other calls"
                 .to_string()
         }
         "fused_attn_fwd" if hopper && sixteen => {
@@ -108,8 +108,9 @@ pub fn kernel_choice(impl_id: &str, op: &str, device: Device, dtype: DType) -> O
         "fused_attn_fwd" => format!("attn_fwd ({mma}; the wgmma kernel needs sm_90, this is {arch})"),
         "fused_attn_bwd" if hopper && sixteen && attention_bwd_wgmma(&TUNE_CONFIGS.table(&arch)) => {
             format!(
-                "attn_bwd_delta, attn_bwd_sm90 (TMA loads, wgmma, dQ by tensor reduce-add; head dim 64/128, bshd/sbhd, \
-                 no padding, no dropout; attn_bwd_dkdv (mma.sync) for other calls), attn_bwd_dq_out; {DETERMINISTIC_BWD}"
+                "attn_bwd_delta, attn_bwd_sm90 (TMA loads, wgmma, dQ by tensor reduce-add; head dim 64/128, \
+                 attn_bwd_sm90_d256 for 256; bshd/sbhd, no padding, no dropout; attn_bwd_dkdv (mma.sync) for \
+                 other calls), attn_bwd_dq_out; {DETERMINISTIC_BWD}"
             )
         }
         "fused_attn_bwd" => format!("attn_bwd_delta, attn_bwd_dkdv, attn_bwd_dq_out ({mma}); {DETERMINISTIC_BWD}"),

@@ -173,9 +173,10 @@ pub static ATTENTION_SM90: Source = Source {
     arch_specific: true,
 };
 
-/// Flash attention backward on Hopper: dK and dV of 128 keys in two consumer warpgroups' registers,
-/// query tiles by the tensor memory accelerator, wgmma for all five products, dQ shares added by
-/// the copy engine's tensor reduce-add.
+/// Flash attention backward on Hopper: dK and dV of 128 keys in two consumer warpgroups' registers
+/// (64 keys split by head-dim halves at head dim 256), query tiles by the tensor memory
+/// accelerator, wgmma for all five products, dQ shares added by the copy engine's tensor
+/// reduce-add.
 pub static ATTENTION_BWD_SM90: Source = Source {
     name: "attention_bwd_sm90",
     path: "cuda/attention/attention_bwd_sm90.cu",

@@ -1,6 +1,6 @@
 //! Flash attention on Hopper. The forward (`cuda/attention/attention_sm90.cu`): the copy engine
-//! loads Q and K / V tiles of 128 rows (4-D tensor maps over the bshd or sbhd tensors, so a
-//! sequence's tail reads zeros), wgmma multiplies them, a producer warp feeds two consumer
+//! loads Q tiles of 128 rows and K / V tiles of 128 (64 at head dim 256) rows (4-D tensor maps
+//! over the bshd or sbhd tensors, so a sequence's tail reads zeros), wgmma multiplies them, a producer warp feeds two consumer
 //! warpgroups of 64 query rows; one persistent CTA per SM claims work items (128 query rows of
 //! a head) from a counter. The backward's dK/dV kernel (`attention_bwd_sm90.cu`): one CTA per
 //! 128 keys of a kv head, query tiles of 64 rows of every head of the group streamed in by the
@@ -9,7 +9,7 @@
 //!
 //! [`fwd`] and [`bwd`] decline (`Ok(None)` / `Ok(false)`) a call the kernels do not take:
 //! another arch than sm_90, the tune config's `fwd_wgmma` / `bwd_wgmma` off, f32, head dims
-//! other than 64 and 128, the thd layout, padding masks, dropout, or tensors the copy engine
+//! other than 64, 128 and 256, the thd layout, padding masks, dropout, or tensors the copy engine
 //! cannot address; `attention.rs` then runs the mma.sync kernels.
 
 use tefl_core::catalogue::{AttnBwdArgs, AttnFwdArgs, AttnFwdOut, AttnGeometry, QkvLayout};
@@ -25,9 +25,16 @@ const OP: &str = "fused_attn_fwd";
 const ENTRIES: &[&str] = &["attn_fwd_sm90"];
 const BWD_OP: &str = "fused_attn_bwd";
 const BWD_ENTRIES: &[&str] = &["attn_bwd_sm90"];
-/// Query rows per CTA (two consumer warpgroups of 64) and keys per tile; the backward's keys
-/// per CTA.
+/// The backward's entry at head dim 256 (the same source: dK and dV split by head-dim halves
+/// between the consumers, 64 keys a CTA).
+const BWD_ENTRIES_D256: &[&str] = &["attn_bwd_sm90_d256"];
+/// Query rows per CTA (two consumer warpgroups of 64) and the forward's keys per tile (see
+/// [`key_rows`]); the backward's keys per CTA.
 const ROWS: usize = 128;
+/// Head dims the forward kernel takes.
+const FWD_DIMS: &[usize] = &[64, 128, 256];
+/// Head dims the backward kernels take.
+const BWD_DIMS: &[usize] = &[64, 128, 256];
 /// The backward's query rows per tile.
 const BWD_ROWS: usize = 64;
 /// K and V pipeline stages (forward); Q and dO stages (backward).
@@ -92,7 +99,12 @@ fn variant(b: &AttnBuild) -> Result<Variant> {
 fn bwd_variant(b: &AttnBuild) -> Result<Variant> {
     let defines =
         b.defines(BWD_OP)?.flag("T_F16", b.dtype == DType::F16).set("STAGES", STAGES).set("HEAD_GROUP", HEAD_GROUP);
-    Ok(Variant::new(&tefl_kernels::ATTENTION_BWD_SM90, BWD_ENTRIES, defines))
+    Ok(Variant::new(&tefl_kernels::ATTENTION_BWD_SM90, bwd_entries(b.d), defines))
+}
+
+/// The backward's entry points for head dim `d`.
+fn bwd_entries(d: usize) -> &'static [&'static str] {
+    if d > 128 { BWD_ENTRIES_D256 } else { BWD_ENTRIES }
 }
 
 /// Work items of one call: 128 query rows of one head of one sequence each.
@@ -100,40 +112,61 @@ fn work_items(g: &AttnGeometry) -> usize {
     g.sq.div_ceil(ROWS) * g.hq * g.batch
 }
 
-/// The backward's CTAs: one per 128 keys of each kv head of each sequence, in one dimension
-/// (the kernel decodes its item with `heavy_first`).
+/// The backward's CTAs: one per 128 (or at head dim 256, 64) keys of each kv head of each
+/// sequence, in one dimension (the kernel decodes its item with `heavy_first`).
 fn bwd_blocks(g: &AttnGeometry) -> Result<u32> {
-    let n = g.sk.div_ceil(ROWS) * g.hk * g.batch;
+    let keys = key_rows(g.d);
+    let n = g.sk.div_ceil(keys) * g.hk * g.batch;
     u32::try_from(n).ok().filter(|&n| n <= i32::MAX as u32).ok_or_else(|| {
-        tefl_core::Error::invalid(BWD_OP, "k", format!("{n} blocks of 128 keys exceed a launch's grid (2^31 - 1)"))
+        tefl_core::Error::invalid(BWD_OP, "k", format!("{n} blocks of {keys} keys exceed a launch's grid (2^31 - 1)"))
     })
+}
+
+/// The forward's keys per K / V tile (the kernel's `BC`) and the backward's per CTA (`BN`): 128,
+/// or 64 at head dim 256, where the forward's output accumulators take 128 registers a thread,
+/// the tiles' shared memory doubles, and the backward's consumers split dK and dV by columns.
+fn key_rows(d: usize) -> usize {
+    if d > 128 { 64 } else { ROWS }
 }
 
 /// Dynamic shared memory: the alignment slack, the Q tile, STAGES K and V tiles, the barriers.
 fn smem(d: usize) -> usize {
-    1024 + (1 + 2 * STAGES) * ROWS * d * 2 + 8 * (2 + 4 * STAGES)
+    1024 + ROWS * d * 2 + 2 * STAGES * key_rows(d) * d * 2 + 8 * (2 + 4 * STAGES)
 }
 
 /// The backward's dynamic shared memory: the alignment slack, K and V (128 keys), STAGES Q and
 /// dO tiles (64 rows), two dSᵀ buffers (128 x 64, 16-bit), two consumers' dQ shares (64 x 64
-/// f32), the two consumers' lse and delta rows, the barriers.
+/// f32), the two consumers' lse and delta rows, the barriers. At head dim 256: K and V of 64
+/// keys, STAGES Q tiles and one dO tile, two Pᵀ and two dSᵀ buffers (64 x 64), the same dQ
+/// shares and rows, two more barriers.
 fn bwd_smem(d: usize) -> usize {
+    let tile = BWD_ROWS * d * 2;
+    if d > 128 {
+        return 1024
+            + 2 * tile
+            + (STAGES + 1) * tile
+            + 4 * 64 * BWD_ROWS * 2
+            + 2 * BWD_ROWS * 64 * 4
+            + 2 * 2 * BWD_ROWS * 4
+            + 8 * (3 + 2 * STAGES);
+    }
     1024 + 2 * ROWS * d * 2
-        + 2 * STAGES * BWD_ROWS * d * 2
+        + 2 * STAGES * tile
         + 2 * ROWS * BWD_ROWS * 2
         + 2 * BWD_ROWS * 64 * 4
         + 2 * 2 * BWD_ROWS * 4
         + 8 * (1 + 2 * STAGES)
 }
 
-/// Why the kernel (forward or backward: `wgmma_on` is the tune config's choice, `smem` its
-/// shared memory) does not take a call on `tensors` (`None`: it does).
+/// Why the kernel (forward or backward: `wgmma_on` is the tune config's choice, `dims` the head
+/// dims it takes, `smem` its shared memory) does not take a call on `tensors` (`None`: it does).
 fn declined(
     ctx: &KernelCtx<'_>,
     tensors: &[&Tensor],
     g: &AttnGeometry,
     b: &AttnBuild,
     wgmma_on: bool,
+    dims: &[usize],
     smem: usize,
 ) -> Result<Option<String>> {
     let arch = &info(ctx.device)?.arch;
@@ -146,7 +179,7 @@ fn declined(
     if !matches!(b.dtype, DType::BF16 | DType::F16) {
         return Ok(Some(format!("{} tensors", b.dtype)));
     }
-    if g.d != 64 && g.d != 128 {
+    if !dims.contains(&g.d) {
         return Ok(Some(format!("head dim {}", g.d)));
     }
     if b.layout == QkvLayout::Thd || b.mask.is_padding() {
@@ -196,7 +229,7 @@ fn qkv_map(
 /// is logged at debug level).
 pub fn fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs, g: &AttnGeometry, b: &AttnBuild) -> Result<Option<AttnFwdOut>> {
     let on = attention_fwd_wgmma(&*tune_table(ctx.device)?);
-    if let Some(reason) = declined(ctx, &[&a.q, &a.k, &a.v], g, b, on, smem(g.d))? {
+    if let Some(reason) = declined(ctx, &[&a.q, &a.k, &a.v], g, b, on, FWD_DIMS, smem(g.d))? {
         tracing::debug!(target: "TE-FL", "{OP}: Hopper wgmma kernel declined ({reason}); the mma.sync kernel runs");
         return Ok(None);
     }
@@ -208,8 +241,8 @@ pub fn fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs, g: &AttnGeometry, b: &AttnBuild
     let counter = zeros(ctx.device, &[1 + ctas], DType::I32)?;
     let params = AttnParams {
         q: qkv_map(ctx, OP, &a.q, g, g.sq, g.hq, ROWS)?,
-        k: qkv_map(ctx, OP, &a.k, g, g.sk, g.hk, ROWS)?,
-        v: qkv_map(ctx, OP, &a.v, g, g.sk, g.hk, ROWS)?,
+        k: qkv_map(ctx, OP, &a.k, g, g.sk, g.hk, key_rows(g.d))?,
+        v: qkv_map(ctx, OP, &a.v, g, g.sk, g.hk, key_rows(g.d))?,
         o: ptr(&o)?,
         lse: ptr(&lse)?,
         counter: ptr(&counter)?,
@@ -255,14 +288,14 @@ pub fn bwd(
 ) -> Result<bool> {
     let on = attention_bwd_wgmma(&*tune_table(ctx.device)?);
     let tensors = [&a.q, &a.k, &a.v, &a.d_o, out.dq_acc];
-    if let Some(reason) = declined(ctx, &tensors, g, b, on, bwd_smem(g.d))? {
+    if let Some(reason) = declined(ctx, &tensors, g, b, on, BWD_DIMS, bwd_smem(g.d))? {
         tracing::debug!(target: "TE-FL", "{BWD_OP}: Hopper wgmma kernel declined ({reason}); the mma.sync kernel runs");
         return Ok(false);
     }
     let params = BwdParams {
         q: qkv_map(ctx, BWD_OP, &a.q, g, g.sq, g.hq, BWD_ROWS)?,
-        k: qkv_map(ctx, BWD_OP, &a.k, g, g.sk, g.hk, ROWS)?,
-        v: qkv_map(ctx, BWD_OP, &a.v, g, g.sk, g.hk, ROWS)?,
+        k: qkv_map(ctx, BWD_OP, &a.k, g, g.sk, g.hk, key_rows(g.d))?,
+        v: qkv_map(ctx, BWD_OP, &a.v, g, g.sk, g.hk, key_rows(g.d))?,
         d_o: qkv_map(ctx, BWD_OP, &a.d_o, g, g.sq, g.hq, BWD_ROWS)?,
         dq: qkv_map(ctx, BWD_OP, out.dq_acc, g, g.sq, g.hq, BWD_ROWS)?,
         lse: ptr(&a.softmax_lse)?,
@@ -281,7 +314,7 @@ pub fn bwd(
     // 64-byte aligned maps); the maps and pointers address live tensors (q, k, v, dO, the f32
     // dQ accumulator, lse, delta, dK and dV, of the geometry's shapes, checked by the op) that
     // stream ordering keeps alive until the kernel has run.
-    unsafe { launch_struct(ctx.device, &bwd_variant(b)?, BWD_ENTRIES[0], grid, &params)? };
+    unsafe { launch_struct(ctx.device, &bwd_variant(b)?, bwd_entries(g.d)[0], grid, &params)? };
     Ok(true)
 }
 
@@ -298,6 +331,17 @@ pub fn variants() -> Vec<Variant> {
         v.extend(variant(&build));
         v.extend(bwd_variant(&build));
     }
+    // Head dim 256: the forward's 64-key tiles and split P·V, the backward's own entry.
+    let build = AttnBuild {
+        dtype: DType::BF16,
+        d: 256,
+        layout: QkvLayout::Bshd,
+        mask: AttnMask::Causal,
+        window: (None, None),
+        dropout: false,
+    };
+    v.extend(variant(&build));
+    v.extend(bwd_variant(&build));
     v
 }
 
@@ -325,10 +369,13 @@ mod tests {
     }
 
     #[test]
-    fn both_head_dims_fit_hoppers_shared_memory() {
-        for f in [smem, bwd_smem] {
-            assert!(f(128) <= 227 * 1024, "{}", f(128));
+    fn every_head_dim_fits_hoppers_shared_memory() {
+        for (f, dims) in [(smem as fn(usize) -> usize, FWD_DIMS), (bwd_smem, BWD_DIMS)] {
+            for &d in dims {
+                assert!(f(d) <= 227 * 1024, "head dim {d}: {}", f(d));
+            }
             assert!(f(64) < f(128));
         }
+        assert!(smem(128) < smem(256));
     }
 }

@@ -109,6 +109,9 @@ template <int N> __device__ __forceinline__ void regs_claim() {
 }
 
 // Operand lists of the wgmma accumulators (generated: {%0 .. %N-1} and "+f"(d[i]) for each).
+#define WG_REGS_16 "{" \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15" \
+    "}"
 #define WG_REGS_32 "{" \
     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" \
@@ -130,6 +133,7 @@ template <int N> __device__ __forceinline__ void regs_claim() {
     "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127" \
     "}"
 #define WG_ACC8(d, i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define WG_ACC16(d, i) WG_ACC8(d, i), WG_ACC8(d, i + 8)
 #define WG_ACC32(d, i) WG_ACC8(d, i), WG_ACC8(d, i + 8), WG_ACC8(d, i + 16), WG_ACC8(d, i + 24)
 #define WG_ACC64(d, i) WG_ACC8(d, i), WG_ACC8(d, i + 8), WG_ACC8(d, i + 16), WG_ACC8(d, i + 24), \
     WG_ACC8(d, i + 32), WG_ACC8(d, i + 40), WG_ACC8(d, i + 48), WG_ACC8(d, i + 56)

@@ -253,7 +253,9 @@ fn fp8(r: &mut Run) -> Result<()> {
 }
 
 fn attention(r: &mut Run, dtype: DType) -> Result<()> {
-    for (causal, (b, s, hq, hk, d)) in [(true, (2, 300, 8, 2, 128)), (false, (1, 257, 4, 4, 64))] {
+    for (causal, (b, s, hq, hk, d)) in
+        [(true, (2, 300, 8, 2, 128)), (false, (1, 257, 4, 4, 64)), (true, (1, 200, 4, 2, 256))]
+    {
         let q = r.rand(&[b, s, hq, d], dtype, -1.0, 1.0)?;
         let k = r.rand(&[b, s, hk, d], dtype, -1.0, 1.0)?;
         let v = r.rand(&[b, s, hk, d], dtype, -1.0, 1.0)?;
@@ -276,7 +278,7 @@ fn attention(r: &mut Run, dtype: DType) -> Result<()> {
         };
         let f = r.call::<FusedAttnFwd>(&fwd)?;
         let g = r.call::<FusedAttnBwd>(&fwd.backward(f.o.clone(), d_o.clone(), f.softmax_lse.clone()))?;
-        let case = format!("attention_{dtype}_{}", if causal { "causal_gqa" } else { "full" });
+        let case = format!("attention_{dtype}_{}_d{d}", if causal { "causal_gqa" } else { "full" });
         r.record(
             &case,
             "attention",

@@ -76,6 +76,20 @@ impl Suite<'_> {
         // Head dims off the fast paths: 256 (the largest, tiles cut to fit), 96 (not a power of
         // two) and 33 (odd: scalar loads and stores).
         cases.push(AttnCase { b: 1, sq: 70, sk: 70, hq: 2, hk: 1, d: 256, ..base(QkvLayout::Bshd, AttnMask::Causal) });
+        // Head dim 256 over several 64-key tiles and blocks (Hopper's kernels take 64 keys at a
+        // time there) with tails, GQA, growing row maxima, and a window cutting tiles on both
+        // sides. (Sizes keep lavapipe's backward under its 65535 loop iterations.)
+        cases.push(AttnCase { sq: 100, sk: 200, d: 256, amp: 6.0, ..base(QkvLayout::Sbhd, AttnMask::None) });
+        cases.push(AttnCase {
+            b: 1,
+            sq: 129,
+            sk: 200,
+            hq: 2,
+            hk: 2,
+            d: 256,
+            window: AttnWindow { left: Some(90), right: Some(10) },
+            ..base(QkvLayout::Bshd, AttnMask::CausalBottomRight)
+        });
         cases.push(AttnCase {
             d: 96,
             cu_q: Some(vec![0, 9, 50]),

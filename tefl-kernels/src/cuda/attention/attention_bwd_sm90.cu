@@ -32,20 +32,25 @@
 //
 // Defines: those of the attention sources (T, D, LAYOUT, CAUSAL, BOTTOM_RIGHT, PADDING,
 // WIN_LEFT, WIN_RIGHT, DROPOUT; the host only picks this kernel for bshd / sbhd, no padding,
-// no dropout, D 64 or 128, 16-bit T), T_F16 (T is f16, else bf16), STAGES (query-tile stages),
-// HEAD_GROUP (kv heads per scheduling group). The grid is one-dimensional: CTA i takes the key
-// block and kv head of item i in heavy_first's order (key block 0 sees the most query tiles
-// under causal masks), so the launch ends on light blocks.
+// no dropout, D 64 or 128, 16-bit T; D 256 has its own entry, attn_bwd_sm90_d256, at the end),
+// T_F16 (T is f16, else bf16), STAGES (query-tile stages), HEAD_GROUP (kv heads per scheduling
+// group). The grid is one-dimensional: CTA i takes the key block and kv head of item i in
+// heavy_first's order (key block 0 sees the most query tiles under causal masks), so the
+// launch ends on light blocks.
 
+#if D == 256
+#define BN 64                     // keys per CTA (attn_bwd_sm90_d256)
+#else
 #define BN 128                    // keys per CTA
+#endif
 #define BM 64                     // queries per tile
 #define CONSUMERS 2
 #define DBOX (D / 64)
-#define K_BOX (BN * 128)          // a box of 128 rows x 128 bytes
+#define K_BOX (BN * 128)          // a box of BN rows x 128 bytes
 #define Q_BOX (BM * 128)          // a box of 64 rows x 128 bytes
 #define K_TILE (DBOX * K_BOX)
 #define Q_TILE (DBOX * Q_BOX)
-#define DS_BYTES (BN * BM * 2)    // dSᵀ: 128 keys x 64 queries, 16-bit
+#define DS_BYTES (BN * BM * 2)    // dSᵀ: BN keys x 64 queries, 16-bit
 #define DQ_BYTES (BM * 64 * 4)    // a consumer's dQ share: 64 queries x 64 columns, f32
 #if T_F16
 #define T_PTX "f16"
@@ -53,7 +58,7 @@
 #define T_PTX "bf16"
 #endif
 
-static_assert(D == 64 || D == 128, "the Hopper attention kernels take head dims 64 and 128");
+static_assert(D == 64 || D == 128 || D == 256, "the Hopper attention backward takes head dims 64, 128 and 256");
 
 // The launch's one parameter (the host's BwdParams mirrors it).
 struct BwdParams {
@@ -230,6 +235,72 @@ __device__ __forceinline__ void dq_then_dk(const BwdParams& p, float* dk, float*
     hand_off_dq(p, dq, dq_s, c, tid, h, b, i0, col0);
 }
 
+// The key block a CTA takes (item blockIdx.x in heavy_first's order): its sequence b, kv head,
+// first key j0 and keys nk (past the sequence: none), and the query heads per kv head.
+struct KeyBlock {
+    int b, hkv, j0, nk, group;
+    Seq s;
+};
+__device__ __forceinline__ KeyBlock key_block(const BwdParams& p) {
+    KeyBlock k;
+    int rank, row;
+    heavy_first(blockIdx.x, (p.sk + BN - 1) / BN, p.hk * p.batch, HEAD_GROUP, &rank, &row);
+    k.b = row / p.hk;
+    k.hkv = row % p.hk;
+    k.j0 = rank * BN;
+    k.group = p.hq / p.hk;
+    k.s = seq_of(k.b, p.batch, p.sq, p.sk, nullptr, nullptr);
+    k.nk = max(0, min(BN, k.s.lk - k.j0));
+    return k;
+}
+
+// The producer's first copies: the block's K and V rows, on `bar`.
+__device__ __forceinline__ void load_kv(const BwdParams& p, const KeyBlock& k, u32 k_s, u32 v_s, u32 bar) {
+    mbar_arrive_expect(bar, 2 * K_TILE);
+    load_rows(k_s, &p.k, k.hkv, k.b, k.j0, K_BOX, bar);
+    load_rows(v_s, &p.v, k.hkv, k.b, k.j0, K_BOX, bar);
+}
+
+// Query tile i0's lse (times log2 e) and delta rows into consumer c's row buffer at `rows`
+// (lse rows, then the delta rows at rows + 4 BM; thread tid's value at float tid), loaded while
+// the tile's first products run; then a barrier of the warpgroup. The buffer's last readers
+// (the previous tile) have passed a barrier of this warpgroup since.
+__device__ __forceinline__ void stage_rows(const BwdParams& p, const Seq& s, int b, int h, int i0, int tid, int c, u32 rows) {
+    const float row_val = row_value(p, s, b, h, i0, tid);
+    sts_f32(rows + 4 * tid, tid < BM ? row_val * 1.4426950408889634f : row_val);
+    warpgroup_sync(c);
+}
+
+// Whether queries [q0, q0 + nq) all see keys [k0, k0 + nk) (then no mask is needed).
+__device__ __forceinline__ bool sees_all(const Seq& s, int q0, int nq, int k0, int nk) {
+    int lo_last, hi_first, unused;
+    key_range(s, q0, &unused, &hi_first);
+    key_range(s, min(q0 + nq, s.lq) - 1, &lo_last, &unused);
+    return q0 + nq <= s.lq && lo_last <= k0 && hi_first >= k0 + nk;
+}
+
+// dV and dK (times the softmax scale) of the thread's keys key0 + 16 warp + g (+8), N columns
+// from col0 (accumulator layout of a 64 x N wgmma tile).
+template <int N>
+__device__ __forceinline__ void store_dkdv(const BwdParams& p, const KeyBlock& k, int key0, int col0, const float* dv,
+                                           const float* dk, int warp, int g, int t) {
+#pragma unroll
+    for (int x = 0; x < 2; ++x) {
+        const int key = key0 + 16 * warp + g + 8 * x;
+        if (key >= k.s.lk) continue;
+        const long long row = ((k.s.kb + (long long)key * k.s.rs) * p.hk + k.hkv) * D + col0 + 2 * t;
+        T* dv_out = reinterpret_cast<T*>(p.dv) + row;
+        T* dk_out = reinterpret_cast<T*>(p.dk) + row;
+#pragma unroll
+        for (int j = 0; j < N / 8; ++j) {
+            *reinterpret_cast<u32*>(dv_out + 8 * j) = pack2_f32<T>(dv[4 * j + 2 * x], dv[4 * j + 2 * x + 1]);
+            *reinterpret_cast<u32*>(dk_out + 8 * j) =
+                pack2_f32<T>(dk[4 * j + 2 * x] * p.scale, dk[4 * j + 2 * x + 1] * p.scale);
+        }
+    }
+}
+
+#if D != 256
 extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     attn_bwd_sm90(const __grid_constant__ BwdParams p) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -263,19 +334,14 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
         mbar_init_fence();
     }
     __syncthreads();
-    int rank, row;
-    heavy_first(blockIdx.x, (p.sk + BN - 1) / BN, p.hk * p.batch, HEAD_GROUP, &rank, &row);
-    const int b = row / p.hk, hkv = row % p.hk, j0 = rank * BN;
-    const int group = p.hq / p.hk;
-    const Seq s = seq_of(b, p.batch, p.sq, p.sk, nullptr, nullptr);
-    const int nk = max(0, min(BN, s.lk - j0));
+    const KeyBlock kb = key_block(p);
+    const int b = kb.b, hkv = kb.hkv, j0 = kb.j0, group = kb.group, nk = kb.nk;
+    const Seq& s = kb.s;
 
     if (warpgroup == 0) {
         regs_release<24>();
         if (threadIdx.x != 0) return;  // one producer thread issues the copies
-        mbar_arrive_expect(KV_FULL, 2 * K_TILE);
-        load_rows(k_s, &p.k, hkv, b, j0, K_BOX, KV_FULL);
-        load_rows(v_s, &p.v, hkv, b, j0, K_BOX, KV_FULL);
+        load_kv(p, kb, k_s, v_s, KV_FULL);
         int n = 0;
         for (int hi = 0; hi < group; ++hi) {
             const int h = hkv * group + hi;
@@ -328,16 +394,9 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
             // ptxas copied the loaded register ahead of the products' issue, so the warps
             // waited for the load there: Nsight Compute (H200, 2026-11-27) counted that copy as
             // the largest stall, 9% of the samples.
-            const float row_val = row_value(p, s, b, h, i0, tid);
-            // Thread tid's value at float tid of the rows buffer (lse rows, then DEL_S(c)'s delta
-            // rows); its last readers (the previous tile) passed a barrier of this warpgroup since.
-            sts_f32(LSE_S(c) + 4 * tid, tid < BM ? row_val * 1.4426950408889634f : row_val);
-            warpgroup_sync(c);
+            stage_rows(p, s, b, h, i0, tid, c, LSE_S(c));
             // The mask: none when every query of the tile sees every key of this consumer's 64.
-            int lo_last, hi_first, unused;
-            key_range(s, i0, &unused, &hi_first);
-            key_range(s, min(i0 + BM, s.lq) - 1, &lo_last, &unused);
-            const bool full = i0 + BM <= s.lq && lo_last <= kw && hi_first >= kw + 64;
+            const bool full = sees_all(s, i0, BM, kw, 64);
             // Done: the previous tile's dK and this one's Sᵀ (wgmma groups retire in order).
             wgmma_wait<1>();
 #pragma unroll
@@ -437,21 +496,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) acc_fence(dk[i]);
     if (tid == 0) bulk_wait<0>();
-    // dV and dK (times the softmax scale) of this consumer's keys.
-#pragma unroll
-    for (int x = 0; x < 2; ++x) {
-        const int key = kw + 16 * warp + g + 8 * x;
-        if (key >= s.lk) continue;
-        const long long row = ((s.kb + (long long)key * s.rs) * p.hk + hkv) * D + 2 * t;
-        T* dv_out = reinterpret_cast<T*>(p.dv) + row;
-        T* dk_out = reinterpret_cast<T*>(p.dk) + row;
-#pragma unroll
-        for (int j = 0; j < D / 8; ++j) {
-            *reinterpret_cast<u32*>(dv_out + 8 * j) = pack2_f32<T>(dv[4 * j + 2 * x], dv[4 * j + 2 * x + 1]);
-            *reinterpret_cast<u32*>(dk_out + 8 * j) =
-                pack2_f32<T>(dk[4 * j + 2 * x] * p.scale, dk[4 * j + 2 * x + 1] * p.scale);
-        }
-    }
+    store_dkdv<D>(p, kb, kw, 0, dv, dk, warp, g, t);  // this consumer's 64 keys
 #undef Q_S
 #undef DO_S
 #undef DS_S
@@ -462,3 +507,232 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
 #undef QD_FULL
 #undef QD_EMPTY
 }
+#endif
+
+#if D == 256
+// Head dim 256 (attn_bwd_sm90_d256). dK and dV of 64 keys would take 256 registers a thread in
+// one warpgroup, so the consumers split them by head-dim halves (consumer c: columns
+// 128 c..128 c + 127 of both, 128 registers) and split the scores by query halves instead:
+// per query tile of 64, consumer c computes, for all 64 keys and its 32 queries,
+//   Sᵀ = K · Q_cᵀ, dPᵀ = V · dO_cᵀ   (m64n32, contracting all 256 columns: no product twice)
+//   Pᵀ, dSᵀ as in the other head dims, written as 16-bit rows into shared memory;
+// then, once both halves are there (a barrier joins the consumers), with both operands from
+// shared memory,
+//   dV_c += Pᵀ · dO[:, c half], dK_c += dSᵀ · Q[:, c half]   (m64n128 over the 64 queries)
+//   dQ[:, c half] = dS · K[:, c half]                         (two m64n64 over the 64 keys)
+// and each dQ quarter (64 columns) goes to the copy engine's reduce-add as in the other head
+// dims. Q has STAGES stages, dO one (it is released once dV is done, so the next tile's dO
+// loads while dK and dQ run): 231,480 bytes of shared memory with two Q stages.
+
+// C(64 keys x 32 queries) = K(64 x 256) · Q(32 x 256)ᵀ: both K-major in shared memory (k: K's
+// boxes of K_BOX bytes; q: the first of the 32 rows in Q's boxes of Q_BOX).
+__device__ __forceinline__ void mm_nt32(float* c, u32 k, u32 q) {
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+        const unsigned long long da = wgmma_desc(k + (ks / 4) * K_BOX + (ks % 4) * 32, 16, 1024);
+        const unsigned long long db = wgmma_desc(q + (ks / 4) * Q_BOX + (ks % 4) * 32, 16, 1024);
+        asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %18, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n32k16.f32." T_PTX "." T_PTX " " WG_REGS_16
+                     ", %16, %17, p, 1, 1, 0, 0;\n}"
+                     : WG_ACC16(c, 0)
+                     : "l"(da), "l"(db), "r"(ks));
+    }
+}
+
+// C(64 keys x 128 columns) += A(64 keys x 64 queries) · B(64 queries x 128 columns): A K-major
+// (one box: Pᵀ or dSᵀ rows), B MN-major (two boxes of a Q or dO tile, from `b`).
+__device__ __forceinline__ void mm_ss(float* c, u32 a, u32 b) {
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk) {
+        const unsigned long long da = wgmma_desc(a + kk * 32, 16, 1024);
+        const unsigned long long db = wgmma_desc(b + kk * 2048, Q_BOX, 1024);
+        asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32." T_PTX "." T_PTX " " WG_REGS_64
+                     ", %64, %65, p, 1, 1, 0, 1;\n}"
+                     : WG_ACC64(c, 0)
+                     : "l"(da), "l"(db), "n"(1));
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
+    attn_bwd_sm90_d256(const __grid_constant__ BwdParams p) {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const u32 base = (smem_addr(smem_raw) + 1023u) & ~1023u;
+    const u32 k_s = base, v_s = base + K_TILE;
+#define Q_S(st) (base + 2 * K_TILE + (st) * Q_TILE)
+    const u32 do_s = base + 2 * K_TILE + STAGES * Q_TILE;
+#define PT_S(i) (do_s + Q_TILE + (i) * DS_BYTES)
+#define DS_S(i) (do_s + Q_TILE + (2 + (i)) * DS_BYTES)
+#define DQ_S(c) (do_s + Q_TILE + 4 * DS_BYTES + (c) * DQ_BYTES)
+    const u32 rows_s = do_s + Q_TILE + 4 * DS_BYTES + CONSUMERS * DQ_BYTES;
+#define LSE_S(c) (rows_s + (c) * 2 * BM * 4)
+#define DEL_S(c) (rows_s + (c) * 2 * BM * 4 + BM * 4)
+    const u32 bars = rows_s + CONSUMERS * 2 * BM * 4;
+#define KV_FULL bars
+#define Q_FULL(st) (bars + 8u * (1 + (st)))
+#define Q_EMPTY(st) (bars + 8u * (1 + STAGES + (st)))
+#define DO_FULL (bars + 8u * (1 + 2 * STAGES))
+#define DO_EMPTY (bars + 8u * (2 + 2 * STAGES))
+    const int warpgroup = threadIdx.x / 128;
+    if (threadIdx.x == 0) {
+        mbar_init(KV_FULL, 1);
+        for (int st = 0; st < STAGES; ++st) {
+            mbar_init(Q_FULL(st), 1);
+            mbar_init(Q_EMPTY(st), CONSUMERS * 4);
+        }
+        mbar_init(DO_FULL, 1);
+        mbar_init(DO_EMPTY, CONSUMERS * 4);
+        mbar_init_fence();
+    }
+    __syncthreads();
+    const KeyBlock kb = key_block(p);
+    const int b = kb.b, hkv = kb.hkv, j0 = kb.j0, group = kb.group, nk = kb.nk;
+    const Seq& s = kb.s;
+
+    if (warpgroup == 0) {
+        regs_release<24>();
+        if (threadIdx.x != 0) return;  // one producer thread issues the copies
+        load_kv(p, kb, k_s, v_s, KV_FULL);
+        int n = 0;
+        for (int hi = 0; hi < group; ++hi) {
+            const int h = hkv * group + hi;
+            for (int i0 = 0; i0 < s.lq; i0 += BM) {
+                if (!tile_visible(s, i0, j0, nk)) continue;
+                const int st = n % STAGES;
+                mbar_wait(Q_EMPTY(st), ((n / STAGES) & 1) ^ 1);
+                mbar_arrive_expect(Q_FULL(st), Q_TILE);
+                load_rows(Q_S(st), &p.q, h, b, i0, Q_BOX, Q_FULL(st));
+                mbar_wait(DO_EMPTY, (n & 1) ^ 1);
+                mbar_arrive_expect(DO_FULL, Q_TILE);
+                load_rows(do_s, &p.d_o, h, b, i0, Q_BOX, DO_FULL);
+                ++n;
+            }
+        }
+        return;
+    }
+
+    regs_claim<240>();
+    const int c = warpgroup - 1;
+    const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const float scale2 = p.scale * 1.4426950408889634f;
+    const int qc = 32 * c;  // this consumer's first query of a tile; its keys are all 64
+    // Accumulator i of a 64 x N wgmma tile is row 16 warp + g + 8 ((i / 2) % 2) (a key here),
+    // column 8 (i / 4) + 2 t + i % 2.
+    float dv[64], dk[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) dv[i] = dk[i] = 0.0f;
+    mbar_wait(KV_FULL, 0);
+    int n = 0;
+    for (int hi = 0; hi < group; ++hi) {
+        const int h = hkv * group + hi;
+        for (int i0 = 0; i0 < s.lq; i0 += BM) {
+            if (!tile_visible(s, i0, j0, nk)) continue;
+            const int st = n % STAGES;
+            const u32 q = Q_S(st), pt = PT_S(n % 2), ds = DS_S(n % 2);
+            const u32 k_t = opaque(k_s), v_t = opaque(v_s);
+            float sc[16], dp[16];
+            mbar_wait(Q_FULL(st), (n / STAGES) & 1);
+            wgmma_fence();
+            mm_nt32(sc, k_t, q + qc * 128);
+            wgmma_commit();
+            mbar_wait(DO_FULL, n & 1);
+            mm_nt32(dp, v_t, do_s + qc * 128);
+            wgmma_commit();
+            // The tile's lse and delta rows, as in attn_bwd_sm90.
+            stage_rows(p, s, b, h, i0, tid, c, LSE_S(c));
+            // The mask: none when every one of this consumer's queries sees all 64 keys.
+            const bool full = sees_all(s, i0 + qc, 32, j0, BN);
+            wgmma_wait<1>();
+#pragma unroll
+            for (int i = 0; i < 16; ++i) acc_fence(sc[i]);
+            // Pᵀ = exp2(scale2 Sᵀ - lse2), zero outside the mask, into shared memory (row: key,
+            // 16-byte chunk: 8 queries, in the 128-byte swizzle).
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int q0 = qc + 8 * j + 2 * t;  // the thread's two queries: q0, q0 + 1
+                const float2 l2 = lds_f32x2(LSE_S(c) + 4 * q0);
+                int key_lo[2] = {0, 0}, key_hi[2] = {0x7fffffff, 0x7fffffff};
+                if (!full) {
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) key_range(s, i0 + q0 + e, &key_lo[e], &key_hi[e]);
+                }
+#pragma unroll
+                for (int x = 0; x < 2; ++x) {
+                    const int key = j0 + 16 * warp + g + 8 * x;
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const int i = 4 * j + 2 * x + e;
+                        const bool ok = full || (key >= key_lo[e] && key < key_hi[e]);
+                        sc[i] = ok ? fast_exp2(fmaf(sc[i], scale2, -(e ? l2.y : l2.x))) : 0.0f;
+                    }
+                    const int r = 16 * warp + g + 8 * x;
+                    sts_u32(pt + r * 128 + (((qc / 8 + j) ^ g) << 4) + 4 * t,
+                            pack2_f32<T>(sc[4 * j + 2 * x], sc[4 * j + 2 * x + 1]));
+                }
+            }
+            wgmma_wait<0>();
+#pragma unroll
+            for (int i = 0; i < 16; ++i) acc_fence(dp[i]);
+            // dSᵀ = Pᵀ (dPᵀ - delta), into shared memory the same way.
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const float2 dl = lds_f32x2(DEL_S(c) + 4 * (qc + 8 * j + 2 * t));
+#pragma unroll
+                for (int x = 0; x < 2; ++x) {
+                    const int i = 4 * j + 2 * x, r = 16 * warp + g + 8 * x;
+                    dp[i] = sc[i] * (dp[i] - dl.x);
+                    dp[i + 1] = sc[i + 1] * (dp[i + 1] - dl.y);
+                    sts_u32(ds + r * 128 + (((qc / 8 + j) ^ g) << 4) + 4 * t, pack2_f32<T>(dp[i], dp[i + 1]));
+                }
+            }
+            fence_async_shared();
+            consumers_sync();  // both consumers' halves of Pᵀ and dSᵀ are in shared memory
+#pragma unroll
+            for (int i = 0; i < 64; ++i) acc_fence(dv[i]);
+#pragma unroll
+            for (int i = 0; i < 64; ++i) acc_fence(dk[i]);
+            float dq[32];
+            wgmma_fence();
+            mm_ss(dv, pt, do_s + 2 * c * Q_BOX);
+            wgmma_commit();
+            mm_tt<4>(dq, ds, k_t + 2 * c * K_BOX);
+            wgmma_commit();
+            mm_ss(dk, ds, q + 2 * c * Q_BOX);
+            wgmma_commit();
+            wgmma_wait<1>();  // dV and the first dQ quarter (dK runs on)
+#pragma unroll
+            for (int i = 0; i < 32; ++i) acc_fence(dq[i]);
+#pragma unroll
+            for (int i = 0; i < 64; ++i) acc_fence(dv[i]);
+            __syncwarp();
+            if (lane == 0) mbar_arrive(DO_EMPTY);
+            hand_off_dq(p, dq, DQ_S(c), c, tid, h, b, i0, 128 * c);
+            wgmma_fence();
+            mm_tt<4>(dq, ds, k_t + (2 * c + 1) * K_BOX);
+            wgmma_commit();
+            wgmma_wait<0>();  // dK and the second quarter
+#pragma unroll
+            for (int i = 0; i < 32; ++i) acc_fence(dq[i]);
+#pragma unroll
+            for (int i = 0; i < 64; ++i) acc_fence(dk[i]);
+            __syncwarp();
+            if (lane == 0) mbar_arrive(Q_EMPTY(st));
+            hand_off_dq(p, dq, DQ_S(c), c, tid, h, b, i0, 128 * c + 64);
+            ++n;
+        }
+    }
+    if (tid == 0) bulk_wait<0>();
+    store_dkdv<128>(p, kb, j0, 128 * c, dv, dk, warp, g, t);  // the 64 keys, this consumer's columns
+#undef Q_S
+#undef PT_S
+#undef DS_S
+#undef DQ_S
+#undef LSE_S
+#undef DEL_S
+#undef KV_FULL
+#undef Q_FULL
+#undef Q_EMPTY
+#undef DO_FULL
+#undef DO_EMPTY
+}
+#endif

@@ -5,29 +5,39 @@
 // Persistent CTAs (one per SM) claim work items of 128 query rows of one head from a counter.
 // Warpgroup 0 is the producer (one warp: lane 0 claims items and issues the copies; the other
 // warps leave with their registers given back), warpgroups 1 and 2 are consumers of 64 query
-// rows each. Per key tile of 128: S = Q·Kᵀ (wgmma m64n128k16, both operands K-major in shared
-// memory), the mask, the online softmax on the S registers, then O += P·V (wgmma with A = P
-// in registers: the accumulator pairs of two n8 blocks are exactly A's fragment of one k16
-// step; B = V, MN-major: V's rows are keys with the head dim contiguous). A tile's softmax
-// overlaps the previous tile's P·V, and the consumers take turns issuing MMAs. Full and empty
-// mbarriers per stage and operand hand tiles between the producer and the consumers.
+// rows each. Per key tile of BC (128; 64 at head dim 256): S = Q·Kᵀ (wgmma m64nBCk16, both
+// operands K-major in shared memory), the mask, the online softmax on the S registers, then
+// O += P·V (wgmma with A = P in registers: the accumulator pairs of two n8 blocks are exactly
+// A's fragment of one k16 step; B = V, MN-major: V's rows are keys with the head dim
+// contiguous). A tile's softmax overlaps the previous tile's P·V, and the consumers take turns
+// issuing MMAs. Full and empty mbarriers per stage and operand hand tiles between the producer
+// and the consumers.
 //
 // Shared memory is the copy engine's 128-byte swizzled layout: a tile of rows x D is D / 64
-// boxes of rows x 128 bytes. K-major descriptors (Q, K) step 32 bytes per k16 inside a box and
-// to the next box every 64 elements, stride 1024 (8 rows); V's MN-major descriptor steps 16
-// rows (2048 bytes) per k16, leading offset one box (the next 64 head-dim columns).
+// boxes of rows x 128 bytes (Q: 128 rows; K and V: BC). K-major descriptors (Q, K) step 32
+// bytes per k16 inside a box and to the next box every 64 elements, stride 1024 (8 rows); V's
+// MN-major descriptor steps 16 rows (2048 bytes) per k16, leading offset one box (the next 64
+// head-dim columns).
 //
 // Defines: those of the attention sources (T, D, LAYOUT, CAUSAL, BOTTOM_RIGHT, PADDING,
 // WIN_LEFT, WIN_RIGHT, DROPOUT; the host only picks this kernel for bshd / sbhd, no padding,
-// no dropout, D 64 or 128, 16-bit T), T_F16 (T is f16, else bf16), STAGES (K and V stages),
+// no dropout, D 64, 128 or 256, 16-bit T), T_F16 (T is f16, else bf16), STAGES (K and V stages),
 // HEAD_GROUP (heads per scheduling group, heavy_first).
 
 #define BM 128
+// Keys per tile: 128, or 64 at head dim 256, where the output accumulator alone takes 128
+// registers a thread (and a K / V tile of 128 rows would leave shared memory for one stage).
+#if D == 256
+#define BC 64
+#else
 #define BC 128
+#endif
 #define CONSUMERS 2
 #define DBOX (D / 64)
-#define BOX_BYTES (128 * 128)     // 128 rows x 128 bytes (BM = BC = 128 rows)
-#define TILE_BYTES (DBOX * BOX_BYTES)
+#define Q_BOX (BM * 128)          // a box of Q: BM rows x 128 bytes
+#define KV_BOX (BC * 128)         // a box of K or V: BC rows x 128 bytes
+#define Q_TILE (DBOX * Q_BOX)
+#define KV_TILE (DBOX * KV_BOX)
 #define NEG_INF (-__int_as_float(0x7f800000))
 #if T_F16
 #define T_PTX "f16"
@@ -35,7 +45,7 @@
 #define T_PTX "bf16"
 #endif
 
-static_assert(D == 64 || D == 128, "the Hopper attention kernel takes head dims 64 and 128");
+static_assert(D == 64 || D == 128 || D == 256, "the Hopper attention forward takes head dims 64, 128 and 256");
 
 // The launch's one parameter (the host's AttnParams mirrors it).
 struct AttnParams {
@@ -47,14 +57,15 @@ struct AttnParams {
     int pad1;
 };
 
-// Rows [row0, row0 + 128) of head `head` of sequence b: DBOX boxes into `dst`, on `bar`.
-__device__ __forceinline__ void load_tile(u32 dst, const TensorMap* map, int head, int b, int row0, u32 bar) {
+// Rows [row0, row0 + the map's box rows) of head `head` of sequence b: DBOX boxes of `box`
+// bytes into `dst`, on `bar`.
+__device__ __forceinline__ void load_tile(u32 dst, const TensorMap* map, int head, int b, int row0, u32 box, u32 bar) {
 #pragma unroll
     for (int j = 0; j < DBOX; ++j) {
 #if LAYOUT == 0
-        tma_load_4d(dst + j * BOX_BYTES, map, 64 * j, head, row0, b, bar);
+        tma_load_4d(dst + j * box, map, 64 * j, head, row0, b, bar);
 #else
-        tma_load_4d(dst + j * BOX_BYTES, map, 64 * j, head, b, row0, bar);
+        tma_load_4d(dst + j * box, map, 64 * j, head, b, row0, bar);
 #endif
     }
 }
@@ -63,20 +74,28 @@ __device__ __forceinline__ void load_tile(u32 dst, const TensorMap* map, int hea
 __device__ __forceinline__ void scores(float* s, u32 q, u32 k) {
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
-        const unsigned long long da = wgmma_desc(q + (ks / 4) * BOX_BYTES + (ks % 4) * 32, 16, 1024);
-        const unsigned long long db = wgmma_desc(k + (ks / 4) * BOX_BYTES + (ks % 4) * 32, 16, 1024);
+        const unsigned long long da = wgmma_desc(q + (ks / 4) * Q_BOX + (ks % 4) * 32, 16, 1024);
+        const unsigned long long db = wgmma_desc(k + (ks / 4) * KV_BOX + (ks % 4) * 32, 16, 1024);
+#if BC == 128
         asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
                      "wgmma.mma_async.sync.aligned.m64n128k16.f32." T_PTX "." T_PTX " " WG_REGS_64
                      ", %64, %65, p, 1, 1, 0, 0;\n}"
                      : WG_ACC64(s, 0)
                      : "l"(da), "l"(db), "r"(ks));
+#else
+        asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32." T_PTX "." T_PTX " " WG_REGS_32
+                     ", %32, %33, p, 1, 1, 0, 0;\n}"
+                     : WG_ACC32(s, 0)
+                     : "l"(da), "l"(db), "r"(ks));
+#endif
     }
 }
 
-// O(64 x D) += P(64 x 16) · V(16 x D) for k16 step kk of the tile: P from registers, V
-// MN-major from shared memory.
+// O(64 x n) += P(64 x 16) · V(16 x n) for k16 step kk of the tile, n = min(D, 128) columns of
+// O from `o` on: P from registers, V MN-major from shared memory.
 __device__ __forceinline__ void pv_step(float* o, const u32* a, unsigned long long dv) {
-#if D == 128
+#if D >= 128
     asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %69, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n128k16.f32." T_PTX "." T_PTX " " WG_REGS_64
                  ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}"
@@ -108,10 +127,17 @@ __device__ __forceinline__ void handoff_arrive(int id) {
     asm volatile("bar.arrive %0, %1;" ::"r"(id), "n"(HANDOFF_THREADS) : "memory");
 }
 
-// O += P·V over the tile's BC keys (k16 steps), V's tile at `v`.
+// O += P·V over the tile's BC keys (k16 steps), V's tile at `v`. Head dim 256 takes two
+// products of 128 columns a step (accumulators 64.. are columns 128..; the second reads V's
+// boxes 2 and 3).
 __device__ __forceinline__ void pv(float* o, const u32 (*pa)[4], u32 v) {
 #pragma unroll
-    for (int kk = 0; kk < BC / 16; ++kk) pv_step(o, pa[kk], wgmma_desc(v + kk * 2048, BOX_BYTES, 1024));
+    for (int kk = 0; kk < BC / 16; ++kk) {
+        pv_step(o, pa[kk], wgmma_desc(v + kk * 2048, KV_BOX, 1024));
+#if D == 256
+        pv_step(o + 64, pa[kk], wgmma_desc(v + 2 * KV_BOX + kk * 2048, KV_BOX, 1024));
+#endif
+    }
 }
 
 // The online softmax of one tile's scores (keys j0..): masks them (rows r0 and r0 + 8 of the
@@ -185,9 +211,9 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const u32 base = (smem_addr(smem_raw) + 1023u) & ~1023u;
     const u32 q_s = base;
-#define K_S(st) (base + TILE_BYTES + (st) * TILE_BYTES)
-#define V_S(st) (base + TILE_BYTES + (STAGES + (st)) * TILE_BYTES)
-    const u32 bars = base + (1 + 2 * STAGES) * TILE_BYTES;
+#define K_S(st) (base + Q_TILE + (st) * KV_TILE)
+#define V_S(st) (base + Q_TILE + (STAGES + (st)) * KV_TILE)
+    const u32 bars = base + Q_TILE + 2 * STAGES * KV_TILE;
 #define Q_FULL bars
 #define Q_EMPTY (bars + 8u)
 #define K_FULL(st) (bars + 8u * (2 + (st)))
@@ -239,18 +265,18 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
                 const int hkv = k.h / (p.hq / p.hk), blo = k.blo, bhi = k.bhi;
                 if (blo < bhi) {
                     mbar_wait(Q_EMPTY, (qn & 1) ^ 1);
-                    mbar_arrive_expect(Q_FULL, TILE_BYTES);
-                    load_tile(q_s, &p.q, k.h, k.b, k.q0, Q_FULL);
+                    mbar_arrive_expect(Q_FULL, Q_TILE);
+                    load_tile(q_s, &p.q, k.h, k.b, k.q0, Q_BOX, Q_FULL);
                     ++qn;
                     for (int j0 = blo; j0 < bhi; j0 += BC, ++kv) {
                         const int st = kv % STAGES;
                         const u32 phase = (kv / STAGES) & 1;
                         mbar_wait(K_EMPTY(st), phase ^ 1);
-                        mbar_arrive_expect(K_FULL(st), TILE_BYTES);
-                        load_tile(K_S(st), &p.k, hkv, k.b, j0, K_FULL(st));
+                        mbar_arrive_expect(K_FULL(st), KV_TILE);
+                        load_tile(K_S(st), &p.k, hkv, k.b, j0, KV_BOX, K_FULL(st));
                         mbar_wait(V_EMPTY(st), phase ^ 1);
-                        mbar_arrive_expect(V_FULL(st), TILE_BYTES);
-                        load_tile(V_S(st), &p.v, hkv, k.b, j0, V_FULL(st));
+                        mbar_arrive_expect(V_FULL(st), KV_TILE);
+                        load_tile(V_S(st), &p.v, hkv, k.b, j0, KV_BOX, V_FULL(st));
                     }
                 }
                 next = gridDim.x + atomicAdd(reinterpret_cast<int*>(p.counter), 1);
