@@ -1,16 +1,17 @@
 //! Flash attention on Hopper. The forward (`cuda/attention/attention_sm90.cu`): the copy engine
-//! loads Q tiles of 128 rows and K / V tiles of 128 (64 at head dim 256) rows (4-D tensor maps
-//! over the bshd or sbhd tensors, so a sequence's tail reads zeros), wgmma multiplies them, a producer warp feeds two consumer
-//! warpgroups of 64 query rows; one persistent CTA per SM claims work items (128 query rows of
-//! a head) from a counter. The backward's dK/dV kernel (`attention_bwd_sm90.cu`): one CTA per
-//! 128 keys of a kv head, query tiles of 64 rows of every head of the group streamed in by the
-//! copy engine, the five products on wgmma, dQ shares added to the f32 accumulator by tensor
-//! reduce-adds (the delta and dQ conversion kernels are `attention.cu`'s).
+//! loads Q tiles of 128 rows and K / V tiles of 128 rows (64 at head dim 256) through 4-D
+//! tensor maps over the bshd or sbhd tensors (so a sequence's tail reads zeros), wgmma
+//! multiplies them, a producer warp feeds two consumer warpgroups of 64 query rows; one
+//! persistent CTA per SM claims work items (128 query rows of a head) from a counter. The
+//! backward's dK/dV kernel (`attention_bwd_sm90.cu`): one CTA per 128 keys of a kv head (64 at
+//! head dim 256, its own entry), query tiles of 64 rows of every head of the group streamed in
+//! by the copy engine, the five products on wgmma, dQ shares added to the f32 accumulator by
+//! tensor reduce-adds (the delta and dQ conversion kernels are `attention.cu`'s).
 //!
 //! [`fwd`] and [`bwd`] decline (`Ok(None)` / `Ok(false)`) a call the kernels do not take:
 //! another arch than sm_90, the tune config's `fwd_wgmma` / `bwd_wgmma` off, f32, head dims
-//! other than 64, 128 and 256, the thd layout, padding masks, dropout, or tensors the copy engine
-//! cannot address; `attention.rs` then runs the mma.sync kernels.
+//! other than 64, 128 and 256, the thd layout, padding masks, dropout, or tensors the copy
+//! engine cannot address; `attention.rs` then runs the mma.sync kernels.
 
 use tefl_core::catalogue::{AttnBwdArgs, AttnFwdArgs, AttnFwdOut, AttnGeometry, QkvLayout};
 use tefl_core::{DType, KernelCtx, Result, Tensor};
@@ -31,10 +32,8 @@ const BWD_ENTRIES_D256: &[&str] = &["attn_bwd_sm90_d256"];
 /// Query rows per CTA (two consumer warpgroups of 64) and the forward's keys per tile (see
 /// [`key_rows`]); the backward's keys per CTA.
 const ROWS: usize = 128;
-/// Head dims the forward kernel takes.
-const FWD_DIMS: &[usize] = &[64, 128, 256];
-/// Head dims the backward kernels take.
-const BWD_DIMS: &[usize] = &[64, 128, 256];
+/// Head dims the kernels take (both directions).
+const HEAD_DIMS: &[usize] = &[64, 128, 256];
 /// The backward's query rows per tile.
 const BWD_ROWS: usize = 64;
 /// K and V pipeline stages (forward); Q and dO stages (backward).
@@ -145,7 +144,7 @@ fn bwd_smem(d: usize) -> usize {
         return 1024
             + 2 * tile
             + (STAGES + 1) * tile
-            + 4 * 64 * BWD_ROWS * 2
+            + 4 * key_rows(d) * BWD_ROWS * 2
             + 2 * BWD_ROWS * 64 * 4
             + 2 * 2 * BWD_ROWS * 4
             + 8 * (3 + 2 * STAGES);
@@ -158,15 +157,14 @@ fn bwd_smem(d: usize) -> usize {
         + 8 * (1 + 2 * STAGES)
 }
 
-/// Why the kernel (forward or backward: `wgmma_on` is the tune config's choice, `dims` the head
-/// dims it takes, `smem` its shared memory) does not take a call on `tensors` (`None`: it does).
+/// Why the kernel (forward or backward: `wgmma_on` is the tune config's choice, `smem` its
+/// shared memory) does not take a call on `tensors` (`None`: it does).
 fn declined(
     ctx: &KernelCtx<'_>,
     tensors: &[&Tensor],
     g: &AttnGeometry,
     b: &AttnBuild,
     wgmma_on: bool,
-    dims: &[usize],
     smem: usize,
 ) -> Result<Option<String>> {
     let arch = &info(ctx.device)?.arch;
@@ -179,7 +177,7 @@ fn declined(
     if !matches!(b.dtype, DType::BF16 | DType::F16) {
         return Ok(Some(format!("{} tensors", b.dtype)));
     }
-    if !dims.contains(&g.d) {
+    if !HEAD_DIMS.contains(&g.d) {
         return Ok(Some(format!("head dim {}", g.d)));
     }
     if b.layout == QkvLayout::Thd || b.mask.is_padding() {
@@ -229,7 +227,7 @@ fn qkv_map(
 /// is logged at debug level).
 pub fn fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs, g: &AttnGeometry, b: &AttnBuild) -> Result<Option<AttnFwdOut>> {
     let on = attention_fwd_wgmma(&*tune_table(ctx.device)?);
-    if let Some(reason) = declined(ctx, &[&a.q, &a.k, &a.v], g, b, on, FWD_DIMS, smem(g.d))? {
+    if let Some(reason) = declined(ctx, &[&a.q, &a.k, &a.v], g, b, on, smem(g.d))? {
         tracing::debug!(target: "TE-FL", "{OP}: Hopper wgmma kernel declined ({reason}); the mma.sync kernel runs");
         return Ok(None);
     }
@@ -288,7 +286,7 @@ pub fn bwd(
 ) -> Result<bool> {
     let on = attention_bwd_wgmma(&*tune_table(ctx.device)?);
     let tensors = [&a.q, &a.k, &a.v, &a.d_o, out.dq_acc];
-    if let Some(reason) = declined(ctx, &tensors, g, b, on, BWD_DIMS, bwd_smem(g.d))? {
+    if let Some(reason) = declined(ctx, &tensors, g, b, on, bwd_smem(g.d))? {
         tracing::debug!(target: "TE-FL", "{BWD_OP}: Hopper wgmma kernel declined ({reason}); the mma.sync kernel runs");
         return Ok(false);
     }
@@ -370,8 +368,8 @@ mod tests {
 
     #[test]
     fn every_head_dim_fits_hoppers_shared_memory() {
-        for (f, dims) in [(smem as fn(usize) -> usize, FWD_DIMS), (bwd_smem, BWD_DIMS)] {
-            for &d in dims {
+        for f in [smem, bwd_smem] {
+            for &d in HEAD_DIMS {
                 assert!(f(d) <= 227 * 1024, "head dim {d}: {}", f(d));
             }
             assert!(f(64) < f(128));
