@@ -254,6 +254,21 @@ __device__ __forceinline__ KeyBlock key_block(const BwdParams& p) {
     return k;
 }
 
+// Calls f(n, h, i0) for each query tile the block sees, in order: the query heads h of its kv
+// head's group, tiles of BM queries from i0; n counts the tiles seen, so the producer and the
+// consumers, walking the same sequence, agree on each tile's stage and phase.
+template <typename F> __device__ __forceinline__ void for_each_tile(const KeyBlock& k, F&& f) {
+    int n = 0;
+    for (int hi = 0; hi < k.group; ++hi) {
+        const int h = k.hkv * k.group + hi;
+        for (int i0 = 0; i0 < k.s.lq; i0 += BM) {
+            if (!tile_visible(k.s, i0, k.j0, k.nk)) continue;
+            f(n, h, i0);
+            ++n;
+        }
+    }
+}
+
 // The producer's first copies: the block's K and V rows, on `bar`.
 __device__ __forceinline__ void load_kv(const BwdParams& p, const KeyBlock& k, u32 k_s, u32 v_s, u32 bar) {
     mbar_arrive_expect(bar, 2 * K_TILE);
@@ -335,26 +350,20 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     }
     __syncthreads();
     const KeyBlock kb = key_block(p);
-    const int b = kb.b, hkv = kb.hkv, j0 = kb.j0, group = kb.group, nk = kb.nk;
+    const int b = kb.b, j0 = kb.j0;
     const Seq& s = kb.s;
 
     if (warpgroup == 0) {
         regs_release<24>();
         if (threadIdx.x != 0) return;  // one producer thread issues the copies
         load_kv(p, kb, k_s, v_s, KV_FULL);
-        int n = 0;
-        for (int hi = 0; hi < group; ++hi) {
-            const int h = hkv * group + hi;
-            for (int i0 = 0; i0 < s.lq; i0 += BM) {
-                if (!tile_visible(s, i0, j0, nk)) continue;
-                const int st = n % STAGES;
-                mbar_wait(QD_EMPTY(st), ((n / STAGES) & 1) ^ 1);
-                mbar_arrive_expect(QD_FULL(st), 2 * Q_TILE);
-                load_rows(Q_S(st), &p.q, h, b, i0, Q_BOX, QD_FULL(st));
-                load_rows(DO_S(st), &p.d_o, h, b, i0, Q_BOX, QD_FULL(st));
-                ++n;
-            }
-        }
+        for_each_tile(kb, [&](int n, int h, int i0) {
+            const int st = n % STAGES;
+            mbar_wait(QD_EMPTY(st), ((n / STAGES) & 1) ^ 1);
+            mbar_arrive_expect(QD_FULL(st), 2 * Q_TILE);
+            load_rows(Q_S(st), &p.q, h, b, i0, Q_BOX, QD_FULL(st));
+            load_rows(DO_S(st), &p.d_o, h, b, i0, Q_BOX, QD_FULL(st));
+        });
         return;
     }
 
@@ -371,11 +380,13 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     mbar_wait(KV_FULL, 0);
     // The stage whose dK product may still run (its Q is released once that is done), or -1.
     int pending = -1;
+    // for_each_tile's walk, written out: as its lambda the consumers' loop compiled to other
+    // register allocations (48-64 instructions fewer at head dim 64), not yet measured.
     int n = 0;
-    for (int hi = 0; hi < group; ++hi) {
-        const int h = hkv * group + hi;
+    for (int hi = 0; hi < kb.group; ++hi) {
+        const int h = kb.hkv * kb.group + hi;
         for (int i0 = 0; i0 < s.lq; i0 += BM) {
-            if (!tile_visible(s, i0, j0, nk)) continue;
+            if (!tile_visible(s, i0, j0, kb.nk)) continue;
             const int st = n % STAGES;
             const u32 q = Q_S(st), d_o = DO_S(st), ds = DS_S(n % 2);
             // K and V (shared memory) of this tile's products: their descriptors are recomputed
@@ -586,28 +597,22 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     }
     __syncthreads();
     const KeyBlock kb = key_block(p);
-    const int b = kb.b, hkv = kb.hkv, j0 = kb.j0, group = kb.group, nk = kb.nk;
+    const int b = kb.b, j0 = kb.j0;
     const Seq& s = kb.s;
 
     if (warpgroup == 0) {
         regs_release<24>();
         if (threadIdx.x != 0) return;  // one producer thread issues the copies
         load_kv(p, kb, k_s, v_s, KV_FULL);
-        int n = 0;
-        for (int hi = 0; hi < group; ++hi) {
-            const int h = hkv * group + hi;
-            for (int i0 = 0; i0 < s.lq; i0 += BM) {
-                if (!tile_visible(s, i0, j0, nk)) continue;
-                const int st = n % STAGES;
-                mbar_wait(Q_EMPTY(st), ((n / STAGES) & 1) ^ 1);
-                mbar_arrive_expect(Q_FULL(st), Q_TILE);
-                load_rows(Q_S(st), &p.q, h, b, i0, Q_BOX, Q_FULL(st));
-                mbar_wait(DO_EMPTY, (n & 1) ^ 1);
-                mbar_arrive_expect(DO_FULL, Q_TILE);
-                load_rows(do_s, &p.d_o, h, b, i0, Q_BOX, DO_FULL);
-                ++n;
-            }
-        }
+        for_each_tile(kb, [&](int n, int h, int i0) {
+            const int st = n % STAGES;
+            mbar_wait(Q_EMPTY(st), ((n / STAGES) & 1) ^ 1);
+            mbar_arrive_expect(Q_FULL(st), Q_TILE);
+            load_rows(Q_S(st), &p.q, h, b, i0, Q_BOX, Q_FULL(st));
+            mbar_wait(DO_EMPTY, (n & 1) ^ 1);
+            mbar_arrive_expect(DO_FULL, Q_TILE);
+            load_rows(do_s, &p.d_o, h, b, i0, Q_BOX, DO_FULL);
+        });
         return;
     }
 
@@ -622,11 +627,13 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
 #pragma unroll
     for (int i = 0; i < 64; ++i) dv[i] = dk[i] = 0.0f;
     mbar_wait(KV_FULL, 0);
+    // for_each_tile's walk, written out: as its lambda the consumers' loop compiled to other
+    // register allocations (48-64 instructions fewer at head dim 64), not yet measured.
     int n = 0;
-    for (int hi = 0; hi < group; ++hi) {
-        const int h = hkv * group + hi;
+    for (int hi = 0; hi < kb.group; ++hi) {
+        const int h = kb.hkv * kb.group + hi;
         for (int i0 = 0; i0 < s.lq; i0 += BM) {
-            if (!tile_visible(s, i0, j0, nk)) continue;
+            if (!tile_visible(s, i0, j0, kb.nk)) continue;
             const int st = n % STAGES;
             const u32 q = Q_S(st), pt = PT_S(n % 2), ds = DS_S(n % 2);
             const u32 k_t = opaque(k_s), v_t = opaque(v_s);
