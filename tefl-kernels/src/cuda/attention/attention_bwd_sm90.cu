@@ -527,10 +527,12 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
 // per query tile of 64, consumer c computes, for all 64 keys and its 32 queries,
 //   Sᵀ = K · Q_cᵀ, dPᵀ = V · dO_cᵀ   (m64n32, contracting all 256 columns: no product twice)
 //   Pᵀ, dSᵀ as in the other head dims, written as 16-bit rows into shared memory;
-// then, once both halves are there (a barrier joins the consumers), with both operands from
-// shared memory,
-//   dV_c += Pᵀ · dO[:, c half], dK_c += dSᵀ · Q[:, c half]   (m64n128 over the 64 queries)
-//   dQ[:, c half] = dS · K[:, c half]                         (two m64n64 over the 64 keys)
+// then, once both halves are there (a barrier joins the consumers),
+//   dV_c += Pᵀ · dO[:, c half], dK_c += dSᵀ · Q[:, c half]   (m64n128 over the 64 queries: the
+//                                     consumer's own queries' Pᵀ / dSᵀ from its registers, the
+//                                     other's from shared memory)
+//   dQ[:, c half] = dS · K[:, c half]                         (two m64n64 over the 64 keys, both
+//                                     operands from shared memory)
 // and each dQ quarter (64 columns) goes to the copy engine's reduce-add as in the other head
 // dims. Q has STAGES stages, dO one (it is released once dV is done, so the next tile's dO
 // loads while dK and dQ run): 231,480 bytes of shared memory with two Q stages.
@@ -550,13 +552,26 @@ __device__ __forceinline__ void mm_nt32(float* c, u32 k, u32 q) {
     }
 }
 
-// C(64 keys x 128 columns) += A(64 keys x 64 queries) · B(64 queries x 128 columns): A K-major
-// (one box: Pᵀ or dSᵀ rows), B MN-major (two boxes of a Q or dO tile, from `b`).
-__device__ __forceinline__ void mm_ss(float* c, u32 a, u32 b) {
+// C(64 keys x 128 columns) += A(64 keys x 64 queries) · B(64 queries x 128 columns), B MN-major
+// (two boxes of a Q or dO tile, from `b`). A is Pᵀ or dSᵀ: the k16 steps over consumer `cons`'s
+// own 32 queries (2 cons, 2 cons + 1) take it from the consumer's registers (`own`, as wgmma's A
+// fragments), the other consumer's two from shared memory (`a`, one K-major box), which halves
+// A's shared-memory reads.
+__device__ __forceinline__ void mm_mixed(float* c, const u32 (*own)[4], int cons, u32 a, u32 b) {
 #pragma unroll
-    for (int kk = 0; kk < BM / 16; ++kk) {
-        const unsigned long long da = wgmma_desc(a + kk * 32, 16, 1024);
-        const unsigned long long db = wgmma_desc(b + kk * 2048, Q_BOX, 1024);
+    for (int j = 0; j < 2; ++j) {
+        const unsigned long long db = wgmma_desc(b + (2 * cons + j) * 2048, Q_BOX, 1024);
+        asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %69, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32." T_PTX "." T_PTX " " WG_REGS_64
+                     ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}"
+                     : WG_ACC64(c, 0)
+                     : "r"(own[j][0]), "r"(own[j][1]), "r"(own[j][2]), "r"(own[j][3]), "l"(db), "n"(1));
+    }
+    const int other = 2 * (1 - cons);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        const unsigned long long da = wgmma_desc(a + (other + j) * 32, 16, 1024);
+        const unsigned long long db = wgmma_desc(b + (other + j) * 2048, Q_BOX, 1024);
         asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
                      "wgmma.mma_async.sync.aligned.m64n128k16.f32." T_PTX "." T_PTX " " WG_REGS_64
                      ", %64, %65, p, 1, 1, 0, 1;\n}"
@@ -638,6 +653,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
             const u32 q = Q_S(st), pt = PT_S(n % 2), ds = DS_S(n % 2);
             const u32 k_t = opaque(k_s), v_t = opaque(v_s);
             float sc[16], dp[16];
+            u32 pa[2][4], da[2][4];  // Pᵀ and dSᵀ of this consumer's queries, as A fragments
             mbar_wait(Q_FULL(st), (n / STAGES) & 1);
             wgmma_fence();
             mm_nt32(sc, k_t, q + qc * 128);
@@ -673,8 +689,8 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
                         sc[i] = ok ? fast_exp2(fmaf(sc[i], scale2, -(e ? l2.y : l2.x))) : 0.0f;
                     }
                     const int r = 16 * warp + g + 8 * x;
-                    sts_u32(pt + r * 128 + (((qc / 8 + j) ^ g) << 4) + 4 * t,
-                            pack2_f32<T>(sc[4 * j + 2 * x], sc[4 * j + 2 * x + 1]));
+                    pa[j / 2][2 * (j % 2) + x] = pack2_f32<T>(sc[4 * j + 2 * x], sc[4 * j + 2 * x + 1]);
+                    sts_u32(pt + r * 128 + (((qc / 8 + j) ^ g) << 4) + 4 * t, pa[j / 2][2 * (j % 2) + x]);
                 }
             }
             wgmma_wait<0>();
@@ -689,7 +705,8 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
                     const int i = 4 * j + 2 * x, r = 16 * warp + g + 8 * x;
                     dp[i] = sc[i] * (dp[i] - dl.x);
                     dp[i + 1] = sc[i + 1] * (dp[i + 1] - dl.y);
-                    sts_u32(ds + r * 128 + (((qc / 8 + j) ^ g) << 4) + 4 * t, pack2_f32<T>(dp[i], dp[i + 1]));
+                    da[j / 2][2 * (j % 2) + x] = pack2_f32<T>(dp[i], dp[i + 1]);
+                    sts_u32(ds + r * 128 + (((qc / 8 + j) ^ g) << 4) + 4 * t, da[j / 2][2 * (j % 2) + x]);
                 }
             }
             fence_async_shared();
@@ -700,11 +717,11 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
             for (int i = 0; i < 64; ++i) acc_fence(dk[i]);
             float dq[32];
             wgmma_fence();
-            mm_ss(dv, pt, do_s + 2 * c * Q_BOX);
+            mm_mixed(dv, pa, c, pt, do_s + 2 * c * Q_BOX);
             wgmma_commit();
             mm_tt<4>(dq, ds, k_t + 2 * c * K_BOX);
             wgmma_commit();
-            mm_ss(dk, ds, q + 2 * c * Q_BOX);
+            mm_mixed(dk, da, c, ds, q + 2 * c * Q_BOX);
             wgmma_commit();
             wgmma_wait<1>();  // dV and the first dQ quarter (dK runs on)
 #pragma unroll
