@@ -153,16 +153,17 @@ pub fn fused_attn_fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<AttnFwdOut
     const OP: &str = "fused_attn_fwd";
     let (cu_q, cu_k) = (a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref());
     let s = setup(OP, ctx, &a.q, &a.k, &a.v, cu_q, cu_k, a.layout, a.mask, a.window, a.dropout_p > 0.0)?;
-    if let Some(out) = super::attention_sm90::fwd(ctx, a, &s.g, &s.build)? {
-        return Ok(out);
-    }
     let thd = a.layout == QkvLayout::Thd;
-    // thd rows past the last sequence belong to none: zero them (and -inf their lse).
+    // thd rows past the last sequence belong to none: zero them (and -inf their lse). Either
+    // kernel writes every other row.
     let o =
         if thd { zeros(ctx.device, a.q.shape(), a.q.dtype())? } else { empty(ctx.device, a.q.shape(), a.q.dtype())? };
     let lse = empty(ctx.device, &s.g.lse_shape(), DType::F32)?;
     if thd {
         fill(&s.kernel, ctx, &lse, f32::NEG_INFINITY)?;
+    }
+    if super::attention_sm90::fwd(ctx, a, &s.g, &s.build, &o, &lse)? {
+        return Ok(AttnFwdOut { o, softmax_lse: lse });
     }
     let elem = a.q.dtype().size_in_bytes();
     let (br, bc) = (fwd_br(a.q.dtype(), s.dp), fwd_bc(a.q.dtype(), s.dp));

@@ -1,6 +1,8 @@
 //! Flash attention on Hopper. The forward (`cuda/attention/attention_sm90.cu`): the copy engine
 //! loads Q tiles of 128 rows and K / V tiles of 128 rows (64 at head dim 256) through 4-D
-//! tensor maps over the bshd or sbhd tensors (so a sequence's tail reads zeros), wgmma
+//! tensor maps over the bshd, sbhd or thd tensors (a bshd / sbhd sequence's tail reads zeros;
+//! thd and padded sequences' tails, which read the next sequence's or padding rows, are
+//! zeroed in shared memory wherever a product would multiply them), wgmma
 //! multiplies them, a producer warp feeds two consumer warpgroups of 64 query rows; one
 //! persistent CTA per SM claims work items (128 query rows of a head) from a counter. The
 //! backward's dK/dV kernel (`attention_bwd_sm90.cu`): one CTA per 128 keys of a kv head (64 at
@@ -10,16 +12,16 @@
 //!
 //! [`fwd`] and [`bwd`] decline (`Ok(None)` / `Ok(false)`) a call the kernels do not take:
 //! another arch than sm_90, the tune config's `fwd_wgmma` / `bwd_wgmma` off, f32, head dims
-//! other than 64, 128 and 256, the thd layout, padding masks, dropout, or tensors the copy
-//! engine cannot address; `attention.rs` then runs the mma.sync kernels.
+//! other than 64, 128 and 256, dropout, or tensors the copy engine cannot address;
+//! `attention.rs` then runs the mma.sync kernels.
 
-use tefl_core::catalogue::{AttnBwdArgs, AttnFwdArgs, AttnFwdOut, AttnGeometry, QkvLayout};
+use tefl_core::catalogue::{AttnBwdArgs, AttnFwdArgs, AttnGeometry, QkvLayout};
 use tefl_core::{DType, KernelCtx, Result, Tensor};
 use tefl_gpu::simt::attention::AttnBuild;
 use tefl_gpu::{Grid, Variant};
 
 use crate::heuristics::{attention_bwd_wgmma, attention_fwd_wgmma};
-use crate::launch::{empty, info, launch_struct, ptr, sm_count, tune_table, zeros};
+use crate::launch::{info, launch_struct, opt_ptr, ptr, sm_count, tune_table, zeros};
 use crate::tma::{TensorMap, encode};
 
 const OP: &str = "fused_attn_fwd";
@@ -57,14 +59,16 @@ struct AttnParams {
     o: u64,
     lse: u64,
     counter: u64,
+    cu_q: u64,
+    cu_k: u64,
     batch: i32,
     sq: i32,
     sk: i32,
     hq: i32,
     hk: i32,
     tiles_q: i32,
+    tq: i32,
     scale: f32,
-    pad1: i32,
 }
 
 /// The backward kernel's `BwdParams`.
@@ -79,11 +83,14 @@ struct BwdParams {
     delta: u64,
     dk: u64,
     dv: u64,
+    cu_q: u64,
+    cu_k: u64,
     batch: i32,
     sq: i32,
     sk: i32,
     hq: i32,
     hk: i32,
+    tq: i32,
     scale: f32,
 }
 
@@ -158,7 +165,7 @@ fn bwd_smem(d: usize) -> usize {
 }
 
 /// Why the kernel (forward or backward: `wgmma_on` is the tune config's choice, `smem` its
-/// shared memory) does not take a call on `tensors` (`None`: it does).
+/// shared memory) does not take a call on `tensors` (q, k, then the others; `None`: it does).
 fn declined(
     ctx: &KernelCtx<'_>,
     tensors: &[&Tensor],
@@ -180,9 +187,6 @@ fn declined(
     if !HEAD_DIMS.contains(&g.d) {
         return Ok(Some(format!("head dim {}", g.d)));
     }
-    if b.layout == QkvLayout::Thd || b.mask.is_padding() {
-        return Ok(Some("variable sequence lengths".into()));
-    }
     if b.dropout {
         return Ok(Some("dropout".into()));
     }
@@ -191,7 +195,9 @@ fn declined(
             return Ok(Some("a tensor not 16-byte aligned".into()));
         }
     }
-    if work_items(g).max(g.sq).max(g.sk) > i32::MAX as usize / 2
+    // (thd: the maps address token rows; `tensors` starts with q and k.)
+    let tokens = if g.layout == QkvLayout::Thd { tensors[0].shape()[0].max(tensors[1].shape()[0]) } else { 0 };
+    if work_items(g).max(g.sq).max(g.sk).max(tokens) > i32::MAX as usize / 2
         || smem > info(ctx.device)?.shared_memory_per_block_optin
     {
         return Ok(Some("past the kernel's index range or shared memory".into()));
@@ -201,8 +207,9 @@ fn declined(
 
 /// The 4-D map of q, k, v, dO or the f32 dQ accumulator (`positions` rows of `heads` heads per
 /// sequence): dimensions (head dim, heads, positions, batch) for bshd, (head dim, heads, batch,
-/// positions) for sbhd; boxes of 128 bytes of head dim x 1 head x `rows` positions (`op` names
-/// a failure).
+/// positions) for sbhd, (head dim, heads, tokens, 1) for thd (the kernels address token rows;
+/// `positions` is unused); boxes of 128 bytes of head dim x 1 head x `rows` positions (`op`
+/// names a failure).
 fn qkv_map(
     ctx: &KernelCtx<'_>,
     op: &str,
@@ -215,24 +222,34 @@ fn qkv_map(
     let es = t.dtype().size_in_bytes() as u64;
     let (d, h, s, b) = (g.d as u64, heads as u64, positions as u64, g.batch as u64);
     let inner = (128 / es) as u32;
-    let (dims, strides, boxes) = if g.layout == QkvLayout::Bshd {
-        ([d, h, s, b], [d * es, h * d * es, s * h * d * es], [inner, 1, rows as u32, 1])
-    } else {
-        ([d, h, b, s], [d * es, h * d * es, b * h * d * es], [inner, 1, 1, rows as u32])
+    let (dims, strides, boxes) = match g.layout {
+        QkvLayout::Bshd => ([d, h, s, b], [d * es, h * d * es, s * h * d * es], [inner, 1, rows as u32, 1]),
+        QkvLayout::Sbhd => ([d, h, b, s], [d * es, h * d * es, b * h * d * es], [inner, 1, 1, rows as u32]),
+        QkvLayout::Thd => {
+            // (The dQ accumulator is flat, [t h d] f32: its tokens are its elements over h d.)
+            let tokens = (t.numel() as u64) / (h * d);
+            ([d, h, tokens, 1], [d * es, h * d * es, tokens * h * d * es], [inner, 1, rows as u32, 1])
+        }
     };
     encode(ctx, op, ptr(t)?, t.dtype(), &dims, &strides, &boxes)
 }
 
-/// The forward on the Hopper kernel, or `Ok(None)` when it does not take the call (the reason
-/// is logged at debug level).
-pub fn fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs, g: &AttnGeometry, b: &AttnBuild) -> Result<Option<AttnFwdOut>> {
+/// The forward on the Hopper kernel into `o` and `lse` (which the kernel fills for every row
+/// a sequence owns; thd rows past the last sequence are the caller's), or `Ok(false)` when it
+/// does not take the call (the reason is logged at debug level).
+pub fn fwd(
+    ctx: &KernelCtx<'_>,
+    a: &AttnFwdArgs,
+    g: &AttnGeometry,
+    b: &AttnBuild,
+    o: &Tensor,
+    lse: &Tensor,
+) -> Result<bool> {
     let on = attention_fwd_wgmma(&*tune_table(ctx.device)?);
     if let Some(reason) = declined(ctx, &[&a.q, &a.k, &a.v], g, b, on, smem(g.d))? {
         tracing::debug!(target: "TE-FL", "{OP}: Hopper wgmma kernel declined ({reason}); the mma.sync kernel runs");
-        return Ok(None);
+        return Ok(false);
     }
-    let o = empty(ctx.device, a.q.shape(), a.q.dtype())?;
-    let lse = empty(ctx.device, &g.lse_shape(), DType::F32)?;
     // Persistent: one CTA per SM at most, each claiming work items from a counter (then one
     // slot per CTA for handing its item to its consumers).
     let ctas = work_items(g).min(sm_count(ctx.device) as usize);
@@ -241,25 +258,28 @@ pub fn fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs, g: &AttnGeometry, b: &AttnBuild
         q: qkv_map(ctx, OP, &a.q, g, g.sq, g.hq, ROWS)?,
         k: qkv_map(ctx, OP, &a.k, g, g.sk, g.hk, key_rows(g.d))?,
         v: qkv_map(ctx, OP, &a.v, g, g.sk, g.hk, key_rows(g.d))?,
-        o: ptr(&o)?,
-        lse: ptr(&lse)?,
+        o: ptr(o)?,
+        lse: ptr(lse)?,
         counter: ptr(&counter)?,
+        cu_q: opt_ptr(a.cu_seqlens_q.as_ref())?,
+        cu_k: opt_ptr(a.cu_seqlens_kv.as_ref())?,
         batch: g.batch as i32,
         sq: g.sq as i32,
         sk: g.sk as i32,
         hq: g.hq as i32,
         hk: g.hk as i32,
         tiles_q: g.sq.div_ceil(ROWS) as i32,
+        tq: g.tq as i32,
         scale: a.scale,
-        pad1: 0,
     };
     let grid = Grid { blocks: (ctas as u32, 1, 1), threads: (384, 1, 1), smem: smem(g.d) as u32 };
     // SAFETY: `AttnParams` is the kernel's parameter struct (repr(C), the same field order,
     // 64-byte aligned maps); the maps and pointers address live tensors (q, k, v, o, lse and
-    // the counter with its 1 + grid ints) that stream ordering keeps alive until the kernel
-    // has run: their frees are queued after it.
+    // the counter with its 1 + grid ints; the cumulative lengths, batch + 1 ints checked by the
+    // op, or 0 where the build reads none) that stream ordering keeps alive until the kernel has
+    // run: their frees are queued after it.
     unsafe { launch_struct(ctx.device, &variant(b)?, ENTRIES[0], grid, &params)? };
-    Ok(Some(AttnFwdOut { o, softmax_lse: lse }))
+    Ok(true)
 }
 
 /// The gradients the backward's dK/dV kernel fills (with `attention.rs`'s delta kernel before
@@ -300,18 +320,22 @@ pub fn bwd(
         delta: ptr(out.delta)?,
         dk: ptr(out.dk)?,
         dv: ptr(out.dv)?,
+        cu_q: opt_ptr(a.cu_seqlens_q.as_ref())?,
+        cu_k: opt_ptr(a.cu_seqlens_kv.as_ref())?,
         batch: g.batch as i32,
         sq: g.sq as i32,
         sk: g.sk as i32,
         hq: g.hq as i32,
         hk: g.hk as i32,
+        tq: g.tq as i32,
         scale: a.scale,
     };
     let grid = Grid { blocks: (bwd_blocks(g)?, 1, 1), threads: (384, 1, 1), smem: bwd_smem(g.d) as u32 };
     // SAFETY: `BwdParams` is the kernel's parameter struct (repr(C), the same field order,
     // 64-byte aligned maps); the maps and pointers address live tensors (q, k, v, dO, the f32
-    // dQ accumulator, lse, delta, dK and dV, of the geometry's shapes, checked by the op) that
-    // stream ordering keeps alive until the kernel has run.
+    // dQ accumulator, lse, delta, dK and dV, of the geometry's shapes, and the cumulative
+    // lengths, checked by the op, or 0 where the build reads none) that stream ordering keeps
+    // alive until the kernel has run.
     unsafe { launch_struct(ctx.device, &bwd_variant(b)?, bwd_entries(g.d)[0], grid, &params)? };
     Ok(true)
 }
@@ -324,6 +348,9 @@ pub fn variants() -> Vec<Variant> {
         (DType::BF16, 128, QkvLayout::Bshd, AttnMask::Causal, None),
         (DType::F16, 64, QkvLayout::Sbhd, AttnMask::CausalBottomRight, Some(5)),
         (DType::BF16, 64, QkvLayout::Bshd, AttnMask::None, None),
+        // Ragged sequences: thd, and padding masks over bshd.
+        (DType::BF16, 128, QkvLayout::Thd, AttnMask::PaddingCausal, None),
+        (DType::F16, 64, QkvLayout::Bshd, AttnMask::Padding, None),
     ] {
         let build = AttnBuild { dtype, d, layout, mask, window: (win, win), dropout: false };
         v.extend(variant(&build));
@@ -340,6 +367,8 @@ pub fn variants() -> Vec<Variant> {
     };
     v.extend(variant(&build));
     v.extend(bwd_variant(&build));
+    v.extend(variant(&AttnBuild { layout: QkvLayout::Thd, mask: AttnMask::Padding, ..build }));
+    v.extend(bwd_variant(&AttnBuild { layout: QkvLayout::Thd, mask: AttnMask::Padding, ..build }));
     v
 }
 
@@ -352,18 +381,18 @@ mod tests {
     #[test]
     fn the_parameters_match_the_kernels_layout() {
         assert_eq!(std::mem::offset_of!(AttnParams, o), 3 * 128);
-        assert_eq!(std::mem::offset_of!(AttnParams, batch), 3 * 128 + 24);
-        assert_eq!(std::mem::offset_of!(AttnParams, scale), 3 * 128 + 48);
-        assert_eq!(std::mem::size_of::<AttnParams>(), 7 * 64);
+        assert_eq!(std::mem::offset_of!(AttnParams, batch), 3 * 128 + 40);
+        assert_eq!(std::mem::offset_of!(AttnParams, scale), 3 * 128 + 68);
+        assert_eq!(std::mem::size_of::<AttnParams>(), 8 * 64);
     }
 
     /// The backward's block: five maps, then the pointers and sizes.
     #[test]
     fn the_backward_parameters_match_the_kernels_layout() {
         assert_eq!(std::mem::offset_of!(BwdParams, lse), 5 * 128);
-        assert_eq!(std::mem::offset_of!(BwdParams, batch), 5 * 128 + 32);
-        assert_eq!(std::mem::offset_of!(BwdParams, scale), 5 * 128 + 52);
-        assert_eq!(std::mem::size_of::<BwdParams>(), 11 * 64);
+        assert_eq!(std::mem::offset_of!(BwdParams, batch), 5 * 128 + 48);
+        assert_eq!(std::mem::offset_of!(BwdParams, scale), 5 * 128 + 72);
+        assert_eq!(std::mem::size_of::<BwdParams>(), 12 * 64);
     }
 
     #[test]

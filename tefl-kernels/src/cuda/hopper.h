@@ -75,6 +75,18 @@ template <int N> __device__ __forceinline__ void bulk_wait() {
 __device__ __forceinline__ void fence_async_shared() {
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
+// Zeroes rows [r0, rows) of a tile loaded by the copy engine: `boxes` boxes of `rows` rows x
+// 128 bytes from `tile` (zeroing whole rows needs no swizzle). Thread i of n stores 16-byte
+// chunks i, i + n, ...; the caller then fences (fence_async_shared) and joins the n threads
+// before any wgmma reads the tile. Call it only once the copy into the tile has completed.
+__device__ __forceinline__ void zero_rows(u32 tile, int boxes, int rows, int r0, int i, int n) {
+    r0 = r0 < 0 ? 0 : r0;
+    const int per_box = (rows - r0) * 8;
+    for (int x = i; x < boxes * per_box; x += n) {
+        const u32 at = tile + (x / per_box) * rows * 128 + r0 * 128 + (x % per_box) * 16;
+        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(at), "r"(0) : "memory");
+    }
+}
 
 // ---- warpgroup MMA ----
 // A shared-memory matrix descriptor with the 128-byte swizzle (the layout the copy engine

@@ -29,6 +29,15 @@ __device__ __forceinline__ Seq seq_of(int b, int batch, int sq, int sk, const i3
     return s;
 }
 
+// The (row, head) index of lse: per head of the total rows for thd, else [batch, hq, sq].
+__device__ __forceinline__ long long lse_index(const Seq& s, int b, int h, int hq, int sq, int tq, int i) {
+    return LAYOUT == 2 ? (long long)h * tq + s.qb + i : ((long long)b * hq + h) * sq + i;
+}
+
+// The row a Hopper tensor map addresses for position `pos` of a sequence whose position 0 is
+// token row `base`: the token row for thd (maps of D x heads x tokens), else the position.
+__device__ __forceinline__ int map_row(long long base, int pos) { return LAYOUT == 2 ? (int)(base + pos) : pos; }
+
 // Keys [lo, hi) query i sees (empty when hi <= lo).
 __device__ __forceinline__ void key_range(const Seq& s, int i, int* lo, int* hi) {
     const int diag = BOTTOM_RIGHT ? s.lk - s.lq : 0;

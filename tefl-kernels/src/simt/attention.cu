@@ -13,11 +13,6 @@
 
 #define NEG_INF (-__int_as_float(0x7f800000))
 
-// The (row, head) index of lse: per head of the total rows for thd, else [batch, hq, sq].
-__device__ __forceinline__ long long lse_at(const Seq& s, int b, int h, int hq, int sq, int tq, int i) {
-    return LAYOUT == 2 ? (long long)h * tq + s.qb + i : ((long long)b * hq + h) * sq + i;
-}
-
 extern "C" __global__ void __launch_bounds__(BR) attn_fwd_simt(const T* __restrict__ q, const T* __restrict__ k,
                                                             const T* __restrict__ v, T* __restrict__ o,
                                                             float* __restrict__ lse, const i32* __restrict__ cu_q,
@@ -103,7 +98,7 @@ extern "C" __global__ void __launch_bounds__(BR) attn_fwd_simt(const T* __restri
     T* orow = o + ((s.qb + (long long)i * s.rs) * hq + h) * D;
 #pragma unroll 8
     for (int d = 0; d < D; ++d) orow[d] = from_f32<T>(valid ? acc[d] * inv : 0.0f);
-    lse[lse_at(s, b, h, hq, sq, tq, i)] = (valid && !(l <= 0.0f)) ? m * scale + logf(l) : NEG_INF;
+    lse[lse_index(s, b, h, hq, sq, tq, i)] = (valid && !(l <= 0.0f)) ? m * scale + logf(l) : NEG_INF;
 }
 
 extern "C" __global__ void fill_f32_simt(float* __restrict__ p, long long n, float x) {
@@ -176,7 +171,7 @@ extern "C" __global__ void __launch_bounds__(BR) attn_bwd_dkdv_simt(
                 int lo = 0, hi = 0;
                 if (i < s.lq) {
                     key_range(s, i, &lo, &hi);
-                    ls[r] = lse[lse_at(s, b, h, hq, sq, tq, i)] * 1.4426950408889634f;
+                    ls[r] = lse[lse_index(s, b, h, hq, sq, tq, i)] * 1.4426950408889634f;
                     dl[r] = delta[(s.qb + (long long)i * s.rs) * hq + h];
                 } else {
                     ls[r] = 0.0f;
@@ -248,7 +243,7 @@ extern "C" __global__ void __launch_bounds__(BR) attn_bwd_dq_simt(
         acc[d] = 0.0f;
     }
     const float scale2 = scale * 1.4426950408889634f;
-    const float li = valid ? lse[lse_at(s, b, h, hq, sq, tq, i)] * 1.4426950408889634f : 0.0f;
+    const float li = valid ? lse[lse_index(s, b, h, hq, sq, tq, i)] * 1.4426950408889634f : 0.0f;
     const float di = valid ? delta[row * hq + h] : 0.0f;
     for (int j0 = blo; j0 < bhi; j0 += BC) {
         __syncthreads();

@@ -16,7 +16,8 @@
 //! as a bar chart. `cargo xtask bench` runs it. `TEFL_BENCH_HOST=1` also prints each case's
 //! median host time per call: where it passes the flush's device time, the device waits for
 //! the host inside the timed span. `--attn-d` sets the attention cases' head dim (128, the
-//! anchor's, unless given).
+//! anchor's, unless given). The attention cases also run on the same sequences packed as thd
+//! (`attn_fwd thd` / `attn_bwd thd`, cumulative lengths), their peers SDPA's on the batch.
 
 use std::fmt::Write as _;
 use std::process::ExitCode;
@@ -333,6 +334,44 @@ fn cases(c: &Ctx, small: bool, attn_d: usize) -> tefl_core::Result<Vec<Case>> {
                 0.0,
                 2.5 * fwd_flops,
                 || Ok(AttnBwdArgs { deterministic: true, ..args.backward(o.o, d_o.get()?, o.softmax_lse) }),
+            )?);
+        }
+    }
+    // The same sequences packed as thd (q, k, v [b s, h, d] with cumulative lengths): the peers'
+    // times are SDPA's on the batch (the same work).
+    let thd_fwd = || -> tefl_core::Result<AttnFwdArgs> {
+        let q = q.get()?.reshape([ab * asq, ah, ad])?;
+        let cu: Vec<i32> = (0..=ab).map(|i| (i * asq) as i32).collect();
+        let cu = Tensor::from_slice(&cu, [ab + 1], DType::I32)?.to_device(&c.device)?;
+        Ok(AttnFwdArgs {
+            k: q.clone(),
+            v: q.clone(),
+            q,
+            cu_seqlens_q: Some(cu.clone()),
+            cu_seqlens_kv: Some(cu),
+            layout: QkvLayout::Thd,
+            mask: AttnMask::PaddingCausal,
+            ..fwd()?
+        })
+    };
+    v.extend(c.case::<FusedAttnFwd>(
+        format!("attn_fwd thd causal {ab}x{asq} h{ah} d{ad}"),
+        format!("attn_fwd {ab} {ah} {asq} {ad}"),
+        0.0,
+        fwd_flops,
+        thd_fwd,
+    )?);
+    let thd_bwd = format!("attn_bwd thd causal {ab}x{asq} h{ah} d{ad}");
+    if c.keeps(&thd_bwd) {
+        let args = thd_fwd()?;
+        if let Ok(o) = c.mgr.call_impl::<FusedAttnFwd>(&c.impl_id, &args) {
+            let d_o = d_o.get()?.reshape([ab * asq, ah, ad])?;
+            v.extend(c.case::<FusedAttnBwd>(
+                thd_bwd,
+                format!("attn_bwd {ab} {ah} {asq} {ad}"),
+                0.0,
+                2.5 * fwd_flops,
+                || Ok(args.backward(o.o, d_o, o.softmax_lse)),
             )?);
         }
     }

@@ -23,6 +23,7 @@ impl Suite<'_> {
             window: none,
             p: 0.0,
             amp: 1.0,
+            junk: false,
         };
         let mut cases = Vec::new();
         for layout in [QkvLayout::Bshd, QkvLayout::Sbhd] {
@@ -110,6 +111,36 @@ impl Suite<'_> {
             ..base(QkvLayout::Bshd, AttnMask::Causal)
         });
         cases.push(AttnCase { sq: 90, sk: 150, d: 128, amp: 6.0, ..base(QkvLayout::Sbhd, AttnMask::None) });
+        // Ragged sequences over several tiles, with NaN in every row outside them (thd rows past
+        // the last sequence, padding rows): tiles that run past a sequence's end must not let
+        // them into the sequence's results (Hopper's kernels read whole tiles and zero those
+        // rows; other kernels load only the sequence's rows).
+        cases.push(AttnCase {
+            cu_q: Some(vec![0, 70, 150]),
+            cu_k: Some(vec![0, 90, 150]),
+            hq: 2,
+            hk: 1,
+            d: 128,
+            junk: true,
+            ..base(QkvLayout::Thd, AttnMask::PaddingCausal)
+        });
+        cases.push(AttnCase {
+            sq: 100,
+            sk: 140,
+            cu_q: Some(vec![0, 70, 170]),
+            cu_k: Some(vec![0, 130, 270]),
+            junk: true,
+            ..base(QkvLayout::Bshd, AttnMask::Padding)
+        });
+        cases.push(AttnCase {
+            cu_q: Some(vec![0, 30, 100]),
+            cu_k: Some(vec![0, 70, 100]),
+            hq: 2,
+            hk: 2,
+            d: 256,
+            junk: true,
+            ..base(QkvLayout::Thd, AttnMask::None)
+        });
         // Several 128-row query and key tiles with tails (Hopper's wgmma kernel takes 128 of each),
         // GQA, a bottom-right diagonal with a window cutting tiles on both sides. (Sizes keep
         // lavapipe's backward under its 65535 loop iterations per invocation.)
@@ -148,24 +179,43 @@ impl Suite<'_> {
 
     fn attn_case(&mut self, c: &AttnCase, dtype: DType, check_deterministic: bool) {
         let case = format!(
-            "{:?} {:?} b{} sq{} sk{} hq{} hk{} d{} window({:?},{:?}) p={} amp={}",
-            c.layout, c.mask, c.b, c.sq, c.sk, c.hq, c.hk, c.d, c.window.left, c.window.right, c.p, c.amp
+            "{:?} {:?} b{} sq{} sk{} hq{} hk{} d{} window({:?},{:?}) p={} amp={}{}",
+            c.layout,
+            c.mask,
+            c.b,
+            c.sq,
+            c.sk,
+            c.hq,
+            c.hk,
+            c.d,
+            c.window.left,
+            c.window.right,
+            c.p,
+            c.amp,
+            if c.junk { " NaN outside the sequences" } else { "" }
         );
-        let tq = c.cu_q.as_ref().and_then(|v| v.last()).map_or(c.b * c.sq, |t| *t as usize);
-        let tk = c.cu_k.as_ref().and_then(|v| v.last()).map_or(c.b * c.sk, |t| *t as usize);
+        let extra = if c.junk { 20 } else { 0 };
+        let tq = c.cu_q.as_ref().and_then(|v| v.last()).map_or(c.b * c.sq, |t| *t as usize + extra);
+        let tk = c.cu_k.as_ref().and_then(|v| v.last()).map_or(c.b * c.sk, |t| *t as usize + extra);
         let shape = |s: usize, h: usize, total: usize| match c.layout {
             QkvLayout::Bshd => vec![c.b, s, h, c.d],
             QkvLayout::Sbhd => vec![s, c.b, h, c.d],
             QkvLayout::Thd => vec![total, h, c.d],
         };
         let (qs, ks) = (shape(c.sq, c.hq, tq), shape(c.sk, c.hk, tk));
+        // NaN at every element of the rows outside the sequences.
+        let junk = |keys: bool, total: usize, heads: usize| -> Vec<usize> {
+            let row = heads * c.d;
+            c.junk_rows(keys, total).into_iter().flat_map(|r| r * row..(r + 1) * row).collect()
+        };
+        let (q_junk, k_junk) = (junk(false, tq, c.hq), junk(true, tk, c.hk));
         let scale = 1.0 / (c.d as f32).sqrt();
         // Inputs drawn once and shared by the forward and backward cases.
         let inputs = (|| -> tefl_core::Result<_> {
-            let q = self.rand(&qs, dtype, -c.amp, c.amp)?;
-            let k = self.rand(&ks, dtype, -c.amp, c.amp)?;
-            let v = self.rand(&ks, dtype, -1.0, 1.0)?;
-            let d_o = self.rand(&qs, dtype, -1.0, 1.0)?;
+            let q = self.rand_with(&qs, dtype, -c.amp, c.amp, &q_junk, f64::NAN)?;
+            let k = self.rand_with(&ks, dtype, -c.amp, c.amp, &k_junk, f64::NAN)?;
+            let v = self.rand_with(&ks, dtype, -1.0, 1.0, &k_junk, f64::NAN)?;
+            let d_o = self.rand_with(&qs, dtype, -1.0, 1.0, &q_junk, f64::NAN)?;
             let cu_q = c.cu_q.as_deref().map(|x| self.put_i32(x)).transpose()?;
             let cu_k = c.cu_k.as_deref().map(|x| self.put_i32(x)).transpose()?;
             Ok((q, k, v, d_o, cu_q, cu_k))
@@ -233,7 +283,10 @@ impl Suite<'_> {
         });
         self.case("fused_attn_bwd", dtype, case, |s| {
             let p = &prob;
-            let fw = p.forward();
+            let mut fw = p.forward();
+            for &i in &q_junk {
+                fw.o[i] = f64::NAN;
+            }
             let o = s.put(&fw.o, &qs, dtype)?;
             let lse = s.put(&fw.lse, &g.lse_shape(), DType::F32)?;
             let args = fwd_args.backward(o, d_o.clone(), lse);
@@ -285,4 +338,21 @@ struct AttnCase {
     p: f32,
     /// q and k are drawn from [-amp, amp] (v and dO from [-1, 1]).
     amp: f64,
+    /// NaN in every row of q, k, v, dO and o outside the sequences (thd: 20 more rows past the
+    /// last one; padding masks: the padding rows).
+    junk: bool,
+}
+
+impl AttnCase {
+    /// The rows of a tensor of `total` rows (q's when `keys` is false) outside every sequence.
+    fn junk_rows(&self, keys: bool, total: usize) -> Vec<usize> {
+        let (cu, s) = if keys { (&self.cu_k, self.sk) } else { (&self.cu_q, self.sq) };
+        let Some(cu) = cu.as_ref().filter(|_| self.junk) else { return Vec::new() };
+        let len = |b: usize| (cu[b + 1] - cu[b]) as usize;
+        match self.layout {
+            QkvLayout::Thd => (cu[self.b] as usize..total).collect(),
+            QkvLayout::Bshd => (0..self.b).flat_map(|b| (len(b)..s).map(move |p| b * s + p)).collect(),
+            QkvLayout::Sbhd => (0..self.b).flat_map(|b| (len(b)..s).map(move |p| p * self.b + b)).collect(),
+        }
+    }
 }

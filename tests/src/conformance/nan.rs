@@ -32,7 +32,7 @@ impl Suite<'_> {
     }
 
     /// A random tensor with `special` (NaN, ±inf) at the flat positions `at`, and its values.
-    fn rand_with(
+    pub(super) fn rand_with(
         &mut self,
         shape: &[usize],
         dtype: DType,

@@ -204,10 +204,6 @@ __device__ __forceinline__ void load_tile(T* dst, const T* src, long long base_r
     }
 }
 
-__device__ __forceinline__ long long lse_index(const Seq& s, int b, int h, int hq, int sq, int tq, int i) {
-    return LAYOUT == 2 ? (long long)h * tq + s.qb + i : ((long long)b * hq + h) * sq + i;
-}
-
 // Starts loading key tile j0 (ROWS keys) of kv head hkv (K, then V; rows from bhi on are
 // zero) into stage `stage` of the two-stage buffer KV ([K tile | V tile] per stage).
 template <int ROWS>

@@ -30,9 +30,16 @@
 //   The dQ goes to shared memory and one thread of its consumer hands it to the copy engine as
 //   tensor reduce-adds into dq_acc (f32, q's layout).
 //
+// Ragged sequences (the thd layout, padding masks): the maps address token rows (thd) or
+// positions (padding), so a key block or query tile that runs past its sequence's end holds
+// the next sequence's or padding rows rather than the copy engine's zeros. The products
+// multiply them by exact zeros (masked P and dS), so the consumers zero those rows of K and V
+// (once) and of Q and dO (per tile) before the first product reads them: a NaN there would
+// otherwise come out as NaN. The dQ shares' reduce-adds past a sequence's queries add zeros.
+//
 // Defines: those of the attention sources (T, D, LAYOUT, CAUSAL, BOTTOM_RIGHT, PADDING,
-// WIN_LEFT, WIN_RIGHT, DROPOUT; the host only picks this kernel for bshd / sbhd, no padding,
-// no dropout, D 64 or 128, 16-bit T; D 256 has its own entry, attn_bwd_sm90_d256, at the end),
+// WIN_LEFT, WIN_RIGHT, DROPOUT; the host only picks this kernel for no dropout, D 64 or 128,
+// 16-bit T; D 256 has its own entry, attn_bwd_sm90_d256, at the end),
 // T_F16 (T is f16, else bf16), STAGES (query-tile stages), HEAD_GROUP (kv heads per scheduling
 // group). The grid is one-dimensional: CTA i takes the key block and kv head of item i in
 // heavy_first's order (key block 0 sees the most query tiles under causal masks), so the
@@ -52,6 +59,7 @@
 #define Q_TILE (DBOX * Q_BOX)
 #define DS_BYTES (BN * BM * 2)    // dSᵀ: BN keys x 64 queries, 16-bit
 #define DQ_BYTES (BM * 64 * 4)    // a consumer's dQ share: 64 queries x 64 columns, f32
+#define RAGGED (PADDING || LAYOUT == 2)
 #if T_F16
 #define T_PTX "f16"
 #else
@@ -62,31 +70,34 @@ static_assert(D == 64 || D == 128 || D == 256, "the Hopper attention backward ta
 
 // The launch's one parameter (the host's BwdParams mirrors it).
 struct BwdParams {
-    TensorMap q, k, v, d_o;  // 4-D maps of (D, heads, positions, batch) or (D, heads, batch, positions)
+    TensorMap q, k, v, d_o;  // 4-D maps of (D, heads, positions, batch), (D, heads, batch, positions) or (D, heads, tokens, 1)
     TensorMap dq;            // the f32 accumulator, boxes of 32 columns x 64 rows
     unsigned long long lse, delta, dk, dv;
-    int batch, sq, sk, hq, hk;
+    unsigned long long cu_q, cu_k;  // the cumulative sequence lengths (thd, padding masks), else 0
+    int batch, sq, sk, hq, hk, tq;
     float scale;
 };
 
-// Rows [row0, row0 + rows) of head `head` of sequence b: DBOX boxes of `box` bytes into `dst`.
+// Rows [row0, row0 + rows) of head `head` of sequence b (row0: map_row's): DBOX boxes of `box`
+// bytes into `dst`.
 __device__ __forceinline__ void load_rows(u32 dst, const TensorMap* map, int head, int b, int row0, u32 box, u32 bar) {
 #pragma unroll
     for (int j = 0; j < DBOX; ++j) {
-#if LAYOUT == 0
-        tma_load_4d(dst + j * box, map, 64 * j, head, row0, b, bar);
-#else
+#if LAYOUT == 1
         tma_load_4d(dst + j * box, map, 64 * j, head, b, row0, bar);
+#else
+        tma_load_4d(dst + j * box, map, 64 * j, head, row0, LAYOUT == 2 ? 0 : b, bar);
 #endif
     }
 }
 
-// The box of dq_acc at columns c0.., rows row0.. of head h of sequence b += shared memory at src.
+// The box of dq_acc at columns c0.., rows row0.. (map_row's) of head h of sequence b += shared
+// memory at src.
 __device__ __forceinline__ void tma_reduce_add(const TensorMap* map, u32 src, int c0, int h, int b, int row0) {
-#if LAYOUT == 0
-    const int c2 = row0, c3 = b;
-#else
+#if LAYOUT == 1
     const int c2 = b, c3 = row0;
+#else
+    const int c2 = row0, c3 = LAYOUT == 2 ? 0 : b;
 #endif
     asm volatile("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];" ::"l"(
                      reinterpret_cast<unsigned long long>(map)),
@@ -169,6 +180,17 @@ __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256
 __device__ __forceinline__ void ds_wait(int n) { asm volatile("bar.sync %0, 256;" ::"r"(1 + n % 2) : "memory"); }
 __device__ __forceinline__ void ds_arrive(int n) { asm volatile("bar.arrive %0, 256;" ::"r"(1 + n % 2) : "memory"); }
 __device__ __forceinline__ void warpgroup_sync(int c) { asm volatile("bar.sync %0, 128;" ::"r"(3 + c) : "memory"); }
+// Named barrier 5 joins the two consumers once both have zeroed their halves of a ragged tile.
+__device__ __forceinline__ void zeroed_sync() { asm volatile("bar.sync 5, 256;" ::: "memory"); }
+
+// Ragged sequences: rows [r0, rows) of two tiles of DBOX boxes of rows x 128 bytes (K and V, or
+// Q and dO) zeroed by the two consumers (consumer c, thread tid), joined before any product.
+__device__ __forceinline__ void zero_tail(u32 a, u32 b, int rows, int r0, int c, int tid) {
+    zero_rows(a, DBOX, rows, r0, 128 * c + tid, 256);
+    zero_rows(b, DBOX, rows, r0, 128 * c + tid, 256);
+    fence_async_shared();
+    zeroed_sync();
+}
 
 // Query tile [i0, i0 + BM) sees some key of [j0, j0 + nk) (the bounds are monotone in the query).
 __device__ __forceinline__ bool tile_visible(const Seq& s, int i0, int j0, int nk) {
@@ -188,17 +210,17 @@ __device__ __forceinline__ float row_value(const BwdParams& p, const Seq& s, int
     const float* lse = reinterpret_cast<const float*>(p.lse);
     const float* delta = reinterpret_cast<const float*>(p.delta);
     const float* at =
-        tid < BM ? lse + ((long long)b * p.hq + h) * p.sq + i : delta + (s.qb + (long long)i * s.rs) * p.hq + h;
+        tid < BM ? lse + lse_index(s, b, h, p.hq, p.sq, p.tq, i) : delta + (s.qb + (long long)i * s.rs) * p.hq + h;
     float v;
     asm volatile("ld.global.nc.f32 %0, [%1];" : "=f"(v) : "l"(at));
     return v;
 }
 
-// A dQ share `dq` (a 64 x 64 accumulator) of query rows i0.. of head h of sequence b, columns
-// col0..: into consumer c's buffer `dq_s` (once the copy engine has read its last one) in the f32
+// A dQ share `dq` (a 64 x 64 accumulator) of query rows row0.. (map_row's) of head h of sequence
+// b, columns col0..: into consumer c's buffer `dq_s` (once the copy engine has read its last one) in the f32
 // map's swizzled boxes of 32 columns, then one reduce-add per box into dq_acc. Every thread of
 // the consumer's warpgroup takes part.
-__device__ __forceinline__ void hand_off_dq(const BwdParams& p, const float* dq, u32 dq_s, int c, int tid, int h, int b, int i0, int col0) {
+__device__ __forceinline__ void hand_off_dq(const BwdParams& p, const float* dq, u32 dq_s, int c, int tid, int h, int b, int row0, int col0) {
     const int warp = tid / 32, g = (tid % 32) / 4, t = tid % 4;
     if (tid == 0) bulk_wait_read<0>();
     warpgroup_sync(c);
@@ -210,17 +232,17 @@ __device__ __forceinline__ void hand_off_dq(const BwdParams& p, const float* dq,
     fence_async_shared();
     warpgroup_sync(c);
     if (tid == 0) {
-        tma_reduce_add(&p.dq, dq_s, col0, h, b, i0);
-        tma_reduce_add(&p.dq, dq_s + Q_BOX, col0 + 32, h, b, i0);
+        tma_reduce_add(&p.dq, dq_s, col0, h, b, row0);
+        tma_reduce_add(&p.dq, dq_s + Q_BOX, col0 + 32, h, b, row0);
         bulk_commit();
     }
 }
 
 // 64 columns of a tile's dQ (dSᵀ at `ds`, K's box of the columns at `k_box`, all 128 keys), then
-// dK += dSᵀ · Q: the dQ columns leave for the copy engine (hand_off_dq, columns col0..) while
-// dK runs. Waits for dV and the dQ product (dK alone runs on).
+// dK += dSᵀ · Q: the dQ columns leave for the copy engine (hand_off_dq, rows row0.., columns
+// col0..) while dK runs. Waits for dV and the dQ product (dK alone runs on).
 __device__ __forceinline__ void dq_then_dk(const BwdParams& p, float* dk, float* dv, const u32 (*da)[4], u32 ds, u32 k_box, u32 q,
-                                           u32 dq_s, int c, int tid, int h, int b, int i0, int col0) {
+                                           u32 dq_s, int c, int tid, int h, int b, int row0, int col0) {
     float dq[32];
     wgmma_fence();
     mm_tt<8>(dq, ds, k_box);
@@ -232,7 +254,7 @@ __device__ __forceinline__ void dq_then_dk(const BwdParams& p, float* dk, float*
     for (int i = 0; i < 32; ++i) acc_fence(dq[i]);
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) acc_fence(dv[i]);
-    hand_off_dq(p, dq, dq_s, c, tid, h, b, i0, col0);
+    hand_off_dq(p, dq, dq_s, c, tid, h, b, row0, col0);
 }
 
 // The key block a CTA takes (item blockIdx.x in heavy_first's order): its sequence b, kv head,
@@ -249,7 +271,7 @@ __device__ __forceinline__ KeyBlock key_block(const BwdParams& p) {
     k.hkv = row % p.hk;
     k.j0 = rank * BN;
     k.group = p.hq / p.hk;
-    k.s = seq_of(k.b, p.batch, p.sq, p.sk, nullptr, nullptr);
+    k.s = seq_of(k.b, p.batch, p.sq, p.sk, reinterpret_cast<const i32*>(p.cu_q), reinterpret_cast<const i32*>(p.cu_k));
     k.nk = max(0, min(BN, k.s.lk - k.j0));
     return k;
 }
@@ -272,8 +294,8 @@ template <typename F> __device__ __forceinline__ void for_each_tile(const KeyBlo
 // The producer's first copies: the block's K and V rows, on `bar`.
 __device__ __forceinline__ void load_kv(const BwdParams& p, const KeyBlock& k, u32 k_s, u32 v_s, u32 bar) {
     mbar_arrive_expect(bar, 2 * K_TILE);
-    load_rows(k_s, &p.k, k.hkv, k.b, k.j0, K_BOX, bar);
-    load_rows(v_s, &p.v, k.hkv, k.b, k.j0, K_BOX, bar);
+    load_rows(k_s, &p.k, k.hkv, k.b, map_row(k.s.kb, k.j0), K_BOX, bar);
+    load_rows(v_s, &p.v, k.hkv, k.b, map_row(k.s.kb, k.j0), K_BOX, bar);
 }
 
 // Query tile i0's lse (times log2 e) and delta rows into consumer c's row buffer at `rows`
@@ -295,14 +317,15 @@ __device__ __forceinline__ bool sees_all(const Seq& s, int q0, int nq, int k0, i
 }
 
 // dV and dK (times the softmax scale) of the thread's keys key0 + 16 warp + g (+8), N columns
-// from col0 (accumulator layout of a 64 x N wgmma tile).
+// from col0 (accumulator layout of a 64 x N wgmma tile): the keys the sequence owns in dk and
+// dv, which under a padding mask include its padding rows (zeros: they see no query).
 template <int N>
 __device__ __forceinline__ void store_dkdv(const BwdParams& p, const KeyBlock& k, int key0, int col0, const float* dv,
                                            const float* dk, int warp, int g, int t) {
 #pragma unroll
     for (int x = 0; x < 2; ++x) {
         const int key = key0 + 16 * warp + g + 8 * x;
-        if (key >= k.s.lk) continue;
+        if (key >= (LAYOUT == 2 ? k.s.lk : p.sk)) continue;
         const long long row = ((k.s.kb + (long long)key * k.s.rs) * p.hk + k.hkv) * D + col0 + 2 * t;
         T* dv_out = reinterpret_cast<T*>(p.dv) + row;
         T* dk_out = reinterpret_cast<T*>(p.dk) + row;
@@ -361,8 +384,8 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
             const int st = n % STAGES;
             mbar_wait(QD_EMPTY(st), ((n / STAGES) & 1) ^ 1);
             mbar_arrive_expect(QD_FULL(st), 2 * Q_TILE);
-            load_rows(Q_S(st), &p.q, h, b, i0, Q_BOX, QD_FULL(st));
-            load_rows(DO_S(st), &p.d_o, h, b, i0, Q_BOX, QD_FULL(st));
+            load_rows(Q_S(st), &p.q, h, b, map_row(s.qb, i0), Q_BOX, QD_FULL(st));
+            load_rows(DO_S(st), &p.d_o, h, b, map_row(s.qb, i0), Q_BOX, QD_FULL(st));
         });
         return;
     }
@@ -378,6 +401,9 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) dv[i] = dk[i] = 0.0f;
     mbar_wait(KV_FULL, 0);
+#if RAGGED
+    if (kb.nk < BN) zero_tail(k_s, v_s, BN, kb.nk, c, tid);
+#endif
     // The stage whose dK product may still run (its Q is released once that is done), or -1.
     int pending = -1;
     // for_each_tile's walk, written out: as its lambda the consumers' loop compiled to other
@@ -394,6 +420,9 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
             const u32 k_t = opaque(k_s), v_t = opaque(v_s);
             const u32 k_c = k_t + c * 64 * 128, v_c = v_t + c * 64 * 128;
             mbar_wait(QD_FULL(st), (n / STAGES) & 1);
+#if RAGGED
+            if (i0 + BM > s.lq) zero_tail(q, d_o, BM, s.lq - i0, c, tid);
+#endif
             float sc[BM / 2], dp[BM / 2];
             wgmma_fence();
             mm_nt(sc, k_c, q);
@@ -484,7 +513,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
             // hand-off behind separate branches ptxas serialised the wgmma (C7512).
             if (n % 2 == c) {
                 ds_wait(n);
-                dq_then_dk(p, dk, dv, da, ds, k_t, q, DQ_S(c), c, tid, h, b, i0, 0);
+                dq_then_dk(p, dk, dv, da, ds, k_t, q, DQ_S(c), c, tid, h, b, map_row(s.qb, i0), 0);
             } else {
                 warpgroup_sync(c);
                 ds_arrive(n);
@@ -497,7 +526,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
             }
 #else
             consumers_sync();  // both consumers' dSᵀ rows are in shared memory
-            dq_then_dk(p, dk, dv, da, ds, k_t + c * K_BOX, q, DQ_S(c), c, tid, h, b, i0, 64 * c);
+            dq_then_dk(p, dk, dv, da, ds, k_t + c * K_BOX, q, DQ_S(c), c, tid, h, b, map_row(s.qb, i0), 64 * c);
 #endif
             pending = st;
             ++n;
@@ -623,10 +652,10 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
             const int st = n % STAGES;
             mbar_wait(Q_EMPTY(st), ((n / STAGES) & 1) ^ 1);
             mbar_arrive_expect(Q_FULL(st), Q_TILE);
-            load_rows(Q_S(st), &p.q, h, b, i0, Q_BOX, Q_FULL(st));
+            load_rows(Q_S(st), &p.q, h, b, map_row(s.qb, i0), Q_BOX, Q_FULL(st));
             mbar_wait(DO_EMPTY, (n & 1) ^ 1);
             mbar_arrive_expect(DO_FULL, Q_TILE);
-            load_rows(do_s, &p.d_o, h, b, i0, Q_BOX, DO_FULL);
+            load_rows(do_s, &p.d_o, h, b, map_row(s.qb, i0), Q_BOX, DO_FULL);
         });
         return;
     }
@@ -642,6 +671,9 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
 #pragma unroll
     for (int i = 0; i < 64; ++i) dv[i] = dk[i] = 0.0f;
     mbar_wait(KV_FULL, 0);
+#if RAGGED
+    if (kb.nk < BN) zero_tail(k_s, v_s, BN, kb.nk, c, tid);
+#endif
     // for_each_tile's walk, written out: as its lambda the consumers' loop compiled to other
     // register allocations (48-64 instructions fewer at head dim 64), not yet measured.
     int n = 0;
@@ -655,6 +687,12 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
             float sc[16], dp[16];
             u32 pa[2][4], da[2][4];  // Pᵀ and dSᵀ of this consumer's queries, as A fragments
             mbar_wait(Q_FULL(st), (n / STAGES) & 1);
+#if RAGGED
+            if (i0 + BM > s.lq) {
+                mbar_wait(DO_FULL, n & 1);
+                zero_tail(q, do_s, BM, s.lq - i0, c, tid);
+            }
+#endif
             wgmma_fence();
             mm_nt32(sc, k_t, q + qc * 128);
             wgmma_commit();
@@ -730,7 +768,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
             for (int i = 0; i < 64; ++i) acc_fence(dv[i]);
             __syncwarp();
             if (lane == 0) mbar_arrive(DO_EMPTY);
-            hand_off_dq(p, dq, DQ_S(c), c, tid, h, b, i0, 128 * c);
+            hand_off_dq(p, dq, DQ_S(c), c, tid, h, b, map_row(s.qb, i0), 128 * c);
             wgmma_fence();
             mm_tt<4>(dq, ds, k_t + (2 * c + 1) * K_BOX);
             wgmma_commit();
@@ -741,7 +779,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
             for (int i = 0; i < 64; ++i) acc_fence(dk[i]);
             __syncwarp();
             if (lane == 0) mbar_arrive(Q_EMPTY(st));
-            hand_off_dq(p, dq, DQ_S(c), c, tid, h, b, i0, 128 * c + 64);
+            hand_off_dq(p, dq, DQ_S(c), c, tid, h, b, map_row(s.qb, i0), 128 * c + 64);
             ++n;
         }
     }

@@ -19,10 +19,16 @@
 // MN-major descriptor steps 16 rows (2048 bytes) per k16, leading offset one box (the next 64
 // head-dim columns).
 //
+// Ragged sequences (the thd layout, padding masks): the maps address token rows (thd) or
+// positions (padding), so a tile that runs past its sequence's end holds the next sequence's or
+// padding rows rather than the copy engine's zeros. Rows past the queries are computed and
+// not stored; keys past the sequence are masked, and the last key tile's V rows past it are
+// zeroed before P·V (P's exact zeros times a NaN there would be NaN).
+//
 // Defines: those of the attention sources (T, D, LAYOUT, CAUSAL, BOTTOM_RIGHT, PADDING,
-// WIN_LEFT, WIN_RIGHT, DROPOUT; the host only picks this kernel for bshd / sbhd, no padding,
-// no dropout, D 64, 128 or 256, 16-bit T), T_F16 (T is f16, else bf16), STAGES (K and V stages),
-// HEAD_GROUP (heads per scheduling group, heavy_first).
+// WIN_LEFT, WIN_RIGHT, DROPOUT; the host only picks this kernel for no dropout, D 64, 128 or
+// 256, 16-bit T), T_F16 (T is f16, else bf16), STAGES (K and V stages), HEAD_GROUP (heads per
+// scheduling group, heavy_first).
 
 #define BM 128
 // Keys per tile: 128, or 64 at head dim 256, where the output accumulator alone takes 128
@@ -39,6 +45,7 @@
 #define Q_TILE (DBOX * Q_BOX)
 #define KV_TILE (DBOX * KV_BOX)
 #define NEG_INF (-__int_as_float(0x7f800000))
+#define RAGGED (PADDING || LAYOUT == 2)
 #if T_F16
 #define T_PTX "f16"
 #else
@@ -49,23 +56,23 @@ static_assert(D == 64 || D == 128 || D == 256, "the Hopper attention forward tak
 
 // The launch's one parameter (the host's AttnParams mirrors it).
 struct AttnParams {
-    TensorMap q, k, v;  // 4-D maps of (D, heads, positions, batch) or (D, heads, batch, positions)
+    TensorMap q, k, v;  // 4-D maps of (D, heads, positions, batch), (D, heads, batch, positions) or (D, heads, tokens, 1)
     unsigned long long o, lse;
     unsigned long long counter;  // zeroed ints: work items claimed past the first grid, then a slot per CTA
-    int batch, sq, sk, hq, hk, tiles_q;
+    unsigned long long cu_q, cu_k;  // the cumulative sequence lengths (thd, padding masks), else 0
+    int batch, sq, sk, hq, hk, tiles_q, tq;
     float scale;
-    int pad1;
 };
 
-// Rows [row0, row0 + the map's box rows) of head `head` of sequence b: DBOX boxes of `box`
-// bytes into `dst`, on `bar`.
+// Rows [row0, row0 + the map's box rows) of head `head` of sequence b (row0: map_row's): DBOX
+// boxes of `box` bytes into `dst`, on `bar`.
 __device__ __forceinline__ void load_tile(u32 dst, const TensorMap* map, int head, int b, int row0, u32 box, u32 bar) {
 #pragma unroll
     for (int j = 0; j < DBOX; ++j) {
-#if LAYOUT == 0
-        tma_load_4d(dst + j * box, map, 64 * j, head, row0, b, bar);
-#else
+#if LAYOUT == 1
         tma_load_4d(dst + j * box, map, 64 * j, head, b, row0, bar);
+#else
+        tma_load_4d(dst + j * box, map, 64 * j, head, row0, LAYOUT == 2 ? 0 : b, bar);
 #endif
     }
 }
@@ -126,6 +133,8 @@ __device__ __forceinline__ void handoff_wait(int id) {
 __device__ __forceinline__ void handoff_arrive(int id) {
     asm volatile("bar.arrive %0, %1;" ::"r"(id), "n"(HANDOFF_THREADS) : "memory");
 }
+// Joins the two consumers (named barrier 5) once both have zeroed their halves of a tile.
+__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 5, 256;" ::: "memory"); }
 
 // O += P·V over the tile's BC keys (k16 steps), V's tile at `v`. Head dim 256 takes two
 // products of 128 columns a step (accumulators 64.. are columns 128..; the second reads V's
@@ -201,7 +210,7 @@ __device__ __forceinline__ Work work_item(const AttnParams& p, int w) {
     k.q0 = (p.tiles_q - 1 - rank) * BM;
     k.h = row % p.hq;
     k.b = row / p.hq;
-    k.s = seq_of(k.b, p.batch, p.sq, p.sk, nullptr, nullptr);
+    k.s = seq_of(k.b, p.batch, p.sq, p.sk, reinterpret_cast<const i32*>(p.cu_q), reinterpret_cast<const i32*>(p.cu_k));
     tile_keys(k.s, k.q0, BM, &k.blo, &k.bhi);
     return k;
 }
@@ -266,17 +275,17 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
                 if (blo < bhi) {
                     mbar_wait(Q_EMPTY, (qn & 1) ^ 1);
                     mbar_arrive_expect(Q_FULL, Q_TILE);
-                    load_tile(q_s, &p.q, k.h, k.b, k.q0, Q_BOX, Q_FULL);
+                    load_tile(q_s, &p.q, k.h, k.b, map_row(k.s.qb, k.q0), Q_BOX, Q_FULL);
                     ++qn;
                     for (int j0 = blo; j0 < bhi; j0 += BC, ++kv) {
                         const int st = kv % STAGES;
                         const u32 phase = (kv / STAGES) & 1;
                         mbar_wait(K_EMPTY(st), phase ^ 1);
                         mbar_arrive_expect(K_FULL(st), KV_TILE);
-                        load_tile(K_S(st), &p.k, hkv, k.b, j0, KV_BOX, K_FULL(st));
+                        load_tile(K_S(st), &p.k, hkv, k.b, map_row(k.s.kb, j0), KV_BOX, K_FULL(st));
                         mbar_wait(V_EMPTY(st), phase ^ 1);
                         mbar_arrive_expect(V_FULL(st), KV_TILE);
-                        load_tile(V_S(st), &p.v, hkv, k.b, j0, KV_BOX, V_FULL(st));
+                        load_tile(V_S(st), &p.v, hkv, k.b, map_row(k.s.kb, j0), KV_BOX, V_FULL(st));
                     }
                 }
                 next = gridDim.x + atomicAdd(reinterpret_cast<int*>(p.counter), 1);
@@ -372,6 +381,16 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
             }
             const int last = kv + tiles - 1;
             mbar_wait(V_FULL(last % STAGES), (last / STAGES) & 1);
+#if RAGGED
+            // The last tile's V rows past the sequence's keys (the only tile that reaches them),
+            // zeroed by the two consumers, half each, before either multiplies it.
+            const int j_last = blo + (tiles - 1) * BC;
+            if (j_last + BC > s.lk) {
+                zero_rows(V_S(last % STAGES), DBOX, BC, s.lk - j_last, 128 * c + tid, 256);
+                fence_async_shared();
+                consumers_sync();
+            }
+#endif
 #pragma unroll
             for (int i = 0; i < D / 2; ++i) acc_fence(o[i]);
             turn_wait(c);
@@ -392,17 +411,20 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
             l[x] += shfl_xor(l[x], 1);
             l[x] += shfl_xor(l[x], 2);
         }
+        // Rows the sequence owns in o and lse: its queries (thd), else all sq positions (the
+        // padding rows as zeros, their lse -inf: they see no key).
+        const int slot = LAYOUT == 2 ? s.lq : p.sq;
 #pragma unroll
         for (int x = 0; x < 2; ++x) {
             const int r = wr + g + 8 * x;
-            if (r >= s.lq) continue;
+            if (r >= slot) continue;
             const float inv = recip_or_zero(l[x]);  // NaN rows stay NaN
             T* out = reinterpret_cast<T*>(p.o) + ((s.qb + (long long)r * s.rs) * p.hq + k.h) * D + 2 * t;
 #pragma unroll
             for (int j = 0; j < D / 8; ++j)
                 *reinterpret_cast<u32*>(out + 8 * j) = pack2_f32<T>(o[4 * j + 2 * x] * inv, o[4 * j + 2 * x + 1] * inv);
             if (t == 0)
-                reinterpret_cast<float*>(p.lse)[((long long)k.b * p.hq + k.h) * p.sq + r] =
+                reinterpret_cast<float*>(p.lse)[lse_index(s, k.b, k.h, p.hq, p.sq, p.tq, r)] =
                     !(l[x] <= 0.0f) ? m[x] * p.scale + logf(l[x]) : NEG_INF;
         }
     }
