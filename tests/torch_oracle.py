@@ -86,6 +86,18 @@ def rmsnorm_fp8(t, p):
 
 
 def attention(t, p):
+    if p.get("cu") is None:
+        return attention_bshd(t, p)
+    # thd: each sequence as a batch of one (its rows of q, k, v, dO), the results joined along
+    # the tokens (lse: [heads, tokens]).
+    cu = p["cu"]
+    parts = [attention_bshd({n: t[n][None, a:b] for n in ("q", "k", "v", "d_o")}, p) for a, b in zip(cu, cu[1:])]
+    out = {n: torch.cat([x[n] for x in parts], 1)[0] for n in ("o", "dq", "dk", "dv")}
+    out["lse"] = torch.cat([x["lse"] for x in parts], 2)[0]
+    return out
+
+
+def attention_bshd(t, p):
     # bshd -> bhsd; GQA through enable_gqa.
     q, k, v = (t[n].transpose(1, 2).clone().requires_grad_() for n in ("q", "k", "v"))
     o = F.scaled_dot_product_attention(q, k, v, is_causal=p["causal"], scale=p["scale"], enable_gqa=True)

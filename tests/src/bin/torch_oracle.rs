@@ -253,22 +253,36 @@ fn fp8(r: &mut Run) -> Result<()> {
 }
 
 fn attention(r: &mut Run, dtype: DType) -> Result<()> {
-    for (causal, (b, s, hq, hk, d)) in
-        [(true, (2, 300, 8, 2, 128)), (false, (1, 257, 4, 4, 64)), (true, (1, 200, 4, 2, 256))]
-    {
-        let q = r.rand(&[b, s, hq, d], dtype, -1.0, 1.0)?;
-        let k = r.rand(&[b, s, hk, d], dtype, -1.0, 1.0)?;
-        let v = r.rand(&[b, s, hk, d], dtype, -1.0, 1.0)?;
-        let d_o = r.rand(&[b, s, hq, d], dtype, -1.0, 1.0)?;
+    // (causal, (b, s, hq, hk, d), cumulative lengths): bshd batches, then three sequences packed
+    // as thd (b is then 1, s the total tokens).
+    for (causal, (b, s, hq, hk, d), cu) in [
+        (true, (2, 300, 8, 2, 128), None),
+        (false, (1, 257, 4, 4, 64), None),
+        (true, (1, 200, 4, 2, 256), None),
+        (true, (1, 600, 4, 2, 128), Some(vec![0, 300, 357, 600])),
+    ] {
+        let shape = |h: usize| if cu.is_some() { vec![s, h, d] } else { vec![b, s, h, d] };
+        let q = r.rand(&shape(hq), dtype, -1.0, 1.0)?;
+        let k = r.rand(&shape(hk), dtype, -1.0, 1.0)?;
+        let v = r.rand(&shape(hk), dtype, -1.0, 1.0)?;
+        let d_o = r.rand(&shape(hq), dtype, -1.0, 1.0)?;
         let scale = 1.0 / (d as f32).sqrt();
-        let mask = if causal { AttnMask::Causal } else { AttnMask::None };
+        let cu_t = cu
+            .as_ref()
+            .map(|c: &Vec<i32>| Tensor::from_slice(c, [c.len()], DType::I32)?.to_device(&r.device))
+            .transpose()?;
+        let (layout, mask, kind) = match (&cu, causal) {
+            (Some(_), _) => (QkvLayout::Thd, AttnMask::PaddingCausal, "thd_causal_gqa"),
+            (None, true) => (QkvLayout::Bshd, AttnMask::Causal, "causal_gqa"),
+            (None, false) => (QkvLayout::Bshd, AttnMask::None, "full"),
+        };
         let fwd = AttnFwdArgs {
             q: q.clone(),
             k: k.clone(),
             v: v.clone(),
-            cu_seqlens_q: None,
-            cu_seqlens_kv: None,
-            layout: QkvLayout::Bshd,
+            cu_seqlens_q: cu_t.clone(),
+            cu_seqlens_kv: cu_t,
+            layout,
             mask,
             scale,
             dropout_p: 0.0,
@@ -278,12 +292,12 @@ fn attention(r: &mut Run, dtype: DType) -> Result<()> {
         };
         let f = r.call::<FusedAttnFwd>(&fwd)?;
         let g = r.call::<FusedAttnBwd>(&fwd.backward(f.o.clone(), d_o.clone(), f.softmax_lse.clone()))?;
-        let case = format!("attention_{dtype}_{}_d{d}", if causal { "causal_gqa" } else { "full" });
+        let case = format!("attention_{dtype}_{kind}_d{d}");
         r.record(
             &case,
             "attention",
             dtype,
-            json!({ "causal": causal, "scale": scale }),
+            json!({ "causal": causal, "scale": scale, "cu": cu }),
             &[
                 ("q", &q),
                 ("k", &k),
