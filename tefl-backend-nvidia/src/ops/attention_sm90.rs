@@ -10,7 +10,7 @@
 //! by the copy engine, the five products on wgmma, dQ shares added to the f32 accumulator by
 //! tensor reduce-adds (the delta and dQ conversion kernels are `attention.cu`'s).
 //!
-//! [`fwd`] and [`bwd`] decline (`Ok(None)` / `Ok(false)`) a call the kernels do not take:
+//! [`fwd`] and [`bwd`] decline (`Ok(false)`) a call the kernels do not take:
 //! another arch than sm_90, the tune config's `fwd_wgmma` / `bwd_wgmma` off, f32, head dims
 //! other than 64, 128 and 256, dropout, or tensors the copy engine cannot address;
 //! `attention.rs` then runs the mma.sync kernels.
