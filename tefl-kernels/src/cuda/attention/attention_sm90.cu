@@ -133,8 +133,9 @@ __device__ __forceinline__ void handoff_wait(int id) {
 __device__ __forceinline__ void handoff_arrive(int id) {
     asm volatile("bar.arrive %0, %1;" ::"r"(id), "n"(HANDOFF_THREADS) : "memory");
 }
-// Joins the two consumers (named barrier 5) once both have zeroed their halves of a tile.
-__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 5, 256;" ::: "memory"); }
+// Named barrier 5 joins the two consumers once both have zeroed their halves of a ragged tile
+// (as in the backward's source, where consumers_sync is another barrier).
+__device__ __forceinline__ void zeroed_sync() { asm volatile("bar.sync 5, 256;" ::: "memory"); }
 
 // O += P·V over the tile's BC keys (k16 steps), V's tile at `v`. Head dim 256 takes two
 // products of 128 columns a step (accumulators 64.. are columns 128..; the second reads V's
@@ -388,7 +389,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
             if (j_last + BC > s.lk) {
                 zero_rows(V_S(last % STAGES), DBOX, BC, s.lk - j_last, 128 * c + tid, 256);
                 fence_async_shared();
-                consumers_sync();
+                zeroed_sync();
             }
 #endif
 #pragma unroll
