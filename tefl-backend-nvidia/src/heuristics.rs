@@ -81,7 +81,9 @@ pub fn grouped_gemm_tiles(t: &TuneTable) -> GroupedTiles {
 }
 
 /// What the attention backward runs for a call with `deterministic` set (ops/attention.rs).
-const DETERMINISTIC_BWD: &str = "deterministic calls: attn_bwd_delta, attn_bwd_dkdv without dQ atomics, attn_bwd_dq (dQ per query tile); \
+const DETERMINISTIC_BWD: &str = "deterministic calls: attn_bwd_delta, the dK/dV kernel without dQ shares \
+     (attn_bwd_sm90 / attn_bwd_sm90_d256 where they take the call, else attn_bwd_dkdv without dQ atomics), then dQ per \
+     query tile in key order (attn_bwd_dq_sm90 on sm_90 for f16/bf16 head dims 64 and 128, else attn_bwd_dq); \
      the portable kernels where attn_bwd_dq's tiles exceed shared memory (f32 head dims over 208 on Hopper)";
 
 /// Which kernel `vendor.nvidia` runs for `op` on `device` and `dtype`, where it has more than
@@ -98,7 +100,7 @@ pub fn kernel_choice(impl_id: &str, op: &str, device: Device, dtype: DType) -> O
     Some(match op {
         "fused_attn_fwd" if hopper && sixteen && attention_fwd_wgmma(&TUNE_CONFIGS.table(&arch)) => {
             "attn_fwd_sm90 (TMA loads, wgmma, a producer warp and two consumer warpgroups, persistent CTAs) \
-             for head dim 64/128/256, bshd/sbhd, no padding, no dropout; attn_fwd (mma.sync) for other calls"
+             for head dim 64/128/256, every layout and mask, no dropout; attn_fwd (mma.sync) for other calls"
                 .to_string()
         }
         "fused_attn_fwd" if hopper && sixteen => {
@@ -109,7 +111,7 @@ pub fn kernel_choice(impl_id: &str, op: &str, device: Device, dtype: DType) -> O
         "fused_attn_bwd" if hopper && sixteen && attention_bwd_wgmma(&TUNE_CONFIGS.table(&arch)) => {
             format!(
                 "attn_bwd_delta, attn_bwd_sm90 (TMA loads, wgmma, dQ by tensor reduce-add; head dim 64/128, \
-                 attn_bwd_sm90_d256 for 256; bshd/sbhd, no padding, no dropout; attn_bwd_dkdv (mma.sync) for \
+                 attn_bwd_sm90_d256 for 256; every layout and mask, no dropout; attn_bwd_dkdv (mma.sync) for \
                  other calls), attn_bwd_dq_out; {DETERMINISTIC_BWD}"
             )
         }

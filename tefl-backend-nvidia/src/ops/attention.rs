@@ -188,12 +188,15 @@ pub fn fused_attn_fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<AttnFwdOut
 /// The catalogue op `fused_attn_bwd` on CUDA (the Hopper wgmma kernels where they apply, else the
 /// mma.sync ones). Both add each key block's dQ share into an f32 accumulator as the blocks
 /// finish, in an order that varies from run to run; a call that asks for a deterministic dQ
-/// (`AttnBwdArgs::deterministic`) runs the mma.sync dK/dV kernel without its dQ atomics and
-/// `attn_bwd_dq` for dQ (a query tile per block, in one pass over its keys): H200, 2026-11-29,
-/// `bench --only attn_bwd`, causal b4 h32 s4096 d128 7.405 ms against 3.517. Where
-/// `attn_bwd_dq`'s tiles do not fit the device's shared memory (on Hopper, f32 head dims over
-/// 208: d 256 needs 275,456 bytes) a deterministic call runs the portable kernels' backward
-/// instead (`tefl-gpu`'s SIMT kernels: dQ row by row, no atomics; far slower).
+/// (`AttnBwdArgs::deterministic`) runs the dK/dV kernel without its dQ shares (the Hopper one
+/// where it takes the call, else the mma.sync one without its atomics) and then a dQ pass that
+/// sums each query row's dQ in key order in one block's registers: the Hopper one
+/// (`attn_bwd_dq_sm90`, 16-bit head dims 64 and 128) or `attn_bwd_dq` (mma.sync). H200,
+/// 2026-11-30, `bench --backend nvidia --only attn_bwd`, causal b4 h32 s4096 d128: 4.485 ms
+/// deterministic against 3.532 (the mma.sync pair took 7.665). Where `attn_bwd_dq`'s tiles do
+/// not fit the device's shared memory (on Hopper, f32 head dims over 208: d 256 needs 275,456
+/// bytes) a deterministic call runs the portable kernels' backward instead (`tefl-gpu`'s SIMT
+/// kernels: dQ row by row, no atomics; far slower).
 pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut> {
     const OP: &str = "fused_attn_bwd";
     let (cu_q, cu_k) = (a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref());
@@ -210,13 +213,19 @@ pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut
     let dev = ctx.device;
     let mk = |t: &Tensor| if thd { zeros(dev, t.shape(), t.dtype()) } else { empty(dev, t.shape(), t.dtype()) };
     if a.deterministic {
-        if dq_pass_smem(a.q.dtype(), s.dp) > smem_limit(ctx)? {
+        let hopper_dq = super::attention_sm90::takes_dq(ctx, a, &s.g, &s.build)?;
+        if !hopper_dq && dq_pass_smem(a.q.dtype(), s.dp) > smem_limit(ctx)? {
             return tefl_gpu::simt::attention::fused_attn_bwd(ctx, a);
         }
         let (dq, dk, dv) = (mk(&a.q)?, mk(&a.k)?, mk(&a.v)?);
         let delta = delta_kernel(&s, a, dev, None)?;
-        dkdv(ctx, a, &s, &delta, None, &dk, &dv)?;
-        dq_pass(ctx, a, &s, &delta, &dq)?;
+        let hopper = super::attention_sm90::BwdBuffers { delta: &delta, dq_acc: None, dk: &dk, dv: &dv };
+        if !super::attention_sm90::bwd(ctx, a, &s.g, &s.build, &hopper)? {
+            dkdv(ctx, a, &s, &delta, None, &dk, &dv)?;
+        }
+        if !(hopper_dq && super::attention_sm90::dq(ctx, a, &s.g, &s.build, &delta, &dq)?) {
+            dq_pass(ctx, a, &s, &delta, &dq)?;
+        }
         return Ok(AttnBwdOut { dq, dk, dv });
     }
     // dQ is summed over key blocks in f32 by atomics or the Hopper kernel's tensor reduce-adds
@@ -226,7 +235,7 @@ pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut
     let dq = empty(dev, a.q.shape(), a.q.dtype())?;
     let (dk, dv) = (mk(&a.k)?, mk(&a.v)?);
     let delta = delta_kernel(&s, a, dev, Some(&dq_acc))?;
-    let hopper = super::attention_sm90::BwdBuffers { delta: &delta, dq_acc: &dq_acc, dk: &dk, dv: &dv };
+    let hopper = super::attention_sm90::BwdBuffers { delta: &delta, dq_acc: Some(&dq_acc), dk: &dk, dv: &dv };
     if !super::attention_sm90::bwd(ctx, a, &s.g, &s.build, &hopper)? {
         dkdv(ctx, a, &s, &delta, Some(&dq_acc), &dk, &dv)?;
     }

@@ -8,7 +8,10 @@
 //! backward's dK/dV kernel (`attention_bwd_sm90.cu`): one CTA per 128 keys of a kv head (64 at
 //! head dim 256, its own entry), query tiles of 64 rows of every head of the group streamed in
 //! by the copy engine, the five products on wgmma, dQ shares added to the f32 accumulator by
-//! tensor reduce-adds (the delta and dQ conversion kernels are `attention.cu`'s).
+//! tensor reduce-adds (the delta and dQ conversion kernels are `attention.cu`'s). The
+//! deterministic backward runs that kernel without its dQ shares and then [`dq`]: the
+//! forward's source built as a dQ pass (`attn_bwd_dq_sm90`, head dims 64 and 128: per query
+//! tile, S, dP, dS and dQ += dS·K over its keys in order, in registers, written once).
 //!
 //! [`fwd`] and [`bwd`] decline (`Ok(false)`) a call the kernels do not take:
 //! another arch than sm_90, the tune config's `fwd_wgmma` / `bwd_wgmma` off, f32, head dims
@@ -31,6 +34,11 @@ const BWD_ENTRIES: &[&str] = &["attn_bwd_sm90"];
 /// The backward's entry at head dim 256 (the same source: dK and dV split by head-dim halves
 /// between the consumers, 64 keys a CTA).
 const BWD_ENTRIES_D256: &[&str] = &["attn_bwd_sm90_d256"];
+/// The deterministic backward's dQ pass (the forward's source with `DQ_PASS`).
+const DQ_ENTRIES: &[&str] = &["attn_bwd_dq_sm90"];
+/// Head dims the dQ pass takes: at 256 its Q and dO tiles and two K / V stages would take
+/// 263 KB of shared memory.
+const DQ_HEAD_DIMS: &[usize] = &[64, 128];
 /// Query rows per CTA (two consumer warpgroups of 64) and the forward's keys per tile (see
 /// [`key_rows`]); the backward's keys per CTA.
 const ROWS: usize = 128;
@@ -71,6 +79,29 @@ struct AttnParams {
     scale: f32,
 }
 
+/// The dQ pass's `AttnParams` (built with `DQ_PASS`).
+#[repr(C)]
+struct DqParams {
+    q: TensorMap,
+    k: TensorMap,
+    v: TensorMap,
+    d_o: TensorMap,
+    dq: u64,
+    lse: u64,
+    delta: u64,
+    counter: u64,
+    cu_q: u64,
+    cu_k: u64,
+    batch: i32,
+    sq: i32,
+    sk: i32,
+    hq: i32,
+    hk: i32,
+    tiles_q: i32,
+    tq: i32,
+    scale: f32,
+}
+
 /// The backward kernel's `BwdParams`.
 #[repr(C)]
 struct BwdParams {
@@ -94,17 +125,33 @@ struct BwdParams {
     scale: f32,
 }
 
-/// The forward kernel variant for a build (launches and the compile test).
-fn variant(b: &AttnBuild) -> Result<Variant> {
-    let defines =
-        b.defines(OP)?.flag("T_F16", b.dtype == DType::F16).set("STAGES", STAGES).set("HEAD_GROUP", HEAD_GROUP);
-    Ok(Variant::new(&tefl_kernels::ATTENTION_SM90, ENTRIES, defines))
+/// The forward kernel variant for a build (launches and the compile test), or with `dq_pass`
+/// the same source as the deterministic backward's dQ pass.
+fn variant_of(b: &AttnBuild, dq_pass: bool) -> Result<Variant> {
+    let op = if dq_pass { BWD_OP } else { OP };
+    let defines = b
+        .defines(op)?
+        .flag("T_F16", b.dtype == DType::F16)
+        .set("STAGES", STAGES)
+        .set("HEAD_GROUP", HEAD_GROUP)
+        .flag("DQ_PASS", dq_pass);
+    Ok(Variant::new(&tefl_kernels::ATTENTION_SM90, if dq_pass { DQ_ENTRIES } else { ENTRIES }, defines))
 }
 
-/// The backward kernel variant for a build.
-fn bwd_variant(b: &AttnBuild) -> Result<Variant> {
-    let defines =
-        b.defines(BWD_OP)?.flag("T_F16", b.dtype == DType::F16).set("STAGES", STAGES).set("HEAD_GROUP", HEAD_GROUP);
+/// The forward kernel variant for a build.
+fn variant(b: &AttnBuild) -> Result<Variant> {
+    variant_of(b, false)
+}
+
+/// The backward kernel variant for a build: with the dQ shares, or (the deterministic path)
+/// dK and dV only.
+fn bwd_variant(b: &AttnBuild, dq_shares: bool) -> Result<Variant> {
+    let defines = b
+        .defines(BWD_OP)?
+        .flag("T_F16", b.dtype == DType::F16)
+        .set("STAGES", STAGES)
+        .set("HEAD_GROUP", HEAD_GROUP)
+        .flag("DQ_SHARES", dq_shares);
     Ok(Variant::new(&tefl_kernels::ATTENTION_BWD_SM90, bwd_entries(b.d), defines))
 }
 
@@ -140,6 +187,16 @@ fn smem(d: usize) -> usize {
     1024 + ROWS * d * 2 + 2 * STAGES * key_rows(d) * d * 2 + 8 * (2 + 4 * STAGES)
 }
 
+/// The dQ pass's keys per K / V tile (its `BC`): 64 at every head dim, so that its S, dP and dQ
+/// accumulators fit the registers ptxas allocates a consumer thread.
+const DQ_KEY_ROWS: usize = 64;
+
+/// The dQ pass's dynamic shared memory: the alignment slack, the Q and dO tiles, STAGES K and
+/// V tiles of 64 keys, the barriers.
+fn dq_smem(d: usize) -> usize {
+    1024 + 2 * ROWS * d * 2 + 2 * STAGES * DQ_KEY_ROWS * d * 2 + 8 * (2 + 4 * STAGES)
+}
+
 /// The backward's dynamic shared memory: the alignment slack, K and V (128 keys), STAGES Q and
 /// dO tiles (64 rows), two dSᵀ buffers (128 x 64, 16-bit), two consumers' dQ shares (64 x 64
 /// f32), the two consumers' lse and delta rows, the barriers. At head dim 256: K and V of 64
@@ -164,14 +221,16 @@ fn bwd_smem(d: usize) -> usize {
         + 8 * (1 + 2 * STAGES)
 }
 
-/// Why the kernel (forward or backward: `wgmma_on` is the tune config's choice, `smem` its
-/// shared memory) does not take a call on `tensors` (q, k, then the others; `None`: it does).
+/// Why the kernel (forward or backward: `wgmma_on` is the tune config's choice, `head_dims`
+/// those it takes, `smem` its shared memory) does not take a call on `tensors` (q, k, then the
+/// others; `None`: it does).
 fn declined(
     ctx: &KernelCtx<'_>,
     tensors: &[&Tensor],
     g: &AttnGeometry,
     b: &AttnBuild,
     wgmma_on: bool,
+    head_dims: &[usize],
     smem: usize,
 ) -> Result<Option<String>> {
     let arch = &info(ctx.device)?.arch;
@@ -184,7 +243,7 @@ fn declined(
     if !matches!(b.dtype, DType::BF16 | DType::F16) {
         return Ok(Some(format!("{} tensors", b.dtype)));
     }
-    if !HEAD_DIMS.contains(&g.d) {
+    if !head_dims.contains(&g.d) {
         return Ok(Some(format!("head dim {}", g.d)));
     }
     if b.dropout {
@@ -246,7 +305,7 @@ pub fn fwd(
     lse: &Tensor,
 ) -> Result<bool> {
     let on = attention_fwd_wgmma(&*tune_table(ctx.device)?);
-    if let Some(reason) = declined(ctx, &[&a.q, &a.k, &a.v], g, b, on, smem(g.d))? {
+    if let Some(reason) = declined(ctx, &[&a.q, &a.k, &a.v], g, b, on, HEAD_DIMS, smem(g.d))? {
         tracing::debug!(target: "TE-FL", "{OP}: Hopper wgmma kernel declined ({reason}); the mma.sync kernel runs");
         return Ok(false);
     }
@@ -287,8 +346,9 @@ pub fn fwd(
 pub struct BwdBuffers<'t> {
     /// Σ dO·O per token row and head (f32, q's rows x heads).
     pub delta: &'t Tensor,
-    /// The f32 dQ accumulator, laid out as q.
-    pub dq_acc: &'t Tensor,
+    /// The f32 dQ accumulator, laid out as q; `None`: dK and dV only (the deterministic path,
+    /// whose dQ is [`dq`]'s or the mma.sync pass's).
+    pub dq_acc: Option<&'t Tensor>,
     /// dK, as k.
     pub dk: &'t Tensor,
     /// dV, as v.
@@ -305,8 +365,9 @@ pub fn bwd(
     out: &BwdBuffers<'_>,
 ) -> Result<bool> {
     let on = attention_bwd_wgmma(&*tune_table(ctx.device)?);
-    let tensors = [&a.q, &a.k, &a.v, &a.d_o, out.dq_acc];
-    if let Some(reason) = declined(ctx, &tensors, g, b, on, bwd_smem(g.d))? {
+    let mut tensors = vec![&a.q, &a.k, &a.v, &a.d_o];
+    tensors.extend(out.dq_acc);
+    if let Some(reason) = declined(ctx, &tensors, g, b, on, HEAD_DIMS, bwd_smem(g.d))? {
         tracing::debug!(target: "TE-FL", "{BWD_OP}: Hopper wgmma kernel declined ({reason}); the mma.sync kernel runs");
         return Ok(false);
     }
@@ -315,7 +376,8 @@ pub fn bwd(
         k: qkv_map(ctx, BWD_OP, &a.k, g, g.sk, g.hk, key_rows(g.d))?,
         v: qkv_map(ctx, BWD_OP, &a.v, g, g.sk, g.hk, key_rows(g.d))?,
         d_o: qkv_map(ctx, BWD_OP, &a.d_o, g, g.sq, g.hq, BWD_ROWS)?,
-        dq: qkv_map(ctx, BWD_OP, out.dq_acc, g, g.sq, g.hq, BWD_ROWS)?,
+        // (Without an accumulator the kernel reads no dq map: q's stands in.)
+        dq: qkv_map(ctx, BWD_OP, out.dq_acc.unwrap_or(&a.q), g, g.sq, g.hq, BWD_ROWS)?,
         lse: ptr(&a.softmax_lse)?,
         delta: ptr(out.delta)?,
         dk: ptr(out.dk)?,
@@ -331,12 +393,68 @@ pub fn bwd(
         scale: a.scale,
     };
     let grid = Grid { blocks: (bwd_blocks(g)?, 1, 1), threads: (384, 1, 1), smem: bwd_smem(g.d) as u32 };
+    let variant = bwd_variant(b, out.dq_acc.is_some())?;
     // SAFETY: `BwdParams` is the kernel's parameter struct (repr(C), the same field order,
     // 64-byte aligned maps); the maps and pointers address live tensors (q, k, v, dO, the f32
-    // dQ accumulator, lse, delta, dK and dV, of the geometry's shapes, and the cumulative
-    // lengths, checked by the op, or 0 where the build reads none) that stream ordering keeps
-    // alive until the kernel has run.
-    unsafe { launch_struct(ctx.device, &bwd_variant(b)?, bwd_entries(g.d)[0], grid, &params)? };
+    // dQ accumulator where the build has dQ shares, lse, delta, dK and dV, of the geometry's
+    // shapes, and the cumulative lengths, checked by the op, or 0 where the build reads none)
+    // that stream ordering keeps alive until the kernel has run.
+    unsafe { launch_struct(ctx.device, &variant, bwd_entries(g.d)[0], grid, &params)? };
+    Ok(true)
+}
+
+/// Whether [`dq`] takes a call (the deterministic path asks before it runs anything).
+pub fn takes_dq(ctx: &KernelCtx<'_>, a: &AttnBwdArgs, g: &AttnGeometry, b: &AttnBuild) -> Result<bool> {
+    let on = attention_bwd_wgmma(&*tune_table(ctx.device)?);
+    let declined = declined(ctx, &[&a.q, &a.k, &a.v, &a.d_o], g, b, on, DQ_HEAD_DIMS, dq_smem(g.d))?;
+    if let Some(reason) = &declined {
+        tracing::debug!(target: "TE-FL", "{BWD_OP}: Hopper dQ pass declined ({reason}); the mma.sync pass runs");
+    }
+    Ok(declined.is_none())
+}
+
+/// The deterministic backward's dQ on the Hopper dQ pass (`attn_bwd_dq_sm90`) into `dq` (every
+/// row a sequence owns; thd rows past the last sequence are the caller's), from the forward's
+/// lse and the delta kernel's `delta`; `Ok(false)` when it does not take the call.
+pub fn dq(
+    ctx: &KernelCtx<'_>,
+    a: &AttnBwdArgs,
+    g: &AttnGeometry,
+    b: &AttnBuild,
+    delta: &Tensor,
+    dq: &Tensor,
+) -> Result<bool> {
+    if !takes_dq(ctx, a, g, b)? {
+        return Ok(false);
+    }
+    let ctas = work_items(g).min(sm_count(ctx.device) as usize);
+    let counter = zeros(ctx.device, &[1 + ctas], DType::I32)?;
+    let params = DqParams {
+        q: qkv_map(ctx, BWD_OP, &a.q, g, g.sq, g.hq, ROWS)?,
+        k: qkv_map(ctx, BWD_OP, &a.k, g, g.sk, g.hk, DQ_KEY_ROWS)?,
+        v: qkv_map(ctx, BWD_OP, &a.v, g, g.sk, g.hk, DQ_KEY_ROWS)?,
+        d_o: qkv_map(ctx, BWD_OP, &a.d_o, g, g.sq, g.hq, ROWS)?,
+        dq: ptr(dq)?,
+        lse: ptr(&a.softmax_lse)?,
+        delta: ptr(delta)?,
+        counter: ptr(&counter)?,
+        cu_q: opt_ptr(a.cu_seqlens_q.as_ref())?,
+        cu_k: opt_ptr(a.cu_seqlens_kv.as_ref())?,
+        batch: g.batch as i32,
+        sq: g.sq as i32,
+        sk: g.sk as i32,
+        hq: g.hq as i32,
+        hk: g.hk as i32,
+        tiles_q: g.sq.div_ceil(ROWS) as i32,
+        tq: g.tq as i32,
+        scale: a.scale,
+    };
+    let grid = Grid { blocks: (ctas as u32, 1, 1), threads: (384, 1, 1), smem: dq_smem(g.d) as u32 };
+    // SAFETY: `DqParams` is the dQ pass's parameter struct (repr(C), the same field order,
+    // 64-byte aligned maps); the maps and pointers address live tensors (q, k, v, dO, dq, lse,
+    // delta and the counter with its 1 + grid ints; the cumulative lengths, checked by the op,
+    // or 0 where the build reads none) that stream ordering keeps alive until the kernel has run.
+    unsafe { launch_struct(ctx.device, &variant_of(b, true)?, DQ_ENTRIES[0], grid, &params)? };
     Ok(true)
 }
 
@@ -354,7 +472,10 @@ pub fn variants() -> Vec<Variant> {
     ] {
         let build = AttnBuild { dtype, d, layout, mask, window: (win, win), dropout: false };
         v.extend(variant(&build));
-        v.extend(bwd_variant(&build));
+        v.extend(bwd_variant(&build, true));
+        // The deterministic path's builds: dK / dV without dQ shares, and the dQ pass.
+        v.extend(bwd_variant(&build, false));
+        v.extend(variant_of(&build, true));
     }
     // Head dim 256: the forward's 64-key tiles and split P·V, the backward's own entry.
     let build = AttnBuild {
@@ -366,9 +487,10 @@ pub fn variants() -> Vec<Variant> {
         dropout: false,
     };
     v.extend(variant(&build));
-    v.extend(bwd_variant(&build));
+    v.extend(bwd_variant(&build, true));
+    v.extend(bwd_variant(&build, false));
     v.extend(variant(&AttnBuild { layout: QkvLayout::Thd, mask: AttnMask::Padding, ..build }));
-    v.extend(bwd_variant(&AttnBuild { layout: QkvLayout::Thd, mask: AttnMask::Padding, ..build }));
+    v.extend(bwd_variant(&AttnBuild { layout: QkvLayout::Thd, mask: AttnMask::Padding, ..build }, true));
     v
 }
 
@@ -384,6 +506,15 @@ mod tests {
         assert_eq!(std::mem::offset_of!(AttnParams, batch), 3 * 128 + 40);
         assert_eq!(std::mem::offset_of!(AttnParams, scale), 3 * 128 + 68);
         assert_eq!(std::mem::size_of::<AttnParams>(), 8 * 64);
+    }
+
+    /// The dQ pass's block: four maps, then the pointers and sizes.
+    #[test]
+    fn the_dq_pass_parameters_match_the_kernels_layout() {
+        assert_eq!(std::mem::offset_of!(DqParams, dq), 4 * 128);
+        assert_eq!(std::mem::offset_of!(DqParams, batch), 4 * 128 + 48);
+        assert_eq!(std::mem::offset_of!(DqParams, scale), 4 * 128 + 76);
+        assert_eq!(std::mem::size_of::<DqParams>(), 10 * 64);
     }
 
     /// The backward's block: five maps, then the pointers and sizes.
@@ -404,5 +535,9 @@ mod tests {
             assert!(f(64) < f(128));
         }
         assert!(smem(128) < smem(256));
+        for &d in DQ_HEAD_DIMS {
+            assert!(dq_smem(d) <= 227 * 1024, "dQ pass, head dim {d}: {}", dq_smem(d));
+        }
+        assert!(dq_smem(256) > 227 * 1024, "the dQ pass could take head dim 256");
     }
 }

@@ -41,7 +41,8 @@
 // WIN_LEFT, WIN_RIGHT, DROPOUT; the host only picks this kernel for no dropout, D 64 or 128,
 // 16-bit T; D 256 has its own entry, attn_bwd_sm90_d256, at the end),
 // T_F16 (T is f16, else bf16), STAGES (query-tile stages), HEAD_GROUP (kv heads per scheduling
-// group). The grid is one-dimensional: CTA i takes the key block and kv head of item i in
+// group), DQ_SHARES (1: the dQ shares as above; 0: dK and dV only, for the deterministic path,
+// whose dQ is a pass of its own over each query tile's keys). The grid is one-dimensional: CTA i takes the key block and kv head of item i in
 // heavy_first's order (key block 0 sees the most query tiles under causal masks), so the
 // launch ends on light blocks.
 
@@ -495,17 +496,32 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
                     const int i = 4 * j + 2 * x;
                     dp[i] = sc[i] * (dp[i] - dl[j % 4].x);
                     dp[i + 1] = sc[i + 1] * (dp[i + 1] - dl[j % 4].y);
+#if DQ_SHARES
                     const u32 w = pack2_f32<T>(dp[i], dp[i + 1]);
                     const int row = 64 * c + 16 * warp + g + 8 * x;
                     sts_u32(ds + row * 128 + ((j ^ g) << 4) + 4 * t, w);
+#endif
                 }
             }
 #pragma unroll
             for (int kk = 0; kk < BM / 16; ++kk)
 #pragma unroll
                 for (int r = 0; r < 4; ++r) da[kk][r] = pack2_f32<T>(dp[8 * kk + 2 * r], dp[8 * kk + 2 * r + 1]);
+#if !DQ_SHARES
+            // No dQ here (the deterministic path's attn_bwd_dq_sm90 computes it): dK right
+            // behind dV.
+            // (The barrier: every thread's reads of the row buffer are done before the next
+            // tile's stage_rows overwrites it.)
+            (void)ds;
+            warpgroup_sync(c);
+            wgmma_fence();
+            mm_rs(dk, da, q);
+            wgmma_commit();
+            wgmma_wait<1>();  // dV (dK runs on)
+#pragma unroll
+            for (int i = 0; i < D / 2; ++i) acc_fence(dv[i]);
+#elif D == 64
             fence_async_shared();
-#if D == 64
             // The tile's dQ consumer waits for the other's dSᵀ rows; the other only arrives,
             // after a barrier of its own warpgroup (its threads' last reads of the row buffer,
             // which the next tile overwrites, are done; the dQ consumer's hand-off has two).
@@ -525,6 +541,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
                 for (int i = 0; i < D / 2; ++i) acc_fence(dv[i]);
             }
 #else
+            fence_async_shared();
             consumers_sync();  // both consumers' dSᵀ rows are in shared memory
             dq_then_dk(p, dk, dv, da, ds, k_t + c * K_BOX, q, DQ_S(c), c, tid, h, b, map_row(s.qb, i0), 64 * c);
 #endif
@@ -753,14 +770,19 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
             for (int i = 0; i < 64; ++i) acc_fence(dv[i]);
 #pragma unroll
             for (int i = 0; i < 64; ++i) acc_fence(dk[i]);
+#if DQ_SHARES
             float dq[32];
+#endif
             wgmma_fence();
             mm_mixed(dv, pa, c, pt, do_s + 2 * c * Q_BOX);
             wgmma_commit();
+#if DQ_SHARES
             mm_tt<4>(dq, ds, k_t + 2 * c * K_BOX);
             wgmma_commit();
+#endif
             mm_mixed(dk, da, c, ds, q + 2 * c * Q_BOX);
             wgmma_commit();
+#if DQ_SHARES
             wgmma_wait<1>();  // dV and the first dQ quarter (dK runs on)
 #pragma unroll
             for (int i = 0; i < 32; ++i) acc_fence(dq[i]);
@@ -780,6 +802,19 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
             __syncwarp();
             if (lane == 0) mbar_arrive(Q_EMPTY(st));
             hand_off_dq(p, dq, DQ_S(c), c, tid, h, b, map_row(s.qb, i0), 128 * c + 64);
+#else
+            // No dQ (attn_bwd_dq_sm90's, or the mma.sync pass's, on the deterministic path).
+            wgmma_wait<1>();  // dV (dK runs on)
+#pragma unroll
+            for (int i = 0; i < 64; ++i) acc_fence(dv[i]);
+            __syncwarp();
+            if (lane == 0) mbar_arrive(DO_EMPTY);
+            wgmma_wait<0>();
+#pragma unroll
+            for (int i = 0; i < 64; ++i) acc_fence(dk[i]);
+            __syncwarp();
+            if (lane == 0) mbar_arrive(Q_EMPTY(st));
+#endif
             ++n;
         }
     }

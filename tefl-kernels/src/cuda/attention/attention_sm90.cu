@@ -25,15 +25,26 @@
 // not stored; keys past the sequence are masked, and the last key tile's V rows past it are
 // zeroed before P·V (P's exact zeros times a NaN there would be NaN).
 //
+// The same source, built with DQ_PASS, is the deterministic backward's dQ pass
+// (attn_bwd_dq_sm90, head dims 64 and 128): the same CTAs, producer and work items, with dO's
+// tile loaded beside Q's; per key tile S = Q·Kᵀ and dP = dO·Vᵀ (both from shared memory),
+// P = exp2(scale2 S - lse2) under the mask, dS = P ∘ (dP - delta), and dQ += dS·K with dS from
+// registers and K MN-major (as P·V reads V): each query row's dQ is summed in key order in
+// one CTA's registers, the same bits every run, and written once (times the softmax scale).
+// A tile's dQ product is issued with the next tile's scores, dP behind them.
+//
 // Defines: those of the attention sources (T, D, LAYOUT, CAUSAL, BOTTOM_RIGHT, PADDING,
 // WIN_LEFT, WIN_RIGHT, DROPOUT; the host only picks this kernel for no dropout, D 64, 128 or
-// 256, 16-bit T), T_F16 (T is f16, else bf16), STAGES (K and V stages), HEAD_GROUP (heads per
-// scheduling group, heavy_first).
+// 256 (the dQ pass: 64 or 128), 16-bit T), T_F16 (T is f16, else bf16), STAGES (K and V
+// stages), HEAD_GROUP (heads per scheduling group, heavy_first), DQ_PASS (0: the forward,
+// attn_fwd_sm90; 1: the dQ pass).
 
 #define BM 128
 // Keys per tile: 128, or 64 at head dim 256, where the output accumulator alone takes 128
-// registers a thread (and a K / V tile of 128 rows would leave shared memory for one stage).
-#if D == 256
+// registers a thread (and a K / V tile of 128 rows would leave shared memory for one stage),
+// and in the dQ pass, whose S, dP and dQ accumulators at 128 keys would take 192 of the 168
+// registers ptxas allocates a thread of a 384-thread launch (it spilled 320 bytes).
+#if D == 256 || DQ_PASS
 #define BC 64
 #else
 #define BC 128
@@ -53,7 +64,19 @@
 #endif
 
 static_assert(D == 64 || D == 128 || D == 256, "the Hopper attention forward takes head dims 64, 128 and 256");
+static_assert(!DQ_PASS || D <= 128, "the Hopper dQ pass takes head dims 64 and 128");
 
+#if DQ_PASS
+// The dQ pass's one parameter (the host's DqParams mirrors it).
+struct AttnParams {
+    TensorMap q, k, v, d_o;  // 4-D maps as the forward's
+    unsigned long long dq, lse, delta;  // dQ (q's layout), lse and delta (f32) of the forward and the delta kernel
+    unsigned long long counter;
+    unsigned long long cu_q, cu_k;
+    int batch, sq, sk, hq, hk, tiles_q, tq;
+    float scale;
+};
+#else
 // The launch's one parameter (the host's AttnParams mirrors it).
 struct AttnParams {
     TensorMap q, k, v;  // 4-D maps of (D, heads, positions, batch), (D, heads, batch, positions) or (D, heads, tokens, 1)
@@ -63,6 +86,7 @@ struct AttnParams {
     int batch, sq, sk, hq, hk, tiles_q, tq;
     float scale;
 };
+#endif
 
 // Rows [row0, row0 + the map's box rows) of head `head` of sequence b (row0: map_row's): DBOX
 // boxes of `box` bytes into `dst`, on `bar`.
@@ -216,20 +240,207 @@ __device__ __forceinline__ Work work_item(const AttnParams& p, int w) {
     return k;
 }
 
+// Shared memory from `base` (1024-aligned): Q's tile (the dQ pass: then dO's), STAGES K tiles,
+// STAGES V tiles, the barriers (Q and dO share Q_FULL / Q_EMPTY).
+#define QD_TILES (DQ_PASS ? 2 : 1)
+#define DO_S (base + Q_TILE)
+#define K_S(st) (base + QD_TILES * Q_TILE + (st) * KV_TILE)
+#define V_S(st) (base + QD_TILES * Q_TILE + (STAGES + (st)) * KV_TILE)
+#define BARS (base + QD_TILES * Q_TILE + 2 * STAGES * KV_TILE)
+#define Q_FULL BARS
+#define Q_EMPTY (BARS + 8u)
+#define K_FULL(st) (BARS + 8u * (2 + (st)))
+#define V_FULL(st) (BARS + 8u * (2 + STAGES + (st)))
+#define K_EMPTY(st) (BARS + 8u * (2 + 2 * STAGES + (st)))
+#define V_EMPTY(st) (BARS + 8u * (2 + 3 * STAGES + (st)))
+
+#if DQ_PASS
+// The dQ pass's probabilities of one tile's scores (keys j0..; rows r0 and r0 + 8 of the
+// thread): exp2(scale2 s - lse2) inside the mask, 0 outside it.
+__device__ __forceinline__ void probs(float* sc, const float* lse2, const WarpRows& rows, const Seq& s, int r0, int j0,
+                                      int t, float scale2) {
+    int lo[2] = {0, 0}, hi[2] = {0x7fffffff, 0x7fffffff};
+    const bool all = rows.all_see(j0, BC);
+    if (!all) {
+        key_range(s, r0, &lo[0], &hi[0]);
+        key_range(s, r0 + 8, &lo[1], &hi[1]);
+    }
+#pragma unroll
+    for (int i = 0; i < BC / 2; ++i) {
+        const int x = (i / 2) % 2, j = j0 + 8 * (i / 4) + 2 * t + i % 2;
+        sc[i] = all || (j >= lo[x] && j < hi[x]) ? fast_exp2(fmaf(sc[i], scale2, -lse2[x])) : 0.0f;
+    }
+}
+
+// dS = P ∘ (dP - delta) (dp in place), as wgmma's A fragments.
+__device__ __forceinline__ void grad_scores(u32 (*da)[4], float* dp, const float* sc, const float* dl) {
+#pragma unroll
+    for (int i = 0; i < BC / 2; ++i) dp[i] = sc[i] * (dp[i] - dl[(i / 2) % 2]);
+    pack_p(da, dp);
+}
+
+// One tile's K and V rows past the sequence's keys (a ragged sequence's last tile, whose rows
+// there hold the next sequence's or padding rows), zeroed by the two consumers, half each,
+// before either multiplies them: dP's columns there meet P's exact zeros, and dS's exact zeros
+// meet K's rows.
+__device__ __forceinline__ void zero_kv_tail(u32 k, u32 v, const Seq& s, int j0, int c, int tid) {
+#if RAGGED
+    if (j0 + BC > s.lk) {
+        zero_rows(k, DBOX, BC, s.lk - j0, 128 * c + tid, 256);
+        zero_rows(v, DBOX, BC, s.lk - j0, 128 * c + tid, 256);
+        fence_async_shared();
+        zeroed_sync();
+    }
+#endif
+}
+
+// The dQ pass's consumer warpgroups: per work item, the thread's two rows' lse and delta, then
+// per key tile n (stage st): [dQ += dS(n-1)·K(n-1), S(n) = Q·K(n)ᵀ] in one turn, the K stage of
+// n - 1 released once its dQ product is done, then dP(n) = dO·V(n)ᵀ in a second turn while
+// P(n) is formed, dS(n) once dP is done. Accumulators live at any time: dQ, S and dP (or dQ,
+// dS's fragments and S), 128 registers at head dim 128.
+__device__ __forceinline__ void dq_consumers(const AttnParams& p, u32 base, volatile int* slot, int total, int c) {
+    const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const float scale2 = p.scale * 1.4426950408889634f;
+    const u32 q_c = base + c * 64 * 128, do_c = DO_S + c * 64 * 128;  // this consumer's rows
+    const float* lse = reinterpret_cast<const float*>(p.lse);
+    const float* delta = reinterpret_cast<const float*>(p.delta);
+    if (c == 1) turn_pass(c);
+    int kv = 0, qn = 0;
+    for (;;) {
+        handoff_wait(3);
+        const int w = *slot;
+        if (w >= total) break;
+        handoff_arrive(4);
+        const Work k = work_item(p, w);
+        const Seq& s = k.s;
+        const int blo = k.blo, bhi = k.bhi;
+        const int wr = k.q0 + 64 * c + 16 * warp;  // the warp's first query row; the thread has wr + g, +8
+        float dq[D / 2];
+#pragma unroll
+        for (int i = 0; i < D / 2; ++i) dq[i] = 0.0f;
+        // The thread's rows' lse (times log2 e) and delta; 0 past the sequence (no key there).
+        float lse2[2], dl[2];
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+            const int r = wr + g + 8 * x;
+            const bool in = r < s.lq;
+            lse2[x] = in ? lse[lse_index(s, k.b, k.h, p.hq, p.sq, p.tq, r)] * 1.4426950408889634f : 0.0f;
+            dl[x] = in ? delta[(s.qb + (long long)r * s.rs) * p.hq + k.h] : 0.0f;
+        }
+        if (blo < bhi) {
+            const WarpRows rows(s, wr, 16);
+            mbar_wait(Q_FULL, qn & 1);
+            const int tiles = (bhi - blo + BC - 1) / BC;
+            float sc[BC / 2], dp[BC / 2];
+            u32 da[BC / 16][4];
+#pragma unroll
+            for (int i = 0; i < BC / 2; ++i) sc[i] = dp[i] = 0.0f;
+            // Tile 0: S and dP in one turn.
+            {
+                const int st = kv % STAGES;
+                mbar_wait(K_FULL(st), (kv / STAGES) & 1);
+                mbar_wait(V_FULL(st), (kv / STAGES) & 1);
+                zero_kv_tail(K_S(st), V_S(st), s, blo, c, tid);
+                turn_wait(c);
+                wgmma_fence();
+                scores(sc, q_c, K_S(st));
+                wgmma_commit();
+                scores(dp, do_c, V_S(st));
+                wgmma_commit();
+                turn_pass(c);
+                wgmma_wait<1>();
+#pragma unroll
+                for (int i = 0; i < BC / 2; ++i) acc_fence(sc[i]);
+                probs(sc, lse2, rows, s, wr + g, blo, t, scale2);
+                wgmma_wait<0>();
+#pragma unroll
+                for (int i = 0; i < BC / 2; ++i) acc_fence(dp[i]);
+                __syncwarp();
+                if (lane == 0) {
+                    mbar_arrive(V_EMPTY(st));
+                    if (tiles == 1) mbar_arrive(Q_EMPTY);
+                }
+                grad_scores(da, dp, sc, dl);
+            }
+            for (int n = 1; n < tiles; ++n) {
+                const int cur = kv + n, st = cur % STAGES, prev = (cur - 1) % STAGES;
+                const int j0 = blo + n * BC;
+                mbar_wait(K_FULL(st), (cur / STAGES) & 1);
+                mbar_wait(V_FULL(st), (cur / STAGES) & 1);
+                zero_kv_tail(K_S(st), V_S(st), s, j0, c, tid);
+                turn_wait(c);
+                wgmma_fence();
+                pv(dq, da, K_S(prev));
+                wgmma_commit();
+                scores(sc, q_c, K_S(st));
+                wgmma_commit();
+                turn_pass(c);
+                wgmma_wait<0>();  // the previous tile's dQ product and S
+#pragma unroll
+                for (int i = 0; i < D / 2; ++i) acc_fence(dq[i]);
+#pragma unroll
+                for (int i = 0; i < BC / 2; ++i) acc_fence(sc[i]);
+                __syncwarp();
+                if (lane == 0) mbar_arrive(K_EMPTY(prev));
+                turn_wait(c);
+                wgmma_fence();
+                scores(dp, do_c, V_S(st));
+                wgmma_commit();
+                turn_pass(c);
+                probs(sc, lse2, rows, s, wr + g, j0, t, scale2);
+                wgmma_wait<0>();  // dP
+#pragma unroll
+                for (int i = 0; i < BC / 2; ++i) acc_fence(dp[i]);
+                __syncwarp();
+                if (lane == 0) {
+                    mbar_arrive(V_EMPTY(st));
+                    if (n == tiles - 1) mbar_arrive(Q_EMPTY);
+                }
+                grad_scores(da, dp, sc, dl);
+            }
+            const int last = (kv + tiles - 1) % STAGES;
+            turn_wait(c);
+            wgmma_fence();
+            pv(dq, da, K_S(last));
+            wgmma_commit();
+            turn_pass(c);
+            wgmma_wait<0>();
+#pragma unroll
+            for (int i = 0; i < D / 2; ++i) acc_fence(dq[i]);
+            __syncwarp();
+            if (lane == 0) mbar_arrive(K_EMPTY(last));
+            kv += tiles;
+            ++qn;
+        }
+        // Rows the sequence owns in dq: its queries (thd), else all sq positions (the padding
+        // rows as zeros: they see no key, and their dO may hold anything).
+        const int owned = LAYOUT == 2 ? s.lq : p.sq;
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+            const int r = wr + g + 8 * x;
+            if (r >= owned) continue;
+            const bool in = r < s.lq;
+            T* out = reinterpret_cast<T*>(p.dq) + ((s.qb + (long long)r * s.rs) * p.hq + k.h) * D + 2 * t;
+#pragma unroll
+            for (int j = 0; j < D / 8; ++j)
+                *reinterpret_cast<u32*>(out + 8 * j) =
+                    in ? pack2_f32<T>(dq[4 * j + 2 * x] * p.scale, dq[4 * j + 2 * x + 1] * p.scale) : 0u;
+        }
+    }
+    if (c == 0) turn_wait(c);
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
+#if DQ_PASS
+    attn_bwd_dq_sm90(const __grid_constant__ AttnParams p) {
+#else
     attn_fwd_sm90(const __grid_constant__ AttnParams p) {
+#endif
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const u32 base = (smem_addr(smem_raw) + 1023u) & ~1023u;
     const u32 q_s = base;
-#define K_S(st) (base + Q_TILE + (st) * KV_TILE)
-#define V_S(st) (base + Q_TILE + (STAGES + (st)) * KV_TILE)
-    const u32 bars = base + Q_TILE + 2 * STAGES * KV_TILE;
-#define Q_FULL bars
-#define Q_EMPTY (bars + 8u)
-#define K_FULL(st) (bars + 8u * (2 + (st)))
-#define V_FULL(st) (bars + 8u * (2 + STAGES + (st)))
-#define K_EMPTY(st) (bars + 8u * (2 + 2 * STAGES + (st)))
-#define V_EMPTY(st) (bars + 8u * (2 + 3 * STAGES + (st)))
     const int warpgroup = threadIdx.x / 128;
     if (threadIdx.x == 0) {
         mbar_init(Q_FULL, 1);
@@ -275,8 +486,11 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
                 const int hkv = k.h / (p.hq / p.hk), blo = k.blo, bhi = k.bhi;
                 if (blo < bhi) {
                     mbar_wait(Q_EMPTY, (qn & 1) ^ 1);
-                    mbar_arrive_expect(Q_FULL, Q_TILE);
+                    mbar_arrive_expect(Q_FULL, QD_TILES * Q_TILE);
                     load_tile(q_s, &p.q, k.h, k.b, map_row(k.s.qb, k.q0), Q_BOX, Q_FULL);
+#if DQ_PASS
+                    load_tile(DO_S, &p.d_o, k.h, k.b, map_row(k.s.qb, k.q0), Q_BOX, Q_FULL);
+#endif
                     ++qn;
                     for (int j0 = blo; j0 < bhi; j0 += BC, ++kv) {
                         const int st = kv % STAGES;
@@ -297,6 +511,9 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     }
 
     regs_claim<240>();
+#if DQ_PASS
+    dq_consumers(p, base, slot, total, warpgroup - 1);
+#else
     const int c = warpgroup - 1;
     const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     // m: the running max of the raw scores (scale > 0); probabilities are exp2(scale2 s - mu),
@@ -430,12 +647,5 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
         }
     }
     if (c == 0) turn_wait(c);
-#undef K_S
-#undef V_S
-#undef Q_FULL
-#undef Q_EMPTY
-#undef K_FULL
-#undef V_FULL
-#undef K_EMPTY
-#undef V_EMPTY
+#endif
 }
