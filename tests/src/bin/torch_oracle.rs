@@ -291,25 +291,31 @@ fn attention(r: &mut Run, dtype: DType) -> Result<()> {
             window: AttnWindow::default(),
         };
         let f = r.call::<FusedAttnFwd>(&fwd)?;
-        let g = r.call::<FusedAttnBwd>(&fwd.backward(f.o.clone(), d_o.clone(), f.softmax_lse.clone()))?;
-        let case = format!("attention_{dtype}_{kind}_d{d}");
-        r.record(
-            &case,
-            "attention",
-            dtype,
-            json!({ "causal": causal, "scale": scale, "cu": cu }),
-            &[
-                ("q", &q),
-                ("k", &k),
-                ("v", &v),
-                ("d_o", &d_o),
-                ("o", &f.o),
-                ("lse", &f.softmax_lse),
-                ("dq", &g.dq),
-                ("dk", &g.dk),
-                ("dv", &g.dv),
-            ],
-        )?;
+        // The backward as it runs by default, and asking for a deterministic dQ (another
+        // kernel pair: dK / dV without dQ shares, then a dQ pass over each query tile's keys).
+        for deterministic in [false, true] {
+            let args = AttnBwdArgs { deterministic, ..fwd.backward(f.o.clone(), d_o.clone(), f.softmax_lse.clone()) };
+            let g = r.call::<FusedAttnBwd>(&args)?;
+            let tag = if deterministic { "_deterministic" } else { "" };
+            let case = format!("attention_{dtype}_{kind}_d{d}{tag}");
+            r.record(
+                &case,
+                "attention",
+                dtype,
+                json!({ "causal": causal, "scale": scale, "cu": cu }),
+                &[
+                    ("q", &q),
+                    ("k", &k),
+                    ("v", &v),
+                    ("d_o", &d_o),
+                    ("o", &f.o),
+                    ("lse", &f.softmax_lse),
+                    ("dq", &g.dq),
+                    ("dk", &g.dk),
+                    ("dv", &g.dv),
+                ],
+            )?;
+        }
     }
     Ok(())
 }
