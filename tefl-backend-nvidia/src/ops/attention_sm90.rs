@@ -132,7 +132,7 @@ fn variant_of(b: &AttnBuild, dq_pass: bool) -> Result<Variant> {
     let defines = b
         .defines(op)?
         .flag("T_F16", b.dtype == DType::F16)
-        .set("STAGES", STAGES)
+        .set("STAGES", if dq_pass { DQ_STAGES } else { STAGES })
         .set("HEAD_GROUP", HEAD_GROUP)
         .flag("DQ_PASS", dq_pass);
     Ok(Variant::new(&tefl_kernels::ATTENTION_SM90, if dq_pass { DQ_ENTRIES } else { ENTRIES }, defines))
@@ -190,11 +190,13 @@ fn smem(d: usize) -> usize {
 /// The dQ pass's keys per K / V tile (its `BC`): 64 at every head dim, so that its S, dP and dQ
 /// accumulators fit the registers ptxas allocates a consumer thread.
 const DQ_KEY_ROWS: usize = 64;
+/// The dQ pass's K and V stages.
+const DQ_STAGES: usize = 2;
 
 /// The dQ pass's dynamic shared memory: the alignment slack, the Q and dO tiles, STAGES K and
 /// V tiles of 64 keys, the barriers.
 fn dq_smem(d: usize) -> usize {
-    1024 + 2 * ROWS * d * 2 + 2 * STAGES * DQ_KEY_ROWS * d * 2 + 8 * (2 + 4 * STAGES)
+    1024 + 2 * ROWS * d * 2 + 2 * DQ_STAGES * DQ_KEY_ROWS * d * 2 + 8 * (2 + 4 * DQ_STAGES)
 }
 
 /// The backward's dynamic shared memory: the alignment slack, K and V (128 keys), STAGES Q and
