@@ -26,6 +26,22 @@ def close(got, want, tol=2e-5):
     assert err < tol, f"max relative error {err:.3e} >= {tol:.1e}"
 
 
+def test_te_nondeterministic_switch(monkeypatch):
+    # tefl.torch.DotProductAttention's default for `deterministic`: TE's
+    # NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 or torch's deterministic algorithms ask for it.
+    from tefl._core import deterministic_default
+
+    monkeypatch.delenv("NVTE_ALLOW_NONDETERMINISTIC_ALGO", raising=False)
+    assert deterministic_default(False) is False
+    assert deterministic_default(True) is True
+    for raw, want in [("0", True), (" 0 ", True), ("1", False), ("2", False)]:
+        monkeypatch.setenv("NVTE_ALLOW_NONDETERMINISTIC_ALGO", raw)
+        assert deterministic_default(False) is want, raw
+    monkeypatch.setenv("NVTE_ALLOW_NONDETERMINISTIC_ALGO", "yes")
+    with pytest.raises(ValueError, match="NVTE_ALLOW_NONDETERMINISTIC_ALGO='yes'"):
+        deterministic_default(False)
+
+
 def test_the_alias_module_is_tex():
     assert tex_alias.rmsnorm_fwd is tex.rmsnorm_fwd
     assert "generic_gemm" in tex_alias.__all__

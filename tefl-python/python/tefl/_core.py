@@ -5,11 +5,20 @@ Tensors go in by DLPack without a copy (numpy arrays, torch tensors, anything wi
 inputs, numpy arrays otherwise.
 """
 
+import os
 import sys
 
 from . import _native
 
-__all__ = ["call", "cuda_stream", "dtype_name", "to_kind", "kind_of", "global_manager"]
+__all__ = [
+    "call",
+    "cuda_stream",
+    "deterministic_default",
+    "dtype_name",
+    "to_kind",
+    "kind_of",
+    "global_manager",
+]
 
 _DTYPE_NAMES = {
     "float32": "f32",
@@ -47,6 +56,20 @@ _DTYPE_NAMES = {
 # is parsed once, not on every call. Other values (strings, enums that compare equal to ints)
 # are parsed each time.
 _DTYPE_CACHE = {}
+
+
+def deterministic_default(torch_deterministic=False):
+    """Whether an attention backward whose caller did not say must give the same dQ bits on every
+    repetition: when TransformerEngine's ``NVTE_ALLOW_NONDETERMINISTIC_ALGO`` is 0 (TE's switch
+    for its fused attention; unset or any other integer allows the faster, non-deterministic
+    backward) or when ``torch_deterministic`` (``torch.are_deterministic_algorithms_enabled()``)
+    is set. A value that is not an integer is a ``ValueError`` naming the variable."""
+    raw = os.environ.get("NVTE_ALLOW_NONDETERMINISTIC_ALGO", "1")
+    try:
+        allowed = int(raw.strip()) != 0
+    except ValueError:
+        raise ValueError(f"NVTE_ALLOW_NONDETERMINISTIC_ALGO={raw!r}: expected an integer (0 or 1)") from None
+    return bool(torch_deterministic) or not allowed
 
 
 def dtype_name(dtype, arg="dtype"):

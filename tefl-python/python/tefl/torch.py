@@ -16,7 +16,7 @@ current CUDA stream.
 import torch
 
 from . import tex
-from ._core import call, dtype_name
+from ._core import call, deterministic_default, dtype_name
 
 __all__ = ["RMSNorm", "LayerNorm", "Linear", "DotProductAttention", "SwiGLUMLP", "rmsnorm", "layernorm", "linear", "swiglu"]
 
@@ -255,7 +255,8 @@ class DotProductAttention(torch.nn.Module):
     """Attention over ``[batch, seq, heads, head_dim]`` q, k, v (GQA: fewer k/v heads), causal
     or not: tefl's flash attention forward and backward. ``deterministic``: whether the backward's
     dQ must be the same bits on every repetition (slower on CUDA, see ``tex.fused_attn_bwd``);
-    ``None`` follows ``torch.are_deterministic_algorithms_enabled()``."""
+    ``None`` asks for it when ``torch.are_deterministic_algorithms_enabled()`` or, as in
+    TransformerEngine, ``NVTE_ALLOW_NONDETERMINISTIC_ALGO=0`` (read at each call)."""
 
     def __init__(self, num_heads, causal=True, scale=None, deterministic=None):
         super().__init__()
@@ -266,7 +267,7 @@ class DotProductAttention(torch.nn.Module):
         scale = self.scale if self.scale is not None else q.shape[-1] ** -0.5
         det = self.deterministic
         if det is None:
-            det = torch.are_deterministic_algorithms_enabled()
+            det = deterministic_default(torch.are_deterministic_algorithms_enabled())
         return _AttentionFn.apply(q, k, v, bool(self.causal), float(scale), bool(det))
 
 
