@@ -258,6 +258,17 @@ __device__ __forceinline__ void dq_then_dk(const BwdParams& p, float* dk, float*
     hand_off_dq(p, dq, dq_s, c, tid, h, b, row0, col0);
 }
 
+// dK += dSᵀ · Q issued behind dV, then dV waited for (dK runs on): a tile with no dQ product
+// of this consumer's.
+__device__ __forceinline__ void dk_behind_dv(float* dk, float* dv, const u32 (*da)[4], u32 q) {
+    wgmma_fence();
+    mm_rs(dk, da, q);
+    wgmma_commit();
+    wgmma_wait<1>();
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) acc_fence(dv[i]);
+}
+
 // The key block a CTA takes (item blockIdx.x in heavy_first's order): its sequence b, kv head,
 // first key j0 and keys nk (past the sequence: none), and the query heads per kv head.
 struct KeyBlock {
@@ -514,12 +525,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
             // tile's stage_rows overwrites it.)
             (void)ds;
             warpgroup_sync(c);
-            wgmma_fence();
-            mm_rs(dk, da, q);
-            wgmma_commit();
-            wgmma_wait<1>();  // dV (dK runs on)
-#pragma unroll
-            for (int i = 0; i < D / 2; ++i) acc_fence(dv[i]);
+            dk_behind_dv(dk, dv, da, q);
 #elif D == 64
             fence_async_shared();
             // The tile's dQ consumer waits for the other's dSᵀ rows; the other only arrives,
@@ -533,12 +539,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
             } else {
                 warpgroup_sync(c);
                 ds_arrive(n);
-                wgmma_fence();
-                mm_rs(dk, da, q);
-                wgmma_commit();
-                wgmma_wait<1>();  // dV (dK runs on)
-#pragma unroll
-                for (int i = 0; i < D / 2; ++i) acc_fence(dv[i]);
+                dk_behind_dv(dk, dv, da, q);
             }
 #else
             fence_async_shared();

@@ -294,6 +294,30 @@ __device__ __forceinline__ void zero_kv_tail(u32 k, u32 v, const Seq& s, int j0,
 #endif
 }
 
+// Key tile `cur` (keys j0..) in its stage: K and V loaded, and a ragged sequence's rows past
+// its keys zeroed.
+__device__ __forceinline__ void wait_kv(u32 base, int cur, const Seq& s, int j0, int c, int tid) {
+    const int st = cur % STAGES;
+    mbar_wait(K_FULL(st), (cur / STAGES) & 1);
+    mbar_wait(V_FULL(st), (cur / STAGES) & 1);
+    zero_kv_tail(K_S(st), V_S(st), s, j0, c, tid);
+}
+
+// The end of a key tile (stage st) once its P is formed: dP waited for, the V stage released
+// (and, after the item's last tile, Q's and dO's), dS formed as wgmma's A fragments.
+__device__ __forceinline__ void tile_done(u32 base, u32 (*da)[4], float* dp, const float* sc, const float* dl, int st,
+                                          bool last, int lane) {
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < BC / 2; ++i) acc_fence(dp[i]);
+    __syncwarp();
+    if (lane == 0) {
+        mbar_arrive(V_EMPTY(st));
+        if (last) mbar_arrive(Q_EMPTY);
+    }
+    grad_scores(da, dp, sc, dl);
+}
+
 // The dQ pass's consumer warpgroups: per work item, the thread's two rows' lse and delta, then
 // per key tile n (stage st): [dQ += dS(n-1)·K(n-1), S(n) = Q·K(n)ᵀ] in one turn, the K stage of
 // n - 1 released once its dQ product is done, then dP(n) = dO·V(n)ᵀ in a second turn while
@@ -339,9 +363,7 @@ __device__ __forceinline__ void dq_consumers(const AttnParams& p, u32 base, vola
             // Tile 0: S and dP in one turn.
             {
                 const int st = kv % STAGES;
-                mbar_wait(K_FULL(st), (kv / STAGES) & 1);
-                mbar_wait(V_FULL(st), (kv / STAGES) & 1);
-                zero_kv_tail(K_S(st), V_S(st), s, blo, c, tid);
+                wait_kv(base, kv, s, blo, c, tid);
                 turn_wait(c);
                 wgmma_fence();
                 scores(sc, q_c, K_S(st));
@@ -353,22 +375,12 @@ __device__ __forceinline__ void dq_consumers(const AttnParams& p, u32 base, vola
 #pragma unroll
                 for (int i = 0; i < BC / 2; ++i) acc_fence(sc[i]);
                 probs(sc, lse2, rows, s, wr + g, blo, t, scale2);
-                wgmma_wait<0>();
-#pragma unroll
-                for (int i = 0; i < BC / 2; ++i) acc_fence(dp[i]);
-                __syncwarp();
-                if (lane == 0) {
-                    mbar_arrive(V_EMPTY(st));
-                    if (tiles == 1) mbar_arrive(Q_EMPTY);
-                }
-                grad_scores(da, dp, sc, dl);
+                tile_done(base, da, dp, sc, dl, st, tiles == 1, lane);
             }
             for (int n = 1; n < tiles; ++n) {
                 const int cur = kv + n, st = cur % STAGES, prev = (cur - 1) % STAGES;
                 const int j0 = blo + n * BC;
-                mbar_wait(K_FULL(st), (cur / STAGES) & 1);
-                mbar_wait(V_FULL(st), (cur / STAGES) & 1);
-                zero_kv_tail(K_S(st), V_S(st), s, j0, c, tid);
+                wait_kv(base, cur, s, j0, c, tid);
                 turn_wait(c);
                 wgmma_fence();
                 pv(dq, da, K_S(prev));
@@ -389,15 +401,7 @@ __device__ __forceinline__ void dq_consumers(const AttnParams& p, u32 base, vola
                 wgmma_commit();
                 turn_pass(c);
                 probs(sc, lse2, rows, s, wr + g, j0, t, scale2);
-                wgmma_wait<0>();  // dP
-#pragma unroll
-                for (int i = 0; i < BC / 2; ++i) acc_fence(dp[i]);
-                __syncwarp();
-                if (lane == 0) {
-                    mbar_arrive(V_EMPTY(st));
-                    if (n == tiles - 1) mbar_arrive(Q_EMPTY);
-                }
-                grad_scores(da, dp, sc, dl);
+                tile_done(base, da, dp, sc, dl, st, n == tiles - 1, lane);
             }
             const int last = (kv + tiles - 1) % STAGES;
             turn_wait(c);
