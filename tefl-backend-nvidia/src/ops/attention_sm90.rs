@@ -58,14 +58,10 @@ const STAGES: usize = 2;
 /// b4 h32 s4096 d128, alternating in one run); eight heads gave 1.003 / 3.471 and 1.003 / 3.560.
 const HEAD_GROUP: usize = 4;
 
-/// The kernel's `AttnParams`.
+/// The fields the forward's and the dQ pass's `AttnParams` end with (from `counter` on; laid
+/// out inside either struct as the kernel's flat fields are).
 #[repr(C)]
-struct AttnParams {
-    q: TensorMap,
-    k: TensorMap,
-    v: TensorMap,
-    o: u64,
-    lse: u64,
+struct Schedule {
     counter: u64,
     cu_q: u64,
     cu_k: u64,
@@ -79,6 +75,45 @@ struct AttnParams {
     scale: f32,
 }
 
+/// The persistent kernels' grid (one CTA per SM at most, each claiming work items from a
+/// counter, then one slot per CTA for handing its item to its consumers), the counter (zeroed
+/// ints, which must outlive the launch) and the `Schedule` that addresses it.
+fn schedule(
+    ctx: &KernelCtx<'_>,
+    g: &AttnGeometry,
+    cu_q: Option<&Tensor>,
+    cu_k: Option<&Tensor>,
+    scale: f32,
+) -> Result<(u32, Tensor, Schedule)> {
+    let ctas = work_items(g).min(sm_count(ctx.device) as usize);
+    let counter = zeros(ctx.device, &[1 + ctas], DType::I32)?;
+    let sched = Schedule {
+        counter: ptr(&counter)?,
+        cu_q: opt_ptr(cu_q)?,
+        cu_k: opt_ptr(cu_k)?,
+        batch: g.batch as i32,
+        sq: g.sq as i32,
+        sk: g.sk as i32,
+        hq: g.hq as i32,
+        hk: g.hk as i32,
+        tiles_q: g.sq.div_ceil(ROWS) as i32,
+        tq: g.tq as i32,
+        scale,
+    };
+    Ok((ctas as u32, counter, sched))
+}
+
+/// The kernel's `AttnParams`.
+#[repr(C)]
+struct AttnParams {
+    q: TensorMap,
+    k: TensorMap,
+    v: TensorMap,
+    o: u64,
+    lse: u64,
+    sched: Schedule,
+}
+
 /// The dQ pass's `AttnParams` (built with `DQ_PASS`).
 #[repr(C)]
 struct DqParams {
@@ -89,17 +124,7 @@ struct DqParams {
     dq: u64,
     lse: u64,
     delta: u64,
-    counter: u64,
-    cu_q: u64,
-    cu_k: u64,
-    batch: i32,
-    sq: i32,
-    sk: i32,
-    hq: i32,
-    hk: i32,
-    tiles_q: i32,
-    tq: i32,
-    scale: f32,
+    sched: Schedule,
 }
 
 /// The backward kernel's `BwdParams`.
@@ -311,29 +336,16 @@ pub fn fwd(
         tracing::debug!(target: "TE-FL", "{OP}: Hopper wgmma kernel declined ({reason}); the mma.sync kernel runs");
         return Ok(false);
     }
-    // Persistent: one CTA per SM at most, each claiming work items from a counter (then one
-    // slot per CTA for handing its item to its consumers).
-    let ctas = work_items(g).min(sm_count(ctx.device) as usize);
-    let counter = zeros(ctx.device, &[1 + ctas], DType::I32)?;
+    let (ctas, _counter, sched) = schedule(ctx, g, a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref(), a.scale)?;
     let params = AttnParams {
         q: qkv_map(ctx, OP, &a.q, g, g.sq, g.hq, ROWS)?,
         k: qkv_map(ctx, OP, &a.k, g, g.sk, g.hk, key_rows(g.d))?,
         v: qkv_map(ctx, OP, &a.v, g, g.sk, g.hk, key_rows(g.d))?,
         o: ptr(o)?,
         lse: ptr(lse)?,
-        counter: ptr(&counter)?,
-        cu_q: opt_ptr(a.cu_seqlens_q.as_ref())?,
-        cu_k: opt_ptr(a.cu_seqlens_kv.as_ref())?,
-        batch: g.batch as i32,
-        sq: g.sq as i32,
-        sk: g.sk as i32,
-        hq: g.hq as i32,
-        hk: g.hk as i32,
-        tiles_q: g.sq.div_ceil(ROWS) as i32,
-        tq: g.tq as i32,
-        scale: a.scale,
+        sched,
     };
-    let grid = Grid { blocks: (ctas as u32, 1, 1), threads: (384, 1, 1), smem: smem(g.d) as u32 };
+    let grid = Grid { blocks: (ctas, 1, 1), threads: (384, 1, 1), smem: smem(g.d) as u32 };
     // SAFETY: `AttnParams` is the kernel's parameter struct (repr(C), the same field order,
     // 64-byte aligned maps); the maps and pointers address live tensors (q, k, v, o, lse and
     // the counter with its 1 + grid ints; the cumulative lengths, batch + 1 ints checked by the
@@ -429,8 +441,7 @@ pub fn dq(
     if !takes_dq(ctx, a, g, b)? {
         return Ok(false);
     }
-    let ctas = work_items(g).min(sm_count(ctx.device) as usize);
-    let counter = zeros(ctx.device, &[1 + ctas], DType::I32)?;
+    let (ctas, _counter, sched) = schedule(ctx, g, a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref(), a.scale)?;
     let params = DqParams {
         q: qkv_map(ctx, BWD_OP, &a.q, g, g.sq, g.hq, ROWS)?,
         k: qkv_map(ctx, BWD_OP, &a.k, g, g.sk, g.hk, DQ_KEY_ROWS)?,
@@ -439,19 +450,9 @@ pub fn dq(
         dq: ptr(dq)?,
         lse: ptr(&a.softmax_lse)?,
         delta: ptr(delta)?,
-        counter: ptr(&counter)?,
-        cu_q: opt_ptr(a.cu_seqlens_q.as_ref())?,
-        cu_k: opt_ptr(a.cu_seqlens_kv.as_ref())?,
-        batch: g.batch as i32,
-        sq: g.sq as i32,
-        sk: g.sk as i32,
-        hq: g.hq as i32,
-        hk: g.hk as i32,
-        tiles_q: g.sq.div_ceil(ROWS) as i32,
-        tq: g.tq as i32,
-        scale: a.scale,
+        sched,
     };
-    let grid = Grid { blocks: (ctas as u32, 1, 1), threads: (384, 1, 1), smem: dq_smem(g.d) as u32 };
+    let grid = Grid { blocks: (ctas, 1, 1), threads: (384, 1, 1), smem: dq_smem(g.d) as u32 };
     // SAFETY: `DqParams` is the dQ pass's parameter struct (repr(C), the same field order,
     // 64-byte aligned maps); the maps and pointers address live tensors (q, k, v, dO, dq, lse,
     // delta and the counter with its 1 + grid ints; the cumulative lengths, checked by the op,
@@ -504,18 +505,20 @@ mod tests {
     /// pointers and sizes, the whole a multiple of the maps' 64-byte alignment.
     #[test]
     fn the_parameters_match_the_kernels_layout() {
+        let at = |field: usize| std::mem::offset_of!(AttnParams, sched) + field;
         assert_eq!(std::mem::offset_of!(AttnParams, o), 3 * 128);
-        assert_eq!(std::mem::offset_of!(AttnParams, batch), 3 * 128 + 40);
-        assert_eq!(std::mem::offset_of!(AttnParams, scale), 3 * 128 + 68);
+        assert_eq!(at(std::mem::offset_of!(Schedule, batch)), 3 * 128 + 40);
+        assert_eq!(at(std::mem::offset_of!(Schedule, scale)), 3 * 128 + 68);
         assert_eq!(std::mem::size_of::<AttnParams>(), 8 * 64);
     }
 
     /// The dQ pass's block: four maps, then the pointers and sizes.
     #[test]
     fn the_dq_pass_parameters_match_the_kernels_layout() {
+        let at = |field: usize| std::mem::offset_of!(DqParams, sched) + field;
         assert_eq!(std::mem::offset_of!(DqParams, dq), 4 * 128);
-        assert_eq!(std::mem::offset_of!(DqParams, batch), 4 * 128 + 48);
-        assert_eq!(std::mem::offset_of!(DqParams, scale), 4 * 128 + 76);
+        assert_eq!(at(std::mem::offset_of!(Schedule, batch)), 4 * 128 + 48);
+        assert_eq!(at(std::mem::offset_of!(Schedule, scale)), 4 * 128 + 76);
         assert_eq!(std::mem::size_of::<DqParams>(), 10 * 64);
     }
 
