@@ -71,43 +71,109 @@ pub fn performance_advisories(log: &str) -> Vec<&str> {
     log.lines().filter(|l| l.contains("Performance Loss")).map(str::trim).collect()
 }
 
+/// NVRTC's option to run its optimisation passes and ptxas over a program's kernels in
+/// parallel (one thread per core, `0`). It changes how long a compile takes, not what it
+/// produces, so it is not part of [`RtcCompiler::options`] (the cache key). Passed to NVRTC 12.4
+/// and newer; a library that rejects it anyway (a program it compiles without it) is compiled
+/// for without it from then on.
+const SPLIT_COMPILE: &str = "--split-compile=0";
+
+/// Whether [`SPLIT_COMPILE`] is still passed (cleared when this libnvrtc rejects it).
+static SPLIT_COMPILE_ON: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Whether this libnvrtc is new enough for [`SPLIT_COMPILE`].
+fn split_compile_supported() -> bool {
+    static V: OnceLock<bool> = OnceLock::new();
+    *V.get_or_init(|| {
+        let (mut major, mut minor) = (0, 0);
+        // SAFETY: only reached once a program was created, so libnvrtc is loaded; both
+        // out-pointers are valid.
+        let ok = unsafe { nvrtc_sys::nvrtcVersion(&mut major, &mut minor) }.result().is_ok();
+        ok && (major, minor) >= (12, 4)
+    })
+}
+
 impl Nvrtc {
     /// Compiles `text` into a cubin, returning it with the compiler's log (ptxas' advisories
-    /// appear there even on success), or the log alone when it fails.
+    /// appear there even on success), or the log alone when it fails. The kernels of a program
+    /// are compiled in parallel where NVRTC can ([`SPLIT_COMPILE`]).
     pub fn compile_logged(
         &self,
         text: &str,
         file_name: &str,
         options: &[String],
     ) -> std::result::Result<(Vec<u8>, String), String> {
+        use std::sync::atomic::Ordering::Relaxed;
         let text = CString::new(text).map_err(|e| e.to_string())?;
         let name = CString::new(file_name).map_err(|e| e.to_string())?;
-        let prog = cudarc::nvrtc::result::create_program(&text, Some(&name))
-            .map_err(|e| format!("nvrtcCreateProgram: {e:?}"))?;
-        // SAFETY: `prog` is a live program (created above, destroyed once below); `text` and
-        // `name` outlive it.
-        let out = unsafe {
-            let compiled = cudarc::nvrtc::result::compile_program(prog, options);
-            let log = cudarc::nvrtc::result::get_program_log(prog)
-                .map(|l| String::from_utf8_lossy(&l.iter().map(|&c| c as u8).collect::<Vec<_>>()).into_owned())
-                .unwrap_or_default();
-            let log = log.trim_end_matches('\0').to_string();
-            match compiled {
-                Ok(()) => {
-                    let mut size = 0usize;
-                    let r = nvrtc_sys::nvrtcGetCUBINSize(prog, &mut size).result();
-                    let mut cubin = vec![0u8; size];
-                    r.and_then(|()| nvrtc_sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr().cast()).result())
-                        .map(|()| (cubin, log))
-                        .map_err(|e| format!("nvrtcGetCUBIN: {e:?}"))
+        if SPLIT_COMPILE_ON.load(Relaxed) && split_compile_supported() {
+            let mut split = options.to_vec();
+            split.push(SPLIT_COMPILE.into());
+            match compile_program(&text, &name, &split) {
+                Err(Compile::Rejected(_)) => {
+                    // Rejected with it, compiled without it: this library does not take it.
+                    let plain = compile_program(&text, &name, options).map_err(Compile::into_log)?;
+                    tracing::debug!(target: "TE-FL", "libnvrtc rejects {SPLIT_COMPILE}: compiling without it");
+                    SPLIT_COMPILE_ON.store(false, Relaxed);
+                    return Ok(plain);
                 }
-                Err(e) => Err(format!("{e:?}\n{log}")),
+                other => return other.map_err(Compile::into_log),
             }
-        };
-        // SAFETY: destroyed exactly once, after its last use.
-        let _ = unsafe { cudarc::nvrtc::result::destroy_program(prog) };
-        out
+        }
+        compile_program(&text, &name, options).map_err(Compile::into_log)
     }
+}
+
+/// Why a compile gave no cubin.
+enum Compile {
+    /// NVRTC rejected an option (`NVRTC_ERROR_INVALID_OPTION`), with the message.
+    Rejected(String),
+    /// Anything else, with the message and the compiler's log.
+    Failed(String),
+}
+
+impl Compile {
+    fn into_log(self) -> String {
+        match self {
+            Compile::Rejected(m) | Compile::Failed(m) => m,
+        }
+    }
+}
+
+/// One NVRTC program: created, compiled with `options`, its cubin and log read, destroyed.
+fn compile_program(
+    text: &CString,
+    name: &CString,
+    options: &[String],
+) -> std::result::Result<(Vec<u8>, String), Compile> {
+    let prog = cudarc::nvrtc::result::create_program(text, Some(name))
+        .map_err(|e| Compile::Failed(format!("nvrtcCreateProgram: {e:?}")))?;
+    // SAFETY: `prog` is a live program (created above, destroyed once below); `text` and
+    // `name` outlive it.
+    let out = unsafe {
+        let compiled = cudarc::nvrtc::result::compile_program(prog, options);
+        let log = cudarc::nvrtc::result::get_program_log(prog)
+            .map(|l| String::from_utf8_lossy(&l.iter().map(|&c| c as u8).collect::<Vec<_>>()).into_owned())
+            .unwrap_or_default();
+        let log = log.trim_end_matches('\0').to_string();
+        match compiled {
+            Ok(()) => {
+                let mut size = 0usize;
+                let r = nvrtc_sys::nvrtcGetCUBINSize(prog, &mut size).result();
+                let mut cubin = vec![0u8; size];
+                r.and_then(|()| nvrtc_sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr().cast()).result())
+                    .map(|()| (cubin, log))
+                    .map_err(|e| Compile::Failed(format!("nvrtcGetCUBIN: {e:?}")))
+            }
+            Err(e) if e.0 == nvrtc_sys::nvrtcResult::NVRTC_ERROR_INVALID_OPTION => {
+                Err(Compile::Rejected(format!("{e:?}\n{log}")))
+            }
+            Err(e) => Err(Compile::Failed(format!("{e:?}\n{log}"))),
+        }
+    };
+    // SAFETY: destroyed exactly once, after its last use.
+    let _ = unsafe { cudarc::nvrtc::result::destroy_program(prog) };
+    out
 }
 
 #[cfg(test)]
@@ -124,6 +190,26 @@ mod tests {
         for opt in Nvrtc.options("{arch}") {
             let literal = if opt.contains("{arch}") { format!("f\"{opt}\".encode()") } else { format!("b\"{opt}\"") };
             assert!(text.contains(&literal), "scripts/sass.py does not pass {opt} ({literal}) as nvrtc.rs does");
+        }
+    }
+
+    /// A program compiles with the backend's options (and the parallel split where NVRTC takes
+    /// it); an option NVRTC rejects is an error naming it and does not turn the split off.
+    #[test]
+    fn a_rejected_option_fails_the_compile_and_keeps_the_split() {
+        if let Err(reason) = super::nvrtc_available() {
+            eprintln!("skipped: {reason}");
+            return;
+        }
+        let text = "extern \"C\" __global__ void twice(float* x) { x[threadIdx.x] *= 2.0f; }\n";
+        let (cubin, _) = Nvrtc.compile_logged(text, "twice.cu", &Nvrtc.options("sm_80")).expect("compiles");
+        assert!(tefl_gpu::rtc::binary_has_entry(&cubin, "twice"));
+        let mut bad = Nvrtc.options("sm_80");
+        bad.push("--no-such-option".into());
+        let err = Nvrtc.compile_logged(text, "twice.cu", &bad).expect_err("an unknown option fails");
+        assert!(err.contains("INVALID_OPTION"), "{err}");
+        if super::split_compile_supported() {
+            assert!(super::SPLIT_COMPILE_ON.load(std::sync::atomic::Ordering::Relaxed));
         }
     }
 

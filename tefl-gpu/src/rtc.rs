@@ -154,7 +154,14 @@ pub fn compile_cached(c: &dyn RtcCompiler, variant: &Variant, arch: &str) -> Res
         tracing::debug!(target: "TE-FL", "kernel cache hit {}", p.display());
         return Ok(bytes);
     }
+    let started = std::time::Instant::now();
     let binary = compile(c, variant, arch)?;
+    tracing::info!(
+        target: "TE-FL",
+        "compiled kernel source {} for {arch} in {} ms (first use; cached for later runs)",
+        variant.source.name,
+        started.elapsed().as_millis()
+    );
     match &path {
         Ok(p) => {
             if let Err(e) = write_atomic(p, &binary) {
