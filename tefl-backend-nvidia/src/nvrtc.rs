@@ -85,9 +85,11 @@ static SPLIT_COMPILE_ON: std::sync::atomic::AtomicBool = std::sync::atomic::Atom
 fn split_compile_supported() -> bool {
     static V: OnceLock<bool> = OnceLock::new();
     *V.get_or_init(|| {
+        if nvrtc_available().is_err() {
+            return false;
+        }
         let (mut major, mut minor) = (0, 0);
-        // SAFETY: only reached once a program was created, so libnvrtc is loaded; both
-        // out-pointers are valid.
+        // SAFETY: libnvrtc is present (checked above); both out-pointers are valid.
         let ok = unsafe { nvrtc_sys::nvrtcVersion(&mut major, &mut minor) }.result().is_ok();
         ok && (major, minor) >= (12, 4)
     })

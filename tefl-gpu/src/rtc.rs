@@ -158,7 +158,7 @@ pub fn compile_cached(c: &dyn RtcCompiler, variant: &Variant, arch: &str) -> Res
     let binary = compile(c, variant, arch)?;
     tracing::info!(
         target: "TE-FL",
-        "compiled kernel source {} for {arch} in {} ms (first use; cached for later runs)",
+        "compiled kernel source {} for {arch} in {} ms",
         variant.source.name,
         started.elapsed().as_millis()
     );
