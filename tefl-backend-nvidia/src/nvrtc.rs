@@ -27,6 +27,17 @@ pub fn nvrtc_available() -> std::result::Result<(), String> {
     .clone()
 }
 
+/// The loaded libnvrtc's (major, minor) version.
+fn nvrtc_version() -> Result<(i32, i32)> {
+    nvrtc_available().map_err(|reason| Error::DeviceUnavailable { device: "cuda".into(), reason })?;
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: libnvrtc is present (checked above); both out-pointers are valid.
+    unsafe { nvrtc_sys::nvrtcVersion(&mut major, &mut minor) }
+        .result()
+        .map_err(|e| Error::DeviceFailure { device: "cuda".into(), reason: format!("nvrtcVersion: {e:?}") })?;
+    Ok((major, minor))
+}
+
 impl RtcCompiler for Nvrtc {
     fn target(&self) -> Target {
         Target::Cuda
@@ -41,12 +52,7 @@ impl RtcCompiler for Nvrtc {
         nvrtc_available()
     }
     fn version(&self) -> Result<String> {
-        nvrtc_available().map_err(|reason| Error::DeviceUnavailable { device: "cuda".into(), reason })?;
-        let (mut major, mut minor) = (0, 0);
-        // SAFETY: libnvrtc is present (checked above); both out-pointers are valid.
-        unsafe { nvrtc_sys::nvrtcVersion(&mut major, &mut minor) }
-            .result()
-            .map_err(|e| Error::DeviceFailure { device: "cuda".into(), reason: format!("nvrtcVersion: {e:?}") })?;
+        let (major, minor) = nvrtc_version()?;
         Ok(format!("{major}.{minor}"))
     }
     fn options(&self, arch: &str) -> Vec<String> {
@@ -84,15 +90,7 @@ static SPLIT_COMPILE_ON: std::sync::atomic::AtomicBool = std::sync::atomic::Atom
 /// Whether this libnvrtc is new enough for [`SPLIT_COMPILE`].
 fn split_compile_supported() -> bool {
     static V: OnceLock<bool> = OnceLock::new();
-    *V.get_or_init(|| {
-        if nvrtc_available().is_err() {
-            return false;
-        }
-        let (mut major, mut minor) = (0, 0);
-        // SAFETY: libnvrtc is present (checked above); both out-pointers are valid.
-        let ok = unsafe { nvrtc_sys::nvrtcVersion(&mut major, &mut minor) }.result().is_ok();
-        ok && (major, minor) >= (12, 4)
-    })
+    *V.get_or_init(|| nvrtc_version().is_ok_and(|v| v >= (12, 4)))
 }
 
 impl Nvrtc {
