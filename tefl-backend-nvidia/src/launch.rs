@@ -118,6 +118,17 @@ fn function(device: Device, variant: &Variant, name: &'static str, dynamic_smem:
     Ok(f)
 }
 
+/// Starts compiling `variant` for `device`'s arch on another thread, once, unless it is loaded
+/// there already: for a launch to come (see [`tefl_gpu::rtc::compile_ahead`]). Never fails.
+pub fn compile_ahead(device: Device, variant: &Variant) {
+    if !modules().first_ahead(device.ordinal, variant) {
+        return;
+    }
+    if let Ok(info) = info(device) {
+        tefl_gpu::rtc::compile_ahead(&Nvrtc, variant.clone(), target_arch(variant, &info.arch));
+    }
+}
+
 /// Queues the entry `name` of `variant` on the device's queue (the caller's stream inside
 /// `tefl_core::device::with_queue`). Nothing waits for it; a launch the driver refuses comes
 /// back as a typed error.
@@ -299,6 +310,12 @@ impl tefl_gpu::target::GpuTarget for CudaTarget {
     ) -> Result<bool> {
         launch_cooperative(device, variant, entry, grid, args)
     }
+    fn compile_ahead(&self, device: Device, variant: &Variant) {
+        compile_ahead(device, variant)
+    }
+    fn loaded(&self, device: Device, variant: &Variant) -> bool {
+        modules().contains(device.ordinal, variant)
+    }
     fn address(&self, t: &Tensor) -> Result<u64> {
         ptr(t)
     }
@@ -324,6 +341,26 @@ impl OnDevice {
     /// Queues the entry `name`.
     pub(crate) fn launch(&self, name: &'static str, grid: Grid, args: &[Arg]) -> Result<()> {
         launch(self.device, &self.variant, name, grid, args)
+    }
+
+    /// On this variant's first use on its device, starts compiling the variants `later` names
+    /// on other threads (see [`compile_ahead_on_first_use`]).
+    pub(crate) fn compile_ahead(&self, later: impl FnOnce() -> Result<Vec<Variant>>) {
+        compile_ahead_on_first_use(self.device, &self.variant, later)
+    }
+}
+
+/// On the first use of `now` on `device` (before its first launch loads it), starts compiling
+/// the variants `later` names on other threads: those the op's later calls will launch (a
+/// forward's backward), so that their compile overlaps the work in between (see
+/// [`compile_ahead`]). After the first use this costs one lookup; a variant `later` cannot build
+/// is left to its own launch.
+pub(crate) fn compile_ahead_on_first_use(device: Device, now: &Variant, later: impl FnOnce() -> Result<Vec<Variant>>) {
+    if modules().contains(device.ordinal, now) {
+        return;
+    }
+    for v in later().unwrap_or_default() {
+        compile_ahead(device, &v);
     }
 }
 

@@ -27,8 +27,8 @@ pub fn nvrtc_available() -> std::result::Result<(), String> {
     .clone()
 }
 
-/// The loaded libnvrtc's (major, minor) version.
-fn nvrtc_version() -> Result<(i32, i32)> {
+/// The loaded libnvrtc's (major, minor) version (loading the library on the first call).
+pub(crate) fn nvrtc_version() -> Result<(i32, i32)> {
     nvrtc_available().map_err(|reason| Error::DeviceUnavailable { device: "cuda".into(), reason })?;
     let (mut major, mut minor) = (0, 0);
     // SAFETY: libnvrtc is present (checked above); both out-pointers are valid.
@@ -60,6 +60,11 @@ impl RtcCompiler for Nvrtc {
     }
     fn binary_extension(&self) -> &'static str {
         "cubin"
+    }
+    /// NVRTC compiles distinct programs on several threads at once (its guide's thread-safety
+    /// rule: only one program may not be compiled by two threads).
+    fn compiles_concurrently(&self) -> bool {
+        true
     }
     fn compile_text(&self, text: &str, file_name: &str, options: &[String]) -> std::result::Result<Vec<u8>, String> {
         let (cubin, log) = self.compile_logged(text, file_name, options)?;

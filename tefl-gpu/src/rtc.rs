@@ -3,9 +3,9 @@
 //! defines, the options, the arch and the compiler's version) and the in-memory cache of
 //! modules loaded per device.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 use tefl_core::tuning::{fnv1a64, write_atomic};
 use tefl_core::{Error, Result};
@@ -32,6 +32,11 @@ pub trait RtcCompiler: Send + Sync {
     /// Compiles the full text of `file_name` with `options` into a binary, or the compiler's
     /// log when it fails.
     fn compile_text(&self, text: &str, file_name: &str, options: &[String]) -> std::result::Result<Vec<u8>, String>;
+    /// Whether two threads may compile at once ([`compile_ahead`] compiles on its own thread
+    /// only then). No by default: hiprtc (ROCm 5.2) corrupts its heap when they do.
+    fn compiles_concurrently(&self) -> bool {
+        false
+    }
 }
 
 fn compile_error(c: &dyn RtcCompiler, v: &Variant, log: String) -> Error {
@@ -140,20 +145,21 @@ pub fn cache_dir(c: &dyn RtcCompiler) -> Result<PathBuf> {
     Ok(tefl_core::tuning::default_cache_dir()?.join(c.name()))
 }
 
-/// Compiles through the on-disk cache: a hit reads the binary, a miss compiles and stores it
-/// (atomically; a cache that cannot be written only costs a warning).
-pub fn compile_cached(c: &dyn RtcCompiler, variant: &Variant, arch: &str) -> Result<Vec<u8>> {
-    let version = c.version()?;
-    let key = cache_key(c, variant, arch, &version);
-    let path =
-        cache_dir(c).map(|d| d.join(format!("{}-{arch}-{key:016x}.{}", variant.source.name, c.binary_extension())));
-    if let Ok(p) = &path
-        && let Ok(bytes) = std::fs::read(p)
-        && !bytes.is_empty()
-    {
-        tracing::debug!(target: "TE-FL", "kernel cache hit {}", p.display());
-        return Ok(bytes);
-    }
+/// Where a compile's binary is cached on disk for `arch`.
+fn cached_path(c: &dyn RtcCompiler, variant: &Variant, arch: &str, key: u64) -> Result<PathBuf> {
+    cache_dir(c).map(|d| d.join(format!("{}-{arch}-{key:016x}.{}", variant.source.name, c.binary_extension())))
+}
+
+fn read_cached(path: &Result<PathBuf>) -> Option<Vec<u8>> {
+    let p = path.as_ref().ok()?;
+    let bytes = std::fs::read(p).ok().filter(|b| !b.is_empty())?;
+    tracing::debug!(target: "TE-FL", "kernel cache hit {}", p.display());
+    Some(bytes)
+}
+
+/// Compiles `variant` and stores the binary at `path` (atomically; a cache that cannot be
+/// written only costs a warning).
+fn compile_and_store(c: &dyn RtcCompiler, variant: &Variant, arch: &str, path: &Result<PathBuf>) -> Result<Vec<u8>> {
     let started = std::time::Instant::now();
     let binary = compile(c, variant, arch)?;
     tracing::info!(
@@ -162,7 +168,7 @@ pub fn compile_cached(c: &dyn RtcCompiler, variant: &Variant, arch: &str) -> Res
         variant.source.name,
         started.elapsed().as_millis()
     );
-    match &path {
+    match path {
         Ok(p) => {
             if let Err(e) = write_atomic(p, &binary) {
                 tracing::warn!(target: "TE-FL", "kernel cache not written: {e}");
@@ -171,6 +177,190 @@ pub fn compile_cached(c: &dyn RtcCompiler, variant: &Variant, arch: &str) -> Res
         Err(e) => tracing::warn!(target: "TE-FL", "no kernel cache directory: {e}"),
     }
     Ok(binary)
+}
+
+/// One compile under way (or finished by [`compile_ahead`] and not yet taken), by cache key.
+#[derive(Default)]
+struct Slot {
+    /// `None` while it runs; the binary, or `None` inside when it failed.
+    done: Mutex<Option<Option<Vec<u8>>>>,
+    finished: Condvar,
+}
+
+impl Slot {
+    fn finish(&self, binary: Option<Vec<u8>>) {
+        *self.done.lock().unwrap_or_else(|p| p.into_inner()) = Some(binary);
+        self.finished.notify_all();
+    }
+
+    /// The binary once the compile ends; `None` when it failed.
+    fn wait(&self) -> Option<Vec<u8>> {
+        let mut done = self.done.lock().unwrap_or_else(|p| p.into_inner());
+        while done.is_none() {
+            done = self.finished.wait(done).unwrap_or_else(|p| p.into_inner());
+        }
+        done.clone().flatten()
+    }
+}
+
+/// The compiles of this process under way, and those [`compile_ahead`] finished that no
+/// launch has taken yet.
+fn slots() -> &'static Mutex<HashMap<u64, Arc<Slot>>> {
+    static S: OnceLock<Mutex<HashMap<u64, Arc<Slot>>>> = OnceLock::new();
+    S.get_or_init(Default::default)
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The slot of `key`: the existing one (`false`: another thread compiles it or has), or a new
+/// one this thread now owns (`true`).
+fn claim(key: u64) -> (Arc<Slot>, bool) {
+    let mut slots = lock(slots());
+    match slots.get(&key) {
+        Some(slot) => (slot.clone(), false),
+        None => {
+            let slot = Arc::new(Slot::default());
+            slots.insert(key, slot.clone());
+            (slot, true)
+        }
+    }
+}
+
+/// Removes `slot` from the table if it is still `key`'s.
+fn release(key: u64, slot: &Arc<Slot>) {
+    let mut slots = lock(slots());
+    if slots.get(&key).is_some_and(|s| Arc::ptr_eq(s, slot)) {
+        slots.remove(&key);
+    }
+}
+
+/// Waits for the compile in `slot` (another thread's) and releases the slot: its binary, or
+/// `None` when it failed.
+fn take(key: u64, slot: &Arc<Slot>, variant: &Variant, arch: &str) -> Option<Vec<u8>> {
+    let waited = std::time::Instant::now();
+    let binary = slot.wait();
+    release(key, slot);
+    if binary.is_some() {
+        tracing::debug!(
+            target: "TE-FL",
+            "kernel source {} for {arch} compiled on another thread (waited {} ms)",
+            variant.source.name,
+            waited.elapsed().as_millis()
+        );
+    }
+    binary
+}
+
+/// Compiles through the on-disk cache: a hit reads the binary, a miss compiles and stores it
+/// (atomically; a cache that cannot be written only costs a warning). A compile of the same
+/// program already under way on another thread ([`compile_ahead`], or a launch racing this
+/// one) is waited for instead of repeated.
+pub fn compile_cached(c: &dyn RtcCompiler, variant: &Variant, arch: &str) -> Result<Vec<u8>> {
+    let version = c.version()?;
+    let key = cache_key(c, variant, arch, &version);
+    let path = cached_path(c, variant, arch, key);
+    // A compile under way on another thread, or finished ahead and not taken yet, first (its
+    // slot is released either way).
+    let pending = lock(slots()).get(&key).cloned();
+    if let Some(slot) = pending
+        && let Some(binary) = take(key, &slot, variant, arch)
+    {
+        return Ok(binary);
+    }
+    if let Some(bytes) = read_cached(&path) {
+        return Ok(bytes);
+    }
+    let (slot, owner) = claim(key);
+    if !owner {
+        // It failed on the other thread: compile here, for this call's own error.
+        return match take(key, &slot, variant, arch) {
+            Some(binary) => Ok(binary),
+            None => compile_and_store(c, variant, arch, &path),
+        };
+    }
+    let result = compile_and_store(c, variant, arch, &path);
+    slot.finish(result.as_ref().ok().cloned());
+    release(key, &slot);
+    result
+}
+
+/// The compiles [`compile_ahead`] has started and not finished: the process waits for them
+/// when it exits, so that none is inside the compiler while its library is torn down.
+fn running_ahead() -> &'static (Mutex<usize>, Condvar) {
+    static R: OnceLock<(Mutex<usize>, Condvar)> = OnceLock::new();
+    R.get_or_init(Default::default)
+}
+
+extern "C" fn wait_for_compiles_ahead() {
+    let (count, idle) = running_ahead();
+    let mut n = lock(count);
+    while *n > 0 {
+        n = idle.wait(n).unwrap_or_else(|p| p.into_inner());
+    }
+}
+
+unsafe extern "C" {
+    fn atexit(callback: extern "C" fn()) -> std::ffi::c_int;
+}
+
+/// Compiles `variant` for `arch` on a thread of its own, into the on-disk cache and for the
+/// launch that will ask for it ([`compile_cached`] then takes the binary, or waits for it): an op
+/// names the variants its later calls will need (a forward its backward's) so that their compile
+/// overlaps this call's work. Nothing happens for a compiler that cannot compile on two threads
+/// at once, for a binary already cached, or for one already being compiled; a failure is only
+/// logged (the launch that needs the variant compiles it again and reports the error).
+pub fn compile_ahead(c: &'static dyn RtcCompiler, variant: Variant, arch: String) {
+    if !c.compiles_concurrently() || c.available().is_err() {
+        return;
+    }
+    static EXIT_HOOK: OnceLock<()> = OnceLock::new();
+    EXIT_HOOK.get_or_init(|| {
+        // SAFETY: registers a plain function that takes no arguments; it runs at process exit
+        // (before the compiler's library is unloaded, which was loaded earlier) and only waits.
+        let _ = unsafe { atexit(wait_for_compiles_ahead) };
+    });
+    let work = move || {
+        let Ok(version) = c.version() else { return };
+        let key = cache_key(c, &variant, &arch, &version);
+        let path = cached_path(c, &variant, &arch, key);
+        if path.as_ref().is_ok_and(|p| p.exists()) {
+            return;
+        }
+        let (slot, owner) = claim(key);
+        if !owner {
+            return;
+        }
+        match compile_and_store(c, &variant, &arch, &path) {
+            // Left in the table for the launch that asks for it.
+            Ok(binary) => slot.finish(Some(binary)),
+            Err(e) => {
+                tracing::debug!(target: "TE-FL", "compile ahead of {}: {e}", variant.source.name);
+                slot.finish(None);
+                release(key, &slot);
+            }
+        }
+    };
+    *lock(&running_ahead().0) += 1;
+    let running = RunningAhead;
+    // A thread that cannot be spawned drops `running` with the closure.
+    let _ = std::thread::Builder::new().name("tefl-compile-ahead".into()).spawn(move || {
+        let _running = running;
+        work();
+    });
+}
+
+/// One compile counted in [`running_ahead`] until dropped (also when its thread unwinds).
+struct RunningAhead;
+
+impl Drop for RunningAhead {
+    fn drop(&mut self) {
+        let (count, idle) = running_ahead();
+        let mut n = lock(count);
+        *n = n.saturating_sub(1);
+        idle.notify_all();
+    }
 }
 
 /// Whether a device binary defines the kernel `entry` (its symbol table holds the name as a
@@ -187,6 +377,8 @@ type Bucket<M> = Vec<(u32, &'static str, Defines, Arc<M>)>;
 /// up on every launch, so by a hash of the variant (no key string is built per call).
 pub struct ModuleCache<M> {
     modules: Mutex<HashMap<u64, Bucket<M>>>,
+    /// The variants [`ModuleCache::first_ahead`] has said yes to, by fingerprint.
+    ahead: Mutex<HashSet<u64>>,
 }
 
 fn fingerprint(ordinal: u32, variant: &Variant) -> u64 {
@@ -207,7 +399,7 @@ fn find<M>(bucket: Option<&Bucket<M>>, ordinal: u32, variant: &Variant) -> Optio
 
 impl<M> Default for ModuleCache<M> {
     fn default() -> Self {
-        ModuleCache { modules: Mutex::new(HashMap::new()) }
+        ModuleCache { modules: Mutex::new(HashMap::new()), ahead: Mutex::new(HashSet::new()) }
     }
 }
 
@@ -231,6 +423,19 @@ impl<M> ModuleCache<M> {
         }
         modules.entry(key).or_default().push((ordinal, variant.source.name, variant.defines.clone(), m.clone()));
         Ok(m)
+    }
+
+    /// Whether `variant` should be compiled ahead for device `ordinal` ([`compile_ahead`]): yes
+    /// the first time it is asked for a variant not loaded there, no after that (an op may name
+    /// the same later variant on every call; this costs one hash). Two variants whose
+    /// fingerprints collide only lose the second one's compile ahead.
+    pub fn first_ahead(&self, ordinal: u32, variant: &Variant) -> bool {
+        !self.contains(ordinal, variant) && lock(&self.ahead).insert(fingerprint(ordinal, variant))
+    }
+
+    /// Whether the module of `variant` is loaded on device `ordinal`.
+    pub fn contains(&self, ordinal: u32, variant: &Variant) -> bool {
+        find(self.lock().get(&fingerprint(ordinal, variant)), ordinal, variant).is_some()
     }
 
     /// How many modules are loaded.
@@ -263,8 +468,22 @@ mod tests {
         assert!(shards[1].owns(4) && !shards[1].owns(5));
     }
 
-    /// A compiler that "compiles" to the text's length and counts its calls.
-    struct Counting(AtomicUsize);
+    /// A compiler that "compiles" to the text's length after `delay_ms`, counts its calls, and
+    /// may or may not compile on two threads at once.
+    struct Counting {
+        calls: AtomicUsize,
+        delay_ms: u64,
+        concurrent: bool,
+    }
+
+    impl Counting {
+        const fn new(delay_ms: u64, concurrent: bool) -> Self {
+            Counting { calls: AtomicUsize::new(0), delay_ms, concurrent }
+        }
+        fn calls(&self) -> usize {
+            self.calls.load(Ordering::SeqCst)
+        }
+    }
 
     impl RtcCompiler for Counting {
         fn target(&self) -> Target {
@@ -289,18 +508,22 @@ mod tests {
             "bin"
         }
         fn compile_text(&self, text: &str, _: &str, _: &[String]) -> std::result::Result<Vec<u8>, String> {
-            self.0.fetch_add(1, Ordering::SeqCst);
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            std::thread::sleep(std::time::Duration::from_millis(self.delay_ms));
             if text.contains("#define FAIL 1") {
                 Err("error: FAIL".into())
             } else {
                 Ok(text.len().to_le_bytes().to_vec())
             }
         }
+        fn compiles_concurrently(&self) -> bool {
+            self.concurrent
+        }
     }
 
     #[test]
     fn keys_change_with_defines_arch_and_version() {
-        let c = Counting(AtomicUsize::new(0));
+        let c = Counting::new(0, false);
         let v = Variant::new(&tefl_kernels::NORM, &[], Defines::new().set("BLOCK", 256));
         let w = Variant::new(&tefl_kernels::NORM, &[], Defines::new().set("BLOCK", 512));
         let k = cache_key(&c, &v, "gfx942", "1.0");
@@ -312,7 +535,7 @@ mod tests {
 
     #[test]
     fn a_source_without_the_target_is_an_error_and_failures_name_the_file() {
-        let c = Counting(AtomicUsize::new(0));
+        let c = Counting::new(0, false);
         let attn = Variant::new(&tefl_kernels::ATTENTION_CUDA, &[], Defines::new());
         let e = compile(&c, &attn, "gfx942").unwrap_err().to_string();
         assert!(e.contains("no hip version"), "{e}");
@@ -341,6 +564,88 @@ mod tests {
         assert_eq!(*cache.get_or_load(0, &softmax, || Ok(11)).unwrap(), 11);
         assert_eq!(*cache.get_or_load(0, &v, || Ok(12)).unwrap(), 7);
         assert_eq!((loads.load(Ordering::SeqCst), cache.len()), (1, 4));
+    }
+
+    /// A variant no earlier run has cached (a fresh nonce among its defines).
+    fn fresh_variant(fail: bool) -> Variant {
+        use std::hash::{BuildHasher, Hasher};
+        let nonce = std::collections::hash_map::RandomState::new().build_hasher().finish();
+        Variant::new(&tefl_kernels::NORM, &[], Defines::new().set("NONCE", nonce).flag("FAIL", fail))
+    }
+
+    fn remove_cached(c: &dyn RtcCompiler, v: &Variant, arch: &str) {
+        if let Ok(p) = cached_path(c, v, arch, cache_key(c, v, arch, "1.0")) {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+
+    #[test]
+    fn a_launch_takes_the_binary_compiled_ahead_without_compiling_again() {
+        static C: Counting = Counting::new(150, true);
+        let v = fresh_variant(false);
+        compile_ahead(&C, v.clone(), "gfx942".into());
+        wait_for_compiles_ahead();
+        assert_eq!(C.calls(), 1, "compiled on its own thread");
+        let bin = compile_cached(&C, &v, "gfx942").unwrap();
+        assert_eq!(bin, full_source(Target::Hip, &v).len().to_le_bytes().to_vec());
+        assert_eq!(C.calls(), 1);
+        // Asking again for a binary that is cached compiles nothing.
+        compile_ahead(&C, v.clone(), "gfx942".into());
+        wait_for_compiles_ahead();
+        assert_eq!(C.calls(), 1);
+        remove_cached(&C, &v, "gfx942");
+        // A launch right after the request finds the compile under way, finished, or not yet
+        // started: either way the program is compiled once.
+        let w = fresh_variant(false);
+        compile_ahead(&C, w.clone(), "gfx942".into());
+        compile_cached(&C, &w, "gfx942").unwrap();
+        wait_for_compiles_ahead();
+        assert_eq!(C.calls(), 2);
+        remove_cached(&C, &w, "gfx942");
+    }
+
+    #[test]
+    fn a_failed_compile_ahead_leaves_the_launch_its_own_error() {
+        static C: Counting = Counting::new(150, true);
+        let v = fresh_variant(true);
+        compile_ahead(&C, v.clone(), "gfx942".into());
+        wait_for_compiles_ahead();
+        let e = compile_cached(&C, &v, "gfx942").unwrap_err().to_string();
+        assert!(e.contains("error: FAIL") && e.contains("simt/norm.cu"), "{e}");
+        assert_eq!(C.calls(), 2);
+    }
+
+    #[test]
+    fn racing_launches_compile_once() {
+        static C: Counting = Counting::new(150, true);
+        let v = fresh_variant(false);
+        let bins: Vec<_> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..4).map(|_| s.spawn(|| compile_cached(&C, &v, "gfx90a").unwrap())).collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(bins.windows(2).all(|w| w[0] == w[1]));
+        // Those that started while the first compiled waited for it; any later found its binary
+        // in the disk cache.
+        assert_eq!(C.calls(), 1);
+        remove_cached(&C, &v, "gfx90a");
+    }
+
+    #[test]
+    fn a_compiler_that_cannot_run_twice_at_once_compiles_nothing_ahead() {
+        static C: Counting = Counting::new(0, false);
+        compile_ahead(&C, fresh_variant(false), "gfx942".into());
+        wait_for_compiles_ahead();
+        assert_eq!(C.calls(), 0);
+    }
+
+    #[test]
+    fn variants_are_compiled_ahead_once_and_never_once_loaded() {
+        let cache: ModuleCache<u32> = ModuleCache::new();
+        let v = Variant::new(&tefl_kernels::NORM, &[], Defines::new().set("BLOCK", 256));
+        let w = Variant::new(&tefl_kernels::NORM, &[], Defines::new().set("BLOCK", 512));
+        assert!(cache.first_ahead(0, &v) && !cache.first_ahead(0, &v) && cache.first_ahead(1, &v));
+        cache.get_or_load(0, &w, || Ok(1)).unwrap();
+        assert!(cache.contains(0, &w) && !cache.contains(1, &w) && !cache.first_ahead(0, &w));
     }
 
     #[test]

@@ -32,6 +32,19 @@ pub trait GpuTarget: Send + Sync {
         let _ = (device, variant, entry, grid, args);
         Ok(false)
     }
+    /// Starts compiling `variant` for the device on another thread, for a launch to come (an
+    /// op's forward names its backward's variant): see [`crate::rtc::compile_ahead`]. Does
+    /// nothing by default, and never fails: the launch that needs the variant compiles it
+    /// itself if this did not.
+    fn compile_ahead(&self, device: Device, variant: &Variant) {
+        let _ = (device, variant);
+    }
+    /// Whether `variant` is loaded on the device (its first launch is behind it). Yes by
+    /// default, so that a target without [`GpuTarget::compile_ahead`] is never asked for one.
+    fn loaded(&self, device: Device, variant: &Variant) -> bool {
+        let _ = (device, variant);
+        true
+    }
     /// The device address of a tensor on one of its devices (a typed error for any other).
     fn address(&self, t: &Tensor) -> Result<u64>;
     /// The layered tune table of a device (vendor and arch-family files over the GPU defaults).

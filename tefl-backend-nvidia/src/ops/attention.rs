@@ -10,8 +10,31 @@ use tefl_gpu::simt::attention::AttnBuild;
 
 use crate::launch::{Arg, Grid, OnDevice, blocks_for, empty, info, opt_ptr, ptr, sm_count, tune_table, zeros};
 
-/// The kernels of `cuda/attention/attention.cu` these ops launch.
-const ENTRIES: &[&str] = &["attn_fwd", "attn_bwd_delta", "attn_bwd_dkdv", "attn_bwd_dq", "attn_bwd_dq_out", "fill_f32"];
+/// Which kernels of `cuda/attention/attention.cu` a variant holds (`ATTN_FWD`, `ATTN_BWD`):
+/// each part is compiled alone, so that a forward's first call compiles no backward kernel and
+/// starts the backward's compile on another thread, to overlap the forward's work (on a fresh
+/// machine the whole source took 1.5 s to compile for f32, 2026-11-30).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Part {
+    /// `attn_fwd`.
+    Fwd,
+    /// The tile kernels of the backward: `attn_bwd_dkdv` and the deterministic `attn_bwd_dq`.
+    Bwd,
+    /// The small kernels every path shares (also the Hopper kernels'): Σ dO·O with the dQ
+    /// accumulator's zeros, dQ's conversion, and the fill of thd's lse rows.
+    Aux,
+}
+
+impl Part {
+    /// The entry points the ops launch from the part.
+    fn entries(self) -> &'static [&'static str] {
+        match self {
+            Part::Fwd => &["attn_fwd"],
+            Part::Bwd => &["attn_bwd_dkdv", "attn_bwd_dq"],
+            Part::Aux => &["attn_bwd_delta", "attn_bwd_dq_out", "fill_f32"],
+        }
+    }
+}
 /// Lanes of the warps the tensor-core tiles are laid out for (the kernels assert it).
 const MMA_WARP: usize = 32;
 
@@ -60,9 +83,9 @@ fn check_smem(op: &'static str, ctx: &KernelCtx<'_>, bytes: usize) -> Result<u32
     Ok(bytes as u32)
 }
 
-/// The variant of `attention.cu` for a call's build and the forward's minimum resident
-/// blocks: the one place its defines are made (launches and the compile test both call it).
-fn variant(op: &'static str, b: &AttnBuild, fwd_min_blocks: u32) -> Result<Variant> {
+/// The variant of `attention.cu` for a call's build, the forward's minimum resident blocks and
+/// a part: the one place its defines are made (launches and the compile test both call it).
+fn variant(op: &'static str, b: &AttnBuild, fwd_min_blocks: u32, part: Part) -> Result<Variant> {
     let dp = padded(b.d);
     let defines = b
         .defines(op)?
@@ -73,19 +96,33 @@ fn variant(op: &'static str, b: &AttnBuild, fwd_min_blocks: u32) -> Result<Varia
         .set("FWD_MIN_BLOCKS", fwd_min_blocks)
         .set("DKV_KB", dkv_keys(b.dtype, dp))
         .set("DKV_BR", dkv_rows(b.dtype, dp))
-        .set("DKV_MT", dkv_mtiles(dp));
-    Ok(Variant::new(&tefl_kernels::ATTENTION_CUDA, ENTRIES, defines))
+        .set("DKV_MT", dkv_mtiles(dp))
+        .flag("ATTN_FWD", part == Part::Fwd)
+        .flag("ATTN_BWD", part == Part::Bwd);
+    Ok(Variant::new(&tefl_kernels::ATTENTION_CUDA, part.entries(), defines))
 }
 
-/// One call's geometry and the variant it launches.
+/// One call's geometry and the variants it launches.
 struct Plan {
+    op: &'static str,
+    device: Device,
     g: AttnGeometry,
     build: AttnBuild,
     dp: usize,
-    kernel: OnDevice,
+    fwd_min_blocks: u32,
 }
 
 impl Plan {
+    /// The variant of one part of `attention.cu` for this call.
+    fn variant(&self, part: Part) -> Result<Variant> {
+        variant(self.op, &self.build, self.fwd_min_blocks, part)
+    }
+
+    /// One part of `attention.cu` for this call, on its device.
+    fn kernel(&self, part: Part) -> Result<OnDevice> {
+        Ok(OnDevice::new(self.device, self.variant(part)?))
+    }
+
     /// The grid of the tiled kernels: a block of `threads` per `tile` of `rows` positions, per
     /// head (of `heads`) and sequence.
     fn tile_grid(&self, rows: usize, tile: usize, heads: usize, threads: u32, smem: u32) -> Grid {
@@ -119,13 +156,12 @@ fn setup(
         AttnBuild::checked(op, ctx, q, k, v, cu_q, cu_k, layout, mask, window, dropout, 256, "the CUDA kernels")?;
     let dp = padded(g.d);
     let fwd_min_blocks = crate::heuristics::attention_fwd_min_blocks(&*tune_table(ctx.device)?);
-    let kernel = OnDevice::new(ctx.device, variant(op, &build, fwd_min_blocks)?);
-    Ok(Plan { g, build, dp, kernel })
+    Ok(Plan { op, device: ctx.device, g, build, dp, fwd_min_blocks })
 }
 
-fn fill(k: &OnDevice, ctx: &KernelCtx<'_>, t: &Tensor, v: f32) -> Result<()> {
+fn fill(s: &Plan, ctx: &KernelCtx<'_>, t: &Tensor, v: f32) -> Result<()> {
     let n = t.numel();
-    k.launch(
+    s.kernel(Part::Aux)?.launch(
         "fill_f32",
         Grid::linear(blocks_for(n, 256, sm_count(ctx.device) * 8), 256),
         &[Arg::Ptr(ptr(t)?), Arg::U64(n as u64), Arg::F32(v)],
@@ -160,11 +196,15 @@ pub fn fused_attn_fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<AttnFwdOut
         if thd { zeros(ctx.device, a.q.shape(), a.q.dtype())? } else { empty(ctx.device, a.q.shape(), a.q.dtype())? };
     let lse = empty(ctx.device, &s.g.lse_shape(), DType::F32)?;
     if thd {
-        fill(&s.kernel, ctx, &lse, f32::NEG_INFINITY)?;
+        fill(&s, ctx, &lse, f32::NEG_INFINITY)?;
     }
-    if super::attention_sm90::fwd(ctx, a, &s.g, &s.build, &o, &lse)? {
+    if super::attention_sm90::fwd(ctx, a, &s.g, &s.build, &o, &lse, &|| s.variant(Part::Aux))? {
         return Ok(AttnFwdOut { o, softmax_lse: lse });
     }
+    let kernel = s.kernel(Part::Fwd)?;
+    // The backward of this call's build (the same part the Hopper backward's small kernels
+    // come from), compiled on other threads on the forward's first call.
+    kernel.compile_ahead(|| Ok(vec![s.variant(Part::Bwd)?, s.variant(Part::Aux)?]));
     let elem = a.q.dtype().size_in_bytes();
     let (br, bc) = (fwd_br(a.q.dtype(), s.dp), fwd_bc(a.q.dtype(), s.dp));
     let (ld, ldp) = (s.dp + 16 / elem, bc + 16 / elem);
@@ -181,7 +221,7 @@ pub fn fused_attn_fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<AttnFwdOut
         Arg::Ptr(opt_ptr(cu_k)?),
     ];
     args.extend(common_args(&s, a.scale, a.dropout_p, a.seed, a.offset));
-    s.kernel.launch("attn_fwd", s.tile_grid(s.g.sq, br, s.g.hq, 4 * MMA_WARP as u32, smem), &args)?;
+    kernel.launch("attn_fwd", s.tile_grid(s.g.sq, br, s.g.hq, 4 * MMA_WARP as u32, smem), &args)?;
     Ok(AttnFwdOut { o, softmax_lse: lse })
 }
 
@@ -240,7 +280,7 @@ pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut
         dkdv(ctx, a, &s, &delta, Some(&dq_acc), &dk, &dv)?;
     }
     let n = a.q.numel();
-    s.kernel.launch(
+    s.kernel(Part::Aux)?.launch(
         "attn_bwd_dq_out",
         Grid::linear(blocks_for(n, 256, sm_count(dev) * 8), 256),
         &[Arg::Ptr(ptr(&dq_acc)?), Arg::Ptr(ptr(&dq)?), Arg::U64(n as u64), Arg::F32(a.scale)],
@@ -253,7 +293,7 @@ pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut
 fn delta_kernel(s: &Plan, a: &AttnBwdArgs, dev: Device, dq_acc: Option<&Tensor>) -> Result<Tensor> {
     let rows_heads = a.q.numel() / s.g.d;
     let delta = empty(dev, &[rows_heads], DType::F32)?;
-    s.kernel.launch(
+    s.kernel(Part::Aux)?.launch(
         "attn_bwd_delta",
         Grid::linear((rows_heads * MMA_WARP).div_ceil(256).max(1) as u32, 256),
         &[
@@ -300,7 +340,7 @@ fn dq_pass(ctx: &KernelCtx<'_>, a: &AttnBwdArgs, s: &Plan, delta: &Tensor, dq: &
     let mut args = bwd_inputs(a, delta)?;
     args.extend([Arg::Ptr(ptr(dq)?), Arg::Ptr(opt_ptr(cu_q)?), Arg::Ptr(opt_ptr(cu_k)?)]);
     args.extend(common_args(s, a.scale, a.dropout_p, a.seed, a.offset));
-    s.kernel.launch("attn_bwd_dq", s.tile_grid(s.g.sq, DQ_BR, s.g.hq, (4 * MMA_WARP) as u32, smem), &args)
+    s.kernel(Part::Bwd)?.launch("attn_bwd_dq", s.tile_grid(s.g.sq, DQ_BR, s.g.hq, (4 * MMA_WARP) as u32, smem), &args)
 }
 
 /// The mma.sync dK/dV kernel (`attn_bwd_dkdv`), adding each tile's dQ share to `dq_acc` (none:
@@ -333,7 +373,7 @@ fn dkdv(
         check_smem(OP, ctx, ((2 * kb + 2 * stages * br) * ld + handover + own_tile) * elem + 2 * stages * br * 4)?;
     // A dV and a dK warp per 16 DKV_MT keys.
     let threads = (2 * kb / (16 * dkv_mtiles(s.dp)) * MMA_WARP) as u32;
-    s.kernel.launch("attn_bwd_dkdv", s.tile_grid(s.g.sk, kb, s.g.hk, threads, smem), &args)
+    s.kernel(Part::Bwd)?.launch("attn_bwd_dkdv", s.tile_grid(s.g.sk, kb, s.g.hk, threads, smem), &args)
 }
 
 /// Variants covering every code path (the NVRTC compile test).
@@ -359,7 +399,11 @@ pub fn variants(all_masks: bool) -> Vec<Variant> {
         {
             if all_masks || (i + j) % 2 == 0 {
                 let build = AttnBuild { dtype, d, layout, mask, window: (win, win), dropout };
-                v.extend(variant("attention", &build, 2));
+                // The small kernels read no layout, mask or window: one build of each tier.
+                let parts: &[Part] = if j < 2 { &[Part::Fwd, Part::Bwd, Part::Aux] } else { &[Part::Fwd, Part::Bwd] };
+                for &part in parts {
+                    v.extend(variant("attention", &build, 2, part));
+                }
             }
         }
     }

@@ -322,7 +322,9 @@ fn qkv_map(
 
 /// The forward on the Hopper kernel into `o` and `lse` (which the kernel fills for every row
 /// a sequence owns; thd rows past the last sequence are the caller's), or `Ok(false)` when it
-/// does not take the call (the reason is logged at debug level).
+/// does not take the call (the reason is logged at debug level). On its first call for a build
+/// it starts compiling the backward's variant and `aux` (the small kernels the backward
+/// launches from `attention.cu`) on other threads.
 pub fn fwd(
     ctx: &KernelCtx<'_>,
     a: &AttnFwdArgs,
@@ -330,6 +332,7 @@ pub fn fwd(
     b: &AttnBuild,
     o: &Tensor,
     lse: &Tensor,
+    aux: &dyn Fn() -> Result<Variant>,
 ) -> Result<bool> {
     let on = attention_fwd_wgmma(&*tune_table(ctx.device)?);
     if let Some(reason) = declined(ctx, &[&a.q, &a.k, &a.v], g, b, on, HEAD_DIMS, smem(g.d))? {
@@ -346,12 +349,14 @@ pub fn fwd(
         sched,
     };
     let grid = Grid { blocks: (ctas, 1, 1), threads: (384, 1, 1), smem: smem(g.d) as u32 };
+    let forward = variant(b)?;
+    crate::launch::compile_ahead_on_first_use(ctx.device, &forward, || Ok(vec![bwd_variant(b, true)?, aux()?]));
     // SAFETY: `AttnParams` is the kernel's parameter struct (repr(C), the same field order,
     // 64-byte aligned maps); the maps and pointers address live tensors (q, k, v, o, lse and
     // the counter with its 1 + grid ints; the cumulative lengths, batch + 1 ints checked by the
     // op, or 0 where the build reads none) that stream ordering keeps alive until the kernel has
     // run: their frees are queued after it.
-    unsafe { launch_struct(ctx.device, &variant(b)?, ENTRIES[0], grid, &params)? };
+    unsafe { launch_struct(ctx.device, &forward, ENTRIES[0], grid, &params)? };
     Ok(true)
 }
 

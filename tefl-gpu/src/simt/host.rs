@@ -25,6 +25,11 @@ impl OnDevice {
         Ok(OnDevice { device, target: target_of(device)?, variant })
     }
 
+    /// The variant.
+    pub(crate) fn variant(&self) -> &Variant {
+        &self.variant
+    }
+
     /// Queues the entry `name`.
     pub(crate) fn launch(&self, name: &'static str, grid: Grid, args: &[Arg]) -> Result<()> {
         self.target.launch(self.device, &self.variant, name, grid, args)
@@ -34,6 +39,22 @@ impl OnDevice {
     /// target cannot (see [`GpuTarget::launch_cooperative`]).
     pub(crate) fn launch_cooperative(&self, name: &'static str, grid: Grid, args: &[Arg]) -> Result<bool> {
         self.target.launch_cooperative(self.device, &self.variant, name, grid, args)
+    }
+}
+
+impl OnDevice {
+    /// On this variant's first use on its device (before its first launch loads it), starts
+    /// compiling the variants `later` names on other threads, where the target can: the
+    /// variants the op's later calls will launch (a forward's backward), so that their compile
+    /// overlaps the work in between (see [`GpuTarget::compile_ahead`]). After the first use
+    /// this costs one lookup; a variant `later` cannot build is left to its own launch.
+    pub(crate) fn compile_ahead(&self, later: impl FnOnce() -> Result<Vec<Variant>>) {
+        if self.target.loaded(self.device, &self.variant) {
+            return;
+        }
+        for v in later().unwrap_or_default() {
+            self.target.compile_ahead(self.device, &v);
+        }
     }
 }
 

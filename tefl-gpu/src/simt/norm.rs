@@ -12,6 +12,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use tefl_core::catalogue::*;
+use tefl_core::tuning::TuneTable;
 use tefl_core::{DType, KernelCtx, Result, Tensor};
 
 use crate::tune::{self, RowConfig};
@@ -142,6 +143,7 @@ fn forward(
     let keep = keep_l2(ctx, beta.is_some(), out_dtype, x)?;
     let run = |cfg: RowConfig| -> Result<()> {
         let k = kernel(op, ctx, &types, beta.is_some(), cfg, 0, keep)?;
+        k.compile_ahead(|| backward_variants_of(ctx, x, gamma, beta.is_some(), out_dtype));
         k.launch("norm_fwd", Grid::linear(blocks_for(rows, 1, max_blocks), cfg.block), &args)
     };
     // The autotuner's trial launches fold the same values into amax: a max, so no harm.
@@ -156,6 +158,59 @@ struct Forward {
     mu: Tensor,
     rsigma: Tensor,
     fp8: Option<(Tensor, Tensor)>,
+}
+
+/// The backward's row config and its ring of rows in shared memory (`stages`, 0: none) for
+/// rows of `n` elements of `x` and `dy`. The backward holds more per vector (x̂, d, two column
+/// sums): fewer vectors a thread. The fused kernel keeps a ring of rows in shared memory where
+/// the tune configs ask for one (16-byte vectors only: the copies are whole vectors), in blocks
+/// of the ring's own vectors a thread when its row takes them (`norm_bwd.row_vecs`), else of
+/// the register path's; 1024 threads an SM, a grid of one wave. Otherwise four blocks an SM,
+/// each keeping its next row in registers.
+fn backward_config(ctx: &KernelCtx<'_>, table: &TuneTable, x: DType, dy: DType, n: usize) -> Result<(RowConfig, u32)> {
+    let elem = x.size_in_bytes();
+    let cfg = tune::row_kernel(table, "norm", n, elem, 2);
+    if tune::norm_bwd_ring(table) == 0 {
+        return Ok((cfg, 0));
+    }
+    let stage_bytes = n * (elem + dy.size_in_bytes());
+    let optin = info(ctx.device)?.shared_memory_per_block_optin;
+    let ring_vecs = tune::norm_bwd_ring_vecs(table);
+    let own = tune::row_kernel(table, "norm", n, elem, ring_vecs);
+    for c in [own].into_iter().filter(|c| c.row_vecs <= ring_vecs).chain([cfg]) {
+        let s = if c.fused() && c.vec_bytes == 16 {
+            tune::norm_bwd_stages(table, optin, stage_bytes, tune::norm_bwd_blocks_per_sm(c.block))
+        } else {
+            0
+        };
+        if s > 0 {
+            return Ok((c, s));
+        }
+    }
+    Ok((cfg, 0))
+}
+
+/// The backward variants a forward's output implies (dy of y's dtype; without a residual add,
+/// and for RMSNorm with one of x's dtype, `rmsnorm_bwd_add`): the forward compiles them ahead
+/// on its first call. None for an FP8 output, whose gradient comes in another dtype.
+fn backward_variants_of(
+    ctx: &KernelCtx<'_>,
+    x: &Tensor,
+    gamma: &Tensor,
+    is_ln: bool,
+    y: DType,
+) -> Result<Vec<Variant>> {
+    if y.is_fp8() {
+        return Ok(Vec::new());
+    }
+    let (cfg, stages) = backward_config(ctx, &*tune_table(ctx.device)?, x.dtype(), y, x.last_dim())?;
+    let adds: &[Option<DType>] = if is_ln { &[None] } else { &[None, Some(x.dtype())] };
+    adds.iter()
+        .map(|&add| {
+            let types = Types { x: x.dtype(), g: gamma.dtype(), y, add };
+            variant("norm_bwd", &types, is_ln, cfg, stages, false)
+        })
+        .collect()
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -183,35 +238,12 @@ fn backward(
     let dgamma = empty(ctx.device, gamma.shape(), gamma.dtype())?;
     let dbeta = if is_ln { Some(empty(ctx.device, gamma.shape(), gamma.dtype())?) } else { None };
     let types = Types { x: x.dtype(), g: gamma.dtype(), y: dy.dtype(), add: add.map(Tensor::dtype) };
-    // The backward holds more per vector (x̂, d, two column sums): fewer vectors per thread.
     let table = tune_table(ctx.device)?;
     let elem = x.dtype().size_in_bytes();
-    let mut cfg = tune::row_kernel(&table, "norm", n, elem, 2);
+    let (cfg, stages) = backward_config(ctx, &table, x.dtype(), dy.dtype(), n)?;
     let (rows_i, n_i) = (i32_of(ctx, op, "x", rows)?, i32_of(ctx, op, "x", n)?);
     let col_grid = Grid::linear(n.div_ceil(256) as u32, 256);
-    // The fused kernel's ring of rows in shared memory where the tune configs ask for one
-    // (16-byte vectors only: the copies are whole vectors), in blocks of the ring's own vectors
-    // a thread when its row takes them (`norm_bwd.row_vecs`), else of the register path's;
-    // 1024 threads an SM, a grid of one wave. Otherwise four blocks an SM, each keeping its
-    // next row in registers.
     let stage_bytes = n * (elem + dy.dtype().size_in_bytes());
-    let mut stages = 0;
-    if tune::norm_bwd_ring(&table) > 0 {
-        let optin = info(ctx.device)?.shared_memory_per_block_optin;
-        let ring_vecs = tune::norm_bwd_ring_vecs(&table);
-        let own = tune::row_kernel(&table, "norm", n, elem, ring_vecs);
-        for c in [own].into_iter().filter(|c| c.row_vecs <= ring_vecs).chain([cfg]) {
-            let s = if c.fused() && c.vec_bytes == 16 {
-                tune::norm_bwd_stages(&table, optin, stage_bytes, tune::norm_bwd_blocks_per_sm(c.block))
-            } else {
-                0
-            };
-            if s > 0 {
-                (cfg, stages) = (c, s);
-                break;
-            }
-        }
-    }
     // Fused: a grid of `parts` blocks sums dgamma/dbeta per block into ws, reduced after.
     // Otherwise one block per row computes dx and a column kernel the sums.
     let fused = cfg.row_vecs > 0;

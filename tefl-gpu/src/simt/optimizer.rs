@@ -12,8 +12,6 @@ use crate::{Defines, Variant};
 use super::host::{Arg, Grid, OnDevice, cty, empty, ptr, zeros};
 
 /// The kernels of `simt/optimizer.cu` these ops launch.
-const ENTRIES: &[&str] =
-    &["noop_snapshot", "mt_scale", "mt_l2norm", "mt_l2norm_finish", "mt_adam", "mt_sgd", "mt_compute_scale"];
 const BLOCK: u32 = 512;
 const CHUNK: usize = 65536;
 const ENTRY: usize = 7;
@@ -26,6 +24,9 @@ enum Kind {
     AdamMaster = 3,
     Sgd = 4,
     ComputeScale = 5,
+    /// The kernels that touch no tensor list (the noop snapshot, the norms' finish): a small
+    /// all-f32 build of their own.
+    Flags = 6,
 }
 
 /// One launch's worth: a dtype signature and the tensor indices that share it.
@@ -52,7 +53,7 @@ fn groups(op: &'static str, ctx: &KernelCtx<'_>, kind: Kind, lists: &[&[Tensor]]
         for (slot, l) in lists.iter().enumerate().take(5) {
             types[slot] = cty(op, "tensor list", l[first].dtype())?;
         }
-        let variant = variant(kind as u8, types);
+        let variant = variant(kind, types);
         let mut table: Vec<u64> = Vec::with_capacity(idx.len() * (ENTRY + 2));
         let mut chunk_list: Vec<u64> = Vec::new();
         for (local, &i) in idx.iter().enumerate() {
@@ -83,22 +84,38 @@ fn groups(op: &'static str, ctx: &KernelCtx<'_>, kind: Kind, lists: &[&[Tensor]]
 
 /// The variant of `simt/optimizer.cu` for a kernel kind and the five list dtypes (launches
 /// and the compile test).
-fn variant(kind: u8, types: [&str; 5]) -> Variant {
-    let defines = Defines::new().set("KIND", kind).set("BLOCK", BLOCK).set("CHUNK", CHUNK);
+fn variant(kind: Kind, types: [&str; 5]) -> Variant {
+    let defines = Defines::new().set("KIND", kind as u8).set("BLOCK", BLOCK).set("CHUNK", CHUNK);
     let defines = ["T0", "T1", "T2", "T3", "T4"].into_iter().zip(types).fold(defines, |d, (n, t)| d.set(n, t));
-    Variant::new(&tefl_kernels::OPTIMIZER, ENTRIES, defines)
+    Variant::new(&tefl_kernels::OPTIMIZER, entries(kind), defines)
 }
 
-/// The all-f32 build, for the kernels that touch no tensor list (the noop snapshot, the norm
-/// finish).
-fn f32_kernel(ctx: &KernelCtx<'_>) -> Result<OnDevice> {
-    OnDevice::new(ctx.device, variant(Kind::L2Norm as u8, ["float"; 5]))
+/// The kernels a build of `kind` holds (optimizer.cu compiles only those: a cold start's
+/// first Adam step compiles the Adam kernel and the small l2norm build, not every kernel twice).
+fn entries(kind: Kind) -> &'static [&'static str] {
+    match kind {
+        Kind::Scale => &["mt_scale"],
+        Kind::L2Norm => &["mt_l2norm"],
+        Kind::Adam | Kind::AdamMaster => &["mt_adam"],
+        Kind::Sgd => &["mt_sgd"],
+        Kind::ComputeScale => &["mt_compute_scale"],
+        Kind::Flags => &["noop_snapshot", "mt_l2norm_finish"],
+    }
 }
 
-/// The noop flag as it is before the op (device to device, no host round trip).
-fn snapshot(ctx: &KernelCtx<'_>, noop: &Tensor) -> Result<Tensor> {
+/// The build of the kernels that touch no tensor list (the noop snapshot, the norms' finish).
+fn flags_kernel(ctx: &KernelCtx<'_>) -> Result<OnDevice> {
+    OnDevice::new(ctx.device, variant(Kind::Flags, ["float"; 5]))
+}
+
+/// The noop flag as it is before the op (device to device, no host round trip). On the first
+/// call the `groups`' builds, which the op launches next, are compiled on other threads
+/// meanwhile.
+fn snapshot(ctx: &KernelCtx<'_>, noop: &Tensor, groups: &[Group]) -> Result<Tensor> {
     let snap = empty(ctx.device, &[1], DType::I32)?;
-    f32_kernel(ctx)?.launch("noop_snapshot", Grid::linear(1, 1), &[Arg::Ptr(ptr(noop)?), Arg::Ptr(ptr(&snap)?)])?;
+    let k = flags_kernel(ctx)?;
+    k.compile_ahead(|| Ok(groups.iter().map(|g| g.kernel.variant().clone()).collect()));
+    k.launch("noop_snapshot", Grid::linear(1, 1), &[Arg::Ptr(ptr(noop)?), Arg::Ptr(ptr(&snap)?)])?;
     Ok(snap)
 }
 
@@ -111,9 +128,10 @@ fn run(g: &Group, name: &'static str, snap: &Tensor, extra: &[Arg]) -> Result<()
 /// The catalogue op `multi_tensor_scale` on a GPU through the portable kernels of `simt/optimizer.cu` (every SIMT backend's impl).
 pub fn multi_tensor_scale(ctx: &KernelCtx<'_>, a: &MultiTensorScaleArgs) -> Result<MultiTensorScaleOut> {
     const OP: &str = "multi_tensor_scale";
-    let snap = snapshot(ctx, &a.noop_flag)?;
-    for g in groups(OP, ctx, Kind::Scale, &[&a.src, &a.dst])? {
-        run(&g, "mt_scale", &snap, &[Arg::Ptr(ptr(&a.noop_flag)?), Arg::F32(a.scale)])?;
+    let groups = groups(OP, ctx, Kind::Scale, &[&a.src, &a.dst])?;
+    let snap = snapshot(ctx, &a.noop_flag, &groups)?;
+    for g in &groups {
+        run(g, "mt_scale", &snap, &[Arg::Ptr(ptr(&a.noop_flag)?), Arg::F32(a.scale)])?;
     }
     Ok(MultiTensorScaleOut {})
 }
@@ -127,15 +145,16 @@ fn l2norm(
     per_tensor: bool,
 ) -> Result<(Tensor, Option<Tensor>)> {
     let n = tensors.len();
-    let snap = snapshot(ctx, noop)?;
+    let groups = groups(op, ctx, Kind::L2Norm, &[tensors])?;
+    let snap = snapshot(ctx, noop, &groups)?;
     let ws = zeros(ctx.device, &[n.max(1)], DType::F64)?;
     let total = empty(ctx.device, &[1], DType::F32)?;
     let per = if per_tensor { Some(empty(ctx.device, &[n], DType::F32)?) } else { None };
     let inv = inv_scale.map(ptr).transpose()?.unwrap_or(0);
-    for g in groups(op, ctx, Kind::L2Norm, &[tensors])? {
-        run(&g, "mt_l2norm", &snap, &[Arg::Ptr(ptr(noop)?), Arg::Ptr(inv), Arg::Ptr(ptr(&ws)?)])?;
+    for g in &groups {
+        run(g, "mt_l2norm", &snap, &[Arg::Ptr(ptr(noop)?), Arg::Ptr(inv), Arg::Ptr(ptr(&ws)?)])?;
     }
-    f32_kernel(ctx)?.launch(
+    flags_kernel(ctx)?.launch(
         "mt_l2norm_finish",
         Grid::linear(1, 32),
         &[
@@ -186,9 +205,10 @@ fn adam_args(h: &AdamHyper) -> Vec<Arg> {
 /// The catalogue op `multi_tensor_adam` on a GPU through the portable kernels of `simt/optimizer.cu` (every SIMT backend's impl).
 pub fn multi_tensor_adam(ctx: &KernelCtx<'_>, a: &MultiTensorAdamArgs) -> Result<MultiTensorAdamOut> {
     const OP: &str = "multi_tensor_adam";
-    let snap = snapshot(ctx, &a.noop_flag)?;
-    for g in groups(OP, ctx, Kind::Adam, &[&a.grads, &a.params, &a.exp_avg, &a.exp_avg_sq])? {
-        run(&g, "mt_adam", &snap, &adam_args(&a.hyper))?;
+    let groups = groups(OP, ctx, Kind::Adam, &[&a.grads, &a.params, &a.exp_avg, &a.exp_avg_sq])?;
+    let snap = snapshot(ctx, &a.noop_flag, &groups)?;
+    for g in &groups {
+        run(g, "mt_adam", &snap, &adam_args(&a.hyper))?;
     }
     Ok(MultiTensorAdamOut {})
 }
@@ -199,10 +219,11 @@ pub fn multi_tensor_adam_master(
     a: &MultiTensorAdamMasterArgs,
 ) -> Result<MultiTensorAdamMasterOut> {
     const OP: &str = "multi_tensor_adam_master";
-    let snap = snapshot(ctx, &a.noop_flag)?;
     let lists: [&[Tensor]; 5] = [&a.grads, &a.model_params, &a.master_params, &a.exp_avg, &a.exp_avg_sq];
-    for g in groups(OP, ctx, Kind::AdamMaster, &lists)? {
-        run(&g, "mt_adam", &snap, &adam_args(&a.hyper))?;
+    let groups = groups(OP, ctx, Kind::AdamMaster, &lists)?;
+    let snap = snapshot(ctx, &a.noop_flag, &groups)?;
+    for g in &groups {
+        run(g, "mt_adam", &snap, &adam_args(&a.hyper))?;
     }
     Ok(MultiTensorAdamMasterOut {})
 }
@@ -210,10 +231,11 @@ pub fn multi_tensor_adam_master(
 /// The catalogue op `multi_tensor_sgd` on a GPU through the portable kernels of `simt/optimizer.cu` (every SIMT backend's impl).
 pub fn multi_tensor_sgd(ctx: &KernelCtx<'_>, a: &MultiTensorSgdArgs) -> Result<MultiTensorSgdOut> {
     const OP: &str = "multi_tensor_sgd";
-    let snap = snapshot(ctx, &a.noop_flag)?;
-    for g in groups(OP, ctx, Kind::Sgd, &[&a.grads, &a.params, &a.momentum_buf])? {
+    let groups = groups(OP, ctx, Kind::Sgd, &[&a.grads, &a.params, &a.momentum_buf])?;
+    let snap = snapshot(ctx, &a.noop_flag, &groups)?;
+    for g in &groups {
         run(
-            &g,
+            g,
             "mt_sgd",
             &snap,
             &[
@@ -234,10 +256,11 @@ pub fn multi_tensor_sgd(ctx: &KernelCtx<'_>, a: &MultiTensorSgdArgs) -> Result<M
 /// The catalogue op `multi_tensor_compute_scale_and_scale_inv` on a GPU through the portable kernels of `simt/optimizer.cu` (every SIMT backend's impl).
 pub fn multi_tensor_compute_scale_and_scale_inv(ctx: &KernelCtx<'_>, a: &ComputeScaleArgs) -> Result<ComputeScaleOut> {
     const OP: &str = "multi_tensor_compute_scale_and_scale_inv";
-    let snap = snapshot(ctx, &a.noop_flag)?;
-    for g in groups(OP, ctx, Kind::ComputeScale, &[&a.amax, &a.scale, &a.scale_inv])? {
+    let groups = groups(OP, ctx, Kind::ComputeScale, &[&a.amax, &a.scale, &a.scale_inv])?;
+    let snap = snapshot(ctx, &a.noop_flag, &groups)?;
+    for g in &groups {
         run(
-            &g,
+            g,
             "mt_compute_scale",
             &snap,
             &[Arg::F32(a.fp8_max), Arg::I32(i32::from(a.force_pow_2)), Arg::F32(a.epsilon)],
@@ -248,5 +271,8 @@ pub fn multi_tensor_compute_scale_and_scale_inv(ctx: &KernelCtx<'_>, a: &Compute
 
 /// Variants covering every code path (the NVRTC compile test).
 pub fn variants() -> Vec<Variant> {
-    (0..6).map(|kind| variant(kind, ["bf16", "f16", "float", "float", "float"])).collect()
+    [Kind::Scale, Kind::L2Norm, Kind::Adam, Kind::AdamMaster, Kind::Sgd, Kind::ComputeScale, Kind::Flags]
+        .into_iter()
+        .map(|kind| variant(kind, ["bf16", "f16", "float", "float", "float"]))
+        .collect()
 }

@@ -98,10 +98,13 @@ fn run(op: &'static str, ctx: &KernelCtx<'_>, a: &RopeArgs, backward: bool) -> R
     let ve = 16 / a.x.dtype().size_in_bytes();
     let kernel = Kernel::pick(g.d, g.d_rot, a.interleaved, ve);
     let group = if kernel == Kernel::Vector { rows_per_block(a, g.batch) } else { 1 };
-    let k = OnDevice::new(
-        ctx.device,
-        variant(kernel, op, a.x.dtype(), a.layout, a.interleaved, backward, g.d, g.d_rot, group)?,
-    )?;
+    let variant_for =
+        |backward| variant(kernel, op, a.x.dtype(), a.layout, a.interleaved, backward, g.d, g.d_rot, group);
+    let k = OnDevice::new(ctx.device, variant_for(backward)?)?;
+    if !backward {
+        // The backward of the same call shape: compiled on another thread on the first call.
+        k.compile_ahead(|| Ok(vec![variant_for(true)?]));
+    }
     let y = empty(ctx.device, a.x.shape(), a.x.dtype())?;
     let rows = a.x.numel() / (g.h * g.d).max(1);
     // The vector kernel has h · (rotated + copied vectors per head) slots, about h·d/16 of them.

@@ -3,7 +3,8 @@
 // block b processes chunk b (CHUNK elements). `snap` is the noop flag as it was before the
 // launch, so a block that sets the flag does not stop the others (the reference semantics).
 // Defines: T0 .. T4 (list dtypes), KIND (0 scale, 1 l2norm, 2 adam, 3 adam master, 4 sgd,
-// 5 compute scale), BLOCK, CHUNK.
+// 5 compute scale, 6 the noop snapshot and the norms' finish, which touch no tensor list: a
+// build holds that kind's kernels only), BLOCK, CHUNK.
 
 #define ENTRY 7
 
@@ -22,8 +23,22 @@ __device__ __forceinline__ Chunk chunk_of(const u64* table, int ntensors) {
     return k;
 }
 
+#if KIND == 6
 extern "C" __global__ void noop_snapshot(const i32* noop, i32* snap) { *snap = *noop; }
 
+// total = sqrt(Σ ws), per[t] = sqrt(ws[t]); zeros when the flag was set before the call.
+extern "C" __global__ void mt_l2norm_finish(const double* ws, int n, const i32* snap, float* total, float* per) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    double t = 0.0;
+    for (int i = 0; i < n; ++i) {
+        t += ws[i];
+        if (per) per[i] = *snap ? 0.0f : (float)sqrt(ws[i]);
+    }
+    *total = *snap ? 0.0f : (float)sqrt(t);
+}
+#endif
+
+#if KIND == 0
 // dst = src * scale; noop = 1 when src holds inf/NaN.
 extern "C" __global__ void __launch_bounds__(BLOCK) mt_scale(const u64* table, int ntensors, const i32* snap, i32* noop,
                                                           float scale) {
@@ -39,7 +54,9 @@ extern "C" __global__ void __launch_bounds__(BLOCK) mt_scale(const u64* table, i
     }
     if (bad) *noop = 1;
 }
+#endif
 
+#if KIND == 1
 // ws[global index] += Σ (x * factor)^2 in f64; noop = 1 on inf/NaN. factor = *inv_scale or 1.
 extern "C" __global__ void __launch_bounds__(BLOCK) mt_l2norm(const u64* table, int ntensors, const i32* snap, i32* noop,
                                                            const float* inv_scale, double* ws) {
@@ -65,18 +82,9 @@ extern "C" __global__ void __launch_bounds__(BLOCK) mt_l2norm(const u64* table, 
         atomicAdd(ws + k.e[6], t);
     }
 }
+#endif
 
-// total = sqrt(Σ ws), per[t] = sqrt(ws[t]); zeros when the flag was set before the call.
-extern "C" __global__ void mt_l2norm_finish(const double* ws, int n, const i32* snap, float* total, float* per) {
-    if (threadIdx.x != 0 || blockIdx.x != 0) return;
-    double t = 0.0;
-    for (int i = 0; i < n; ++i) {
-        t += ws[i];
-        if (per) per[i] = *snap ? 0.0f : (float)sqrt(ws[i]);
-    }
-    *total = *snap ? 0.0f : (float)sqrt(t);
-}
-
+#if KIND == 2 || KIND == 3
 // One Adam element: updates m, v and returns the new parameter.
 __device__ __forceinline__ float adam_element(float pv, float gv, float& mv, float& vv, float lr, float beta1,
                                               float beta2, float eps, float wd, float bc1, float bc2, int mode) {
@@ -151,7 +159,9 @@ extern "C" __global__ void __launch_bounds__(BLOCK) mt_adam(const u64* table, in
 #endif
     }
 }
+#endif
 
+#if KIND == 4
 // SGD (PyTorch semantics) on (grads T0, params T1, momentum_buf f32).
 extern "C" __global__ void __launch_bounds__(BLOCK) mt_sgd(const u64* table, int ntensors, const i32* snap, float wd,
                                                         float momentum, float dampening, float lr, int nesterov,
@@ -174,7 +184,9 @@ extern "C" __global__ void __launch_bounds__(BLOCK) mt_sgd(const u64* table, int
         p[i] = from_f32<T1>(pv - lr * gv);
     }
 }
+#endif
 
+#if KIND == 5
 // scale = fp8_max / max(amax, eps) (a power of 2 below when asked; kept when not finite),
 // scale_inv = 1 / scale, on (amax, scale, scale_inv) f32 lists.
 extern "C" __global__ void __launch_bounds__(BLOCK) mt_compute_scale(const u64* table, int ntensors, const i32* snap,
@@ -198,3 +210,4 @@ extern "C" __global__ void __launch_bounds__(BLOCK) mt_compute_scale(const u64* 
         scale_inv[i] = 1.0f / scale[i];
     }
 }
+#endif
