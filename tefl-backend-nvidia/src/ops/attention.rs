@@ -10,16 +10,19 @@ use tefl_gpu::simt::attention::AttnBuild;
 
 use crate::launch::{Arg, Grid, OnDevice, blocks_for, empty, info, opt_ptr, ptr, sm_count, tune_table, zeros};
 
-/// Which kernels of `cuda/attention/attention.cu` a variant holds (`ATTN_FWD`, `ATTN_BWD`):
-/// each part is compiled alone, so that a forward's first call compiles no backward kernel and
-/// starts the backward's compile on another thread, to overlap the forward's work (on a fresh
-/// machine the whole source took 1.5 s to compile for f32, 2026-11-30).
+/// Which kernels of `cuda/attention/attention.cu` a variant holds (`ATTN_FWD`, `ATTN_DKDV`,
+/// `ATTN_DQ`): each part is compiled alone, so that a forward's first call compiles no
+/// backward kernel and starts the backward's compile on another thread, to overlap the
+/// forward's work (on a fresh H200 the whole source took 1.5 s to compile for f32,
+/// 2026-11-30), and the usual backward does not wait for the deterministic dQ pass's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Part {
     /// `attn_fwd`.
     Fwd,
-    /// The tile kernels of the backward: `attn_bwd_dkdv` and the deterministic `attn_bwd_dq`.
-    Bwd,
+    /// `attn_bwd_dkdv`, the backward's tiles.
+    Dkdv,
+    /// `attn_bwd_dq`, the deterministic backward's dQ pass.
+    Dq,
     /// The small kernels every path shares (also the Hopper kernels'): Σ dO·O with the dQ
     /// accumulator's zeros, dQ's conversion, and the fill of thd's lse rows.
     Aux,
@@ -30,11 +33,13 @@ impl Part {
     fn entries(self) -> &'static [&'static str] {
         match self {
             Part::Fwd => &["attn_fwd"],
-            Part::Bwd => &["attn_bwd_dkdv", "attn_bwd_dq"],
+            Part::Dkdv => &["attn_bwd_dkdv"],
+            Part::Dq => &["attn_bwd_dq"],
             Part::Aux => &["attn_bwd_delta", "attn_bwd_dq_out", "fill_f32"],
         }
     }
 }
+
 /// Lanes of the warps the tensor-core tiles are laid out for (the kernels assert it).
 const MMA_WARP: usize = 32;
 
@@ -98,7 +103,8 @@ fn variant(op: &'static str, b: &AttnBuild, fwd_min_blocks: u32, part: Part) -> 
         .set("DKV_BR", dkv_rows(b.dtype, dp))
         .set("DKV_MT", dkv_mtiles(dp))
         .flag("ATTN_FWD", part == Part::Fwd)
-        .flag("ATTN_BWD", part == Part::Bwd);
+        .flag("ATTN_DKDV", part == Part::Dkdv)
+        .flag("ATTN_DQ", part == Part::Dq);
     Ok(Variant::new(&tefl_kernels::ATTENTION_CUDA, part.entries(), defines))
 }
 
@@ -204,7 +210,7 @@ pub fn fused_attn_fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<AttnFwdOut
     let kernel = s.kernel(Part::Fwd)?;
     // The backward of this call's build (the same part the Hopper backward's small kernels
     // come from), compiled on other threads on the forward's first call.
-    kernel.compile_ahead(|| Ok(vec![s.variant(Part::Bwd)?, s.variant(Part::Aux)?]));
+    kernel.compile_ahead(|| Ok(vec![s.variant(Part::Dkdv)?, s.variant(Part::Aux)?]));
     let elem = a.q.dtype().size_in_bytes();
     let (br, bc) = (fwd_br(a.q.dtype(), s.dp), fwd_bc(a.q.dtype(), s.dp));
     let (ld, ldp) = (s.dp + 16 / elem, bc + 16 / elem);
@@ -340,7 +346,7 @@ fn dq_pass(ctx: &KernelCtx<'_>, a: &AttnBwdArgs, s: &Plan, delta: &Tensor, dq: &
     let mut args = bwd_inputs(a, delta)?;
     args.extend([Arg::Ptr(ptr(dq)?), Arg::Ptr(opt_ptr(cu_q)?), Arg::Ptr(opt_ptr(cu_k)?)]);
     args.extend(common_args(s, a.scale, a.dropout_p, a.seed, a.offset));
-    s.kernel(Part::Bwd)?.launch("attn_bwd_dq", s.tile_grid(s.g.sq, DQ_BR, s.g.hq, (4 * MMA_WARP) as u32, smem), &args)
+    s.kernel(Part::Dq)?.launch("attn_bwd_dq", s.tile_grid(s.g.sq, DQ_BR, s.g.hq, (4 * MMA_WARP) as u32, smem), &args)
 }
 
 /// The mma.sync dK/dV kernel (`attn_bwd_dkdv`), adding each tile's dQ share to `dq_acc` (none:
@@ -373,7 +379,7 @@ fn dkdv(
         check_smem(OP, ctx, ((2 * kb + 2 * stages * br) * ld + handover + own_tile) * elem + 2 * stages * br * 4)?;
     // A dV and a dK warp per 16 DKV_MT keys.
     let threads = (2 * kb / (16 * dkv_mtiles(s.dp)) * MMA_WARP) as u32;
-    s.kernel(Part::Bwd)?.launch("attn_bwd_dkdv", s.tile_grid(s.g.sk, kb, s.g.hk, threads, smem), &args)
+    s.kernel(Part::Dkdv)?.launch("attn_bwd_dkdv", s.tile_grid(s.g.sk, kb, s.g.hk, threads, smem), &args)
 }
 
 /// Variants covering every code path (the NVRTC compile test).
@@ -400,7 +406,11 @@ pub fn variants(all_masks: bool) -> Vec<Variant> {
             if all_masks || (i + j) % 2 == 0 {
                 let build = AttnBuild { dtype, d, layout, mask, window: (win, win), dropout };
                 // The small kernels read no layout, mask or window: one build of each tier.
-                let parts: &[Part] = if j < 2 { &[Part::Fwd, Part::Bwd, Part::Aux] } else { &[Part::Fwd, Part::Bwd] };
+                let parts: &[Part] = if j < 2 {
+                    &[Part::Fwd, Part::Dkdv, Part::Dq, Part::Aux]
+                } else {
+                    &[Part::Fwd, Part::Dkdv, Part::Dq]
+                };
                 for &part in parts {
                     v.extend(variant("attention", &build, 2, part));
                 }

@@ -19,7 +19,7 @@
 // WIN_LEFT / WIN_RIGHT (-1 = unbounded), DROPOUT, FWD_MIN_BLOCKS (forward blocks per SM the
 // register budget is cut for), DKV_KB (keys per dK/dV block, 64 or 128), DKV_BR (queries per
 // dK/dV tile, 64, or 32 for f32 head dims over 128), DKV_MT (m-tiles of keys per dK/dV warp: 2,
-// or 1 for head dims over 128), ATTN_FWD (compile attn_fwd), ATTN_BWD (compile attn_bwd_dkdv and
+// or 1 for head dims over 128), ATTN_FWD, ATTN_DKDV, ATTN_DQ (compile attn_fwd, attn_bwd_dkdv,
 // attn_bwd_dq; the small kernels are in every build).
 //
 // Rows: query position i of sequence b is token row  qbase(b) + i * rstride, its (row, head)
@@ -373,7 +373,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS, FWD_MIN_BLOCKS) attn_f
 
 #endif // ATTN_FWD
 
-#if ATTN_BWD
+#if ATTN_DQ
 // The deterministic dQ (a backward call with `deterministic` set): one block per DQ_BR queries of
 // a head and sequence, 4 warps of 16 rows, looping over the key tiles the rows see as the
 // forward does (K and V double-buffered), each tile recomputing S = Q K^T and dP = dO V^T,
@@ -457,7 +457,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) attn_bwd_dq(const T* _
         store_row<1>(dq + ((s.qb + (long long)r * s.rs) * hq + h) * D, acc, x, r < s.lq, scale);
     }
 }
-#endif // ATTN_BWD
+#endif // ATTN_DQ
 
 // delta[row * hq + h] = Σ_d dO·O (f32), one warp per (token row, head), which also zeroes that
 // row of the dQ accumulator (when there is one: not for attn_bwd_dq).
@@ -496,7 +496,7 @@ extern "C" __global__ void attn_bwd_dq_out(const float* __restrict__ dq_acc, T* 
     }
 }
 
-#if ATTN_BWD
+#if ATTN_DKDV
 // dq_acc[query rows [i0, i0 + nq) of head h] += dS K for one dK/dV tile: dS^T (keys x queries,
 // row stride LDS) and the block's DKV_KB keys of K are in shared memory. With G = DKV_BR / 16
 // row groups, warp w takes queries 16 (w % G).. and every (DKV_WARPS / G)-th DQ_COLS-column
@@ -786,7 +786,7 @@ extern "C" __global__ void __launch_bounds__(WARP_SIZE * DKV_WARPS) attn_bwd_dkd
         store_row<DKV_MT>(out + ((s.kb + (long long)key * s.rs) * hk + hkv) * D, acc, x, key < s.lk, mult);
     }
 }
-#endif // ATTN_BWD
+#endif // ATTN_DKDV
 
 extern "C" __global__ void fill_f32(float* __restrict__ p, long long n, float v) {
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
