@@ -27,8 +27,8 @@ pub fn nvrtc_available() -> std::result::Result<(), String> {
     .clone()
 }
 
-/// The loaded libnvrtc's (major, minor) version (loading the library on the first call).
-pub(crate) fn nvrtc_version() -> Result<(i32, i32)> {
+/// The loaded libnvrtc's (major, minor) version.
+fn nvrtc_version() -> Result<(i32, i32)> {
     nvrtc_available().map_err(|reason| Error::DeviceUnavailable { device: "cuda".into(), reason })?;
     let (mut major, mut minor) = (0, 0);
     // SAFETY: libnvrtc is present (checked above); both out-pointers are valid.

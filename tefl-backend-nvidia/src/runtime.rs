@@ -205,7 +205,7 @@ impl CudaRuntime {
                 crate::availability()?;
                 let started = std::time::Instant::now();
                 let n = CudaContext::device_count().map_err(|e| format!("cuDeviceGetCount: {e:?}"))?;
-                let contexts: std::result::Result<Vec<_>, String> = (0..n.max(0) as usize)
+                let contexts = (0..n.max(0) as usize)
                     .map(|i| {
                         let ctx = CudaContext::new(i).map_err(|e| format!("cuda:{i}: {e:?}"))?;
                         // SAFETY: every buffer and kernel of this backend uses the context's one
@@ -216,14 +216,6 @@ impl CudaRuntime {
                     })
                     .collect();
                 tracing::debug!(target: "TE-FL", "{n} CUDA context(s) in {} ms", started.elapsed().as_millis());
-                // The libraries the first ops load (NVRTC for the first kernel, cuBLASLt for
-                // the first GEMM) load on another thread meanwhile; a failure is left to them.
-                if contexts.as_ref().is_ok_and(|c| !c.is_empty()) {
-                    let _ = std::thread::Builder::new().name("tefl-preload".into()).spawn(|| {
-                        let _ = crate::nvrtc::nvrtc_version();
-                        crate::ops::gemm::preload_cublaslt();
-                    });
-                }
                 contexts
             })
             .as_ref()

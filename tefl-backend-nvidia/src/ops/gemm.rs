@@ -31,17 +31,6 @@ pub fn cublaslt_available() -> std::result::Result<(), String> {
     .clone()
 }
 
-/// Loads libcublasLt (where present) and resolves a first function of it, so that the first
-/// GEMM does not wait for the library (hundreds of MB, 0.4 s from a cold disk on the H200 of
-/// 2026-11-30): the runtime calls it on a thread of its own once the contexts exist.
-pub(crate) fn preload_cublaslt() {
-    if cublaslt_available().is_ok() {
-        // SAFETY: libcublasLt is present (checked above); the call takes no arguments and only
-        // reads the library's version.
-        let _ = unsafe { sys::cublasLtGetVersion() };
-    }
-}
-
 /// A cuBLASLt handle and workspace per device.
 struct DeviceLt {
     handle: sys::cublasLtHandle_t,
