@@ -214,16 +214,52 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The slot of `key`: the existing one (`false`: another thread compiles it or has), or a new
-/// one this thread now owns (`true`).
-fn claim(key: u64) -> (Arc<Slot>, bool) {
+/// What [`claim`] found for a key.
+enum Claim {
+    /// Another thread compiles the program, or has.
+    Taken(Arc<Slot>),
+    /// This thread now compiles it.
+    Mine(Claimed),
+}
+
+/// A slot this thread compiles into: whatever happens, it is finished (dropped without a
+/// binary, by a compile that unwound, it reads as failed), so that no thread waits forever.
+struct Claimed {
+    key: u64,
+    slot: Arc<Slot>,
+    finished: bool,
+}
+
+impl Claimed {
+    /// Hands `binary` to the threads waiting for it; `keep`: leaves it in the table for a
+    /// launch to come (a compile ahead), else removes the slot.
+    fn finish(mut self, binary: Option<Vec<u8>>, keep: bool) {
+        self.finished = true;
+        self.slot.finish(binary);
+        if !keep {
+            release(self.key, &self.slot);
+        }
+    }
+}
+
+impl Drop for Claimed {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.slot.finish(None);
+            release(self.key, &self.slot);
+        }
+    }
+}
+
+/// The slot of `key`: another thread's, or a new one this thread now owns.
+fn claim(key: u64) -> Claim {
     let mut slots = lock(slots());
     match slots.get(&key) {
-        Some(slot) => (slot.clone(), false),
+        Some(slot) => Claim::Taken(slot.clone()),
         None => {
             let slot = Arc::new(Slot::default());
             slots.insert(key, slot.clone());
-            (slot, true)
+            Claim::Mine(Claimed { key, slot, finished: false })
         }
     }
 }
@@ -272,18 +308,18 @@ pub fn compile_cached(c: &dyn RtcCompiler, variant: &Variant, arch: &str) -> Res
     if let Some(bytes) = read_cached(&path) {
         return Ok(bytes);
     }
-    let (slot, owner) = claim(key);
-    if !owner {
-        // It failed on the other thread: compile here, for this call's own error.
-        return match take(key, &slot, variant, arch) {
+    match claim(key) {
+        Claim::Taken(slot) => match take(key, &slot, variant, arch) {
             Some(binary) => Ok(binary),
+            // It failed on the other thread: compile here, for this call's own error.
             None => compile_and_store(c, variant, arch, &path),
-        };
+        },
+        Claim::Mine(claimed) => {
+            let result = compile_and_store(c, variant, arch, &path);
+            claimed.finish(result.as_ref().ok().cloned(), false);
+            result
+        }
     }
-    let result = compile_and_store(c, variant, arch, &path);
-    slot.finish(result.as_ref().ok().cloned());
-    release(key, &slot);
-    result
 }
 
 /// The compiles [`compile_ahead`] has started and not finished: the process waits for them
@@ -328,17 +364,13 @@ pub fn compile_ahead(c: &'static dyn RtcCompiler, variant: Variant, arch: String
         if path.as_ref().is_ok_and(|p| p.exists()) {
             return;
         }
-        let (slot, owner) = claim(key);
-        if !owner {
-            return;
-        }
+        let Claim::Mine(claimed) = claim(key) else { return };
         match compile_and_store(c, &variant, &arch, &path) {
             // Left in the table for the launch that asks for it.
-            Ok(binary) => slot.finish(Some(binary)),
+            Ok(binary) => claimed.finish(Some(binary), true),
             Err(e) => {
                 tracing::debug!(target: "TE-FL", "compile ahead of {}: {e}", variant.source.name);
-                slot.finish(None);
-                release(key, &slot);
+                claimed.finish(None, false);
             }
         }
     };
@@ -510,6 +542,7 @@ mod tests {
         fn compile_text(&self, text: &str, _: &str, _: &[String]) -> std::result::Result<Vec<u8>, String> {
             self.calls.fetch_add(1, Ordering::SeqCst);
             std::thread::sleep(std::time::Duration::from_millis(self.delay_ms));
+            assert!(!text.contains("#define PANIC 1"), "the test compiler unwinds");
             if text.contains("#define FAIL 1") {
                 Err("error: FAIL".into())
             } else {
@@ -628,6 +661,22 @@ mod tests {
         // in the disk cache.
         assert_eq!(C.calls(), 1);
         remove_cached(&C, &v, "gfx90a");
+    }
+
+    #[test]
+    fn a_compile_that_unwinds_leaves_no_thread_waiting() {
+        static C: Counting = Counting::new(150, true);
+        let v = fresh_variant(false);
+        let v = Variant { defines: v.defines.flag("PANIC", true), ..v };
+        std::thread::scope(|s| {
+            let first = s.spawn(|| compile_cached(&C, &v, "gfx942"));
+            std::thread::sleep(std::time::Duration::from_millis(30));
+            // Waits for the first compile, which unwinds, then compiles (and unwinds) itself.
+            let second = std::panic::catch_unwind(|| compile_cached(&C, &v, "gfx942"));
+            assert!(first.join().is_err() && second.is_err());
+        });
+        assert_eq!(C.calls(), 2);
+        assert!(!lock(slots()).contains_key(&cache_key(&C, &v, "gfx942", "1.0")));
     }
 
     #[test]
