@@ -189,13 +189,13 @@ struct Slot {
 
 impl Slot {
     fn finish(&self, binary: Option<Vec<u8>>) {
-        *self.done.lock().unwrap_or_else(|p| p.into_inner()) = Some(binary);
+        *lock(&self.done) = Some(binary);
         self.finished.notify_all();
     }
 
     /// The binary once the compile ends; `None` when it failed.
     fn wait(&self) -> Option<Vec<u8>> {
-        let mut done = self.done.lock().unwrap_or_else(|p| p.into_inner());
+        let mut done = lock(&self.done);
         while done.is_none() {
             done = self.finished.wait(done).unwrap_or_else(|p| p.into_inner());
         }
@@ -351,14 +351,16 @@ pub fn compile_ahead(c: &'static dyn RtcCompiler, variant: Variant, arch: String
     if !c.compiles_concurrently() || c.available().is_err() {
         return;
     }
+    // Asking for the version loads the compiler's library here, before the exit hook is
+    // registered: exit handlers run in reverse order, so the hook runs before the library's.
+    let Ok(version) = c.version() else { return };
     static EXIT_HOOK: OnceLock<()> = OnceLock::new();
     EXIT_HOOK.get_or_init(|| {
-        // SAFETY: registers a plain function that takes no arguments; it runs at process exit
-        // (before the compiler's library is unloaded, which was loaded earlier) and only waits.
+        // SAFETY: registers a plain function that takes no arguments; it runs at process exit,
+        // before the handlers of the compiler's library (loaded above), and only waits.
         let _ = unsafe { atexit(wait_for_compiles_ahead) };
     });
     let work = move || {
-        let Ok(version) = c.version() else { return };
         let key = cache_key(c, &variant, &arch, &version);
         let path = cached_path(c, &variant, &arch, key);
         if path.as_ref().is_ok_and(|p| p.exists()) {
