@@ -509,6 +509,11 @@ pub struct EnvConfig {
     /// results among themselves instead of in a second launch; `0` keeps the second launch
     /// (comparisons, or a GPU shared with other processes).
     pub cooperative: bool,
+    /// `TEFL_COMPILE_AHEAD` (`0`/`1`, default `1`): whether GPU backends compile, on other
+    /// threads, the kernel variants an op's first call implies for later calls (a forward its
+    /// backward's); `0` compiles each variant at its own first launch only (the process then
+    /// never waits at exit for a compile nothing used).
+    pub compile_ahead: bool,
 }
 
 /// Reads one variable as an OS string (paths): `Ok(None)` when unset or empty.
@@ -596,6 +601,8 @@ impl EnvConfig {
         let attn_wgmma = get("TEFL_ATTN_WGMMA")?.map(|v| parse_flag("TEFL_ATTN_WGMMA", &v)).transpose()?;
         let cooperative =
             get("TEFL_COOPERATIVE")?.map(|v| parse_flag("TEFL_COOPERATIVE", &v)).transpose()?.unwrap_or(true);
+        let compile_ahead =
+            get("TEFL_COMPILE_AHEAD")?.map(|v| parse_flag("TEFL_COMPILE_AHEAD", &v)).transpose()?.unwrap_or(true);
         let cache_dir = match get_os("TEFL_CACHE_DIR")? {
             Some(d) => PathBuf::from(trim_os(d)),
             None => match get_os("XDG_CACHE_HOME")? {
@@ -614,6 +621,7 @@ impl EnvConfig {
             attn_fwd_min_blocks,
             attn_wgmma,
             cooperative,
+            compile_ahead,
         })
     }
 }
@@ -730,17 +738,19 @@ mod tests {
             ("TEFL_ATTN_FWD_MIN_BLOCKS", " 3 "),
             ("TEFL_ATTN_WGMMA", "0"),
             ("TEFL_COOPERATIVE", "0"),
+            ("TEFL_COMPILE_AHEAD", "0"),
             ("TEFL_CACHE_DIR", " /tmp/x "),
         ]))
         .unwrap();
         assert_eq!(c.attn_wgmma, Some(false));
-        assert!(!c.cooperative);
+        assert!(!c.cooperative && !c.compile_ahead);
         assert!(c.autotune && c.kernel_timing);
         assert_eq!(c.attn_fwd_min_blocks, Some(3));
         assert_eq!(c.cache_dir, PathBuf::from("/tmp/x"));
         let d = EnvConfig::from_lookup(&lookup(&[("XDG_CACHE_HOME", "/c")])).unwrap();
         assert!(!d.autotune && !d.kernel_timing, "measuring and timing are opt-in");
         assert!(d.cooperative, "cooperative launches are on by default");
+        assert!(d.compile_ahead, "compiling ahead is on by default");
         assert_eq!(d.cache_dir, PathBuf::from("/c/tefl"));
         let c = EnvConfig::from_lookup(&lookup(&[("TE_FL_DEBUG", "1"), ("TEFL_LOG_LEVEL", "error")])).unwrap();
         assert_eq!(c.log_level, LogLevel::Error);
@@ -756,6 +766,7 @@ mod tests {
             ("TEFL_ATTN_FWD_MIN_BLOCKS", "9"),
             ("TEFL_ATTN_WGMMA", "maybe"),
             ("TEFL_COOPERATIVE", "yes please"),
+            ("TEFL_COMPILE_AHEAD", "later"),
         ] {
             match EnvConfig::from_lookup(&lookup(&[(var, val)])) {
                 Err(Error::Config { variable, .. }) => assert_eq!(variable, var),
@@ -808,7 +819,7 @@ mod tests {
                         "TE_FALLBACK_BACKEND", "TE_FL_PLUGIN_MODULES", "TE_FL_SKIP_CUDA",
                         "TEFL_LOG_LEVEL", "TE_FL_DEBUG", "TEFL_AUTOTUNE", "TEFL_CACHE_DIR",
                         "TEFL_KERNEL_TIMING", "TEFL_ATTN_FWD_MIN_BLOCKS", "TEFL_ATTN_WGMMA",
-                        "TEFL_COOPERATIVE"] {
+                        "TEFL_COOPERATIVE", "TEFL_COMPILE_AHEAD"] {
                 for v in [&s, &t] {
                     let vv = v.clone();
                     let get = move |k: &'static str| Ok(if k == var { Some(vv.clone()) } else { None });

@@ -345,10 +345,12 @@ unsafe extern "C" {
 /// launch that will ask for it ([`compile_cached`] then takes the binary, or waits for it): an op
 /// names the variants its later calls will need (a forward its backward's) so that their compile
 /// overlaps this call's work. Nothing happens for a compiler that cannot compile on two threads
-/// at once, for a binary already cached, or for one already being compiled; a failure is only
-/// logged (the launch that needs the variant compiles it again and reports the error).
+/// at once, with `TEFL_COMPILE_AHEAD=0`, for a binary already cached, or for one already being
+/// compiled; a failure is only logged (the launch that needs the variant compiles it again and
+/// reports the error).
 pub fn compile_ahead(c: &'static dyn RtcCompiler, variant: Variant, arch: String) {
-    if !c.compiles_concurrently() || c.available().is_err() {
+    let enabled = tefl_core::policy::env().as_ref().is_ok_and(|e| e.compile_ahead);
+    if !enabled || !c.compiles_concurrently() || c.available().is_err() {
         return;
     }
     // Asking for the version loads the compiler's library here, before the exit hook is
