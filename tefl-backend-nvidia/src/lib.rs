@@ -109,6 +109,20 @@ mod tests {
                     .map(move |v| (crate::launch::target_arch(v, arch), v))
             })
             .collect();
+        // The entry points each source's variants launch, all together: a variant's binary must
+        // hold its own and no other (a source compiled in parts compiles each part alone, so that a
+        // first call waits for no kernel it does not launch).
+        let all = super::kernel_variants(true);
+        let launched = |v: &tefl_gpu::Variant| -> Vec<&'static str> {
+            let mut names: Vec<_> = all
+                .iter()
+                .filter(|w| std::ptr::eq(w.source, v.source))
+                .flat_map(|w| w.entries.iter().copied())
+                .collect();
+            names.sort_unstable();
+            names.dedup();
+            names
+        };
         let mut failures = Vec::new();
         let mut compiled = 0;
         for (i, (arch, v)) in jobs.iter().enumerate().filter(|(i, _)| shard.owns(*i)) {
@@ -123,6 +137,12 @@ mod tests {
                 Ok((cubin, log)) => {
                     for e in v.entries.iter().filter(|e| !binary_has_entry(&cubin, e)) {
                         failures.push(format!("{arch} {}: no entry {e} ({:?})", v.source.name, v.defines));
+                    }
+                    for e in launched(v).into_iter().filter(|e| !v.entries.contains(e) && binary_has_entry(&cubin, e)) {
+                        failures.push(format!(
+                            "{arch} {}: compiles {e}, which it does not launch ({:?})",
+                            v.source.name, v.defines
+                        ));
                     }
                     for advice in performance_advisories(&log) {
                         failures.push(format!("{arch} {} ({:?}): {advice}", v.source.name, v.defines));

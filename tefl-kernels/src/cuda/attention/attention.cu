@@ -20,7 +20,8 @@
 // register budget is cut for), DKV_KB (keys per dK/dV block, 64 or 128), DKV_BR (queries per
 // dK/dV tile, 64, or 32 for f32 head dims over 128), DKV_MT (m-tiles of keys per dK/dV warp: 2,
 // or 1 for head dims over 128), ATTN_FWD, ATTN_DKDV, ATTN_DQ (compile attn_fwd, attn_bwd_dkdv,
-// attn_bwd_dq; the small kernels are in every build).
+// attn_bwd_dq; a build with none of them compiles the small kernels: attn_bwd_delta,
+// attn_bwd_dq_out, fill_f32).
 //
 // Rows: query position i of sequence b is token row  qbase(b) + i * rstride, its (row, head)
 // element at ((row * H) + h) * D (H = hq for q, o, hk for k, v).
@@ -33,6 +34,7 @@ static_assert(WARP_SIZE == 32, "the tensor-core attention kernels need 32-lane w
 #define LDD (DP + PAD)
 #define LDP (FWD_BC + PAD)
 #define NEG_INF (-__int_as_float(0x7f800000))
+#define ATTN_AUX (!ATTN_FWD && !ATTN_DKDV && !ATTN_DQ)
 
 // acc[MT][NB][4] += A(16 MT x KD) * B(KD x 8 NB) for one warp, fragments in the MMA layout:
 // m-tile mt holds rows 16 mt.. of A. A(r, k) = As[r * lda + k] (or As[k * lda + r] when AT);
@@ -459,6 +461,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) attn_bwd_dq(const T* _
 }
 #endif // ATTN_DQ
 
+#if ATTN_AUX
 // delta[row * hq + h] = Σ_d dO·O (f32), one warp per (token row, head), which also zeroes that
 // row of the dQ accumulator (when there is one: not for attn_bwd_dq).
 extern "C" __global__ void attn_bwd_delta(const T* __restrict__ o, const T* __restrict__ d_o, float* __restrict__ delta,
@@ -495,6 +498,7 @@ extern "C" __global__ void attn_bwd_dq_out(const float* __restrict__ dq_acc, T* 
         store_n<T, V>(dq + i, x);
     }
 }
+#endif // ATTN_AUX
 
 #if ATTN_DKDV
 // dq_acc[query rows [i0, i0 + nq) of head h] += dS K for one dK/dV tile: dS^T (keys x queries,
@@ -788,7 +792,9 @@ extern "C" __global__ void __launch_bounds__(WARP_SIZE * DKV_WARPS) attn_bwd_dkd
 }
 #endif // ATTN_DKDV
 
+#if ATTN_AUX
 extern "C" __global__ void fill_f32(float* __restrict__ p, long long n, float v) {
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
         p[i] = v;
 }
+#endif // ATTN_AUX
