@@ -62,7 +62,7 @@ impl RtcCompiler for Nvrtc {
         "cubin"
     }
     /// NVRTC compiles distinct programs on several threads at once (its guide's thread-safety
-    /// rule: only one program may not be compiled by two threads).
+    /// rule forbids only two threads working on one program).
     fn compiles_concurrently(&self) -> bool {
         true
     }
