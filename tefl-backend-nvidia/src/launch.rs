@@ -350,18 +350,9 @@ impl OnDevice {
     }
 }
 
-/// On the first use of `now` on `device` (before its first launch loads it), starts compiling
-/// the variants `later` names on other threads: those the op's later calls will launch (a
-/// forward's backward), so that their compile overlaps the work in between (see
-/// [`compile_ahead`]). After the first use this costs one lookup; a variant `later` cannot build
-/// is left to its own launch.
+/// [`tefl_gpu::target::compile_ahead_on_first_use`] on CUDA.
 pub(crate) fn compile_ahead_on_first_use(device: Device, now: &Variant, later: impl FnOnce() -> Result<Vec<Variant>>) {
-    if modules().contains(device.ordinal, now) {
-        return;
-    }
-    for v in later().unwrap_or_default() {
-        compile_ahead(device, &v);
-    }
+    tefl_gpu::target::compile_ahead_on_first_use(&CudaTarget, device, now, later)
 }
 
 /// The device address of a CUDA tensor (a typed error for a tensor elsewhere).

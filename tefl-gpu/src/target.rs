@@ -64,6 +64,25 @@ macro_rules! register_gpu_target {
     };
 }
 
+/// On the first use of `now` on `device` (before its first launch loads it), starts compiling
+/// the variants `later` names on other threads, where `target` can: those the op's later calls
+/// will launch (a forward's backward), so that their compile overlaps the work in between (see
+/// [`GpuTarget::compile_ahead`]). After the first use this costs one lookup; a variant `later`
+/// cannot build is left to its own launch.
+pub fn compile_ahead_on_first_use(
+    target: &dyn GpuTarget,
+    device: Device,
+    now: &Variant,
+    later: impl FnOnce() -> Result<Vec<Variant>>,
+) {
+    if target.loaded(device, now) {
+        return;
+    }
+    for v in later().unwrap_or_default() {
+        target.compile_ahead(device, &v);
+    }
+}
+
 /// The target serving `device`, or [`Error::DeviceUnavailable`] when no backend linked into this
 /// build serves its kind.
 pub fn target_of(device: Device) -> Result<&'static dyn GpuTarget> {

@@ -264,7 +264,7 @@ pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut
             return tefl_gpu::simt::attention::fused_attn_bwd(ctx, a);
         }
         let (dq, dk, dv) = (mk(&a.q)?, mk(&a.k)?, mk(&a.v)?);
-        let delta = delta_kernel(&s, a, dev, None)?;
+        let delta = delta_kernel(&s, &s.kernel(Part::Aux)?, a, dev, None)?;
         let hopper = super::attention_sm90::BwdBuffers { delta: &delta, dq_acc: None, dk: &dk, dv: &dv };
         if !super::attention_sm90::bwd(ctx, a, &s.g, &s.build, &hopper)? {
             dkdv(ctx, a, &s, &delta, None, &dk, &dv)?;
@@ -280,13 +280,14 @@ pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut
     let dq_acc = empty(dev, &[a.q.numel()], DType::F32)?;
     let dq = empty(dev, a.q.shape(), a.q.dtype())?;
     let (dk, dv) = (mk(&a.k)?, mk(&a.v)?);
-    let delta = delta_kernel(&s, a, dev, Some(&dq_acc))?;
+    let aux = s.kernel(Part::Aux)?;
+    let delta = delta_kernel(&s, &aux, a, dev, Some(&dq_acc))?;
     let hopper = super::attention_sm90::BwdBuffers { delta: &delta, dq_acc: Some(&dq_acc), dk: &dk, dv: &dv };
     if !super::attention_sm90::bwd(ctx, a, &s.g, &s.build, &hopper)? {
         dkdv(ctx, a, &s, &delta, Some(&dq_acc), &dk, &dv)?;
     }
     let n = a.q.numel();
-    s.kernel(Part::Aux)?.launch(
+    aux.launch(
         "attn_bwd_dq_out",
         Grid::linear(blocks_for(n, 256, sm_count(dev) * 8), 256),
         &[Arg::Ptr(ptr(&dq_acc)?), Arg::Ptr(ptr(&dq)?), Arg::U64(n as u64), Arg::F32(a.scale)],
@@ -294,12 +295,12 @@ pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut
     Ok(AttnBwdOut { dq, dk, dv })
 }
 
-/// `attn_bwd_delta`: delta = Σ dO·O per row and head (returned, f32), zeroing `dq_acc` when
-/// there is one.
-fn delta_kernel(s: &Plan, a: &AttnBwdArgs, dev: Device, dq_acc: Option<&Tensor>) -> Result<Tensor> {
+/// `attn_bwd_delta` (from `aux`, the call's small-kernel part): delta = Σ dO·O per row and
+/// head (returned, f32), zeroing `dq_acc` when there is one.
+fn delta_kernel(s: &Plan, aux: &OnDevice, a: &AttnBwdArgs, dev: Device, dq_acc: Option<&Tensor>) -> Result<Tensor> {
     let rows_heads = a.q.numel() / s.g.d;
     let delta = empty(dev, &[rows_heads], DType::F32)?;
-    s.kernel(Part::Aux)?.launch(
+    aux.launch(
         "attn_bwd_delta",
         Grid::linear((rows_heads * MMA_WARP).div_ceil(256).max(1) as u32, 256),
         &[

@@ -43,18 +43,10 @@ impl OnDevice {
 }
 
 impl OnDevice {
-    /// On this variant's first use on its device (before its first launch loads it), starts
-    /// compiling the variants `later` names on other threads, where the target can: the
-    /// variants the op's later calls will launch (a forward's backward), so that their compile
-    /// overlaps the work in between (see [`GpuTarget::compile_ahead`]). After the first use
-    /// this costs one lookup; a variant `later` cannot build is left to its own launch.
+    /// On this variant's first use on its device, starts compiling the variants `later` names
+    /// on other threads (see [`crate::target::compile_ahead_on_first_use`]).
     pub(crate) fn compile_ahead(&self, later: impl FnOnce() -> Result<Vec<Variant>>) {
-        if self.target.loaded(self.device, &self.variant) {
-            return;
-        }
-        for v in later().unwrap_or_default() {
-            self.target.compile_ahead(self.device, &v);
-        }
+        crate::target::compile_ahead_on_first_use(self.target, self.device, &self.variant, later)
     }
 }
 
