@@ -353,6 +353,26 @@ impl DeviceRuntime for CudaRuntime {
             .map_err(|e| device_error(d.device, e))?;
         d.stream.synchronize().map_err(|e| device_error(d.device, e))
     }
+    fn copy_from_host_queued(&self, dst: &dyn Buffer, src: &[u8]) -> Result<()> {
+        let d = self.buffer(dst)?;
+        if src.len() != d.len {
+            return Err(Error::Tensor(format!("copy of {} bytes into {} bytes", src.len(), d.len)));
+        }
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.context(d.device)?.bind_to_thread().map_err(|e| device_error(d.device, e))?;
+        self.on_queue(d.device, |stream| {
+            // SAFETY: `d.ptr` holds `d.len` = src.len() bytes for the buffer's life, and the
+            // copy is queued on the stream the next launches go on (an external one joins the
+            // default stream, where the buffer was allocated, first). `src` is pageable memory:
+            // the driver stages it before returning (small copies go into the command stream
+            // itself), so nothing reads `src` after the call; the copy to the device completes
+            // in stream order, before any kernel queued after it reads the buffer.
+            unsafe { cudarc::driver::result::memcpy_htod_async(d.ptr, src, stream.cu_stream()) }
+                .map_err(|e| device_error(d.device, e))
+        })
+    }
     fn copy_to_host(&self, src: &dyn Buffer, dst: &mut [u8]) -> Result<()> {
         let s = self.buffer(src)?;
         if dst.len() != s.len {

@@ -226,6 +226,15 @@ pub trait DeviceRuntime: Send + Sync + 'static {
     fn alloc(&self, device: Device, bytes: usize) -> Result<Arc<dyn Buffer>>;
     /// Copies host bytes into a buffer of this runtime (sizes must match).
     fn copy_from_host(&self, dst: &dyn Buffer, src: &[u8]) -> Result<()>;
+    /// Queues a copy of host bytes into a buffer of this runtime (sizes must match) on the
+    /// queue this thread's ops run on ([`DeviceRuntime::queue`]), returning once `src` has been
+    /// read but without waiting for the copy: for bytes that only work queued after it on that
+    /// queue reads (a kernel's table of tensor addresses), where a host wait would stall the
+    /// device between the work before and after it. This default is
+    /// [`DeviceRuntime::copy_from_host`].
+    fn copy_from_host_queued(&self, dst: &dyn Buffer, src: &[u8]) -> Result<()> {
+        self.copy_from_host(dst, src)
+    }
     /// Copies a buffer of this runtime into host bytes (sizes must match).
     fn copy_to_host(&self, src: &dyn Buffer, dst: &mut [u8]) -> Result<()>;
     /// Waits for all work queued on `device`.

@@ -235,6 +235,20 @@ impl Tensor {
         decode_elements(&self.to_bytes()?, self.dtype)
     }
 
+    /// [`Tensor::to_vec`] for the small device tensors validation reads on the host (cu_seqlens,
+    /// start positions): inside one op call ([`crate::Manager::call`]) a device tensor is
+    /// copied to the host once, and the later reads of the same call (the op's validation,
+    /// then the impl's own geometry) take those bytes. Each copy from a device waits for the
+    /// device's queue to drain, so reading cu_seqlens four times a call cost an attention call
+    /// on packed (thd) sequences four stalls. Outside a call this is `to_vec`; the next call
+    /// reads again (the caller may have rewritten the tensor in between).
+    pub fn to_vec_in_call<T: Element>(&self) -> Result<Vec<T>> {
+        if device::as_host(&*self.storage).is_some() {
+            return self.to_vec();
+        }
+        decode_elements(&call_reads::bytes_of(self)?, self.dtype)
+    }
+
     /// A copy on `device` (a clone sharing storage when it is already there).
     pub fn to_device(&self, device: &Device) -> Result<Tensor> {
         if self.device() == *device {
@@ -244,6 +258,21 @@ impl Tensor {
         let rt = device::runtime(device.kind)?;
         let storage = rt.alloc(*device, bytes.len())?;
         rt.copy_from_host(&*storage, &bytes)?;
+        Ok(Tensor { dtype: self.dtype, device: *device, shape: self.shape.clone(), storage })
+    }
+
+    /// A copy on `device` for the kernels queued after it on this thread's queue only (launch
+    /// tables): the upload is queued there without a host wait
+    /// ([`DeviceRuntime::copy_from_host_queued`](device::DeviceRuntime::copy_from_host_queued)).
+    /// Read it from elsewhere (the host, another queue) only after synchronizing.
+    pub fn to_device_queued(&self, device: &Device) -> Result<Tensor> {
+        if self.device() == *device {
+            return Ok(self.clone());
+        }
+        let bytes = self.to_bytes()?;
+        let rt = device::runtime(device.kind)?;
+        let storage = rt.alloc_uninit(*device, bytes.len())?;
+        rt.copy_from_host_queued(&*storage, &bytes)?;
         Ok(Tensor { dtype: self.dtype, device: *device, shape: self.shape.clone(), storage })
     }
 
@@ -392,5 +421,72 @@ mod tests {
         let t = Tensor::from_slice(&[1.0f32], [1], DType::F32).unwrap();
         let d = Device::new(crate::DeviceKind::new("nowhere"), 0);
         assert!(matches!(t.to_device(&d), Err(Error::DeviceUnavailable { .. })));
+    }
+}
+
+/// The host copies of device tensors taken during the op call under way on this thread (see
+/// [`Tensor::to_vec_in_call`]). Calls nest (an impl may call another op): the copies are
+/// dropped when the outermost call returns.
+pub(crate) mod call_reads {
+    use std::cell::RefCell;
+    use std::sync::Arc;
+
+    use super::Tensor;
+    use crate::Result;
+
+    /// A tensor's (storage address, byte count).
+    type Key = (usize, usize);
+
+    #[derive(Default)]
+    struct Reads {
+        /// Calls under way on this thread.
+        depth: usize,
+        /// ((storage address, byte count), bytes) of each tensor read in them. The call's
+        /// arguments hold the storages, so an address names one allocation for the call's
+        /// whole span (a tensor's bytes start at its storage's first byte).
+        copies: Vec<(Key, Arc<[u8]>)>,
+    }
+
+    thread_local! {
+        static READS: RefCell<Reads> = RefCell::new(Reads::default());
+    }
+
+    /// One op call under way on this thread, from [`enter`] until dropped.
+    pub(crate) struct CallScope(());
+
+    /// Marks the start of an op call on this thread.
+    pub(crate) fn enter() -> CallScope {
+        READS.with(|r| r.borrow_mut().depth += 1);
+        CallScope(())
+    }
+
+    impl Drop for CallScope {
+        fn drop(&mut self) {
+            READS.with(|r| {
+                let mut r = r.borrow_mut();
+                r.depth = r.depth.saturating_sub(1);
+                if r.depth == 0 {
+                    r.copies.clear();
+                }
+            });
+        }
+    }
+
+    /// `t`'s bytes: copied from its device once per call, or every time outside one.
+    pub(crate) fn bytes_of(t: &Tensor) -> Result<Arc<[u8]>> {
+        let key = (Arc::as_ptr(&t.storage).cast::<u8>() as usize, t.size_in_bytes());
+        let in_call = READS.with(|r| {
+            let r = r.borrow();
+            (r.depth > 0).then(|| r.copies.iter().find(|(k, _)| *k == key).map(|(_, b)| b.clone()))
+        });
+        match in_call {
+            Some(Some(bytes)) => Ok(bytes),
+            Some(None) => {
+                let bytes: Arc<[u8]> = t.to_bytes()?.into();
+                READS.with(|r| r.borrow_mut().copies.push((key, bytes.clone())));
+                Ok(bytes)
+            }
+            None => Ok(t.to_bytes()?.into()),
+        }
     }
 }

@@ -6,13 +6,16 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use tefl_core::catalogue::{AttnFwdArgs, AttnFwdOut, AttnMask, FusedAttnFwd, QkvLayout, attn_geometry};
 use tefl_core::device::{self, Buffer, DeviceRuntime};
-use tefl_core::{DType, Device, DeviceKind, Error, Result, Tensor};
+use tefl_core::{
+    BackendImplKind, DType, Device, DeviceKind, Error, Manager, OpImpl, Registry, Result, SelectionPolicy, Tensor,
+};
 
 const FAKE: DeviceKind = DeviceKind::new("fakegpu");
 
-/// Host memory presented as a device of its own kind.
-struct FakeBuffer(Arc<dyn Buffer>);
+/// Host memory presented as a device of its own kind, counting its copies to the host.
+struct FakeBuffer(Arc<dyn Buffer>, AtomicUsize);
 
 impl Buffer for FakeBuffer {
     fn device(&self) -> Device {
@@ -34,7 +37,11 @@ struct FakeRuntime {
 }
 
 fn inner(b: &dyn Buffer) -> Result<&dyn Buffer> {
-    b.as_any().downcast_ref::<FakeBuffer>().map(|f| &*f.0).ok_or_else(|| Error::Tensor("not fakegpu memory".into()))
+    fake_buffer(b).map(|f| &*f.0)
+}
+
+fn fake_buffer(b: &dyn Buffer) -> Result<&FakeBuffer> {
+    b.as_any().downcast_ref::<FakeBuffer>().ok_or_else(|| Error::Tensor("not fakegpu memory".into()))
 }
 
 impl DeviceRuntime for FakeRuntime {
@@ -51,7 +58,7 @@ impl DeviceRuntime for FakeRuntime {
         "fake_1".into()
     }
     fn alloc(&self, _: Device, bytes: usize) -> Result<Arc<dyn Buffer>> {
-        Ok(Arc::new(FakeBuffer(device::host_buffer(&vec![0xAB; bytes])?)))
+        Ok(Arc::new(FakeBuffer(device::host_buffer(&vec![0xAB; bytes])?, AtomicUsize::new(0))))
     }
     fn copy_from_host(&self, dst: &dyn Buffer, src: &[u8]) -> Result<()> {
         self.uploads.fetch_add(1, Ordering::SeqCst);
@@ -59,6 +66,7 @@ impl DeviceRuntime for FakeRuntime {
     }
     fn copy_to_host(&self, src: &dyn Buffer, dst: &mut [u8]) -> Result<()> {
         self.downloads.fetch_add(1, Ordering::SeqCst);
+        fake_buffer(src)?.1.fetch_add(1, Ordering::SeqCst);
         device::runtime(DeviceKind::CPU)?.copy_to_host(inner(src)?, dst)
     }
     fn synchronize(&self, _: Device) -> Result<()> {
@@ -214,4 +222,87 @@ fn external_host_memory_is_used_in_place_and_released_with_the_tensor() {
     let e = unsafe { tefl_core::device::external_host_buffer(std::ptr::null_mut(), 8, Box::new(())) }.err().unwrap();
     assert!(e.to_string().contains("address 0"), "{e}");
     drop(words);
+}
+
+/// Copies of `t`'s buffer to the host so far.
+fn host_copies(t: &Tensor) -> usize {
+    fake_buffer(&**t.buffer()).unwrap().1.load(Ordering::SeqCst)
+}
+
+#[test]
+fn an_op_call_copies_each_device_cu_seqlens_to_the_host_once() {
+    let _ = fake();
+    let dev = Device::new(FAKE, 0);
+    // An attention impl on the fake device that resolves the geometry again, as the GPU
+    // backends' impls do after the op's validation has, and reports the longest sequence.
+    let mut reg = Registry::new();
+    reg.register_impl(
+        OpImpl::new::<FusedAttnFwd>("vendor.fake.attn", BackendImplKind::Vendor, |_, a: &AttnFwdArgs| {
+            let g = attn_geometry(
+                "fused_attn_fwd",
+                &a.q,
+                &a.k,
+                &a.v,
+                a.cu_seqlens_q.as_ref(),
+                a.cu_seqlens_kv.as_ref(),
+                a.layout,
+                a.mask,
+            )?;
+            let lse = Tensor::from_slice(&vec![g.sq as f32; g.hq * g.tq], [g.hq, g.tq], DType::F32)?;
+            Ok(AttnFwdOut { o: a.q.clone(), softmax_lse: lse.to_device(&a.q.device())? })
+        })
+        .vendor("fake")
+        .device(FAKE),
+    )
+    .unwrap();
+    let m = Manager::new(reg, SelectionPolicy::default());
+    let put = |v: &[f32], shape: &[usize], dtype| Tensor::from_slice(v, shape, dtype).unwrap().to_device(&dev).unwrap();
+    let cu = |v: &[i32]| Tensor::from_slice(v, [v.len()], DType::I32).unwrap().to_device(&dev).unwrap();
+    let q = put(&[0.5; 7 * 2 * 4], &[7, 2, 4], DType::F32);
+    let longest = |out: AttnFwdOut| out.softmax_lse.to_vec::<f32>().unwrap()[0];
+    let args = |cq: &Tensor, ck: &Tensor| AttnFwdArgs {
+        cu_seqlens_q: Some(cq.clone()),
+        cu_seqlens_kv: Some(ck.clone()),
+        layout: QkvLayout::Thd,
+        mask: AttnMask::PaddingCausal,
+        q: q.clone(),
+        k: q.clone(),
+        v: q.clone(),
+        scale: 0.5,
+        dropout_p: 0.0,
+        seed: 0,
+        offset: 0,
+        window: Default::default(),
+    };
+    // One tensor for queries and keys: one copy a call (validation and the impl share it).
+    let shared = cu(&[0, 3, 7]);
+    assert_eq!(longest(m.call::<FusedAttnFwd>(&args(&shared, &shared)).unwrap()), 4.0);
+    assert_eq!(host_copies(&shared), 1);
+    // The next call copies again: the caller may have rewritten the lengths in between.
+    shared.copy_from(&cu(&[0, 5, 7])).unwrap();
+    assert_eq!(longest(m.call::<FusedAttnFwd>(&args(&shared, &shared)).unwrap()), 5.0);
+    assert_eq!(host_copies(&shared), 2);
+    // Two tensors: one copy each.
+    let (cq, ck) = (cu(&[0, 1, 7]), cu(&[0, 1, 7]));
+    assert_eq!(longest(m.call_impl::<FusedAttnFwd>("vendor.fake.attn", &args(&cq, &ck)).unwrap()), 6.0);
+    assert_eq!((host_copies(&cq), host_copies(&ck)), (1, 1));
+    // Outside a call every read copies.
+    attn_geometry("t", &q, &q, &q, Some(&cq), Some(&ck), QkvLayout::Thd, AttnMask::PaddingCausal).unwrap();
+    assert_eq!((host_copies(&cq), host_copies(&ck)), (2, 2));
+    // Bad lengths are still refused by name.
+    let bad = cu(&[0, 5, 3]);
+    let e = m.call::<FusedAttnFwd>(&args(&bad, &shared)).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { arg: "cu_seqlens_q", .. }), "{e}");
+}
+
+#[test]
+fn queued_uploads_default_to_the_plain_copy() {
+    let _ = fake();
+    let dev = Device::new(FAKE, 0);
+    let host = Tensor::from_slice(&[7i64, -3, 1 << 40], [3], DType::I64).unwrap();
+    let t = host.to_device_queued(&dev).unwrap();
+    assert_eq!((t.device(), t.dtype(), t.shape()), (dev, DType::I64, &[3usize][..]));
+    assert_eq!(t.to_vec::<i64>().unwrap(), vec![7, -3, 1 << 40]);
+    // Already there: the same storage.
+    assert!(t.to_device_queued(&dev).unwrap().shares_storage(&t));
 }

@@ -142,7 +142,7 @@ pub mod check {
                 expected: "[batch + 1] with batch >= 1".into(),
             });
         }
-        let v = t.to_vec::<i32>()?;
+        let v = t.to_vec_in_call::<i32>()?;
         if v[0] != 0 {
             return Err(Error::invalid(op, arg, format!("must start at 0, starts at {}", v[0])));
         }

@@ -117,7 +117,7 @@ pub fn rope_geometry(op: &'static str, a: &RopeArgs) -> Result<RopeGeometry> {
         Some(t) => {
             check::dtype_is(op, "start_positions", t, DType::I32)?;
             check::shape_is(op, "start_positions", t, &[batch])?;
-            let v = t.to_vec::<i32>()?;
+            let v = t.to_vec_in_call::<i32>()?;
             if let Some(p) = v.iter().find(|p| **p < 0) {
                 return Err(Error::invalid(op, "start_positions", format!("negative position {p}")));
             }

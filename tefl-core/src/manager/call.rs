@@ -67,6 +67,7 @@ fn nothing_to_compute<O: Op>(args: &O::Args, device: Device) -> Result<Option<O:
 impl Manager {
     /// Calls op `O`: validates the arguments, then runs the cached chain.
     pub fn call<O: Op>(&self, args: &O::Args) -> Result<O::Output> {
+        let _reads = crate::tensor::call_reads::enter();
         let summary = args.summary(O::NAME)?;
         O::validate(args)?;
         check_inout_aliasing::<O>(args)?;
@@ -77,6 +78,7 @@ impl Manager {
     /// Calls one impl directly by id, bypassing the policy (the conformance suite does this).
     /// A reference impl serves other devices through host staging, as in a normal call.
     pub fn call_impl<O: Op>(&self, impl_id: &str, args: &O::Args) -> Result<O::Output> {
+        let _reads = crate::tensor::call_reads::enter();
         let summary = args.summary(O::NAME)?;
         O::validate(args)?;
         check_inout_aliasing::<O>(args)?;

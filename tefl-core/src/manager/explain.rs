@@ -122,6 +122,7 @@ impl Manager {
     /// and dtypes, where each impl with a per-call check ([`OpImpl::supports_args`]) is asked
     /// whether it supports them; one that does not is dropped with its reason.
     pub fn explain_call<O: Op>(&self, args: &O::Args) -> Result<Explanation> {
+        let _reads = crate::tensor::call_reads::enter();
         let s = args.summary(O::NAME)?;
         O::validate(args)?;
         let mut ex = self.resolve(O::NAME, s.device, s.primary, &self.effective_policy());

@@ -73,7 +73,8 @@ fn groups(op: &'static str, ctx: &KernelCtx<'_>, kind: Kind, lists: &[&[Tensor]]
         table.extend(chunk_list);
         // The kernel reads the table as 64-bit words (addresses and counts): i64 carries the bits.
         let words: Vec<i64> = table.iter().map(|&w| w as i64).collect();
-        let table = Tensor::from_slice(&words, [words.len()], DType::I64)?.to_device(&ctx.device)?;
+        // Only this op's launches read it, on the queue the upload goes on: no host wait.
+        let table = Tensor::from_slice(&words, [words.len()], DType::I64)?.to_device_queued(&ctx.device)?;
         if u32::try_from(chunks).is_err() {
             return Err(super::host::unsupported(ctx, op, format!("'tensors': {chunks} chunks exceed one launch")));
         }
