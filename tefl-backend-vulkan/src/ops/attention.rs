@@ -181,9 +181,10 @@ pub fn fused_attn_fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<AttnFwdOut
     let (cu_q, cu_k) = (a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref());
     let p = plan_for!(OP, ctx, a)?;
     let (g, dev) = (&p.g, ctx.device);
-    let thd = a.layout == QkvLayout::Thd;
-    // thd rows past the last sequence belong to none: zero outputs, −inf lse.
-    let o = if thd {
+    // thd rows past the last sequence belong to none: zero outputs, −inf lse (the shaders
+    // write every row of every sequence, so sequences that end at the last row need neither).
+    let tail = g.has_rows_past_sequences(false, a.q.shape()[0]);
+    let o = if tail {
         Tensor::zeros(a.q.shape(), a.q.dtype(), &dev)?
     } else {
         Tensor::uninit(a.q.shape(), a.q.dtype(), &dev)?
@@ -199,7 +200,7 @@ pub fn fused_attn_fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<AttnFwdOut
     // Binding 5 (dO) is not read by the forward.
     let bindings = [cq, ck, bind(&a.q)?, bind(&a.k)?, bind(&a.v)?, bind(&a.q)?, bind(&o)?, bind(&lse)?];
     gpu.run(|r| {
-        if thd {
+        if tail {
             r.fill_word(bindings[7], f32::NEG_INFINITY.to_bits());
         }
         r.dispatch(&pipeline, &bindings, &p.push, (g.sq.div_ceil(ROWS) as u32, g.hq as u32, g.batch as u32))
@@ -221,13 +222,11 @@ pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut
     let (cu_q, cu_k) = (a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref());
     let p = plan_for!(OP, ctx, a)?;
     let (g, dev) = (&p.g, ctx.device);
-    // thd rows outside every sequence get zero gradients.
+    // thd rows outside every sequence get zero gradients (the shaders write every row of
+    // every sequence).
+    let tail = g.has_rows_past_sequences(false, a.q.shape()[0]) || g.has_rows_past_sequences(true, a.k.shape()[0]);
     let out = |t: &Tensor| {
-        if a.layout == QkvLayout::Thd {
-            Tensor::zeros(t.shape(), t.dtype(), &dev)
-        } else {
-            Tensor::uninit(t.shape(), t.dtype(), &dev)
-        }
+        if tail { Tensor::zeros(t.shape(), t.dtype(), &dev) } else { Tensor::uninit(t.shape(), t.dtype(), &dev) }
     };
     let (dq, dk, dv) = (out(&a.q)?, out(&a.k)?, out(&a.v)?);
     let rows_heads = a.q.numel() / g.d;

@@ -259,6 +259,20 @@ impl AttnGeometry {
         }
     }
 
+    /// Whether the `rows` token rows of q (`keys` false) or k reach past the last thd
+    /// sequence: rows that belong to no sequence, which attention kernels do not write (the
+    /// backends zero them in o, dq, dk and dv and set their lse to -inf). The sequences are
+    /// packed back to back from row 0, so that is when the last one ends before `rows`; where
+    /// it ends at the last row, every output row is some sequence's and no fill is needed.
+    /// False for bshd and sbhd (every row is a position of a sequence, padding included).
+    pub fn has_rows_past_sequences(&self, keys: bool, rows: usize) -> bool {
+        if self.layout != QkvLayout::Thd {
+            return false;
+        }
+        let spans = if keys { &self.k_spans } else { &self.q_spans };
+        spans.last().map_or(rows > 0, |s| s.start + s.len < rows)
+    }
+
     /// The shape of `softmax_lse`.
     pub fn lse_shape(&self) -> Vec<usize> {
         match self.layout {

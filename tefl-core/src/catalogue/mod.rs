@@ -464,4 +464,27 @@ mod tests {
         assert_eq!(h.x.to_vec::<f32>().unwrap(), vec![1.0; 8]);
         args.write_back(&h).unwrap();
     }
+
+    #[test]
+    fn thd_rows_past_the_last_sequence_are_told_apart() {
+        let geometry = |rows: usize, cu_q: &[i32], cu_k: &[i32]| {
+            let q = t(&[rows, 2, 8], DType::F32);
+            let cu = |v: &[i32]| Tensor::from_slice(v, [v.len()], DType::I32).unwrap();
+            let (cq, ck) = (cu(cu_q), cu(cu_k));
+            attn_geometry("t", &q, &q, &q, Some(&cq), Some(&ck), QkvLayout::Thd, AttnMask::PaddingCausal).unwrap()
+        };
+        // Sequences that end at the last row: nothing past them, queries or keys.
+        let g = geometry(10, &[0, 4, 10], &[0, 7, 10]);
+        assert!(!g.has_rows_past_sequences(false, 10) && !g.has_rows_past_sequences(true, 10));
+        // Queries end two rows early; keys at the end.
+        let g = geometry(10, &[0, 4, 8], &[0, 3, 10]);
+        assert!(g.has_rows_past_sequences(false, 10) && !g.has_rows_past_sequences(true, 10));
+        // Only empty sequences: every row is past them.
+        let g = geometry(3, &[0, 0], &[0, 0]);
+        assert!(g.has_rows_past_sequences(false, 3) && g.has_rows_past_sequences(true, 3));
+        // bshd rows are all positions of a sequence.
+        let q = t(&[2, 5, 2, 8], DType::F32);
+        let g = attn_geometry("t", &q, &q, &q, None, None, QkvLayout::Bshd, AttnMask::Causal).unwrap();
+        assert!(!g.has_rows_past_sequences(false, 10) && !g.has_rows_past_sequences(true, 10));
+    }
 }

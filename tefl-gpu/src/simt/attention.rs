@@ -171,12 +171,13 @@ pub fn fused_attn_fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<AttnFwdOut
     let (cu_q, cu_k) = (a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref());
     let plan = setup(OP, ctx, &a.q, &a.k, &a.v, cu_q, cu_k, a.layout, a.mask, a.window, a.dropout_p > 0.0)?;
     let (g, kernel) = (&plan.g, &plan.kernel);
-    let thd = a.layout == QkvLayout::Thd;
-    // thd rows past the last sequence belong to none: zero them (and -inf their lse).
+    // thd rows past the last sequence belong to none: zero them (and -inf their lse); the
+    // kernel writes every row of every sequence.
+    let tail = g.has_rows_past_sequences(false, a.q.shape()[0]);
     let o =
-        if thd { zeros(ctx.device, a.q.shape(), a.q.dtype())? } else { empty(ctx.device, a.q.shape(), a.q.dtype())? };
+        if tail { zeros(ctx.device, a.q.shape(), a.q.dtype())? } else { empty(ctx.device, a.q.shape(), a.q.dtype())? };
     let lse = empty(ctx.device, &g.lse_shape(), DType::F32)?;
-    if thd {
+    if tail {
         fill(ctx, kernel, &lse, f32::NEG_INFINITY)?;
     }
     if g.batch == 0 || g.sq == 0 || g.hq == 0 {
@@ -211,9 +212,10 @@ pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut
         });
     }
     let (g, kernel, dev) = (&plan.g, &plan.kernel, ctx.device);
-    let thd = a.layout == QkvLayout::Thd;
-    // thd rows outside every sequence get zero gradients.
-    let out = |t: &Tensor| if thd { zeros(dev, t.shape(), t.dtype()) } else { empty(dev, t.shape(), t.dtype()) };
+    // thd rows outside every sequence get zero gradients; the kernels write every row of every
+    // sequence.
+    let tail = g.has_rows_past_sequences(false, a.q.shape()[0]) || g.has_rows_past_sequences(true, a.k.shape()[0]);
+    let out = |t: &Tensor| if tail { zeros(dev, t.shape(), t.dtype()) } else { empty(dev, t.shape(), t.dtype()) };
     let (dq, dk, dv) = (out(&a.q)?, out(&a.k)?, out(&a.v)?);
     let rows_heads = a.q.numel() / g.d.max(1);
     if rows_heads == 0 || g.batch == 0 {
