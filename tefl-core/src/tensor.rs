@@ -433,18 +433,22 @@ pub(crate) mod call_reads {
 
     use super::Tensor;
     use crate::Result;
+    use crate::device::Buffer;
 
-    /// A tensor's (storage address, byte count).
-    type Key = (usize, usize);
+    /// A tensor read in the calls under way: its storage (held, so that no other allocation
+    /// takes its address while the entry lasts), its byte count and the bytes read.
+    struct Copy {
+        storage: Arc<dyn Buffer>,
+        len: usize,
+        bytes: Arc<[u8]>,
+    }
 
     #[derive(Default)]
     struct Reads {
         /// Calls under way on this thread.
         depth: usize,
-        /// ((storage address, byte count), bytes) of each tensor read in them. The call's
-        /// arguments hold the storages, so an address names one allocation for the call's
-        /// whole span (a tensor's bytes start at its storage's first byte).
-        copies: Vec<(Key, Arc<[u8]>)>,
+        /// The tensors read in them (a tensor's bytes start at its storage's first byte).
+        copies: Vec<Copy>,
     }
 
     thread_local! {
@@ -462,28 +466,30 @@ pub(crate) mod call_reads {
 
     impl Drop for CallScope {
         fn drop(&mut self) {
-            READS.with(|r| {
+            let released = READS.with(|r| {
                 let mut r = r.borrow_mut();
                 r.depth = r.depth.saturating_sub(1);
-                if r.depth == 0 {
-                    r.copies.clear();
-                }
+                if r.depth == 0 { std::mem::take(&mut r.copies) } else { Vec::new() }
             });
+            // (The storages go back outside the borrow: a runtime's free is not ours to order.)
+            drop(released);
         }
     }
 
     /// `t`'s bytes: copied from its device once per call, or every time outside one.
     pub(crate) fn bytes_of(t: &Tensor) -> Result<Arc<[u8]>> {
-        let key = (Arc::as_ptr(&t.storage).cast::<u8>() as usize, t.size_in_bytes());
+        let len = t.size_in_bytes();
+        let same = |c: &Copy| std::ptr::addr_eq(Arc::as_ptr(&c.storage), Arc::as_ptr(&t.storage)) && c.len == len;
         let in_call = READS.with(|r| {
             let r = r.borrow();
-            (r.depth > 0).then(|| r.copies.iter().find(|(k, _)| *k == key).map(|(_, b)| b.clone()))
+            (r.depth > 0).then(|| r.copies.iter().find(|c| same(c)).map(|c| c.bytes.clone()))
         });
         match in_call {
             Some(Some(bytes)) => Ok(bytes),
             Some(None) => {
                 let bytes: Arc<[u8]> = t.to_bytes()?.into();
-                READS.with(|r| r.borrow_mut().copies.push((key, bytes.clone())));
+                let copy = Copy { storage: t.storage.clone(), len, bytes: bytes.clone() };
+                READS.with(|r| r.borrow_mut().copies.push(copy));
                 Ok(bytes)
             }
             None => Ok(t.to_bytes()?.into()),

@@ -255,6 +255,28 @@ fn an_op_call_copies_each_device_cu_seqlens_to_the_host_once() {
         .device(FAKE),
     )
     .unwrap();
+    // An impl that resolves the geometry with lengths of its own, twice, dropping the first
+    // tensor before making the second: the second read must see the second tensor's lengths
+    // (a copy kept by address alone could hand back the first's if the allocation reused it).
+    reg.register_impl(
+        OpImpl::new::<FusedAttnFwd>("vendor.fake.temps", BackendImplKind::Vendor, |_, a: &AttnFwdArgs| {
+            let dev = a.q.device();
+            let longest = |cu: &[i32]| -> Result<usize> {
+                let t = Tensor::from_slice(cu, [cu.len()], DType::I32)?.to_device(&dev)?;
+                let g = attn_geometry("t", &a.q, &a.k, &a.v, Some(&t), Some(&t), a.layout, a.mask)?;
+                Ok(g.sq)
+            };
+            let (first, second) = (longest(&[0, 3, 7])?, longest(&[0, 6, 7])?);
+            let mut lse = vec![second as f32; 2 * 7];
+            lse[0] = first as f32;
+            let lse = Tensor::from_slice(&lse, [2, 7], DType::F32)?;
+            Ok(AttnFwdOut { o: a.q.clone(), softmax_lse: lse.to_device(&dev)? })
+        })
+        .vendor("fake")
+        .device(FAKE)
+        .by_name_only(),
+    )
+    .unwrap();
     let m = Manager::new(reg, SelectionPolicy::default());
     let put = |v: &[f32], shape: &[usize], dtype| Tensor::from_slice(v, shape, dtype).unwrap().to_device(&dev).unwrap();
     let cu = |v: &[i32]| Tensor::from_slice(v, [v.len()], DType::I32).unwrap().to_device(&dev).unwrap();
@@ -289,6 +311,8 @@ fn an_op_call_copies_each_device_cu_seqlens_to_the_host_once() {
     // Outside a call every read copies.
     attn_geometry("t", &q, &q, &q, Some(&cq), Some(&ck), QkvLayout::Thd, AttnMask::PaddingCausal).unwrap();
     assert_eq!((host_copies(&cq), host_copies(&ck)), (2, 2));
+    let out = m.call_impl::<FusedAttnFwd>("vendor.fake.temps", &args(&shared, &shared)).unwrap();
+    assert_eq!(out.softmax_lse.to_vec::<f32>().unwrap()[..2], [4.0, 6.0]);
     // Bad lengths are still refused by name.
     let bad = cu(&[0, 5, 3]);
     let e = m.call::<FusedAttnFwd>(&args(&bad, &shared)).unwrap_err();
