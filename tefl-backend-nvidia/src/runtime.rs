@@ -269,6 +269,35 @@ impl CudaRuntime {
         Ok(unsafe { ctx.wrap_borrowed_stream(raw) })
     }
 
+    /// Copies host bytes into `dst`: on the buffer's stream, waiting for the copy
+    /// (`copy_from_host`), or with `queued` on the queue the next launches go on, without a
+    /// wait (`copy_from_host_queued`).
+    fn upload(&self, dst: &dyn Buffer, src: &[u8], queued: bool) -> Result<()> {
+        let d = self.buffer(dst)?;
+        if src.len() != d.len {
+            return Err(Error::Tensor(format!("copy of {} bytes into {} bytes", src.len(), d.len)));
+        }
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.context(d.device)?.bind_to_thread().map_err(|e| device_error(d.device, e))?;
+        let copy = |stream: &CudaStream| {
+            // SAFETY: `d.ptr` holds `d.len` = src.len() bytes for the buffer's life. `src` is
+            // pageable memory: the driver stages it before returning (small copies go into the
+            // command stream itself), so nothing reads `src` after the call. The copy completes
+            // in stream order: on the buffer's stream, or on the queue the next launches go on
+            // (an external one joins the default stream, where the buffer was allocated, first),
+            // before any kernel queued after it there reads the buffer.
+            unsafe { cudarc::driver::result::memcpy_htod_async(d.ptr, src, stream.cu_stream()) }
+                .map_err(|e| device_error(d.device, e))
+        };
+        if queued {
+            return self.on_queue(d.device, copy);
+        }
+        copy(&d.stream)?;
+        d.stream.synchronize().map_err(|e| device_error(d.device, e))
+    }
+
     /// `bytes` of device memory whose contents are unspecified (NaN-poisoned when
     /// allocations are poisoned): output buffers every element of which a kernel writes.
     pub fn alloc_uninit_buffer(&self, device: Device, bytes: usize) -> Result<Arc<CudaBuffer>> {
@@ -338,40 +367,10 @@ impl DeviceRuntime for CudaRuntime {
         Ok(self.poisoned(self.wrap(device, bytes, slice, stream))?)
     }
     fn copy_from_host(&self, dst: &dyn Buffer, src: &[u8]) -> Result<()> {
-        let d = self.buffer(dst)?;
-        if src.len() != d.len {
-            return Err(Error::Tensor(format!("copy of {} bytes into {} bytes", src.len(), d.len)));
-        }
-        if src.is_empty() {
-            return Ok(());
-        }
-        self.context(d.device)?.bind_to_thread().map_err(|e| device_error(d.device, e))?;
-        // SAFETY: `d.ptr` holds `d.len` = src.len() bytes for the buffer's life; the copy is
-        // queued on the buffer's stream, and from pageable host memory it has read `src` when
-        // the call returns.
-        unsafe { cudarc::driver::result::memcpy_htod_async(d.ptr, src, d.stream.cu_stream()) }
-            .map_err(|e| device_error(d.device, e))?;
-        d.stream.synchronize().map_err(|e| device_error(d.device, e))
+        self.upload(dst, src, false)
     }
     fn copy_from_host_queued(&self, dst: &dyn Buffer, src: &[u8]) -> Result<()> {
-        let d = self.buffer(dst)?;
-        if src.len() != d.len {
-            return Err(Error::Tensor(format!("copy of {} bytes into {} bytes", src.len(), d.len)));
-        }
-        if src.is_empty() {
-            return Ok(());
-        }
-        self.context(d.device)?.bind_to_thread().map_err(|e| device_error(d.device, e))?;
-        self.on_queue(d.device, |stream| {
-            // SAFETY: `d.ptr` holds `d.len` = src.len() bytes for the buffer's life, and the
-            // copy is queued on the stream the next launches go on (an external one joins the
-            // default stream, where the buffer was allocated, first). `src` is pageable memory:
-            // the driver stages it before returning (small copies go into the command stream
-            // itself), so nothing reads `src` after the call; the copy to the device completes
-            // in stream order, before any kernel queued after it reads the buffer.
-            unsafe { cudarc::driver::result::memcpy_htod_async(d.ptr, src, stream.cu_stream()) }
-                .map_err(|e| device_error(d.device, e))
-        })
+        self.upload(dst, src, true)
     }
     fn copy_to_host(&self, src: &dyn Buffer, dst: &mut [u8]) -> Result<()> {
         let s = self.buffer(src)?;

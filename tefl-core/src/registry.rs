@@ -411,6 +411,47 @@ pub struct ImplRegistration {
 }
 inventory::collect!(ImplRegistration);
 
+/// An impl's warm-up for one op: starts what a call with these arguments would do before its
+/// first launch (compiling its kernels, on other threads), running nothing and writing nothing
+/// (see [`crate::Manager::warmup`]). Triton's `JITFunction.warmup` is the model.
+pub type WarmupFn<O> = fn(&KernelCtx<'_>, &<O as Op>::Args) -> Result<()>;
+
+/// A link-time warm-up of one op of one impl; submitted by [`crate::register_warmup!`].
+pub struct WarmupRegistration {
+    /// The impl's id.
+    pub impl_id: &'static str,
+    /// The op's name.
+    pub op: &'static str,
+    /// The op's [`WarmupFn`], type-erased (a `Box` of `WarmupFn<O>`).
+    pub warmup: fn() -> Box<dyn Any + Send + Sync>,
+}
+inventory::collect!(WarmupRegistration);
+
+/// The warm-up registered for op `O` of impl `impl_id`, if any.
+pub(crate) fn warmup_of<O: Op>(impl_id: &str) -> Option<WarmupFn<O>> {
+    inventory::iter::<WarmupRegistration>
+        .into_iter()
+        .filter(|w| w.impl_id == impl_id && w.op == O::NAME)
+        .find_map(|w| (w.warmup)().downcast::<WarmupFn<O>>().ok().map(|f| *f))
+}
+
+/// Registers warm-ups ([`WarmupFn`]) for ops of a link-time impl:
+/// `register_warmup!(IMPL_ID, FusedAttnBwd => attention::warmup_bwd, ...)`.
+#[macro_export]
+macro_rules! register_warmup {
+    ($impl_id:expr, $($op:ty => $f:path),+ $(,)?) => {
+        $(
+            $crate::__private::inventory::submit! {
+                $crate::registry::WarmupRegistration {
+                    impl_id: $impl_id,
+                    op: <$op as $crate::Op>::NAME,
+                    warmup: || ::std::boxed::Box::new($f as $crate::registry::WarmupFn<$op>),
+                }
+            }
+        )+
+    };
+}
+
 /// A link-time vendor registration; submitted by [`crate::register_vendor!`].
 pub struct VendorRegistration {
     /// Builds the vendor info.

@@ -30,6 +30,12 @@ impl<O: Op> Call<O> {
     pub fn call_with(self, manager: &Manager) -> Result<O::Output> {
         manager.call::<O>(&self.args)
     }
+    /// Starts compiling what this call would launch, without running it (see
+    /// [`Manager::warmup`]): the impl that would serve it, or `None` where that impl has
+    /// nothing to start ahead.
+    pub fn warmup(&self) -> Result<Option<String>> {
+        tefl_core::global()?.warmup::<O>(&self.args)
+    }
     /// Runs one impl directly, bypassing the policy (what the conformance suite does).
     pub fn call_impl(self, manager: &Manager, impl_id: &str) -> Result<O::Output> {
         manager.call_impl::<O>(impl_id, &self.args)

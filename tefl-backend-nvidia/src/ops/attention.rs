@@ -303,6 +303,42 @@ pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut
     Ok(AttnBwdOut { dq, dk, dv })
 }
 
+/// `fused_attn_fwd`'s warm-up (`tefl_core::Manager::warmup`): starts compiling, on other
+/// threads, the kernel a call with these arguments launches and its backward's, running
+/// nothing.
+pub fn warmup_fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<()> {
+    let (cu_q, cu_k) = (a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref());
+    let s = setup("fused_attn_fwd", ctx, &a.q, &a.k, &a.v, cu_q, cu_k, a.layout, a.mask, a.window, a.dropout_p > 0.0)?;
+    let fwd = match super::attention_sm90::fwd_warmup_variant(ctx, a, &s.g, &s.build)? {
+        Some(v) => v,
+        None => s.variant(Part::Fwd)?,
+    };
+    crate::launch::compile_ahead(ctx.device, &fwd);
+    Ok(())
+}
+
+/// `fused_attn_bwd`'s warm-up (`tefl_core::Manager::warmup`): starts compiling, on other
+/// threads, the kernels a call with these arguments launches (the small kernels, the dK/dV
+/// tiles and, deterministic, the dQ pass; Hopper's where they take the call), running nothing.
+pub fn warmup_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<()> {
+    let (cu_q, cu_k) = (a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref());
+    let s = setup("fused_attn_bwd", ctx, &a.q, &a.k, &a.v, cu_q, cu_k, a.layout, a.mask, a.window, a.dropout_p > 0.0)?;
+    let mut variants = vec![s.variant(Part::Aux)?];
+    let hopper = super::attention_sm90::bwd_warmup_variants(ctx, a, &s.g, &s.build)?;
+    let hopper_dq = hopper.len() > 1;
+    if hopper.is_empty() {
+        variants.push(s.variant(Part::Dkdv)?);
+    }
+    variants.extend(hopper);
+    if a.deterministic && !hopper_dq {
+        variants.push(s.variant(Part::Dq)?);
+    }
+    for v in &variants {
+        crate::launch::compile_ahead(ctx.device, v);
+    }
+    Ok(())
+}
+
 /// `attn_bwd_delta` (from `aux`, the call's small-kernel part): delta = Σ dO·O per row and
 /// head (returned, f32), zeroing `dq_acc` when there is one.
 fn delta_kernel(s: &Plan, aux: &OnDevice, a: &AttnBwdArgs, dev: Device, dq_acc: Option<&Tensor>) -> Result<Tensor> {

@@ -422,6 +422,41 @@ pub fn bwd(
     Ok(true)
 }
 
+/// The Hopper forward's variant for a call, or `None` where the kernel declines it (for a
+/// warm-up: `attention::warmup_fwd`).
+pub fn fwd_warmup_variant(
+    ctx: &KernelCtx<'_>,
+    a: &AttnFwdArgs,
+    g: &AttnGeometry,
+    b: &AttnBuild,
+) -> Result<Option<Variant>> {
+    let on = attention_fwd_wgmma(&*tune_table(ctx.device)?);
+    if declined(ctx, &[&a.q, &a.k, &a.v], g, b, on, HEAD_DIMS, smem(g.d))?.is_some() {
+        return Ok(None);
+    }
+    variant(b).map(Some)
+}
+
+/// The Hopper backward's variants for a call (the dK/dV kernel, and for a deterministic call
+/// the dQ pass where it takes it), or none where the kernels decline it (for a warm-up:
+/// `attention::warmup_bwd`).
+pub fn bwd_warmup_variants(
+    ctx: &KernelCtx<'_>,
+    a: &AttnBwdArgs,
+    g: &AttnGeometry,
+    b: &AttnBuild,
+) -> Result<Vec<Variant>> {
+    let on = attention_bwd_wgmma(&*tune_table(ctx.device)?);
+    if declined(ctx, &[&a.q, &a.k, &a.v, &a.d_o], g, b, on, HEAD_DIMS, bwd_smem(g.d))?.is_some() {
+        return Ok(Vec::new());
+    }
+    let mut v = vec![bwd_variant(b, !a.deterministic)?];
+    if a.deterministic && takes_dq(ctx, a, g, b)? {
+        v.push(variant_of(b, true)?);
+    }
+    Ok(v)
+}
+
 /// Whether [`dq`] takes a call (the deterministic path asks before it runs anything).
 pub fn takes_dq(ctx: &KernelCtx<'_>, a: &AttnBwdArgs, g: &AttnGeometry, b: &AttnBuild) -> Result<bool> {
     let on = attention_bwd_wgmma(&*tune_table(ctx.device)?);

@@ -18,3 +18,12 @@ tefl_core::register_backend! {
     impl_id: crate::IMPL_ID, kind: Vendor, vendor: crate::vendor::VENDOR, device: tefl_core::DeviceKind::CUDA,
     available: crate::kernels_available, ops: all + fp8
 }
+
+// What the first calls of the attention and Adam kernels would compile, started ahead on
+// request (`tefl_core::Manager::warmup`).
+tefl_core::register_warmup!(crate::IMPL_ID,
+    FusedAttnFwd => attention::warmup_fwd,
+    FusedAttnBwd => attention::warmup_bwd,
+    MultiTensorAdam => optimizer::warmup_adam,
+    MultiTensorAdamMaster => optimizer::warmup_adam_master,
+);

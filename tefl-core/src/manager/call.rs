@@ -75,6 +75,41 @@ impl Manager {
         self.run::<O>(&chain, &summary, args)
     }
 
+    /// Starts the work a call of `O` with these arguments would do before its first launch
+    /// (compiling its kernels, on other threads; Triton's `warmup`), without making outputs,
+    /// launching or writing anything: the arguments are validated, the policy's chain is
+    /// resolved as for a call, and the first impl of it that supports the arguments runs its
+    /// warm-up ([`crate::register_warmup!`]). Returns that impl's id, or `None` where it has
+    /// no warm-up (its first call does that work). A script that knows its step's ops can warm
+    /// them up before the step, so that their compiles overlap instead of queueing one after
+    /// another at each op's first call. In-place arguments may alias (nothing is written).
+    pub fn warmup<O: Op>(&self, args: &O::Args) -> Result<Option<String>> {
+        let _reads = crate::tensor::call_reads::enter();
+        let summary = args.summary(O::NAME)?;
+        O::validate(args)?;
+        let chain = self.chain_for::<O>(&summary);
+        let Some(e) = chain
+            .shared
+            .entries
+            .iter()
+            .find(|e| !e.imp.has_supports_check() || e.imp.check_supports::<O>(args).is_ok())
+        else {
+            return Ok(None);
+        };
+        let Some(warmup) = (!e.staged).then(|| crate::registry::warmup_of::<O>(e.imp.impl_id())).flatten() else {
+            return Ok(None);
+        };
+        let ctx = KernelCtx { device: summary.device, op: O::NAME, impl_id: e.imp.impl_id() };
+        catch_unwind(AssertUnwindSafe(|| warmup(&ctx, args))).unwrap_or_else(|p| {
+            Err(Error::ImplFailed {
+                op: O::NAME,
+                impl_id: e.imp.impl_id().to_string(),
+                reason: format!("warm-up panicked: {}", panic_message(&*p)),
+            })
+        })?;
+        Ok(Some(e.imp.impl_id().to_string()))
+    }
+
     /// Calls one impl directly by id, bypassing the policy (the conformance suite does this).
     /// A reference impl serves other devices through host staging, as in a normal call.
     pub fn call_impl<O: Op>(&self, impl_id: &str, args: &O::Args) -> Result<O::Output> {

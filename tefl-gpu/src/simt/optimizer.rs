@@ -40,20 +40,9 @@ struct Group {
 /// Groups tensor index i of `lists` by the dtypes of list[0][i], list[1][i], ... and uploads
 /// one table per group.
 fn groups(op: &'static str, ctx: &KernelCtx<'_>, kind: Kind, lists: &[&[Tensor]]) -> Result<Vec<Group>> {
-    let n = lists.first().map_or(0, |l| l.len());
-    let mut by_sig: BTreeMap<Vec<u8>, Vec<usize>> = BTreeMap::new();
-    for i in 0..n {
-        let sig = lists.iter().map(|l| l[i].dtype() as u8).collect();
-        by_sig.entry(sig).or_default().push(i);
-    }
     let mut out = Vec::new();
-    for idx in by_sig.values() {
-        let first = idx[0];
-        let mut types = ["float"; 5];
-        for (slot, l) in lists.iter().enumerate().take(5) {
-            types[slot] = cty(op, "tensor list", l[first].dtype())?;
-        }
-        let variant = variant(kind, types);
+    for idx in by_signature(lists).values() {
+        let variant = group_variant(op, kind, lists, idx[0])?;
         let mut table: Vec<u64> = Vec::with_capacity(idx.len() * (ENTRY + 2));
         let mut chunk_list: Vec<u64> = Vec::new();
         for (local, &i) in idx.iter().enumerate() {
@@ -81,6 +70,49 @@ fn groups(op: &'static str, ctx: &KernelCtx<'_>, kind: Kind, lists: &[&[Tensor]]
         out.push(Group { kernel: OnDevice::new(ctx.device, variant)?, table, ntensors: idx.len(), chunks });
     }
     Ok(out)
+}
+
+/// The tensor indices of `lists` by dtype signature (the dtypes of list[0][i], list[1][i], ...).
+fn by_signature(lists: &[&[Tensor]]) -> BTreeMap<Vec<u8>, Vec<usize>> {
+    let n = lists.first().map_or(0, |l| l.len());
+    let mut by_sig: BTreeMap<Vec<u8>, Vec<usize>> = BTreeMap::new();
+    for i in 0..n {
+        let sig = lists.iter().map(|l| l[i].dtype() as u8).collect();
+        by_sig.entry(sig).or_default().push(i);
+    }
+    by_sig
+}
+
+/// The variant of the group whose first tensor index is `first`.
+fn group_variant(op: &'static str, kind: Kind, lists: &[&[Tensor]], first: usize) -> Result<Variant> {
+    let mut types = ["float"; 5];
+    for (slot, l) in lists.iter().enumerate().take(5) {
+        types[slot] = cty(op, "tensor list", l[first].dtype())?;
+    }
+    Ok(variant(kind, types))
+}
+
+/// A warm-up (`tefl_core::Manager::warmup`): starts compiling, on other threads, the builds a
+/// call over these lists launches (the noop snapshot's and each dtype group's), without
+/// uploading a table or launching anything.
+fn warmup(op: &'static str, ctx: &KernelCtx<'_>, kind: Kind, lists: &[&[Tensor]]) -> Result<()> {
+    let target = crate::target::target_of(ctx.device)?;
+    target.compile_ahead(ctx.device, &variant(Kind::Flags, ["float"; 5]));
+    for idx in by_signature(lists).values() {
+        target.compile_ahead(ctx.device, &group_variant(op, kind, lists, idx[0])?);
+    }
+    Ok(())
+}
+
+/// `multi_tensor_adam`'s warm-up (see [`warmup`]).
+pub fn warmup_adam(ctx: &KernelCtx<'_>, a: &MultiTensorAdamArgs) -> Result<()> {
+    warmup("multi_tensor_adam", ctx, Kind::Adam, &[&a.grads, &a.params, &a.exp_avg, &a.exp_avg_sq])
+}
+
+/// `multi_tensor_adam_master`'s warm-up (see [`warmup`]).
+pub fn warmup_adam_master(ctx: &KernelCtx<'_>, a: &MultiTensorAdamMasterArgs) -> Result<()> {
+    let lists: [&[Tensor]; 5] = [&a.grads, &a.model_params, &a.master_params, &a.exp_avg, &a.exp_avg_sq];
+    warmup("multi_tensor_adam_master", ctx, Kind::AdamMaster, &lists)
 }
 
 /// The variant of `simt/optimizer.cu` for a kernel kind and the five list dtypes (launches
