@@ -437,7 +437,7 @@ pub(crate) mod call_reads {
 
     /// A tensor read in the calls under way: its storage (held, so that no other allocation
     /// takes its address while the entry lasts), its byte count and the bytes read.
-    struct Copy {
+    struct HostCopy {
         storage: Arc<dyn Buffer>,
         len: usize,
         bytes: Arc<[u8]>,
@@ -448,7 +448,7 @@ pub(crate) mod call_reads {
         /// Calls under way on this thread.
         depth: usize,
         /// The tensors read in them (a tensor's bytes start at its storage's first byte).
-        copies: Vec<Copy>,
+        copies: Vec<HostCopy>,
     }
 
     thread_local! {
@@ -479,7 +479,7 @@ pub(crate) mod call_reads {
     /// `t`'s bytes: copied from its device once per call, or every time outside one.
     pub(crate) fn bytes_of(t: &Tensor) -> Result<Arc<[u8]>> {
         let len = t.size_in_bytes();
-        let same = |c: &Copy| std::ptr::addr_eq(Arc::as_ptr(&c.storage), Arc::as_ptr(&t.storage)) && c.len == len;
+        let same = |c: &HostCopy| std::ptr::addr_eq(Arc::as_ptr(&c.storage), Arc::as_ptr(&t.storage)) && c.len == len;
         let in_call = READS.with(|r| {
             let r = r.borrow();
             (r.depth > 0).then(|| r.copies.iter().find(|c| same(c)).map(|c| c.bytes.clone()))
@@ -488,7 +488,7 @@ pub(crate) mod call_reads {
             Some(Some(bytes)) => Ok(bytes),
             Some(None) => {
                 let bytes: Arc<[u8]> = t.to_bytes()?.into();
-                let copy = Copy { storage: t.storage.clone(), len, bytes: bytes.clone() };
+                let copy = HostCopy { storage: t.storage.clone(), len, bytes: bytes.clone() };
                 READS.with(|r| r.borrow_mut().copies.push(copy));
                 Ok(bytes)
             }

@@ -303,9 +303,9 @@ pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut
     Ok(AttnBwdOut { dq, dk, dv })
 }
 
-/// `fused_attn_fwd`'s warm-up (`tefl_core::Manager::warmup`): starts compiling, on other
-/// threads, the kernel a call with these arguments launches and its backward's, running
-/// nothing.
+/// `fused_attn_fwd`'s warm-up (`tefl_core::Manager::warmup`): starts compiling, on another
+/// thread, the kernel a call with these arguments launches (Hopper's where it takes the call),
+/// running nothing. (Its backward's variants start compiling at the forward's first call.)
 pub fn warmup_fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<()> {
     let (cu_q, cu_k) = (a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref());
     let s = setup("fused_attn_fwd", ctx, &a.q, &a.k, &a.v, cu_q, cu_k, a.layout, a.mask, a.window, a.dropout_p > 0.0)?;

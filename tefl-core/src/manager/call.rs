@@ -83,6 +83,7 @@ impl Manager {
     /// no warm-up (its first call does that work). A script that knows its step's ops can warm
     /// them up before the step, so that their compiles overlap instead of queueing one after
     /// another at each op's first call. In-place arguments may alias (nothing is written).
+    /// GPU backends' warm-ups start nothing with `TEFL_COMPILE_AHEAD=0`.
     pub fn warmup<O: Op>(&self, args: &O::Args) -> Result<Option<String>> {
         let _reads = crate::tensor::call_reads::enter();
         let summary = args.summary(O::NAME)?;

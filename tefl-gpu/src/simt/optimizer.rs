@@ -97,7 +97,7 @@ fn group_variant(op: &'static str, kind: Kind, lists: &[&[Tensor]], first: usize
 /// uploading a table or launching anything.
 fn warmup(op: &'static str, ctx: &KernelCtx<'_>, kind: Kind, lists: &[&[Tensor]]) -> Result<()> {
     let target = crate::target::target_of(ctx.device)?;
-    target.compile_ahead(ctx.device, &variant(Kind::Flags, ["float"; 5]));
+    target.compile_ahead(ctx.device, &flags_variant());
     for idx in by_signature(lists).values() {
         target.compile_ahead(ctx.device, &group_variant(op, kind, lists, idx[0])?);
     }
@@ -138,7 +138,12 @@ fn entries(kind: Kind) -> &'static [&'static str] {
 
 /// The build of the kernels that touch no tensor list (the noop snapshot, the norms' finish).
 fn flags_kernel(ctx: &KernelCtx<'_>) -> Result<OnDevice> {
-    OnDevice::new(ctx.device, variant(Kind::Flags, ["float"; 5]))
+    OnDevice::new(ctx.device, flags_variant())
+}
+
+/// The variant of [`flags_kernel`].
+fn flags_variant() -> Variant {
+    variant(Kind::Flags, ["float"; 5])
 }
 
 /// The noop flag as it is before the op (device to device, no host round trip). On the first
