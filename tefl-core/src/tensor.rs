@@ -251,14 +251,7 @@ impl Tensor {
 
     /// A copy on `device` (a clone sharing storage when it is already there).
     pub fn to_device(&self, device: &Device) -> Result<Tensor> {
-        if self.device() == *device {
-            return Ok(self.clone());
-        }
-        let bytes = self.to_bytes()?;
-        let rt = device::runtime(device.kind)?;
-        let storage = rt.alloc(*device, bytes.len())?;
-        rt.copy_from_host(&*storage, &bytes)?;
-        Ok(Tensor { dtype: self.dtype, device: *device, shape: self.shape.clone(), storage })
+        self.copied_to(device, false)
     }
 
     /// A copy on `device` for the kernels queued after it on this thread's queue only (launch
@@ -266,13 +259,26 @@ impl Tensor {
     /// ([`DeviceRuntime::copy_from_host_queued`](device::DeviceRuntime::copy_from_host_queued)).
     /// Read it from elsewhere (the host, another queue) only after synchronizing.
     pub fn to_device_queued(&self, device: &Device) -> Result<Tensor> {
+        self.copied_to(device, true)
+    }
+
+    /// [`Tensor::to_device`] (a zeroed allocation, a copy the host waits for) or, `queued`,
+    /// [`Tensor::to_device_queued`] (an uninitialised one, a queued copy).
+    fn copied_to(&self, device: &Device, queued: bool) -> Result<Tensor> {
         if self.device() == *device {
             return Ok(self.clone());
         }
         let bytes = self.to_bytes()?;
         let rt = device::runtime(device.kind)?;
-        let storage = rt.alloc_uninit(*device, bytes.len())?;
-        rt.copy_from_host_queued(&*storage, &bytes)?;
+        let storage = if queued {
+            let storage = rt.alloc_uninit(*device, bytes.len())?;
+            rt.copy_from_host_queued(&*storage, &bytes)?;
+            storage
+        } else {
+            let storage = rt.alloc(*device, bytes.len())?;
+            rt.copy_from_host(&*storage, &bytes)?;
+            storage
+        };
         Ok(Tensor { dtype: self.dtype, device: *device, shape: self.shape.clone(), storage })
     }
 

@@ -485,7 +485,7 @@ impl<M> ModuleCache<M> {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Bucket<M>>> {
-        self.modules.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.modules)
     }
 }
 

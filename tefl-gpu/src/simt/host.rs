@@ -40,9 +40,7 @@ impl OnDevice {
     pub(crate) fn launch_cooperative(&self, name: &'static str, grid: Grid, args: &[Arg]) -> Result<bool> {
         self.target.launch_cooperative(self.device, &self.variant, name, grid, args)
     }
-}
 
-impl OnDevice {
     /// On this variant's first use on its device, starts compiling the variants `later` names
     /// on other threads (see [`crate::target::compile_ahead_on_first_use`]).
     pub(crate) fn compile_ahead(&self, later: impl FnOnce() -> Result<Vec<Variant>>) {

@@ -104,15 +104,24 @@ fn warmup(op: &'static str, ctx: &KernelCtx<'_>, kind: Kind, lists: &[&[Tensor]]
     Ok(())
 }
 
+/// `multi_tensor_adam`'s lists, in the kernel's order (the op and its warm-up group them alike).
+fn adam_lists(a: &MultiTensorAdamArgs) -> [&[Tensor]; 4] {
+    [&a.grads, &a.params, &a.exp_avg, &a.exp_avg_sq]
+}
+
+/// `multi_tensor_adam_master`'s lists, in the kernel's order.
+fn adam_master_lists(a: &MultiTensorAdamMasterArgs) -> [&[Tensor]; 5] {
+    [&a.grads, &a.model_params, &a.master_params, &a.exp_avg, &a.exp_avg_sq]
+}
+
 /// `multi_tensor_adam`'s warm-up (see [`warmup`]).
 pub fn warmup_adam(ctx: &KernelCtx<'_>, a: &MultiTensorAdamArgs) -> Result<()> {
-    warmup("multi_tensor_adam", ctx, Kind::Adam, &[&a.grads, &a.params, &a.exp_avg, &a.exp_avg_sq])
+    warmup("multi_tensor_adam", ctx, Kind::Adam, &adam_lists(a))
 }
 
 /// `multi_tensor_adam_master`'s warm-up (see [`warmup`]).
 pub fn warmup_adam_master(ctx: &KernelCtx<'_>, a: &MultiTensorAdamMasterArgs) -> Result<()> {
-    let lists: [&[Tensor]; 5] = [&a.grads, &a.model_params, &a.master_params, &a.exp_avg, &a.exp_avg_sq];
-    warmup("multi_tensor_adam_master", ctx, Kind::AdamMaster, &lists)
+    warmup("multi_tensor_adam_master", ctx, Kind::AdamMaster, &adam_master_lists(a))
 }
 
 /// The variant of `simt/optimizer.cu` for a kernel kind and the five list dtypes (launches
@@ -243,7 +252,7 @@ fn adam_args(h: &AdamHyper) -> Vec<Arg> {
 /// The catalogue op `multi_tensor_adam` on a GPU through the portable kernels of `simt/optimizer.cu` (every SIMT backend's impl).
 pub fn multi_tensor_adam(ctx: &KernelCtx<'_>, a: &MultiTensorAdamArgs) -> Result<MultiTensorAdamOut> {
     const OP: &str = "multi_tensor_adam";
-    let groups = groups(OP, ctx, Kind::Adam, &[&a.grads, &a.params, &a.exp_avg, &a.exp_avg_sq])?;
+    let groups = groups(OP, ctx, Kind::Adam, &adam_lists(a))?;
     let snap = snapshot(ctx, &a.noop_flag, &groups)?;
     for g in &groups {
         run(g, "mt_adam", &snap, &adam_args(&a.hyper))?;
@@ -257,8 +266,7 @@ pub fn multi_tensor_adam_master(
     a: &MultiTensorAdamMasterArgs,
 ) -> Result<MultiTensorAdamMasterOut> {
     const OP: &str = "multi_tensor_adam_master";
-    let lists: [&[Tensor]; 5] = [&a.grads, &a.model_params, &a.master_params, &a.exp_avg, &a.exp_avg_sq];
-    let groups = groups(OP, ctx, Kind::AdamMaster, &lists)?;
+    let groups = groups(OP, ctx, Kind::AdamMaster, &adam_master_lists(a))?;
     let snap = snapshot(ctx, &a.noop_flag, &groups)?;
     for g in &groups {
         run(g, "mt_adam", &snap, &adam_args(&a.hyper))?;
