@@ -554,13 +554,17 @@ fn train(o: &Options) -> Result<Vec<(f32, f64)>, String> {
         .collect();
     let freqs = put(&freqs, &[s, d], DType::F32)?;
 
-    // Kernels compile at their first call; the attention kernels and Adam's are the step's
-    // longest compiles and its last ops to start, so they are started now, on other threads,
-    // while the first forward runs (`warmup` picks the impl as a call would and compiles what
-    // it launches, running nothing; an impl with nothing to start ahead, the CPU's, answers
+    // Kernels compile at their first call, one after another as the step reaches them; they
+    // are started now instead, on other threads, while the first ops run (`warmup` picks the
+    // impl as a call would and compiles what it launches, running nothing; a forward's warm-up
+    // starts its backward's too; an impl with nothing to start ahead, the CPU's, answers
     // None). Any tensors of the calls' shapes and dtypes will do.
     let qkv = x.reshape([b, s, nh, d]).map_err(err)?;
     let lse = Tensor::zeros([b, nh, s], DType::F32, &dev).map_err(err)?;
+    let gated = Tensor::uninit([rows, 2 * f], o.dtype, &dev).map_err(err)?;
+    ops::rmsnorm_fwd(&x, &p.g1, 1e-5).warmup().map_err(err)?;
+    ops::fused_rope_forward(&qkv, &freqs).layout(QkvLayout::Bshd).warmup().map_err(err)?;
+    ops::swiglu(&gated).warmup().map_err(err)?;
     ops::fused_attn_fwd(&qkv, &qkv, &qkv).mask(AttnMask::Causal).warmup().map_err(err)?;
     ops::fused_attn_bwd(&qkv, &qkv, &qkv, &qkv, &qkv, &lse).mask(AttnMask::Causal).warmup().map_err(err)?;
     // (The gradients have the parameters' shapes and dtypes: the parameters stand in.)

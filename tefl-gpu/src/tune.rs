@@ -257,9 +257,7 @@ pub fn tuned_row_kernel(
     if !autotune_requested() {
         return heuristic;
     }
-    let cands: Vec<TuneConfig> =
-        t.configs(family).iter().filter(|c| RowConfig::from_candidate(c, n, elem).is_some()).cloned().collect();
-    let key = tune_key(family, dtype, &format!("n={}", n.next_power_of_two()), info);
+    let (key, cands) = row_kernel_key(t, family, info, dtype, n);
     let chosen = autotuner().select(
         &key,
         &cands,
@@ -270,6 +268,63 @@ pub fn tuned_row_kernel(
         TuneConfig::new,
     );
     RowConfig::from_candidate(&chosen, n, elem).unwrap_or(heuristic)
+}
+
+/// The autotuner's key and candidates (those that fit rows of `n`) for a row kernel of `family`.
+fn row_kernel_key(
+    t: &TuneTable,
+    family: &str,
+    info: &DeviceInfo,
+    dtype: DType,
+    n: usize,
+) -> (TuneKey, Vec<TuneConfig>) {
+    let elem = dtype.size_in_bytes();
+    let cands = t.configs(family).iter().filter(|c| RowConfig::from_candidate(c, n, elem).is_some()).cloned().collect();
+    (tune_key(family, dtype, &format!("n={}", n.next_power_of_two()), info), cands)
+}
+
+/// The config [`tuned_row_kernel`] returns for these arguments where it times nothing: with
+/// autotuning asked for, the winner cached on disk for this key and candidate set, else the
+/// heuristic. Warm-ups compile it ahead; they never time candidates.
+pub fn row_kernel_ahead(t: &TuneTable, family: &str, info: &DeviceInfo, dtype: DType, n: usize) -> RowConfig {
+    let elem = dtype.size_in_bytes();
+    let heuristic = row_kernel(t, family, n, elem, 4);
+    if !autotune_requested() {
+        return heuristic;
+    }
+    let (key, cands) = row_kernel_key(t, family, info, dtype, n);
+    autotuner().lookup(&key, &cands).and_then(|e| RowConfig::from_candidate(&e.winner, n, elem)).unwrap_or(heuristic)
+}
+
+/// The config [`tuned_elementwise`] returns for these arguments where it times nothing (see
+/// [`row_kernel_ahead`]).
+pub fn elementwise_ahead(
+    t: &TuneTable,
+    kernel: &str,
+    info: &DeviceInfo,
+    dtype: DType,
+    items: usize,
+) -> ElementwiseConfig {
+    let heuristic = elementwise(t);
+    if !autotune_requested() {
+        return heuristic;
+    }
+    let (key, cands) = elementwise_key(t, kernel, info, dtype, items);
+    match autotuner().lookup(&key, &cands) {
+        Some(e) if !e.winner.is_empty() => ElementwiseConfig::from_candidate(&e.winner),
+        _ => heuristic,
+    }
+}
+
+/// The autotuner's key and candidates for elementwise kernel `kernel` over `items` items.
+fn elementwise_key(
+    t: &TuneTable,
+    kernel: &str,
+    info: &DeviceInfo,
+    dtype: DType,
+    items: usize,
+) -> (TuneKey, Vec<TuneConfig>) {
+    (tune_key(kernel, dtype, &format!("items={}", items.next_power_of_two()), info), t.configs("elementwise").to_vec())
 }
 
 /// An elementwise config chosen by the autotuner when asked for (per power-of-two bucket of
@@ -286,8 +341,7 @@ pub fn tuned_elementwise(
     if !autotune_requested() {
         return heuristic;
     }
-    let cands = t.configs("elementwise").to_vec();
-    let key = tune_key(kernel, dtype, &format!("items={}", items.next_power_of_two()), info);
+    let (key, cands) = elementwise_key(t, kernel, info, dtype, items);
     let chosen = autotuner().select(&key, &cands, |c| bench(ElementwiseConfig::from_candidate(c)), TuneConfig::new);
     if chosen.is_empty() { heuristic } else { ElementwiseConfig::from_candidate(&chosen) }
 }

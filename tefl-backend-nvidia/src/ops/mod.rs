@@ -19,11 +19,27 @@ tefl_core::register_backend! {
     available: crate::kernels_available, ops: all + fp8
 }
 
-// What the first calls of the attention and Adam kernels would compile, started ahead on
-// request (`tefl_core::Manager::warmup`).
+// What the first calls of the attention, Adam, norm-forward, RoPE and activation kernels would
+// compile, started ahead on request (`tefl_core::Manager::warmup`); a forward's warm-up also
+// starts its backward's.
 tefl_core::register_warmup!(crate::IMPL_ID,
     FusedAttnFwd => attention::warmup_fwd,
     FusedAttnBwd => attention::warmup_bwd,
     MultiTensorAdam => optimizer::warmup_adam,
     MultiTensorAdamMaster => optimizer::warmup_adam_master,
+    RmsNormFwd => norm::warmup_rmsnorm_fwd,
+    LayerNormFwd => norm::warmup_layernorm_fwd,
+    FusedRopeForward => rope::warmup_rope_forward,
+    FusedRopeBackward => rope::warmup_rope_backward,
+    Gelu => activation::warmup_gelu,
+    Qgelu => activation::warmup_qgelu,
+    Relu => activation::warmup_relu,
+    Srelu => activation::warmup_srelu,
+    Silu => activation::warmup_silu,
+    Geglu => activation::warmup_geglu,
+    Qgeglu => activation::warmup_qgeglu,
+    Reglu => activation::warmup_reglu,
+    Sreglu => activation::warmup_sreglu,
+    Swiglu => activation::warmup_swiglu,
+    ClampedSwiglu => activation::warmup_clamped_swiglu,
 );

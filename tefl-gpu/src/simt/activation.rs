@@ -94,6 +94,29 @@ fn launch_tuned(
     run(cfg)
 }
 
+/// An activation forward's warm-up (`tefl_core::Manager::warmup`): starts compiling, on other
+/// threads, the build a call of `fwd` on `x` launches and the one its backward `bwd` launches
+/// with a gradient of x's dtype (the same build where both take the same launch config),
+/// launching nothing. `gated`: x holds [gate | value] halves.
+fn warmup(
+    fwd: &'static str,
+    bwd: &'static str,
+    ctx: &KernelCtx<'_>,
+    x: &Tensor,
+    kind: Activation,
+    clamped: bool,
+    gated: bool,
+) -> Result<()> {
+    let items = if gated { x.rows() * (x.last_dim() / 2) } else { x.numel() };
+    let (table, info) = (tune_table(ctx.device)?, info(ctx.device)?);
+    let target = crate::target::target_of(ctx.device)?;
+    for op in [fwd, bwd] {
+        let cfg = tune::elementwise_ahead(&table, op, &info, x.dtype(), items);
+        target.compile_ahead(ctx.device, &variant(op, x.dtype(), x.dtype(), kind, clamped, cfg)?);
+    }
+    Ok(())
+}
+
 fn plain_fwd(op: &'static str, ctx: &KernelCtx<'_>, x: &Tensor, kind: Activation) -> Result<ActOut> {
     let y = empty(ctx.device, x.shape(), x.dtype())?;
     let total = x.numel();
@@ -210,8 +233,12 @@ fn dbias(op: &'static str, ctx: &KernelCtx<'_>, a: &DActArgs, kind: Activation) 
 }
 
 macro_rules! plain {
-    ($( $fwd:ident, $bwd:ident, $db:ident => $kind:ident; )*) => {
+    ($( $fwd:ident, $bwd:ident, $db:ident, $warm:ident => $kind:ident; )*) => {
         $(
+            #[doc = concat!("`", stringify!($fwd), "`'s warm-up: compiles what its calls and its backward's would launch, ahead (see `Manager::warmup`).")]
+            pub fn $warm(ctx: &KernelCtx<'_>, a: &ActArgs) -> Result<()> {
+                warmup(stringify!($fwd), stringify!($bwd), ctx, &a.x, Activation::$kind, false, false)
+            }
             #[doc = concat!("The catalogue op `", stringify!($fwd), "` on a GPU through the portable kernels of `simt/activation.cu` (every SIMT backend's impl).")]
             pub fn $fwd(ctx: &KernelCtx<'_>, a: &ActArgs) -> Result<ActOut> {
                 plain_fwd(stringify!($fwd), ctx, &a.x, Activation::$kind)
@@ -229,16 +256,20 @@ macro_rules! plain {
 }
 
 plain! {
-    gelu, dgelu, dbias_dgelu => Gelu;
-    qgelu, dqgelu, dbias_dqgelu => Qgelu;
-    relu, drelu, dbias_drelu => Relu;
-    srelu, dsrelu, dbias_dsrelu => Srelu;
-    silu, dsilu, dbias_dsilu => Silu;
+    gelu, dgelu, dbias_dgelu, warmup_gelu => Gelu;
+    qgelu, dqgelu, dbias_dqgelu, warmup_qgelu => Qgelu;
+    relu, drelu, dbias_drelu, warmup_relu => Relu;
+    srelu, dsrelu, dbias_dsrelu, warmup_srelu => Srelu;
+    silu, dsilu, dbias_dsilu, warmup_silu => Silu;
 }
 
 macro_rules! gated {
-    ($( $fwd:ident, $bwd:ident => $kind:ident; )*) => {
+    ($( $fwd:ident, $bwd:ident, $warm:ident => $kind:ident; )*) => {
         $(
+            #[doc = concat!("`", stringify!($fwd), "`'s warm-up: compiles what its calls and its backward's would launch, ahead (see `Manager::warmup`).")]
+            pub fn $warm(ctx: &KernelCtx<'_>, a: &ActArgs) -> Result<()> {
+                warmup(stringify!($fwd), stringify!($bwd), ctx, &a.x, Activation::$kind, false, true)
+            }
             #[doc = concat!("The catalogue op `", stringify!($fwd), "` on a GPU through the portable kernels of `simt/activation.cu` (every SIMT backend's impl).")]
             pub fn $fwd(ctx: &KernelCtx<'_>, a: &ActArgs) -> Result<ActOut> {
                 gated_fwd(stringify!($fwd), ctx, &a.x, Activation::$kind, None)
@@ -252,11 +283,11 @@ macro_rules! gated {
 }
 
 gated! {
-    geglu, dgeglu => Gelu;
-    qgeglu, dqgeglu => Qgelu;
-    reglu, dreglu => Relu;
-    sreglu, dsreglu => Srelu;
-    swiglu, dswiglu => Silu;
+    geglu, dgeglu, warmup_geglu => Gelu;
+    qgeglu, dqgeglu, warmup_qgeglu => Qgelu;
+    reglu, dreglu, warmup_reglu => Relu;
+    sreglu, dsreglu, warmup_sreglu => Srelu;
+    swiglu, dswiglu, warmup_swiglu => Silu;
 }
 
 /// The catalogue op `clamped_swiglu` on a GPU through the portable kernels of `simt/activation.cu` (every SIMT backend's impl).
@@ -267,6 +298,11 @@ pub fn clamped_swiglu(ctx: &KernelCtx<'_>, a: &ClampedSwigluArgs) -> Result<ActO
 /// The catalogue op `clamped_dswiglu` on a GPU through the portable kernels of `simt/activation.cu` (every SIMT backend's impl).
 pub fn clamped_dswiglu(ctx: &KernelCtx<'_>, a: &ClampedDSwigluArgs) -> Result<DActOut> {
     gated_bwd("clamped_dswiglu", ctx, &a.grad, &a.input, Activation::Silu, Some((a.limit, a.alpha)))
+}
+
+/// `clamped_swiglu`'s warm-up (see `warmup_swiglu`).
+pub fn warmup_clamped_swiglu(ctx: &KernelCtx<'_>, a: &ClampedSwigluArgs) -> Result<()> {
+    warmup("clamped_swiglu", "clamped_dswiglu", ctx, &a.x, Activation::Silu, true, true)
 }
 
 /// Variants covering every code path (the NVRTC compile test).

@@ -322,6 +322,43 @@ fn backward(
     Ok((dx, dgamma, dbeta))
 }
 
+/// A norm forward's warm-up (`tefl_core::Manager::warmup`): starts compiling, on other
+/// threads, the forward a call with these arguments launches (its row config as the call
+/// would pick it, timing nothing) and the backward variants the forward's first call compiles
+/// ahead, launching nothing.
+fn warmup_forward(
+    op: &'static str,
+    ctx: &KernelCtx<'_>,
+    x: &Tensor,
+    gamma: &Tensor,
+    is_ln: bool,
+    out_dtype: DType,
+) -> Result<()> {
+    if x.rows() == 0 || x.last_dim() == 0 {
+        return Ok(());
+    }
+    let types = Types { x: x.dtype(), g: gamma.dtype(), y: out_dtype, add: None };
+    let keep = keep_l2(ctx, is_ln, out_dtype, x)?;
+    let (table, info) = (tune_table(ctx.device)?, info(ctx.device)?);
+    let cfg = tune::row_kernel_ahead(&table, "norm", &info, x.dtype(), x.last_dim());
+    let target = crate::target::target_of(ctx.device)?;
+    target.compile_ahead(ctx.device, &variant(op, &types, is_ln, cfg, 0, keep)?);
+    for v in backward_variants_of(ctx, x, gamma, is_ln, out_dtype)? {
+        target.compile_ahead(ctx.device, &v);
+    }
+    Ok(())
+}
+
+/// `rmsnorm_fwd`'s warm-up (see [`warmup_forward`]).
+pub fn warmup_rmsnorm_fwd(ctx: &KernelCtx<'_>, a: &RmsNormFwdArgs) -> Result<()> {
+    warmup_forward("rmsnorm_fwd", ctx, &a.x, &a.gamma, false, a.out_dtype)
+}
+
+/// `layernorm_fwd`'s warm-up (see [`warmup_forward`]).
+pub fn warmup_layernorm_fwd(ctx: &KernelCtx<'_>, a: &LayerNormFwdArgs) -> Result<()> {
+    warmup_forward("layernorm_fwd", ctx, &a.x, &a.gamma, true, a.out_dtype)
+}
+
 /// The catalogue op `rmsnorm_fwd` on a GPU through the portable kernels of `simt/norm.cu` (every SIMT backend's impl).
 pub fn rmsnorm_fwd(ctx: &KernelCtx<'_>, a: &RmsNormFwdArgs) -> Result<RmsNormFwdOut> {
     let f =

@@ -93,13 +93,56 @@ fn rows_per_block(a: &RopeArgs, batch: usize) -> usize {
     if shared && batch.is_multiple_of(2) { 2 } else { 1 }
 }
 
+/// What a call with these arguments runs: its geometry, kernel and rows a block.
+struct Plan {
+    g: RopeGeometry,
+    kernel: Kernel,
+    group: usize,
+}
+
+impl Plan {
+    fn of(op: &'static str, a: &RopeArgs) -> Result<Plan> {
+        let g = rope_geometry(op, a)?;
+        let ve = 16 / a.x.dtype().size_in_bytes();
+        let kernel = Kernel::pick(g.d, g.d_rot, a.interleaved, ve);
+        let group = if kernel == Kernel::Vector { rows_per_block(a, g.batch) } else { 1 };
+        Ok(Plan { g, kernel, group })
+    }
+
+    /// The variant of the call's direction (`backward`) or the other's.
+    fn variant(&self, op: &'static str, a: &RopeArgs, backward: bool) -> Result<Variant> {
+        let g = &self.g;
+        variant(self.kernel, op, a.x.dtype(), a.layout, a.interleaved, backward, g.d, g.d_rot, self.group)
+    }
+}
+
+/// A RoPE warm-up (`tefl_core::Manager::warmup`): starts compiling, on another thread, the
+/// kernel a call with these arguments launches (and, forward, the backward its first call
+/// compiles ahead), launching nothing.
+fn warmup(op: &'static str, ctx: &KernelCtx<'_>, a: &RopeArgs, backward: bool) -> Result<()> {
+    let plan = Plan::of(op, a)?;
+    let target = crate::target::target_of(ctx.device)?;
+    target.compile_ahead(ctx.device, &plan.variant(op, a, backward)?);
+    if !backward {
+        target.compile_ahead(ctx.device, &plan.variant(op, a, true)?);
+    }
+    Ok(())
+}
+
+/// `fused_rope_forward`'s warm-up (see [`warmup`]).
+pub fn warmup_rope_forward(ctx: &KernelCtx<'_>, a: &RopeArgs) -> Result<()> {
+    warmup("fused_rope_forward", ctx, a, false)
+}
+
+/// `fused_rope_backward`'s warm-up (see [`warmup`]).
+pub fn warmup_rope_backward(ctx: &KernelCtx<'_>, a: &RopeArgs) -> Result<()> {
+    warmup("fused_rope_backward", ctx, a, true)
+}
+
 fn run(op: &'static str, ctx: &KernelCtx<'_>, a: &RopeArgs, backward: bool) -> Result<RopeOut> {
-    let g = rope_geometry(op, a)?;
-    let ve = 16 / a.x.dtype().size_in_bytes();
-    let kernel = Kernel::pick(g.d, g.d_rot, a.interleaved, ve);
-    let group = if kernel == Kernel::Vector { rows_per_block(a, g.batch) } else { 1 };
-    let variant_for =
-        |backward| variant(kernel, op, a.x.dtype(), a.layout, a.interleaved, backward, g.d, g.d_rot, group);
+    let plan = Plan::of(op, a)?;
+    let (g, kernel, group) = (&plan.g, plan.kernel, plan.group);
+    let variant_for = |backward| plan.variant(op, a, backward);
     let k = OnDevice::new(ctx.device, variant_for(backward)?)?;
     if !backward {
         // The backward of the same call shape: compiled on another thread on the first call.
