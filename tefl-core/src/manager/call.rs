@@ -64,6 +64,14 @@ fn nothing_to_compute<O: Op>(args: &O::Args, device: Device) -> Result<Option<O:
     O::Output::from_slots(O::NAME, slots).map(Some)
 }
 
+/// Runs impl code of `impl_id` for op `op`, turning a panic into [`Error::ImplFailed`] whose
+/// reason starts with `what` (a kernel's call and a warm-up both go through here).
+fn contained<T>(op: &'static str, impl_id: &str, what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|p| {
+        Err(Error::ImplFailed { op, impl_id: impl_id.to_string(), reason: format!("{what}: {}", panic_message(&*p)) })
+    })
+}
+
 impl Manager {
     /// Calls op `O`: validates the arguments, then runs the cached chain.
     pub fn call<O: Op>(&self, args: &O::Args) -> Result<O::Output> {
@@ -101,13 +109,7 @@ impl Manager {
             return Ok(None);
         };
         let ctx = KernelCtx { device: summary.device, op: O::NAME, impl_id: e.imp.impl_id() };
-        catch_unwind(AssertUnwindSafe(|| warmup(&ctx, args))).unwrap_or_else(|p| {
-            Err(Error::ImplFailed {
-                op: O::NAME,
-                impl_id: e.imp.impl_id().to_string(),
-                reason: format!("warm-up panicked: {}", panic_message(&*p)),
-            })
-        })?;
+        contained(O::NAME, e.imp.impl_id(), "warm-up panicked", || warmup(&ctx, args))?;
         Ok(Some(e.imp.impl_id().to_string()))
     }
 
@@ -249,7 +251,7 @@ impl Manager {
         if e.staged && !e.staged_logged.swap(true, Ordering::Relaxed) {
             tracing::info!(target: LOG, "Op '{}' staged through host memory for '{}' (call on {})", O::NAME, e.imp.impl_id(), s.device);
         }
-        let result = catch_unwind(AssertUnwindSafe(|| {
+        let out = contained(O::NAME, e.imp.impl_id(), "panicked", || {
             if e.staged {
                 let host = args.to_host()?;
                 let out = kernel(&ctx, &host)?;
@@ -258,13 +260,6 @@ impl Manager {
             } else {
                 kernel(&ctx, args)
             }
-        }));
-        let out = result.unwrap_or_else(|p| {
-            Err(Error::ImplFailed {
-                op: O::NAME,
-                impl_id: e.imp.impl_id().to_string(),
-                reason: format!("panicked: {}", panic_message(&*p)),
-            })
         })?;
         if !e.imp.is_compiled_in() {
             crate::op::check_outputs::<O>(args, &out, s.device).map_err(|reason| Error::ImplFailed {
