@@ -7,7 +7,9 @@
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use tefl_core::catalogue::{ActArgs, ClampedSwigluArgs, LayerNormFwdArgs, QkvLayout, RmsNormFwdArgs, RopeArgs};
+use tefl_core::catalogue::{
+    ActArgs, ClampedSwigluArgs, DActArgs, LayerNormFwdArgs, QkvLayout, RmsNormFwdArgs, RopeArgs,
+};
 use tefl_core::device::{self, Buffer, DeviceRuntime};
 use tefl_core::tuning::TuneTable;
 use tefl_core::{DType, Device, DeviceKind, KernelCtx, Result, Tensor};
@@ -134,13 +136,17 @@ fn on_device(shape: &[usize], dtype: DType) -> Tensor {
 
 /// Runs `warm`, then `call` (on a fresh recorder), and checks the warm-up asked for every
 /// variant the call launched or started ahead, and for nothing else.
-fn same_builds(what: &str, warm: impl FnOnce(&KernelCtx<'_>) -> Result<()>, call: impl FnOnce(&KernelCtx<'_>)) {
+fn same_builds(
+    what: &str,
+    warm: impl FnOnce(&KernelCtx<'_>) -> Result<()>,
+    call: impl FnOnce(&KernelCtx<'_>) -> Result<()>,
+) {
     let ctx = KernelCtx { device: DEV, op: "warm-up test", impl_id: "test.warmgpu" };
     RECORDER.take();
     warm(&ctx).unwrap_or_else(|e| panic!("{what}: warm-up failed: {e}"));
     let warmed = RECORDER.take();
     assert!(warmed.launched.is_empty(), "{what}: a warm-up launched {:?}", warmed.launched);
-    call(&ctx);
+    call(&ctx).unwrap_or_else(|e| panic!("{what}: call failed: {e}"));
     let called = RECORDER.take();
     let wanted: BTreeSet<String> = called.launched.union(&called.ahead).cloned().collect();
     assert!(!called.launched.is_empty(), "{what}: the call launched nothing");
@@ -161,22 +167,10 @@ fn warm_ups_start_the_builds_their_calls_compile() {
             out_dtype: dtype,
             scale: None,
         };
-        same_builds(
-            "rmsnorm_fwd",
-            |c| norm::warmup_rmsnorm_fwd(c, &rms),
-            |c| {
-                norm::rmsnorm_fwd(c, &rms).unwrap();
-            },
-        );
+        same_builds("rmsnorm_fwd", |c| norm::warmup_rmsnorm_fwd(c, &rms), |c| norm::rmsnorm_fwd(c, &rms).map(drop));
         let ln =
             LayerNormFwdArgs { x, gamma, beta, eps: 1e-5, zero_centered_gamma: true, out_dtype: dtype, scale: None };
-        same_builds(
-            "layernorm_fwd",
-            |c| norm::warmup_layernorm_fwd(c, &ln),
-            |c| {
-                norm::layernorm_fwd(c, &ln).unwrap();
-            },
-        );
+        same_builds("layernorm_fwd", |c| norm::warmup_layernorm_fwd(c, &ln), |c| norm::layernorm_fwd(c, &ln).map(drop));
         // RoPE: the warp kernel (d 64) and the scalar one (10 of 12 dims rotated); the forward
         // starts its backward ahead.
         for (d, d_rot) in [(64, 64), (12, 10)] {
@@ -191,16 +185,12 @@ fn warm_ups_start_the_builds_their_calls_compile() {
             same_builds(
                 "fused_rope_forward",
                 |c| rope::warmup_rope_forward(c, &r),
-                |c| {
-                    rope::fused_rope_forward(c, &r).unwrap();
-                },
+                |c| rope::fused_rope_forward(c, &r).map(drop),
             );
             same_builds(
                 "fused_rope_backward",
                 |c| rope::warmup_rope_backward(c, &r),
-                |c| {
-                    rope::fused_rope_backward(c, &r).unwrap();
-                },
+                |c| rope::fused_rope_backward(c, &r).map(drop),
             );
         }
         // Activations: a forward's warm-up covers its backward's build (a gradient of x's dtype).
@@ -209,25 +199,23 @@ fn warm_ups_start_the_builds_their_calls_compile() {
             "gelu",
             |c| activation::warmup_gelu(c, &a),
             |c| {
-                let y = activation::gelu(c, &a).unwrap().y;
-                activation::dgelu(c, &tefl_core::catalogue::DActArgs { grad: y, input: a.x.clone() }).unwrap();
+                let y = activation::gelu(c, &a)?.y;
+                activation::dgelu(c, &DActArgs { grad: y, input: a.x.clone() }).map(drop)
             },
         );
         same_builds(
             "swiglu",
             |c| activation::warmup_swiglu(c, &a),
             |c| {
-                let y = activation::swiglu(c, &a).unwrap().y;
-                activation::dswiglu(c, &tefl_core::catalogue::DActArgs { grad: y, input: a.x.clone() }).unwrap();
+                let y = activation::swiglu(c, &a)?.y;
+                activation::dswiglu(c, &DActArgs { grad: y, input: a.x.clone() }).map(drop)
             },
         );
         let cs = ClampedSwigluArgs { x: a.x.clone(), limit: 7.0, alpha: 1.702 };
         same_builds(
             "clamped_swiglu",
             |c| activation::warmup_clamped_swiglu(c, &cs),
-            |c| {
-                activation::clamped_swiglu(c, &cs).unwrap();
-            },
+            |c| activation::clamped_swiglu(c, &cs).map(drop),
         );
     }
 }
