@@ -477,6 +477,15 @@ def test_bad_input_is_a_named_python_error():
         tex.gelu(rand(8, 8)[:, ::2], None)
     with pytest.raises(ValueError, match="unknown op|did you mean"):
         tefl.call("rmsnorm_fw", {})
+    # A value that is no tensor where one is needed, and a GEMM told no output dtype.
+    for bad in (None, [[1.0] * 8] * 3):
+        with pytest.raises(TypeError, match="'input'.*expected a tensor"):
+            tex.rmsnorm_fwd(bad, g, 1e-5, None, None, None, 0, False)
+    for chunk in (0, -5, 1 << 31):
+        with pytest.raises(ValueError, match="chunk_size"):
+            tex.multi_tensor_scale(chunk, np.zeros(1, np.int32), [[rand(4)], [rand(4)]], 2.0)
+    with pytest.raises(ValueError, match="'output_dtype'"):
+        tex.generic_gemm(rand(4, 8), True, rand(4, 8), False, None, None, None, None, None, False, None, False, None, 0, False, False)
 
 
 def test_overlapping_views_written_in_place_are_refused():

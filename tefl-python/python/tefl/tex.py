@@ -261,7 +261,7 @@ def _norm_out(args, fn, input, ln_out, quantizer, otype):
     q = _fp8_quantizer(fn, quantizer)
     if q is None:
         otype = dtype_name(otype, "otype") if otype is not None else None
-        args["out_dtype"] = otype or _dtype_of(input)
+        args["out_dtype"] = otype or _dtype_of(input, "input")
         return None
     if ln_out is not None:
         raise NotImplementedError(f"{fn}: argument 'ln_out' with a quantizer is not supported by tefl yet")
@@ -327,8 +327,15 @@ def layernorm_bwd(dz, x, mu, rsigma, gamma, sm_margin=0, zero_centered_gamma=Fal
     return out["dx"], out["dgamma"], out["dbeta"]
 
 
-def _dtype_of(t):
-    return dtype_name(getattr(t, "dtype", None), "input")
+def _dtype_of(t, arg):
+    """The dtype of tensor argument ``arg``; a value that is no tensor is a TypeError naming it."""
+    dtype = getattr(t, "dtype", None)
+    if dtype is None:
+        raise TypeError(
+            f"argument '{arg}': expected a tensor (torch, numpy or any object with __dlpack__), "
+            f"got {type(t).__name__}"
+        )
+    return dtype_name(dtype, arg)
 
 
 # -- GEMM -------------------------------------------------------------------------------------
@@ -429,7 +436,14 @@ def generic_gemm(
             raise NotImplementedError("generic_gemm: argument 'D' with a quantizer is not supported by tefl yet")
         out_dtype = q[2]
     else:
-        out_dtype = dtype_name(output_dtype, "output_dtype") if output_dtype is not None else _dtype_of(D)
+        if output_dtype is not None:
+            out_dtype = dtype_name(output_dtype, "output_dtype")
+        elif D is not None:
+            out_dtype = _dtype_of(D, "D")
+        else:
+            raise ValueError(
+                "generic_gemm: argument 'output_dtype' is None and no D is given: one of them sets the output dtype"
+            )
     args = {
         "a": left,
         "b": right,
@@ -817,7 +831,12 @@ __all__ += ["clamped_swiglu", "clamped_dswiglu"]
 # -- multi-tensor optimizers (in place) ---------------------------------------------------------
 
 
-def _lists(fn, tensor_lists, n):
+def _lists(fn, chunk_size, tensor_lists, n):
+    """The ``n`` tensor lists of a multi-tensor op, after checking ``chunk_size`` as TE's C++
+    int, in [1, 2^31) (tefl sizes its own launches, so it is not used otherwise)."""
+    chunk = _integer("chunk_size", chunk_size)
+    if not 0 < chunk < 1 << 31:
+        raise ValueError(f"{fn}: argument 'chunk_size' must be in [1, 2^31), got {chunk}")
     if len(tensor_lists) not in n:
         raise ValueError(f"{fn}: argument 'tensor_lists' must hold {' or '.join(map(str, n))} lists, got {len(tensor_lists)}")
     return [list(x) for x in tensor_lists]
@@ -825,20 +844,20 @@ def _lists(fn, tensor_lists, n):
 
 def multi_tensor_scale(chunk_size, noop_flag, tensor_lists, scale):
     """dst = src·scale over ``tensor_lists = [src, dst]``; noop_flag set on inf/NaN."""
-    src, dst = _lists("multi_tensor_scale", tensor_lists, (2,))
+    src, dst = _lists("multi_tensor_scale", chunk_size, tensor_lists, (2,))
     call("multi_tensor_scale", {"noop_flag": noop_flag, "src": src, "dst": dst, "scale": _real("scale", scale)})
 
 
 def multi_tensor_l2norm(chunk_size, noop_flag, tensor_lists, per_tensor=False):
     """``-> (total_norm, per_tensor_norms)``."""
-    (tensors,) = _lists("multi_tensor_l2norm", tensor_lists, (1,))
+    (tensors,) = _lists("multi_tensor_l2norm", chunk_size, tensor_lists, (1,))
     out = call("multi_tensor_l2norm", {"noop_flag": noop_flag, "tensors": tensors, "per_tensor": _flag("per_tensor", per_tensor)})
     return out["total"], out["per_tensor_norms"]
 
 
 def multi_tensor_unscale_l2norm(chunk_size, noop_flag, tensor_lists, inv_scale, per_tensor=False):
     """``-> (total_norm, per_tensor_norms)`` of the tensors times ``inv_scale``."""
-    (tensors,) = _lists("multi_tensor_unscale_l2norm", tensor_lists, (1,))
+    (tensors,) = _lists("multi_tensor_unscale_l2norm", chunk_size, tensor_lists, (1,))
     out = call(
         "multi_tensor_unscale_l2norm",
         {"noop_flag": noop_flag, "tensors": tensors, "inv_scale": inv_scale, "per_tensor": _flag("per_tensor", per_tensor)},
@@ -859,7 +878,7 @@ def multi_tensor_adam(
 ):
     """Adam/AdamW in place over ``[grads, params, exp_avg, exp_avg_sq]`` (or with f32 master
     params as a fifth list); ``mode`` 0 = L2, 1 = AdamW."""
-    lists = _lists("multi_tensor_adam", tensor_lists, (4, 5))
+    lists = _lists("multi_tensor_adam", chunk_size, tensor_lists, (4, 5))
     hyper = {
         "lr": _real("lr", lr),
         "beta1": _real("beta1", beta1),
@@ -896,7 +915,7 @@ def multi_tensor_sgd(
     chunk_size, noop_flag, tensor_lists, wd, momentum, dampening, lr, nesterov, first_run, wd_after_momentum, scale
 ):
     """SGD with momentum in place over ``[grads, params, momentum_bufs]``."""
-    g, p, mom = _lists("multi_tensor_sgd", tensor_lists, (3,))
+    g, p, mom = _lists("multi_tensor_sgd", chunk_size, tensor_lists, (3,))
     call(
         "multi_tensor_sgd",
         {
@@ -918,7 +937,7 @@ def multi_tensor_sgd(
 
 def multi_tensor_compute_scale_and_scale_inv(chunk_size, noop_flag, tensor_lists, max_fp8, force_pow_2_scales, epsilon):
     """FP8 scales from amaxes in place over ``[amaxes, scales, scale_invs]``."""
-    amax, scale, scale_inv = _lists("multi_tensor_compute_scale_and_scale_inv", tensor_lists, (3,))
+    amax, scale, scale_inv = _lists("multi_tensor_compute_scale_and_scale_inv", chunk_size, tensor_lists, (3,))
     call(
         "multi_tensor_compute_scale_and_scale_inv",
         {
