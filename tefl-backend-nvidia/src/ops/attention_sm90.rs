@@ -23,7 +23,7 @@ use tefl_core::{DType, KernelCtx, Result, Tensor};
 use tefl_gpu::simt::attention::AttnBuild;
 use tefl_gpu::{Grid, Variant};
 
-use crate::heuristics::{attention_bwd_wgmma, attention_fwd_wgmma};
+use crate::heuristics::{attention_bwd_persistent, attention_bwd_wgmma, attention_fwd_wgmma};
 use crate::launch::{info, launch_struct, opt_ptr, ptr, sm_count, tune_table, zeros};
 use crate::tma::{TensorMap, encode};
 
@@ -141,6 +141,7 @@ struct BwdParams {
     dv: u64,
     cu_q: u64,
     cu_k: u64,
+    counter: u64,
     batch: i32,
     sq: i32,
     sk: i32,
@@ -169,14 +170,15 @@ fn variant(b: &AttnBuild) -> Result<Variant> {
 }
 
 /// The backward kernel variant for a build: with the dQ shares, or (the deterministic path)
-/// dK and dV only.
-fn bwd_variant(b: &AttnBuild, dq_shares: bool) -> Result<Variant> {
+/// dK and dV only; as persistent CTAs or one per key block ([`attention_bwd_persistent`]).
+fn bwd_variant(b: &AttnBuild, dq_shares: bool, persistent: bool) -> Result<Variant> {
     let defines = b
         .defines(BWD_OP)?
         .flag("T_F16", b.dtype == DType::F16)
         .set("STAGES", STAGES)
         .set("HEAD_GROUP", HEAD_GROUP)
-        .flag("DQ_SHARES", dq_shares);
+        .flag("DQ_SHARES", dq_shares)
+        .flag("PERSISTENT", persistent);
     Ok(Variant::new(&tefl_kernels::ATTENTION_BWD_SM90, bwd_entries(b.d), defines))
 }
 
@@ -226,7 +228,8 @@ fn dq_smem(d: usize) -> usize {
 
 /// The backward's dynamic shared memory: the alignment slack, K and V (128 keys), STAGES Q and
 /// dO tiles (64 rows), two dSᵀ buffers (128 x 64, 16-bit), two consumers' dQ shares (64 x 64
-/// f32), the two consumers' lse and delta rows, the barriers. At head dim 256: K and V of 64
+/// f32), the two consumers' lse and delta rows, the barriers (K / V full and empty, and a full
+/// and an empty one per stage). At head dim 256: K and V of 64
 /// keys, STAGES Q tiles and one dO tile, two Pᵀ and two dSᵀ buffers (64 x 64), the same dQ
 /// shares and rows, two more barriers.
 fn bwd_smem(d: usize) -> usize {
@@ -245,7 +248,7 @@ fn bwd_smem(d: usize) -> usize {
         + 2 * ROWS * BWD_ROWS * 2
         + 2 * BWD_ROWS * 64 * 4
         + 2 * 2 * BWD_ROWS * 4
-        + 8 * (1 + 2 * STAGES)
+        + 8 * (2 + 2 * STAGES)
 }
 
 /// Why the kernel (forward or backward: `wgmma_on` is the tune config's choice, `head_dims`
@@ -350,7 +353,10 @@ pub fn fwd(
     };
     let grid = Grid { blocks: (ctas, 1, 1), threads: (384, 1, 1), smem: smem(g.d) as u32 };
     let forward = variant(b)?;
-    crate::launch::compile_ahead_on_first_use(ctx.device, &forward, || Ok(vec![bwd_variant(b, true)?, aux()?]));
+    let persistent = attention_bwd_persistent(&*tune_table(ctx.device)?, g.d);
+    crate::launch::compile_ahead_on_first_use(ctx.device, &forward, || {
+        Ok(vec![bwd_variant(b, true, persistent)?, aux()?])
+    });
     // SAFETY: `AttnParams` is the kernel's parameter struct (repr(C), the same field order,
     // 64-byte aligned maps); the maps and pointers address live tensors (q, k, v, o, lse and
     // the counter with its 1 + grid ints; the cumulative lengths, batch + 1 ints checked by the
@@ -390,6 +396,13 @@ pub fn bwd(
         tracing::debug!(target: "TE-FL", "{BWD_OP}: Hopper wgmma kernel declined ({reason}); the mma.sync kernel runs");
         return Ok(false);
     }
+    // Persistent CTAs (at most one an SM, the kernel's shared memory allows no more) claiming
+    // key blocks from a counter, each with a slot for its item after it, where the tune configs
+    // ask for them; else a CTA per key block.
+    let blocks = bwd_blocks(g)?;
+    let persistent = attention_bwd_persistent(&*tune_table(ctx.device)?, g.d);
+    let ctas = if persistent { blocks.min(sm_count(ctx.device)) } else { blocks };
+    let counter = if persistent { Some(zeros(ctx.device, &[1 + ctas as usize], DType::I32)?) } else { None };
     let params = BwdParams {
         q: qkv_map(ctx, BWD_OP, &a.q, g, g.sq, g.hq, BWD_ROWS)?,
         k: qkv_map(ctx, BWD_OP, &a.k, g, g.sk, g.hk, key_rows(g.d))?,
@@ -403,6 +416,7 @@ pub fn bwd(
         dv: ptr(out.dv)?,
         cu_q: opt_ptr(a.cu_seqlens_q.as_ref())?,
         cu_k: opt_ptr(a.cu_seqlens_kv.as_ref())?,
+        counter: opt_ptr(counter.as_ref())?,
         batch: g.batch as i32,
         sq: g.sq as i32,
         sk: g.sk as i32,
@@ -411,13 +425,14 @@ pub fn bwd(
         tq: g.tq as i32,
         scale: a.scale,
     };
-    let grid = Grid { blocks: (bwd_blocks(g)?, 1, 1), threads: (384, 1, 1), smem: bwd_smem(g.d) as u32 };
-    let variant = bwd_variant(b, out.dq_acc.is_some())?;
+    let grid = Grid { blocks: (ctas, 1, 1), threads: (384, 1, 1), smem: bwd_smem(g.d) as u32 };
+    let variant = bwd_variant(b, out.dq_acc.is_some(), persistent)?;
     // SAFETY: `BwdParams` is the kernel's parameter struct (repr(C), the same field order,
     // 64-byte aligned maps); the maps and pointers address live tensors (q, k, v, dO, the f32
     // dQ accumulator where the build has dQ shares, lse, delta, dK and dV, of the geometry's
-    // shapes, and the cumulative lengths, checked by the op, or 0 where the build reads none)
-    // that stream ordering keeps alive until the kernel has run.
+    // shapes, the cumulative lengths, checked by the op, or 0 where the build reads none, and
+    // the counter with its 1 + grid ints where the kernel is persistent, else 0) that stream
+    // ordering keeps alive until the kernel has run.
     unsafe { launch_struct(ctx.device, &variant, bwd_entries(g.d)[0], grid, &params)? };
     Ok(true)
 }
@@ -450,7 +465,8 @@ pub fn bwd_warmup_variants(
     if declined(ctx, &[&a.q, &a.k, &a.v, &a.d_o], g, b, on, HEAD_DIMS, bwd_smem(g.d))?.is_some() {
         return Ok(Vec::new());
     }
-    let mut v = vec![bwd_variant(b, !a.deterministic)?];
+    let persistent = attention_bwd_persistent(&*tune_table(ctx.device)?, g.d);
+    let mut v = vec![bwd_variant(b, !a.deterministic, persistent)?];
     if a.deterministic && takes_dq(ctx, a, g, b)? {
         v.push(variant_of(b, true)?);
     }
@@ -515,9 +531,12 @@ pub fn variants() -> Vec<Variant> {
     ] {
         let build = AttnBuild { dtype, d, layout, mask, window: (win, win), dropout: false };
         v.extend(variant(&build));
-        v.extend(bwd_variant(&build, true));
-        // The deterministic path's builds: dK / dV without dQ shares, and the dQ pass.
-        v.extend(bwd_variant(&build, false));
+        // The backward's both forms (persistent CTAs or one per key block), each with dQ shares
+        // and, for the deterministic path, without; and that path's dQ pass.
+        for persistent in [false, true] {
+            v.extend(bwd_variant(&build, true, persistent));
+            v.extend(bwd_variant(&build, false, persistent));
+        }
         v.extend(variant_of(&build, true));
     }
     // Head dim 256: the forward's 64-key tiles and split P·V, the backward's own entry.
@@ -530,10 +549,10 @@ pub fn variants() -> Vec<Variant> {
         dropout: false,
     };
     v.extend(variant(&build));
-    v.extend(bwd_variant(&build, true));
-    v.extend(bwd_variant(&build, false));
+    v.extend(bwd_variant(&build, true, false));
+    v.extend(bwd_variant(&build, false, false));
     v.extend(variant(&AttnBuild { layout: QkvLayout::Thd, mask: AttnMask::Padding, ..build }));
-    v.extend(bwd_variant(&AttnBuild { layout: QkvLayout::Thd, mask: AttnMask::Padding, ..build }, true));
+    v.extend(bwd_variant(&AttnBuild { layout: QkvLayout::Thd, mask: AttnMask::Padding, ..build }, true, false));
     v
 }
 
@@ -566,8 +585,9 @@ mod tests {
     #[test]
     fn the_backward_parameters_match_the_kernels_layout() {
         assert_eq!(std::mem::offset_of!(BwdParams, lse), 5 * 128);
-        assert_eq!(std::mem::offset_of!(BwdParams, batch), 5 * 128 + 48);
-        assert_eq!(std::mem::offset_of!(BwdParams, scale), 5 * 128 + 72);
+        assert_eq!(std::mem::offset_of!(BwdParams, counter), 5 * 128 + 48);
+        assert_eq!(std::mem::offset_of!(BwdParams, batch), 5 * 128 + 56);
+        assert_eq!(std::mem::offset_of!(BwdParams, scale), 5 * 128 + 80);
         assert_eq!(std::mem::size_of::<BwdParams>(), 12 * 64);
     }
 

@@ -157,6 +157,19 @@ impl Suite<'_> {
         });
         // More query tiles x heads x sequences (144) than an H100 has SMs (132).
         cases.push(AttnCase { sq: 130, sk: 130, hq: 36, hk: 12, ..base(QkvLayout::Bshd, AttnMask::Causal) });
+        // More 128-key blocks x kv heads x sequences (144) than SMs, at head dim 64, so that the
+        // Hopper backward's persistent CTAs each take several, ragged ones too (thd: sequences of
+        // 300, 260 and 1 tokens, junk rows after them).
+        cases.push(AttnCase { b: 3, sq: 260, sk: 260, hq: 16, hk: 16, ..base(QkvLayout::Bshd, AttnMask::Causal) });
+        cases.push(AttnCase {
+            b: 3,
+            hq: 32,
+            hk: 16,
+            cu_q: Some(vec![0, 300, 560, 561]),
+            cu_k: Some(vec![0, 300, 560, 561]),
+            junk: true,
+            ..base(QkvLayout::Thd, AttnMask::PaddingCausal)
+        });
         let long = if self.size == Size::Full { 1024 } else { 300 };
         cases.push(AttnCase {
             b: 1,

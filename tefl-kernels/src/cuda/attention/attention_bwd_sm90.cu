@@ -4,8 +4,9 @@
 // warpgroup MMAs (wgmma), and each tile's dQ share added to an f32 accumulator by the copy
 // engine's reduce-add (no per-element atomics).
 //
-// Warpgroup 0 is the producer: one thread loads K and V once, then per query tile Q and dO
-// (TMA) into a ring of STAGES stages; the other threads leave with their registers given back.
+// Warpgroup 0 is the producer: one thread loads a key block's K and V, then per query tile Q
+// and dO (TMA) into a ring of STAGES stages; the rest of its warp stays for the work-item
+// handoff, the other threads leave with their registers given back.
 // Per query tile of 64 (BM) each consumer puts the tile's lse (times log2 e) and delta rows
 // into its own shared row buffer (one value a thread, loaded from global memory while the
 // tile's first products run; a handoff from the producer through the stage's mbarrier would be
@@ -42,10 +43,16 @@
 // 16-bit T; D 256 has its own entry, attn_bwd_sm90_d256, at the end),
 // T_F16 (T is f16, else bf16), STAGES (query-tile stages), HEAD_GROUP (kv heads per scheduling
 // group), DQ_SHARES (1: the dQ shares as above; 0: dK and dV only, for the deterministic path,
-// whose dQ is a pass of its own over each query tile's keys). The grid is one-dimensional: CTA i takes the key block and kv head of item i in
-// heavy_first's order (key block 0 sees the most query tiles under causal masks), so the
-// launch ends on light blocks.
+// whose dQ is a pass of its own over each query tile's keys), PERSISTENT (below). Work items
+// are the key blocks of every kv head, in heavy_first's order (key block 0 sees the most query
+// tiles under causal masks), so the launch ends on light blocks. PERSISTENT (head dims 64 and
+// 128, where the tune configs ask for it): CTAs, one an SM, claim items from a counter
+// (attn_bwd_sm90 says how the next item's loads overlap the end of the current one); else
+// CTA i takes item i.
 
+#ifndef PERSISTENT
+#define PERSISTENT 0
+#endif
 #if D == 256
 #define BN 64                     // keys per CTA (attn_bwd_sm90_d256)
 #else
@@ -75,6 +82,7 @@ struct BwdParams {
     TensorMap dq;            // the f32 accumulator, boxes of 32 columns x 64 rows
     unsigned long long lse, delta, dk, dv;
     unsigned long long cu_q, cu_k;  // the cumulative sequence lengths (thd, padding masks), else 0
+    unsigned long long counter;     // head dims 64 / 128: zeroed ints, items claimed past the first grid, then a slot per CTA
     int batch, sq, sk, hq, hk, tq;
     float scale;
 };
@@ -183,6 +191,15 @@ __device__ __forceinline__ void ds_arrive(int n) { asm volatile("bar.arrive %0, 
 __device__ __forceinline__ void warpgroup_sync(int c) { asm volatile("bar.sync %0, 128;" ::"r"(3 + c) : "memory"); }
 // Named barrier 5 joins the two consumers once both have zeroed their halves of a ragged tile.
 __device__ __forceinline__ void zeroed_sync() { asm volatile("bar.sync 5, 256;" ::: "memory"); }
+// Named barriers 6 and 7 hand a work item from the producer warp to the consumers (head dims 64
+// and 128, persistent): 6 the item is in the slot, 7 the consumers have read it.
+#define HANDOFF_THREADS (32 + 128 * CONSUMERS)
+__device__ __forceinline__ void handoff_wait(int id) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "n"(HANDOFF_THREADS) : "memory");
+}
+__device__ __forceinline__ void handoff_arrive(int id) {
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "n"(HANDOFF_THREADS) : "memory");
+}
 
 // Ragged sequences: rows [r0, rows) of two tiles of DBOX boxes of rows x 128 bytes (K and V, or
 // Q and dO) zeroed by the two consumers (consumer c, thread tid), joined before any product.
@@ -269,16 +286,16 @@ __device__ __forceinline__ void dk_behind_dv(float* dk, float* dv, const u32 (*d
     for (int i = 0; i < D / 2; ++i) acc_fence(dv[i]);
 }
 
-// The key block a CTA takes (item blockIdx.x in heavy_first's order): its sequence b, kv head,
-// first key j0 and keys nk (past the sequence: none), and the query heads per kv head.
+// Work item `item` (a key block, in heavy_first's order): its sequence b, kv head, first key j0
+// and keys nk (past the sequence: none), and the query heads per kv head.
 struct KeyBlock {
     int b, hkv, j0, nk, group;
     Seq s;
 };
-__device__ __forceinline__ KeyBlock key_block(const BwdParams& p) {
+__device__ __forceinline__ KeyBlock key_block(const BwdParams& p, int item) {
     KeyBlock k;
     int rank, row;
-    heavy_first(blockIdx.x, (p.sk + BN - 1) / BN, p.hk * p.batch, HEAD_GROUP, &rank, &row);
+    heavy_first(item, (p.sk + BN - 1) / BN, p.hk * p.batch, HEAD_GROUP, &rank, &row);
     k.b = row / p.hk;
     k.hkv = row % p.hk;
     k.j0 = rank * BN;
@@ -301,6 +318,16 @@ template <typename F> __device__ __forceinline__ void for_each_tile(const KeyBlo
             ++n;
         }
     }
+}
+
+// The work items of a launch (head dims 64 and 128, persistent): key blocks of BN keys of every
+// kv head of every sequence.
+__device__ __forceinline__ int items(const BwdParams& p) { return ((p.sk + BN - 1) / BN) * p.hk * p.batch; }
+// The work item the producer hands to the consumers: this CTA's slot after the counter (in
+// global memory, as in the forward: compute-sanitizer's racecheck does not follow the handoff
+// barriers for a shared slot).
+__device__ __forceinline__ volatile int* work_slot(const BwdParams& p) {
+    return reinterpret_cast<volatile int*>(p.counter) + 1 + blockIdx.x;
 }
 
 // The producer's first copies: the block's K and V rows, on `bar`.
@@ -375,8 +402,10 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
 #else
     const int warpgroup = threadIdx.x / 128;
 #endif
+#define KV_EMPTY (bars + 8u * (1 + 2 * STAGES))
     if (threadIdx.x == 0) {
         mbar_init(KV_FULL, 1);
+        mbar_init(KV_EMPTY, CONSUMERS * 4);
         for (int st = 0; st < STAGES; ++st) {
             mbar_init(QD_FULL(st), 1);
             mbar_init(QD_EMPTY(st), CONSUMERS * 4);
@@ -384,21 +413,59 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
         mbar_init_fence();
     }
     __syncthreads();
-    const KeyBlock kb = key_block(p);
-    const int b = kb.b, j0 = kb.j0;
-    const Seq& s = kb.s;
 
+    // PERSISTENT: scheduled dynamically as the forward: CTA i starts with item i, then takes
+    // the next unclaimed one from the counter (grid + atomicAdd), in heavy_first's order. The
+    // producer hands each item to the consumers (handoff_*; an item >= items(p) ends them),
+    // loads its K and V once the consumers have released the previous item's (KV_EMPTY, after
+    // their last product that reads them), then its tiles: the Q / dO ring runs on across
+    // items (n counts tiles), so the next item's K and V and first tiles load while the
+    // consumers finish this item's last products and store its dK and dV. Else CTA i takes
+    // item i alone.
     if (warpgroup == 0) {
         regs_release<24>();
+#if !PERSISTENT
         if (threadIdx.x != 0) return;  // one producer thread issues the copies
+        const KeyBlock kb = key_block(p, blockIdx.x);
         load_kv(p, kb, k_s, v_s, KV_FULL);
         for_each_tile(kb, [&](int n, int h, int i0) {
             const int st = n % STAGES;
             mbar_wait(QD_EMPTY(st), ((n / STAGES) & 1) ^ 1);
             mbar_arrive_expect(QD_FULL(st), 2 * Q_TILE);
-            load_rows(Q_S(st), &p.q, h, b, map_row(s.qb, i0), Q_BOX, QD_FULL(st));
-            load_rows(DO_S(st), &p.d_o, h, b, map_row(s.qb, i0), Q_BOX, QD_FULL(st));
+            load_rows(Q_S(st), &p.q, h, kb.b, map_row(kb.s.qb, i0), Q_BOX, QD_FULL(st));
+            load_rows(DO_S(st), &p.d_o, h, kb.b, map_row(kb.s.qb, i0), Q_BOX, QD_FULL(st));
         });
+#else
+        if (threadIdx.x >= 32) return;  // the producer warp stays; lane 0 issues the copies
+        const int lane = threadIdx.x;
+        int n = 0, w = blockIdx.x;
+        for (int it = 0;; ++it) {
+            if (it > 0) handoff_wait(7);
+            if (lane == 0) *work_slot(p) = w;
+            __threadfence_block();
+            __syncwarp();
+            handoff_arrive(6);
+            if (w >= items(p)) break;
+            int next = 0;
+            if (lane == 0) {
+                const KeyBlock kb = key_block(p, w);
+                const int b = kb.b;
+                const Seq& s = kb.s;
+                if (it > 0) mbar_wait(KV_EMPTY, (it - 1) & 1);
+                load_kv(p, kb, k_s, v_s, KV_FULL);
+                for_each_tile(kb, [&](int, int h, int i0) {
+                    const int st = n % STAGES;
+                    mbar_wait(QD_EMPTY(st), ((n / STAGES) & 1) ^ 1);
+                    mbar_arrive_expect(QD_FULL(st), 2 * Q_TILE);
+                    load_rows(Q_S(st), &p.q, h, b, map_row(s.qb, i0), Q_BOX, QD_FULL(st));
+                    load_rows(DO_S(st), &p.d_o, h, b, map_row(s.qb, i0), Q_BOX, QD_FULL(st));
+                    ++n;
+                });
+                next = gridDim.x + atomicAdd(reinterpret_cast<int*>(p.counter), 1);
+            }
+            w = __shfl_sync(0xffffffffu, next, 0);
+        }
+#endif
         return;
     }
 
@@ -406,155 +473,189 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     const int c = warpgroup - 1;
     const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const float scale2 = p.scale * 1.4426950408889634f;
-    const int kw = j0 + 64 * c;  // this consumer's first key; the thread's are kw + 16 warp + g (+8)
-    // Accumulator i of a 64 x N wgmma tile is row 16 warp + g + 8 ((i / 2) % 2), column
-    // 8 (i / 4) + 2 t + i % 2.
-    float dv[D / 2], dk[D / 2];
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i) dv[i] = dk[i] = 0.0f;
-    mbar_wait(KV_FULL, 0);
-#if RAGGED
-    if (kb.nk < BN) zero_tail(k_s, v_s, BN, kb.nk, c, tid);
-#endif
     // The stage whose dK product may still run (its Q is released once that is done), or -1.
     int pending = -1;
-    // for_each_tile's walk, written out: as its lambda the consumers' loop compiled to other
-    // register allocations (48-64 instructions fewer at head dim 64), not yet measured.
+    // n counts the tiles of every item so far, as the producer's does.
     int n = 0;
-    for (int hi = 0; hi < kb.group; ++hi) {
-        const int h = kb.hkv * kb.group + hi;
-        for (int i0 = 0; i0 < s.lq; i0 += BM) {
-            if (!tile_visible(s, i0, j0, kb.nk)) continue;
-            const int st = n % STAGES;
-            const u32 q = Q_S(st), d_o = DO_S(st), ds = DS_S(n % 2);
-            // K and V (shared memory) of this tile's products: their descriptors are recomputed
-            // per tile (opaque), not kept in registers across the loop (ptxas spilled them).
-            const u32 k_t = opaque(k_s), v_t = opaque(v_s);
-            const u32 k_c = k_t + c * 64 * 128, v_c = v_t + c * 64 * 128;
-            mbar_wait(QD_FULL(st), (n / STAGES) & 1);
-#if RAGGED
-            if (i0 + BM > s.lq) zero_tail(q, d_o, BM, s.lq - i0, c, tid);
-#endif
-            float sc[BM / 2], dp[BM / 2];
-            wgmma_fence();
-            mm_nt(sc, k_c, q);
-            wgmma_commit();
-            mm_nt(dp, v_c, d_o);
-            wgmma_commit();
-            // The tile's lse (threads 0-63) and delta (64-127) rows, one a thread, loaded while
-            // the products run, by an asm load issued after them. As a plain load before them,
-            // ptxas copied the loaded register ahead of the products' issue, so the warps
-            // waited for the load there: Nsight Compute (H200, 2026-11-27) counted that copy as
-            // the largest stall, 9% of the samples.
-            stage_rows(p, s, b, h, i0, tid, c, LSE_S(c));
-            // The mask: none when every query of the tile sees every key of this consumer's 64.
-            const bool full = sees_all(s, i0, BM, kw, 64);
-            // Done: the previous tile's dK and this one's Sᵀ (wgmma groups retire in order).
-            wgmma_wait<1>();
-#pragma unroll
-            for (int i = 0; i < BM / 2; ++i) acc_fence(sc[i]);
-            if (pending >= 0) {
-                __syncwarp();
-                if (lane == 0) mbar_arrive(QD_EMPTY(pending));
-            }
-            // Pᵀ = exp2(scale2 Sᵀ - lse2), zero outside the mask.
-#pragma unroll
-            for (int j = 0; j < BM / 8; ++j) {
-                const float2 l2 = lds_f32x2(LSE_S(c) + 4 * (8 * j + 2 * t));
-                // Keys [key_lo, key_hi) of the thread's two queries (none past the sequence).
-                int key_lo[2] = {0, 0}, key_hi[2] = {0x7fffffff, 0x7fffffff};
-                if (!full) {
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) key_range(s, i0 + 8 * j + 2 * t + e, &key_lo[e], &key_hi[e]);
-                }
-#pragma unroll
-                for (int x = 0; x < 2; ++x)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        const int i = 4 * j + 2 * x + e, key = kw + 16 * warp + g + 8 * x;
-                        const bool ok = full || (key >= key_lo[e] && key < key_hi[e]);
-                        sc[i] = ok ? fast_exp2(fmaf(sc[i], scale2, -(e ? l2.y : l2.x))) : 0.0f;
-                    }
-            }
-            u32 pa[BM / 16][4];
-#pragma unroll
-            for (int kk = 0; kk < BM / 16; ++kk)
-#pragma unroll
-                for (int r = 0; r < 4; ++r) pa[kk][r] = pack2_f32<T>(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1]);
-            wgmma_wait<0>();
-#pragma unroll
-            for (int i = 0; i < BM / 2; ++i) acc_fence(dp[i]);
-#pragma unroll
-            for (int i = 0; i < D / 2; ++i) acc_fence(dk[i]);
-            // dV += Pᵀ · dO runs while dSᵀ is formed.
-            wgmma_fence();
-            mm_rs(dv, pa, d_o);
-            wgmma_commit();
-            // dSᵀ = Pᵀ (dPᵀ - delta); its 16-bit rows into shared memory for the dQ product.
-            // The delta pairs loaded four at a time: one shared-memory latency per four pairs, not
-            // one per pair (the loads and the dSᵀ stores are ordered asm, so the compiler does
-            // not mix them; all eight at once made ptxas spill).
-            u32 da[BM / 16][4];
-            float2 dl[4];
-#pragma unroll
-            for (int j = 0; j < BM / 8; ++j) {
-                if (j % 4 == 0) {
-#pragma unroll
-                    for (int u = 0; u < 4; ++u) dl[u] = lds_f32x2(DEL_S(c) + 4 * (8 * (j + u) + 2 * t));
-                }
-#pragma unroll
-                for (int x = 0; x < 2; ++x) {
-                    const int i = 4 * j + 2 * x;
-                    dp[i] = sc[i] * (dp[i] - dl[j % 4].x);
-                    dp[i + 1] = sc[i + 1] * (dp[i + 1] - dl[j % 4].y);
-#if DQ_SHARES
-                    const u32 w = pack2_f32<T>(dp[i], dp[i + 1]);
-                    const int row = 64 * c + 16 * warp + g + 8 * x;
-                    sts_u32(ds + row * 128 + ((j ^ g) << 4) + 4 * t, w);
-#endif
-                }
-            }
-#pragma unroll
-            for (int kk = 0; kk < BM / 16; ++kk)
-#pragma unroll
-                for (int r = 0; r < 4; ++r) da[kk][r] = pack2_f32<T>(dp[8 * kk + 2 * r], dp[8 * kk + 2 * r + 1]);
-#if !DQ_SHARES
-            // No dQ here (the deterministic path's attn_bwd_dq_sm90 computes it): dK right
-            // behind dV.
-            // (The barrier: every thread's reads of the row buffer are done before the next
-            // tile's stage_rows overwrites it.)
-            (void)ds;
-            warpgroup_sync(c);
-            dk_behind_dv(dk, dv, da, q);
-#elif D == 64
-            fence_async_shared();
-            // The tile's dQ consumer waits for the other's dSᵀ rows; the other only arrives,
-            // after a barrier of its own warpgroup (its threads' last reads of the row buffer,
-            // which the next tile overwrites, are done; the dQ consumer's hand-off has two).
-            // Each path issues dK last and leaves only it running: with the dQ product and its
-            // hand-off behind separate branches ptxas serialised the wgmma (C7512).
-            if (n % 2 == c) {
-                ds_wait(n);
-                dq_then_dk(p, dk, dv, da, ds, k_t, q, DQ_S(c), c, tid, h, b, map_row(s.qb, i0), 0);
-            } else {
-                warpgroup_sync(c);
-                ds_arrive(n);
-                dk_behind_dv(dk, dv, da, q);
-            }
+#if PERSISTENT
+    for (int it = 0;; ++it) {
+        handoff_wait(6);
+        const int item = *work_slot(p);
+        if (item >= items(p)) break;  // (the last handoff: the producer waits for no reply)
+        handoff_arrive(7);
 #else
-            fence_async_shared();
-            consumers_sync();  // both consumers' dSᵀ rows are in shared memory
-            dq_then_dk(p, dk, dv, da, ds, k_t + c * K_BOX, q, DQ_S(c), c, tid, h, b, map_row(s.qb, i0), 64 * c);
+    {
+        const int it = 0, item = blockIdx.x;
 #endif
-            pending = st;
-            ++n;
-        }
-    }
-    wgmma_wait<0>();
+        const KeyBlock kb = key_block(p, item);
+        const int b = kb.b, j0 = kb.j0;
+        const Seq& s = kb.s;
+        const int kw = j0 + 64 * c;  // this consumer's first key; the thread's are kw + 16 warp + g (+8)
+        // Accumulator i of a 64 x N wgmma tile is row 16 warp + g + 8 ((i / 2) % 2), column
+        // 8 (i / 4) + 2 t + i % 2.
+        float dv[D / 2], dk[D / 2];
 #pragma unroll
-    for (int i = 0; i < D / 2; ++i) acc_fence(dk[i]);
+        for (int i = 0; i < D / 2; ++i) dv[i] = dk[i] = 0.0f;
+        mbar_wait(KV_FULL, it & 1);
+#if RAGGED
+        if (kb.nk < BN) zero_tail(k_s, v_s, BN, kb.nk, c, tid);
+#endif
+        // for_each_tile's walk, written out: as its lambda the consumers' loop compiled to other
+        // register allocations (48-64 instructions fewer at head dim 64), not yet measured.
+        for (int hi = 0; hi < kb.group; ++hi) {
+            const int h = kb.hkv * kb.group + hi;
+            for (int i0 = 0; i0 < s.lq; i0 += BM) {
+                if (!tile_visible(s, i0, j0, kb.nk)) continue;
+                const int st = n % STAGES;
+                const u32 q = Q_S(st), d_o = DO_S(st), ds = DS_S(n % 2);
+                // K and V (shared memory) of this tile's products: their descriptors are recomputed
+                // per tile (opaque), not kept in registers across the loop (ptxas spilled them).
+                const u32 k_t = opaque(k_s), v_t = opaque(v_s);
+                const u32 k_c = k_t + c * 64 * 128, v_c = v_t + c * 64 * 128;
+                mbar_wait(QD_FULL(st), (n / STAGES) & 1);
+#if RAGGED
+                if (i0 + BM > s.lq) zero_tail(q, d_o, BM, s.lq - i0, c, tid);
+#endif
+                float sc[BM / 2], dp[BM / 2];
+                wgmma_fence();
+                mm_nt(sc, k_c, q);
+                wgmma_commit();
+                mm_nt(dp, v_c, d_o);
+                wgmma_commit();
+                // The tile's lse (threads 0-63) and delta (64-127) rows, one a thread, loaded while
+                // the products run, by an asm load issued after them. As a plain load before them,
+                // ptxas copied the loaded register ahead of the products' issue, so the warps
+                // waited for the load there: Nsight Compute (H200, 2026-11-27) counted that copy as
+                // the largest stall, 9% of the samples.
+                stage_rows(p, s, b, h, i0, tid, c, LSE_S(c));
+                // The mask: none when every query of the tile sees every key of this consumer's 64.
+                const bool full = sees_all(s, i0, BM, kw, 64);
+                // Done: the previous tile's dK and this one's Sᵀ (wgmma groups retire in order).
+                wgmma_wait<1>();
+#pragma unroll
+                for (int i = 0; i < BM / 2; ++i) acc_fence(sc[i]);
+                if (pending >= 0) {
+                    __syncwarp();
+                    if (lane == 0) mbar_arrive(QD_EMPTY(pending));
+                }
+                // Pᵀ = exp2(scale2 Sᵀ - lse2), zero outside the mask.
+#pragma unroll
+                for (int j = 0; j < BM / 8; ++j) {
+                    const float2 l2 = lds_f32x2(LSE_S(c) + 4 * (8 * j + 2 * t));
+                    // Keys [key_lo, key_hi) of the thread's two queries (none past the sequence).
+                    int key_lo[2] = {0, 0}, key_hi[2] = {0x7fffffff, 0x7fffffff};
+                    if (!full) {
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) key_range(s, i0 + 8 * j + 2 * t + e, &key_lo[e], &key_hi[e]);
+                    }
+#pragma unroll
+                    for (int x = 0; x < 2; ++x)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const int i = 4 * j + 2 * x + e, key = kw + 16 * warp + g + 8 * x;
+                            const bool ok = full || (key >= key_lo[e] && key < key_hi[e]);
+                            sc[i] = ok ? fast_exp2(fmaf(sc[i], scale2, -(e ? l2.y : l2.x))) : 0.0f;
+                        }
+                }
+                u32 pa[BM / 16][4];
+#pragma unroll
+                for (int kk = 0; kk < BM / 16; ++kk)
+#pragma unroll
+                    for (int r = 0; r < 4; ++r) pa[kk][r] = pack2_f32<T>(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1]);
+                wgmma_wait<0>();
+#pragma unroll
+                for (int i = 0; i < BM / 2; ++i) acc_fence(dp[i]);
+#pragma unroll
+                for (int i = 0; i < D / 2; ++i) acc_fence(dk[i]);
+                // dV += Pᵀ · dO runs while dSᵀ is formed.
+                wgmma_fence();
+                mm_rs(dv, pa, d_o);
+                wgmma_commit();
+                // dSᵀ = Pᵀ (dPᵀ - delta); its 16-bit rows into shared memory for the dQ product.
+                // The delta pairs loaded four at a time: one shared-memory latency per four pairs, not
+                // one per pair (the loads and the dSᵀ stores are ordered asm, so the compiler does
+                // not mix them; all eight at once made ptxas spill).
+                u32 da[BM / 16][4];
+                float2 dl[4];
+#pragma unroll
+                for (int j = 0; j < BM / 8; ++j) {
+                    if (j % 4 == 0) {
+#pragma unroll
+                        for (int u = 0; u < 4; ++u) dl[u] = lds_f32x2(DEL_S(c) + 4 * (8 * (j + u) + 2 * t));
+                    }
+#pragma unroll
+                    for (int x = 0; x < 2; ++x) {
+                        const int i = 4 * j + 2 * x;
+                        dp[i] = sc[i] * (dp[i] - dl[j % 4].x);
+                        dp[i + 1] = sc[i + 1] * (dp[i + 1] - dl[j % 4].y);
+#if DQ_SHARES
+                        const u32 w = pack2_f32<T>(dp[i], dp[i + 1]);
+                        const int row = 64 * c + 16 * warp + g + 8 * x;
+                        sts_u32(ds + row * 128 + ((j ^ g) << 4) + 4 * t, w);
+#endif
+                    }
+                }
+#pragma unroll
+                for (int kk = 0; kk < BM / 16; ++kk)
+#pragma unroll
+                    for (int r = 0; r < 4; ++r) da[kk][r] = pack2_f32<T>(dp[8 * kk + 2 * r], dp[8 * kk + 2 * r + 1]);
+#if !DQ_SHARES
+                // No dQ here (the deterministic path's attn_bwd_dq_sm90 computes it): dK right
+                // behind dV.
+                // (The barrier: every thread's reads of the row buffer are done before the next
+                // tile's stage_rows overwrites it.)
+                (void)ds;
+                warpgroup_sync(c);
+                dk_behind_dv(dk, dv, da, q);
+#elif D == 64
+                fence_async_shared();
+                // The tile's dQ consumer waits for the other's dSᵀ rows; the other only arrives,
+                // after a barrier of its own warpgroup (its threads' last reads of the row buffer,
+                // which the next tile overwrites, are done; the dQ consumer's hand-off has two).
+                // Each path issues dK last and leaves only it running: with the dQ product and its
+                // hand-off behind separate branches ptxas serialised the wgmma (C7512).
+                if (n % 2 == c) {
+                    ds_wait(n);
+                    dq_then_dk(p, dk, dv, da, ds, k_t, q, DQ_S(c), c, tid, h, b, map_row(s.qb, i0), 0);
+                } else {
+                    warpgroup_sync(c);
+                    ds_arrive(n);
+                    dk_behind_dv(dk, dv, da, q);
+                }
+#else
+                fence_async_shared();
+                consumers_sync();  // both consumers' dSᵀ rows are in shared memory
+                dq_then_dk(p, dk, dv, da, ds, k_t + c * K_BOX, q, DQ_S(c), c, tid, h, b, map_row(s.qb, i0), 64 * c);
+#endif
+                pending = st;
+                ++n;
+            }
+        }
+#if PERSISTENT
+        // Every product that reads K or V is done (only dK, from Q's stage, may still run): the
+        // producer may load the next item's.
+        __syncwarp();
+        if (lane == 0) mbar_arrive(KV_EMPTY);
+#endif
+        wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < D / 2; ++i) acc_fence(dk[i]);
+#if PERSISTENT
+        if (pending >= 0) {
+            __syncwarp();
+            if (lane == 0) mbar_arrive(QD_EMPTY(pending));
+            pending = -1;
+        }
+#else
+        if (tid == 0) bulk_wait<0>();
+#endif
+        store_dkdv<D>(p, kb, kw, 0, dv, dk, warp, g, t);  // this consumer's 64 keys
+    }
+#if PERSISTENT
+    // The last dQ shares' reduce-adds have read their buffers before the CTA leaves.
     if (tid == 0) bulk_wait<0>();
-    store_dkdv<D>(p, kb, kw, 0, dv, dk, warp, g, t);  // this consumer's 64 keys
+#endif
+#undef KV_EMPTY
 #undef Q_S
 #undef DO_S
 #undef DS_S
@@ -658,7 +759,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
         mbar_init_fence();
     }
     __syncthreads();
-    const KeyBlock kb = key_block(p);
+    const KeyBlock kb = key_block(p, blockIdx.x);
     const int b = kb.b, j0 = kb.j0;
     const Seq& s = kb.s;
 
