@@ -46,16 +46,11 @@ pub fn attention_bwd_wgmma(t: &TuneTable) -> bool {
 }
 
 /// Whether the Hopper backward's dK/dV kernel runs as persistent CTAs claiming key blocks from
-/// a counter for head dim `d` (`attention`'s `bwd_persistent_max_d`: head dims up to it; 0 or
-/// absent, none), rather than one CTA per key block. Head dim 256's kernel has no persistent
-/// form.
+/// a counter for head dim `d` (`attention`'s `bwd_persistent_d64`, `_d128`, `_d256`: nonzero;
+/// absent, no), rather than one CTA per key block.
 pub fn attention_bwd_persistent(t: &TuneTable, d: usize) -> bool {
-    d <= 128
-        && t.configs("attention")
-            .first()
-            .and_then(|c| c.get("bwd_persistent_max_d"))
-            .and_then(|v| v.as_int())
-            .is_some_and(|max| max >= d as i64)
+    let key = format!("bwd_persistent_d{d}");
+    t.configs("attention").first().and_then(|c| c.get(&key)).and_then(|v| v.as_int()).is_some_and(|v| v != 0)
 }
 
 /// `attention`'s flag `key` (nonzero: the wgmma kernel), unless `TEFL_ATTN_WGMMA=0`.
@@ -124,7 +119,7 @@ pub fn kernel_choice(impl_id: &str, op: &str, device: Device, dtype: DType) -> O
         "fused_attn_bwd" if hopper && sixteen && attention_bwd_wgmma(&TUNE_CONFIGS.table(&arch)) => {
             format!(
                 "attn_bwd_delta, attn_bwd_sm90 (TMA loads, wgmma, dQ by tensor reduce-add; head dim 64/128, \
-                 persistent CTAs up to the tune config's bwd_persistent_max_d; attn_bwd_sm90_d256 for 256; \
+                 persistent CTAs where the tune configs' bwd_persistent_dN says; attn_bwd_sm90_d256 for 256; \
                  every layout and mask, no dropout; attn_bwd_dkdv (mma.sync) for other calls), \
                  attn_bwd_dq_out; {DETERMINISTIC_BWD}"
             )
@@ -177,9 +172,9 @@ mod tests {
         assert_eq!(attention_fwd_min_blocks(&h), 2);
         assert!(attention_fwd_wgmma(&h) && !attention_fwd_wgmma(&a));
         assert!(attention_bwd_wgmma(&h) && !attention_bwd_wgmma(&a));
-        // The backward's persistent form: Hopper's file takes it at head dim 64 only.
+        // The backward's persistent form: Hopper's file takes it at head dims 64 and 256.
         assert!(attention_bwd_persistent(&h, 64) && !attention_bwd_persistent(&h, 128));
-        assert!(!attention_bwd_persistent(&h, 256) && !attention_bwd_persistent(&a, 64));
+        assert!(attention_bwd_persistent(&h, 256) && !attention_bwd_persistent(&a, 64));
         assert_eq!(grouped_gemm_tiles(&h), GroupedTiles { m_first: true, max_stages: 4 });
         // The norm backward's ring: Hopper's file asks for 3 row buffers of one vector a thread
         // (8192 bf16 columns: one block of 1024 an SM), the defaults for none.

@@ -231,7 +231,7 @@ fn dq_smem(d: usize) -> usize {
 /// f32), the two consumers' lse and delta rows, the barriers (K / V full and empty, and a full
 /// and an empty one per stage). At head dim 256: K and V of 64
 /// keys, STAGES Q tiles and one dO tile, two Pᵀ and two dSᵀ buffers (64 x 64), the same dQ
-/// shares and rows, two more barriers.
+/// shares and rows, three more barriers.
 fn bwd_smem(d: usize) -> usize {
     let tile = BWD_ROWS * d * 2;
     if d > 128 {
@@ -241,7 +241,7 @@ fn bwd_smem(d: usize) -> usize {
             + 4 * key_rows(d) * BWD_ROWS * 2
             + 2 * BWD_ROWS * 64 * 4
             + 2 * 2 * BWD_ROWS * 4
-            + 8 * (3 + 2 * STAGES);
+            + 8 * (4 + 2 * STAGES);
     }
     1024 + 2 * ROWS * d * 2
         + 2 * STAGES * tile
@@ -549,10 +549,12 @@ pub fn variants() -> Vec<Variant> {
         dropout: false,
     };
     v.extend(variant(&build));
-    v.extend(bwd_variant(&build, true, false));
-    v.extend(bwd_variant(&build, false, false));
+    for persistent in [false, true] {
+        v.extend(bwd_variant(&build, true, persistent));
+        v.extend(bwd_variant(&build, false, persistent));
+    }
     v.extend(variant(&AttnBuild { layout: QkvLayout::Thd, mask: AttnMask::Padding, ..build }));
-    v.extend(bwd_variant(&AttnBuild { layout: QkvLayout::Thd, mask: AttnMask::Padding, ..build }, true, false));
+    v.extend(bwd_variant(&AttnBuild { layout: QkvLayout::Thd, mask: AttnMask::Padding, ..build }, true, true));
     v
 }
 

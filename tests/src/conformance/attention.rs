@@ -161,6 +161,16 @@ impl Suite<'_> {
         // Hopper backward's persistent CTAs each take several, ragged ones too (thd: sequences of
         // 300, 260 and 1 tokens, junk rows after them).
         cases.push(AttnCase { b: 3, sq: 260, sk: 260, hq: 16, hk: 16, ..base(QkvLayout::Bshd, AttnMask::Causal) });
+        // The same at head dim 256, whose key blocks are 64 keys.
+        cases.push(AttnCase {
+            b: 3,
+            sq: 130,
+            sk: 130,
+            hq: 16,
+            hk: 16,
+            d: 256,
+            ..base(QkvLayout::Bshd, AttnMask::Causal)
+        });
         cases.push(AttnCase {
             b: 3,
             hq: 32,

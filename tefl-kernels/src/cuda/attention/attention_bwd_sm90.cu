@@ -337,6 +337,46 @@ __device__ __forceinline__ void load_kv(const BwdParams& p, const KeyBlock& k, u
     load_rows(v_s, &p.v, k.hkv, k.b, map_row(k.s.kb, k.j0), K_BOX, bar);
 }
 
+// PERSISTENT's producer warp (lane 0 issues the copies): hands each work item to the consumers
+// (handoff barriers 6 and 7 through the CTA's slot; an item >= items(p) ends them), loads its K
+// and V once the consumers have released the previous item's (kv_empty), then calls
+// tile(kb, n, h, i0) for its query tiles, n counting the tiles of every item so far.
+template <typename F>
+__device__ __forceinline__ void produce_items(const BwdParams& p, u32 k_s, u32 v_s, u32 kv_full, u32 kv_empty, F&& tile) {
+    const int lane = threadIdx.x;
+    int n = 0, w = blockIdx.x;
+    for (int it = 0;; ++it) {
+        if (it > 0) handoff_wait(7);
+        if (lane == 0) *work_slot(p) = w;
+        __threadfence_block();
+        __syncwarp();
+        handoff_arrive(6);
+        if (w >= items(p)) break;
+        int next = 0;
+        if (lane == 0) {
+            const KeyBlock kb = key_block(p, w);
+            if (it > 0) mbar_wait(kv_empty, (it - 1) & 1);
+            load_kv(p, kb, k_s, v_s, kv_full);
+            for_each_tile(kb, [&](int, int h, int i0) {
+                tile(kb, n, h, i0);
+                ++n;
+            });
+            next = gridDim.x + atomicAdd(reinterpret_cast<int*>(p.counter), 1);
+        }
+        w = __shfl_sync(0xffffffffu, next, 0);
+    }
+}
+
+// PERSISTENT's consumers: the next work item the producer hands over, or -1 once it says there
+// is none (that last handoff gets no reply: the producer has left).
+__device__ __forceinline__ int next_item(const BwdParams& p) {
+    handoff_wait(6);
+    const int item = *work_slot(p);
+    if (item >= items(p)) return -1;
+    handoff_arrive(7);
+    return item;
+}
+
 // Query tile i0's lse (times log2 e) and delta rows into consumer c's row buffer at `rows`
 // (lse rows, then the delta rows at rows + 4 BM; thread tid's value at float tid), loaded while
 // the tile's first products run; then a barrier of the warpgroup. The buffer's last readers
@@ -424,47 +464,22 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     // item i alone.
     if (warpgroup == 0) {
         regs_release<24>();
-#if !PERSISTENT
-        if (threadIdx.x != 0) return;  // one producer thread issues the copies
-        const KeyBlock kb = key_block(p, blockIdx.x);
-        load_kv(p, kb, k_s, v_s, KV_FULL);
-        for_each_tile(kb, [&](int n, int h, int i0) {
+        // Query tile n's Q and dO (tile (h, i0) of key block kb) into its stage.
+        const auto tile = [&](const KeyBlock& kb, int n, int h, int i0) {
             const int st = n % STAGES;
             mbar_wait(QD_EMPTY(st), ((n / STAGES) & 1) ^ 1);
             mbar_arrive_expect(QD_FULL(st), 2 * Q_TILE);
             load_rows(Q_S(st), &p.q, h, kb.b, map_row(kb.s.qb, i0), Q_BOX, QD_FULL(st));
             load_rows(DO_S(st), &p.d_o, h, kb.b, map_row(kb.s.qb, i0), Q_BOX, QD_FULL(st));
-        });
-#else
+        };
+#if PERSISTENT
         if (threadIdx.x >= 32) return;  // the producer warp stays; lane 0 issues the copies
-        const int lane = threadIdx.x;
-        int n = 0, w = blockIdx.x;
-        for (int it = 0;; ++it) {
-            if (it > 0) handoff_wait(7);
-            if (lane == 0) *work_slot(p) = w;
-            __threadfence_block();
-            __syncwarp();
-            handoff_arrive(6);
-            if (w >= items(p)) break;
-            int next = 0;
-            if (lane == 0) {
-                const KeyBlock kb = key_block(p, w);
-                const int b = kb.b;
-                const Seq& s = kb.s;
-                if (it > 0) mbar_wait(KV_EMPTY, (it - 1) & 1);
-                load_kv(p, kb, k_s, v_s, KV_FULL);
-                for_each_tile(kb, [&](int, int h, int i0) {
-                    const int st = n % STAGES;
-                    mbar_wait(QD_EMPTY(st), ((n / STAGES) & 1) ^ 1);
-                    mbar_arrive_expect(QD_FULL(st), 2 * Q_TILE);
-                    load_rows(Q_S(st), &p.q, h, b, map_row(s.qb, i0), Q_BOX, QD_FULL(st));
-                    load_rows(DO_S(st), &p.d_o, h, b, map_row(s.qb, i0), Q_BOX, QD_FULL(st));
-                    ++n;
-                });
-                next = gridDim.x + atomicAdd(reinterpret_cast<int*>(p.counter), 1);
-            }
-            w = __shfl_sync(0xffffffffu, next, 0);
-        }
+        produce_items(p, k_s, v_s, KV_FULL, KV_EMPTY, tile);
+#else
+        if (threadIdx.x != 0) return;  // one producer thread issues the copies
+        const KeyBlock kb = key_block(p, blockIdx.x);
+        load_kv(p, kb, k_s, v_s, KV_FULL);
+        for_each_tile(kb, [&](int n, int h, int i0) { tile(kb, n, h, i0); });
 #endif
         return;
     }
@@ -477,15 +492,11 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     int pending = -1;
     // n counts the tiles of every item so far, as the producer's does.
     int n = 0;
+    // The work items: `it` counts them.
 #if PERSISTENT
-    for (int it = 0;; ++it) {
-        handoff_wait(6);
-        const int item = *work_slot(p);
-        if (item >= items(p)) break;  // (the last handoff: the producer waits for no reply)
-        handoff_arrive(7);
+    for (int it = 0, item; (item = next_item(p)) >= 0; ++it) {
 #else
-    {
-        const int it = 0, item = blockIdx.x;
+    for (int it = 0, item = blockIdx.x; it < 1; ++it) {
 #endif
         const KeyBlock kb = key_block(p, item);
         const int b = kb.b, j0 = kb.j0;
@@ -747,9 +758,11 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
 #define Q_EMPTY(st) (bars + 8u * (1 + STAGES + (st)))
 #define DO_FULL (bars + 8u * (1 + 2 * STAGES))
 #define DO_EMPTY (bars + 8u * (2 + 2 * STAGES))
+#define KV_EMPTY (bars + 8u * (3 + 2 * STAGES))
     const int warpgroup = threadIdx.x / 128;
     if (threadIdx.x == 0) {
         mbar_init(KV_FULL, 1);
+        mbar_init(KV_EMPTY, CONSUMERS * 4);
         for (int st = 0; st < STAGES; ++st) {
             mbar_init(Q_FULL(st), 1);
             mbar_init(Q_EMPTY(st), CONSUMERS * 4);
@@ -759,23 +772,30 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
         mbar_init_fence();
     }
     __syncthreads();
-    const KeyBlock kb = key_block(p, blockIdx.x);
-    const int b = kb.b, j0 = kb.j0;
-    const Seq& s = kb.s;
 
+    // PERSISTENT: as attn_bwd_sm90's (every product of a tile is waited for within it, so the
+    // consumers release K and V right after their last tile).
     if (warpgroup == 0) {
         regs_release<24>();
-        if (threadIdx.x != 0) return;  // one producer thread issues the copies
-        load_kv(p, kb, k_s, v_s, KV_FULL);
-        for_each_tile(kb, [&](int n, int h, int i0) {
+        // Query tile n's Q into its stage and its dO into the one dO buffer.
+        const auto tile = [&](const KeyBlock& kb, int n, int h, int i0) {
             const int st = n % STAGES;
             mbar_wait(Q_EMPTY(st), ((n / STAGES) & 1) ^ 1);
             mbar_arrive_expect(Q_FULL(st), Q_TILE);
-            load_rows(Q_S(st), &p.q, h, b, map_row(s.qb, i0), Q_BOX, Q_FULL(st));
+            load_rows(Q_S(st), &p.q, h, kb.b, map_row(kb.s.qb, i0), Q_BOX, Q_FULL(st));
             mbar_wait(DO_EMPTY, (n & 1) ^ 1);
             mbar_arrive_expect(DO_FULL, Q_TILE);
-            load_rows(do_s, &p.d_o, h, b, map_row(s.qb, i0), Q_BOX, DO_FULL);
-        });
+            load_rows(do_s, &p.d_o, h, kb.b, map_row(kb.s.qb, i0), Q_BOX, DO_FULL);
+        };
+#if PERSISTENT
+        if (threadIdx.x >= 32) return;  // the producer warp stays; lane 0 issues the copies
+        produce_items(p, k_s, v_s, KV_FULL, KV_EMPTY, tile);
+#else
+        if (threadIdx.x != 0) return;  // one producer thread issues the copies
+        const KeyBlock kb = key_block(p, blockIdx.x);
+        load_kv(p, kb, k_s, v_s, KV_FULL);
+        for_each_tile(kb, [&](int n, int h, int i0) { tile(kb, n, h, i0); });
+#endif
         return;
     }
 
@@ -784,144 +804,166 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const float scale2 = p.scale * 1.4426950408889634f;
     const int qc = 32 * c;  // this consumer's first query of a tile; its keys are all 64
-    // Accumulator i of a 64 x N wgmma tile is row 16 warp + g + 8 ((i / 2) % 2) (a key here),
-    // column 8 (i / 4) + 2 t + i % 2.
-    float dv[64], dk[64];
-#pragma unroll
-    for (int i = 0; i < 64; ++i) dv[i] = dk[i] = 0.0f;
-    mbar_wait(KV_FULL, 0);
-#if RAGGED
-    if (kb.nk < BN) zero_tail(k_s, v_s, BN, kb.nk, c, tid);
-#endif
-    // for_each_tile's walk, written out: as its lambda the consumers' loop compiled to other
-    // register allocations (48-64 instructions fewer at head dim 64), not yet measured.
+    // n counts the tiles of every item so far, as the producer's does.
     int n = 0;
-    for (int hi = 0; hi < kb.group; ++hi) {
-        const int h = kb.hkv * kb.group + hi;
-        for (int i0 = 0; i0 < s.lq; i0 += BM) {
-            if (!tile_visible(s, i0, j0, kb.nk)) continue;
-            const int st = n % STAGES;
-            const u32 q = Q_S(st), pt = PT_S(n % 2), ds = DS_S(n % 2);
-            const u32 k_t = opaque(k_s), v_t = opaque(v_s);
-            float sc[16], dp[16];
-            u32 pa[2][4], da[2][4];  // Pᵀ and dSᵀ of this consumer's queries, as A fragments
-            mbar_wait(Q_FULL(st), (n / STAGES) & 1);
-#if RAGGED
-            if (i0 + BM > s.lq) {
-                mbar_wait(DO_FULL, n & 1);
-                zero_tail(q, do_s, BM, s.lq - i0, c, tid);
-            }
-#endif
-            wgmma_fence();
-            mm_nt32(sc, k_t, q + qc * 128);
-            wgmma_commit();
-            mbar_wait(DO_FULL, n & 1);
-            mm_nt32(dp, v_t, do_s + qc * 128);
-            wgmma_commit();
-            // The tile's lse and delta rows, as in attn_bwd_sm90.
-            stage_rows(p, s, b, h, i0, tid, c, LSE_S(c));
-            // The mask: none when every one of this consumer's queries sees all 64 keys.
-            const bool full = sees_all(s, i0 + qc, 32, j0, BN);
-            wgmma_wait<1>();
-#pragma unroll
-            for (int i = 0; i < 16; ++i) acc_fence(sc[i]);
-            // Pᵀ = exp2(scale2 Sᵀ - lse2), zero outside the mask, into shared memory (row: key,
-            // 16-byte chunk: 8 queries, in the 128-byte swizzle).
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const int q0 = qc + 8 * j + 2 * t;  // the thread's two queries: q0, q0 + 1
-                const float2 l2 = lds_f32x2(LSE_S(c) + 4 * q0);
-                int key_lo[2] = {0, 0}, key_hi[2] = {0x7fffffff, 0x7fffffff};
-                if (!full) {
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) key_range(s, i0 + q0 + e, &key_lo[e], &key_hi[e]);
-                }
-#pragma unroll
-                for (int x = 0; x < 2; ++x) {
-                    const int key = j0 + 16 * warp + g + 8 * x;
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        const int i = 4 * j + 2 * x + e;
-                        const bool ok = full || (key >= key_lo[e] && key < key_hi[e]);
-                        sc[i] = ok ? fast_exp2(fmaf(sc[i], scale2, -(e ? l2.y : l2.x))) : 0.0f;
-                    }
-                    const int r = 16 * warp + g + 8 * x;
-                    pa[j / 2][2 * (j % 2) + x] = pack2_f32<T>(sc[4 * j + 2 * x], sc[4 * j + 2 * x + 1]);
-                    sts_u32(pt + r * 128 + (((qc / 8 + j) ^ g) << 4) + 4 * t, pa[j / 2][2 * (j % 2) + x]);
-                }
-            }
-            wgmma_wait<0>();
-#pragma unroll
-            for (int i = 0; i < 16; ++i) acc_fence(dp[i]);
-            // dSᵀ = Pᵀ (dPᵀ - delta), into shared memory the same way.
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const float2 dl = lds_f32x2(DEL_S(c) + 4 * (qc + 8 * j + 2 * t));
-#pragma unroll
-                for (int x = 0; x < 2; ++x) {
-                    const int i = 4 * j + 2 * x, r = 16 * warp + g + 8 * x;
-                    dp[i] = sc[i] * (dp[i] - dl.x);
-                    dp[i + 1] = sc[i + 1] * (dp[i + 1] - dl.y);
-                    da[j / 2][2 * (j % 2) + x] = pack2_f32<T>(dp[i], dp[i + 1]);
-                    sts_u32(ds + r * 128 + (((qc / 8 + j) ^ g) << 4) + 4 * t, da[j / 2][2 * (j % 2) + x]);
-                }
-            }
-            fence_async_shared();
-            consumers_sync();  // both consumers' halves of Pᵀ and dSᵀ are in shared memory
-#pragma unroll
-            for (int i = 0; i < 64; ++i) acc_fence(dv[i]);
-#pragma unroll
-            for (int i = 0; i < 64; ++i) acc_fence(dk[i]);
-#if DQ_SHARES
-            float dq[32];
-#endif
-            wgmma_fence();
-            mm_mixed(dv, pa, c, pt, do_s + 2 * c * Q_BOX);
-            wgmma_commit();
-#if DQ_SHARES
-            mm_tt<4>(dq, ds, k_t + 2 * c * K_BOX);
-            wgmma_commit();
-#endif
-            mm_mixed(dk, da, c, ds, q + 2 * c * Q_BOX);
-            wgmma_commit();
-#if DQ_SHARES
-            wgmma_wait<1>();  // dV and the first dQ quarter (dK runs on)
-#pragma unroll
-            for (int i = 0; i < 32; ++i) acc_fence(dq[i]);
-#pragma unroll
-            for (int i = 0; i < 64; ++i) acc_fence(dv[i]);
-            __syncwarp();
-            if (lane == 0) mbar_arrive(DO_EMPTY);
-            hand_off_dq(p, dq, DQ_S(c), c, tid, h, b, map_row(s.qb, i0), 128 * c);
-            wgmma_fence();
-            mm_tt<4>(dq, ds, k_t + (2 * c + 1) * K_BOX);
-            wgmma_commit();
-            wgmma_wait<0>();  // dK and the second quarter
-#pragma unroll
-            for (int i = 0; i < 32; ++i) acc_fence(dq[i]);
-#pragma unroll
-            for (int i = 0; i < 64; ++i) acc_fence(dk[i]);
-            __syncwarp();
-            if (lane == 0) mbar_arrive(Q_EMPTY(st));
-            hand_off_dq(p, dq, DQ_S(c), c, tid, h, b, map_row(s.qb, i0), 128 * c + 64);
+    // The work items: `it` counts them.
+#if PERSISTENT
+    for (int it = 0, item; (item = next_item(p)) >= 0; ++it) {
 #else
-            // No dQ (attn_bwd_dq_sm90's, or the mma.sync pass's, on the deterministic path).
-            wgmma_wait<1>();  // dV (dK runs on)
-#pragma unroll
-            for (int i = 0; i < 64; ++i) acc_fence(dv[i]);
-            __syncwarp();
-            if (lane == 0) mbar_arrive(DO_EMPTY);
-            wgmma_wait<0>();
-#pragma unroll
-            for (int i = 0; i < 64; ++i) acc_fence(dk[i]);
-            __syncwarp();
-            if (lane == 0) mbar_arrive(Q_EMPTY(st));
+    for (int it = 0, item = blockIdx.x; it < 1; ++it) {
 #endif
-            ++n;
+        const KeyBlock kb = key_block(p, item);
+        const int b = kb.b, j0 = kb.j0;
+        const Seq& s = kb.s;
+        // Accumulator i of a 64 x N wgmma tile is row 16 warp + g + 8 ((i / 2) % 2) (a key here),
+        // column 8 (i / 4) + 2 t + i % 2.
+        float dv[64], dk[64];
+#pragma unroll
+        for (int i = 0; i < 64; ++i) dv[i] = dk[i] = 0.0f;
+        mbar_wait(KV_FULL, it & 1);
+#if RAGGED
+        if (kb.nk < BN) zero_tail(k_s, v_s, BN, kb.nk, c, tid);
+#endif
+        // for_each_tile's walk, written out: as its lambda the consumers' loop compiled to other
+        // register allocations (48-64 instructions fewer at head dim 64), not yet measured.
+        for (int hi = 0; hi < kb.group; ++hi) {
+            const int h = kb.hkv * kb.group + hi;
+            for (int i0 = 0; i0 < s.lq; i0 += BM) {
+                if (!tile_visible(s, i0, j0, kb.nk)) continue;
+                const int st = n % STAGES;
+                const u32 q = Q_S(st), pt = PT_S(n % 2), ds = DS_S(n % 2);
+                const u32 k_t = opaque(k_s), v_t = opaque(v_s);
+                float sc[16], dp[16];
+                u32 pa[2][4], da[2][4];  // Pᵀ and dSᵀ of this consumer's queries, as A fragments
+                mbar_wait(Q_FULL(st), (n / STAGES) & 1);
+#if RAGGED
+                if (i0 + BM > s.lq) {
+                    mbar_wait(DO_FULL, n & 1);
+                    zero_tail(q, do_s, BM, s.lq - i0, c, tid);
+                }
+#endif
+                wgmma_fence();
+                mm_nt32(sc, k_t, q + qc * 128);
+                wgmma_commit();
+                mbar_wait(DO_FULL, n & 1);
+                mm_nt32(dp, v_t, do_s + qc * 128);
+                wgmma_commit();
+                // The tile's lse and delta rows, as in attn_bwd_sm90.
+                stage_rows(p, s, b, h, i0, tid, c, LSE_S(c));
+                // The mask: none when every one of this consumer's queries sees all 64 keys.
+                const bool full = sees_all(s, i0 + qc, 32, j0, BN);
+                wgmma_wait<1>();
+#pragma unroll
+                for (int i = 0; i < 16; ++i) acc_fence(sc[i]);
+                // Pᵀ = exp2(scale2 Sᵀ - lse2), zero outside the mask, into shared memory (row: key,
+                // 16-byte chunk: 8 queries, in the 128-byte swizzle).
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const int q0 = qc + 8 * j + 2 * t;  // the thread's two queries: q0, q0 + 1
+                    const float2 l2 = lds_f32x2(LSE_S(c) + 4 * q0);
+                    int key_lo[2] = {0, 0}, key_hi[2] = {0x7fffffff, 0x7fffffff};
+                    if (!full) {
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) key_range(s, i0 + q0 + e, &key_lo[e], &key_hi[e]);
+                    }
+#pragma unroll
+                    for (int x = 0; x < 2; ++x) {
+                        const int key = j0 + 16 * warp + g + 8 * x;
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const int i = 4 * j + 2 * x + e;
+                            const bool ok = full || (key >= key_lo[e] && key < key_hi[e]);
+                            sc[i] = ok ? fast_exp2(fmaf(sc[i], scale2, -(e ? l2.y : l2.x))) : 0.0f;
+                        }
+                        const int r = 16 * warp + g + 8 * x;
+                        pa[j / 2][2 * (j % 2) + x] = pack2_f32<T>(sc[4 * j + 2 * x], sc[4 * j + 2 * x + 1]);
+                        sts_u32(pt + r * 128 + (((qc / 8 + j) ^ g) << 4) + 4 * t, pa[j / 2][2 * (j % 2) + x]);
+                    }
+                }
+                wgmma_wait<0>();
+#pragma unroll
+                for (int i = 0; i < 16; ++i) acc_fence(dp[i]);
+                // dSᵀ = Pᵀ (dPᵀ - delta), into shared memory the same way.
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const float2 dl = lds_f32x2(DEL_S(c) + 4 * (qc + 8 * j + 2 * t));
+#pragma unroll
+                    for (int x = 0; x < 2; ++x) {
+                        const int i = 4 * j + 2 * x, r = 16 * warp + g + 8 * x;
+                        dp[i] = sc[i] * (dp[i] - dl.x);
+                        dp[i + 1] = sc[i + 1] * (dp[i + 1] - dl.y);
+                        da[j / 2][2 * (j % 2) + x] = pack2_f32<T>(dp[i], dp[i + 1]);
+                        sts_u32(ds + r * 128 + (((qc / 8 + j) ^ g) << 4) + 4 * t, da[j / 2][2 * (j % 2) + x]);
+                    }
+                }
+                fence_async_shared();
+                consumers_sync();  // both consumers' halves of Pᵀ and dSᵀ are in shared memory
+#pragma unroll
+                for (int i = 0; i < 64; ++i) acc_fence(dv[i]);
+#pragma unroll
+                for (int i = 0; i < 64; ++i) acc_fence(dk[i]);
+#if DQ_SHARES
+                float dq[32];
+#endif
+                wgmma_fence();
+                mm_mixed(dv, pa, c, pt, do_s + 2 * c * Q_BOX);
+                wgmma_commit();
+#if DQ_SHARES
+                mm_tt<4>(dq, ds, k_t + 2 * c * K_BOX);
+                wgmma_commit();
+#endif
+                mm_mixed(dk, da, c, ds, q + 2 * c * Q_BOX);
+                wgmma_commit();
+#if DQ_SHARES
+                wgmma_wait<1>();  // dV and the first dQ quarter (dK runs on)
+#pragma unroll
+                for (int i = 0; i < 32; ++i) acc_fence(dq[i]);
+#pragma unroll
+                for (int i = 0; i < 64; ++i) acc_fence(dv[i]);
+                __syncwarp();
+                if (lane == 0) mbar_arrive(DO_EMPTY);
+                hand_off_dq(p, dq, DQ_S(c), c, tid, h, b, map_row(s.qb, i0), 128 * c);
+                wgmma_fence();
+                mm_tt<4>(dq, ds, k_t + (2 * c + 1) * K_BOX);
+                wgmma_commit();
+                wgmma_wait<0>();  // dK and the second quarter
+#pragma unroll
+                for (int i = 0; i < 32; ++i) acc_fence(dq[i]);
+#pragma unroll
+                for (int i = 0; i < 64; ++i) acc_fence(dk[i]);
+                __syncwarp();
+                if (lane == 0) mbar_arrive(Q_EMPTY(st));
+                hand_off_dq(p, dq, DQ_S(c), c, tid, h, b, map_row(s.qb, i0), 128 * c + 64);
+#else
+                // No dQ (attn_bwd_dq_sm90's, or the mma.sync pass's, on the deterministic path).
+                wgmma_wait<1>();  // dV (dK runs on)
+#pragma unroll
+                for (int i = 0; i < 64; ++i) acc_fence(dv[i]);
+                __syncwarp();
+                if (lane == 0) mbar_arrive(DO_EMPTY);
+                wgmma_wait<0>();
+#pragma unroll
+                for (int i = 0; i < 64; ++i) acc_fence(dk[i]);
+                __syncwarp();
+                if (lane == 0) mbar_arrive(Q_EMPTY(st));
+#endif
+                ++n;
+            }
         }
+#if PERSISTENT
+        // Every product of the last tile is done: the producer may load the next item's K and V.
+        __syncwarp();
+        if (lane == 0) mbar_arrive(KV_EMPTY);
+#else
+        if (tid == 0) bulk_wait<0>();
+#endif
+        store_dkdv<128>(p, kb, j0, 128 * c, dv, dk, warp, g, t);  // the 64 keys, this consumer's columns
     }
+#if PERSISTENT
+    // The last dQ shares' reduce-adds have read their buffers before the CTA leaves.
     if (tid == 0) bulk_wait<0>();
-    store_dkdv<128>(p, kb, j0, 128 * c, dv, dk, warp, g, t);  // the 64 keys, this consumer's columns
+#endif
+#undef KV_EMPTY
 #undef Q_S
 #undef PT_S
 #undef DS_S
