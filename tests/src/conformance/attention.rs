@@ -161,16 +161,6 @@ impl Suite<'_> {
         // Hopper backward's persistent CTAs each take several, ragged ones too (thd: sequences of
         // 300, 260 and 1 tokens, junk rows after them).
         cases.push(AttnCase { b: 3, sq: 260, sk: 260, hq: 16, hk: 16, ..base(QkvLayout::Bshd, AttnMask::Causal) });
-        // The same at head dim 256, whose key blocks are 64 keys.
-        cases.push(AttnCase {
-            b: 3,
-            sq: 130,
-            sk: 130,
-            hq: 16,
-            hk: 16,
-            d: 256,
-            ..base(QkvLayout::Bshd, AttnMask::Causal)
-        });
         cases.push(AttnCase {
             b: 3,
             hq: 32,
@@ -179,6 +169,16 @@ impl Suite<'_> {
             cu_k: Some(vec![0, 300, 560, 561]),
             junk: true,
             ..base(QkvLayout::Thd, AttnMask::PaddingCausal)
+        });
+        // The same at head dim 256 (bshd), whose key blocks are 64 keys.
+        cases.push(AttnCase {
+            b: 3,
+            sq: 130,
+            sk: 130,
+            hq: 16,
+            hk: 16,
+            d: 256,
+            ..base(QkvLayout::Bshd, AttnMask::Causal)
         });
         let long = if self.size == Size::Full { 1024 } else { 300 };
         cases.push(AttnCase {

@@ -45,10 +45,9 @@
 // group), DQ_SHARES (1: the dQ shares as above; 0: dK and dV only, for the deterministic path,
 // whose dQ is a pass of its own over each query tile's keys), PERSISTENT (below). Work items
 // are the key blocks of every kv head, in heavy_first's order (key block 0 sees the most query
-// tiles under causal masks), so the launch ends on light blocks. PERSISTENT (head dims 64 and
-// 128, where the tune configs ask for it): CTAs, one an SM, claim items from a counter
-// (attn_bwd_sm90 says how the next item's loads overlap the end of the current one); else
-// CTA i takes item i.
+// tiles under causal masks), so the launch ends on light blocks. PERSISTENT (where the tune
+// configs ask for it): CTAs, one an SM, claim items from a counter (attn_bwd_sm90 says how the
+// next item's loads overlap the end of the current one); else CTA i takes item i.
 
 #ifndef PERSISTENT
 #define PERSISTENT 0
@@ -82,7 +81,7 @@ struct BwdParams {
     TensorMap dq;            // the f32 accumulator, boxes of 32 columns x 64 rows
     unsigned long long lse, delta, dk, dv;
     unsigned long long cu_q, cu_k;  // the cumulative sequence lengths (thd, padding masks), else 0
-    unsigned long long counter;     // head dims 64 / 128: zeroed ints, items claimed past the first grid, then a slot per CTA
+    unsigned long long counter;     // PERSISTENT: zeroed ints, items claimed past the first grid, then a slot per CTA
     int batch, sq, sk, hq, hk, tq;
     float scale;
 };
@@ -191,8 +190,8 @@ __device__ __forceinline__ void ds_arrive(int n) { asm volatile("bar.arrive %0, 
 __device__ __forceinline__ void warpgroup_sync(int c) { asm volatile("bar.sync %0, 128;" ::"r"(3 + c) : "memory"); }
 // Named barrier 5 joins the two consumers once both have zeroed their halves of a ragged tile.
 __device__ __forceinline__ void zeroed_sync() { asm volatile("bar.sync 5, 256;" ::: "memory"); }
-// Named barriers 6 and 7 hand a work item from the producer warp to the consumers (head dims 64
-// and 128, persistent): 6 the item is in the slot, 7 the consumers have read it.
+// Named barriers 6 and 7 hand a work item from the producer warp to the consumers (PERSISTENT):
+// 6 the item is in the slot, 7 the consumers have read it.
 #define HANDOFF_THREADS (32 + 128 * CONSUMERS)
 __device__ __forceinline__ void handoff_wait(int id) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "n"(HANDOFF_THREADS) : "memory");
@@ -320,8 +319,8 @@ template <typename F> __device__ __forceinline__ void for_each_tile(const KeyBlo
     }
 }
 
-// The work items of a launch (head dims 64 and 128, persistent): key blocks of BN keys of every
-// kv head of every sequence.
+// The work items of a launch (PERSISTENT): key blocks of BN keys of every kv head of every
+// sequence.
 __device__ __forceinline__ int items(const BwdParams& p) { return ((p.sk + BN - 1) / BN) * p.hk * p.batch; }
 // The work item the producer hands to the consumers: this CTA's slot after the counter (in
 // global memory, as in the forward: compute-sanitizer's racecheck does not follow the handoff
