@@ -337,7 +337,8 @@ pub fn fwd(
     lse: &Tensor,
     aux: &dyn Fn() -> Result<Variant>,
 ) -> Result<bool> {
-    let on = attention_fwd_wgmma(&*tune_table(ctx.device)?);
+    let tune = tune_table(ctx.device)?;
+    let on = attention_fwd_wgmma(&tune);
     if let Some(reason) = declined(ctx, &[&a.q, &a.k, &a.v], g, b, on, HEAD_DIMS, smem(g.d))? {
         tracing::debug!(target: "TE-FL", "{OP}: Hopper wgmma kernel declined ({reason}); the mma.sync kernel runs");
         return Ok(false);
@@ -353,7 +354,7 @@ pub fn fwd(
     };
     let grid = Grid { blocks: (ctas, 1, 1), threads: (384, 1, 1), smem: smem(g.d) as u32 };
     let forward = variant(b)?;
-    let persistent = attention_bwd_persistent(&*tune_table(ctx.device)?, g.d);
+    let persistent = attention_bwd_persistent(&tune, g.d);
     crate::launch::compile_ahead_on_first_use(ctx.device, &forward, || {
         Ok(vec![bwd_variant(b, true, persistent)?, aux()?])
     });
@@ -389,7 +390,8 @@ pub fn bwd(
     b: &AttnBuild,
     out: &BwdBuffers<'_>,
 ) -> Result<bool> {
-    let on = attention_bwd_wgmma(&*tune_table(ctx.device)?);
+    let tune = tune_table(ctx.device)?;
+    let on = attention_bwd_wgmma(&tune);
     let mut tensors = vec![&a.q, &a.k, &a.v, &a.d_o];
     tensors.extend(out.dq_acc);
     if let Some(reason) = declined(ctx, &tensors, g, b, on, HEAD_DIMS, bwd_smem(g.d))? {
@@ -400,7 +402,7 @@ pub fn bwd(
     // key blocks from a counter, each with a slot for its item after it, where the tune configs
     // ask for them; else a CTA per key block.
     let blocks = bwd_blocks(g)?;
-    let persistent = attention_bwd_persistent(&*tune_table(ctx.device)?, g.d);
+    let persistent = attention_bwd_persistent(&tune, g.d);
     let ctas = if persistent { blocks.min(sm_count(ctx.device)) } else { blocks };
     let counter = if persistent { Some(zeros(ctx.device, &[1 + ctas as usize], DType::I32)?) } else { None };
     let params = BwdParams {
@@ -461,11 +463,12 @@ pub fn bwd_warmup_variants(
     g: &AttnGeometry,
     b: &AttnBuild,
 ) -> Result<Vec<Variant>> {
-    let on = attention_bwd_wgmma(&*tune_table(ctx.device)?);
+    let tune = tune_table(ctx.device)?;
+    let on = attention_bwd_wgmma(&tune);
     if declined(ctx, &[&a.q, &a.k, &a.v, &a.d_o], g, b, on, HEAD_DIMS, bwd_smem(g.d))?.is_some() {
         return Ok(Vec::new());
     }
-    let persistent = attention_bwd_persistent(&*tune_table(ctx.device)?, g.d);
+    let persistent = attention_bwd_persistent(&tune, g.d);
     let mut v = vec![bwd_variant(b, !a.deterministic, persistent)?];
     if a.deterministic && takes_dq(ctx, a, g, b)? {
         v.push(variant_of(b, true)?);

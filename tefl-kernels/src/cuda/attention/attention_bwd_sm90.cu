@@ -366,6 +366,24 @@ __device__ __forceinline__ void produce_items(const BwdParams& p, u32 k_s, u32 v
     }
 }
 
+// The producer warpgroup's copies, once it has given back its registers (every thread of it
+// calls this; those that issue nothing return at once): PERSISTENT, the producer warp walks the
+// work items (produce_items); else thread 0 loads item blockIdx.x's K and V and its tiles.
+// tile(kb, n, h, i0) issues tile n's copies (each kernel's stages).
+template <typename F>
+__device__ __forceinline__ void produce(const BwdParams& p, u32 k_s, u32 v_s, u32 kv_full, u32 kv_empty, F&& tile) {
+#if PERSISTENT
+    if (threadIdx.x >= 32) return;  // the producer warp stays; lane 0 issues the copies
+    produce_items(p, k_s, v_s, kv_full, kv_empty, tile);
+#else
+    (void)kv_empty;
+    if (threadIdx.x != 0) return;  // one producer thread issues the copies
+    const KeyBlock kb = key_block(p, blockIdx.x);
+    load_kv(p, kb, k_s, v_s, kv_full);
+    for_each_tile(kb, [&](int n, int h, int i0) { tile(kb, n, h, i0); });
+#endif
+}
+
 // PERSISTENT's consumers: the next work item the producer hands over, or -1 once it says there
 // is none (that last handoff gets no reply: the producer has left).
 __device__ __forceinline__ int next_item(const BwdParams& p) {
@@ -471,15 +489,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
             load_rows(Q_S(st), &p.q, h, kb.b, map_row(kb.s.qb, i0), Q_BOX, QD_FULL(st));
             load_rows(DO_S(st), &p.d_o, h, kb.b, map_row(kb.s.qb, i0), Q_BOX, QD_FULL(st));
         };
-#if PERSISTENT
-        if (threadIdx.x >= 32) return;  // the producer warp stays; lane 0 issues the copies
-        produce_items(p, k_s, v_s, KV_FULL, KV_EMPTY, tile);
-#else
-        if (threadIdx.x != 0) return;  // one producer thread issues the copies
-        const KeyBlock kb = key_block(p, blockIdx.x);
-        load_kv(p, kb, k_s, v_s, KV_FULL);
-        for_each_tile(kb, [&](int n, int h, int i0) { tile(kb, n, h, i0); });
-#endif
+        produce(p, k_s, v_s, KV_FULL, KV_EMPTY, tile);
         return;
     }
 
@@ -786,15 +796,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
             mbar_arrive_expect(DO_FULL, Q_TILE);
             load_rows(do_s, &p.d_o, h, kb.b, map_row(kb.s.qb, i0), Q_BOX, DO_FULL);
         };
-#if PERSISTENT
-        if (threadIdx.x >= 32) return;  // the producer warp stays; lane 0 issues the copies
-        produce_items(p, k_s, v_s, KV_FULL, KV_EMPTY, tile);
-#else
-        if (threadIdx.x != 0) return;  // one producer thread issues the copies
-        const KeyBlock kb = key_block(p, blockIdx.x);
-        load_kv(p, kb, k_s, v_s, KV_FULL);
-        for_each_tile(kb, [&](int n, int h, int i0) { tile(kb, n, h, i0); });
-#endif
+        produce(p, k_s, v_s, KV_FULL, KV_EMPTY, tile);
         return;
     }
 
