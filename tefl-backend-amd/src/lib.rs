@@ -70,7 +70,7 @@ mod tests {
             eprintln!("skipped: {why}");
             return;
         }
-        let shard = match tefl_gpu::rtc::compile_shard("tests::every_kernel_compiles_with_hiprtc") {
+        let shard = match tefl_gpu::rtc::compile_shard("tests::every_kernel_compiles_with_hiprtc", |_| Vec::new()) {
             tefl_gpu::rtc::ShardRole::Spawned(failures) => {
                 assert!(failures.is_empty(), "{}", failures.join("\n"));
                 return;

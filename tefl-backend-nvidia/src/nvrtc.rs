@@ -77,9 +77,30 @@ impl RtcCompiler for Nvrtc {
 
 /// The lines of a compile log in which ptxas reports a performance loss it could not avoid,
 /// such as wgmma instructions serialised (C7515): the kernel is correct but runs much slower than
-/// its source intends. A kernel author's bug, never the user's: the compile test fails on any.
+/// its source intends. A kernel author's bug, never the user's: the compile test fails on any
+/// (in the log, or on stderr: [`stderr_advisories`]).
 pub fn performance_advisories(log: &str) -> Vec<&str> {
     log.lines().filter(|l| l.contains("Performance Loss")).map(str::trim).collect()
+}
+
+/// What the compile test writes to stderr before each program it compiles (the variant
+/// follows), so that [`stderr_advisories`] can name the program of each advisory.
+pub const COMPILING: &str = "compile test, compiling: ";
+
+/// The performance losses ptxas reported on stderr, each with the program it was compiling (the
+/// last [`COMPILING`] line before it). With [`SPLIT_COMPILE`], NVRTC 13's ptxas writes its
+/// advisories (C7512, C7515: wgmma serialised) to the process's stderr, not to the program's log.
+pub fn stderr_advisories(stderr: &str) -> Vec<String> {
+    let mut program = "(no program named yet)";
+    let mut found = Vec::new();
+    for line in stderr.lines() {
+        if let Some(p) = line.strip_prefix(COMPILING) {
+            program = p;
+        } else if let Some(advice) = performance_advisories(line).first() {
+            found.push(format!("{program}: {advice}"));
+        }
+    }
+    found
 }
 
 /// NVRTC's option to run its optimisation passes and ptxas over a program's kernels in
@@ -99,9 +120,10 @@ fn split_compile_supported() -> bool {
 }
 
 impl Nvrtc {
-    /// Compiles `text` into a cubin, returning it with the compiler's log (ptxas' advisories
-    /// appear there even on success), or the log alone when it fails. The kernels of a program
-    /// are compiled in parallel where NVRTC can ([`SPLIT_COMPILE`]).
+    /// Compiles `text` into a cubin, returning it with the compiler's log, or the log alone when
+    /// it fails. The kernels of a program are compiled in parallel where NVRTC can
+    /// ([`SPLIT_COMPILE`]); ptxas' advisories are then written to stderr, not to the log (without
+    /// it they are in the log, even on success).
     pub fn compile_logged(
         &self,
         text: &str,
@@ -230,5 +252,26 @@ mod tests {
         assert!(found[0].starts_with("ptxas info    : (C7515)") && found[0].ends_with("'attn_bwd_sm90'"));
         assert!(performance_advisories("ptxas info    : Used 40 registers\n").is_empty());
         assert!(performance_advisories("").is_empty());
+    }
+
+    /// Advisories on stderr are each named by the program compiling before them; other lines
+    /// (ptxas' info on injected waits, test output) are not failures.
+    #[test]
+    fn ptxas_performance_losses_on_stderr_name_their_program() {
+        let c = super::COMPILING;
+        let stderr = [
+            format!("{c}sm_90 norm [D=1]"),
+            "ptxas info    : (C7519) warpgroup.arrive is injected in around line 559 by compiler".into(),
+            format!("{c}sm_90 attention_bwd_sm90 [D=64]"),
+            "ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions are serialized due \
+             to insufficient register resources for the function 'attn_bwd_sm90'"
+                .into(),
+            "running 1 test".into(),
+        ]
+        .join("\n");
+        let found = super::stderr_advisories(&stderr);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].starts_with("sm_90 attention_bwd_sm90 [D=64]: ptxas info    : (C7512)"), "{found:?}");
+        assert!(super::stderr_advisories("ptxas info    : Used 168 registers\n").is_empty());
     }
 }

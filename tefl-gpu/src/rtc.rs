@@ -84,9 +84,12 @@ pub enum ShardRole {
 /// Spreads the compile test `test` (its full libtest name) over one process per core (up to 8):
 /// hiprtc (ROCm 5.2) corrupts its heap when two threads compile at once, so the test binary
 /// runs itself again, once per shard (`TEFL_COMPILE_SHARD=i/n`, only `test`), and the parent
-/// collects what each reports. A shard that does not report its one test passed is a failure.
-/// One core, or a process that is itself a shard, compiles (its part) in place.
-pub fn compile_shard(test: &str) -> ShardRole {
+/// collects what each reports. A shard that does not report its one test passed is a failure,
+/// and so is each line `stderr_failures` picks out of a shard's stderr: a compiler may write
+/// there what its log lacks (NVRTC 13 with `--split-compile`: ptxas' advisories). A process
+/// that is itself a shard, or one that cannot find its own executable, compiles (its part) in
+/// place.
+pub fn compile_shard(test: &str, stderr_failures: fn(&str) -> Vec<String>) -> ShardRole {
     if let Ok(v) = std::env::var("TEFL_COMPILE_SHARD") {
         let parsed = v.split_once('/').and_then(|(i, n)| Some((i.parse::<usize>().ok()?, n.parse::<usize>().ok()?)));
         return match parsed {
@@ -96,9 +99,9 @@ pub fn compile_shard(test: &str) -> ShardRole {
     }
     // At most 8: each process holds a compiler of a few hundred MB.
     let count = std::thread::available_parallelism().map_or(1, |n| n.get()).min(8);
-    let exe = match std::env::current_exe() {
-        Ok(exe) if count > 1 => exe,
-        _ => return ShardRole::Compile(Shard { index: 0, count: 1 }),
+    // (One core: one shard, still its own process, so that its stderr is read.)
+    let Ok(exe) = std::env::current_exe() else {
+        return ShardRole::Compile(Shard { index: 0, count: 1 });
     };
     let outputs: Vec<_> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..count)
@@ -119,10 +122,11 @@ pub fn compile_shard(test: &str) -> ShardRole {
         match out {
             Ok(Ok(o)) => {
                 let stdout = String::from_utf8_lossy(&o.stdout);
+                let stderr = String::from_utf8_lossy(&o.stderr);
                 if !o.status.success() || !stdout.contains("test result: ok. 1 passed") {
-                    let stderr = String::from_utf8_lossy(&o.stderr);
                     failures.push(format!("shard {index}/{count} ({}):\n{stdout}\n{stderr}", o.status));
                 }
+                failures.extend(stderr_failures(&stderr).into_iter().map(|f| format!("shard {index}/{count}: {f}")));
             }
             Ok(Err(e)) => failures.push(format!("shard {index}/{count}: could not run {}: {e}", exe.display())),
             Err(_) => failures.push(format!("shard {index}/{count}: its waiting thread panicked")),
