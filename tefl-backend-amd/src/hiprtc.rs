@@ -211,7 +211,13 @@ impl RtcCompiler for Hiprtc {
     fn binary_extension(&self) -> &'static str {
         "hsaco"
     }
-    fn compile_text(&self, text: &str, file_name: &str, options: &[String]) -> std::result::Result<Vec<u8>, String> {
+    fn compile_text(
+        &self,
+        text: &str,
+        file_name: &str,
+        options: &[String],
+        _kernels: usize,
+    ) -> std::result::Result<Vec<u8>, String> {
         let c = self.compile_logged(text, file_name, options)?;
         if !c.log.is_empty() {
             tracing::warn!(target: "TE-FL", "hiprtc warnings for {file_name}: {}", c.log);

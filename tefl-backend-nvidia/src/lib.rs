@@ -136,7 +136,7 @@ mod tests {
             let text = tefl_gpu::variant::full_source(tefl_gpu::Target::Cuda, v);
             // (ptxas' advisories may come on stderr, after this line: stderr_advisories.)
             eprintln!("{COMPILING}{arch} {} {:?}", v.source.name, v.defines);
-            match Nvrtc.compile_logged(&text, v.source.path, &Nvrtc.options(arch)) {
+            match Nvrtc.compile_logged(&text, v.source.path, &Nvrtc.options(arch), v.entries.len()) {
                 Ok((cubin, log)) => {
                     for e in v.entries.iter().filter(|e| !binary_has_entry(&cubin, e)) {
                         failures.push(format!("{arch} {}: no entry {e} ({:?})", v.source.name, v.defines));

@@ -66,8 +66,14 @@ impl RtcCompiler for Nvrtc {
     fn compiles_concurrently(&self) -> bool {
         true
     }
-    fn compile_text(&self, text: &str, file_name: &str, options: &[String]) -> std::result::Result<Vec<u8>, String> {
-        let (cubin, log) = self.compile_logged(text, file_name, options)?;
+    fn compile_text(
+        &self,
+        text: &str,
+        file_name: &str,
+        options: &[String],
+        kernels: usize,
+    ) -> std::result::Result<Vec<u8>, String> {
+        let (cubin, log) = self.compile_logged(text, file_name, options, kernels)?;
         for advice in performance_advisories(&log) {
             tracing::warn!(target: "TE-FL", "{file_name}: {advice}");
         }
@@ -104,10 +110,16 @@ pub fn stderr_advisories(stderr: &str) -> Vec<String> {
 }
 
 /// NVRTC's option to run its optimisation passes and ptxas over a program's kernels in
-/// parallel (one thread per core, `0`). It changes how long a compile takes, not what it
-/// produces, so it is not part of [`RtcCompiler::options`] (the cache key). Passed to NVRTC 12.4
-/// and newer; a library that rejects it anyway (a program it compiles without it) is compiled
-/// for without it from then on.
+/// parallel (one thread per core, `0`), for programs of more than one kernel (the compile of a
+/// single kernel took as long with it: 0.55 s either way for a Hopper attention backward
+/// variant on a 2-core machine). It does change ptxas' code a little: with it, ptxas injected
+/// warpgroup waits into the head-dim-64 and -256 attention backwards (reporting C7519 / C7517 on
+/// stderr, which users saw; H200, 2026-11-30, causal b4 h32 s4096 d256: 8.93-8.99 ms with it,
+/// 8.87-8.88 without, head dims 64 and 128 alike either way). Not
+/// part of [`RtcCompiler::options`] (the cache key): whether it is passed follows from the
+/// program (its kernels) and the library. Passed to NVRTC 12.4 and newer; a library that
+/// rejects it anyway (a program it compiles without it) is compiled for without it from then
+/// on.
 const SPLIT_COMPILE: &str = "--split-compile=0";
 
 /// Whether [`SPLIT_COMPILE`] is still passed (cleared when this libnvrtc rejects it).
@@ -120,20 +132,21 @@ fn split_compile_supported() -> bool {
 }
 
 impl Nvrtc {
-    /// Compiles `text` into a cubin, returning it with the compiler's log, or the log alone when
-    /// it fails. The kernels of a program are compiled in parallel where NVRTC can
-    /// ([`SPLIT_COMPILE`]); ptxas' advisories are then written to stderr, not to the log (without
-    /// it they are in the log, even on success).
+    /// Compiles `text`, a program of `kernels` entry points, into a cubin, returning it with the
+    /// compiler's log, or the log alone when it fails. The kernels of a program of several are
+    /// compiled in parallel where NVRTC can ([`SPLIT_COMPILE`]); ptxas' advisories are then
+    /// written to stderr, not to the log (without it they are in the log, even on success).
     pub fn compile_logged(
         &self,
         text: &str,
         file_name: &str,
         options: &[String],
+        kernels: usize,
     ) -> std::result::Result<(Vec<u8>, String), String> {
         use std::sync::atomic::Ordering::Relaxed;
         let text = CString::new(text).map_err(|e| e.to_string())?;
         let name = CString::new(file_name).map_err(|e| e.to_string())?;
-        if SPLIT_COMPILE_ON.load(Relaxed) && split_compile_supported() {
+        if kernels > 1 && SPLIT_COMPILE_ON.load(Relaxed) && split_compile_supported() {
             let mut split = options.to_vec();
             split.push(SPLIT_COMPILE.into());
             match compile_program(&text, &name, &split) {
@@ -228,12 +241,14 @@ mod tests {
             eprintln!("skipped: {reason}");
             return;
         }
-        let text = "extern \"C\" __global__ void twice(float* x) { x[threadIdx.x] *= 2.0f; }\n";
-        let (cubin, _) = Nvrtc.compile_logged(text, "twice.cu", &Nvrtc.options("sm_80")).expect("compiles");
-        assert!(tefl_gpu::rtc::binary_has_entry(&cubin, "twice"));
+        // (Two kernels: the split is only passed for programs of several.)
+        let text = "extern \"C\" __global__ void twice(float* x) { x[threadIdx.x] *= 2.0f; }\n\
+                    extern \"C\" __global__ void half(float* x) { x[threadIdx.x] *= 0.5f; }\n";
+        let (cubin, _) = Nvrtc.compile_logged(text, "twice.cu", &Nvrtc.options("sm_80"), 2).expect("compiles");
+        assert!(tefl_gpu::rtc::binary_has_entry(&cubin, "twice") && tefl_gpu::rtc::binary_has_entry(&cubin, "half"));
         let mut bad = Nvrtc.options("sm_80");
         bad.push("--no-such-option".into());
-        let err = Nvrtc.compile_logged(text, "twice.cu", &bad).expect_err("an unknown option fails");
+        let err = Nvrtc.compile_logged(text, "twice.cu", &bad, 2).expect_err("an unknown option fails");
         assert!(err.contains("INVALID_OPTION"), "{err}");
         if super::split_compile_supported() {
             assert!(super::SPLIT_COMPILE_ON.load(std::sync::atomic::Ordering::Relaxed));

@@ -29,9 +29,15 @@ pub trait RtcCompiler: Send + Sync {
     fn options(&self, arch: &str) -> Vec<String>;
     /// The extension of cached binaries (`cubin`, `hsaco`).
     fn binary_extension(&self) -> &'static str;
-    /// Compiles the full text of `file_name` with `options` into a binary, or the compiler's
-    /// log when it fails.
-    fn compile_text(&self, text: &str, file_name: &str, options: &[String]) -> std::result::Result<Vec<u8>, String>;
+    /// Compiles the full text of `file_name`, a program of `kernels` entry points, with
+    /// `options` into a binary, or the compiler's log when it fails.
+    fn compile_text(
+        &self,
+        text: &str,
+        file_name: &str,
+        options: &[String],
+        kernels: usize,
+    ) -> std::result::Result<Vec<u8>, String>;
     /// Whether two threads may compile at once ([`compile_ahead`] compiles on its own thread
     /// only then). No by default: hiprtc (ROCm 5.2) corrupts its heap when they do.
     fn compiles_concurrently(&self) -> bool {
@@ -53,7 +59,8 @@ pub fn compile(c: &dyn RtcCompiler, variant: &Variant, arch: &str) -> Result<Vec
         return Err(compile_error(c, variant, format!("the source has no {} version", c.target().name())));
     }
     let text = full_source(c.target(), variant);
-    c.compile_text(&text, variant.source.path, &c.options(arch)).map_err(|log| compile_error(c, variant, log))
+    c.compile_text(&text, variant.source.path, &c.options(arch), variant.entries.len())
+        .map_err(|log| compile_error(c, variant, log))
 }
 
 /// Which part of a compile test's programs this process builds ([`compile_shard`]).
@@ -547,7 +554,7 @@ mod tests {
         fn binary_extension(&self) -> &'static str {
             "bin"
         }
-        fn compile_text(&self, text: &str, _: &str, _: &[String]) -> std::result::Result<Vec<u8>, String> {
+        fn compile_text(&self, text: &str, _: &str, _: &[String], _: usize) -> std::result::Result<Vec<u8>, String> {
             self.calls.fetch_add(1, Ordering::SeqCst);
             std::thread::sleep(std::time::Duration::from_millis(self.delay_ms));
             assert!(!text.contains("#define PANIC 1"), "the test compiler unwinds");
