@@ -1,5 +1,6 @@
 // The activations and their derivatives, selected by `p.act` (0 gelu, 1 qgelu, 2 relu,
-// 3 srelu, 4 silu); shared by activation.wgsl and activation_dbias.wgsl, after their `p`.
+// 3 srelu, 4 silu; 6 the identity, whose column sums in activation_dbias.wgsl are plain ones);
+// shared by activation.wgsl and activation_dbias.wgsl, after their `p`.
 
 fn act(v: f32) -> f32 {
     switch p.act {
@@ -22,6 +23,9 @@ fn act(v: f32) -> f32 {
             }
             let r = select(v, 0.0, v < 0.0);
             return r * r;
+        }
+        case 6u: {
+            return v;
         }
         default: {
             return v * sigmoid(v);
@@ -51,6 +55,9 @@ fn dact(v: f32) -> f32 {
                 return v;
             }
             return 2.0 * select(v, 0.0, v < 0.0);
+        }
+        case 6u: {
+            return 1.0;
         }
         default: {
             let s = sigmoid(v);

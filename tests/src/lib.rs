@@ -20,10 +20,15 @@ pub fn promised_impls(backend: &str) -> Vec<(&'static str, &'static str)> {
             v.push(("fused_attn_bwd", "vendor.nvidia.portable"));
             v
         }
-        // The HIP and Vulkan backends: every op but the FP8 training set's new ops (their GEMMs
-        // take float inputs only).
+        // The HIP backend: every op but the FP8 training set's new ops (its GEMMs take float
+        // inputs only); the Vulkan backend the same plus `bgrad_quantize` (its column sums and
+        // its quantize in two passes).
         "amd" => wave1().map(|n| (n, "vendor.amd")).collect(),
-        "vulkan" => wave1().map(|n| (n, "default.vulkan")).collect(),
+        "vulkan" => {
+            let mut v: Vec<_> = wave1().map(|n| (n, "default.vulkan")).collect();
+            v.push(("bgrad_quantize", "default.vulkan"));
+            v
+        }
         _ => Vec::new(),
     }
 }

@@ -4,7 +4,8 @@
 //! constants. Where every tensor is one 16-bit dtype and the counts are whole chunks of 8,
 //! `shaders/activation_vec.wgsl` does the same with 16-byte loads and stores. The dbias forms
 //! add the column sums of the unrounded input gradient (`shaders/activation_dbias.wgsl`, two
-//! passes through an f32 workspace).
+//! passes through an f32 workspace); with the identity, the same passes give `bgrad_quantize`
+//! its plain column sums ([`column_sums`]).
 
 use tefl_core::catalogue::*;
 use tefl_core::{DType, Error, KernelCtx, Result, Tensor};
@@ -27,6 +28,8 @@ fn act_code(kind: Activation) -> u32 {
 
 /// The shader's `act` for the clamped SwiGLU.
 const CLAMPED: u32 = 5;
+/// The shader's `act` for the identity (derivative 1): [`column_sums`] of the gradient alone.
+pub(crate) const IDENTITY: u32 = 6;
 
 /// The form (`Params.mode`).
 #[derive(Clone, Copy)]
@@ -145,10 +148,24 @@ const DBIAS_PARTS: usize = 128;
 
 fn dbias(op: &'static str, ctx: &KernelCtx<'_>, a: &DActArgs, kind: Activation) -> Result<DBiasOut> {
     let grad_input = plain_bwd(op, ctx, a, kind)?.grad_input;
-    let (rows, n) = (a.input.rows(), a.input.last_dim());
-    let dbias = empty(ctx, &[n], a.input.dtype())?;
+    let dbias = column_sums(op, ctx, &a.input, &a.grad, act_code(kind))?;
+    Ok(DBiasOut { dbias, grad_input })
+}
+
+/// Σ_r grad[r, c]·act'(input[r, c]) for each column c of the last dim (`act`: the shader's code,
+/// [`IDENTITY`] for plain sums of `grad`), accumulated in f32 over the unrounded products and
+/// stored in `input`'s dtype; `grad` has `input`'s shape.
+pub(crate) fn column_sums(
+    op: &'static str,
+    ctx: &KernelCtx<'_>,
+    input: &Tensor,
+    grad: &Tensor,
+    act: u32,
+) -> Result<Tensor> {
+    let (rows, n) = (input.rows(), input.last_dim());
+    let dbias = empty(ctx, &[n], input.dtype())?;
     if n == 0 {
-        return Ok(DBiasOut { dbias, grad_input });
+        return Ok(dbias);
     }
     let wg = crate::heuristics::elementwise_workgroup(ctx.device)?;
     let col_groups = n.div_ceil(wg as usize);
@@ -163,23 +180,23 @@ fn dbias(op: &'static str, ctx: &KernelCtx<'_>, a: &DActArgs, kind: Activation) 
     let ws = empty(ctx, &[parts, n], DType::F32)?;
     let name = format!(
         "activation_dbias.tx={}.tg={}.wg={wg}",
-        dtype_name(op, "input", a.input.dtype())?,
-        dtype_name(op, "grad", a.grad.dtype())?
+        dtype_name(op, "input", input.dtype())?,
+        dtype_name(op, "grad", grad.dtype())?
     );
     let gpu = gpu(ctx.device)?;
     let pipeline = gpu.pipeline(&name, 4, PUSH_BYTES)?;
     let bind = super::binding;
-    let bindings = [bind(&a.input)?, bind(&a.grad)?, bind(&ws)?, bind(&dbias)?];
+    let bindings = [bind(input)?, bind(grad)?, bind(&ws)?, bind(&dbias)?];
     let push = |stage: u32| -> Vec<u8> {
-        [stage, act_code(kind), rows as u32, n as u32, parts as u32, 0].iter().flat_map(|v| v.to_le_bytes()).collect()
+        [stage, act, rows as u32, n as u32, parts as u32, 0].iter().flat_map(|v| v.to_le_bytes()).collect()
     };
-    let per_word = if a.input.dtype() == DType::F32 { 1 } else { 2 };
+    let per_word = if input.dtype() == DType::F32 { 1 } else { 2 };
     let out_groups = (n.div_ceil(per_word) as u32).div_ceil(wg).clamp(1, MAX_GROUPS);
     gpu.run(|r| {
         r.dispatch(&pipeline, &bindings, &push(0), (col_groups as u32, parts as u32, 1))?;
         r.dispatch(&pipeline, &bindings, &push(1), (out_groups, 1, 1))
     })?;
-    Ok(DBiasOut { dbias, grad_input })
+    Ok(dbias)
 }
 
 macro_rules! plain {

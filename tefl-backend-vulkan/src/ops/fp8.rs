@@ -1,7 +1,9 @@
 //! FP8 with per-tensor scaling on Vulkan (`shaders/fp8.wgsl`): quantize (codes, amax and
 //! scale_inv in one pass, the transposed codes when asked), dequantize, amax, transpose of
 //! codes and the delayed-scaling update (in place), with tefl_core's saturating
-//! round-to-nearest-even encoding.
+//! round-to-nearest-even encoding; `bgrad_quantize` as quantize and the activations' column
+//! sums (`shaders/activation_dbias.wgsl` with the identity), a second pass over x where the
+//! CUDA backend makes one.
 
 use tefl_core::catalogue::*;
 use tefl_core::fp8::Fp8Format;
@@ -94,6 +96,20 @@ pub fn quantize(ctx: &KernelCtx<'_>, a: &QuantizeArgs) -> Result<QuantizeOut> {
         None
     };
     Ok(QuantizeOut { q, q_t, amax, scale_inv })
+}
+
+/// `bgrad_quantize`: [`quantize`] of x (which also rejects an x past the shaders' 32-bit
+/// indices), then x's column sums in x's dtype.
+pub fn bgrad_quantize(ctx: &KernelCtx<'_>, a: &BgradQuantizeArgs) -> Result<BgradQuantizeOut> {
+    let args = QuantizeArgs {
+        x: a.x.clone(),
+        scale: a.scale.clone(),
+        fp8_dtype: a.fp8_dtype,
+        want_transpose: a.want_transpose,
+    };
+    let QuantizeOut { q, q_t, amax, scale_inv } = quantize(ctx, &args)?;
+    let dbias = super::activation::column_sums("bgrad_quantize", ctx, &a.x, &a.x, super::activation::IDENTITY)?;
+    Ok(BgradQuantizeOut { dbias, q, q_t, amax, scale_inv })
 }
 
 /// `dequantize`.

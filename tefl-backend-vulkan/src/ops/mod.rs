@@ -61,7 +61,7 @@ tefl_core::register_backend! {
             LayerNormFwd => norm::layernorm_fwd; LayerNormBwd => norm::layernorm_bwd;
             FusedRopeForward => rope::fused_rope_forward; FusedRopeBackward => rope::fused_rope_backward;
             DropoutFwd => dropout::dropout_fwd; DropoutBwd => dropout::dropout_bwd;
-            Quantize => fp8::quantize; ComputeAmax => fp8::compute_amax;
+            Quantize => fp8::quantize; ComputeAmax => fp8::compute_amax; BgradQuantize => fp8::bgrad_quantize;
             GenericGemm => gemm::generic_gemm;
             FusedAttnFwd => attention::fused_attn_fwd; FusedAttnBwd => attention::fused_attn_bwd;
             Gelu => activation::gelu; DGelu => activation::dgelu;
