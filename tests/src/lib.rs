@@ -21,19 +21,16 @@ pub fn promised_impls(backend: &str) -> Vec<(&'static str, &'static str)> {
             v
         }
         // The HIP backend: every op but the FP8 training set's new ops (its GEMMs take float
-        // inputs only); the Vulkan backend the same plus `bgrad_quantize` (its column sums and
-        // its quantize in two passes).
+        // inputs only). The Vulkan backend: every op (its GEMMs, the grouped one too, for float
+        // inputs).
         "amd" => wave1().map(|n| (n, "vendor.amd")).collect(),
-        "vulkan" => {
-            let mut v: Vec<_> = wave1().map(|n| (n, "default.vulkan")).collect();
-            v.push(("bgrad_quantize", "default.vulkan"));
-            v
-        }
+        "vulkan" => tefl_core::catalogue::all().iter().map(|d| (d.name, "default.vulkan")).collect(),
         _ => Vec::new(),
     }
 }
 
-/// The ops that only backends registering `ops: all + fp8` have.
+/// The FP8 training set's new ops: backends registering `ops: all + fp8` have them, and so
+/// does Vulkan's own list (for float inputs); the HIP backend does not.
 pub const FP8_SET_OPS: [&str; 2] = ["bgrad_quantize", "te_general_grouped_gemm"];
 
 /// The catalogue's ops outside [`FP8_SET_OPS`].

@@ -11,6 +11,8 @@
 //! on them instead (`build/cm2.rs`: the driver stages the tiles itself; tile sizes from the
 //! `gemm_cm2` tune configs). A plain product (no C, no epilogue) skips the epilogue stage
 //! where the product can write D itself: an f32 D, or a 16-bit D from cooperative matrices.
+//! `te_general_grouped_gemm` runs `generic_gemm` per group (float groups only: the op is
+//! registered for f32, f16 and bf16 inputs).
 
 use std::sync::Arc;
 
@@ -294,4 +296,13 @@ pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
         Ok(())
     })?;
     Ok(GemmOut { d, aux_out, bias_grad, d_amax: None })
+}
+
+/// `te_general_grouped_gemm`: [`generic_gemm`] per group (with the bias epilogue where the group
+/// has a bias), a submission each: a loop of dispatches from the host, where the CUDA backend's
+/// Hopper path is one launch for every group.
+pub fn grouped_gemm(ctx: &KernelCtx<'_>, a: &GroupedGemmArgs) -> Result<GroupedGemmOut> {
+    grouped_dims(a)?;
+    let d = (0..a.a.len()).map(|g| generic_gemm(ctx, &a.group(g)).map(|out| out.d)).collect::<Result<Vec<_>>>()?;
+    Ok(GroupedGemmOut { d })
 }

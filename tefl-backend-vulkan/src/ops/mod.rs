@@ -62,7 +62,7 @@ tefl_core::register_backend! {
             FusedRopeForward => rope::fused_rope_forward; FusedRopeBackward => rope::fused_rope_backward;
             DropoutFwd => dropout::dropout_fwd; DropoutBwd => dropout::dropout_bwd;
             Quantize => fp8::quantize; ComputeAmax => fp8::compute_amax; BgradQuantize => fp8::bgrad_quantize;
-            GenericGemm => gemm::generic_gemm;
+            GenericGemm => gemm::generic_gemm; GroupedGemm => gemm::grouped_gemm;
             FusedAttnFwd => attention::fused_attn_fwd; FusedAttnBwd => attention::fused_attn_bwd;
             Gelu => activation::gelu; DGelu => activation::dgelu;
             Qgelu => activation::qgelu; DQgelu => activation::dqgelu;
