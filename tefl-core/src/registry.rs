@@ -644,7 +644,8 @@ macro_rules! register_impl {
 /// `ops: all` registers every wave-1 op of the catalogue with the kernel a complete backend
 /// names for it by convention (`ops/norm.rs` → `norm::rmsnorm_fwd`; the list is in
 /// `catalogue/mod.rs`); `ops: all + fp8` adds the FP8 training set (FP8 inputs to the GEMMs,
-/// `bgrad_quantize`, `te_general_grouped_gemm`). A partial backend lists its own:
+/// `bgrad_quantize`, `te_general_grouped_gemm`), and `ops: all + fp8 ops` the set's two ops
+/// alone, for a backend whose GEMMs take float inputs only. A partial backend lists its own:
 /// `ops: { floats { RmsNormFwd => norm::rmsnorm_fwd; } any { } }`. `floats` ops accept
 /// f32/f16/bf16 as their primary dtype, `any` ops (first tensor not a float) accept any, and
 /// an optional `gemms [F32, F16, BF16, F8E4M3] { GenericGemm => gemm::generic_gemm; }` section
@@ -667,6 +668,17 @@ macro_rules! register_backend {
     ) => {
         $crate::__catalogue_kernels! {
             [F32, F16, BF16, F8E4M3, F8E5M2]
+            { BgradQuantize => quantize::bgrad_quantize; }
+            { GroupedGemm => gemm::grouped_gemm; }
+            impl_id: $id, kind: $kind, $(vendor: $vendor,)? device: $dev, $(available: $av,)?
+        }
+    };
+    (
+        impl_id: $id:expr, kind: $kind:ident, $(vendor: $vendor:expr,)? device: $dev:expr,
+        $(available: $av:expr,)? ops: all + fp8 ops $(,)?
+    ) => {
+        $crate::__catalogue_kernels! {
+            [F32, F16, BF16]
             { BgradQuantize => quantize::bgrad_quantize; }
             { GroupedGemm => gemm::grouped_gemm; }
             impl_id: $id, kind: $kind, $(vendor: $vendor,)? device: $dev, $(available: $av,)?

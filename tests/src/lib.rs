@@ -20,22 +20,12 @@ pub fn promised_impls(backend: &str) -> Vec<(&'static str, &'static str)> {
             v.push(("fused_attn_bwd", "vendor.nvidia.portable"));
             v
         }
-        // The HIP backend: every op but the FP8 training set's new ops (its GEMMs take float
-        // inputs only). The Vulkan backend: every op (its GEMMs, the grouped one too, for float
+        // The HIP and Vulkan backends: every op (their GEMMs, the grouped one too, for float
         // inputs).
-        "amd" => wave1().map(|n| (n, "vendor.amd")).collect(),
+        "amd" => tefl_core::catalogue::all().iter().map(|d| (d.name, "vendor.amd")).collect(),
         "vulkan" => tefl_core::catalogue::all().iter().map(|d| (d.name, "default.vulkan")).collect(),
         _ => Vec::new(),
     }
-}
-
-/// The FP8 training set's new ops: backends registering `ops: all + fp8` have them, and so
-/// does Vulkan's own list (for float inputs); the HIP backend does not.
-pub const FP8_SET_OPS: [&str; 2] = ["bgrad_quantize", "te_general_grouped_gemm"];
-
-/// The catalogue's ops outside [`FP8_SET_OPS`].
-fn wave1() -> impl Iterator<Item = &'static str> {
-    tefl_core::catalogue::all().iter().map(|d| d.name).filter(|n| !FP8_SET_OPS.contains(n))
 }
 
 include!(concat!(env!("OUT_DIR"), "/enabled_features.rs"));

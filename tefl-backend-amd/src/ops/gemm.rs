@@ -1,8 +1,9 @@
 //! `generic_gemm` on HIP: hipBLASLt when it is installed and has an algorithm for the shape
 //! (through the shared host logic of `tefl_gpu::blaslt`, fused epilogues included), otherwise
-//! the portable tiled kernel with the shared epilogue (`tefl_gpu::simt::gemm`).
+//! the portable tiled kernel with the shared epilogue (`tefl_gpu::simt::gemm`);
+//! `te_general_grouped_gemm` as that per group (float inputs: the backend's GEMMs take no FP8).
 
-use tefl_core::catalogue::{GemmArgs, GemmOut};
+use tefl_core::catalogue::{GemmArgs, GemmOut, GroupedGemmArgs, GroupedGemmOut};
 use tefl_core::{KernelCtx, Result};
 
 use crate::hipblaslt::{HipBlasLt, usable};
@@ -17,4 +18,9 @@ pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
         Err(e) => tracing::debug!(target: "TE-FL", "generic_gemm: {e}; portable kernel"),
     }
     tefl_gpu::simt::gemm::generic_gemm(ctx, a)
+}
+
+/// `te_general_grouped_gemm`: [`generic_gemm`] per group, in order on the op's queue.
+pub fn grouped_gemm(ctx: &KernelCtx<'_>, a: &GroupedGemmArgs) -> Result<GroupedGemmOut> {
+    a.each_group(|g| generic_gemm(ctx, g))
 }

@@ -4,7 +4,8 @@
 //! GEMM is hipBLASLt when it is installed (`gemm.rs`), else the portable tiled kernel with the
 //! shared epilogue.
 //! Attention is the portable flash attention (forward and backward). So `vendor.amd` serves
-//! every op of the catalogue.
+//! every op of the catalogue: `bgrad_quantize` through the shared cast kernel, the GEMMs (the
+//! grouped one per group) for float inputs.
 
 pub mod gemm;
 
@@ -12,8 +13,9 @@ pub use tefl_gpu::simt::{activation, attention, dropout, norm, optimizer, quanti
 
 use tefl_core::catalogue::*;
 
-// Every op of the catalogue, each served by `<family>::<op>` of the shared modules above.
+// Every op of the catalogue, each served by `<family>::<op>` of the shared modules above (the
+// FP8 training set's two ops too, with float GEMM inputs).
 tefl_core::register_backend! {
     impl_id: crate::IMPL_ID, kind: Vendor, vendor: crate::vendor::VENDOR, device: tefl_core::DeviceKind::HIP,
-    available: crate::kernels_available, ops: all
+    available: crate::kernels_available, ops: all + fp8 ops
 }

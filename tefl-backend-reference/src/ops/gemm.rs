@@ -85,11 +85,5 @@ pub fn generic_gemm(_: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
 
 /// `te_general_grouped_gemm`: `generic_gemm` per group (bias epilogue when the group has one).
 pub fn grouped_gemm(ctx: &KernelCtx<'_>, a: &GroupedGemmArgs) -> Result<GroupedGemmOut> {
-    grouped_dims(a)?;
-    let mut d = Vec::with_capacity(a.a.len());
-    for g in 0..a.a.len() {
-        let out = generic_gemm(ctx, &a.group(g))?;
-        d.push(out.d);
-    }
-    Ok(GroupedGemmOut { d })
+    a.each_group(|g| generic_gemm(ctx, g))
 }

@@ -302,7 +302,5 @@ pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
 /// has a bias), a submission each: a loop of dispatches from the host, where the CUDA backend's
 /// Hopper path is one launch for every group.
 pub fn grouped_gemm(ctx: &KernelCtx<'_>, a: &GroupedGemmArgs) -> Result<GroupedGemmOut> {
-    grouped_dims(a)?;
-    let d = (0..a.a.len()).map(|g| generic_gemm(ctx, &a.group(g)).map(|out| out.d)).collect::<Result<Vec<_>>>()?;
-    Ok(GroupedGemmOut { d })
+    a.each_group(|g| generic_gemm(ctx, g))
 }

@@ -326,6 +326,17 @@ impl GroupedGemmArgs {
             ..GemmArgs::new(self.a[g].clone(), self.b[g].clone())
         }
     }
+
+    /// The groups validated, then `gemm` run on each [`GroupedGemmArgs::group`] in order: the
+    /// grouped GEMM of a backend that runs the groups one by one.
+    pub fn each_group(
+        &self,
+        mut gemm: impl FnMut(&GemmArgs) -> crate::Result<GemmOut>,
+    ) -> crate::Result<GroupedGemmOut> {
+        let groups = grouped_dims(self)?.len();
+        let d = (0..groups).map(|g| gemm(&self.group(g)).map(|out| out.d)).collect::<crate::Result<Vec<_>>>()?;
+        Ok(GroupedGemmOut { d })
+    }
 }
 
 /// (m, k, n) of every group of a valid grouped GEMM, or the error naming the argument at fault
