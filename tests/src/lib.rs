@@ -9,12 +9,14 @@
 /// The (op, impl_id) pairs each backend promises to register in this version of tefl.
 /// A backend that registers an op adds it here; the registered-set test then holds it to it.
 pub fn promised_impls(backend: &str) -> Vec<(&'static str, &'static str)> {
+    // Every op of the catalogue under `id`.
+    let every_op = |id: &'static str| -> Vec<_> { tefl_core::catalogue::all().iter().map(|d| (d.name, id)).collect() };
     match backend {
         // The reference backend implements the whole catalogue.
-        "reference" => tefl_core::catalogue::all().iter().map(|d| (d.name, "reference.cpu")).collect(),
+        "reference" => every_op("reference.cpu"),
         // So does the CUDA backend, plus the portable GEMM registered by id only.
         "nvidia" => {
-            let mut v: Vec<_> = tefl_core::catalogue::all().iter().map(|d| (d.name, "vendor.nvidia")).collect();
+            let mut v = every_op("vendor.nvidia");
             v.push(("generic_gemm", "vendor.nvidia.portable"));
             v.push(("fused_attn_fwd", "vendor.nvidia.portable"));
             v.push(("fused_attn_bwd", "vendor.nvidia.portable"));
@@ -22,8 +24,8 @@ pub fn promised_impls(backend: &str) -> Vec<(&'static str, &'static str)> {
         }
         // The HIP and Vulkan backends: every op (their GEMMs, the grouped one too, for float
         // inputs).
-        "amd" => tefl_core::catalogue::all().iter().map(|d| (d.name, "vendor.amd")).collect(),
-        "vulkan" => tefl_core::catalogue::all().iter().map(|d| (d.name, "default.vulkan")).collect(),
+        "amd" => every_op("vendor.amd"),
+        "vulkan" => every_op("default.vulkan"),
         _ => Vec::new(),
     }
 }
