@@ -394,6 +394,14 @@ __device__ __forceinline__ int next_item(const BwdParams& p) {
     return item;
 }
 
+// The consumers' loop over their work items, `it` counting them and `item` the current one:
+// PERSISTENT, the items the producer hands over (next_item); else item blockIdx.x alone.
+#if PERSISTENT
+#define FOR_EACH_ITEM(it, item) for (int it = 0, item; (item = next_item(p)) >= 0; ++it)
+#else
+#define FOR_EACH_ITEM(it, item) for (int it = 0, item = blockIdx.x; it < 1; ++it)
+#endif
+
 // Query tile i0's lse (times log2 e) and delta rows into consumer c's row buffer at `rows`
 // (lse rows, then the delta rows at rows + 4 BM; thread tid's value at float tid), loaded while
 // the tile's first products run; then a barrier of the warpgroup. The buffer's last readers
@@ -501,12 +509,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     int pending = -1;
     // n counts the tiles of every item so far, as the producer's does.
     int n = 0;
-    // The work items: `it` counts them.
-#if PERSISTENT
-    for (int it = 0, item; (item = next_item(p)) >= 0; ++it) {
-#else
-    for (int it = 0, item = blockIdx.x; it < 1; ++it) {
-#endif
+    FOR_EACH_ITEM(it, item) {
         const KeyBlock kb = key_block(p, item);
         const int b = kb.b, j0 = kb.j0;
         const Seq& s = kb.s;
@@ -807,12 +810,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     const int qc = 32 * c;  // this consumer's first query of a tile; its keys are all 64
     // n counts the tiles of every item so far, as the producer's does.
     int n = 0;
-    // The work items: `it` counts them.
-#if PERSISTENT
-    for (int it = 0, item; (item = next_item(p)) >= 0; ++it) {
-#else
-    for (int it = 0, item = blockIdx.x; it < 1; ++it) {
-#endif
+    FOR_EACH_ITEM(it, item) {
         const KeyBlock kb = key_block(p, item);
         const int b = kb.b, j0 = kb.j0;
         const Seq& s = kb.s;
