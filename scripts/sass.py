@@ -10,6 +10,11 @@ ptxas' register and spill report, and disassembles the cubin with ``nvdisasm``.
 libnvrtc is the one `.ci/run` fetches (target/nvrtc, or set TEFL_NVRTC); nvdisasm comes from
 the `nvidia-cuda-nvdisasm` wheel (``pip download --no-deps nvidia-cuda-nvdisasm``, unzip it,
 pass its ``nvidia/cu13/bin/nvdisasm``). How the norm forward's serialised row loads were found.
+
+``--moves`` also reports, on stderr, each wait for the warpgroup MMAs in flight
+(``WARPGROUP.DEPBAR``) followed within 40 instructions by 16 or more register moves: ptxas
+moving accumulators, which it can only do once every MMA writing or reading them is done. How
+the attention backward's split score chains were found (docs/performance-log.md, 2026-11-30).
 """
 
 import argparse
@@ -17,6 +22,7 @@ import ctypes
 import os
 import subprocess
 import sys
+import re
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -57,11 +63,25 @@ def compile_cubin(nvrtc, source, arch):
     return cubin.raw
 
 
+def move_bursts(sass):
+    """(address, moves) of each warpgroup wait followed within 40 instructions by 16 or more
+    register moves."""
+    ins = re.findall(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", sass)
+    found = []
+    for i, (addr, text) in enumerate(ins):
+        if text.startswith("WARPGROUP.DEPBAR"):
+            moves = sum(1 for _, t in ins[i + 1 : i + 41] if re.match(r"(IMAD\.MOV\S*|MOV) R", t))
+            if moves >= 16:
+                found.append((addr, moves))
+    return found
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("source", help="a full kernel source written by TEFL_COMPILE_DUMP")
     p.add_argument("--arch", default="sm_90", help="sm_80, sm_90, or sm_90a for the wgmma sources")
     p.add_argument("--nvdisasm", default="nvdisasm", help="the nvdisasm executable")
+    p.add_argument("--moves", action="store_true", help="report accumulator moves after warpgroup waits")
     a = p.parse_args()
     try:
         with open(a.source, "rb") as f:
@@ -73,9 +93,16 @@ def main():
         out.write(cubin)
         out.flush()
         try:
-            r = subprocess.run([a.nvdisasm, "-c", out.name])
+            r = subprocess.run([a.nvdisasm, "-c", out.name], capture_output=True, text=True)
         except OSError as e:
             sys.exit(f"sass.py: cannot run {a.nvdisasm}: {e}")
+    sys.stdout.write(r.stdout)
+    sys.stderr.write(r.stderr)
+    if a.moves and r.returncode == 0:
+        bursts = move_bursts(r.stdout)
+        for addr, moves in bursts:
+            print(f"sass.py: {moves} register moves after the warpgroup wait at /*{addr}*/", file=sys.stderr)
+        print(f"sass.py: {len(bursts)} accumulator move burst(s)", file=sys.stderr)
     sys.exit(r.returncode)
 
 
