@@ -134,8 +134,9 @@ __device__ __forceinline__ float2 lds_f32x2(u32 addr) {
 // waited for every MMA in flight, the previous tile's dK included, before that step and dPᵀ
 // could issue. Step 0 takes the base descriptors (operands A and B) and does not accumulate;
 // step ks > 0 adds its offsets (immediate operands OA, OB, in the descriptors' 16-byte units)
-// to them. NT_OFFS(ks) are step ks's offset operands: box ks / 4 (boxes of K_BOX bytes for A,
-// Q_BOX for B), 32 bytes a step within one.
+// to them: a descriptor's low 14 bits are its shared-memory address / 16, and every address a
+// step reads is below 256 KB, so the sum stays in that field. NT_OFFS(ks) are step ks's offset
+// operands: box ks / 4 (boxes of K_BOX bytes for A, Q_BOX for B), 32 bytes a step within one.
 #define NT_HEAD "{\n.reg .b64 da, db;\n.reg .pred add, no_add;\nsetp.ne.b32 add, 1, 0;\nsetp.ne.b32 no_add, 0, 0;\n"
 #define NT_STEP0(SHAPE, REGS, A, B) \
     "wgmma.mma_async.sync.aligned." SHAPE ".f32." T_PTX "." T_PTX " " REGS ", %" #A ", %" #B ", no_add, 1, 1, 0, 0;\n"
@@ -145,22 +146,22 @@ __device__ __forceinline__ float2 lds_f32x2(u32 addr) {
 #define NT_OFFS(ks) "n"((((ks) / 4) * K_BOX + ((ks) % 4) * 32) >> 4), "n"((((ks) / 4) * Q_BOX + ((ks) % 4) * 32) >> 4)
 
 // C(64 x 64) = A(64 x D) · B(64 x D)ᵀ, both K-major in shared memory: A's rows at `a` in boxes of
-// K_BOX bytes (64 rows of a 128-row tile), B's at `b` in boxes of Q_BOX.
+// K_BOX bytes (64 rows of a 128-row tile), B's at `b` in boxes of Q_BOX. (Head dims 64 and 128;
+// 256 has mm_nt32.)
 #if D != 256
 __device__ __forceinline__ void mm_nt(float* c, u32 a, u32 b) {
 #define NT64(OA, OB) NT_STEP("m64n64k16", WG_REGS_32, 32, 33, OA, OB)
-    asm volatile(NT_HEAD NT_STEP0("m64n64k16", WG_REGS_32, 32, 33) NT64(34, 35) NT64(36, 37) NT64(38, 39)
-#if D == 128
-                     NT64(40, 41) NT64(42, 43) NT64(44, 45) NT64(46, 47)
-#endif
-                         "}"
+#if D == 64
+    asm volatile(NT_HEAD NT_STEP0("m64n64k16", WG_REGS_32, 32, 33) NT64(34, 35) NT64(36, 37) NT64(38, 39) "}"
                  : WG_ACC32(c, 0)
-                 : "l"(wgmma_desc(a, 16, 1024)), "l"(wgmma_desc(b, 16, 1024)), NT_OFFS(1), NT_OFFS(2), NT_OFFS(3)
-#if D == 128
-                                                                                  ,
-                   NT_OFFS(4), NT_OFFS(5), NT_OFFS(6), NT_OFFS(7)
+                 : "l"(wgmma_desc(a, 16, 1024)), "l"(wgmma_desc(b, 16, 1024)), NT_OFFS(1), NT_OFFS(2), NT_OFFS(3));
+#else
+    asm volatile(NT_HEAD NT_STEP0("m64n64k16", WG_REGS_32, 32, 33) NT64(34, 35) NT64(36, 37) NT64(38, 39)
+                     NT64(40, 41) NT64(42, 43) NT64(44, 45) NT64(46, 47) "}"
+                 : WG_ACC32(c, 0)
+                 : "l"(wgmma_desc(a, 16, 1024)), "l"(wgmma_desc(b, 16, 1024)), NT_OFFS(1), NT_OFFS(2), NT_OFFS(3),
+                   NT_OFFS(4), NT_OFFS(5), NT_OFFS(6), NT_OFFS(7));
 #endif
-    );
 #undef NT64
 }
 #endif
