@@ -20,9 +20,9 @@ the attention backward's split score chains were found (docs/performance-log.md,
 import argparse
 import ctypes
 import os
+import re
 import subprocess
 import sys
-import re
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
