@@ -435,6 +435,35 @@ __device__ __forceinline__ void stage_rows(const BwdParams& p, const Seq& s, int
     warpgroup_sync(c);
 }
 
+// Pᵀ = exp2(scale2 Sᵀ - lse2) of the thread's scores, zero outside the mask: J groups of four,
+// group j the keys key (x = 0) and key + 8 (x = 1) of queries query(j) + e (e = 0, 1), score
+// 4 j + 2 x + e, the queries' lse2 pair at shared address lse2_at(j). MASKED = false is the
+// tile whose every query sees every key (below a causal diagonal, all of a plain mask): the
+// caller branches on that, so those tiles run no mask arithmetic. (Written as one select a
+// score, the mask's bounds, compares and selects took about 25 instructions every four scores
+// in every tile, about 15% of a head-dim-128 consumer's instructions.)
+template <bool MASKED, int J, typename Q, typename L>
+__device__ __forceinline__ void probs_t(float* sc, const Seq& s, int key, Q&& query, L&& lse2_at, float scale2) {
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+        const float2 l2 = lds_f32x2(lse2_at(j));
+        // Keys [key_lo, key_hi) of the group's two queries (none past the sequence).
+        int key_lo[2], key_hi[2];
+        if (MASKED) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) key_range(s, query(j) + e, &key_lo[e], &key_hi[e]);
+        }
+#pragma unroll
+        for (int x = 0; x < 2; ++x)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int i = 4 * j + 2 * x + e;
+                const bool ok = !MASKED || (key + 8 * x >= key_lo[e] && key + 8 * x < key_hi[e]);
+                sc[i] = ok ? fast_exp2(fmaf(sc[i], scale2, -(e ? l2.y : l2.x))) : 0.0f;
+            }
+    }
+}
+
 // Whether queries [q0, q0 + nq) all see keys [k0, k0 + nk) (then no mask is needed).
 __device__ __forceinline__ bool sees_all(const Seq& s, int q0, int nq, int k0, int nk) {
     int lo_last, hi_first, unused;
@@ -585,23 +614,15 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
                     if (lane == 0) mbar_arrive(QD_EMPTY(pending));
                 }
                 // Pᵀ = exp2(scale2 Sᵀ - lse2), zero outside the mask.
-#pragma unroll
-                for (int j = 0; j < BM / 8; ++j) {
-                    const float2 l2 = lds_f32x2(LSE_S(c) + 4 * (8 * j + 2 * t));
-                    // Keys [key_lo, key_hi) of the thread's two queries (none past the sequence).
-                    int key_lo[2] = {0, 0}, key_hi[2] = {0x7fffffff, 0x7fffffff};
-                    if (!full) {
-#pragma unroll
-                        for (int e = 0; e < 2; ++e) key_range(s, i0 + 8 * j + 2 * t + e, &key_lo[e], &key_hi[e]);
+                {
+                    const int key = kw + 16 * warp + g;
+                    const auto query = [&](int j) { return i0 + 8 * j + 2 * t; };
+                    const auto lse2_at = [&](int j) { return LSE_S(c) + 4 * (8 * j + 2 * t); };
+                    if (full) {
+                        probs_t<false, BM / 8>(sc, s, key, query, lse2_at, scale2);
+                    } else {
+                        probs_t<true, BM / 8>(sc, s, key, query, lse2_at, scale2);
                     }
-#pragma unroll
-                    for (int x = 0; x < 2; ++x)
-#pragma unroll
-                        for (int e = 0; e < 2; ++e) {
-                            const int i = 4 * j + 2 * x + e, key = kw + 16 * warp + g + 8 * x;
-                            const bool ok = full || (key >= key_lo[e] && key < key_hi[e]);
-                            sc[i] = ok ? fast_exp2(fmaf(sc[i], scale2, -(e ? l2.y : l2.x))) : 0.0f;
-                        }
                 }
                 u32 pa[BM / 16][4];
 #pragma unroll
@@ -878,29 +899,24 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
                 for (int i = 0; i < 16; ++i) acc_fence(sc[i]);
                 // Pᵀ = exp2(scale2 Sᵀ - lse2), zero outside the mask, into shared memory (row: key,
                 // 16-byte chunk: 8 queries, in the 128-byte swizzle).
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    const int q0 = qc + 8 * j + 2 * t;  // the thread's two queries: q0, q0 + 1
-                    const float2 l2 = lds_f32x2(LSE_S(c) + 4 * q0);
-                    int key_lo[2] = {0, 0}, key_hi[2] = {0x7fffffff, 0x7fffffff};
-                    if (!full) {
-#pragma unroll
-                        for (int e = 0; e < 2; ++e) key_range(s, i0 + q0 + e, &key_lo[e], &key_hi[e]);
+                {
+                    const int key = j0 + 16 * warp + g;
+                    const auto query = [&](int j) { return i0 + qc + 8 * j + 2 * t; };
+                    const auto lse2_at = [&](int j) { return LSE_S(c) + 4 * (qc + 8 * j + 2 * t); };
+                    if (full) {
+                        probs_t<false, 4>(sc, s, key, query, lse2_at, scale2);
+                    } else {
+                        probs_t<true, 4>(sc, s, key, query, lse2_at, scale2);
                     }
+                }
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
 #pragma unroll
                     for (int x = 0; x < 2; ++x) {
-                        const int key = j0 + 16 * warp + g + 8 * x;
-#pragma unroll
-                        for (int e = 0; e < 2; ++e) {
-                            const int i = 4 * j + 2 * x + e;
-                            const bool ok = full || (key >= key_lo[e] && key < key_hi[e]);
-                            sc[i] = ok ? fast_exp2(fmaf(sc[i], scale2, -(e ? l2.y : l2.x))) : 0.0f;
-                        }
                         const int r = 16 * warp + g + 8 * x;
                         pa[j / 2][2 * (j % 2) + x] = pack2_f32<T>(sc[4 * j + 2 * x], sc[4 * j + 2 * x + 1]);
                         sts_u32(pt + r * 128 + (((qc / 8 + j) ^ g) << 4) + 4 * t, pa[j / 2][2 * (j % 2) + x]);
                     }
-                }
                 wgmma_wait<0>();
 #pragma unroll
                 for (int i = 0; i < 16; ++i) acc_fence(dp[i]);

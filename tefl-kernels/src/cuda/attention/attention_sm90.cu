@@ -256,19 +256,23 @@ __device__ __forceinline__ Work work_item(const AttnParams& p, int w) {
 
 #if DQ_PASS
 // The dQ pass's probabilities of one tile's scores (keys j0..; rows r0 and r0 + 8 of the
-// thread): exp2(scale2 s - lse2) inside the mask, 0 outside it.
+// thread): exp2(scale2 s - lse2) inside the mask, 0 outside it. A tile whose rows see every
+// key takes a branch with no mask arithmetic (as one select a score, its bounds and compares
+// ran in every tile).
 __device__ __forceinline__ void probs(float* sc, const float* lse2, const WarpRows& rows, const Seq& s, int r0, int j0,
                                       int t, float scale2) {
-    int lo[2] = {0, 0}, hi[2] = {0x7fffffff, 0x7fffffff};
-    const bool all = rows.all_see(j0, BC);
-    if (!all) {
-        key_range(s, r0, &lo[0], &hi[0]);
-        key_range(s, r0 + 8, &lo[1], &hi[1]);
+    if (rows.all_see(j0, BC)) {
+#pragma unroll
+        for (int i = 0; i < BC / 2; ++i) sc[i] = fast_exp2(fmaf(sc[i], scale2, -lse2[(i / 2) % 2]));
+        return;
     }
+    int lo[2], hi[2];
+    key_range(s, r0, &lo[0], &hi[0]);
+    key_range(s, r0 + 8, &lo[1], &hi[1]);
 #pragma unroll
     for (int i = 0; i < BC / 2; ++i) {
         const int x = (i / 2) % 2, j = j0 + 8 * (i / 4) + 2 * t + i % 2;
-        sc[i] = all || (j >= lo[x] && j < hi[x]) ? fast_exp2(fmaf(sc[i], scale2, -lse2[x])) : 0.0f;
+        sc[i] = j >= lo[x] && j < hi[x] ? fast_exp2(fmaf(sc[i], scale2, -lse2[x])) : 0.0f;
     }
 }
 
