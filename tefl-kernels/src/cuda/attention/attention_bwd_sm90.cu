@@ -511,14 +511,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
 #define KV_FULL bars
 #define QD_FULL(st) (bars + 8u * (1 + (st)))
 #define QD_EMPTY(st) (bars + 8u * (1 + STAGES + (st)))
-#if D == 64
-    // Broadcast from lane 0, so that ptxas knows the warpgroup (and the dQ role derived from it)
-    // to be uniform across a warp: wgmma behind a branch it cannot prove uniform is serialised
-    // (C7520). (At head dim 128, which has no such branch, the broadcast cost registers.)
-    const int warpgroup = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0);
-#else
-    const int warpgroup = threadIdx.x / 128;
-#endif
+    const int warpgroup = warpgroup_index();
 #define KV_EMPTY (bars + 8u * (1 + 2 * STAGES))
     if (threadIdx.x == 0) {
         mbar_init(KV_FULL, 1);
@@ -814,7 +807,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
 #define DO_FULL (bars + 8u * (1 + 2 * STAGES))
 #define DO_EMPTY (bars + 8u * (2 + 2 * STAGES))
 #define KV_EMPTY (bars + 8u * (3 + 2 * STAGES))
-    const int warpgroup = threadIdx.x / 128;
+    const int warpgroup = warpgroup_index();
     if (threadIdx.x == 0) {
         mbar_init(KV_FULL, 1);
         mbar_init(KV_EMPTY, CONSUMERS * 4);

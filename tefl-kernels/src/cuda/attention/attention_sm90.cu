@@ -449,7 +449,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const u32 base = (smem_addr(smem_raw) + 1023u) & ~1023u;
     const u32 q_s = base;
-    const int warpgroup = threadIdx.x / 128;
+    const int warpgroup = warpgroup_index();
     if (threadIdx.x == 0) {
         mbar_init(Q_FULL, 1);
         mbar_init(Q_EMPTY, CONSUMERS * 4);

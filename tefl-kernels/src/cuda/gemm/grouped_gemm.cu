@@ -217,7 +217,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     const u32 bars = base + STAGES * STAGE_BYTES + CONSUMERS * STAGING_BYTES;
 #define FULL(s) (bars + 8u * (s))
 #define EMPTY(s) (bars + 8u * (STAGES + (s)))
-    const int warpgroup = threadIdx.x / 128;
+    const int warpgroup = warpgroup_index();
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(FULL(s), 1);
