@@ -5,7 +5,7 @@
 //! never passes.
 #![allow(clippy::needless_range_loop)] // index loops mirror the formulas
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
 use tefl_core::{DType, Device, Error, Manager, Op, Tensor};
@@ -110,6 +110,8 @@ pub struct Suite<'m> {
     /// While set, an `Unsupported` answer skips the case (cases of an op option a backend
     /// may lack and say so, see [`Suite::optional_case`]).
     options_may_be_unsupported: bool,
+    /// When set, only these ops' cases run ([`Suite::only_ops`]).
+    selected_ops: Option<BTreeSet<&'static str>>,
 }
 
 const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
@@ -143,11 +145,33 @@ impl<'m> Suite<'m> {
             outcomes: Vec::new(),
             progress: crate::progress::Progress::new("conformance"),
             options_may_be_unsupported: false,
+            selected_ops: None,
         })
+    }
+
+    /// Runs only the cases of `ops` (catalogue names); the others are skipped as not selected.
+    /// A name the catalogue lacks is an error naming it. For narrowing a slow tool to one op's
+    /// kernels, e.g. compute-sanitizer's racecheck on the grouped GEMM without the rest of its
+    /// family.
+    pub fn only_ops(&mut self, ops: &[String]) -> Result<(), String> {
+        let mut selected = BTreeSet::new();
+        for op in ops {
+            match tefl_core::catalogue::all().iter().find(|d| d.name == op) {
+                Some(d) => {
+                    selected.insert(d.name);
+                }
+                None => return Err(format!("unknown op {op:?} (`cargo xtask coverage` lists the catalogue)")),
+            }
+        }
+        self.selected_ops = Some(selected);
+        Ok(())
     }
 
     /// Why a case of `op` with `dtype` does not run, if it doesn't.
     fn skip_reason(&self, op: &str, dtype: DType) -> Option<String> {
+        if self.selected_ops.as_ref().is_some_and(|s| !s.contains(op)) {
+            return Some("not selected (--ops)".into());
+        }
         match self.ops.get(op) {
             None => Some("not registered by this backend".into()),
             Some(d) if !d.is_empty() && !d.contains(&dtype) => Some(format!("{dtype} not supported")),

@@ -1,5 +1,6 @@
 //! `conformance <backend> [--allow-unavailable] [--full] [--verbose] [--seed N] [--families a,b]
-//! [--impl ID]`: runs the conformance suite against every impl the backend registers (or only `ID`), prints the op × dtype table and
+//! [--ops x,y] [--impl ID]`: runs the conformance suite against every impl the backend registers
+//! (or only `ID`; only the named families, and in them only the named ops' cases), prints the op × dtype table and
 //! `N passed, N failed, N skipped`, and exits non-zero on any failure (or when the backend
 //! is unavailable here, unless `--allow-unavailable`). `cargo xtask test-backend` runs it.
 
@@ -21,6 +22,7 @@ fn main() -> ExitCode {
     let (mut allow_unavailable, mut size, mut seed, mut verbose) = (false, Size::Quick, None, false);
     let mut families: Option<Vec<String>> = None;
     let mut only_impl: Option<String> = None;
+    let mut only_ops: Option<Vec<String>> = None;
     while let Some(a) = args.next() {
         match a.as_str() {
             "--allow-unavailable" => allow_unavailable = true,
@@ -28,6 +30,16 @@ fn main() -> ExitCode {
             "--verbose" => verbose = true,
             "--seed" => seed = args.next().and_then(|s| s.parse::<u64>().ok()),
             "--impl" => only_impl = args.next(),
+            "--ops" => {
+                let list: Vec<String> = args.next().unwrap_or_default().split(',').map(str::to_owned).collect();
+                if let Some(bad) =
+                    list.iter().find(|o| !tefl_core::catalogue::all().iter().any(|d| d.name == o.as_str()))
+                {
+                    eprintln!("conformance: unknown op {bad:?} (`cargo xtask coverage` lists the catalogue)");
+                    return ExitCode::from(2);
+                }
+                only_ops = Some(list);
+            }
             "--families" => {
                 let list: Vec<String> = args.next().unwrap_or_default().split(',').map(str::to_owned).collect();
                 if let Some(bad) = list.iter().find(|f| !Suite::FAMILIES.contains(&f.as_str())) {
@@ -45,7 +57,7 @@ fn main() -> ExitCode {
     }
     let Some(backend) = backend else {
         eprintln!(
-            "usage: conformance <backend> [--allow-unavailable] [--full] [--verbose] [--seed N] [--families a,b] [--impl ID]"
+            "usage: conformance <backend> [--allow-unavailable] [--full] [--verbose] [--seed N] [--families a,b] [--ops x,y] [--impl ID]"
         );
         return ExitCode::from(2);
     };
@@ -92,6 +104,12 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
+        if let Some(ops) = &only_ops
+            && let Err(e) = suite.only_ops(ops)
+        {
+            eprintln!("conformance: {e}");
+            return ExitCode::from(2);
+        }
         println!("impl {id} on {}", suite.device);
         suite.run_families(families.as_deref(), &mut |family| println!("  running {family} ..."));
         if verbose {
