@@ -149,22 +149,25 @@ impl<'m> Suite<'m> {
         })
     }
 
-    /// Runs only the cases of `ops` (catalogue names); the others are skipped as not selected.
-    /// A name the catalogue lacks is an error naming it. For narrowing a slow tool to one op's
-    /// kernels, e.g. compute-sanitizer's racecheck on the grouped GEMM without the rest of its
-    /// family.
-    pub fn only_ops(&mut self, ops: &[String]) -> Result<(), String> {
-        let mut selected = BTreeSet::new();
-        for op in ops {
-            match tefl_core::catalogue::all().iter().find(|d| d.name == op) {
-                Some(d) => {
-                    selected.insert(d.name);
-                }
-                None => return Err(format!("unknown op {op:?} (`cargo xtask coverage` lists the catalogue)")),
-            }
-        }
-        self.selected_ops = Some(selected);
-        Ok(())
+    /// The catalogue's names for `ops`, for [`Suite::only_ops`]; a name the catalogue lacks is
+    /// an error naming it.
+    pub fn select_ops(ops: &[String]) -> Result<BTreeSet<&'static str>, String> {
+        ops.iter()
+            .map(|op| {
+                tefl_core::catalogue::all()
+                    .iter()
+                    .find(|d| d.name == op)
+                    .map(|d| d.name)
+                    .ok_or_else(|| format!("unknown op {op:?} (`cargo xtask coverage` lists the catalogue)"))
+            })
+            .collect()
+    }
+
+    /// Runs only the cases of `ops` ([`Suite::select_ops`]); the others are skipped as not
+    /// selected. For narrowing a slow tool to one op's kernels, e.g. compute-sanitizer's
+    /// racecheck on the grouped GEMM without the rest of its family.
+    pub fn only_ops(&mut self, ops: BTreeSet<&'static str>) {
+        self.selected_ops = Some(ops);
     }
 
     /// Why a case of `op` with `dtype` does not run, if it doesn't.
