@@ -329,7 +329,8 @@ tefl_gpu::register_gpu_target!(&CudaTarget);
 /// A variant bound to the device its op runs on: launches its entries by name.
 pub(crate) struct OnDevice {
     device: Device,
-    variant: Variant,
+    /// The variant (for [`launch_struct`]).
+    pub(crate) variant: Variant,
 }
 
 impl OnDevice {

@@ -202,6 +202,19 @@ macro_rules! dyn_int {
 }
 dyn_int!(u32, u64, i32, usize);
 
+/// An optional count (TE's `max_seqlen_q`): absent or `None` is `None`, else as `usize`.
+impl DynField for Option<usize> {
+    fn from_value(op: &'static str, field: &'static str, v: Option<Value>) -> Result<Self> {
+        match v {
+            None | Some(Value::None) => Ok(None),
+            v => usize::from_value(op, field, v).map(Some),
+        }
+    }
+    fn to_value(&self) -> Value {
+        self.as_ref().map_or(Value::None, DynField::to_value)
+    }
+}
+
 impl DynField for DType {
     fn from_value(op: &'static str, field: &'static str, v: Option<Value>) -> Result<Self> {
         match required(op, field, v)? {

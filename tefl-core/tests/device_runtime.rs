@@ -6,7 +6,9 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use tefl_core::catalogue::{AttnFwdArgs, AttnFwdOut, AttnMask, FusedAttnFwd, QkvLayout, attn_geometry};
+use tefl_core::catalogue::{
+    AttnFwdArgs, AttnFwdOut, AttnMask, FusedAttnFwd, MaxSeqlen, QkvLayout, attn_geometry, attn_geometry_bounded,
+};
 use tefl_core::device::{self, Buffer, DeviceRuntime};
 use tefl_core::{
     BackendImplKind, DType, Device, DeviceKind, Error, Manager, OpImpl, Registry, Result, SelectionPolicy, Tensor,
@@ -295,6 +297,8 @@ fn an_op_call_copies_each_device_cu_seqlens_to_the_host_once() {
         seed: 0,
         offset: 0,
         window: Default::default(),
+        max_seqlen_q: None,
+        max_seqlen_kv: None,
     };
     // One tensor for queries and keys: one copy a call (validation and the impl share it).
     let shared = cu(&[0, 3, 7]);
@@ -317,6 +321,75 @@ fn an_op_call_copies_each_device_cu_seqlens_to_the_host_once() {
     let bad = cu(&[0, 5, 3]);
     let e = m.call::<FusedAttnFwd>(&args(&bad, &shared)).unwrap_err();
     assert!(matches!(e, Error::InvalidArgument { arg: "cu_seqlens_q", .. }), "{e}");
+}
+
+#[test]
+fn bounded_thd_calls_leave_device_lengths_unread() {
+    let _ = fake();
+    let dev = Device::new(FAKE, 0);
+    // An impl that resolves the geometry as the CUDA backend does (defer), reporting sq and sk
+    // and whether the spans were read.
+    let mut reg = Registry::new();
+    reg.register_impl(
+        OpImpl::new::<FusedAttnFwd>("vendor.fake.bounded", BackendImplKind::Vendor, |_, a: &AttnFwdArgs| {
+            let (cq, ck) = (a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref());
+            let g = attn_geometry_bounded("t", &a.q, &a.k, &a.v, cq, ck, a.layout, a.mask, a.max_seqlen(), true)?;
+            let mut lse = vec![0.0f32; g.hq * g.tq];
+            lse[..3].copy_from_slice(&[g.sq as f32, g.sk as f32, if g.spans_on_device { 1.0 } else { 0.0 }]);
+            let lse = Tensor::from_slice(&lse, [g.hq, g.tq], DType::F32)?;
+            Ok(AttnFwdOut { o: a.q.clone(), softmax_lse: lse.to_device(&a.q.device())? })
+        })
+        .vendor("fake")
+        .device(FAKE),
+    )
+    .unwrap();
+    let m = Manager::new(reg, SelectionPolicy::default());
+    let q = Tensor::from_slice(&[0.5f32; 7 * 2 * 4], [7, 2, 4], DType::F32).unwrap().to_device(&dev).unwrap();
+    let cu = |v: &[i32]| Tensor::from_slice(v, [v.len()], DType::I32).unwrap().to_device(&dev).unwrap();
+    let args = |cq: &Tensor, max: MaxSeqlen| AttnFwdArgs {
+        cu_seqlens_q: Some(cq.clone()),
+        cu_seqlens_kv: Some(cq.clone()),
+        layout: QkvLayout::Thd,
+        mask: AttnMask::PaddingCausal,
+        q: q.clone(),
+        k: q.clone(),
+        v: q.clone(),
+        scale: 0.5,
+        dropout_p: 0.0,
+        seed: 0,
+        offset: 0,
+        window: Default::default(),
+        max_seqlen_q: max.q,
+        max_seqlen_kv: max.kv,
+    };
+    let report =
+        |a: &AttnFwdArgs| m.call::<FusedAttnFwd>(a).map(|o| o.softmax_lse.to_vec::<f32>().unwrap()[..3].to_vec());
+    // Both bounds: nothing copied to the host; sq and sk are the bounds, at most the rows.
+    let lengths = cu(&[0, 3, 7]);
+    let both = MaxSeqlen { q: Some(5), kv: Some(100) };
+    assert_eq!(report(&args(&lengths, both)).unwrap(), [5.0, 7.0, 1.0]);
+    assert_eq!(host_copies(&lengths), 0);
+    // Lengths the host check would refuse are not seen either (the backend clamps them).
+    let bad = cu(&[0, 9, 3]);
+    assert_eq!(report(&args(&bad, both)).unwrap(), [5.0, 7.0, 1.0]);
+    assert_eq!(host_copies(&bad), 0);
+    // One bound: read (once) and checked against it, by name.
+    let one = MaxSeqlen { q: Some(3), kv: None };
+    let e = report(&args(&lengths, one)).unwrap_err();
+    assert!(
+        matches!(e, Error::InvalidArgument { arg: "max_seqlen_q", .. }) && e.to_string().contains("length 4"),
+        "{e}"
+    );
+    assert_eq!(host_copies(&lengths), 1);
+    assert_eq!(report(&args(&lengths, MaxSeqlen { q: Some(4), kv: None })).unwrap(), [4.0, 4.0, 0.0]);
+    // The shape and dtype of unread lengths are still checked.
+    let short = cu(&[0]);
+    let e = report(&args(&short, both)).unwrap_err();
+    assert!(matches!(e, Error::Shape { arg: "cu_seqlens_q", .. }), "{e}");
+    // Without defer (backends whose kernels need checked lengths) the lengths are read.
+    let g =
+        attn_geometry_bounded("t", &q, &q, &q, Some(&bad), Some(&bad), QkvLayout::Thd, AttnMask::Padding, both, false);
+    assert!(matches!(g, Err(Error::InvalidArgument { arg: "cu_seqlens_q", .. })), "{g:?}");
 }
 
 #[test]

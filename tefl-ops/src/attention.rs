@@ -33,6 +33,8 @@ pub fn fused_attn_fwd(q: &Tensor, k: &Tensor, v: &Tensor) -> Call<FusedAttnFwd> 
         seed: 0,
         offset: 0,
         window: AttnWindow::default(),
+        max_seqlen_q: None,
+        max_seqlen_kv: None,
     })
 }
 setters!(FusedAttnFwd {
@@ -71,6 +73,8 @@ pub fn fused_attn_bwd(
         seed: 0,
         offset: 0,
         window: AttnWindow::default(),
+        max_seqlen_q: None,
+        max_seqlen_kv: None,
         deterministic: false,
     })
 }
@@ -105,6 +109,17 @@ macro_rules! attn_common {
                 let a = self.args_mut();
                 a.cu_seqlens_q = Some(q.clone());
                 a.cu_seqlens_kv = Some(kv.clone());
+                self
+            }
+            /// TE's `max_seqlen_q` and `max_seqlen_kv`: bounds on the query and key sequence
+            /// lengths. With both, a thd call whose cu_seqlens are on a GPU does not wait for
+            /// the device to read them (see
+            /// [`attn_geometry_bounded`](tefl_core::catalogue::attn_geometry_bounded)); where
+            /// the lengths are read, one past its bound is an error.
+            pub fn max_seqlen(mut self, q: usize, kv: usize) -> Self {
+                let a = self.args_mut();
+                a.max_seqlen_q = Some(q);
+                a.max_seqlen_kv = Some(kv);
                 self
             }
         }

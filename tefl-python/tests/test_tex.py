@@ -293,6 +293,27 @@ def test_fused_attention(causal):
         tex.fused_attn_fwd(s, s, True, scale, 0.0, True, "bshd_bshd_bshd", "no_bias", mask, None, None, None, q, k, v[..., :8].copy())
 
 
+def test_thd_attention_and_max_seqlen():
+    # Two sequences packed as thd (3 and 4 tokens): each is its own causal attention, the same
+    # as bshd on that sequence alone. TE's max_seqlen bounds: at or above the lengths they
+    # change nothing, below one they are refused by name (numpy lengths are read on the host).
+    h, d = 2, 8
+    q, k, v = (rand(7, h, d, lo=-1, hi=1) for _ in range(3))
+    cu = np.array([0, 3, 7], np.int32)
+    args = (True, d**-0.5, 0.0, True, "thd_thd_thd", "no_bias", "padding_causal", (-1, -1), cu, cu, q, k, v)
+    o, lse, _ = tex.fused_attn_fwd(4, 4, *args)
+    for lo, hi in [(0, 3), (3, 7)]:
+        want_o, want_lse, _ = attention_ref(q[None, lo:hi], k[None, lo:hi], v[None, lo:hi], True, d**-0.5)
+        close(np.asarray(o)[lo:hi], want_o[0], 1e-4)
+        close(np.asarray(lse)[:, lo:hi], want_lse[0], 1e-4)
+    o_unbounded, _, _ = tex.fused_attn_fwd(None, None, *args)
+    assert np.array_equal(np.asarray(o), np.asarray(o_unbounded))
+    with pytest.raises(ValueError, match="max_seqlen_q"):
+        tex.fused_attn_fwd(3, 4, *args)
+    with pytest.raises(ValueError, match="max_seqlen_kv"):
+        tex.fused_attn_fwd(4, -1, *args)
+
+
 def test_rope():
     s, b, h, d = 11, 2, 3, 8
     x = rand(s, b, h, d)

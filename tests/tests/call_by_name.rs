@@ -70,6 +70,8 @@ fn arguments_round_trip_through_values() {
         seed: u64::MAX,
         offset: 9,
         window: AttnWindow { left: Some(3), right: None },
+        max_seqlen_q: Some(7),
+        max_seqlen_kv: None,
     };
     let vals: Vec<(String, Value)> = args.to_values().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
     let back = AttnFwdArgs::from_values("fused_attn_fwd", tefl_core::dynargs::NamedValues::new("fused_attn_fwd", vals))
@@ -80,6 +82,8 @@ fn arguments_round_trip_through_values() {
     // Every u64 (a seed of 2^64 - 1 included) survives the round trip.
     assert_eq!((back.scale, back.dropout_p, back.seed, back.offset), (0.25, 0.1, u64::MAX, 9));
     assert!(back.cu_seqlens_q.is_none());
+    // An optional count: a value, and None (or absent) for none.
+    assert_eq!((back.max_seqlen_q, back.max_seqlen_kv), (Some(7), None));
 }
 
 #[test]
@@ -123,6 +127,8 @@ fn bad_arguments_are_errors_naming_them() {
         seed: 0,
         offset: 0,
         window: AttnWindow::default(),
+        max_seqlen_q: None,
+        max_seqlen_kv: None,
     }
     .to_values()
     .into_iter()

@@ -184,7 +184,8 @@ proptest! {
         let shp = |s: usize, h: usize| match layout { QkvLayout::Sbhd => vec![s, b, h, d], _ => vec![b, s, h, d] };
         let (Some(q), Some(k), Some(v)) = (make(&shp(sq, hq), dt, 11), make(&shp(sk, hk), dt, 12), make(&shp(sk, hk), dt, 13)) else { return Ok(()) };
         let args = AttnFwdArgs { q: q.clone(), k: k.clone(), v: v.clone(), cu_seqlens_q: None, cu_seqlens_kv: None, layout, mask,
-                                 scale: 0.5, dropout_p: p, seed, offset, window: AttnWindow { left, right } };
+                                 scale: 0.5, dropout_p: p, seed, offset, window: AttnWindow { left, right },
+                                 max_seqlen_q: None, max_seqlen_kv: None };
         if let Some(o) = run::<FusedAttnFwd>(&args)? {
             if p == 0.0 {
                 let g = attn_geometry("props", &q, &k, &v, None, None, layout, mask).map_err(|e| TestCaseError::fail(e.to_string()))?;

@@ -49,6 +49,8 @@ fn attention_closed_form_single_key_returns_v() {
         seed: 0,
         offset: 0,
         window: AttnWindow::default(),
+        max_seqlen_q: None,
+        max_seqlen_kv: None,
     })
     .unwrap();
     assert_eq!(values(&out.o), vec![5.0, 6.0, 7.0, 8.0]);
@@ -127,6 +129,8 @@ fn attention_backward_matches_finite_differences() {
         seed: 0,
         offset: 0,
         window: c.window,
+        max_seqlen_q: None,
+        max_seqlen_kv: None,
     };
     let fwd = reference::<FusedAttnFwd>(&fwd_args).unwrap();
     let got = reference::<FusedAttnBwd>(&fwd_args.backward(fwd.o, w.clone(), fwd.softmax_lse)).unwrap();
@@ -409,6 +413,8 @@ fn bad_input_is_rejected_with_the_argument_named() {
         seed: 0,
         offset: 0,
         window: AttnWindow::default(),
+        max_seqlen_q: None,
+        max_seqlen_kv: None,
     };
     // heads not divisible
     let e = m.call::<FusedAttnFwd>(&attn(f(&[1, 4, 3, 8]), f(&[1, 4, 2, 8]), None, QkvLayout::Bshd, 0.0)).unwrap_err();

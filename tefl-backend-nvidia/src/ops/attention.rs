@@ -24,7 +24,8 @@ enum Part {
     /// `attn_bwd_dq`, the deterministic backward's dQ pass.
     Dq,
     /// The small kernels every path shares (also the Hopper kernels'): Σ dO·O with the dQ
-    /// accumulator's zeros, dQ's conversion, and the fill of thd's lse rows.
+    /// accumulator's zeros, dQ's conversion, the fill of thd's lse rows, and for thd lengths
+    /// left on the device their clamp and the fill of the rows past the last sequence.
     Aux,
 }
 
@@ -35,7 +36,7 @@ impl Part {
             Part::Fwd => &["attn_fwd"],
             Part::Dkdv => &["attn_bwd_dkdv"],
             Part::Dq => &["attn_bwd_dq"],
-            Part::Aux => &["attn_bwd_delta", "attn_bwd_dq_out", "fill_f32"],
+            Part::Aux => &["attn_bwd_delta", "attn_bwd_dq_out", "fill_f32", "attn_cu_clamp", "attn_thd_tail"],
         }
     }
 }
@@ -144,6 +145,27 @@ fn padded(d: usize) -> usize {
     d.div_ceil(16) * 16
 }
 
+/// [`setup`] for the arguments of either direction (`AttnFwdArgs` and `AttnBwdArgs` name their
+/// shared fields alike).
+macro_rules! setup_for {
+    ($op:expr, $ctx:expr, $a:expr) => {
+        setup(
+            $op,
+            $ctx,
+            &$a.q,
+            &$a.k,
+            &$a.v,
+            $a.cu_seqlens_q.as_ref(),
+            $a.cu_seqlens_kv.as_ref(),
+            $a.layout,
+            $a.mask,
+            $a.window,
+            $a.dropout_p > 0.0,
+            $a.max_seqlen(),
+        )
+    };
+}
+
 #[allow(clippy::too_many_arguments)]
 fn setup(
     op: &'static str,
@@ -157,9 +179,27 @@ fn setup(
     mask: AttnMask,
     window: AttnWindow,
     dropout: bool,
+    max: MaxSeqlen,
 ) -> Result<Plan> {
-    let (g, build) =
-        AttnBuild::checked(op, ctx, q, k, v, cu_q, cu_k, layout, mask, window, dropout, 256, "the CUDA kernels")?;
+    // thd lengths may stay on the device (both bounds given): every kernel here reads them
+    // through `on_device_lengths`' clamped copies, so none leaves q, k or v whatever they hold.
+    let bounds = (max, true);
+    let (g, build) = AttnBuild::checked_bounded(
+        op,
+        ctx,
+        q,
+        k,
+        v,
+        cu_q,
+        cu_k,
+        layout,
+        mask,
+        window,
+        dropout,
+        256,
+        "the CUDA kernels",
+        bounds,
+    )?;
     let dp = padded(g.d);
     let fwd_min_blocks = crate::heuristics::attention_fwd_min_blocks(&*tune_table(ctx.device)?);
     Ok(Plan { op, device: ctx.device, g, build, dp, fwd_min_blocks })
@@ -172,6 +212,109 @@ fn fill(s: &Plan, ctx: &KernelCtx<'_>, t: &Tensor, v: f32) -> Result<()> {
         Grid::linear(blocks_for(n, 256, sm_count(ctx.device) * 8), 256),
         &[Arg::Ptr(ptr(t)?), Arg::U64(n as u64), Arg::F32(v)],
     )
+}
+
+/// A thd call whose lengths tefl did not read on the host (`AttnGeometry::spans_on_device`):
+/// the call's small-kernel part and `attn_cu_clamp`'s copies of its cu_seqlens (each entry
+/// clamped to the rows of q or k, then made non-decreasing), which every kernel the call
+/// launches reads in place of the caller's (one copy for both where they are one tensor over
+/// as many rows); `None` for every other call. Lengths the host check would pass come out the
+/// same; others give unspecified values in their rows, never an access outside the tensors.
+fn on_device_lengths(
+    s: &Plan,
+    ctx: &KernelCtx<'_>,
+    cu_q: Option<&Tensor>,
+    cu_k: Option<&Tensor>,
+    k_rows: usize,
+) -> Result<Option<(OnDevice, Tensor, Tensor)>> {
+    let (true, Some(cu_q), Some(cu_k)) = (s.g.spans_on_device, cu_q, cu_k) else { return Ok(None) };
+    let int = |what: &'static str, n: usize| {
+        i32::try_from(n)
+            .map_err(|_| crate::launch::unsupported(s.op, format!("{what} {n} is past the kernels' 32-bit range")))
+    };
+    let shared = ptr(cu_q)? == ptr(cu_k)? && s.g.tq == k_rows;
+    let out_q = empty(ctx.device, cu_q.shape(), DType::I32)?;
+    let out_k = if shared { out_q.clone() } else { empty(ctx.device, cu_k.shape(), DType::I32)? };
+    let aux = s.kernel(Part::Aux)?;
+    aux.launch(
+        "attn_cu_clamp",
+        Grid { blocks: (if shared { 1 } else { 2 }, 1, 1), threads: (1024, 1, 1), smem: 0 },
+        &[
+            Arg::Ptr(ptr(cu_q)?),
+            Arg::Ptr(ptr(&out_q)?),
+            Arg::I32(int("rows", s.g.tq)?),
+            Arg::Ptr(ptr(cu_k)?),
+            Arg::Ptr(ptr(&out_k)?),
+            Arg::I32(int("rows", k_rows)?),
+            Arg::I32(int("cu_seqlens entries", cu_q.numel())?),
+        ],
+    )?;
+    Ok(Some((aux, out_q, out_k)))
+}
+
+/// One tensor of [`fill_past_sequences`]: the kernel's `TailFill`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct TailFill {
+    p: u64,
+    cu: u64,
+    rows: i64,
+    row_len: i64,
+    planes: i32,
+    pattern: u32,
+}
+
+/// `attn_thd_tail`'s parameter.
+#[repr(C)]
+struct TailFills {
+    f: [TailFill; 2],
+    batch: i32,
+}
+
+/// `attn_thd_tail`: in each of `fills` (one or two: a tensor, `on_device_lengths`' copy of its
+/// lengths, its rows a plane, its planes and a 32-bit pattern), the rows from the lengths' last
+/// entry on set to the pattern (0, or f32 -inf for lse). One launch for all of them.
+fn fill_past_sequences(
+    s: &Plan,
+    ctx: &KernelCtx<'_>,
+    aux: &OnDevice,
+    fills: &[(&Tensor, &Tensor, usize, usize, u32)],
+) -> Result<()> {
+    let mut f = [TailFill::default(); 2];
+    let mut units_max = 0;
+    let mut used = 0;
+    for &(t, cu, rows, planes, pattern) in fills.iter().take(2) {
+        let units = t.numel() * t.dtype().size_in_bytes() / 2;
+        if units == 0 || rows == 0 || planes == 0 {
+            continue;
+        }
+        units_max = units_max.max(units);
+        f[used] = TailFill {
+            p: ptr(t)?,
+            cu: ptr(cu)?,
+            rows: rows as i64,
+            row_len: (units / planes / rows) as i64,
+            planes: planes as i32,
+            pattern,
+        };
+        used += 1;
+    }
+    if used == 0 {
+        return Ok(());
+    }
+    let params = TailFills { f, batch: s.g.batch as i32 };
+    let grid = Grid {
+        blocks: (blocks_for(units_max, 256, sm_count(ctx.device) * 8), used as u32, 1),
+        threads: (256, 1, 1),
+        smem: 0,
+    };
+    // SAFETY: `TailFills` is the kernel's parameter struct (repr(C): two `TailFill`s of two
+    // u64 addresses, two i64, an i32 and a u32, then an i32, as in attention.cu); the grid's y
+    // dimension covers only the filled entries, whose addresses are live tensors of this device
+    // (the tensor and its clamped lengths, batch + 1 ints) that stream ordering keeps alive
+    // until the kernel has run; each writes only rows [cu[batch], rows) of its own planes, and
+    // cu[batch] is at most rows (attn_cu_clamp).
+    unsafe { crate::launch::launch_struct(ctx.device, &aux.variant, "attn_thd_tail", grid, &params) }
 }
 
 fn common_args(s: &Plan, a_scale: f32, p: f32, seed: u64, offset: u64) -> Vec<Arg> {
@@ -194,11 +337,23 @@ fn common_args(s: &Plan, a_scale: f32, p: f32, seed: u64, offset: u64) -> Vec<Ar
 pub fn fused_attn_fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<AttnFwdOut> {
     const OP: &str = "fused_attn_fwd";
     let (cu_q, cu_k) = (a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref());
-    let s = setup(OP, ctx, &a.q, &a.k, &a.v, cu_q, cu_k, a.layout, a.mask, a.window, a.dropout_p > 0.0)?;
+    let s = setup_for!(OP, ctx, a)?;
     // thd rows past the last sequence belong to none: zero them (and -inf their lse). Either
     // kernel writes every other row, so sequences that end at the last row (the usual packing)
-    // need no fill (134 MB of o at the bench's shape).
-    let thd_tail = s.g.has_rows_past_sequences(false, a.q.shape()[0]);
+    // need no fill (134 MB of o at the bench's shape). Lengths left on the device: their clamped
+    // copies for every kernel, and the fill from the last one's end on the device.
+    let on_device = on_device_lengths(&s, ctx, cu_q, cu_k, a.k.shape()[0])?;
+    let clamped;
+    let a = match &on_device {
+        Some((_, cq, ck)) => {
+            clamped = AttnFwdArgs { cu_seqlens_q: Some(cq.clone()), cu_seqlens_kv: Some(ck.clone()), ..a.clone() };
+            &clamped
+        }
+        None => a,
+    };
+    let (cu_q, cu_k) = (a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref());
+    let on_device = on_device.map(|(aux, ..)| aux);
+    let thd_tail = on_device.is_none() && s.g.has_rows_past_sequences(false, a.q.shape()[0]);
     let o = if thd_tail {
         zeros(ctx.device, a.q.shape(), a.q.dtype())?
     } else {
@@ -207,6 +362,10 @@ pub fn fused_attn_fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<AttnFwdOut
     let lse = empty(ctx.device, &s.g.lse_shape(), DType::F32)?;
     if thd_tail {
         fill(&s, ctx, &lse, f32::NEG_INFINITY)?;
+    }
+    if let (Some(aux), Some(cq)) = (&on_device, cu_q) {
+        let tq = s.g.tq;
+        fill_past_sequences(&s, ctx, aux, &[(&o, cq, tq, 1, 0), (&lse, cq, tq, s.g.hq, f32::NEG_INFINITY.to_bits())])?;
     }
     if super::attention_sm90::fwd(ctx, a, &s.g, &s.build, &o, &lse, &|| s.variant(Part::Aux))? {
         return Ok(AttnFwdOut { o, softmax_lse: lse });
@@ -250,7 +409,8 @@ pub fn fused_attn_fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<AttnFwdOut
 pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut> {
     const OP: &str = "fused_attn_bwd";
     let (cu_q, cu_k) = (a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref());
-    let s = setup(OP, ctx, &a.q, &a.k, &a.v, cu_q, cu_k, a.layout, a.mask, a.window, a.dropout_p > 0.0)?;
+    let s = setup_for!(OP, ctx, a)?;
+    let caller = a;
     if a.d_o.dtype() != a.q.dtype() {
         return Err(Error::DType {
             op: OP,
@@ -262,16 +422,40 @@ pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut
     // The kernels write every row a sequence owns (keys no query sees as zeros); thd rows past
     // the last sequence belong to none and are zeroed here, a fill skipped when the sequences
     // end at the last row (the usual packing: 2 x 134 MB of dK and dV at the bench's shape).
-    let thd_tail =
-        s.g.has_rows_past_sequences(false, a.q.shape()[0]) || s.g.has_rows_past_sequences(true, a.k.shape()[0]);
+    // Lengths left on the device: their clamped copies for every kernel, and the fill from the
+    // last one's end on the device (`tails`).
+    let on_device = on_device_lengths(&s, ctx, cu_q, cu_k, a.k.shape()[0])?;
+    let clamped;
+    let a = match &on_device {
+        Some((_, cq, ck)) => {
+            clamped = AttnBwdArgs { cu_seqlens_q: Some(cq.clone()), cu_seqlens_kv: Some(ck.clone()), ..a.clone() };
+            &clamped
+        }
+        None => a,
+    };
+    let on_device = on_device.map(|(aux, ..)| aux);
+    let thd_tail = on_device.is_none()
+        && (s.g.has_rows_past_sequences(false, a.q.shape()[0]) || s.g.has_rows_past_sequences(true, a.k.shape()[0]));
     let dev = ctx.device;
     let mk = |t: &Tensor| if thd_tail { zeros(dev, t.shape(), t.dtype()) } else { empty(dev, t.shape(), t.dtype()) };
+    let tails = |dq: Option<&Tensor>, dk: &Tensor, dv: &Tensor| -> Result<()> {
+        if let (Some(aux), Some(cq), Some(ck)) = (&on_device, a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref()) {
+            let (tq, tk) = (a.q.shape()[0], a.k.shape()[0]);
+            fill_past_sequences(&s, ctx, aux, &[(dk, ck, tk, 1, 0), (dv, ck, tk, 1, 0)])?;
+            if let Some(dq) = dq {
+                fill_past_sequences(&s, ctx, aux, &[(dq, cq, tq, 1, 0)])?;
+            }
+        }
+        Ok(())
+    };
     if a.deterministic {
         let hopper_dq = super::attention_sm90::takes_dq(ctx, a, &s.g, &s.build)?;
         if !hopper_dq && dq_pass_smem(a.q.dtype(), s.dp) > smem_limit(ctx)? {
-            return tefl_gpu::simt::attention::fused_attn_bwd(ctx, a);
+            // (The caller's lengths: the portable kernels read and check them.)
+            return tefl_gpu::simt::attention::fused_attn_bwd(ctx, caller);
         }
         let (dq, dk, dv) = (mk(&a.q)?, mk(&a.k)?, mk(&a.v)?);
+        tails(Some(&dq), &dk, &dv)?;
         let delta = delta_kernel(&s, &s.kernel(Part::Aux)?, a, dev, None)?;
         let hopper = super::attention_sm90::BwdBuffers { delta: &delta, dq_acc: None, dk: &dk, dv: &dv };
         if !super::attention_sm90::bwd(ctx, a, &s.g, &s.build, &hopper)? {
@@ -288,6 +472,7 @@ pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut
     let dq_acc = empty(dev, &[a.q.numel()], DType::F32)?;
     let dq = empty(dev, a.q.shape(), a.q.dtype())?;
     let (dk, dv) = (mk(&a.k)?, mk(&a.v)?);
+    tails(None, &dk, &dv)?;
     let aux = s.kernel(Part::Aux)?;
     let delta = delta_kernel(&s, &aux, a, dev, Some(&dq_acc))?;
     let hopper = super::attention_sm90::BwdBuffers { delta: &delta, dq_acc: Some(&dq_acc), dk: &dk, dv: &dv };
@@ -307,8 +492,7 @@ pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut
 /// thread, the kernel a call with these arguments launches (Hopper's where it takes the call),
 /// running nothing. (Its backward's variants start compiling at the forward's first call.)
 pub fn warmup_fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<()> {
-    let (cu_q, cu_k) = (a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref());
-    let s = setup("fused_attn_fwd", ctx, &a.q, &a.k, &a.v, cu_q, cu_k, a.layout, a.mask, a.window, a.dropout_p > 0.0)?;
+    let s = setup_for!("fused_attn_fwd", ctx, a)?;
     let fwd = match super::attention_sm90::fwd_warmup_variant(ctx, a, &s.g, &s.build)? {
         Some(v) => v,
         None => s.variant(Part::Fwd)?,
@@ -321,8 +505,7 @@ pub fn warmup_fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<()> {
 /// threads, the kernels a call with these arguments launches (the small kernels, the dK/dV
 /// tiles and, deterministic, the dQ pass; Hopper's where they take the call), running nothing.
 pub fn warmup_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<()> {
-    let (cu_q, cu_k) = (a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref());
-    let s = setup("fused_attn_bwd", ctx, &a.q, &a.k, &a.v, cu_q, cu_k, a.layout, a.mask, a.window, a.dropout_p > 0.0)?;
+    let s = setup_for!("fused_attn_bwd", ctx, a)?;
     let mut variants = vec![s.variant(Part::Aux)?];
     let hopper = super::attention_sm90::bwd_warmup_variants(ctx, a, &s.g, &s.build)?;
     let hopper_dq = hopper.len() > 1;

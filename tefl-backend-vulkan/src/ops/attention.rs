@@ -273,6 +273,7 @@ mod tests {
             tq: sq,
             q_spans: span(sq),
             k_spans: span(sq),
+            spans_on_device: false,
         }
     }
 

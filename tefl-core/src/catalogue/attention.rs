@@ -89,6 +89,12 @@ declare_op! {
         scalar offset: u64,
         /// Sliding window.
         scalar window: AttnWindow,
+        /// TE's `max_seqlen_q`: a bound on the query sequence lengths (`None`: none given).
+        /// With both bounds, a thd call whose cu_seqlens are on a GPU is resolved without
+        /// reading them on the host (no wait for the device): see [`attn_geometry_bounded`].
+        scalar max_seqlen_q: Option<usize>,
+        /// TE's `max_seqlen_kv`: a bound on the key sequence lengths (as `max_seqlen_q`).
+        scalar max_seqlen_kv: Option<usize>,
     }
     /// Outputs of [`FusedAttnFwd`].
     pub struct AttnFwdOut {
@@ -98,11 +104,11 @@ declare_op! {
         tensor softmax_lse: Tensor,
     }
     validate(a) {
-        attn_geometry("fused_attn_fwd", &a.q, &a.k, &a.v, a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref(), a.layout, a.mask)?;
+        attn_geometry_bounded("fused_attn_fwd", &a.q, &a.k, &a.v, a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref(), a.layout, a.mask, a.max_seqlen(), true)?;
         check_scalars("fused_attn_fwd", a.scale, a.dropout_p)
     }
     outputs(a) {
-        let Ok(g) = attn_geometry("fused_attn_fwd", &a.q, &a.k, &a.v, a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref(), a.layout, a.mask) else {
+        let Ok(g) = attn_geometry_bounded("fused_attn_fwd", &a.q, &a.k, &a.v, a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref(), a.layout, a.mask, a.max_seqlen(), true) else {
             return Vec::new();
         };
         vec![OutputSpec::new("o", a.q.shape(), a.q.dtype()), OutputSpec::new("softmax_lse", g.lse_shape(), DType::F32)]
@@ -145,6 +151,10 @@ declare_op! {
         scalar offset: u64,
         /// As in the forward.
         scalar window: AttnWindow,
+        /// As in the forward.
+        scalar max_seqlen_q: Option<usize>,
+        /// As in the forward.
+        scalar max_seqlen_kv: Option<usize>,
         /// Whether `dq` must come out the same, bit for bit, every time the call is repeated
         /// (TE's `deterministic`). An impl whose `dq` adds the key blocks' shares into one
         /// accumulator as they finish (atomics, reduce-adds: an order that changes from run to
@@ -164,7 +174,7 @@ declare_op! {
     }
     validate(a) {
         const OP: &str = "fused_attn_bwd";
-        let g = attn_geometry(OP, &a.q, &a.k, &a.v, a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref(), a.layout, a.mask)?;
+        let g = attn_geometry_bounded(OP, &a.q, &a.k, &a.v, a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref(), a.layout, a.mask, a.max_seqlen(), true)?;
         check_scalars(OP, a.scale, a.dropout_p)?;
         check::dtype_is(OP, "o", &a.o, a.q.dtype())?;
         check::shape_is(OP, "o", &a.o, a.q.shape())?;
@@ -203,9 +213,36 @@ impl AttnFwdArgs {
             seed: self.seed,
             offset: self.offset,
             window: self.window,
+            max_seqlen_q: self.max_seqlen_q,
+            max_seqlen_kv: self.max_seqlen_kv,
             deterministic: false,
         }
     }
+
+    /// The call's sequence-length bounds.
+    pub fn max_seqlen(&self) -> MaxSeqlen {
+        MaxSeqlen { q: self.max_seqlen_q, kv: self.max_seqlen_kv }
+    }
+}
+
+impl AttnBwdArgs {
+    /// The call's sequence-length bounds.
+    pub fn max_seqlen(&self) -> MaxSeqlen {
+        MaxSeqlen { q: self.max_seqlen_q, kv: self.max_seqlen_kv }
+    }
+}
+
+/// TE's `max_seqlen_q` and `max_seqlen_kv`: the caller's bounds on the query and key sequence
+/// lengths. Where tefl reads the cumulative lengths (host tensors, bshd / sbhd shapes, a backend
+/// that reads them), a sequence longer than its bound is an error naming the bound; where both
+/// are given for a thd call whose cu_seqlens are on a GPU, a backend may resolve the call from
+/// them without reading the lengths (see [`attn_geometry_bounded`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MaxSeqlen {
+    /// The bound on the query sequence lengths.
+    pub q: Option<usize>,
+    /// The bound on the key sequence lengths.
+    pub kv: Option<usize>,
 }
 
 fn check_scalars(op: &'static str, scale: f32, p: f32) -> Result<()> {
@@ -245,6 +282,12 @@ pub struct AttnGeometry {
     pub q_spans: Vec<SeqSpan>,
     /// Key spans per sequence (as `q_spans`).
     pub k_spans: Vec<SeqSpan>,
+    /// The spans were not read (a thd call given both [`MaxSeqlen`] bounds whose cu_seqlens
+    /// are on a GPU; [`attn_geometry_bounded`]): `q_spans` and `k_spans` are empty, `sq` and
+    /// `sk` are the bounds (at most the rows given), and the kernels take the sequences from
+    /// cu_seqlens on the device. [`AttnGeometry::row`], [`AttnGeometry::lse_index`] and
+    /// [`AttnGeometry::key_range`] need the spans and are not for such a geometry.
+    pub spans_on_device: bool,
 }
 
 impl AttnGeometry {
@@ -264,10 +307,14 @@ impl AttnGeometry {
     /// backends zero them in o, dq, dk and dv and set their lse to -inf). The sequences are
     /// packed back to back from row 0, so that is when the last one ends before `rows`; where
     /// it ends at the last row, every output row is some sequence's and no fill is needed.
-    /// False for bshd and sbhd (every row is a position of a sequence, padding included).
+    /// False for bshd and sbhd (every row is a position of a sequence, padding included);
+    /// true (there may be) where the spans were not read ([`AttnGeometry::spans_on_device`]).
     pub fn has_rows_past_sequences(&self, keys: bool, rows: usize) -> bool {
         if self.layout != QkvLayout::Thd {
             return false;
+        }
+        if self.spans_on_device {
+            return rows > 0;
         }
         let spans = if keys { &self.k_spans } else { &self.q_spans };
         spans.last().map_or(rows > 0, |s| s.start + s.len < rows)
@@ -324,7 +371,8 @@ impl AttnGeometry {
     }
 }
 
-/// Checks q, k, v and the cu_seqlens against the layout and mask, and resolves the geometry.
+/// Checks q, k, v and the cu_seqlens against the layout and mask, and resolves the geometry
+/// (reading the cu_seqlens, on the host: a tensor on a GPU waits for its device's queue).
 #[allow(clippy::too_many_arguments)]
 pub fn attn_geometry(
     op: &'static str,
@@ -335,6 +383,34 @@ pub fn attn_geometry(
     cu_k: Option<&Tensor>,
     layout: QkvLayout,
     mask: AttnMask,
+) -> Result<AttnGeometry> {
+    attn_geometry_bounded(op, q, k, v, cu_q, cu_k, layout, mask, MaxSeqlen::default(), false)
+}
+
+/// [`attn_geometry`] with the caller's [`MaxSeqlen`] bounds: where the lengths are read, a
+/// sequence longer than its bound is an error naming `max_seqlen_q` or `max_seqlen_kv`.
+///
+/// With `defer`, a thd call given both bounds whose cu_seqlens are both on a GPU is resolved
+/// without reading them (TE's contract: the caller's bounds size the launch, nothing waits
+/// for the device): their dtype and shape are checked, `sq` and `sk` are the bounds (at most
+/// the rows of q and k), and the geometry says [`AttnGeometry::spans_on_device`]. A backend
+/// that asks for this takes on what the host check would have done: its kernels must stay
+/// inside q, k and v whatever the lengths hold (the CUDA backend clamps them on the device
+/// first), and values it computes for lengths the check would have refused (not starting at
+/// 0, decreasing, past the rows given, longer than a bound) are unspecified, never an access
+/// outside the tensors.
+#[allow(clippy::too_many_arguments)]
+pub fn attn_geometry_bounded(
+    op: &'static str,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    cu_q: Option<&Tensor>,
+    cu_k: Option<&Tensor>,
+    layout: QkvLayout,
+    mask: AttnMask,
+    max: MaxSeqlen,
+    defer: bool,
 ) -> Result<AttnGeometry> {
     check::float(op, "q", q)?;
     check::dtype_is(op, "k", k, q.dtype())?;
@@ -375,6 +451,33 @@ pub fn attn_geometry(
     let spans = |cu: &[i32]| -> Vec<SeqSpan> {
         cu.windows(2).map(|w| SeqSpan { start: w[0] as usize, len: (w[1] - w[0]) as usize }).collect()
     };
+    let on_gpu = |t: &&Tensor| !t.device().is_cpu();
+    if let (true, Some(cq), Some(ck), Some(mq), Some(mk)) =
+        (layout == QkvLayout::Thd && defer, cu_q.filter(on_gpu), cu_k.filter(on_gpu), max.q, max.kv)
+    {
+        check::cu_seqlens_shape(op, "cu_seqlens_q", cq)?;
+        check::cu_seqlens_shape(op, "cu_seqlens_kv", ck)?;
+        if ck.numel() != cq.numel() {
+            return Err(Error::invalid(
+                op,
+                "cu_seqlens_kv",
+                format!("{} entries, cu_seqlens_q has {}", ck.numel(), cq.numel()),
+            ));
+        }
+        return Ok(AttnGeometry {
+            layout,
+            batch: cq.numel() - 1,
+            sq: mq.min(qs[0]),
+            sk: mk.min(ks[0]),
+            hq,
+            hk,
+            d,
+            tq: qs[0],
+            q_spans: Vec::new(),
+            k_spans: Vec::new(),
+            spans_on_device: true,
+        });
+    }
     let (batch, sq, sk, q_spans, k_spans, tq) = match layout {
         QkvLayout::Thd => {
             let (cq, ck) = match (cu("cu_seqlens_q", cu_q, qs[0])?, cu("cu_seqlens_kv", cu_k, ks[0])?) {
@@ -446,7 +549,14 @@ pub fn attn_geometry(
             (b, sq, sk, qsp, ksp, b * sq)
         }
     };
-    Ok(AttnGeometry { layout, batch, sq, sk, hq, hk, d, tq, q_spans, k_spans })
+    for (name, bound, spans) in [("max_seqlen_q", max.q, &q_spans), ("max_seqlen_kv", max.kv, &k_spans)] {
+        if let Some(m) = bound
+            && let Some((i, s)) = spans.iter().enumerate().find(|(_, s)| s.len > m)
+        {
+            return Err(Error::invalid(op, name, format!("{m} is less than sequence {i}'s length {}", s.len)));
+        }
+    }
+    Ok(AttnGeometry { layout, batch, sq, sk, hq, hk, d, tq, q_spans, k_spans, spans_on_device: false })
 }
 
 pub(super) fn descriptors() -> Vec<&'static OpDescriptor> {

@@ -133,15 +133,7 @@ pub mod check {
     /// `t` holds cumulative sequence lengths: i32, `[batch + 1]`, starting at 0,
     /// non-decreasing, ending at most at `total` (when given). Returns the values.
     pub fn cu_seqlens(op: &'static str, arg: &'static str, t: &Tensor, total: Option<usize>) -> Result<Vec<i32>> {
-        dtype_is(op, arg, t, DType::I32)?;
-        if t.rank() != 1 || t.numel() < 2 {
-            return Err(Error::Shape {
-                op,
-                arg,
-                got: t.shape().to_vec(),
-                expected: "[batch + 1] with batch >= 1".into(),
-            });
-        }
+        cu_seqlens_shape(op, arg, t)?;
         let v = t.to_vec_in_call::<i32>()?;
         if v[0] != 0 {
             return Err(Error::invalid(op, arg, format!("must start at 0, starts at {}", v[0])));
@@ -159,6 +151,21 @@ pub mod check {
             return Err(Error::invalid(op, arg, format!("ends at {}, past the {total} rows given", v[v.len() - 1])));
         }
         Ok(v)
+    }
+
+    /// `t` can hold cumulative sequence lengths: i32, `[batch + 1]` with batch >= 1 (its values
+    /// are not read).
+    pub fn cu_seqlens_shape(op: &'static str, arg: &'static str, t: &Tensor) -> Result<()> {
+        dtype_is(op, arg, t, DType::I32)?;
+        if t.rank() != 1 || t.numel() < 2 {
+            return Err(Error::Shape {
+                op,
+                arg,
+                got: t.shape().to_vec(),
+                expected: "[batch + 1] with batch >= 1".into(),
+            });
+        }
+        Ok(())
     }
 
     /// `v` is finite and strictly positive.
@@ -420,6 +427,8 @@ mod tests {
                 seed: 0,
                 offset: 0,
                 window: AttnWindow::default(),
+                max_seqlen_q: None,
+                max_seqlen_kv: None,
             })
         };
         attn(&[0, 5, 4, 64], &[0, 7, 2, 64]).unwrap();
@@ -486,5 +495,33 @@ mod tests {
         let q = t(&[2, 5, 2, 8], DType::F32);
         let g = attn_geometry("t", &q, &q, &q, None, None, QkvLayout::Bshd, AttnMask::Causal).unwrap();
         assert!(!g.has_rows_past_sequences(false, 10) && !g.has_rows_past_sequences(true, 10));
+    }
+
+    #[test]
+    fn max_seqlen_bounds_are_checked_where_lengths_are_read() {
+        let bounded = |shape: &[usize], layout, mask, cu: Option<&[i32]>, q: Option<usize>, kv: Option<usize>| {
+            let x = t(shape, DType::F32);
+            let cu = cu.map(|v| Tensor::from_slice(v, [v.len()], DType::I32).unwrap());
+            let max = MaxSeqlen { q, kv };
+            // Host lengths are read even with both bounds and defer.
+            attn_geometry_bounded("t", &x, &x, &x, cu.as_ref(), cu.as_ref(), layout, mask, max, true)
+        };
+        let named = |r: Result<AttnGeometry>, arg: &str| match r {
+            Err(Error::InvalidArgument { arg: a, .. }) => assert_eq!(a, arg),
+            other => panic!("{arg}: {other:?}"),
+        };
+        let thd = [7, 2, 4];
+        let cu: &[i32] = &[0, 3, 7];
+        let g = bounded(&thd, QkvLayout::Thd, AttnMask::Padding, Some(cu), Some(4), Some(9)).unwrap();
+        assert_eq!((g.sq, g.sk, g.spans_on_device), (4, 4, false));
+        named(bounded(&thd, QkvLayout::Thd, AttnMask::Padding, Some(cu), Some(4), Some(3)), "max_seqlen_kv");
+        named(bounded(&thd, QkvLayout::Thd, AttnMask::Padding, Some(cu), Some(0), None), "max_seqlen_q");
+        // bshd: the sequence length is the shape's (padding: the lengths').
+        let bshd = [2, 5, 2, 4];
+        bounded(&bshd, QkvLayout::Bshd, AttnMask::Causal, None, Some(5), Some(5)).unwrap();
+        named(bounded(&bshd, QkvLayout::Bshd, AttnMask::Causal, None, Some(4), None), "max_seqlen_q");
+        let lens: &[i32] = &[0, 2, 5];
+        bounded(&bshd, QkvLayout::Bshd, AttnMask::Padding, Some(lens), Some(3), Some(3)).unwrap();
+        named(bounded(&bshd, QkvLayout::Bshd, AttnMask::Padding, Some(lens), Some(2), None), "max_seqlen_q");
     }
 }

@@ -63,7 +63,31 @@ impl AttnBuild {
         max_d: usize,
         kernels: &str,
     ) -> Result<(AttnGeometry, AttnBuild)> {
-        let g = attn_geometry(op, q, k, v, cu_q, cu_k, layout, mask)?;
+        let no_bounds = (MaxSeqlen::default(), false);
+        Self::checked_bounded(op, ctx, q, k, v, cu_q, cu_k, layout, mask, window, dropout, max_d, kernels, no_bounds)
+    }
+
+    /// [`AttnBuild::checked`] with the call's sequence-length bounds and whether the geometry
+    /// may leave thd spans on the device (`attn_geometry_bounded`'s `defer`: only for kernels
+    /// that stay inside the tensors whatever cu_seqlens hold).
+    #[allow(clippy::too_many_arguments)]
+    pub fn checked_bounded(
+        op: &'static str,
+        ctx: &KernelCtx<'_>,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        cu_q: Option<&Tensor>,
+        cu_k: Option<&Tensor>,
+        layout: QkvLayout,
+        mask: AttnMask,
+        window: AttnWindow,
+        dropout: bool,
+        max_d: usize,
+        kernels: &str,
+        (max, defer): (MaxSeqlen, bool),
+    ) -> Result<(AttnGeometry, AttnBuild)> {
+        let g = attn_geometry_bounded(op, q, k, v, cu_q, cu_k, layout, mask, max, defer)?;
         if v.shape().last() != Some(&g.d) {
             return Err(unsupported(ctx, op, format!("{kernels} need v's head dim to be q's ({})", g.d)));
         }

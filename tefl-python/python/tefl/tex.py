@@ -524,8 +524,10 @@ def _no_bias(bias_type):
     return bias_type is None or str(bias_type).lower().endswith("no_bias")
 
 
-def _attn_args(Q, K, V, cu_q, cu_kv, qkv_layout, attn_mask_type, attn_scale, p, seed, offset, window_size):
-    """The arguments tefl's attention forward and backward share, from TE's."""
+def _attn_args(Q, K, V, cu_q, cu_kv, qkv_layout, attn_mask_type, attn_scale, p, seed, offset, window_size, max_seqlen):
+    """The arguments tefl's attention forward and backward share, from TE's. ``max_seqlen``: TE's
+    (max_seqlen_q, max_seqlen_kv), bounds on the sequence lengths; with them a thd call whose
+    cu_seqlens are on the GPU does not wait for the GPU to read them."""
     scale = _real("attn_scale", attn_scale) if attn_scale is not None else float(_shape(Q)[-1]) ** -0.5
     return {
         "q": Q,
@@ -540,6 +542,8 @@ def _attn_args(Q, K, V, cu_q, cu_kv, qkv_layout, attn_mask_type, attn_scale, p, 
         "seed": _integer("seed", seed),
         "offset": _integer("offset", offset),
         "window": _window(window_size),
+        "max_seqlen_q": None if max_seqlen[0] is None else _integer("max_seqlen_q", max_seqlen[0]),
+        "max_seqlen_kv": None if max_seqlen[1] is None else _integer("max_seqlen_kv", max_seqlen[1]),
     }
 
 
@@ -599,7 +603,10 @@ def fused_attn_fwd(
     if rng_gen is not None and hasattr(rng_gen, "initial_seed"):
         seed = int(rng_gen.initial_seed())
     p = _real("p_dropout", p_dropout) if is_training else 0.0
-    args = _attn_args(Q, K, V, cu_seqlens_q, cu_seqlens_kv, qkv_layout, attn_mask_type, attn_scale, p, seed, offset, window_size)
+    args = _attn_args(
+        Q, K, V, cu_seqlens_q, cu_seqlens_kv, qkv_layout, attn_mask_type, attn_scale, p, seed, offset, window_size,
+        (max_seqlen_q, max_seqlen_kv),
+    )
     out = call("fused_attn_fwd", args)
     return [out["o"], out["softmax_lse"], _rng_state(Q, seed, offset)]
 
@@ -684,6 +691,7 @@ def fused_attn_bwd(
         seed,
         offset,
         window_size,
+        (max_seqlen_q, max_seqlen_kv),
     )
     args.update({"o": O, "d_o": dO, "softmax_lse": lse, "deterministic": _flag("deterministic", deterministic)})
     out = call("fused_attn_bwd", args)

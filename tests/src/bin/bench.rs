@@ -17,7 +17,8 @@
 //! median host time per call: where it passes the flush's device time, the device waits for
 //! the host inside the timed span. `--attn-d` sets the attention cases' head dim (128, the
 //! anchor's, unless given). The attention cases also run on the same sequences packed as thd
-//! (`attn_fwd thd` / `attn_bwd thd`, cumulative lengths), their peers SDPA's on the batch.
+//! (`attn_fwd thd` / `attn_bwd thd`, cumulative lengths and TE's max_seqlen bounds, so that
+//! the lengths are not read on the host), their peers SDPA's on the batch.
 
 use std::fmt::Write as _;
 use std::process::ExitCode;
@@ -304,6 +305,8 @@ fn cases(c: &Ctx, small: bool, attn_d: usize) -> tefl_core::Result<Vec<Case>> {
             seed: 0,
             offset: 0,
             window: AttnWindow::default(),
+            max_seqlen_q: None,
+            max_seqlen_kv: None,
         })
     };
     v.extend(c.case::<FusedAttnFwd>(
@@ -351,6 +354,9 @@ fn cases(c: &Ctx, small: bool, attn_d: usize) -> tefl_core::Result<Vec<Case>> {
             cu_seqlens_kv: Some(cu),
             layout: QkvLayout::Thd,
             mask: AttnMask::PaddingCausal,
+            // TE's callers give the bounds: the lengths stay on the device.
+            max_seqlen_q: Some(asq),
+            max_seqlen_kv: Some(asq),
             ..fwd()?
         })
     };

@@ -289,6 +289,8 @@ fn attention(r: &mut Run, dtype: DType) -> Result<()> {
             seed: 0,
             offset: 0,
             window: AttnWindow::default(),
+            max_seqlen_q: None,
+            max_seqlen_kv: None,
         };
         let f = r.call::<FusedAttnFwd>(&fwd)?;
         // The backward as it runs by default, and asking for a deterministic dQ (another

@@ -24,6 +24,7 @@ impl Suite<'_> {
             p: 0.0,
             amp: 1.0,
             junk: false,
+            bounds: None,
         };
         let mut cases = Vec::new();
         for layout in [QkvLayout::Bshd, QkvLayout::Sbhd] {
@@ -170,6 +171,46 @@ impl Suite<'_> {
             junk: true,
             ..base(QkvLayout::Thd, AttnMask::PaddingCausal)
         });
+        // thd with TE's max_seqlen bounds (at or above the longest sequences): the CUDA backend
+        // leaves the lengths on the device (clamped there, rows past the last sequence filled
+        // there); NaN rows past the sequences, dropout, head dims 64, 128 and 256.
+        cases.push(AttnCase {
+            cu_q: Some(vec![0, 70, 150]),
+            cu_k: Some(vec![0, 90, 150]),
+            hq: 2,
+            hk: 1,
+            d: 128,
+            junk: true,
+            bounds: Some((80, 100)),
+            ..base(QkvLayout::Thd, AttnMask::PaddingCausal)
+        });
+        cases.push(AttnCase {
+            b: 3,
+            hq: 32,
+            hk: 16,
+            cu_q: Some(vec![0, 300, 560, 561]),
+            cu_k: Some(vec![0, 300, 560, 561]),
+            junk: true,
+            bounds: Some((300, 300)),
+            ..base(QkvLayout::Thd, AttnMask::PaddingCausal)
+        });
+        cases.push(AttnCase {
+            cu_q: Some(vec![0, 30, 100]),
+            cu_k: Some(vec![0, 70, 100]),
+            hq: 2,
+            hk: 2,
+            d: 256,
+            junk: true,
+            bounds: Some((128, 200)),
+            ..base(QkvLayout::Thd, AttnMask::None)
+        });
+        cases.push(AttnCase {
+            p: 0.1,
+            cu_q: Some(vec![0, 3, 20]),
+            cu_k: Some(vec![0, 8, 30]),
+            bounds: Some((17, 22)),
+            ..base(QkvLayout::Thd, AttnMask::None)
+        });
         // The same at head dim 256 (bshd), whose key blocks are 64 keys.
         cases.push(AttnCase {
             b: 3,
@@ -197,12 +238,103 @@ impl Suite<'_> {
                 let det = self.size == Size::Full || i % 2 == 0 || c.p > 0.0 || c.layout == QkvLayout::Thd;
                 self.attn_case(c, dtype, det);
             }
+            self.attn_unchecked_lengths(dtype);
         }
+    }
+
+    /// thd lengths the host check refuses, given with both bounds: an impl that leaves them on
+    /// the device (the CUDA backend) returns unspecified values, one that reads them refuses
+    /// them by name; neither may fault or write outside its tensors, which a correct call
+    /// right after them (on the same device) would show.
+    fn attn_unchecked_lengths(&mut self, dtype: DType) {
+        let (hq, d) = (2, 64);
+        let case = "thd lengths the check refuses, with max_seqlen bounds, then a correct call".to_string();
+        self.case("fused_attn_fwd", dtype, case, |s| {
+            let rows = 40;
+            let q = s.rand(&[rows, hq, d], dtype, -1.0, 1.0)?;
+            let args = |cu: &[i32], max: usize| -> tefl_core::Result<AttnFwdArgs> {
+                let cu = s.put_i32(cu)?;
+                Ok(AttnFwdArgs {
+                    q: q.0.clone(),
+                    k: q.0.clone(),
+                    v: q.0.clone(),
+                    cu_seqlens_q: Some(cu.clone()),
+                    cu_seqlens_kv: Some(cu),
+                    layout: QkvLayout::Thd,
+                    mask: AttnMask::PaddingCausal,
+                    scale: 0.125,
+                    dropout_p: 0.0,
+                    seed: 0,
+                    offset: 0,
+                    window: AttnWindow::default(),
+                    max_seqlen_q: Some(max),
+                    max_seqlen_kv: Some(max),
+                })
+            };
+            let refused = |e: &Error| {
+                matches!(
+                    e,
+                    Error::InvalidArgument {
+                        arg: "cu_seqlens_q" | "cu_seqlens_kv" | "max_seqlen_q" | "max_seqlen_kv",
+                        ..
+                    }
+                )
+            };
+            // Decreasing, past the rows, negative, not starting at 0, longer than the bound.
+            for (cu, max) in [
+                (&[0, 30, 10, 40][..], 30),
+                (&[0, 20, 4000][..], 40),
+                (&[0, -50, 40][..], 40),
+                (&[7, 20, 40][..], 40),
+                (&[0, 35, 40][..], 16),
+                (&[0, i32::MAX, i32::MIN][..], 40),
+            ] {
+                let a = args(cu, max)?;
+                match s.call::<FusedAttnFwd>(&a) {
+                    Ok(o) => {
+                        let d_o = o.o.clone();
+                        match s.call::<FusedAttnBwd>(&a.backward(o.o, d_o, o.softmax_lse)) {
+                            Ok(_) => {}
+                            Err(e) if refused(&e) => {}
+                            Err(e) => return Err(Error::Tensor(format!("backward, lengths {cu:?}: {e}"))),
+                        }
+                    }
+                    Err(e) if refused(&e) => {}
+                    Err(e) => return Err(Error::Tensor(format!("forward, lengths {cu:?}: {e}"))),
+                }
+            }
+            // A correct call after them: the oracle's values.
+            let a = args(&[0, 25, 40], 25)?;
+            let g = attn_geometry(
+                "conformance",
+                &q.0,
+                &q.0,
+                &q.0,
+                a.cu_seqlens_q.as_ref(),
+                a.cu_seqlens_kv.as_ref(),
+                a.layout,
+                a.mask,
+            )?;
+            let prob = oracle::AttnProblem {
+                g: &g,
+                q: &q.1,
+                k: &q.1,
+                v: &q.1,
+                mask: a.mask,
+                window: a.window,
+                scale: 0.125,
+                p: 0.0,
+                seed: 0,
+                offset: 0,
+            };
+            let o = s.call::<FusedAttnFwd>(&a)?;
+            Ok(vec![cmp("o", &o.o, prob.forward().o, dtype)?])
+        });
     }
 
     fn attn_case(&mut self, c: &AttnCase, dtype: DType, check_deterministic: bool) {
         let case = format!(
-            "{:?} {:?} b{} sq{} sk{} hq{} hk{} d{} window({:?},{:?}) p={} amp={}{}",
+            "{:?} {:?} b{} sq{} sk{} hq{} hk{} d{} window({:?},{:?}) p={} amp={}{}{}",
             c.layout,
             c.mask,
             c.b,
@@ -215,7 +347,8 @@ impl Suite<'_> {
             c.window.right,
             c.p,
             c.amp,
-            if c.junk { " NaN outside the sequences" } else { "" }
+            if c.junk { " NaN outside the sequences" } else { "" },
+            c.bounds.map_or(String::new(), |(q, k)| format!(" max_seqlen ({q}, {k})")),
         );
         let extra = if c.junk { 20 } else { 0 };
         let tq = c.cu_q.as_ref().and_then(|v| v.last()).map_or(c.b * c.sq, |t| *t as usize + extra);
@@ -263,6 +396,8 @@ impl Suite<'_> {
             seed: 1234,
             offset: 99,
             window: c.window,
+            max_seqlen_q: c.bounds.map(|b| b.0),
+            max_seqlen_kv: c.bounds.map(|b| b.1),
         };
         let g = match attn_geometry("conformance", &q, &k, &v, cu_q.as_ref(), cu_k.as_ref(), c.layout, c.mask) {
             Ok(g) => g,
@@ -364,6 +499,8 @@ struct AttnCase {
     /// NaN in every row of q, k, v, dO and o outside the sequences (thd: 20 more rows past the
     /// last one; padding masks: the padding rows).
     junk: bool,
+    /// TE's (max_seqlen_q, max_seqlen_kv), at or above the longest sequences.
+    bounds: Option<(usize, usize)>,
 }
 
 impl AttnCase {

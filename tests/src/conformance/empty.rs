@@ -137,6 +137,8 @@ impl Suite<'_> {
                     seed: 0,
                     offset: 0,
                     window: AttnWindow::default(),
+                    max_seqlen_q: None,
+                    max_seqlen_kv: None,
                 };
                 let o = s.call::<FusedAttnFwd>(&args)?;
                 let (d_o, out) = (s.put(&[], &shape, dtype)?, o.o.clone());

@@ -234,6 +234,8 @@ impl Suite<'_> {
                     seed: 0,
                     offset: 0,
                     window: AttnWindow::default(),
+                    max_seqlen_q: None,
+                    max_seqlen_kv: None,
                 };
                 let g = attn_geometry("conformance", &args.q, &args.k, &args.v, None, None, args.layout, args.mask)?;
                 let o = s.call::<FusedAttnFwd>(&args)?;

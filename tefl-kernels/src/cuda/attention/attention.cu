@@ -797,4 +797,79 @@ extern "C" __global__ void fill_f32(float* __restrict__ p, long long n, float v)
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
         p[i] = v;
 }
+
+// The cumulative lengths of a thd call that tefl did not read on the host (the caller gave
+// max_seqlen_q and max_seqlen_kv), made safe for the kernels: entry 0 is 0, every other entry
+// cu[i] clamped to [0, total], then the running maximum, so that every sequence's rows lie in
+// [0, total) and the sequences follow each other. Lengths the host check passes come out
+// unchanged. Block 0 takes the queries' (cu_q into out_q), block 1, where the grid has it, the
+// keys'; a block of 1024 threads (32 warps) takes n entries in passes of 1024.
+extern "C" __global__ void __launch_bounds__(1024) attn_cu_clamp(const i32* __restrict__ cu_q, i32* __restrict__ out_q,
+                                                                int total_q, const i32* __restrict__ cu_k,
+                                                                i32* __restrict__ out_k, int total_k, int n) {
+    __shared__ int warp_max[32];
+    const i32* cu = blockIdx.x == 0 ? cu_q : cu_k;
+    i32* out = blockIdx.x == 0 ? out_q : out_k;
+    const int total = blockIdx.x == 0 ? total_q : total_k;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int carry = 0;
+    for (int base = 0; base < n; base += 1024) {
+        const int i = base + threadIdx.x;
+        int x = i < n && i > 0 ? min(max(cu[i], 0), total) : 0;
+        // The running maximum: within the warp, then over the warps' maxima, then the passes'.
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, x, o);
+            if (lane >= o) x = max(x, y);
+        }
+        if (lane == 31) warp_max[warp] = x;
+        __syncthreads();
+        if (warp == 0) {
+            int w = warp_max[lane];
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const int y = __shfl_up_sync(0xffffffffu, w, o);
+                if (lane >= o) w = max(w, y);
+            }
+            warp_max[lane] = w;
+        }
+        __syncthreads();
+        if (warp > 0) x = max(x, warp_max[warp - 1]);
+        x = max(x, carry);
+        if (i < n) out[i] = x;
+        carry = max(carry, warp_max[31]);
+        __syncthreads();  // warp_max is rewritten by the next pass
+    }
+}
+
+// One tensor's rows past the last sequence (attn_thd_tail).
+struct TailFill {
+    unsigned long long p;    // the tensor, as 16-bit units
+    unsigned long long cu;   // attn_cu_clamp's lengths: cu[batch] is in [0, rows]
+    long long rows, row_len; // rows a plane, 16-bit units a row
+    int planes;              // planes of rows x row_len (o: 1; lse: one per head, f32 pairs)
+    unsigned int pattern;    // its low half at even units, its high half at odd ones
+};
+
+// The launch's one parameter (the host's TailFills mirrors it): up to two tensors, the grid's
+// y dimension saying how many.
+struct TailFills {
+    TailFill f[2];
+    int batch;
+};
+
+// Rows [cu[batch], rows) of each plane of tensor blockIdx.y set to its pattern (0 for zeros,
+// 0xff800000 for f32 -inf). Nothing to do (the usual packing) costs a launch.
+extern "C" __global__ void attn_thd_tail(const __grid_constant__ TailFills fills) {
+    const TailFill& f = fills.f[blockIdx.y];
+    unsigned short* p = reinterpret_cast<unsigned short*>(f.p);
+    const long long start = reinterpret_cast<const i32*>(f.cu)[fills.batch];
+    const long long per_plane = (f.rows - start) * f.row_len;
+    const long long n = per_plane * f.planes;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        const long long plane = i / per_plane, j = i % per_plane;
+        const long long at = (plane * f.rows + start) * f.row_len + j;
+        p[at] = (unsigned short)(at % 2 ? f.pattern >> 16 : f.pattern & 0xffffu);
+    }
+}
 #endif // ATTN_AUX
