@@ -189,6 +189,38 @@ def test_attention_matches_sdpa(dtype, causal):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_thd_attention_with_max_seqlen_matches_sdpa(dtype):
+    # Sequences of 100, 37 and 150 tokens packed as thd, then 13 rows past the last one, with
+    # TE's max_seqlen bounds (on CUDA the lengths stay on the GPU: tefl clamps them there and
+    # fills the rows past the sequences there). Each sequence against SDPA on it alone.
+    if not CUDA and dtype != torch.float32:
+        pytest.skip("CPU: f32 only")
+    lens, h, d = [100, 37, 150], 4, 64
+    total = sum(lens) + 13
+    q, k, v, do = (randn(total, h, d, dtype=dtype) for _ in range(4))
+    cu = torch.tensor([0, 100, 137, 287], dtype=torch.int32, device=DEVICE)
+    fwd = (True, d**-0.5, 0.0, True, "thd_thd_thd", "no_bias", "padding_causal", None, cu, cu, q, k, v)
+    o, lse, rng = tex.fused_attn_fwd(150, 150, *fwd)
+    dq, dk, dv, _ = tex.fused_attn_bwd(
+        150, 150, d**-0.5, 0.0, True, "thd_thd_thd", "no_bias", "padding_causal", None, False, cu, cu,
+        q, k, v, o, do, None, None, [lse, rng],
+    )
+    lo = 0
+    for n in lens:
+        qr, kr, vr = (t[lo : lo + n].float().transpose(0, 1).requires_grad_() for t in (q, k, v))
+        want = F.scaled_dot_product_attention(qr, kr, vr, is_causal=True)
+        close(o[lo : lo + n], want.transpose(0, 1), dtype)
+        want.backward(do[lo : lo + n].float().transpose(0, 1))
+        for got, ref in ((dq, qr), (dk, kr), (dv, vr)):
+            close(got[lo : lo + n], ref.grad.transpose(0, 1), dtype)
+        lo += n
+    # The rows past the sequences: zeros, and -inf in lse.
+    for t in (o, dq, dk, dv):
+        assert not t[lo:].float().abs().any()
+    assert torch.isneginf(lse[:, lo:]).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_activations_and_softmax_match_torch(dtype):
     x = randn(32, 256, dtype=dtype)
     close(tex.silu(x, None), F.silu(x.float()), dtype)
@@ -259,6 +291,37 @@ def test_a_training_step_through_tefl_never_waits_for_the_gpu():
         torch.cuda.set_sync_debug_mode(0)
     torch.cuda.synchronize()
     assert x.grad is not None and torch.isfinite(x.grad.float()).all()
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a GPU")
+def test_thd_attention_with_max_seqlen_does_not_wait_for_the_gpu():
+    """With TE's max_seqlen bounds a thd call leaves cu_seqlens on the GPU: queued behind a
+    long kernel (torch.cuda._sleep), the call returns long before the kernel ends; without the
+    bounds tefl reads the lengths back, which waits for it (the test's own control)."""
+    import time
+
+    h, d = 4, 64
+    q = randn(300, h, d, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 100, 300], dtype=torch.int32, device=DEVICE)
+
+    def call(max_seqlen):
+        return tex.fused_attn_fwd(
+            max_seqlen, max_seqlen, True, d**-0.5, 0.0, True, "thd_thd_thd", "no_bias", "padding_causal", None,
+            cu, cu, q, q, q,
+        )
+
+    def host_seconds(max_seqlen):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(1_000_000_000)  # about half a second of GPU time, queued
+        t0 = time.perf_counter()
+        call(max_seqlen)
+        dt = time.perf_counter() - t0
+        torch.cuda.synchronize()
+        return dt
+
+    call(200), call(None)  # compiled and warm
+    assert host_seconds(200) < 0.1
+    assert host_seconds(None) > 0.2
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a GPU")
