@@ -271,19 +271,38 @@ struct TailFills {
     batch: i32,
 }
 
-/// `attn_thd_tail`: in each of `fills` (one or two: a tensor, `on_device_lengths`' copy of its
-/// lengths, its rows a plane, its planes and a 32-bit pattern), the rows from the lengths' last
-/// entry on set to the pattern (0, or f32 -inf for lse). One launch for all of them.
+/// One tensor's rows past the last sequence for [`fill_past_sequences`].
+struct Tail<'t> {
+    /// The tensor: `planes` planes of `rows` rows.
+    t: &'t Tensor,
+    /// `on_device_lengths`' copy of its lengths.
+    cu: &'t Tensor,
+    rows: usize,
+    planes: usize,
+    /// 0, or f32 -inf's bits (lse).
+    pattern: u32,
+}
+
+impl<'t> Tail<'t> {
+    /// Zeros in the rows of `t` (one plane) past the last of `cu`'s sequences.
+    fn zeros(t: &'t Tensor, cu: &'t Tensor) -> Self {
+        Tail { t, cu, rows: t.shape()[0], planes: 1, pattern: 0 }
+    }
+}
+
+/// `attn_thd_tail`: in `first` and `second`, the rows from their lengths' last entry on set to
+/// their pattern, in one launch.
 fn fill_past_sequences(
     s: &Plan,
     ctx: &KernelCtx<'_>,
     aux: &OnDevice,
-    fills: &[(&Tensor, &Tensor, usize, usize, u32)],
+    first: Tail<'_>,
+    second: Option<Tail<'_>>,
 ) -> Result<()> {
     let mut f = [TailFill::default(); 2];
     let mut units_max = 0;
     let mut used = 0;
-    for &(t, cu, rows, planes, pattern) in fills.iter().take(2) {
+    for Tail { t, cu, rows, planes, pattern } in std::iter::once(first).chain(second) {
         let units = t.numel() * t.dtype().size_in_bytes() / 2;
         if units == 0 || rows == 0 || planes == 0 {
             continue;
@@ -364,8 +383,8 @@ pub fn fused_attn_fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<AttnFwdOut
         fill(&s, ctx, &lse, f32::NEG_INFINITY)?;
     }
     if let (Some(aux), Some(cq)) = (&on_device, cu_q) {
-        let tq = s.g.tq;
-        fill_past_sequences(&s, ctx, aux, &[(&o, cq, tq, 1, 0), (&lse, cq, tq, s.g.hq, f32::NEG_INFINITY.to_bits())])?;
+        let lse_tail = Tail { t: &lse, cu: cq, rows: s.g.tq, planes: s.g.hq, pattern: f32::NEG_INFINITY.to_bits() };
+        fill_past_sequences(&s, ctx, aux, Tail::zeros(&o, cq), Some(lse_tail))?;
     }
     if super::attention_sm90::fwd(ctx, a, &s.g, &s.build, &o, &lse, &|| s.variant(Part::Aux))? {
         return Ok(AttnFwdOut { o, softmax_lse: lse });
@@ -440,10 +459,9 @@ pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut
     let mk = |t: &Tensor| if thd_tail { zeros(dev, t.shape(), t.dtype()) } else { empty(dev, t.shape(), t.dtype()) };
     let tails = |dq: Option<&Tensor>, dk: &Tensor, dv: &Tensor| -> Result<()> {
         if let (Some(aux), Some(cq), Some(ck)) = (&on_device, a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref()) {
-            let (tq, tk) = (a.q.shape()[0], a.k.shape()[0]);
-            fill_past_sequences(&s, ctx, aux, &[(dk, ck, tk, 1, 0), (dv, ck, tk, 1, 0)])?;
+            fill_past_sequences(&s, ctx, aux, Tail::zeros(dk, ck), Some(Tail::zeros(dv, ck)))?;
             if let Some(dq) = dq {
-                fill_past_sequences(&s, ctx, aux, &[(dq, cq, tq, 1, 0)])?;
+                fill_past_sequences(&s, ctx, aux, Tail::zeros(dq, cq), None)?;
             }
         }
         Ok(())
