@@ -148,6 +148,15 @@ pub trait Op: Send + Sync + 'static {
         let _ = args;
         Vec::new()
     }
+    /// What [`Op::validate`] may leave unchecked so that the host does not wait for the device
+    /// (the lengths of a thd attention call given TE's max_seqlen bounds), checked before an
+    /// impl that is not compiled into tefl runs (plugins, run-time registrations): such a
+    /// kernel cannot be known to stay inside its tensors whatever those values hold. A failure
+    /// is the caller's error, returned as it is.
+    fn validate_values(args: &Self::Args) -> Result<()> {
+        let _ = args;
+        Ok(())
+    }
 }
 
 /// One output's contract (see [`Op::output_contract`]).
@@ -597,6 +606,7 @@ macro_rules! declare_op {
         $(#[$am:meta])* pub struct $args:ident { $($afields:tt)* }
         $(#[$outm:meta])* pub struct $out:ident { $($ofields:tt)* }
         validate($a:ident) $body:block
+        $(validate_values($va:ident) $vbody:block)?
         $(outputs($oa:ident) $obody:block)?
         $(in_place [$(($iw:literal, $ir:literal)),* $(,)?])?
     ) => {
@@ -604,6 +614,7 @@ macro_rules! declare_op {
         $crate::declare_output! { $(#[$outm])* pub struct $out { $($ofields)* } }
         $crate::declare_op_with! {
             $(#[$om])* pub struct $op = $name; args $args; output $out; validate($a) $body
+            $(validate_values($va) $vbody)?
             $(outputs($oa) $obody)?
             $(in_place [$(($iw, $ir)),*])?
         }
@@ -618,6 +629,7 @@ macro_rules! declare_op_with {
         $(#[$om:meta])* pub struct $op:ident = $name:literal;
         args $args:ty; output $out:ty;
         validate($a:ident) $body:block
+        $(validate_values($va:ident) $vbody:block)?
         $(outputs($oa:ident) $obody:block)?
         $(in_place [$(($iw:literal, $ir:literal)),* $(,)?])?
     ) => {
@@ -631,6 +643,9 @@ macro_rules! declare_op_with {
             type Output = $out;
             #[allow(unused_variables)]
             fn validate($a: &$args) -> $crate::Result<()> $body
+            $(
+                fn validate_values($va: &$args) -> $crate::Result<()> $vbody
+            )?
             $( const IN_PLACE: &'static [(&'static str, &'static str)] = &[$(($iw, $ir)),*]; )?
             $(
                 #[allow(unused_variables)]

@@ -328,19 +328,35 @@ fn bounded_thd_calls_leave_device_lengths_unread() {
     let _ = fake();
     let dev = Device::new(FAKE, 0);
     // An impl that resolves the geometry as the CUDA backend does (defer), reporting sq and sk
-    // and whether the spans were read.
+    // and whether the spans were read: compiled into tefl, so trusted with unread lengths.
+    let report = |_: &tefl_core::KernelCtx<'_>, a: &AttnFwdArgs| {
+        let (cq, ck) = (a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref());
+        let g = attn_geometry_bounded("t", &a.q, &a.k, &a.v, cq, ck, a.layout, a.mask, a.max_seqlen(), true)?;
+        let mut lse = vec![0.0f32; g.hq * g.tq];
+        lse[..3].copy_from_slice(&[g.sq as f32, g.sk as f32, if g.spans_on_device { 1.0 } else { 0.0 }]);
+        let lse = Tensor::from_slice(&lse, [g.hq, g.tq], DType::F32)?;
+        Ok(AttnFwdOut { o: a.q.clone(), softmax_lse: lse.to_device(&a.q.device())? })
+    };
     let mut reg = Registry::new();
     reg.register_impl(
-        OpImpl::new::<FusedAttnFwd>("vendor.fake.bounded", BackendImplKind::Vendor, |_, a: &AttnFwdArgs| {
-            let (cq, ck) = (a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref());
-            let g = attn_geometry_bounded("t", &a.q, &a.k, &a.v, cq, ck, a.layout, a.mask, a.max_seqlen(), true)?;
-            let mut lse = vec![0.0f32; g.hq * g.tq];
-            lse[..3].copy_from_slice(&[g.sq as f32, g.sk as f32, if g.spans_on_device { 1.0 } else { 0.0 }]);
-            let lse = Tensor::from_slice(&lse, [g.hq, g.tq], DType::F32)?;
-            Ok(AttnFwdOut { o: a.q.clone(), softmax_lse: lse.to_device(&a.q.device())? })
+        OpImpl::new::<FusedAttnFwd>("vendor.fake.bounded", BackendImplKind::Vendor, report)
+            .vendor("fake")
+            .device(FAKE)
+            .compiled_in(),
+    )
+    .unwrap();
+    // The same kernel registered at run time (as plugins and Python impls are): the lengths
+    // are checked before it runs.
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    reg.register_impl(
+        OpImpl::new::<FusedAttnFwd>("vendor.fake.runtime", BackendImplKind::Vendor, move |ctx, a: &AttnFwdArgs| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            report(ctx, a)
         })
         .vendor("fake")
-        .device(FAKE),
+        .device(FAKE)
+        .by_name_only(),
     )
     .unwrap();
     let m = Manager::new(reg, SelectionPolicy::default());
@@ -362,8 +378,8 @@ fn bounded_thd_calls_leave_device_lengths_unread() {
         max_seqlen_q: max.q,
         max_seqlen_kv: max.kv,
     };
-    let report =
-        |a: &AttnFwdArgs| m.call::<FusedAttnFwd>(a).map(|o| o.softmax_lse.to_vec::<f32>().unwrap()[..3].to_vec());
+    let first3 = |o: AttnFwdOut| o.softmax_lse.to_vec::<f32>().unwrap()[..3].to_vec();
+    let report = |a: &AttnFwdArgs| m.call::<FusedAttnFwd>(a).map(first3);
     // Both bounds: nothing copied to the host; sq and sk are the bounds, at most the rows.
     let lengths = cu(&[0, 3, 7]);
     let both = MaxSeqlen { q: Some(5), kv: Some(100) };
@@ -373,6 +389,14 @@ fn bounded_thd_calls_leave_device_lengths_unread() {
     let bad = cu(&[0, 9, 3]);
     assert_eq!(report(&args(&bad, both)).unwrap(), [5.0, 7.0, 1.0]);
     assert_eq!(host_copies(&bad), 0);
+    // An impl registered at run time gets checked lengths: the bad ones are the caller's
+    // error, named, and its kernel does not run; good ones are read once and run.
+    let e = m.call_impl::<FusedAttnFwd>("vendor.fake.runtime", &args(&bad, both)).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { arg: "cu_seqlens_q", .. }), "{e}");
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    let good = cu(&[0, 3, 7]);
+    let out = m.call_impl::<FusedAttnFwd>("vendor.fake.runtime", &args(&good, both)).map(first3).unwrap();
+    assert_eq!((out, runs.load(Ordering::SeqCst), host_copies(&good)), (vec![5.0, 7.0, 1.0], 1, 1));
     // One bound: read (once) and checked against it, by name.
     let one = MaxSeqlen { q: Some(3), kv: None };
     let e = report(&args(&lengths, one)).unwrap_err();

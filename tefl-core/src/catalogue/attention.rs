@@ -107,6 +107,9 @@ declare_op! {
         attn_geometry_bounded("fused_attn_fwd", &a.q, &a.k, &a.v, a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref(), a.layout, a.mask, a.max_seqlen(), true)?;
         check_scalars("fused_attn_fwd", a.scale, a.dropout_p)
     }
+    validate_values(a) {
+        attn_geometry_bounded("fused_attn_fwd", &a.q, &a.k, &a.v, a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref(), a.layout, a.mask, a.max_seqlen(), false).map(|_| ())
+    }
     outputs(a) {
         let Ok(g) = attn_geometry_bounded("fused_attn_fwd", &a.q, &a.k, &a.v, a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref(), a.layout, a.mask, a.max_seqlen(), true) else {
             return Vec::new();
@@ -182,6 +185,9 @@ declare_op! {
         check::shape_is(OP, "d_o", &a.d_o, a.q.shape())?;
         check::dtype_is(OP, "softmax_lse", &a.softmax_lse, DType::F32)?;
         check::shape_is(OP, "softmax_lse", &a.softmax_lse, &g.lse_shape())
+    }
+    validate_values(a) {
+        attn_geometry_bounded("fused_attn_bwd", &a.q, &a.k, &a.v, a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref(), a.layout, a.mask, a.max_seqlen(), false).map(|_| ())
     }
     outputs(a) {
         vec![

@@ -142,6 +142,9 @@ impl Manager {
             imp.counters.unsupported.fetch_add(1, Ordering::Relaxed);
             return Err(Error::Unsupported { op: O::NAME, impl_id: impl_id.to_string(), reason });
         }
+        if !imp.is_compiled_in() {
+            O::validate_values(args)?;
+        }
         let entry = ChainEntry { imp, staged, fail: Arc::default(), staged_logged: AtomicBool::new(true) };
         self.attempt::<O>(&entry, &summary, args)
     }
@@ -176,6 +179,11 @@ impl Manager {
                 }
                 // An impl that does not support these arguments is passed over, not failed.
                 let checked = if e.imp.has_supports_check() { e.imp.check_supports::<O>(args) } else { Ok(()) };
+                // What validation left unread (bounded thd lengths) is checked before a kernel
+                // not compiled into tefl sees it; bad values are the caller's error.
+                if checked.is_ok() && !e.imp.is_compiled_in() {
+                    O::validate_values(args)?;
+                }
                 let result = match checked {
                     Ok(()) => {
                         attempted = true;
