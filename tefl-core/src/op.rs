@@ -8,6 +8,12 @@
 //! - `scalar`: anything else (`f32`, `bool`, enums, `DType`), cloned as is.
 //!
 //! Output fields are `tensor` or `scalar` with the same meaning.
+//!
+//! After `validate(a) { .. }` a declaration may have, in this order: `validate_values(a) { .. }`
+//! (what `validate` leaves unread so that the host does not wait for the device, checked
+//! before a kernel not compiled into tefl runs: [`Op::validate_values`]), `outputs(a) { .. }`
+//! (the output contract: [`Op::output_contract`]) and `in_place [("written", "read"), ..]`
+//! ([`Op::IN_PLACE`]).
 
 use std::any::{Any, TypeId};
 use std::sync::Arc;
