@@ -530,3 +530,32 @@ fn bad_input_is_rejected_with_the_argument_named() {
         m.call::<ScaledMaskedSoftmaxForward>(&MaskedSoftmaxArgs { x: f(&[2, 2, 3, 4]), mask, scale: 1.0 }).unwrap_err();
     assert_eq!(names(e), "mask");
 }
+
+#[test]
+fn thd_attention_takes_te_max_seqlen_bounds() {
+    // Through tefl-ops: sequences of 3 and 4 tokens packed as thd on the CPU (lengths read
+    // there, so checked against the bounds): at or above the lengths, the same values as
+    // without bounds; below one, an error naming the bound.
+    let mut rng = Rng::new(seed("thd_attention_takes_te_max_seqlen_bounds"));
+    let q = tensor(&rng.vec(7 * 2 * 8, -1.0, 1.0), &[7, 2, 8], DType::F32);
+    let cu = i32s(&[0, 3, 7]);
+    let call = |bounds: Option<(usize, usize)>| {
+        let c = tefl_ops::fused_attn_fwd(&q, &q, &q)
+            .layout(QkvLayout::Thd)
+            .mask(AttnMask::PaddingCausal)
+            .cu_seqlens(&cu, &cu);
+        match bounds {
+            Some((bq, bk)) => c.max_seqlen(bq, bk).call(),
+            None => c.call(),
+        }
+    };
+    let unbounded = values(&call(None).unwrap().o);
+    assert_eq!(values(&call(Some((4, 4))).unwrap().o), unbounded);
+    assert_eq!(values(&call(Some((100, 9))).unwrap().o), unbounded);
+    for (bounds, arg) in [((3, 4), "max_seqlen_q"), ((4, 2), "max_seqlen_kv")] {
+        match call(Some(bounds)) {
+            Err(Error::InvalidArgument { arg: a, .. }) => assert_eq!(a, arg),
+            other => panic!("{bounds:?}: {other:?}"),
+        }
+    }
+}
