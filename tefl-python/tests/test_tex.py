@@ -312,6 +312,10 @@ def test_thd_attention_and_max_seqlen():
         tex.fused_attn_fwd(3, 4, *args)
     with pytest.raises(ValueError, match="max_seqlen_kv"):
         tex.fused_attn_fwd(4, -1, *args)
+    # bshd and sbhd take their lengths from the shapes: the bounds are not read (as before).
+    qb = q[None]
+    bshd = (True, d**-0.5, 0.0, True, "bshd_bshd_bshd", "no_bias", "causal", (-1, -1), None, None, qb, qb, qb)
+    assert np.array_equal(np.asarray(tex.fused_attn_fwd(1, 1, *bshd)[0]), np.asarray(tex.fused_attn_fwd(7, 7, *bshd)[0]))
 
 
 def test_rope():

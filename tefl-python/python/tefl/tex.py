@@ -526,16 +526,20 @@ def _no_bias(bias_type):
 
 def _attn_args(Q, K, V, cu_q, cu_kv, qkv_layout, attn_mask_type, attn_scale, p, seed, offset, window_size, max_seqlen):
     """The arguments tefl's attention forward and backward share, from TE's. ``max_seqlen``: TE's
-    (max_seqlen_q, max_seqlen_kv), bounds on the sequence lengths; with them a thd call whose
-    cu_seqlens are on the GPU does not wait for the GPU to read them."""
+    (max_seqlen_q, max_seqlen_kv), bounds on the thd sequence lengths; with them a thd call whose
+    cu_seqlens are on the GPU does not wait for the GPU to read them (bshd and sbhd take their
+    lengths from the shapes, as before: the bounds are not passed on)."""
     scale = _real("attn_scale", attn_scale) if attn_scale is not None else float(_shape(Q)[-1]) ** -0.5
+    layout = _layout(qkv_layout)
+    if layout != "thd":
+        max_seqlen = (None, None)
     return {
         "q": Q,
         "k": K,
         "v": V,
         "cu_seqlens_q": cu_q,
         "cu_seqlens_kv": cu_kv,
-        "layout": _layout(qkv_layout),
+        "layout": layout,
         "mask": _mask(attn_mask_type),
         "scale": scale,
         "dropout_p": p,
