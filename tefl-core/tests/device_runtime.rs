@@ -231,6 +231,26 @@ fn host_copies(t: &Tensor) -> usize {
     fake_buffer(&**t.buffer()).unwrap().1.load(Ordering::SeqCst)
 }
 
+/// A thd self-attention call on `q` (causal, padded) with these lengths and bounds.
+fn thd_args(q: &Tensor, cu_q: &Tensor, cu_k: &Tensor, max: MaxSeqlen) -> AttnFwdArgs {
+    AttnFwdArgs {
+        cu_seqlens_q: Some(cu_q.clone()),
+        cu_seqlens_kv: Some(cu_k.clone()),
+        layout: QkvLayout::Thd,
+        mask: AttnMask::PaddingCausal,
+        q: q.clone(),
+        k: q.clone(),
+        v: q.clone(),
+        scale: 0.5,
+        dropout_p: 0.0,
+        seed: 0,
+        offset: 0,
+        window: Default::default(),
+        max_seqlen_q: max.q,
+        max_seqlen_kv: max.kv,
+    }
+}
+
 #[test]
 fn an_op_call_copies_each_device_cu_seqlens_to_the_host_once() {
     let _ = fake();
@@ -284,22 +304,7 @@ fn an_op_call_copies_each_device_cu_seqlens_to_the_host_once() {
     let cu = |v: &[i32]| Tensor::from_slice(v, [v.len()], DType::I32).unwrap().to_device(&dev).unwrap();
     let q = put(&[0.5; 7 * 2 * 4], &[7, 2, 4], DType::F32);
     let longest = |out: AttnFwdOut| out.softmax_lse.to_vec::<f32>().unwrap()[0];
-    let args = |cq: &Tensor, ck: &Tensor| AttnFwdArgs {
-        cu_seqlens_q: Some(cq.clone()),
-        cu_seqlens_kv: Some(ck.clone()),
-        layout: QkvLayout::Thd,
-        mask: AttnMask::PaddingCausal,
-        q: q.clone(),
-        k: q.clone(),
-        v: q.clone(),
-        scale: 0.5,
-        dropout_p: 0.0,
-        seed: 0,
-        offset: 0,
-        window: Default::default(),
-        max_seqlen_q: None,
-        max_seqlen_kv: None,
-    };
+    let args = |cq: &Tensor, ck: &Tensor| thd_args(&q, cq, ck, MaxSeqlen::default());
     // One tensor for queries and keys: one copy a call (validation and the impl share it).
     let shared = cu(&[0, 3, 7]);
     assert_eq!(longest(m.call::<FusedAttnFwd>(&args(&shared, &shared)).unwrap()), 4.0);
@@ -362,22 +367,7 @@ fn bounded_thd_calls_leave_device_lengths_unread() {
     let m = Manager::new(reg, SelectionPolicy::default());
     let q = Tensor::from_slice(&[0.5f32; 7 * 2 * 4], [7, 2, 4], DType::F32).unwrap().to_device(&dev).unwrap();
     let cu = |v: &[i32]| Tensor::from_slice(v, [v.len()], DType::I32).unwrap().to_device(&dev).unwrap();
-    let args = |cq: &Tensor, max: MaxSeqlen| AttnFwdArgs {
-        cu_seqlens_q: Some(cq.clone()),
-        cu_seqlens_kv: Some(cq.clone()),
-        layout: QkvLayout::Thd,
-        mask: AttnMask::PaddingCausal,
-        q: q.clone(),
-        k: q.clone(),
-        v: q.clone(),
-        scale: 0.5,
-        dropout_p: 0.0,
-        seed: 0,
-        offset: 0,
-        window: Default::default(),
-        max_seqlen_q: max.q,
-        max_seqlen_kv: max.kv,
-    };
+    let args = |cq: &Tensor, max: MaxSeqlen| thd_args(&q, cq, cq, max);
     let first3 = |o: AttnFwdOut| o.softmax_lse.to_vec::<f32>().unwrap()[..3].to_vec();
     let report = |a: &AttnFwdArgs| m.call::<FusedAttnFwd>(a).map(first3);
     // Both bounds: nothing copied to the host; sq and sk are the bounds, at most the rows.

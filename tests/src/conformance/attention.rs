@@ -74,6 +74,7 @@ impl Suite<'_> {
             cu_k: Some(vec![0, 8, 30]),
             ..base(QkvLayout::Thd, AttnMask::None)
         });
+        let thd_dropout = cases.len() - 1;
         cases.push(AttnCase { b: 1, sq: 1, sk: 1, hq: 1, hk: 1, d: 8, ..base(QkvLayout::Bshd, AttnMask::None) });
         // Head dims off the fast paths: 256 (the largest, tiles cut to fit), 96 (not a power of
         // two) and 33 (odd: scalar loads and stores).
@@ -125,6 +126,7 @@ impl Suite<'_> {
             junk: true,
             ..base(QkvLayout::Thd, AttnMask::PaddingCausal)
         });
+        let thd_junk_d128 = cases.len() - 1;
         cases.push(AttnCase {
             sq: 100,
             sk: 140,
@@ -142,6 +144,7 @@ impl Suite<'_> {
             junk: true,
             ..base(QkvLayout::Thd, AttnMask::None)
         });
+        let thd_junk_d256 = cases.len() - 1;
         // Several 128-row query and key tiles with tails (Hopper's wgmma kernel takes 128 of each),
         // GQA, a bottom-right diagonal with a window cutting tiles on both sides. (Sizes keep
         // lavapipe's backward under its 65535 loop iterations per invocation.)
@@ -171,46 +174,20 @@ impl Suite<'_> {
             junk: true,
             ..base(QkvLayout::Thd, AttnMask::PaddingCausal)
         });
-        // thd with TE's max_seqlen bounds (at or above the longest sequences): the CUDA backend
-        // leaves the lengths on the device (clamped there, rows past the last sequence filled
-        // there); NaN rows past the sequences, dropout, head dims 64, 128 and 256.
-        cases.push(AttnCase {
-            cu_q: Some(vec![0, 70, 150]),
-            cu_k: Some(vec![0, 90, 150]),
-            hq: 2,
-            hk: 1,
-            d: 128,
-            junk: true,
-            bounds: Some((80, 100)),
-            ..base(QkvLayout::Thd, AttnMask::PaddingCausal)
-        });
-        cases.push(AttnCase {
-            b: 3,
-            hq: 32,
-            hk: 16,
-            cu_q: Some(vec![0, 300, 560, 561]),
-            cu_k: Some(vec![0, 300, 560, 561]),
-            junk: true,
-            bounds: Some((300, 300)),
-            ..base(QkvLayout::Thd, AttnMask::PaddingCausal)
-        });
-        cases.push(AttnCase {
-            cu_q: Some(vec![0, 30, 100]),
-            cu_k: Some(vec![0, 70, 100]),
-            hq: 2,
-            hk: 2,
-            d: 256,
-            junk: true,
-            bounds: Some((128, 200)),
-            ..base(QkvLayout::Thd, AttnMask::None)
-        });
-        cases.push(AttnCase {
-            p: 0.1,
-            cu_q: Some(vec![0, 3, 20]),
-            cu_k: Some(vec![0, 8, 30]),
-            bounds: Some((17, 22)),
-            ..base(QkvLayout::Thd, AttnMask::None)
-        });
+        let thd_many_blocks = cases.len() - 1;
+        // The thd cases above again with TE's max_seqlen bounds (at or above the longest
+        // sequences): the CUDA backend leaves the lengths on the device (clamped there, rows past
+        // the last sequence filled there); NaN rows past the sequences, dropout, head dims 64,
+        // 128 and 256.
+        for (i, bounds) in [
+            (thd_junk_d128, (80, 100)),
+            (thd_many_blocks, (300, 300)),
+            (thd_junk_d256, (128, 200)),
+            (thd_dropout, (17, 22)),
+        ] {
+            let bounded = AttnCase { bounds: Some(bounds), ..cases[i].clone() };
+            cases.push(bounded);
+        }
         // The same at head dim 256 (bshd), whose key blocks are 64 keys.
         cases.push(AttnCase {
             b: 3,
@@ -481,6 +458,7 @@ impl Suite<'_> {
 }
 
 /// One attention case.
+#[derive(Clone)]
 struct AttnCase {
     layout: QkvLayout,
     mask: AttnMask,
