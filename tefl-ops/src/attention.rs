@@ -115,7 +115,7 @@ macro_rules! attn_common {
             /// lengths. With both, a thd call whose cu_seqlens are on a GPU does not wait for
             /// the device to read them (see
             /// [`attn_geometry_bounded`](tefl_core::catalogue::attn_geometry_bounded)); where
-            /// the lengths are read, one past its bound is an error.
+            /// the op's validation reads the lengths, one past its bound is an error.
             pub fn max_seqlen(mut self, q: usize, kv: usize) -> Self {
                 let a = self.args_mut();
                 a.max_seqlen_q = Some(q);

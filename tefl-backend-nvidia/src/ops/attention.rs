@@ -184,7 +184,7 @@ fn setup(
     // thd lengths may stay on the device (both bounds given): every kernel here reads them
     // through `on_device_lengths`' clamped copies, so none leaves q, k or v whatever they hold.
     let bounds = (max, true);
-    let (g, build) = AttnBuild::checked_bounded(
+    let (g, build) = AttnBuild::checked(
         op,
         ctx,
         q,
@@ -429,7 +429,6 @@ pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut
     const OP: &str = "fused_attn_bwd";
     let (cu_q, cu_k) = (a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref());
     let s = setup_for!(OP, ctx, a)?;
-    let caller = a;
     if a.d_o.dtype() != a.q.dtype() {
         return Err(Error::DType {
             op: OP,
@@ -437,6 +436,11 @@ pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut
             got: a.d_o.dtype(),
             expected: format!("{} (that of q)", a.q.dtype()),
         });
+    }
+    let hopper_dq = a.deterministic && super::attention_sm90::takes_dq(ctx, a, &s.g, &s.build)?;
+    if a.deterministic && !hopper_dq && dq_pass_smem(a.q.dtype(), s.dp) > smem_limit(ctx)? {
+        // (With the caller's lengths: the portable kernels read and check them.)
+        return tefl_gpu::simt::attention::fused_attn_bwd(ctx, a);
     }
     // The kernels write every row a sequence owns (keys no query sees as zeros); thd rows past
     // the last sequence belong to none and are zeroed here, a fill skipped when the sequences
@@ -467,11 +471,6 @@ pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut
         Ok(())
     };
     if a.deterministic {
-        let hopper_dq = super::attention_sm90::takes_dq(ctx, a, &s.g, &s.build)?;
-        if !hopper_dq && dq_pass_smem(a.q.dtype(), s.dp) > smem_limit(ctx)? {
-            // (The caller's lengths: the portable kernels read and check them.)
-            return tefl_gpu::simt::attention::fused_attn_bwd(ctx, caller);
-        }
         let (dq, dk, dv) = (mk(&a.q)?, mk(&a.k)?, mk(&a.v)?);
         tails(Some(&dq), &dk, &dv)?;
         let delta = delta_kernel(&s, &s.kernel(Part::Aux)?, a, dev, None)?;

@@ -58,8 +58,24 @@ fn plan(
     offset: u64,
 ) -> Result<Plan> {
     let max_d = HEAD_DIMS[HEAD_DIMS.len() - 1];
-    let (g, build) =
-        AttnBuild::checked(op, ctx, q, k, v, cu_q, cu_k, layout, mask, window, p > 0.0, max_d, "the Vulkan kernels")?;
+    // The lengths are read and checked on the host (the shaders trust them).
+    let read = (MaxSeqlen::default(), false);
+    let (g, build) = AttnBuild::checked(
+        op,
+        ctx,
+        q,
+        k,
+        v,
+        cu_q,
+        cu_k,
+        layout,
+        mask,
+        window,
+        p > 0.0,
+        max_d,
+        "the Vulkan kernels",
+        read,
+    )?;
     let unsupported = |reason: String| Error::Unsupported { op, impl_id: ctx.impl_id.to_string(), reason };
     for (what, n) in [("q", q.numel()), ("k", k.numel())] {
         if n >= 1 << 31 {

@@ -239,10 +239,13 @@ impl AttnBwdArgs {
 }
 
 /// TE's `max_seqlen_q` and `max_seqlen_kv`: the caller's bounds on the query and key sequence
-/// lengths. Where tefl reads the cumulative lengths (host tensors, bshd / sbhd shapes, a backend
-/// that reads them), a sequence longer than its bound is an error naming the bound; where both
-/// are given for a thd call whose cu_seqlens are on a GPU, a backend may resolve the call from
-/// them without reading the lengths (see [`attn_geometry_bounded`]).
+/// lengths. Where the op's validation reads the cumulative lengths (host tensors, bshd / sbhd
+/// shapes, a thd call without both bounds), and before the kernel of a plugin or other impl
+/// registered at run time, a sequence longer than its bound is an error naming the bound.
+/// Where both are given for a thd call whose cu_seqlens are on a GPU, validation does not read
+/// them: the CUDA backend resolves the call from the bounds (see [`attn_geometry_bounded`]),
+/// while the Vulkan and portable kernels' impls read the lengths and check them, though not
+/// against the bounds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct MaxSeqlen {
     /// The bound on the query sequence lengths.

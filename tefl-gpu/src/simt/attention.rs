@@ -46,32 +46,12 @@ impl AttnBuild {
     /// needs: v's head dim is q's, the head dim is at most `max_d`, and rows and positions fit
     /// `i32` (positions plus the diagonal and a window bound stay below 2·(sq + sk) in the
     /// kernels). A call past them is [`Error::Unsupported`](tefl_core::Error::Unsupported)
-    /// naming `kernels` (e.g. "the portable kernels").
+    /// naming `kernels` (e.g. "the portable kernels"). `(max, defer)`: the call's
+    /// sequence-length bounds and whether the geometry may leave thd spans on the device
+    /// (`attn_geometry_bounded`'s `defer`: only for kernels that stay inside the tensors
+    /// whatever cu_seqlens hold).
     #[allow(clippy::too_many_arguments)]
     pub fn checked(
-        op: &'static str,
-        ctx: &KernelCtx<'_>,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        cu_q: Option<&Tensor>,
-        cu_k: Option<&Tensor>,
-        layout: QkvLayout,
-        mask: AttnMask,
-        window: AttnWindow,
-        dropout: bool,
-        max_d: usize,
-        kernels: &str,
-    ) -> Result<(AttnGeometry, AttnBuild)> {
-        let no_bounds = (MaxSeqlen::default(), false);
-        Self::checked_bounded(op, ctx, q, k, v, cu_q, cu_k, layout, mask, window, dropout, max_d, kernels, no_bounds)
-    }
-
-    /// [`AttnBuild::checked`] with the call's sequence-length bounds and whether the geometry
-    /// may leave thd spans on the device (`attn_geometry_bounded`'s `defer`: only for kernels
-    /// that stay inside the tensors whatever cu_seqlens hold).
-    #[allow(clippy::too_many_arguments)]
-    pub fn checked_bounded(
         op: &'static str,
         ctx: &KernelCtx<'_>,
         q: &Tensor,
@@ -174,8 +154,24 @@ fn setup(
     window: AttnWindow,
     dropout: bool,
 ) -> Result<Plan> {
-    let (g, build) =
-        AttnBuild::checked(op, ctx, q, k, v, cu_q, cu_k, layout, mask, window, dropout, MAX_D, "the portable kernels")?;
+    // The lengths are read and checked on the host (these kernels trust them).
+    let read = (MaxSeqlen::default(), false);
+    let (g, build) = AttnBuild::checked(
+        op,
+        ctx,
+        q,
+        k,
+        v,
+        cu_q,
+        cu_k,
+        layout,
+        mask,
+        window,
+        dropout,
+        MAX_D,
+        "the portable kernels",
+        read,
+    )?;
     let kernel = OnDevice::new(ctx.device, variant(op, &build)?)?;
     Ok(Plan { g, kernel })
 }
