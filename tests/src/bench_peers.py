@@ -158,14 +158,16 @@ def eager(op, a):
 
 
 def attention(op, a):
-    """SDPA's callable for attn_fwd / attn_bwd (causal, bhsd)."""
+    """SDPA's callable for attn_fwd / attn_bwd (causal, bhsd). q, k and v are tensors of their
+    own, as tefl's in bench: with one tensor for all three, autograd would add the three
+    gradients into one (two more passes over them) and time that with the backward."""
     b, h, s, d = a
-    q = t(b, h, s, d).requires_grad_(op == "attn_bwd")
+    q, k, v = (t(b, h, s, d).requires_grad_(op == "attn_bwd") for _ in range(3))
     if op == "attn_fwd":
-        return lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True)
-    o = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+        return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     do = t(b, h, s, d)
-    return lambda: torch.autograd.grad(o, q, do, retain_graph=True)
+    return lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
 
 
 def peers(op, a):

@@ -288,14 +288,17 @@ fn cases(c: &Ctx, small: bool, attn_d: usize) -> tefl_core::Result<Vec<Case>> {
         )?);
     }
     let (ab, ah, asq, ad) = if small { (1, 8, 1024, attn_d) } else { (4, 32, 4096, attn_d) };
-    let (q, d_o) = (c.t(&[ab, asq, ah, ad], bf), c.t(&[ab, asq, ah, ad], bf));
+    // q, k, v and dO of their own, as the peers' (bench_peers.py's `attention`): with one tensor
+    // for all three, autograd sums the peers' three gradients into one, work tefl's call
+    // (three gradients) does not do.
+    let qkv = [(); 3].map(|()| c.t(&[ab, asq, ah, ad], bf));
+    let d_o = c.t(&[ab, asq, ah, ad], bf);
     let fwd_flops = 4.0 * (ab * ah) as f64 * (asq as f64).powi(2) * ad as f64 / 2.0;
     let fwd = || -> tefl_core::Result<AttnFwdArgs> {
-        let q = q.get()?;
         Ok(AttnFwdArgs {
-            q: q.clone(),
-            k: q.clone(),
-            v: q,
+            q: qkv[0].get()?,
+            k: qkv[1].get()?,
+            v: qkv[2].get()?,
             cu_seqlens_q: None,
             cu_seqlens_kv: None,
             layout: QkvLayout::Bshd,
@@ -327,7 +330,6 @@ fn cases(c: &Ctx, small: bool, attn_d: usize) -> tefl_core::Result<Vec<Case>> {
                 format!("attn_bwd {ab} {ah} {asq} {ad}"),
                 0.0,
                 2.5 * fwd_flops,
-                // dO a tensor of its own, as the peers' (q = k = v on both sides).
                 || Ok(args.backward(o.o.clone(), d_o.get()?, o.softmax_lse.clone())),
             )?);
             // The same call asking for a deterministic dQ. No peer: SDPA has no such switch.
@@ -343,13 +345,13 @@ fn cases(c: &Ctx, small: bool, attn_d: usize) -> tefl_core::Result<Vec<Case>> {
     // The same sequences packed as thd (q, k, v [b s, h, d] with cumulative lengths): the peers'
     // times are SDPA's on the batch (the same work).
     let thd_fwd = || -> tefl_core::Result<AttnFwdArgs> {
-        let q = q.get()?.reshape([ab * asq, ah, ad])?;
+        let packed = |i: usize| qkv[i].get()?.reshape([ab * asq, ah, ad]);
         let cu: Vec<i32> = (0..=ab).map(|i| (i * asq) as i32).collect();
         let cu = Tensor::from_slice(&cu, [ab + 1], DType::I32)?.to_device(&c.device)?;
         Ok(AttnFwdArgs {
-            k: q.clone(),
-            v: q.clone(),
-            q,
+            q: packed(0)?,
+            k: packed(1)?,
+            v: packed(2)?,
             cu_seqlens_q: Some(cu.clone()),
             cu_seqlens_kv: Some(cu),
             layout: QkvLayout::Thd,
