@@ -4,7 +4,8 @@ JSON line `[spec, peer, seconds or null]` per peer as soon as it is measured, so
 measured survives a peer that brings the process down (a CUDA fault poisons the context):
 bench runs one process per spec and keeps every line it got.
 
-Peers: torch eager; torch.compile (norms, activations, softmax, RoPE); SDPA with the flash and
+Peers: torch eager; torch.compile (norms, activations, softmax, RoPE, and the rmsnorm and softmax
+backwards written out: `formula`); SDPA with the flash and
 the cuDNN backends (attention); FlagGems (`flag_gems.use_gems()` around the eager code) when
 it is importable. On CUDA each repetition is an L2 flush (a 256 MiB fill), then CUDA events
 around one call, all queued without a host wait, so the device is busy with the flush while
@@ -170,6 +171,35 @@ def attention(op, a):
     return lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
 
 
+FORMULAS = ("rmsnorm_bwd", "softmax_bwd")
+
+
+def formula(op, a):
+    """The backward ops written out for torch.compile, with the inputs tefl's op takes (the
+    saved forward results instead of autograd's graph; eager's autograd peer also runs the
+    softmax's scaling backward as a pass of its own): what a compiled model's backward computes."""
+    if op == "rmsnorm_bwd":
+        x, g, dy = t(a[0], a[1]), t(a[1]), t(a[0], a[1])
+        rs = torch.rsqrt(x.float().pow(2).mean(-1) + 1e-5)
+
+        def f():
+            xhat = x.float() * rs[:, None]
+            dyg = dy.float() * g.float()
+            dx = rs[:, None] * (dyg - xhat * (dyg * xhat).mean(-1, keepdim=True))
+            return dx.to(bf), (dy.float() * xhat).sum(0).to(bf)
+
+        return f
+    if op == "softmax_bwd":
+        y, dy = torch.softmax(t(a[0], a[1]).float(), -1).to(bf), t(a[0], a[1])
+
+        def f():
+            yf, dyf = y.float(), dy.float()
+            return (0.125 * yf * (dyf - (dyf * yf).sum(-1, keepdim=True))).to(bf)
+
+        return f
+    return None
+
+
 def peers(op, a):
     """(peer name, context manager to time it in, setup returning the callable) per peer."""
     if op in ("attn_fwd", "attn_bwd"):
@@ -190,6 +220,8 @@ def peers(op, a):
     out = [("eager", contextlib.nullcontext, lambda: f)]
     if compiles:
         out.append(("compile", contextlib.nullcontext, lambda: torch.compile(eager(op, a)[0])))
+    elif cuda and op in FORMULAS:
+        out.append(("compile", contextlib.nullcontext, lambda: torch.compile(formula(op, a))))
     if op == "grouped_gemm":
         # torch's grouped kernel (CUTLASS on sm_90) beside the per-expert loop of matmuls.
         out.append(("grouped_mm", contextlib.nullcontext, lambda: eager("grouped_gemm_torch", a)[0]))

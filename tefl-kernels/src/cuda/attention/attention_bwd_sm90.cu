@@ -8,9 +8,9 @@
 // and dO (TMA) into a ring of STAGES stages; the rest of its warp stays for the work-item
 // handoff, the other threads leave with their registers given back.
 // Per query tile of 64 (BM) each consumer puts the tile's lse (times log2 e) and delta rows
-// into its own shared row buffer (one value a thread, loaded from global memory while the
-// tile's first products run; a handoff from the producer through the stage's mbarrier would be
-// as correct, but compute-sanitizer's racecheck does not follow it) and computes, for its 64
+// into its own shared row buffer (one value a thread, loaded from global memory a tile ahead:
+// RowAhead; a handoff from the producer through the stage's mbarrier would be as correct, but
+// compute-sanitizer's racecheck does not follow it) and computes, for its 64
 // keys:
 //   Sᵀ  = K_c · Qᵀ      (m64n64, both operands K-major in shared memory)
 //   dPᵀ = V_c · dOᵀ     (the same)
@@ -425,15 +425,50 @@ __device__ __forceinline__ int next_item(const BwdParams& p) {
 #define FOR_EACH_ITEM(it, item) for (int it = 0, item = blockIdx.x; it < 1; ++it)
 #endif
 
-// Query tile i0's lse (times log2 e) and delta rows into consumer c's row buffer at `rows`
-// (lse rows, then the delta rows at rows + 4 BM; thread tid's value at float tid), loaded while
-// the tile's first products run; then a barrier of the warpgroup. The buffer's last readers
-// (the previous tile) have passed a barrier of this warpgroup since.
-__device__ __forceinline__ void stage_rows(const BwdParams& p, const Seq& s, int b, int h, int i0, int tid, int c, u32 rows) {
-    const float row_val = row_value(p, s, b, h, i0, tid);
-    sts_f32(rows + 4 * tid, tid < BM ? row_val * 1.4426950408889634f : row_val);
-    warpgroup_sync(c);
-}
+// The thread's row value (row_value) of the tile a consumer expects next, loaded a tile ahead:
+// loaded when the tile itself starts, the value arrived after the tile's first products had
+// been issued and the warps waited for it (Nsight Compute on the d128 backward, H200,
+// 2026-12-01: 9% of the stall samples on its first use, waiting for memory). The guess is the
+// next query tile of the head, else the first visible tile of the next head of the group (the
+// visible tiles of a head are a run, the same for each head of a key block); a tile that was
+// not guessed loads its own value.
+struct RowAhead {
+    float v;
+    int h, i0;  // the tile v belongs to (h -1: none)
+    int first;  // the first visible query tile of the key block's heads (-1: not seen yet)
+
+    __device__ __forceinline__ void reset() {
+        v = 0.0f;
+        h = -1;
+        i0 = 0;
+        first = -1;
+    }
+
+    // Query tile i0's lse (times log2 e) and delta rows into consumer c's row buffer at `rows`
+    // (lse rows, then the delta rows at rows + 4 BM; thread tid's value at float tid), then a
+    // barrier of the warpgroup; then the guessed next tile's value loaded (head hi of `group`,
+    // h0 the group's first head). The buffer's last readers (the previous tile) have passed a
+    // barrier of this warpgroup since.
+    __device__ __forceinline__ void stage(const BwdParams& p, const Seq& s, int b, int h0, int hi, int group, int i0, int tid, int c,
+                                          u32 rows) {
+        const int h_now = h0 + hi;
+        if (first < 0) first = i0;
+        const float row_val = (h == h_now && this->i0 == i0) ? v : row_value(p, s, b, h_now, i0, tid);
+        sts_f32(rows + 4 * tid, tid < BM ? row_val * 1.4426950408889634f : row_val);
+        warpgroup_sync(c);
+        if (i0 + BM < s.lq) {
+            h = h_now;
+            this->i0 = i0 + BM;
+        } else if (hi + 1 < group) {
+            h = h_now + 1;
+            this->i0 = first;
+        } else {
+            h = -1;
+            return;
+        }
+        v = row_value(p, s, b, h, this->i0, tid);
+    }
+};
 
 // Pᵀ = exp2(scale2 Sᵀ - lse2) of the thread's scores, zero outside the mask: J groups of four,
 // group j the keys key (x = 0) and key + 8 (x = 1) of queries query(j) + e (e = 0, 1), score
@@ -556,6 +591,8 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     int n = 0;
     FOR_EACH_ITEM(it, item) {
         const KeyBlock kb = key_block(p, item);
+        RowAhead ahead;
+        ahead.reset();
         const int b = kb.b, j0 = kb.j0;
         const Seq& s = kb.s;
         const int kw = j0 + 64 * c;  // this consumer's first key; the thread's are kw + 16 warp + g (+8)
@@ -590,12 +627,12 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
                 wgmma_commit();
                 mm_nt(dp, v_c, d_o);
                 wgmma_commit();
-                // The tile's lse (threads 0-63) and delta (64-127) rows, one a thread, loaded while
-                // the products run, by an asm load issued after them. As a plain load before them,
-                // ptxas copied the loaded register ahead of the products' issue, so the warps
-                // waited for the load there: Nsight Compute (H200, 2026-11-27) counted that copy as
-                // the largest stall, 9% of the samples.
-                stage_rows(p, s, b, h, i0, tid, c, LSE_S(c));
+                // The tile's lse (threads 0-63) and delta (64-127) rows, one a thread, loaded a
+                // tile ahead (RowAhead), by asm loads. As a plain load before the products, ptxas
+                // copied the loaded register ahead of their issue, so the warps waited for the load
+                // there: Nsight Compute (H200, 2026-11-27) counted that copy as the largest stall,
+                // 9% of the samples.
+                ahead.stage(p, s, b, kb.hkv * kb.group, hi, kb.group, i0, tid, c, LSE_S(c));
                 // The mask: none when every query of the tile sees every key of this consumer's 64.
                 const bool full = sees_all(s, i0, BM, kw, 64);
                 // Done: the previous tile's dK and this one's Sᵀ (wgmma groups retire in order).
@@ -663,7 +700,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
                 // No dQ here (the deterministic path's attn_bwd_dq_sm90 computes it): dK right
                 // behind dV.
                 // (The barrier: every thread's reads of the row buffer are done before the next
-                // tile's stage_rows overwrites it.)
+                // tile's RowAhead::stage overwrites it.)
                 (void)ds;
                 warpgroup_sync(c);
                 dk_behind_dv(dk, dv, da, q);
@@ -848,6 +885,8 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     int n = 0;
     FOR_EACH_ITEM(it, item) {
         const KeyBlock kb = key_block(p, item);
+        RowAhead ahead;
+        ahead.reset();
         const int b = kb.b, j0 = kb.j0;
         const Seq& s = kb.s;
         // Accumulator i of a 64 x N wgmma tile is row 16 warp + g + 8 ((i / 2) % 2) (a key here),
@@ -884,7 +923,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
                 mm_nt32(dp, v_t, do_s + qc * 128);
                 wgmma_commit();
                 // The tile's lse and delta rows, as in attn_bwd_sm90.
-                stage_rows(p, s, b, h, i0, tid, c, LSE_S(c));
+                ahead.stage(p, s, b, kb.hkv * kb.group, hi, kb.group, i0, tid, c, LSE_S(c));
                 // The mask: none when every one of this consumer's queries sees all 64 keys.
                 const bool full = sees_all(s, i0 + qc, 32, j0, BN);
                 wgmma_wait<1>();
