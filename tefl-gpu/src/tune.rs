@@ -207,15 +207,61 @@ pub fn elementwise(t: &TuneTable) -> ElementwiseConfig {
 
 /// Seconds one candidate takes, as the autotuner compares them: a first untimed run (it
 /// compiles and loads the kernel variant), then the fastest of three timed runs on the
-/// device's runtime.
+/// device's runtime. The first measurement of a process, and the first after a pause of
+/// more than [`WarmUp::IDLE`], is preceded by [`WarmUp::SECS`] of runs of its candidate: a GPU
+/// idle before it runs its first seconds of work slower (NVIDIA's Vulkan driver about five
+/// times slower, a step, not a ramp; H200, 2026-12-01: the first Vulkan GEMM candidates an
+/// autotuner timed took 26–30 ms where they take 7), and without the warm-up the first
+/// candidates of a bucket lost for that.
 pub fn measure(device: Device, run: &dyn Fn() -> Result<()>) -> Result<f64> {
-    let rt = tefl_core::device::runtime(device.kind)?;
-    run()?;
-    let mut best = f64::INFINITY;
-    for _ in 0..3 {
-        best = best.min(rt.time_on_device(device, &mut || run())?);
+    static WARM: WarmUp = WarmUp::new();
+    WARM.measure(device, run, std::time::Duration::from_secs_f64(WarmUp::SECS))
+}
+
+/// When the autotuner's measurements last ended, so that [`measure`] warms the device up
+/// after a pause (one per process; tests make their own).
+pub struct WarmUp {
+    last: Mutex<Option<std::time::Instant>>,
+}
+
+impl WarmUp {
+    /// Seconds of runs before timing after a pause (the bench warms up for 3 s for the same
+    /// reason; a candidate's runs count here as the bench's calls do).
+    pub const SECS: f64 = 2.0;
+    /// A pause longer than this since the last measurement ended warms up again.
+    pub const IDLE: std::time::Duration = std::time::Duration::from_secs(2);
+
+    /// No measurement yet.
+    pub const fn new() -> Self {
+        WarmUp { last: Mutex::new(None) }
     }
-    Ok(best)
+
+    /// [`measure`] with a warm-up of `warm_up` after a pause.
+    pub fn measure(&self, device: Device, run: &dyn Fn() -> Result<()>, warm_up: std::time::Duration) -> Result<f64> {
+        let rt = tefl_core::device::runtime(device.kind)?;
+        run()?;
+        let paused = self.last.lock().unwrap_or_else(|p| p.into_inner()).is_none_or(|t| t.elapsed() > Self::IDLE);
+        if paused {
+            // Each run waited for, so that the host does not queue seconds of work ahead.
+            let start = std::time::Instant::now();
+            while start.elapsed() < warm_up {
+                run()?;
+                rt.synchronize(device)?;
+            }
+        }
+        let mut best = f64::INFINITY;
+        for _ in 0..3 {
+            best = best.min(rt.time_on_device(device, &mut || run())?);
+        }
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
+        Ok(best)
+    }
+}
+
+impl Default for WarmUp {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 /// The autotuner of the process (`TEFL_AUTOTUNE`, `TEFL_CACHE_DIR`); off when misconfigured.
@@ -362,6 +408,35 @@ mod tests {
             TuneFile { path: "acme/cdna3/tune_configs.toml", text: "[[norm]]\nblock = 1024\nvec_bytes = 16\n" },
         )],
     );
+
+    /// The warm-up runs the candidate for its whole time on a first measurement and after a
+    /// pause, not on one that follows another at once; the timed runs follow it either way.
+    #[test]
+    fn measurements_warm_up_after_a_pause_only() {
+        let warm = WarmUp::new();
+        let runs = std::sync::atomic::AtomicUsize::new(0);
+        let run = || {
+            runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            Ok(())
+        };
+        let count = || runs.swap(0, std::sync::atomic::Ordering::Relaxed);
+        let warm_up = std::time::Duration::from_millis(100);
+        let t0 = std::time::Instant::now();
+        let secs = warm.measure(Device::CPU, &run, warm_up).unwrap();
+        assert!(t0.elapsed() >= warm_up, "{:?}", t0.elapsed());
+        assert!((0.002..0.5).contains(&secs), "{secs}");
+        // The untimed first run, at least 100 ms / (2 ms + scheduling) of warm-up, three timed.
+        let first = count();
+        assert!(first >= 4 + 10, "{first} runs");
+        // Right after: no warm-up.
+        warm.measure(Device::CPU, &run, warm_up).unwrap();
+        assert_eq!(count(), 4);
+        // After a pause: the warm-up again.
+        std::thread::sleep(WarmUp::IDLE + std::time::Duration::from_millis(50));
+        warm.measure(Device::CPU, &run, warm_up).unwrap();
+        assert!(count() >= 4 + 10);
+    }
 
     #[test]
     fn family_over_vendor_over_gpu_defaults() {
