@@ -335,8 +335,7 @@ fn bounded_thd_calls_leave_device_lengths_unread() {
     // An impl that resolves the geometry as the CUDA backend does (defer), reporting sq and sk
     // and whether the spans were read: compiled into tefl, so trusted with unread lengths.
     let report = |_: &tefl_core::KernelCtx<'_>, a: &AttnFwdArgs| {
-        let (cq, ck) = (a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref());
-        let g = attn_geometry_bounded("t", &a.q, &a.k, &a.v, cq, ck, a.layout, a.mask, a.max_seqlen(), true)?;
+        let g = a.geometry("t", true)?;
         let mut lse = vec![0.0f32; g.hq * g.tq];
         lse[..3].copy_from_slice(&[g.sq as f32, g.sk as f32, if g.spans_on_device { 1.0 } else { 0.0 }]);
         let lse = Tensor::from_slice(&lse, [g.hq, g.tq], DType::F32)?;

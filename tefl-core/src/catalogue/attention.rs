@@ -104,14 +104,14 @@ declare_op! {
         tensor softmax_lse: Tensor,
     }
     validate(a) {
-        attn_geometry_bounded("fused_attn_fwd", &a.q, &a.k, &a.v, a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref(), a.layout, a.mask, a.max_seqlen(), true)?;
+        a.geometry("fused_attn_fwd", true)?;
         check_scalars("fused_attn_fwd", a.scale, a.dropout_p)
     }
     validate_values(a) {
-        attn_geometry_bounded("fused_attn_fwd", &a.q, &a.k, &a.v, a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref(), a.layout, a.mask, a.max_seqlen(), false).map(|_| ())
+        a.geometry("fused_attn_fwd", false).map(|_| ())
     }
     outputs(a) {
-        let Ok(g) = attn_geometry_bounded("fused_attn_fwd", &a.q, &a.k, &a.v, a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref(), a.layout, a.mask, a.max_seqlen(), true) else {
+        let Ok(g) = a.geometry("fused_attn_fwd", true) else {
             return Vec::new();
         };
         vec![OutputSpec::new("o", a.q.shape(), a.q.dtype()), OutputSpec::new("softmax_lse", g.lse_shape(), DType::F32)]
@@ -177,7 +177,7 @@ declare_op! {
     }
     validate(a) {
         const OP: &str = "fused_attn_bwd";
-        let g = attn_geometry_bounded(OP, &a.q, &a.k, &a.v, a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref(), a.layout, a.mask, a.max_seqlen(), true)?;
+        let g = a.geometry(OP, true)?;
         check_scalars(OP, a.scale, a.dropout_p)?;
         check::dtype_is(OP, "o", &a.o, a.q.dtype())?;
         check::shape_is(OP, "o", &a.o, a.q.shape())?;
@@ -187,7 +187,7 @@ declare_op! {
         check::shape_is(OP, "softmax_lse", &a.softmax_lse, &g.lse_shape())
     }
     validate_values(a) {
-        attn_geometry_bounded("fused_attn_bwd", &a.q, &a.k, &a.v, a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref(), a.layout, a.mask, a.max_seqlen(), false).map(|_| ())
+        a.geometry("fused_attn_bwd", false).map(|_| ())
     }
     outputs(a) {
         vec![
@@ -224,19 +224,37 @@ impl AttnFwdArgs {
             deterministic: false,
         }
     }
-
-    /// The call's sequence-length bounds.
-    pub fn max_seqlen(&self) -> MaxSeqlen {
-        MaxSeqlen { q: self.max_seqlen_q, kv: self.max_seqlen_kv }
-    }
 }
 
-impl AttnBwdArgs {
-    /// The call's sequence-length bounds.
-    pub fn max_seqlen(&self) -> MaxSeqlen {
-        MaxSeqlen { q: self.max_seqlen_q, kv: self.max_seqlen_kv }
-    }
+/// What the arguments of both directions answer alike (they name the shared fields alike).
+macro_rules! attn_args_common {
+    ($($args:ty),*) => {$(
+        impl $args {
+            /// The call's sequence-length bounds.
+            pub fn max_seqlen(&self) -> MaxSeqlen {
+                MaxSeqlen { q: self.max_seqlen_q, kv: self.max_seqlen_kv }
+            }
+
+            /// [`attn_geometry_bounded`] of the call's q, k, v, cu_seqlens, layout, mask and
+            /// bounds, for `op` (`defer` as there).
+            pub fn geometry(&self, op: &'static str, defer: bool) -> Result<AttnGeometry> {
+                attn_geometry_bounded(
+                    op,
+                    &self.q,
+                    &self.k,
+                    &self.v,
+                    self.cu_seqlens_q.as_ref(),
+                    self.cu_seqlens_kv.as_ref(),
+                    self.layout,
+                    self.mask,
+                    self.max_seqlen(),
+                    defer,
+                )
+            }
+        }
+    )*};
 }
+attn_args_common!(AttnFwdArgs, AttnBwdArgs);
 
 /// TE's `max_seqlen_q` and `max_seqlen_kv`: the caller's bounds on the query and key sequence
 /// lengths. Where the op's validation reads the cumulative lengths (host tensors, bshd / sbhd
