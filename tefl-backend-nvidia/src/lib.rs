@@ -88,7 +88,8 @@ mod tests {
             }
             tefl_gpu::rtc::ShardRole::Compile(shard) => shard,
         };
-        // TEFL_COMPILE_ONLY=attention,norm limits the test to those sources while iterating;
+        // TEFL_COMPILE_ONLY=attention,norm limits the test to those sources (their `Source::name`s,
+        // exactly: attention_sm90 and attention_bwd_sm90 are sources of their own) while iterating;
         // TEFL_COMPILE_DUMP=DIR also writes each sm_90 variant's full source there (to read
         // ptxas' register and spill report by hand).
         let only = std::env::var("TEFL_COMPILE_ONLY").ok();
@@ -129,7 +130,8 @@ mod tests {
         for (i, (arch, v)) in jobs.iter().enumerate().filter(|(i, _)| shard.owns(*i)) {
             if let Some(dir) = dump.as_ref().filter(|_| arch.starts_with("sm_90")) {
                 let file = dir.join(format!("{}_{i}.cu", v.source.name));
-                std::fs::write(&file, tefl_gpu::variant::full_source(tefl_gpu::Target::Cuda, v))
+                std::fs::create_dir_all(dir)
+                    .and_then(|()| std::fs::write(&file, tefl_gpu::variant::full_source(tefl_gpu::Target::Cuda, v)))
                     .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
             }
             compiled += 1;
