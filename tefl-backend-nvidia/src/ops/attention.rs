@@ -145,61 +145,13 @@ fn padded(d: usize) -> usize {
     d.div_ceil(16) * 16
 }
 
-/// [`setup`] for the arguments of either direction (`AttnFwdArgs` and `AttnBwdArgs` name their
-/// shared fields alike).
-macro_rules! setup_for {
-    ($op:expr, $ctx:expr, $a:expr) => {
-        setup(
-            $op,
-            $ctx,
-            &$a.q,
-            &$a.k,
-            &$a.v,
-            $a.cu_seqlens_q.as_ref(),
-            $a.cu_seqlens_kv.as_ref(),
-            $a.layout,
-            $a.mask,
-            $a.window,
-            $a.dropout_p > 0.0,
-            $a.max_seqlen(),
-        )
-    };
-}
-
-#[allow(clippy::too_many_arguments)]
-fn setup(
-    op: &'static str,
-    ctx: &KernelCtx<'_>,
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    cu_q: Option<&Tensor>,
-    cu_k: Option<&Tensor>,
-    layout: QkvLayout,
-    mask: AttnMask,
-    window: AttnWindow,
-    dropout: bool,
-    max: MaxSeqlen,
-) -> Result<Plan> {
+/// The call's geometry and build, for the forward's or the backward's arguments (`call`: their
+/// shared part).
+fn setup(op: &'static str, ctx: &KernelCtx<'_>, call: &AttnQkv<'_>) -> Result<Plan> {
     // thd lengths may stay on the device (both bounds given): every kernel here reads them
     // through `on_device_lengths`' clamped copies, so none leaves q, k or v whatever they hold.
-    let bounds = (max, true);
-    let (g, build) = AttnBuild::checked(
-        op,
-        ctx,
-        q,
-        k,
-        v,
-        cu_q,
-        cu_k,
-        layout,
-        mask,
-        window,
-        dropout,
-        256,
-        "the CUDA kernels",
-        bounds,
-    )?;
+    let bounds = (call.max, true);
+    let (g, build) = AttnBuild::checked(op, ctx, call, 256, "the CUDA kernels", bounds)?;
     let dp = padded(g.d);
     let fwd_min_blocks = crate::heuristics::attention_fwd_min_blocks(&*tune_table(ctx.device)?);
     Ok(Plan { op, device: ctx.device, g, build, dp, fwd_min_blocks })
@@ -356,7 +308,7 @@ fn common_args(s: &Plan, a_scale: f32, p: f32, seed: u64, offset: u64) -> Vec<Ar
 pub fn fused_attn_fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<AttnFwdOut> {
     const OP: &str = "fused_attn_fwd";
     let (cu_q, cu_k) = (a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref());
-    let s = setup_for!(OP, ctx, a)?;
+    let s = setup(OP, ctx, &a.qkv())?;
     // thd rows past the last sequence belong to none: zero them (and -inf their lse). Either
     // kernel writes every other row, so sequences that end at the last row (the usual packing)
     // need no fill (134 MB of o at the bench's shape). Lengths left on the device: their clamped
@@ -428,7 +380,7 @@ pub fn fused_attn_fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<AttnFwdOut
 pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut> {
     const OP: &str = "fused_attn_bwd";
     let (cu_q, cu_k) = (a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref());
-    let s = setup_for!(OP, ctx, a)?;
+    let s = setup(OP, ctx, &a.qkv())?;
     if a.d_o.dtype() != a.q.dtype() {
         return Err(Error::DType {
             op: OP,
@@ -509,7 +461,7 @@ pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut
 /// thread, the kernel a call with these arguments launches (Hopper's where it takes the call),
 /// running nothing. (Its backward's variants start compiling at the forward's first call.)
 pub fn warmup_fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<()> {
-    let s = setup_for!("fused_attn_fwd", ctx, a)?;
+    let s = setup("fused_attn_fwd", ctx, &a.qkv())?;
     let fwd = match super::attention_sm90::fwd_warmup_variant(ctx, a, &s.g, &s.build)? {
         Some(v) => v,
         None => s.variant(Part::Fwd)?,
@@ -522,7 +474,7 @@ pub fn warmup_fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<()> {
 /// threads, the kernels a call with these arguments launches (the small kernels, the dK/dV
 /// tiles and, deterministic, the dQ pass; Hopper's where they take the call), running nothing.
 pub fn warmup_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<()> {
-    let s = setup_for!("fused_attn_bwd", ctx, a)?;
+    let s = setup("fused_attn_bwd", ctx, &a.qkv())?;
     let mut variants = vec![s.variant(Part::Aux)?];
     let hopper = super::attention_sm90::bwd_warmup_variants(ctx, a, &s.g, &s.build)?;
     let hopper_dq = hopper.len() > 1;

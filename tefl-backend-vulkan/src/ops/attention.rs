@@ -40,42 +40,14 @@ struct Plan {
     push: Vec<u8>,
 }
 
-#[allow(clippy::too_many_arguments)]
-fn plan(
-    op: &'static str,
-    ctx: &KernelCtx<'_>,
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    cu_q: Option<&Tensor>,
-    cu_k: Option<&Tensor>,
-    layout: QkvLayout,
-    mask: AttnMask,
-    window: AttnWindow,
-    scale: f32,
-    p: f32,
-    seed: u64,
-    offset: u64,
-) -> Result<Plan> {
+/// The call's geometry, shader variant and push constants, for the forward's or the backward's
+/// arguments (`call`: their shared part).
+fn plan(op: &'static str, ctx: &KernelCtx<'_>, call: &AttnQkv<'_>) -> Result<Plan> {
     let max_d = HEAD_DIMS[HEAD_DIMS.len() - 1];
     // The lengths are read and checked on the host (the shaders trust them).
     let read = (MaxSeqlen::default(), false);
-    let (g, build) = AttnBuild::checked(
-        op,
-        ctx,
-        q,
-        k,
-        v,
-        cu_q,
-        cu_k,
-        layout,
-        mask,
-        window,
-        p > 0.0,
-        max_d,
-        "the Vulkan kernels",
-        read,
-    )?;
+    let (g, build) = AttnBuild::checked(op, ctx, call, max_d, "the Vulkan kernels", read)?;
+    let AttnQkv { q, k, layout, mask, scale, dropout_p: p, seed, offset, .. } = *call;
     let unsupported = |reason: String| Error::Unsupported { op, impl_id: ctx.impl_id.to_string(), reason };
     for (what, n) in [("q", q.numel()), ("k", k.numel())] {
         if n >= 1 << 31 {
@@ -163,29 +135,6 @@ fn coop_suffix(gpu: &Gpu, op: &'static str, stages: &[&str], dtype: DType, d: us
     Ok(fits.then_some(suffix))
 }
 
-/// [`plan`] for the arguments of either direction (`AttnFwdArgs` and `AttnBwdArgs` name their
-/// shared fields alike).
-macro_rules! plan_for {
-    ($op:expr, $ctx:expr, $a:expr) => {
-        plan(
-            $op,
-            $ctx,
-            &$a.q,
-            &$a.k,
-            &$a.v,
-            $a.cu_seqlens_q.as_ref(),
-            $a.cu_seqlens_kv.as_ref(),
-            $a.layout,
-            $a.mask,
-            $a.window,
-            $a.scale,
-            $a.dropout_p,
-            $a.seed,
-            $a.offset,
-        )
-    };
-}
-
 /// The cu_seqlens bindings (any buffer where the call has none: the shaders do not read it).
 fn cu_bindings(cu_q: Option<&Tensor>, cu_k: Option<&Tensor>, any: &Tensor) -> Result<[Binding; 2]> {
     Ok([bind(cu_q.unwrap_or(any))?, bind(cu_k.unwrap_or(any))?])
@@ -195,7 +144,7 @@ fn cu_bindings(cu_q: Option<&Tensor>, cu_k: Option<&Tensor>, any: &Tensor) -> Re
 pub fn fused_attn_fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<AttnFwdOut> {
     const OP: &str = "fused_attn_fwd";
     let (cu_q, cu_k) = (a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref());
-    let p = plan_for!(OP, ctx, a)?;
+    let p = plan(OP, ctx, &a.qkv())?;
     let (g, dev) = (&p.g, ctx.device);
     // thd rows past the last sequence belong to none: zero outputs, −inf lse (the shaders
     // write every row of every sequence, so sequences that end at the last row need neither).
@@ -236,7 +185,7 @@ pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut
         });
     }
     let (cu_q, cu_k) = (a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref());
-    let p = plan_for!(OP, ctx, a)?;
+    let p = plan(OP, ctx, &a.qkv())?;
     let (g, dev) = (&p.g, ctx.device);
     // thd rows outside every sequence get zero gradients (the shaders write every row of
     // every sequence).

@@ -226,6 +226,51 @@ impl AttnFwdArgs {
     }
 }
 
+/// What both directions of an attention call share, borrowed from their arguments
+/// ([`AttnFwdArgs::qkv`], [`AttnBwdArgs::qkv`]): the inputs, sequences, options and bounds a
+/// backend sets its kernels up from, so that one set-up serves the forward and the backward.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnQkv<'a> {
+    /// Queries.
+    pub q: &'a Tensor,
+    /// Keys.
+    pub k: &'a Tensor,
+    /// Values.
+    pub v: &'a Tensor,
+    /// The cumulative query lengths (thd, padding masks).
+    pub cu_q: Option<&'a Tensor>,
+    /// The cumulative key lengths (thd, padding masks).
+    pub cu_k: Option<&'a Tensor>,
+    /// The layout.
+    pub layout: QkvLayout,
+    /// The mask.
+    pub mask: AttnMask,
+    /// The sliding window.
+    pub window: AttnWindow,
+    /// The softmax scale.
+    pub scale: f32,
+    /// The dropout probability.
+    pub dropout_p: f32,
+    /// Philox seed for dropout.
+    pub seed: u64,
+    /// Philox offset for dropout.
+    pub offset: u64,
+    /// The sequence-length bounds.
+    pub max: MaxSeqlen,
+}
+
+impl AttnQkv<'_> {
+    /// [`attn_geometry_bounded`] of the call, for `op` (`defer` as there).
+    pub fn geometry(&self, op: &'static str, defer: bool) -> Result<AttnGeometry> {
+        attn_geometry_bounded(op, self.q, self.k, self.v, self.cu_q, self.cu_k, self.layout, self.mask, self.max, defer)
+    }
+
+    /// Whether dropout is applied.
+    pub fn dropout(&self) -> bool {
+        self.dropout_p > 0.0
+    }
+}
+
 /// What the arguments of both directions answer alike (they name the shared fields alike).
 macro_rules! attn_args_common {
     ($($args:ty),*) => {$(
@@ -235,21 +280,29 @@ macro_rules! attn_args_common {
                 MaxSeqlen { q: self.max_seqlen_q, kv: self.max_seqlen_kv }
             }
 
+            /// The part of the call both directions share.
+            pub fn qkv(&self) -> AttnQkv<'_> {
+                AttnQkv {
+                    q: &self.q,
+                    k: &self.k,
+                    v: &self.v,
+                    cu_q: self.cu_seqlens_q.as_ref(),
+                    cu_k: self.cu_seqlens_kv.as_ref(),
+                    layout: self.layout,
+                    mask: self.mask,
+                    window: self.window,
+                    scale: self.scale,
+                    dropout_p: self.dropout_p,
+                    seed: self.seed,
+                    offset: self.offset,
+                    max: self.max_seqlen(),
+                }
+            }
+
             /// [`attn_geometry_bounded`] of the call's q, k, v, cu_seqlens, layout, mask and
             /// bounds, for `op` (`defer` as there).
             pub fn geometry(&self, op: &'static str, defer: bool) -> Result<AttnGeometry> {
-                attn_geometry_bounded(
-                    op,
-                    &self.q,
-                    &self.k,
-                    &self.v,
-                    self.cu_seqlens_q.as_ref(),
-                    self.cu_seqlens_kv.as_ref(),
-                    self.layout,
-                    self.mask,
-                    self.max_seqlen(),
-                    defer,
-                )
+                self.qkv().geometry(op, defer)
             }
         }
     )*};

@@ -46,28 +46,20 @@ impl AttnBuild {
     /// needs: v's head dim is q's, the head dim is at most `max_d`, and rows and positions fit
     /// `i32` (positions plus the diagonal and a window bound stay below 2·(sq + sk) in the
     /// kernels). A call past them is [`Error::Unsupported`](tefl_core::Error::Unsupported)
-    /// naming `kernels` (e.g. "the portable kernels"). `(max, defer)`: the call's
-    /// sequence-length bounds and whether the geometry may leave thd spans on the device
-    /// (`attn_geometry_bounded`'s `defer`: only for kernels that stay inside the tensors
-    /// whatever cu_seqlens hold).
-    #[allow(clippy::too_many_arguments)]
+    /// naming `kernels` (e.g. "the portable kernels"). `(max, defer)`: the sequence-length
+    /// bounds to check the lengths against (the call's, or none) and whether the geometry may
+    /// leave thd spans on the device (`attn_geometry_bounded`'s `defer`: only for kernels that
+    /// stay inside the tensors whatever cu_seqlens hold).
     pub fn checked(
         op: &'static str,
         ctx: &KernelCtx<'_>,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        cu_q: Option<&Tensor>,
-        cu_k: Option<&Tensor>,
-        layout: QkvLayout,
-        mask: AttnMask,
-        window: AttnWindow,
-        dropout: bool,
+        call: &AttnQkv<'_>,
         max_d: usize,
         kernels: &str,
         (max, defer): (MaxSeqlen, bool),
     ) -> Result<(AttnGeometry, AttnBuild)> {
-        let g = attn_geometry_bounded(op, q, k, v, cu_q, cu_k, layout, mask, max, defer)?;
+        let AttnQkv { q, k, v, layout, mask, .. } = *call;
+        let g = AttnQkv { max, ..*call }.geometry(op, defer)?;
         if v.shape().last() != Some(&g.d) {
             return Err(unsupported(ctx, op, format!("{kernels} need v's head dim to be q's ({})", g.d)));
         }
@@ -78,8 +70,15 @@ impl AttnBuild {
             i32_of(ctx, op, what, n / g.d.max(1))?;
         }
         i32_of(ctx, op, "q", g.sq.saturating_add(g.sk).saturating_mul(2))?;
-        let window = g.window(window);
-        let build = AttnBuild { dtype: q.dtype(), d: g.d, layout, mask, window: (window.left, window.right), dropout };
+        let window = g.window(call.window);
+        let build = AttnBuild {
+            dtype: q.dtype(),
+            d: g.d,
+            layout,
+            mask,
+            window: (window.left, window.right),
+            dropout: call.dropout(),
+        };
         Ok((g, build))
     }
 
@@ -140,38 +139,10 @@ impl Plan {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn setup(
-    op: &'static str,
-    ctx: &KernelCtx<'_>,
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    cu_q: Option<&Tensor>,
-    cu_k: Option<&Tensor>,
-    layout: QkvLayout,
-    mask: AttnMask,
-    window: AttnWindow,
-    dropout: bool,
-) -> Result<Plan> {
+fn setup(op: &'static str, ctx: &KernelCtx<'_>, call: &AttnQkv<'_>) -> Result<Plan> {
     // The lengths are read and checked on the host (these kernels trust them).
     let read = (MaxSeqlen::default(), false);
-    let (g, build) = AttnBuild::checked(
-        op,
-        ctx,
-        q,
-        k,
-        v,
-        cu_q,
-        cu_k,
-        layout,
-        mask,
-        window,
-        dropout,
-        MAX_D,
-        "the portable kernels",
-        read,
-    )?;
+    let (g, build) = AttnBuild::checked(op, ctx, call, MAX_D, "the portable kernels", read)?;
     let kernel = OnDevice::new(ctx.device, variant(op, &build)?)?;
     Ok(Plan { g, kernel })
 }
@@ -189,7 +160,7 @@ fn fill(ctx: &KernelCtx<'_>, kernel: &OnDevice, t: &Tensor, x: f32) -> Result<()
 pub fn fused_attn_fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<AttnFwdOut> {
     const OP: &str = "fused_attn_fwd";
     let (cu_q, cu_k) = (a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref());
-    let plan = setup(OP, ctx, &a.q, &a.k, &a.v, cu_q, cu_k, a.layout, a.mask, a.window, a.dropout_p > 0.0)?;
+    let plan = setup(OP, ctx, &a.qkv())?;
     let (g, kernel) = (&plan.g, &plan.kernel);
     // thd rows past the last sequence belong to none: zero them (and -inf their lse); the
     // kernel writes every row of every sequence.
@@ -222,7 +193,7 @@ pub fn fused_attn_fwd(ctx: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<AttnFwdOut
 pub fn fused_attn_bwd(ctx: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut> {
     const OP: &str = "fused_attn_bwd";
     let (cu_q, cu_k) = (a.cu_seqlens_q.as_ref(), a.cu_seqlens_kv.as_ref());
-    let plan = setup(OP, ctx, &a.q, &a.k, &a.v, cu_q, cu_k, a.layout, a.mask, a.window, a.dropout_p > 0.0)?;
+    let plan = setup(OP, ctx, &a.qkv())?;
     if a.d_o.dtype() != a.q.dtype() {
         return Err(tefl_core::Error::DType {
             op: OP,
