@@ -33,7 +33,13 @@ try:
     import flag_gems
 except Exception as e:  # not installed, or fails to import on this machine
     flag_gems = None
-    print(f"bench peers: FlagGems not importable ({type(e).__name__}: {e})", file=sys.stderr)
+    # The interpreter named, since a wheel installed with another Python's pip (the GPU
+    # machine's `pip` is not the Python that holds torch) is not importable here.
+    print(
+        f"bench peers: FlagGems not importable by {sys.executable} ({type(e).__name__}: {e}); "
+        f"install it with `{sys.executable} -m pip`",
+        file=sys.stderr,
+    )
 
 
 def t(*s, dt=bf):
