@@ -94,6 +94,9 @@ mod tests {
         // ptxas' register and spill report by hand).
         let only = std::env::var("TEFL_COMPILE_ONLY").ok();
         let dump = std::env::var_os("TEFL_COMPILE_DUMP").map(std::path::PathBuf::from);
+        if let Some(dir) = &dump {
+            std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        }
         let selected = |all_masks: bool| -> Vec<_> {
             super::kernel_variants(all_masks)
                 .into_iter()
@@ -130,8 +133,7 @@ mod tests {
         for (i, (arch, v)) in jobs.iter().enumerate().filter(|(i, _)| shard.owns(*i)) {
             if let Some(dir) = dump.as_ref().filter(|_| arch.starts_with("sm_90")) {
                 let file = dir.join(format!("{}_{i}.cu", v.source.name));
-                std::fs::create_dir_all(dir)
-                    .and_then(|()| std::fs::write(&file, tefl_gpu::variant::full_source(tefl_gpu::Target::Cuda, v)))
+                std::fs::write(&file, tefl_gpu::variant::full_source(tefl_gpu::Target::Cuda, v))
                     .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
             }
             compiled += 1;
