@@ -108,6 +108,33 @@ __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_grou
 template <int N> __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
+// ---- wgmma chains: the k16 steps of one product as one asm statement ----
+// As one statement a step, ptxas rebuilds each step's descriptor from its address (several
+// uniform-datapath instructions between consecutive wgmma) and, under register pressure, may
+// move a partial accumulator to other registers before the chain's last step, which waits for
+// every MMA in flight. In a chain, step 0 takes the base descriptors (operands A, B) and step
+// ks > 0 adds immediate offsets (operands OA, OB, in the descriptors' 16-byte units) to them: a
+// descriptor's low 14 bits are its shared-memory address / 16, and every address a step reads
+// is below 256 KB, so the sum stays in that field. T_PTX (the element type's PTX name) comes
+// from the including source. A chain is WG_CHAIN_HEAD, its steps, then "}".
+#define WG_CHAIN_HEAD "{\n.reg .b64 da, db;\n.reg .pred add, no_add;\nsetp.ne.b32 add, 1, 0;\nsetp.ne.b32 no_add, 0, 0;\n"
+// Both operands K-major in shared memory; step 0 overwrites the accumulators.
+#define WG_SS_STEP0(SHAPE, REGS, A, B) \
+    "wgmma.mma_async.sync.aligned." SHAPE ".f32." T_PTX "." T_PTX " " REGS ", %" #A ", %" #B ", no_add, 1, 1, 0, 0;\n"
+#define WG_SS_STEP(SHAPE, REGS, A, B, OA, OB)                                                   \
+    "add.s64 da, %" #A ", %" #OA ";\nadd.s64 db, %" #B ", %" #OB ";\n"                       \
+    "wgmma.mma_async.sync.aligned." SHAPE ".f32." T_PTX "." T_PTX " " REGS ", da, db, add, 1, 1, 0, 0;\n"
+// A from registers (operands R0..R3), B MN-major in shared memory; every step accumulates.
+#define WG_RS_STEP0(SHAPE, REGS, R0, R1, R2, R3, B)                                               \
+    "wgmma.mma_async.sync.aligned." SHAPE ".f32." T_PTX "." T_PTX " " REGS ", {%" #R0 ", %" #R1 ", %" #R2 \
+    ", %" #R3 "}, %" #B ", add, 1, 1, 1;\n"
+#define WG_RS_STEP(SHAPE, REGS, R0, R1, R2, R3, B, OB)                                             \
+    "add.s64 db, %" #B ", %" #OB ";\n"                                                          \
+    "wgmma.mma_async.sync.aligned." SHAPE ".f32." T_PTX "." T_PTX " " REGS ", {%" #R0 ", %" #R1 ", %" #R2 \
+    ", %" #R3 "}, db, add, 1, 1, 1;\n"
+// The four A registers of k16 step kk of fragments `a` (u32 a[][4]) as asm operands.
+#define WG_A4(a, kk) "r"(a[kk][0]), "r"(a[kk][1]), "r"(a[kk][2]), "r"(a[kk][3])
+
 // Keeps the compiler from moving accesses of an accumulator register across the asynchronous
 // MMAs that own it.
 __device__ __forceinline__ void acc_fence(float& r) { asm volatile("" : "+f"(r)::"memory"); }

@@ -128,21 +128,11 @@ __device__ __forceinline__ float2 lds_f32x2(u32 addr) {
     return v;
 }
 
-// The products of the scores (Sᵀ, dPᵀ) are chains of k16 steps with both operands K-major in
-// shared memory, written as one asm statement a chain: as one statement a step, ptxas moved the
-// partial Sᵀ to other registers before its last step (head dims 64 and 256, not 128), which
-// waited for every MMA in flight, the previous tile's dK included, before that step and dPᵀ
-// could issue. Step 0 takes the base descriptors (operands A and B) and does not accumulate;
-// step ks > 0 adds its offsets (immediate operands OA, OB, in the descriptors' 16-byte units)
-// to them: a descriptor's low 14 bits are its shared-memory address / 16, and every address a
-// step reads is below 256 KB, so the sum stays in that field. NT_OFFS(ks) are step ks's offset
-// operands: box ks / 4 (boxes of K_BOX bytes for A, Q_BOX for B), 32 bytes a step within one.
-#define NT_HEAD "{\n.reg .b64 da, db;\n.reg .pred add, no_add;\nsetp.ne.b32 add, 1, 0;\nsetp.ne.b32 no_add, 0, 0;\n"
-#define NT_STEP0(SHAPE, REGS, A, B) \
-    "wgmma.mma_async.sync.aligned." SHAPE ".f32." T_PTX "." T_PTX " " REGS ", %" #A ", %" #B ", no_add, 1, 1, 0, 0;\n"
-#define NT_STEP(SHAPE, REGS, A, B, OA, OB)                                              \
-    "add.s64 da, %" #A ", %" #OA ";\nadd.s64 db, %" #B ", %" #OB ";\n"                  \
-    "wgmma.mma_async.sync.aligned." SHAPE ".f32." T_PTX "." T_PTX " " REGS ", da, db, add, 1, 1, 0, 0;\n"
+// The products of the scores (Sᵀ, dPᵀ) are wgmma chains (hopper.h): as one statement a step,
+// ptxas moved the partial Sᵀ to other registers before its last step (head dims 64 and 256, not
+// 128), which waited for every MMA in flight, the previous tile's dK included, before that step
+// and dPᵀ could issue. NT_OFFS(ks) are step ks's offset operands: box ks / 4 (boxes of K_BOX
+// bytes for A, Q_BOX for B), 32 bytes a step within one.
 #define NT_OFFS(ks) "n"((((ks) / 4) * K_BOX + ((ks) % 4) * 32) >> 4), "n"((((ks) / 4) * Q_BOX + ((ks) % 4) * 32) >> 4)
 
 // C(64 x 64) = A(64 x D) · B(64 x D)ᵀ, both K-major in shared memory: A's rows at `a` in boxes of
@@ -150,13 +140,13 @@ __device__ __forceinline__ float2 lds_f32x2(u32 addr) {
 // 256 has mm_nt32.)
 #if D != 256
 __device__ __forceinline__ void mm_nt(float* c, u32 a, u32 b) {
-#define NT64(OA, OB) NT_STEP("m64n64k16", WG_REGS_32, 32, 33, OA, OB)
+#define NT64(OA, OB) WG_SS_STEP("m64n64k16", WG_REGS_32, 32, 33, OA, OB)
 #if D == 64
-    asm volatile(NT_HEAD NT_STEP0("m64n64k16", WG_REGS_32, 32, 33) NT64(34, 35) NT64(36, 37) NT64(38, 39) "}"
+    asm volatile(WG_CHAIN_HEAD WG_SS_STEP0("m64n64k16", WG_REGS_32, 32, 33) NT64(34, 35) NT64(36, 37) NT64(38, 39) "}"
                  : WG_ACC32(c, 0)
                  : "l"(wgmma_desc(a, 16, 1024)), "l"(wgmma_desc(b, 16, 1024)), NT_OFFS(1), NT_OFFS(2), NT_OFFS(3));
 #else
-    asm volatile(NT_HEAD NT_STEP0("m64n64k16", WG_REGS_32, 32, 33) NT64(34, 35) NT64(36, 37) NT64(38, 39)
+    asm volatile(WG_CHAIN_HEAD WG_SS_STEP0("m64n64k16", WG_REGS_32, 32, 33) NT64(34, 35) NT64(36, 37) NT64(38, 39)
                      NT64(40, 41) NT64(42, 43) NT64(44, 45) NT64(46, 47) "}"
                  : WG_ACC32(c, 0)
                  : "l"(wgmma_desc(a, 16, 1024)), "l"(wgmma_desc(b, 16, 1024)), NT_OFFS(1), NT_OFFS(2), NT_OFFS(3),
@@ -785,8 +775,8 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
 // C(64 keys x 32 queries) = K(64 x 256) · Q(32 x 256)ᵀ: both K-major in shared memory (k: K's
 // boxes of K_BOX bytes; q: the first of the 32 rows in Q's boxes of Q_BOX).
 __device__ __forceinline__ void mm_nt32(float* c, u32 k, u32 q) {
-#define NT32(OA, OB) NT_STEP("m64n32k16", WG_REGS_16, 16, 17, OA, OB)
-    asm volatile(NT_HEAD NT_STEP0("m64n32k16", WG_REGS_16, 16, 17) NT32(18, 19) NT32(20, 21) NT32(22, 23)
+#define NT32(OA, OB) WG_SS_STEP("m64n32k16", WG_REGS_16, 16, 17, OA, OB)
+    asm volatile(WG_CHAIN_HEAD WG_SS_STEP0("m64n32k16", WG_REGS_16, 16, 17) NT32(18, 19) NT32(20, 21) NT32(22, 23)
                      NT32(24, 25) NT32(26, 27) NT32(28, 29) NT32(30, 31) NT32(32, 33) NT32(34, 35) NT32(36, 37)
                          NT32(38, 39) NT32(40, 41) NT32(42, 43) NT32(44, 45) NT32(46, 47) "}"
                  : WG_ACC16(c, 0)

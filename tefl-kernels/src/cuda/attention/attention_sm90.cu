@@ -101,43 +101,94 @@ __device__ __forceinline__ void load_tile(u32 dst, const TensorMap* map, int hea
     }
 }
 
-// S(64 x BC) = Q_c(64 x D) · K(BC x D)ᵀ, both from shared memory (q: this consumer's rows).
-__device__ __forceinline__ void scores(float* s, u32 q, u32 k) {
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
-        const unsigned long long da = wgmma_desc(q + (ks / 4) * Q_BOX + (ks % 4) * 32, 16, 1024);
-        const unsigned long long db = wgmma_desc(k + (ks / 4) * KV_BOX + (ks % 4) * 32, 16, 1024);
+// S(64 x BC) = Q_c(64 x D) · K(BC x D)ᵀ, both from shared memory (q: this consumer's rows), as
+// one wgmma chain (hopper.h). SC_OFFS(ks) are step ks's offset operands: box ks / 4 (boxes of
+// Q_BOX bytes for Q, KV_BOX for K), 32 bytes a step within one.
+#define SC_OFFS(ks) "n"((((ks) / 4) * Q_BOX + ((ks) % 4) * 32) >> 4), "n"((((ks) / 4) * KV_BOX + ((ks) % 4) * 32) >> 4)
 #if BC == 128
-        asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n128k16.f32." T_PTX "." T_PTX " " WG_REGS_64
-                     ", %64, %65, p, 1, 1, 0, 0;\n}"
-                     : WG_ACC64(s, 0)
-                     : "l"(da), "l"(db), "r"(ks));
+#define SC_STEP0 WG_SS_STEP0("m64n128k16", WG_REGS_64, 64, 65)
+#define SC_STEP(OA, OB) WG_SS_STEP("m64n128k16", WG_REGS_64, 64, 65, OA, OB)
+#define SC_ACC WG_ACC64(s, 0)
 #else
-        asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32." T_PTX "." T_PTX " " WG_REGS_32
-                     ", %32, %33, p, 1, 1, 0, 0;\n}"
-                     : WG_ACC32(s, 0)
-                     : "l"(da), "l"(db), "r"(ks));
+#define SC_STEP0 WG_SS_STEP0("m64n64k16", WG_REGS_32, 32, 33)
+#define SC_STEP(OA, OB) WG_SS_STEP("m64n64k16", WG_REGS_32, 32, 33, OA, OB)
+#define SC_ACC WG_ACC32(s, 0)
 #endif
-    }
+__device__ __forceinline__ void scores(float* s, u32 q, u32 k) {
+    const unsigned long long da = wgmma_desc(q, 16, 1024), db = wgmma_desc(k, 16, 1024);
+#if BC == 128 && D == 64
+    asm volatile(WG_CHAIN_HEAD SC_STEP0 SC_STEP(66, 67) SC_STEP(68, 69) SC_STEP(70, 71) "}"
+                 : SC_ACC
+                 : "l"(da), "l"(db), SC_OFFS(1), SC_OFFS(2), SC_OFFS(3));
+#elif BC == 128 && D == 128
+    asm volatile(WG_CHAIN_HEAD SC_STEP0 SC_STEP(66, 67) SC_STEP(68, 69) SC_STEP(70, 71) SC_STEP(72, 73)
+                     SC_STEP(74, 75) SC_STEP(76, 77) SC_STEP(78, 79) "}"
+                 : SC_ACC
+                 : "l"(da), "l"(db), SC_OFFS(1), SC_OFFS(2), SC_OFFS(3), SC_OFFS(4), SC_OFFS(5), SC_OFFS(6), SC_OFFS(7));
+#elif D == 64
+    asm volatile(WG_CHAIN_HEAD SC_STEP0 SC_STEP(34, 35) SC_STEP(36, 37) SC_STEP(38, 39) "}"
+                 : SC_ACC
+                 : "l"(da), "l"(db), SC_OFFS(1), SC_OFFS(2), SC_OFFS(3));
+#elif D == 128
+    asm volatile(WG_CHAIN_HEAD SC_STEP0 SC_STEP(34, 35) SC_STEP(36, 37) SC_STEP(38, 39) SC_STEP(40, 41)
+                     SC_STEP(42, 43) SC_STEP(44, 45) SC_STEP(46, 47) "}"
+                 : SC_ACC
+                 : "l"(da), "l"(db), SC_OFFS(1), SC_OFFS(2), SC_OFFS(3), SC_OFFS(4), SC_OFFS(5), SC_OFFS(6), SC_OFFS(7));
+#else
+    asm volatile(WG_CHAIN_HEAD SC_STEP0 SC_STEP(34, 35) SC_STEP(36, 37) SC_STEP(38, 39) SC_STEP(40, 41)
+                     SC_STEP(42, 43) SC_STEP(44, 45) SC_STEP(46, 47) SC_STEP(48, 49) SC_STEP(50, 51) SC_STEP(52, 53)
+                         SC_STEP(54, 55) SC_STEP(56, 57) SC_STEP(58, 59) SC_STEP(60, 61) SC_STEP(62, 63) "}"
+                 : SC_ACC
+                 : "l"(da), "l"(db), SC_OFFS(1), SC_OFFS(2), SC_OFFS(3), SC_OFFS(4), SC_OFFS(5), SC_OFFS(6), SC_OFFS(7),
+                   SC_OFFS(8), SC_OFFS(9), SC_OFFS(10), SC_OFFS(11), SC_OFFS(12), SC_OFFS(13), SC_OFFS(14),
+                   SC_OFFS(15));
+#endif
 }
 
-// O(64 x n) += P(64 x 16) · V(16 x n) for k16 step kk of the tile, n = min(D, 128) columns of
-// O from `o` on: P from registers, V MN-major from shared memory.
-__device__ __forceinline__ void pv_step(float* o, const u32* a, unsigned long long dv) {
+// O(64 x n) += P(64 x BC) · V(BC x n), n = min(D, 128) columns of O from `o` on, as one wgmma
+// chain: P from registers (k16 step kk in pa[kk]), V MN-major from shared memory at `v` (16 rows,
+// 2048 bytes, a step). Operands: the accumulators, then four A registers a step, V's descriptor
+// and the steps' offsets (PV_OFF(kk)).
+#define PV_OFF(kk) "n"(((kk) * 2048) >> 4)
+// The inputs of a chain of 8 or 4 steps (the operand numbers in the steps differ only by the
+// accumulators' count, 64 or 32, ahead of them).
+#define PV_IN8                                                                                                 \
+    WG_A4(pa, 0), WG_A4(pa, 1), WG_A4(pa, 2), WG_A4(pa, 3), WG_A4(pa, 4), WG_A4(pa, 5), WG_A4(pa, 6), WG_A4(pa, 7), \
+        "l"(dv), PV_OFF(1), PV_OFF(2), PV_OFF(3), PV_OFF(4), PV_OFF(5), PV_OFF(6), PV_OFF(7)
+#define PV_IN4 WG_A4(pa, 0), WG_A4(pa, 1), WG_A4(pa, 2), WG_A4(pa, 3), "l"(dv), PV_OFF(1), PV_OFF(2), PV_OFF(3)
 #if D >= 128
-    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." T_PTX "." T_PTX " " WG_REGS_64
-                 ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}"
-                 : WG_ACC64(o, 0)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(dv), "n"(1));
+#define PV_STEP0(...) WG_RS_STEP0("m64n128k16", WG_REGS_64, __VA_ARGS__)
+#define PV_STEP(...) WG_RS_STEP("m64n128k16", WG_REGS_64, __VA_ARGS__)
+#define PV_ACC WG_ACC64(o, 0)
 #else
-    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." T_PTX "." T_PTX " " WG_REGS_32
-                 ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}"
-                 : WG_ACC32(o, 0)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(dv), "n"(1));
+#define PV_STEP0(...) WG_RS_STEP0("m64n64k16", WG_REGS_32, __VA_ARGS__)
+#define PV_STEP(...) WG_RS_STEP("m64n64k16", WG_REGS_32, __VA_ARGS__)
+#define PV_ACC WG_ACC32(o, 0)
+#endif
+__device__ __forceinline__ void pv_chain(float* o, const u32 (*pa)[4], u32 v) {
+    const unsigned long long dv = wgmma_desc(v, KV_BOX, 1024);
+#if BC == 128 && D >= 128
+    asm volatile(WG_CHAIN_HEAD PV_STEP0(64, 65, 66, 67, 96) PV_STEP(68, 69, 70, 71, 96, 97) PV_STEP(72, 73, 74, 75, 96, 98)
+                     PV_STEP(76, 77, 78, 79, 96, 99) PV_STEP(80, 81, 82, 83, 96, 100) PV_STEP(84, 85, 86, 87, 96, 101)
+                         PV_STEP(88, 89, 90, 91, 96, 102) PV_STEP(92, 93, 94, 95, 96, 103) "}"
+                 : PV_ACC
+                 : PV_IN8);
+#elif BC == 128
+    asm volatile(WG_CHAIN_HEAD PV_STEP0(32, 33, 34, 35, 64) PV_STEP(36, 37, 38, 39, 64, 65) PV_STEP(40, 41, 42, 43, 64, 66)
+                     PV_STEP(44, 45, 46, 47, 64, 67) PV_STEP(48, 49, 50, 51, 64, 68) PV_STEP(52, 53, 54, 55, 64, 69)
+                         PV_STEP(56, 57, 58, 59, 64, 70) PV_STEP(60, 61, 62, 63, 64, 71) "}"
+                 : PV_ACC
+                 : PV_IN8);
+#elif D >= 128
+    asm volatile(WG_CHAIN_HEAD PV_STEP0(64, 65, 66, 67, 80) PV_STEP(68, 69, 70, 71, 80, 81) PV_STEP(72, 73, 74, 75, 80, 82)
+                     PV_STEP(76, 77, 78, 79, 80, 83) "}"
+                 : PV_ACC
+                 : PV_IN4);
+#else
+    asm volatile(WG_CHAIN_HEAD PV_STEP0(32, 33, 34, 35, 48) PV_STEP(36, 37, 38, 39, 48, 49) PV_STEP(40, 41, 42, 43, 48, 50)
+                     PV_STEP(44, 45, 46, 47, 48, 51) "}"
+                 : PV_ACC
+                 : PV_IN4);
 #endif
 }
 
@@ -161,17 +212,13 @@ __device__ __forceinline__ void handoff_arrive(int id) {
 // (as in the backward's source, where consumers_sync is another barrier).
 __device__ __forceinline__ void zeroed_sync() { asm volatile("bar.sync 5, 256;" ::: "memory"); }
 
-// O += P·V over the tile's BC keys (k16 steps), V's tile at `v`. Head dim 256 takes two
-// products of 128 columns a step (accumulators 64.. are columns 128..; the second reads V's
-// boxes 2 and 3).
+// O += P·V over the tile's BC keys, V's tile at `v`. Head dim 256 takes two chains of 128
+// columns (accumulators 64.. are columns 128..; the second reads V's boxes 2 and 3).
 __device__ __forceinline__ void pv(float* o, const u32 (*pa)[4], u32 v) {
-#pragma unroll
-    for (int kk = 0; kk < BC / 16; ++kk) {
-        pv_step(o, pa[kk], wgmma_desc(v + kk * 2048, KV_BOX, 1024));
+    pv_chain(o, pa, v);
 #if D == 256
-        pv_step(o + 64, pa[kk], wgmma_desc(v + 2 * KV_BOX + kk * 2048, KV_BOX, 1024));
+    pv_chain(o + 64, pa, v + 2 * KV_BOX);
 #endif
-    }
 }
 
 // The online softmax of one tile's scores (keys j0..): masks them (rows r0 and r0 + 8 of the
