@@ -1,8 +1,10 @@
 """The peers of `bench --vs torch`: each anchor op as a PyTorch user can run it today, timed
-the way bench times tefl. Reads `[[spec, reps], ...]` on stdin (spec: "op size..."), prints one
-JSON line `[spec, peer, seconds or null]` per peer as soon as it is measured, so that what was
-measured survives a peer that brings the process down (a CUDA fault poisons the context):
-bench runs one process per spec and keeps every line it got.
+the way bench times tefl. Reads one `[spec, reps]` line at a time on stdin (spec: "op
+size..."), right after bench has timed tefl's case: it prints `[spec]`, then one JSON line
+`[spec, peer, seconds or null]` per peer as soon as it is measured, then `{"done": spec}`, and
+waits for the next. What was measured survives a peer that brings the process down (a CUDA
+fault poisons the context): bench keeps every line it got and starts a new process for the
+next spec.
 
 Peers: torch eager; torch.compile (norms, activations, softmax, RoPE, and the rmsnorm and softmax
 backwards written out: `formula`); SDPA with the flash and
@@ -21,11 +23,11 @@ import sys
 import time
 
 import torch
+import torch._dynamo
 import torch.nn.functional as F
 
 dev = sys.argv[1]
 cuda = dev.startswith("cuda")
-cases = json.loads(sys.stdin.read())
 bf = torch.bfloat16
 flush = torch.empty(256 << 20, dtype=torch.int8, device=dev) if cuda else None
 
@@ -236,7 +238,14 @@ def peers(op, a):
     return out
 
 
-for spec, reps in cases:
+for line in sys.stdin:
+    if not line.strip():
+        continue
+    spec, reps = json.loads(line)
+    print(json.dumps([spec]), flush=True)
+    # Each spec's compiled callables start from dynamo's empty state, as in a process of their
+    # own: a second shape of the same function would otherwise be compiled with dynamic shapes.
+    torch._dynamo.reset()
     w = spec.split()
     op, a = w[0], [int(x) for x in w[1:]]
     for name, ctx, setup in peers(op, a):
@@ -250,3 +259,4 @@ for spec, reps in cases:
         print(json.dumps([spec, name, secs]), flush=True)
         if cuda:
             torch.cuda.empty_cache()
+    print(json.dumps({"done": spec}), flush=True)

@@ -3,7 +3,9 @@
 //! (`shared/device/README.md`) on the backend's device, and with `--vs torch` every peer a
 //! PyTorch user can pick on the same shapes in the same run (`tests/src/bench_peers.py`: torch
 //! eager, torch.compile for norms, activations, softmax and RoPE, SDPA's flash and cuDNN
-//! backends for attention, FlagGems when it is importable).
+//! backends for attention, FlagGems when it is importable). Each case's peers are timed right
+//! after tefl's, by one Python process that serves the whole run (`Peers`); the table comes
+//! once every case is measured.
 //!
 //! tefl and its peers are timed the same way, on inputs drawn alike (uniform in [-0.5, 0.5)):
 //! 3 s (`TEFL_BENCH_WARMUP`) of back-to-back calls as warm-up (a GPU idle before a case raises its clocks, and a
@@ -481,55 +483,135 @@ impl Timer {
 /// The peers' side (python3 with torch), run as a child process.
 const PEERS_SCRIPT: &str = include_str!("../bench_peers.py");
 
-/// Seconds per peer per spec (None: the peer failed on it).
-type PeerTimes = std::collections::HashMap<String, std::collections::BTreeMap<String, Option<f64>>>;
+/// Seconds per peer of one spec (None: the peer failed on it).
+type PeerTimes = std::collections::BTreeMap<String, Option<f64>>;
 
-fn peer_times(device: &Device, specs: &[(String, usize)]) -> Result<PeerTimes, String> {
-    use std::io::{BufRead, Write};
-    let dev = if device.is_cpu() {
-        "cpu".to_string()
-    } else if device.kind.name() == "cuda" {
-        format!("cuda:{}", device.ordinal)
-    } else if device.kind.name() == "vulkan" {
-        // A Vulkan device is compared with torch on the machine's CUDA device (on the GPU
-        // machine, the same GPU).
-        "cuda:0".to_string()
-    } else {
-        return Err(format!("torch has no equivalent of device {device}"));
-    };
-    let check = std::process::Command::new("python3").args(["-c", "import torch"]).output();
-    if !check.is_ok_and(|o| o.status.success()) {
-        return Err("python3 with torch is not available".into());
+/// The peers' Python process: it takes one spec at a time on stdin and answers with the spec,
+/// a line per peer and a done line.
+struct PeerProcess {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    lines: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+}
+
+/// The peers of `--vs torch`, measured case by case right after tefl's timing of the same case,
+/// so that both sides meet the card in the same state (timed as two blocks, peers first, the
+/// first memory-bound cases of tefl's block ran 9% slower on the H200 than in a run of their
+/// own). One Python process serves the run (torch, FlagGems and torch.compile's workers start
+/// once); a peer that faults the device takes it down, that spec's later peers are missing
+/// from the table, and the next spec starts a new one.
+struct Peers {
+    dev: String,
+    process: Option<PeerProcess>,
+    /// Specs measured so far (cases sharing a spec, like the thd attention cases and the bshd
+    /// ones, are measured once).
+    done: std::collections::HashMap<String, PeerTimes>,
+    /// Time spent waiting for the peers.
+    spent: std::time::Duration,
+}
+
+impl Peers {
+    fn new(device: &Device) -> Result<Self, String> {
+        let dev = if device.is_cpu() {
+            "cpu".to_string()
+        } else if device.kind.name() == "cuda" {
+            format!("cuda:{}", device.ordinal)
+        } else if device.kind.name() == "vulkan" {
+            // A Vulkan device is compared with torch on the machine's CUDA device (on the GPU
+            // machine, the same GPU).
+            "cuda:0".to_string()
+        } else {
+            return Err(format!("torch has no equivalent of device {device}"));
+        };
+        let check = std::process::Command::new("python3").args(["-c", "import torch"]).output();
+        if !check.is_ok_and(|o| o.status.success()) {
+            return Err("python3 with torch is not available".into());
+        }
+        Ok(Peers { dev, process: None, done: Default::default(), spent: Default::default() })
     }
-    let mut times = PeerTimes::new();
-    // One process per spec: a peer that faults the device takes only its own spec's later
-    // peers with it (their lines never come; the table shows them as missing).
-    for (i, (spec, reps)) in specs.iter().enumerate() {
-        eprintln!("bench peers: [{}/{}] {spec}", i + 1, specs.len());
+
+    fn spawn(&self) -> Result<PeerProcess, String> {
+        use std::io::BufRead;
         let mut child = std::process::Command::new("python3")
-            .args(["-c", PEERS_SCRIPT, &dev])
+            .args(["-c", PEERS_SCRIPT, &self.dev])
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .spawn()
             .map_err(|e| e.to_string())?;
-        let input = serde_json::json!([[spec, reps]]).to_string();
-        child.stdin.take().ok_or("no stdin")?.write_all(input.as_bytes()).map_err(|e| e.to_string())?;
+        let stdin = child.stdin.take().ok_or("no stdin")?;
         let stdout = child.stdout.take().ok_or("no stdout")?;
-        for line in std::io::BufReader::new(stdout).lines() {
-            let line = line.map_err(|e| e.to_string())?;
-            let Ok(serde_json::Value::Array(v)) = serde_json::from_str::<serde_json::Value>(&line) else {
-                continue;
-            };
-            if let [serde_json::Value::String(s), serde_json::Value::String(peer), secs] = v.as_slice() {
-                times.entry(s.clone()).or_default().insert(peer.clone(), secs.as_f64());
+        Ok(PeerProcess { child, stdin, lines: std::io::BufReader::new(stdout).lines() })
+    }
+
+    /// Every peer's time for `spec` (what the process measured before it ended, if it did).
+    fn measure(&mut self, spec: &str, reps: usize) -> PeerTimes {
+        if let Some(t) = self.done.get(spec) {
+            return t.clone();
+        }
+        eprintln!("bench peers: {spec} (peers so far: {:.0} s)", self.spent.as_secs_f64());
+        let started = std::time::Instant::now();
+        let times = self.measure_in_process(spec, reps);
+        self.spent += started.elapsed();
+        self.done.insert(spec.to_string(), times.clone());
+        times
+    }
+
+    /// One spec through the running process (started if there is none).
+    fn measure_in_process(&mut self, spec: &str, reps: usize) -> PeerTimes {
+        use std::io::Write;
+        let mut times = PeerTimes::new();
+        let mut process = match self.process.take().map_or_else(|| self.spawn(), Ok) {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("bench peers: starting python3: {e}");
+                return times;
+            }
+        };
+        let line = serde_json::json!([spec, reps]).to_string() + "\n";
+        let mut finished = false;
+        if process.stdin.write_all(line.as_bytes()).and_then(|()| process.stdin.flush()).is_ok() {
+            for line in process.lines.by_ref() {
+                let Ok(line) = line else { break };
+                match serde_json::from_str::<serde_json::Value>(&line) {
+                    Ok(serde_json::Value::Array(v)) => {
+                        if let [serde_json::Value::String(s), serde_json::Value::String(peer), secs] = v.as_slice()
+                            && s == spec
+                        {
+                            times.insert(peer.clone(), secs.as_f64());
+                        }
+                    }
+                    Ok(serde_json::Value::Object(o)) if o.get("done").and_then(|d| d.as_str()) == Some(spec) => {
+                        finished = true;
+                        break;
+                    }
+                    _ => {}
+                }
             }
         }
-        let status = child.wait().map_err(|e| e.to_string())?;
-        if !status.success() {
-            eprintln!("bench peers: the process for '{spec}' ended with {status}; kept what it measured");
+        if finished {
+            self.process = Some(process);
+        } else {
+            drop(process.stdin);
+            match process.child.wait() {
+                Ok(status) => {
+                    eprintln!("bench peers: the process ended with {status} on '{spec}'; kept what it measured")
+                }
+                Err(e) => eprintln!("bench peers: the process ended on '{spec}' ({e}); kept what it measured"),
+            }
+        }
+        times
+    }
+}
+
+impl Drop for Peers {
+    fn drop(&mut self) {
+        // Closing its stdin ends the process's loop.
+        if let Some(p) = self.process.take() {
+            drop(p.stdin);
+            let mut child = p.child;
+            let _ = child.wait();
         }
     }
-    Ok(times)
 }
 
 fn main() -> ExitCode {
@@ -650,9 +732,9 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let peers = if vs_torch {
-        match peer_times(&device, &cases.iter().map(|c| (c.torch.clone(), reps)).collect::<Vec<_>>()) {
-            Ok(t) => Some(t),
+    let mut peers = if vs_torch {
+        match Peers::new(&device) {
+            Ok(p) => Some(p),
             Err(e) => {
                 println!("--vs torch: {e}; skipping the comparison");
                 None
@@ -661,11 +743,29 @@ fn main() -> ExitCode {
     } else {
         None
     };
+    // Each case: tefl's time, then its peers'; the table once every case is measured.
+    let mut measured = Vec::new();
+    let mut progress = Progress::new("bench");
+    progress.start("bench", Some(cases.len()));
+    for c in &cases {
+        progress.tick(&c.name);
+        let t = timer.median_secs(reps, &*c.run);
+        progress.clear();
+        let theirs = match (&t, peers.as_mut()) {
+            (Ok(_), Some(p)) => Some(p.measure(&c.torch, reps)),
+            _ => None,
+        };
+        measured.push((c, t, theirs));
+    }
+    drop(progress);
+    if let Some(p) = peers.take() {
+        eprintln!("bench peers: {:.0} s in all", p.spent.as_secs_f64());
+    }
     // The peer columns this run has, in a fixed order.
     let peer_names: Vec<String> = ["eager", "compile", "flaggems", "sdpa_flash", "sdpa_cudnn", "grouped_mm"]
         .iter()
         .map(|p| p.to_string())
-        .filter(|p| peers.as_ref().is_some_and(|m| m.values().any(|v| v.contains_key(p))))
+        .filter(|p| measured.iter().any(|(_, _, m)| m.as_ref().is_some_and(|m| m.contains_key(p))))
         .collect();
     let mut rows = Vec::new();
     let mut bars = Vec::new();
@@ -674,18 +774,13 @@ fn main() -> ExitCode {
     for p in &peer_names {
         let _ = write!(head, " {:>10}", p);
     }
-    if peers.is_some() {
+    if vs_torch && !peer_names.is_empty() {
         let _ = write!(head, " {:>10} {:>10}", "best peer", "tefl speed");
     }
     println!("{head}");
-    let mut progress = Progress::new("bench");
-    progress.start("bench", Some(cases.len()));
-    for c in &cases {
-        progress.tick(&c.name);
-        let t = timer.median_secs(reps, &*c.run);
-        progress.clear();
+    for (c, t, mine) in &measured {
         let t = match t {
-            Ok(t) => t,
+            Ok(t) => *t,
             Err(e) => {
                 println!("{:<40} error: {e}", c.name);
                 failed = true;
@@ -698,15 +793,14 @@ fn main() -> ExitCode {
             let g = c.bytes / t / 1e9;
             (format!("{g:.0} GB/s"), copy_gbps.map_or(String::new(), |cg| format!("{:.0}%", 100.0 * g / cg)))
         };
-        let mine = peers.as_ref().and_then(|m| m.get(&c.torch));
-        let peer_ms = |p: &str| mine.and_then(|m| m.get(p).copied().flatten());
+        let peer_ms = |p: &str| mine.as_ref().and_then(|m| m.get(p).copied().flatten());
         let best =
             peer_names.iter().filter_map(|p| peer_ms(p).map(|x| (p.clone(), x))).min_by(|a, b| a.1.total_cmp(&b.1));
         let mut line = format!("{:<40} {:>10.3} {:>13} {:>8}", c.name, t * 1e3, rate, frac);
         for p in &peer_names {
             let _ = write!(line, " {:>10}", peer_ms(p).map_or("-".to_string(), |x| format!("{:.3}", x * 1e3)));
         }
-        if peers.is_some() {
+        if vs_torch && !peer_names.is_empty() {
             match &best {
                 Some((p, x)) => {
                     let _ = write!(line, " {p:>10} {:>9.2}x", x / t);
@@ -727,7 +821,6 @@ fn main() -> ExitCode {
             "tefl_speed_vs_best": best.as_ref().map(|b| b.1 / t),
         }));
     }
-    drop(progress);
     if let Some(path) = svg_path {
         let name = tefl_core::device::runtime(device.kind).map(|r| r.name(device.ordinal)).unwrap_or_default();
         let title = format!("tefl {backend} on {name}: speed relative to the best peer (same run)");
