@@ -285,9 +285,9 @@ if has bench; then
   vs=""
   python3 -c "import torch" 2>/dev/null && vs="--vs torch"
   # FlagGems and its dependencies, when the bundle carries their wheels (see `cargo xtask
-  # bundle`), are installed for the bench's peers. With every peer the run takes more than
-  # the device tool's 10-minute command limit at the default 3 s warm-up a case (TEFL_BENCH_WARMUP
-  # sets it; the peers' progress lines carry the seconds since they started).
+  # bundle`), are installed for the bench's peers. With every peer, TEFL_BENCH_WARMUP=1 (seconds
+  # of warm-up a case and peer; 3 by default) took 264 s on an H200 (2026-12-01), inside the
+  # device tool's 10-minute command limit; each second more adds about 75 s.
   if ls "$here"/peers/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --target "$scratch/site" "$here"/peers/*.whl \
       && export PYTHONPATH="$scratch/site${{PYTHONPATH:+:$PYTHONPATH}}"
