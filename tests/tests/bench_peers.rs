@@ -1,0 +1,105 @@
+//! `bench --vs torch` and its peers' process: each case's peers come from one Python process
+//! that takes a spec at a time; cases that share a spec are measured once; a process that dies
+//! on a spec (a peer that faulted the GPU) keeps what it measured, and a new one takes the next
+//! spec. The peers' side here is a stand-in `python3` speaking bench_peers.py's protocol (torch
+//! is not on this machine), ahead of the real one on PATH.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The first `python3` on PATH.
+fn real_python() -> PathBuf {
+    let path = std::env::var_os("PATH").expect("PATH is set");
+    std::env::split_paths(&path)
+        .map(|d| d.join("python3"))
+        .find(|p| p.is_file())
+        .expect("python3 on PATH (the README's test command needs it)")
+}
+
+/// A stand-in for python3: `-c "import torch"` succeeds; otherwise it logs its start and each
+/// spec it reads, answers eager 1 ms and compile 2 ms, and exits with status 3 after the eager
+/// line of a RoPE spec (the way a peer's CUDA fault ends the real process).
+fn stand_in(dir: &Path, log: &Path) -> PathBuf {
+    let script = format!(
+        r#"#!{python}
+import json, sys
+if sys.argv[1:3] == ["-c", "import torch"]:
+    sys.exit(0)
+log = open({log:?}, "a")
+log.write("start\n")
+log.flush()
+for line in sys.stdin:
+    spec, reps = json.loads(line)
+    log.write("spec " + spec + "\n")
+    log.flush()
+    print(json.dumps([spec]), flush=True)
+    print(json.dumps([spec, "eager", 1e-3]), flush=True)
+    if spec.startswith("rope"):
+        sys.exit(3)
+    print(json.dumps([spec, "compile", 2e-3]), flush=True)
+    print(json.dumps({{"done": spec}}), flush=True)
+"#,
+        python = real_python().display(),
+        log = log.display().to_string(),
+    );
+    let exe = dir.join("python3");
+    std::fs::write(&exe, script).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    exe
+}
+
+#[test]
+fn peers_run_case_by_case_in_one_process_that_is_replaced_after_a_fault() {
+    let dir = std::env::temp_dir().join(format!("tefl-bench-peers-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("log");
+    stand_in(&dir, &log);
+    let path = std::env::join_paths(
+        std::iter::once(dir.clone()).chain(std::env::split_paths(&std::env::var_os("PATH").unwrap())),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_bench"))
+        .args(["--backend", "reference", "--shapes", "small", "--vs", "torch", "--reps", "3"])
+        .args(["--only", "rmsnorm_fwd 4096,rope,gelu,attn_fwd", "--attn-d", "64"])
+        .env("PATH", &path)
+        .env("TEFL_BENCH_WARMUP", "0.1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench failed\n{stdout}\n{stderr}");
+
+    let row = |name: &str| -> Vec<String> {
+        let line =
+            stdout.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("no row {name:?} in\n{stdout}"));
+        line[40..].split_whitespace().map(str::to_string).collect()
+    };
+    // tefl ms, rate (two words), of copy (memory-bound rows), eager, compile, best, speed.
+    let rms = row("rmsnorm_fwd 4096x4096");
+    assert_eq!(&rms[4..7], ["1.000", "2.000", "eager"], "{rms:?}");
+    let gelu = row("gelu");
+    assert_eq!(&gelu[4..7], ["1.000", "2.000", "eager"], "{gelu:?}");
+    // The spec whose process died keeps the peer it measured; the one it did not is missing.
+    let rope = row("rope_fwd");
+    assert_eq!(&rope[4..7], ["1.000", "-", "eager"], "{rope:?}");
+    assert!(stderr.contains("ended with exit status: 3 on 'rope"), "{stderr}");
+    // The bshd and thd attention cases share one spec's peers (no "of copy" column).
+    let bshd = row("attn_fwd causal");
+    let thd = row("attn_fwd thd causal");
+    assert_eq!(&bshd[3..6], ["1.000", "2.000", "eager"], "{bshd:?}");
+    assert_eq!(&thd[3..6], ["1.000", "2.000", "eager"], "{thd:?}");
+
+    // Two processes: the first until RoPE's spec, a second for the specs after it; each spec
+    // sent once, in the cases' order.
+    let log = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<&str> = log.lines().collect();
+    assert_eq!(lines.iter().filter(|l| **l == "start").count(), 2, "{log}");
+    let specs: Vec<&str> = lines.iter().filter_map(|l| l.strip_prefix("spec ")).collect();
+    assert_eq!(specs.len(), 4, "{log}");
+    assert!(specs[0].starts_with("rmsnorm_fwd") && specs[1].starts_with("gelu"), "{log}");
+    assert!(specs[2].starts_with("rope") && specs[3].starts_with("attn_fwd"), "{log}");
+    assert_eq!(lines.iter().position(|l| l.starts_with("spec rope")).map(|i| lines[i + 1]), Some("start"), "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
