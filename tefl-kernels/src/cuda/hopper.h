@@ -132,6 +132,11 @@ template <int N> __device__ __forceinline__ void wgmma_wait() {
     "add.s64 db, %" #B ", %" #OB ";\n"                                                          \
     "wgmma.mma_async.sync.aligned." SHAPE ".f32." T_PTX "." T_PTX " " REGS ", {%" #R0 ", %" #R1 ", %" #R2 \
     ", %" #R3 "}, db, add, 1, 1, 1;\n"
+// Step ks's offset operands of a chain with both operands K-major in shared memory (the copy
+// engine's 128-byte swizzled boxes of 64 columns): box ks / 4 (boxes of BOX_A bytes for A, BOX_B
+// for B), 32 bytes a step within one.
+#define WG_KMAJOR_OFFS(ks, BOX_A, BOX_B) \
+    "n"((((ks) / 4) * (BOX_A) + ((ks) % 4) * 32) >> 4), "n"((((ks) / 4) * (BOX_B) + ((ks) % 4) * 32) >> 4)
 // The four A registers of k16 step kk of fragments `a` (u32 a[][4]) as asm operands.
 #define WG_A4(a, kk) "r"(a[kk][0]), "r"(a[kk][1]), "r"(a[kk][2]), "r"(a[kk][3])
 

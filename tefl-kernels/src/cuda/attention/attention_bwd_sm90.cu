@@ -131,9 +131,9 @@ __device__ __forceinline__ float2 lds_f32x2(u32 addr) {
 // The products of the scores (Sᵀ, dPᵀ) are wgmma chains (hopper.h): as one statement a step,
 // ptxas moved the partial Sᵀ to other registers before its last step (head dims 64 and 256, not
 // 128), which waited for every MMA in flight, the previous tile's dK included, before that step
-// and dPᵀ could issue. NT_OFFS(ks) are step ks's offset operands: box ks / 4 (boxes of K_BOX
-// bytes for A, Q_BOX for B), 32 bytes a step within one.
-#define NT_OFFS(ks) "n"((((ks) / 4) * K_BOX + ((ks) % 4) * 32) >> 4), "n"((((ks) / 4) * Q_BOX + ((ks) % 4) * 32) >> 4)
+// and dPᵀ could issue. NT_OFFS(ks) are step ks's offset operands (A in boxes of K_BOX bytes, B
+// of Q_BOX).
+#define NT_OFFS(ks) WG_KMAJOR_OFFS(ks, K_BOX, Q_BOX)
 
 // C(64 x 64) = A(64 x D) · B(64 x D)ᵀ, both K-major in shared memory: A's rows at `a` in boxes of
 // K_BOX bytes (64 rows of a 128-row tile), B's at `b` in boxes of Q_BOX. (Head dims 64 and 128;

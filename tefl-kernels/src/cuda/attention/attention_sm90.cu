@@ -102,9 +102,9 @@ __device__ __forceinline__ void load_tile(u32 dst, const TensorMap* map, int hea
 }
 
 // S(64 x BC) = Q_c(64 x D) · K(BC x D)ᵀ, both from shared memory (q: this consumer's rows), as
-// one wgmma chain (hopper.h). SC_OFFS(ks) are step ks's offset operands: box ks / 4 (boxes of
-// Q_BOX bytes for Q, KV_BOX for K), 32 bytes a step within one.
-#define SC_OFFS(ks) "n"((((ks) / 4) * Q_BOX + ((ks) % 4) * 32) >> 4), "n"((((ks) / 4) * KV_BOX + ((ks) % 4) * 32) >> 4)
+// one wgmma chain (hopper.h). SC_OFFS(ks) are step ks's offset operands (Q in boxes of Q_BOX
+// bytes, K of KV_BOX).
+#define SC_OFFS(ks) WG_KMAJOR_OFFS(ks, Q_BOX, KV_BOX)
 #if BC == 128
 #define SC_STEP0 WG_SS_STEP0("m64n128k16", WG_REGS_64, 64, 65)
 #define SC_STEP(OA, OB) WG_SS_STEP("m64n128k16", WG_REGS_64, 64, 65, OA, OB)
