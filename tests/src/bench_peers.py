@@ -1,6 +1,6 @@
 """The peers of `bench --vs torch`: each anchor op as a PyTorch user can run it today, timed
 the way bench times tefl. Reads one `[spec, reps]` line at a time on stdin (spec: "op
-size..."), right after bench has timed tefl's case: it prints `[spec]`, then one JSON line
+size..."), right after bench has timed tefl's case: it prints one JSON line
 `[spec, peer, seconds or null]` per peer as soon as it is measured, then `{"done": spec}`, and
 waits for the next. What was measured survives a peer that brings the process down (a CUDA
 fault poisons the context): bench keeps every line it got and starts a new process for the
@@ -242,7 +242,6 @@ for line in sys.stdin:
     if not line.strip():
         continue
     spec, reps = json.loads(line)
-    print(json.dumps([spec]), flush=True)
     # Each spec's compiled callables start from dynamo's empty state, as in a process of their
     # own: a second shape of the same function would otherwise be compiled with dynamic shapes.
     torch._dynamo.reset()
