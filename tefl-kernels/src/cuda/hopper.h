@@ -132,6 +132,34 @@ template <int N> __device__ __forceinline__ void wgmma_wait() {
     "add.s64 db, %" #B ", %" #OB ";\n"                                                          \
     "wgmma.mma_async.sync.aligned." SHAPE ".f32." T_PTX "." T_PTX " " REGS ", {%" #R0 ", %" #R1 ", %" #R2 \
     ", %" #R3 "}, db, add, 1, 1, 1;\n"
+// Chains of 4 or 8 register-A steps over an MN-major B that advances 2048 bytes (16 rows of 128
+// bytes) a step, C 64 x 128 (N128: WG_ACC64 operands) or 64 x 64 (N64: WG_ACC32): the statement
+// is WG_RS_CHAIN<steps>_N<n>, its inputs WG_RS_IN<steps>(a, desc), with a the A fragments
+// (u32 a[][4]) and desc B's descriptor at step 0. The operand numbers are the accumulators', then
+// four A registers a step, the descriptor and the steps' offsets.
+#define WG_RS_OFF(kk) "n"(((kk) * 2048) >> 4)
+#define WG_RS_IN4(a, desc) WG_A4(a, 0), WG_A4(a, 1), WG_A4(a, 2), WG_A4(a, 3), "l"(desc), WG_RS_OFF(1), WG_RS_OFF(2), WG_RS_OFF(3)
+#define WG_RS_IN8(a, desc)                                                                                      \
+    WG_A4(a, 0), WG_A4(a, 1), WG_A4(a, 2), WG_A4(a, 3), WG_A4(a, 4), WG_A4(a, 5), WG_A4(a, 6), WG_A4(a, 7), "l"(desc), \
+        WG_RS_OFF(1), WG_RS_OFF(2), WG_RS_OFF(3), WG_RS_OFF(4), WG_RS_OFF(5), WG_RS_OFF(6), WG_RS_OFF(7)
+#define WG_RS128_0(...) WG_RS_STEP0("m64n128k16", WG_REGS_64, __VA_ARGS__)
+#define WG_RS128(...) WG_RS_STEP("m64n128k16", WG_REGS_64, __VA_ARGS__)
+#define WG_RS64_0(...) WG_RS_STEP0("m64n64k16", WG_REGS_32, __VA_ARGS__)
+#define WG_RS64(...) WG_RS_STEP("m64n64k16", WG_REGS_32, __VA_ARGS__)
+#define WG_RS_CHAIN8_N128                                                                                         \
+    WG_CHAIN_HEAD WG_RS128_0(64, 65, 66, 67, 96) WG_RS128(68, 69, 70, 71, 96, 97) WG_RS128(72, 73, 74, 75, 96, 98) \
+        WG_RS128(76, 77, 78, 79, 96, 99) WG_RS128(80, 81, 82, 83, 96, 100) WG_RS128(84, 85, 86, 87, 96, 101)       \
+            WG_RS128(88, 89, 90, 91, 96, 102) WG_RS128(92, 93, 94, 95, 96, 103) "}"
+#define WG_RS_CHAIN8_N64                                                                                      \
+    WG_CHAIN_HEAD WG_RS64_0(32, 33, 34, 35, 64) WG_RS64(36, 37, 38, 39, 64, 65) WG_RS64(40, 41, 42, 43, 64, 66) \
+        WG_RS64(44, 45, 46, 47, 64, 67) WG_RS64(48, 49, 50, 51, 64, 68) WG_RS64(52, 53, 54, 55, 64, 69)         \
+            WG_RS64(56, 57, 58, 59, 64, 70) WG_RS64(60, 61, 62, 63, 64, 71) "}"
+#define WG_RS_CHAIN4_N128                                                                                         \
+    WG_CHAIN_HEAD WG_RS128_0(64, 65, 66, 67, 80) WG_RS128(68, 69, 70, 71, 80, 81) WG_RS128(72, 73, 74, 75, 80, 82) \
+        WG_RS128(76, 77, 78, 79, 80, 83) "}"
+#define WG_RS_CHAIN4_N64                                                                                      \
+    WG_CHAIN_HEAD WG_RS64_0(32, 33, 34, 35, 48) WG_RS64(36, 37, 38, 39, 48, 49) WG_RS64(40, 41, 42, 43, 48, 50) \
+        WG_RS64(44, 45, 46, 47, 48, 51) "}"
 // Step ks's offset operands of a chain with both operands K-major in shared memory (the copy
 // engine's 128-byte swizzled boxes of 64 columns): box ks / 4 (boxes of BOX_A bytes for A, BOX_B
 // for B), 32 bytes a step within one.

@@ -157,25 +157,15 @@ __device__ __forceinline__ void mm_nt(float* c, u32 a, u32 b) {
 #endif
 
 // C(64 x D) += A(64 x 64) · B(64 x D): A as registers (k16 step kk in a[kk]), B MN-major (a query
-// tile of shared memory: rows are the k dimension, boxes of Q_BOX hold 64 columns each).
+// tile of shared memory: rows are the k dimension, boxes of Q_BOX hold 64 columns each), as one
+// wgmma chain (hopper.h's WG_RS_CHAIN*). (Head dims 64 and 128; 256 has mm_mixed.)
 __device__ __forceinline__ void mm_rs(float* c, const u32 (*a)[4], u32 b) {
-#pragma unroll
-    for (int kk = 0; kk < BM / 16; ++kk) {
-        const unsigned long long db = wgmma_desc(b + kk * 2048, Q_BOX, 1024);
+    const unsigned long long db = wgmma_desc(b, Q_BOX, 1024);
 #if D == 128
-        asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %69, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n128k16.f32." T_PTX "." T_PTX " " WG_REGS_64
-                     ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}"
-                     : WG_ACC64(c, 0)
-                     : "r"(a[kk][0]), "r"(a[kk][1]), "r"(a[kk][2]), "r"(a[kk][3]), "l"(db), "n"(1));
+    asm volatile(WG_RS_CHAIN4_N128 : WG_ACC64(c, 0) : WG_RS_IN4(a, db));
 #else
-        asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32." T_PTX "." T_PTX " " WG_REGS_32
-                     ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}"
-                     : WG_ACC32(c, 0)
-                     : "r"(a[kk][0]), "r"(a[kk][1]), "r"(a[kk][2]), "r"(a[kk][3]), "l"(db), "n"(1));
+    asm volatile(WG_RS_CHAIN4_N64 : WG_ACC32(c, 0) : WG_RS_IN4(a, db));
 #endif
-    }
 }
 
 // 64 columns of dQ (64 x 64) = dS(64 x 16 steps) · K(16 steps x 64): both MN-major in shared

@@ -146,49 +146,18 @@ __device__ __forceinline__ void scores(float* s, u32 q, u32 k) {
 }
 
 // O(64 x n) += P(64 x BC) · V(BC x n), n = min(D, 128) columns of O from `o` on, as one wgmma
-// chain: P from registers (k16 step kk in pa[kk]), V MN-major from shared memory at `v` (16 rows,
-// 2048 bytes, a step). Operands: the accumulators, then four A registers a step, V's descriptor
-// and the steps' offsets (PV_OFF(kk)).
-#define PV_OFF(kk) "n"(((kk) * 2048) >> 4)
-// The inputs of a chain of 8 or 4 steps (the operand numbers in the steps differ only by the
-// accumulators' count, 64 or 32, ahead of them).
-#define PV_IN8                                                                                                 \
-    WG_A4(pa, 0), WG_A4(pa, 1), WG_A4(pa, 2), WG_A4(pa, 3), WG_A4(pa, 4), WG_A4(pa, 5), WG_A4(pa, 6), WG_A4(pa, 7), \
-        "l"(dv), PV_OFF(1), PV_OFF(2), PV_OFF(3), PV_OFF(4), PV_OFF(5), PV_OFF(6), PV_OFF(7)
-#define PV_IN4 WG_A4(pa, 0), WG_A4(pa, 1), WG_A4(pa, 2), WG_A4(pa, 3), "l"(dv), PV_OFF(1), PV_OFF(2), PV_OFF(3)
-#if D >= 128
-#define PV_STEP0(...) WG_RS_STEP0("m64n128k16", WG_REGS_64, __VA_ARGS__)
-#define PV_STEP(...) WG_RS_STEP("m64n128k16", WG_REGS_64, __VA_ARGS__)
-#define PV_ACC WG_ACC64(o, 0)
-#else
-#define PV_STEP0(...) WG_RS_STEP0("m64n64k16", WG_REGS_32, __VA_ARGS__)
-#define PV_STEP(...) WG_RS_STEP("m64n64k16", WG_REGS_32, __VA_ARGS__)
-#define PV_ACC WG_ACC32(o, 0)
-#endif
+// chain (hopper.h's WG_RS_CHAIN*): P from registers (k16 step kk in pa[kk]), V MN-major from
+// shared memory at `v` (16 rows, 2048 bytes, a step).
 __device__ __forceinline__ void pv_chain(float* o, const u32 (*pa)[4], u32 v) {
     const unsigned long long dv = wgmma_desc(v, KV_BOX, 1024);
 #if BC == 128 && D >= 128
-    asm volatile(WG_CHAIN_HEAD PV_STEP0(64, 65, 66, 67, 96) PV_STEP(68, 69, 70, 71, 96, 97) PV_STEP(72, 73, 74, 75, 96, 98)
-                     PV_STEP(76, 77, 78, 79, 96, 99) PV_STEP(80, 81, 82, 83, 96, 100) PV_STEP(84, 85, 86, 87, 96, 101)
-                         PV_STEP(88, 89, 90, 91, 96, 102) PV_STEP(92, 93, 94, 95, 96, 103) "}"
-                 : PV_ACC
-                 : PV_IN8);
+    asm volatile(WG_RS_CHAIN8_N128 : WG_ACC64(o, 0) : WG_RS_IN8(pa, dv));
 #elif BC == 128
-    asm volatile(WG_CHAIN_HEAD PV_STEP0(32, 33, 34, 35, 64) PV_STEP(36, 37, 38, 39, 64, 65) PV_STEP(40, 41, 42, 43, 64, 66)
-                     PV_STEP(44, 45, 46, 47, 64, 67) PV_STEP(48, 49, 50, 51, 64, 68) PV_STEP(52, 53, 54, 55, 64, 69)
-                         PV_STEP(56, 57, 58, 59, 64, 70) PV_STEP(60, 61, 62, 63, 64, 71) "}"
-                 : PV_ACC
-                 : PV_IN8);
+    asm volatile(WG_RS_CHAIN8_N64 : WG_ACC32(o, 0) : WG_RS_IN8(pa, dv));
 #elif D >= 128
-    asm volatile(WG_CHAIN_HEAD PV_STEP0(64, 65, 66, 67, 80) PV_STEP(68, 69, 70, 71, 80, 81) PV_STEP(72, 73, 74, 75, 80, 82)
-                     PV_STEP(76, 77, 78, 79, 80, 83) "}"
-                 : PV_ACC
-                 : PV_IN4);
+    asm volatile(WG_RS_CHAIN4_N128 : WG_ACC64(o, 0) : WG_RS_IN4(pa, dv));
 #else
-    asm volatile(WG_CHAIN_HEAD PV_STEP0(32, 33, 34, 35, 48) PV_STEP(36, 37, 38, 39, 48, 49) PV_STEP(40, 41, 42, 43, 48, 50)
-                     PV_STEP(44, 45, 46, 47, 48, 51) "}"
-                 : PV_ACC
-                 : PV_IN4);
+    asm volatile(WG_RS_CHAIN4_N64 : WG_ACC32(o, 0) : WG_RS_IN4(pa, dv));
 #endif
 }
 
