@@ -157,7 +157,8 @@ declare_op! {
     validate(a) {
         check_noop("multi_tensor_l2norm", &a.noop_flag)?;
         check_list("multi_tensor_l2norm", "tensors", &a.tensors, true)
-    }    outputs(a) { norm_outputs(a.tensors.len(), a.per_tensor) }
+    }
+    outputs(a) { norm_outputs(a.tensors.len(), a.per_tensor) }
 }
 
 declare_op! {
@@ -186,7 +187,8 @@ declare_op! {
         check_noop(OP, &a.noop_flag)?;
         check_list(OP, "tensors", &a.tensors, true)?;
         check::scalar_f32(OP, "inv_scale", &a.inv_scale)
-    }    outputs(a) { norm_outputs(a.tensors.len(), a.per_tensor) }
+    }
+    outputs(a) { norm_outputs(a.tensors.len(), a.per_tensor) }
 }
 
 declare_op! {

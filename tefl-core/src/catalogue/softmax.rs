@@ -110,7 +110,8 @@ declare_op_with! {
             });
         }
         Ok(())
-    }    outputs(a) { like_x("y", &a.x) }
+    }
+    outputs(a) { like_x("y", &a.x) }
 }
 
 declare_op_with! {
