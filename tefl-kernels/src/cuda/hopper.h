@@ -118,12 +118,16 @@ template <int N> __device__ __forceinline__ void wgmma_wait() {
 // is below 256 KB, so the sum stays in that field. T_PTX (the element type's PTX name) comes
 // from the including source. A chain is WG_CHAIN_HEAD, its steps, then "}".
 #define WG_CHAIN_HEAD "{\n.reg .b64 da, db;\n.reg .pred add, no_add;\nsetp.ne.b32 add, 1, 0;\nsetp.ne.b32 no_add, 0, 0;\n"
-// Both operands K-major in shared memory; step 0 overwrites the accumulators.
-#define WG_SS_STEP0(SHAPE, REGS, A, B) \
-    "wgmma.mma_async.sync.aligned." SHAPE ".f32." T_PTX "." T_PTX " " REGS ", %" #A ", %" #B ", no_add, 1, 1, 0, 0;\n"
-#define WG_SS_STEP(SHAPE, REGS, A, B, OA, OB)                                                   \
+// Both operands in shared memory, TRANS their transpose flags ("0, 0": both K-major, "1, 1": both
+// MN-major); step 0 overwrites the accumulators.
+#define WG_SS_STEP0_T(SHAPE, REGS, A, B, TRANS) \
+    "wgmma.mma_async.sync.aligned." SHAPE ".f32." T_PTX "." T_PTX " " REGS ", %" #A ", %" #B ", no_add, 1, 1, " TRANS ";\n"
+#define WG_SS_STEP_T(SHAPE, REGS, A, B, OA, OB, TRANS)                                          \
     "add.s64 da, %" #A ", %" #OA ";\nadd.s64 db, %" #B ", %" #OB ";\n"                       \
-    "wgmma.mma_async.sync.aligned." SHAPE ".f32." T_PTX "." T_PTX " " REGS ", da, db, add, 1, 1, 0, 0;\n"
+    "wgmma.mma_async.sync.aligned." SHAPE ".f32." T_PTX "." T_PTX " " REGS ", da, db, add, 1, 1, " TRANS ";\n"
+// Both operands K-major in shared memory.
+#define WG_SS_STEP0(SHAPE, REGS, A, B) WG_SS_STEP0_T(SHAPE, REGS, A, B, "0, 0")
+#define WG_SS_STEP(SHAPE, REGS, A, B, OA, OB) WG_SS_STEP_T(SHAPE, REGS, A, B, OA, OB, "0, 0")
 // A from registers (operands R0..R3), B MN-major in shared memory; every step accumulates.
 #define WG_RS_STEP0(SHAPE, REGS, R0, R1, R2, R3, B)                                               \
     "wgmma.mma_async.sync.aligned." SHAPE ".f32." T_PTX "." T_PTX " " REGS ", {%" #R0 ", %" #R1 ", %" #R2 \
