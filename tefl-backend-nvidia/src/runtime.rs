@@ -410,6 +410,29 @@ impl DeviceRuntime for CudaRuntime {
         end.synchronize().map_err(err)?;
         Ok(f64::from(start.elapsed_ms(&end).map_err(err)?) / 1e3)
     }
+    fn time_reps_after(
+        &self,
+        device: Device,
+        reps: usize,
+        before: &mut dyn FnMut() -> Result<()>,
+        work: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<Vec<f64>> {
+        use cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT;
+        let stream = self.context(device)?.default_stream();
+        let err = |e| device_error(device, e);
+        stream.synchronize().map_err(err)?;
+        // Every repetition queued (two events each), then one wait for the last.
+        let mut events = Vec::with_capacity(reps);
+        for _ in 0..reps {
+            before()?;
+            let start = stream.record_event(Some(CU_EVENT_DEFAULT)).map_err(err)?;
+            work()?;
+            let end = stream.record_event(Some(CU_EVENT_DEFAULT)).map_err(err)?;
+            events.push((start, end));
+        }
+        stream.synchronize().map_err(err)?;
+        events.iter().map(|(start, end)| Ok(f64::from(start.elapsed_ms(end).map_err(err)?) / 1e3)).collect()
+    }
     fn alloc_uninit(&self, device: Device, bytes: usize) -> Result<Arc<dyn Buffer>> {
         Ok(self.alloc_uninit_buffer(device, bytes)?)
     }

@@ -263,6 +263,20 @@ pub trait DeviceRuntime: Send + Sync + 'static {
         before()?;
         self.time_on_device(device, work)
     }
+    /// Seconds each of `reps` repetitions of `work` takes on `device`, each queued right after
+    /// `before` (untimed) as in [`DeviceRuntime::time_after`]. Runtimes with device timing queue
+    /// every repetition, then wait once, as a PyTorch benchmark loop with CUDA events does (the
+    /// device runs flush, work, flush, work, ... back to back, with no host wait between
+    /// repetitions); this default calls [`DeviceRuntime::time_after`] once a repetition.
+    fn time_reps_after(
+        &self,
+        device: Device,
+        reps: usize,
+        before: &mut dyn FnMut() -> Result<()>,
+        work: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<Vec<f64>> {
+        (0..reps).map(|_| self.time_after(device, before, work)).collect()
+    }
     /// Copies `src` into `dst` (equal sizes, both of this runtime). Runtimes copy on the
     /// device; this default stages the bytes through the host.
     fn copy_device_to_device(&self, src: &dyn Buffer, dst: &dyn Buffer) -> Result<()> {
@@ -561,6 +575,15 @@ impl DeviceRuntime for Contained {
         work: &mut dyn FnMut() -> Result<()>,
     ) -> Result<f64> {
         self.fallible("time_after", || self.inner.time_after(device, before, work))
+    }
+    fn time_reps_after(
+        &self,
+        device: Device,
+        reps: usize,
+        before: &mut dyn FnMut() -> Result<()>,
+        work: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<Vec<f64>> {
+        self.fallible("time_reps_after", || self.inner.time_reps_after(device, reps, before, work))
     }
     fn copy_device_to_device(&self, src: &dyn Buffer, dst: &dyn Buffer) -> Result<()> {
         self.fallible("copy_device_to_device", || self.inner.copy_device_to_device(src, dst))
@@ -1025,6 +1048,40 @@ mod tests {
         assert!((0.015..0.15).contains(&t), "{t}");
         let e = rt.time_after(Device::CPU, &mut || panic!("the flush exploded"), &mut || Ok(())).unwrap_err();
         assert!(matches!(&e, Error::DeviceFailure { .. }) && e.to_string().contains("the flush exploded"), "{e}");
+    }
+
+    #[test]
+    fn time_reps_after_times_each_repetition_and_contains_panics() {
+        let rt = Contained::new(Arc::new(CpuRuntime)).unwrap();
+        let order = std::cell::RefCell::new(Vec::new());
+        let ts = rt
+            .time_reps_after(
+                Device::CPU,
+                3,
+                &mut || {
+                    order.borrow_mut().push("before");
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                    Ok(())
+                },
+                &mut || {
+                    order.borrow_mut().push("work");
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                    Ok(())
+                },
+            )
+            .unwrap();
+        assert_eq!(*order.borrow(), ["before", "work", "before", "work", "before", "work"]);
+        assert_eq!(ts.len(), 3);
+        // Each the work's 20 ms, not the 100 ms before it.
+        assert!(ts.iter().all(|t| (0.015..0.09).contains(t)), "{ts:?}");
+        let mut n = 0;
+        let e = rt
+            .time_reps_after(Device::CPU, 3, &mut || Ok(()), &mut || {
+                n += 1;
+                if n == 2 { panic!("the second call exploded") } else { Ok(()) }
+            })
+            .unwrap_err();
+        assert!(matches!(&e, Error::DeviceFailure { .. }) && e.to_string().contains("the second call exploded"), "{e}");
     }
 
     #[test]

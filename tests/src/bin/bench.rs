@@ -11,7 +11,8 @@
 //! 3 s (`TEFL_BENCH_WARMUP`) of back-to-back calls as warm-up (a GPU idle before a case raises its clocks, and a
 //! power-bound one lowers them as it heats), then per repetition an L2
 //! flush (a 256 MiB fill) followed, with no host wait, by one call timed on the device (CUDA
-//! events; Vulkan timestamp queries), and the median of the repetitions. Reports GB/s (each
+//! events; Vulkan timestamp queries), every repetition queued before one wait for them all
+//! where the runtime can (CUDA, as the peers' loop does), and the median of the repetitions. Reports GB/s (each
 //! input read once, each output written once) or TFLOP/s, the fraction of a copy's bandwidth
 //! measured the same way, each peer's time, the best peer and tefl's speed relative to it
 //! (best peer's time / tefl's: above 1, tefl is faster). `--svg FILE` draws that last column
@@ -444,7 +445,8 @@ impl Timer {
         Ok(Timer { rt, device, flush, warm_up })
     }
 
-    /// Warm-up, then the median of up to `reps` timed calls (at least 3, at most ~20 s).
+    /// Warm-up, then the median of `reps` timed calls (at least 3; without a flush, on the host's
+    /// clock, at most ~20 s of them).
     fn median_secs(&self, reps: usize, f: &dyn Fn() -> tefl_core::Result<()>) -> tefl_core::Result<f64> {
         // Warm-up: calls back to back for at least the warm-up time, so that a GPU idle before the
         // case has raised its clocks. The H100 under Vulkan needed seconds of steady work:
@@ -455,21 +457,32 @@ impl Timer {
             f()?;
         }
         self.rt.synchronize(self.device)?;
-        let budget = Instant::now();
         let mut ts = Vec::new();
         let mut host = Vec::new();
-        while ts.len() < reps.max(3) && (ts.len() < 3 || budget.elapsed().as_secs_f64() < 20.0) {
+        {
             let mut timed = || {
                 let t0 = Instant::now();
                 let r = f();
                 host.push(t0.elapsed().as_secs_f64());
                 r
             };
-            let t = match &self.flush {
-                Some(buf) => self.rt.time_after(self.device, &mut || self.rt.fill(&**buf, 0), &mut timed)?,
-                None => self.rt.time_on_device(self.device, &mut timed)?,
-            };
-            ts.push(t);
+            match &self.flush {
+                // Flush, call, flush, call, ... all queued, then one wait (as the peers' loop does).
+                Some(buf) => {
+                    ts = self.rt.time_reps_after(
+                        self.device,
+                        reps.max(3),
+                        &mut || self.rt.fill(&**buf, 0),
+                        &mut timed,
+                    )?;
+                }
+                None => {
+                    let budget = Instant::now();
+                    while ts.len() < reps.max(3) && (ts.len() < 3 || budget.elapsed().as_secs_f64() < 20.0) {
+                        ts.push(self.rt.time_on_device(self.device, &mut timed)?);
+                    }
+                }
+            }
         }
         if std::env::var_os("TEFL_BENCH_HOST").is_some() {
             host.sort_by(f64::total_cmp);
