@@ -1025,62 +1025,35 @@ mod tests {
     }
 
     #[test]
-    fn time_after_runs_before_untimed_then_times_work_and_contains_panics() {
+    fn timing_runs_before_untimed_then_times_work_and_contains_panics() {
         let rt = Contained::new(Arc::new(CpuRuntime)).unwrap();
         let order = std::cell::RefCell::new(Vec::new());
-        let t = rt
-            .time_after(
-                Device::CPU,
-                &mut || {
-                    order.borrow_mut().push("before");
-                    std::thread::sleep(std::time::Duration::from_millis(200));
-                    Ok(())
-                },
-                &mut || {
-                    order.borrow_mut().push("work");
-                    std::thread::sleep(std::time::Duration::from_millis(20));
-                    Ok(())
-                },
-            )
-            .unwrap();
-        assert_eq!(*order.borrow(), ["before", "work"]);
-        // The work's 20 ms, not the 200 ms before it.
-        assert!((0.015..0.15).contains(&t), "{t}");
+        let mut before = || {
+            order.borrow_mut().push("before");
+            std::thread::sleep(std::time::Duration::from_millis(150));
+            Ok(())
+        };
+        let mut work = || {
+            order.borrow_mut().push("work");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            Ok(())
+        };
+        let t = rt.time_after(Device::CPU, &mut before, &mut work).unwrap();
+        let ts = rt.time_reps_after(Device::CPU, 2, &mut before, &mut work).unwrap();
+        assert_eq!(*order.borrow(), ["before", "work", "before", "work", "before", "work"]);
+        // Each the work's 20 ms, not the 150 ms before it.
+        assert_eq!(ts.len(), 2);
+        for t in [t, ts[0], ts[1]] {
+            assert!((0.015..0.12).contains(&t), "{t}");
+        }
         let e = rt.time_after(Device::CPU, &mut || panic!("the flush exploded"), &mut || Ok(())).unwrap_err();
         assert!(matches!(&e, Error::DeviceFailure { .. }) && e.to_string().contains("the flush exploded"), "{e}");
-    }
-
-    #[test]
-    fn time_reps_after_times_each_repetition_and_contains_panics() {
-        let rt = Contained::new(Arc::new(CpuRuntime)).unwrap();
-        let order = std::cell::RefCell::new(Vec::new());
-        let ts = rt
-            .time_reps_after(
-                Device::CPU,
-                3,
-                &mut || {
-                    order.borrow_mut().push("before");
-                    std::thread::sleep(std::time::Duration::from_millis(100));
-                    Ok(())
-                },
-                &mut || {
-                    order.borrow_mut().push("work");
-                    std::thread::sleep(std::time::Duration::from_millis(20));
-                    Ok(())
-                },
-            )
-            .unwrap();
-        assert_eq!(*order.borrow(), ["before", "work", "before", "work", "before", "work"]);
-        assert_eq!(ts.len(), 3);
-        // Each the work's 20 ms, not the 100 ms before it.
-        assert!(ts.iter().all(|t| (0.015..0.09).contains(t)), "{ts:?}");
         let mut n = 0;
-        let e = rt
-            .time_reps_after(Device::CPU, 3, &mut || Ok(()), &mut || {
-                n += 1;
-                if n == 2 { panic!("the second call exploded") } else { Ok(()) }
-            })
-            .unwrap_err();
+        let mut second_panics = || {
+            n += 1;
+            if n == 2 { panic!("the second call exploded") } else { Ok(()) }
+        };
+        let e = rt.time_reps_after(Device::CPU, 3, &mut || Ok(()), &mut second_panics).unwrap_err();
         assert!(matches!(&e, Error::DeviceFailure { .. }) && e.to_string().contains("the second call exploded"), "{e}");
     }
 
