@@ -8,12 +8,12 @@
 //! once every case is measured.
 //!
 //! tefl and its peers are timed the same way, on inputs drawn alike (uniform in [-0.5, 0.5)):
-//! 3 s (`TEFL_BENCH_WARMUP`) of back-to-back calls as warm-up (a GPU idle before a case raises its clocks, and a
-//! power-bound one lowers them as it heats), then per repetition an L2
-//! flush (a 256 MiB fill) followed, with no host wait, by one call timed on the device (CUDA
-//! events; Vulkan timestamp queries), every repetition queued before one wait for them all
-//! where the runtime can (CUDA, as the peers' loop does), and the median of the repetitions. Reports GB/s (each
-//! input read once, each output written once) or TFLOP/s, the fraction of a copy's bandwidth
+//! 3 s (`TEFL_BENCH_WARMUP`) of back-to-back calls as warm-up (a GPU idle before a case raises
+//! its clocks, and a power-bound one lowers them as it heats), then per repetition an L2 flush
+//! (a 256 MiB fill) followed, with no host wait, by one call timed on the device (CUDA events;
+//! Vulkan timestamp queries), every repetition queued before one wait for them all where the
+//! runtime can (CUDA, as the peers' loop does), and the median of the repetitions. Reports GB/s
+//! (each input read once, each output written once) or TFLOP/s, the fraction of a copy's bandwidth
 //! measured the same way, each peer's time, the best peer and tefl's speed relative to it
 //! (best peer's time / tefl's: above 1, tefl is faster). `--svg FILE` draws that last column
 //! as a bar chart. `cargo xtask bench` runs it. `TEFL_BENCH_HOST=1` also prints each case's
