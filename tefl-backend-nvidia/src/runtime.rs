@@ -399,16 +399,8 @@ impl DeviceRuntime for CudaRuntime {
         before: &mut dyn FnMut() -> Result<()>,
         work: &mut dyn FnMut() -> Result<()>,
     ) -> Result<f64> {
-        use cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT;
-        let stream = self.context(device)?.default_stream();
-        let err = |e| device_error(device, e);
-        stream.synchronize().map_err(err)?;
-        before()?;
-        let start = stream.record_event(Some(CU_EVENT_DEFAULT)).map_err(err)?;
-        work()?;
-        let end = stream.record_event(Some(CU_EVENT_DEFAULT)).map_err(err)?;
-        end.synchronize().map_err(err)?;
-        Ok(f64::from(start.elapsed_ms(&end).map_err(err)?) / 1e3)
+        // One repetition of time_reps_after (a wait, before, the timed work, a wait).
+        Ok(self.time_reps_after(device, 1, before, work)?[0])
     }
     fn time_reps_after(
         &self,

@@ -140,12 +140,14 @@ template <int N> __device__ __forceinline__ void wgmma_wait() {
 // bytes) a step, C 64 x 128 (N128: WG_ACC64 operands) or 64 x 64 (N64: WG_ACC32): the statement
 // is WG_RS_CHAIN<steps>_N<n>, its inputs WG_RS_IN<steps>(a, desc), with a the A fragments
 // (u32 a[][4]) and desc B's descriptor at step 0. The operand numbers are the accumulators', then
-// four A registers a step, the descriptor and the steps' offsets.
-#define WG_RS_OFF(kk) "n"(((kk) * 2048) >> 4)
-#define WG_RS_IN4(a, desc) WG_A4(a, 0), WG_A4(a, 1), WG_A4(a, 2), WG_A4(a, 3), "l"(desc), WG_RS_OFF(1), WG_RS_OFF(2), WG_RS_OFF(3)
+// four A registers a step, the descriptor and the steps' offsets (WG_MN_OFF).
+// Step kk's offset operand (descriptor units of 16 bytes) in an MN-major operand that advances
+// 2048 bytes, 16 rows of 128 bytes, a k16 step (also the backward's dQ chain, both operands).
+#define WG_MN_OFF(kk) "n"(((kk) * 2048) >> 4)
+#define WG_RS_IN4(a, desc) WG_A4(a, 0), WG_A4(a, 1), WG_A4(a, 2), WG_A4(a, 3), "l"(desc), WG_MN_OFF(1), WG_MN_OFF(2), WG_MN_OFF(3)
 #define WG_RS_IN8(a, desc)                                                                                      \
     WG_A4(a, 0), WG_A4(a, 1), WG_A4(a, 2), WG_A4(a, 3), WG_A4(a, 4), WG_A4(a, 5), WG_A4(a, 6), WG_A4(a, 7), "l"(desc), \
-        WG_RS_OFF(1), WG_RS_OFF(2), WG_RS_OFF(3), WG_RS_OFF(4), WG_RS_OFF(5), WG_RS_OFF(6), WG_RS_OFF(7)
+        WG_MN_OFF(1), WG_MN_OFF(2), WG_MN_OFF(3), WG_MN_OFF(4), WG_MN_OFF(5), WG_MN_OFF(6), WG_MN_OFF(7)
 #define WG_RS128_0(...) WG_RS_STEP0("m64n128k16", WG_REGS_64, __VA_ARGS__)
 #define WG_RS128(...) WG_RS_STEP("m64n128k16", WG_REGS_64, __VA_ARGS__)
 #define WG_RS64_0(...) WG_RS_STEP0("m64n64k16", WG_REGS_32, __VA_ARGS__)

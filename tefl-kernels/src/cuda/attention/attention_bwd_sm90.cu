@@ -171,18 +171,18 @@ __device__ __forceinline__ void mm_rs(float* c, const u32 (*a)[4], u32 b) {
 // 64 columns of dQ (64 x 64) = dS(64 x 16 steps) · K(16 steps x 64): both MN-major in shared
 // memory (dSᵀ's rows and K's rows are keys), STEPS k16 steps from `a` and `b`. Eight steps (head
 // dims 64 and 128: all 128 keys) are one wgmma chain (step kk reads 2048 bytes, 16 key rows,
-// further on in both: one offset operand for the two); four (head dim 256, its 64 keys) stay
-// one statement a step: as a chain there, the backward was 3% slower (H200, 8.18 → 8.45 ms).
+// further on in both: one offset operand, WG_MN_OFF, for the two); four (head dim 256, its 64
+// keys) stay one statement a step: as a chain there, the backward was 3% slower (H200, 8.18 →
+// 8.45 ms).
 #define TT64_0 WG_SS_STEP0_T("m64n64k16", WG_REGS_32, 32, 33, "1, 1")
 #define TT64(O) WG_SS_STEP_T("m64n64k16", WG_REGS_32, 32, 33, O, O, "1, 1")
-#define TT_OFF(kk) "n"(((kk) * 2048) >> 4)
 template <int STEPS> __device__ __forceinline__ void mm_tt(float* c, u32 a, u32 b) {
     static_assert(STEPS == 4 || STEPS == 8, "mm_tt: 4 or 8 k16 steps");
     if constexpr (STEPS == 8) {
         asm volatile(WG_CHAIN_HEAD TT64_0 TT64(34) TT64(35) TT64(36) TT64(37) TT64(38) TT64(39) TT64(40) "}"
                      : WG_ACC32(c, 0)
-                     : "l"(wgmma_desc(a, DS_BYTES, 1024)), "l"(wgmma_desc(b, K_BOX, 1024)), TT_OFF(1), TT_OFF(2),
-                       TT_OFF(3), TT_OFF(4), TT_OFF(5), TT_OFF(6), TT_OFF(7));
+                     : "l"(wgmma_desc(a, DS_BYTES, 1024)), "l"(wgmma_desc(b, K_BOX, 1024)), WG_MN_OFF(1), WG_MN_OFF(2),
+                       WG_MN_OFF(3), WG_MN_OFF(4), WG_MN_OFF(5), WG_MN_OFF(6), WG_MN_OFF(7));
     } else {
 #pragma unroll
         for (int kk = 0; kk < STEPS; ++kk) {
@@ -198,7 +198,6 @@ template <int STEPS> __device__ __forceinline__ void mm_tt(float* c, u32 a, u32 
 }
 #undef TT64_0
 #undef TT64
-#undef TT_OFF
 
 // Named barriers: 1 joins the two consumers (256 threads; head dim 128), 1 + n % 2 the two
 // consumers' dSᵀ rows of tile n (head dim 64: the tile's dQ consumer waits, the other arrives;
