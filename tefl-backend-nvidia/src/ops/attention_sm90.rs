@@ -228,8 +228,8 @@ fn dq_smem(d: usize) -> usize {
 
 /// The backward's dynamic shared memory: the alignment slack, K and V (128 keys), STAGES Q and
 /// dO tiles (64 rows), two dSᵀ buffers (128 x 64, 16-bit), two consumers' dQ shares (64 x 64
-/// f32), the two consumers' lse and delta rows, the barriers (K / V full and empty, and a full
-/// and an empty one per stage). At head dim 256: K and V of 64
+/// f32), the two consumers' lse and delta rows, the barriers (K / V full and empty, a full and
+/// an empty one per stage and per dQ share buffer). At head dim 256: K and V of 64
 /// keys, STAGES Q tiles and one dO tile, two Pᵀ and two dSᵀ buffers (64 x 64), the same dQ
 /// shares and rows, three more barriers.
 fn bwd_smem(d: usize) -> usize {
@@ -248,7 +248,7 @@ fn bwd_smem(d: usize) -> usize {
         + 2 * ROWS * BWD_ROWS * 2
         + 2 * BWD_ROWS * 64 * 4
         + 2 * 2 * BWD_ROWS * 4
-        + 8 * (2 + 2 * STAGES)
+        + 8 * (2 + 2 * STAGES + 2 * 2)
 }
 
 /// Why the kernel (forward or backward: `wgmma_on` is the tune config's choice, `head_dims`

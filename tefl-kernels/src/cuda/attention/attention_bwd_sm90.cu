@@ -6,7 +6,8 @@
 //
 // Warpgroup 0 is the producer: one thread loads a key block's K and V, then per query tile Q
 // and dO (TMA) into a ring of STAGES stages; the rest of its warp stays for the work-item
-// handoff, the other threads leave with their registers given back.
+// handoff. Its warp 1 is the dQ writer (head dims 64 and 128, write_dq), the other threads
+// leave with their registers given back.
 // Per query tile of 64 (BM) each consumer puts the tile's lse (times log2 e) and delta rows
 // into its own shared row buffer (one value a thread, loaded from global memory a tile ahead:
 // RowAhead; a handoff from the producer through the stage's mbarrier would be as correct, but
@@ -28,8 +29,9 @@
 //   n % 2), which waits at a barrier the other only arrives at: the consumers take the product
 //   and its hand-off in turns and add each tile's dQ once (split by keys instead, both added
 //   all 64 columns, twice the reduce-add traffic; H200, 2026-11-29: 2.28 against 2.76 ms).
-//   The dQ goes to shared memory and one thread of its consumer hands it to the copy engine as
-//   tensor reduce-adds into dq_acc (f32, q's layout).
+//   The dQ goes to its consumer's buffer in shared memory, and the dQ writer warp hands it to
+//   the copy engine as tensor reduce-adds into dq_acc (f32, q's layout); at head dim 256 one
+//   thread of the consumer does.
 //
 // Ragged sequences (the thd layout, padding masks): the maps address token rows (thd) or
 // positions (padding), so a key block or query tile that runs past its sequence's end holds
@@ -67,6 +69,9 @@
 #define DS_BYTES (BN * BM * 2)    // dSᵀ: BN keys x 64 queries, 16-bit
 #define DQ_BYTES (BM * 64 * 4)    // a consumer's dQ share: 64 queries x 64 columns, f32
 #define RAGGED (PADDING || LAYOUT == 2)
+// Head dims 64 and 128 with dQ shares: warp 1 of the producer warpgroup hands them to the copy
+// engine (write_dq); head dim 256's consumers hand off their own (hand_off_dq).
+#define DQ_WRITER (DQ_SHARES && D != 256)
 #if T_F16
 #define T_PTX "f16"
 #else
@@ -211,7 +216,8 @@ __device__ __forceinline__ void warpgroup_sync(int c) { asm volatile("bar.sync %
 __device__ __forceinline__ void zeroed_sync() { asm volatile("bar.sync 5, 256;" ::: "memory"); }
 // Named barriers 6 and 7 hand a work item from the producer warp to the consumers (PERSISTENT):
 // 6 the item is in the slot, 7 the consumers have read it.
-#define HANDOFF_THREADS (32 + 128 * CONSUMERS)
+// The dQ writer warp (below) takes part in them too.
+#define HANDOFF_THREADS (32 * (1 + DQ_WRITER) + 128 * CONSUMERS)
 __device__ __forceinline__ void handoff_wait(int id) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "n"(HANDOFF_THREADS) : "memory");
 }
@@ -274,11 +280,32 @@ __device__ __forceinline__ void hand_off_dq(const BwdParams& p, const float* dq,
     }
 }
 
+// A dQ share `dq` (a 64 x 64 accumulator) into its consumer's buffer `dq_s` for the dQ writer
+// warp (write_dq): each warp of the consumer waits on `empty` until the copy engine has read
+// the buffer's previous share (`k` counts the consumer's shares), stores its 16 rows in the f32
+// map's swizzled boxes of 32 columns and arrives on `full`. An mbarrier, not a named barrier of
+// the warpgroup: a warp goes on without waiting for the other three (Nsight Compute put the
+// warpgroup barriers around the hand-off, where one thread of the consumer issued the
+// reduce-adds and waited for their reads, among the consumers' largest stalls).
+__device__ __forceinline__ void share_dq(const float* dq, u32 dq_s, u32 full, u32 empty, int k, int tid) {
+    const int warp = tid / 32, g = (tid % 32) / 4, t = tid % 4;
+    mbar_wait(empty, (k & 1) ^ 1);
+#pragma unroll
+    for (int i = 0; i < 32; i += 2) {
+        const int row = 16 * warp + g + 8 * ((i / 2) % 2), box = i / 16, chunk = 2 * ((i / 4) % 4) + t / 2;
+        sts_f32x2(dq_s + box * Q_BOX + row * 128 + ((chunk ^ g) << 4) + 8 * (t % 2), dq[i], dq[i + 1]);
+    }
+    fence_async_shared();
+    __syncwarp();
+    if (tid % 32 == 0) mbar_arrive(full);
+}
+
 // 64 columns of a tile's dQ (dSᵀ at `ds`, K's box of the columns at `k_box`, all 128 keys), then
-// dK += dSᵀ · Q: the dQ columns leave for the copy engine (hand_off_dq, rows row0.., columns
-// col0..) while dK runs. Waits for dV and the dQ product (dK alone runs on).
-__device__ __forceinline__ void dq_then_dk(const BwdParams& p, float* dk, float* dv, const u32 (*da)[4], u32 ds, u32 k_box, u32 q,
-                                           u32 dq_s, int c, int tid, int h, int b, int row0, int col0) {
+// dK += dSᵀ · Q: the dQ columns go to the writer warp (share_dq: buffer dq_s, barriers full and
+// empty, the consumer's k-th share) while dK runs. Waits for dV and the dQ product (dK alone
+// runs on).
+__device__ __forceinline__ void dq_then_dk(float* dk, float* dv, const u32 (*da)[4], u32 ds, u32 k_box, u32 q, u32 dq_s,
+                                           u32 full, u32 empty, int k, int tid) {
     float dq[32];
     wgmma_fence();
     mm_tt<8>(dq, ds, k_box);
@@ -290,7 +317,7 @@ __device__ __forceinline__ void dq_then_dk(const BwdParams& p, float* dk, float*
     for (int i = 0; i < 32; ++i) acc_fence(dq[i]);
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) acc_fence(dv[i]);
-    hand_off_dq(p, dq, dq_s, c, tid, h, b, row0, col0);
+    share_dq(dq, dq_s, full, empty, k, tid);
 }
 
 // dK += dSᵀ · Q issued behind dV, then dV waited for (dK runs on): a tile with no dQ product
@@ -421,6 +448,54 @@ __device__ __forceinline__ int next_item(const BwdParams& p) {
 #define FOR_EACH_ITEM(it, item) for (int it = 0, item = blockIdx.x; it < 1; ++it)
 #endif
 
+#if DQ_WRITER
+// The dQ writer: warp 1 of the producer warpgroup (lane 0 issues; the warp takes part in the
+// work-item handoff). It walks the same tiles as the consumers and, per dQ share (head dim 128:
+// both consumers' 64 columns every tile; 64: the whole 64 columns of tile n from consumer
+// n % 2), waits on the consumer's `full` barrier (dq_full + 8 c), hands the share's buffer
+// (dq_s + c DQ_BYTES) to the copy engine as one reduce-add per box of 32 columns into dq_acc,
+// and once the copy engine has read it arrives on `empty` (dq_empty + 8 c). FlashAttention-3
+// gives this to a producer warp too: the consumers' warps no longer wait for one of them to
+// issue the copies and for their reads.
+__device__ __forceinline__ void write_dq(const BwdParams& p, u32 dq_s, u32 dq_full, u32 dq_empty) {
+    const int lane = threadIdx.x % 32;
+    int n = 0;  // tiles of every item so far, as the consumers count them
+    FOR_EACH_ITEM(it, item) {
+        if (lane == 0) {
+            const KeyBlock kb = key_block(p, item);
+            for_each_tile(kb, [&](int, int h, int i0) {
+                const int row0 = map_row(kb.s.qb, i0);
+#if D == 64
+                const int c = n % 2;
+                mbar_wait(dq_full + 8 * c, (n / 2) & 1);
+                tma_reduce_add(&p.dq, dq_s + c * DQ_BYTES, 0, h, kb.b, row0);
+                tma_reduce_add(&p.dq, dq_s + c * DQ_BYTES + Q_BOX, 32, h, kb.b, row0);
+                bulk_commit();
+                bulk_wait_read<0>();
+                mbar_arrive(dq_empty + 8 * c);
+#else
+#pragma unroll
+                for (int c = 0; c < CONSUMERS; ++c) {
+                    mbar_wait(dq_full + 8 * c, n & 1);
+                    tma_reduce_add(&p.dq, dq_s + c * DQ_BYTES, 64 * c, h, kb.b, row0);
+                    tma_reduce_add(&p.dq, dq_s + c * DQ_BYTES + Q_BOX, 64 * c + 32, h, kb.b, row0);
+                    bulk_commit();
+                }
+                bulk_wait_read<1>();
+                mbar_arrive(dq_empty);
+                bulk_wait_read<0>();
+                mbar_arrive(dq_empty + 8);
+#endif
+                ++n;
+            });
+        }
+        __syncwarp();
+    }
+    // The last reduce-adds are done before the CTA leaves.
+    if (lane == 0) bulk_wait<0>();
+}
+#endif
+
 // The thread's row value (row_value) of the tile a consumer expects next, loaded a tile ahead:
 // loaded when the tile itself starts, the value arrived after the tile's first products had
 // been issued and the warps waited for it (Nsight Compute on the d128 backward, H200,
@@ -544,12 +619,19 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
 #define QD_EMPTY(st) (bars + 8u * (1 + STAGES + (st)))
     const int warpgroup = warpgroup_index();
 #define KV_EMPTY (bars + 8u * (1 + 2 * STAGES))
+// DQ_WRITER: consumer c's dQ buffer holds a share (its four warps arrive) / is free again.
+#define DQ_FULL(c) (bars + 8u * (2 + 2 * STAGES + (c)))
+#define DQ_EMPTY(c) (bars + 8u * (2 + 2 * STAGES + CONSUMERS + (c)))
     if (threadIdx.x == 0) {
         mbar_init(KV_FULL, 1);
         mbar_init(KV_EMPTY, CONSUMERS * 4);
         for (int st = 0; st < STAGES; ++st) {
             mbar_init(QD_FULL(st), 1);
             mbar_init(QD_EMPTY(st), CONSUMERS * 4);
+        }
+        for (int c = 0; c < CONSUMERS; ++c) {
+            mbar_init(DQ_FULL(c), 4);
+            mbar_init(DQ_EMPTY(c), 1);
         }
         mbar_init_fence();
     }
@@ -565,6 +647,12 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     // item i alone.
     if (warpgroup == 0) {
         regs_release<24>();
+#if DQ_WRITER
+        if (threadIdx.x / 32 == 1) {
+            write_dq(p, DQ_S(0), DQ_FULL(0), DQ_EMPTY(0));
+            return;
+        }
+#endif
         // Query tile n's Q and dO (tile (h, i0) of key block kb) into its stage.
         const auto tile = [&](const KeyBlock& kb, int n, int h, int i0) {
             const int st = n % STAGES;
@@ -709,7 +797,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
                 // hand-off behind separate branches ptxas serialised the wgmma (C7512).
                 if (n % 2 == c) {
                     ds_wait(n);
-                    dq_then_dk(p, dk, dv, da, ds, k_t, q, DQ_S(c), c, tid, h, b, map_row(s.qb, i0), 0);
+                    dq_then_dk(dk, dv, da, ds, k_t, q, DQ_S(c), DQ_FULL(c), DQ_EMPTY(c), n / 2, tid);
                 } else {
                     warpgroup_sync(c);
                     ds_arrive(n);
@@ -718,7 +806,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
 #else
                 fence_async_shared();
                 consumers_sync();  // both consumers' dSᵀ rows are in shared memory
-                dq_then_dk(p, dk, dv, da, ds, k_t + c * K_BOX, q, DQ_S(c), c, tid, h, b, map_row(s.qb, i0), 64 * c);
+                dq_then_dk(dk, dv, da, ds, k_t + c * K_BOX, q, DQ_S(c), DQ_FULL(c), DQ_EMPTY(c), n, tid);
 #endif
                 pending = st;
                 ++n;
@@ -740,14 +828,15 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
             pending = -1;
         }
 #else
+        // The consumers have no bulk groups of their own (the writer warp issues the dQ
+        // shares'): this wait returns at once, but without it ptxas serialised this kernel's
+        // wgmma (C7515, every non-persistent variant of the compile test).
         if (tid == 0) bulk_wait<0>();
 #endif
         store_dkdv<D>(p, kb, kw, 0, dv, dk, warp, g, t);  // this consumer's 64 keys
     }
-#if PERSISTENT
-    // The last dQ shares' reduce-adds have read their buffers before the CTA leaves.
-    if (tid == 0) bulk_wait<0>();
-#endif
+#undef DQ_FULL
+#undef DQ_EMPTY
 #undef KV_EMPTY
 #undef Q_S
 #undef DO_S
