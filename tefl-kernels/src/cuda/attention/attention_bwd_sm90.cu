@@ -258,10 +258,11 @@ __device__ __forceinline__ float row_value(const BwdParams& p, const Seq& s, int
     return v;
 }
 
-// A dQ share `dq` (a 64 x 64 accumulator) of query rows row0.. (map_row's) of head h of sequence
-// b, columns col0..: into consumer c's buffer `dq_s` (once the copy engine has read its last one) in the f32
-// map's swizzled boxes of 32 columns, then one reduce-add per box into dq_acc. Every thread of
-// the consumer's warpgroup takes part.
+// Head dim 256's hand-off (the others' consumers hand theirs to the writer warp: share_dq): a
+// dQ share `dq` (a 64 x 64 accumulator) of query rows row0.. (map_row's) of head h of sequence
+// b, columns col0..: into consumer c's buffer `dq_s` (once the copy engine has read its last
+// one) in the f32 map's swizzled boxes of 32 columns, then one reduce-add per box into dq_acc.
+// Every thread of the consumer's warpgroup takes part.
 __device__ __forceinline__ void hand_off_dq(const BwdParams& p, const float* dq, u32 dq_s, int c, int tid, int h, int b, int row0, int col0) {
     const int warp = tid / 32, g = (tid % 32) / 4, t = tid % 4;
     if (tid == 0) bulk_wait_read<0>();
