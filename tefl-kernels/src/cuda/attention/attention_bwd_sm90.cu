@@ -258,44 +258,49 @@ __device__ __forceinline__ float row_value(const BwdParams& p, const Seq& s, int
     return v;
 }
 
-// Head dim 256's hand-off (the others' consumers hand theirs to the writer warp: share_dq): a
-// dQ share `dq` (a 64 x 64 accumulator) of query rows row0.. (map_row's) of head h of sequence
-// b, columns col0..: into consumer c's buffer `dq_s` (once the copy engine has read its last
-// one) in the f32 map's swizzled boxes of 32 columns, then one reduce-add per box into dq_acc.
-// Every thread of the consumer's warpgroup takes part.
-__device__ __forceinline__ void hand_off_dq(const BwdParams& p, const float* dq, u32 dq_s, int c, int tid, int h, int b, int row0, int col0) {
+// Thread tid's part of a dQ share `dq` (a 64 x 64 accumulator) stored at `dq_s` in the f32 map's
+// swizzled boxes of 32 columns (its warp's 16 rows).
+__device__ __forceinline__ void store_dq(const float* dq, u32 dq_s, int tid) {
     const int warp = tid / 32, g = (tid % 32) / 4, t = tid % 4;
-    if (tid == 0) bulk_wait_read<0>();
-    warpgroup_sync(c);
 #pragma unroll
     for (int i = 0; i < 32; i += 2) {
         const int row = 16 * warp + g + 8 * ((i / 2) % 2), box = i / 16, chunk = 2 * ((i / 4) % 4) + t / 2;
         sts_f32x2(dq_s + box * Q_BOX + row * 128 + ((chunk ^ g) << 4) + 8 * (t % 2), dq[i], dq[i + 1]);
     }
+}
+
+// The dQ share at `src` (two boxes of 32 columns) added by the copy engine to dq_acc's columns
+// col0.., rows row0.. (map_row's) of head h of sequence b, as one bulk group.
+__device__ __forceinline__ void reduce_add_dq(const BwdParams& p, u32 src, int col0, int h, int b, int row0) {
+    tma_reduce_add(&p.dq, src, col0, h, b, row0);
+    tma_reduce_add(&p.dq, src + Q_BOX, col0 + 32, h, b, row0);
+    bulk_commit();
+}
+
+// Head dim 256's hand-off (the others' consumers hand theirs to the writer warp: share_dq): a
+// dQ share `dq` (a 64 x 64 accumulator) of query rows row0.. (map_row's) of head h of sequence
+// b, columns col0..: into consumer c's buffer `dq_s` (once the copy engine has read its last
+// one; store_dq), then one reduce-add per box into dq_acc (reduce_add_dq).
+// Every thread of the consumer's warpgroup takes part.
+__device__ __forceinline__ void hand_off_dq(const BwdParams& p, const float* dq, u32 dq_s, int c, int tid, int h, int b, int row0, int col0) {
+    if (tid == 0) bulk_wait_read<0>();
+    warpgroup_sync(c);
+    store_dq(dq, dq_s, tid);
     fence_async_shared();
     warpgroup_sync(c);
-    if (tid == 0) {
-        tma_reduce_add(&p.dq, dq_s, col0, h, b, row0);
-        tma_reduce_add(&p.dq, dq_s + Q_BOX, col0 + 32, h, b, row0);
-        bulk_commit();
-    }
+    if (tid == 0) reduce_add_dq(p, dq_s, col0, h, b, row0);
 }
 
 // A dQ share `dq` (a 64 x 64 accumulator) into its consumer's buffer `dq_s` for the dQ writer
 // warp (write_dq): each warp of the consumer waits on `empty` until the copy engine has read
-// the buffer's previous share (`k` counts the consumer's shares), stores its 16 rows in the f32
-// map's swizzled boxes of 32 columns and arrives on `full`. An mbarrier, not a named barrier of
-// the warpgroup: a warp goes on without waiting for the other three (Nsight Compute put the
-// warpgroup barriers around the hand-off, where one thread of the consumer issued the
-// reduce-adds and waited for their reads, among the consumers' largest stalls).
+// the buffer's previous share (`k` counts the consumer's shares), stores its 16 rows (store_dq)
+// and arrives on `full`. An mbarrier, not a named barrier of the warpgroup: a warp goes on
+// without waiting for the other three (Nsight Compute put the warpgroup barriers around the
+// hand-off, where one thread of the consumer issued the reduce-adds and waited for their reads,
+// among the consumers' largest stalls).
 __device__ __forceinline__ void share_dq(const float* dq, u32 dq_s, u32 full, u32 empty, int k, int tid) {
-    const int warp = tid / 32, g = (tid % 32) / 4, t = tid % 4;
     mbar_wait(empty, (k & 1) ^ 1);
-#pragma unroll
-    for (int i = 0; i < 32; i += 2) {
-        const int row = 16 * warp + g + 8 * ((i / 2) % 2), box = i / 16, chunk = 2 * ((i / 4) % 4) + t / 2;
-        sts_f32x2(dq_s + box * Q_BOX + row * 128 + ((chunk ^ g) << 4) + 8 * (t % 2), dq[i], dq[i + 1]);
-    }
+    store_dq(dq, dq_s, tid);
     fence_async_shared();
     __syncwarp();
     if (tid % 32 == 0) mbar_arrive(full);
@@ -469,18 +474,14 @@ __device__ __forceinline__ void write_dq(const BwdParams& p, u32 dq_s, u32 dq_fu
 #if D == 64
                 const int c = n % 2;
                 mbar_wait(dq_full + 8 * c, (n / 2) & 1);
-                tma_reduce_add(&p.dq, dq_s + c * DQ_BYTES, 0, h, kb.b, row0);
-                tma_reduce_add(&p.dq, dq_s + c * DQ_BYTES + Q_BOX, 32, h, kb.b, row0);
-                bulk_commit();
+                reduce_add_dq(p, dq_s + c * DQ_BYTES, 0, h, kb.b, row0);
                 bulk_wait_read<0>();
                 mbar_arrive(dq_empty + 8 * c);
 #else
 #pragma unroll
                 for (int c = 0; c < CONSUMERS; ++c) {
                     mbar_wait(dq_full + 8 * c, n & 1);
-                    tma_reduce_add(&p.dq, dq_s + c * DQ_BYTES, 64 * c, h, kb.b, row0);
-                    tma_reduce_add(&p.dq, dq_s + c * DQ_BYTES + Q_BOX, 64 * c + 32, h, kb.b, row0);
-                    bulk_commit();
+                    reduce_add_dq(p, dq_s + c * DQ_BYTES, 64 * c, h, kb.b, row0);
                 }
                 bulk_wait_read<1>();
                 mbar_arrive(dq_empty);
