@@ -85,7 +85,8 @@ fn nan_positions(c: &Cmp) -> Result<Cmp, String> {
     Ok(Cmp { name: c.name, got, want, dtype: c.dtype, floor: c.floor, nan: false })
 }
 
-/// How big the cases are: `Full` adds hidden 16384 and long sequences.
+/// How big the cases are: `Full` adds hidden 16384 and long sequences, and takes the large
+/// attention cases in every dtype (`Quick`, in one each).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Size {
     /// The everyday set.

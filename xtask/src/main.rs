@@ -1,7 +1,7 @@
 //! `cargo xtask <command>`: the commands vendor engineers and CI use.
 //!
 //! ```text
-//! cargo xtask test-backend <vendor> [--allow-unavailable] [--full] [--seed N]
+//! cargo xtask test-backend <vendor>[,<vendor>...] [--allow-unavailable] [--full] [--seed N]
 //! cargo xtask coverage [--check]
 //! cargo xtask explain <op> [--device cpu|cuda|hip|vulkan] [--dtype bf16]
 //! cargo xtask new-backend <vendor>
@@ -21,8 +21,8 @@ mod scaffold;
 
 const USAGE: &str = "usage: cargo xtask <command>
 
-  test-backend <vendor> [--allow-unavailable] [--full] [--verbose] [--seed N]
-        run the conformance suite for one backend; prints op x dtype -> pass/fail/skip and
+  test-backend <vendor>[,<vendor>...] [--allow-unavailable] [--full] [--verbose] [--seed N]
+        run the conformance suite for one backend (several: one build, each in turn); prints op x dtype -> pass/fail/skip and
         'N passed, N failed, N skipped' (--verbose: max abs and rel error per case); fails on any failure, or when the backend is
         unavailable here (unless --allow-unavailable)
   coverage [--check]
@@ -139,20 +139,36 @@ fn exit(code: i32) -> ExitCode {
 }
 
 fn test_backend(args: &[String]) -> Result<ExitCode, String> {
-    let Some(vendor) = args.first().filter(|a| !a.starts_with('-')) else {
+    let Some(vendors) = args.first().filter(|a| !a.starts_with('-')) else {
         return Err("test-backend needs a vendor: cargo xtask test-backend <vendor>".into());
     };
-    let vendor = vendor.to_ascii_lowercase();
-    let features = features_for(&vendor)?;
+    // `nvidia,amd`: one build with both features, then the suite for each in turn (CI's
+    // no-GPU check of both, without a second optimised build of the tests crate).
+    let vendors: Vec<String> = vendors.split(',').map(|v| v.trim().to_ascii_lowercase()).collect();
+    if vendors.iter().any(String::is_empty) {
+        return Err(format!("test-backend: an empty vendor name in '{}'", args[0]));
+    }
+    let mut features = Vec::new();
+    for v in &vendors {
+        features.extend(features_for(v)?);
+    }
+    let features = features.join(",");
     for a in &args[1..] {
         if !["--allow-unavailable", "--full", "--verbose", "--seed"].contains(&a.as_str()) && a.parse::<u64>().is_err()
         {
             return Err(format!("test-backend: unknown option {a}"));
         }
     }
-    let mut tool_args = vec![vendor];
-    tool_args.extend(args[1..].iter().cloned());
-    Ok(exit(run_tool("conformance", features.as_deref(), &tool_args)?))
+    let mut worst = 0;
+    for v in vendors {
+        let mut tool_args = vec![v];
+        tool_args.extend(args[1..].iter().cloned());
+        let code = run_tool("conformance", Some(&features), &tool_args)?;
+        if code != 0 {
+            worst = code;
+        }
+    }
+    Ok(exit(worst))
 }
 
 fn coverage(args: &[String]) -> Result<ExitCode, String> {
