@@ -200,9 +200,26 @@ impl ElementwiseConfig {
     }
 }
 
-/// The heuristic for an elementwise kernel: the table's first candidate.
+/// The heuristic for an elementwise kernel: the first candidate of the table's shared
+/// `elementwise` list.
 pub fn elementwise(t: &TuneTable) -> ElementwiseConfig {
     ElementwiseConfig::from_candidate(&t.configs("elementwise").first().cloned().unwrap_or_default())
+}
+
+/// The candidates for elementwise kernel `kernel` (an op name, e.g. `gelu`): the table's list
+/// of that name where it has one (`[[gelu]]`, as FlagGems keys its tune configs by op),
+/// else the shared `elementwise` list.
+fn elementwise_candidates<'t>(t: &'t TuneTable, kernel: &str) -> &'t [TuneConfig] {
+    match t.configs(kernel) {
+        [] => t.configs("elementwise"),
+        own => own,
+    }
+}
+
+/// The heuristic for elementwise kernel `kernel`: the first of its candidates
+/// (see [`elementwise_candidates`]).
+pub fn elementwise_for(t: &TuneTable, kernel: &str) -> ElementwiseConfig {
+    ElementwiseConfig::from_candidate(&elementwise_candidates(t, kernel).first().cloned().unwrap_or_default())
 }
 
 /// Seconds one candidate takes, as the autotuner compares them: a first untimed run (it
@@ -351,7 +368,7 @@ pub fn elementwise_ahead(
     dtype: DType,
     items: usize,
 ) -> ElementwiseConfig {
-    let heuristic = elementwise(t);
+    let heuristic = elementwise_for(t, kernel);
     if !autotune_requested() {
         return heuristic;
     }
@@ -370,7 +387,10 @@ fn elementwise_key(
     dtype: DType,
     items: usize,
 ) -> (TuneKey, Vec<TuneConfig>) {
-    (tune_key(kernel, dtype, &format!("items={}", items.next_power_of_two()), info), t.configs("elementwise").to_vec())
+    (
+        tune_key(kernel, dtype, &format!("items={}", items.next_power_of_two()), info),
+        elementwise_candidates(t, kernel).to_vec(),
+    )
 }
 
 /// An elementwise config chosen by the autotuner when asked for (per power-of-two bucket of
@@ -383,7 +403,7 @@ pub fn tuned_elementwise(
     items: usize,
     mut bench: impl FnMut(ElementwiseConfig) -> Result<f64>,
 ) -> ElementwiseConfig {
-    let heuristic = elementwise(t);
+    let heuristic = elementwise_for(t, kernel);
     if !autotune_requested() {
         return heuristic;
     }
@@ -470,6 +490,21 @@ mod tests {
         // A tiny row still gets a block.
         assert_eq!(row_kernel(&t, "norm", 8, 4, 4).row_vecs, 1);
         assert_eq!(elementwise(&t), ElementwiseConfig { block: 128, unroll: 1, vec_bytes: 16 });
+    }
+
+    #[test]
+    fn an_op_list_replaces_the_shared_elementwise_list_for_that_op_only() {
+        let t = TuneTable::parse(
+            "[[elementwise]]\nblock = 256\nunroll = 1\n[[elementwise]]\nblock = 512\nunroll = 2\n\
+             [[gelu]]\nblock = 128\nunroll = 1\n",
+            "test.toml",
+        )
+        .unwrap();
+        assert_eq!(elementwise_for(&t, "gelu"), ElementwiseConfig { block: 128, unroll: 1, vec_bytes: 16 });
+        assert_eq!(elementwise_candidates(&t, "gelu").len(), 1);
+        assert_eq!(elementwise_for(&t, "swiglu"), ElementwiseConfig { block: 256, unroll: 1, vec_bytes: 16 });
+        assert_eq!(elementwise_candidates(&t, "swiglu").len(), 2);
+        assert_eq!(elementwise(&t), elementwise_for(&t, "dgelu"));
     }
 
     #[test]

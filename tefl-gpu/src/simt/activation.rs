@@ -208,7 +208,7 @@ fn gated_bwd(
 
 fn dbias(op: &'static str, ctx: &KernelCtx<'_>, a: &DActArgs, kind: Activation) -> Result<DBiasOut> {
     let grad_input = plain_bwd(op, ctx, &a.grad, &a.input, kind)?;
-    let cfg = tune::elementwise(&*tune_table(ctx.device)?);
+    let cfg = tune::elementwise_for(&*tune_table(ctx.device)?, op);
     let l = setup(op, ctx, a.input.dtype(), a.grad.dtype(), kind, false, cfg)?;
     let (rows, n) = (a.input.rows(), a.input.last_dim());
     let dbias = empty(ctx.device, &[n], a.input.dtype())?;
