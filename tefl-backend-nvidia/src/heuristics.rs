@@ -163,7 +163,7 @@ mod tests {
     }
 
     #[test]
-    fn hopper_overrides_attention_and_the_norm_backward_not_the_row_kernels() {
+    fn hopper_overrides_attention_the_norm_backward_the_softmax_backward_and_elementwise_not_the_norms() {
         let h = TUNE_CONFIGS.table("sm_90");
         let a = TUNE_CONFIGS.table("sm_80");
         assert_eq!(h.configs("norm"), a.configs("norm"));
@@ -191,5 +191,13 @@ mod tests {
         assert_eq!((r.block, r.row_vecs), (512, 4));
         // 1024 bf16 columns are 128 vectors: one each for 128 threads.
         assert_eq!(row_kernel(&h, "norm", 1024, 2, 4).block, 128);
+        // The softmax backward's own list (Hopper only): 512 threads, two vectors, at 8192 bf16.
+        let r = row_kernel(&h, "softmax_bwd", 8192, 2, 4);
+        assert_eq!((r.block, r.row_vecs), (512, 2));
+        assert!(a.configs("softmax_bwd").is_empty());
+        // The elementwise kernels: one vector a thread, gelu in blocks of 128 (its own list).
+        use tefl_gpu::tune::{ElementwiseConfig, elementwise_for};
+        assert_eq!(elementwise_for(&h, "swiglu"), ElementwiseConfig { block: 256, unroll: 1, vec_bytes: 16 });
+        assert_eq!(elementwise_for(&h, "gelu"), ElementwiseConfig { block: 128, unroll: 1, vec_bytes: 16 });
     }
 }

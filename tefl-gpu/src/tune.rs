@@ -313,6 +313,21 @@ pub fn tuned_row_kernel(
     info: &DeviceInfo,
     dtype: DType,
     n: usize,
+    bench: impl FnMut(RowConfig) -> Result<f64>,
+) -> RowConfig {
+    tuned_row_kernel_as(t, family, family, info, dtype, n, bench)
+}
+
+/// [`tuned_row_kernel`] for a kernel that takes `family`'s candidates under a name of its own
+/// (`kernel`: the autotuner's key, e.g. the softmax backward's `softmax_bwd`, so that its
+/// winner is not the forward's).
+pub fn tuned_row_kernel_as(
+    t: &TuneTable,
+    family: &str,
+    kernel: &str,
+    info: &DeviceInfo,
+    dtype: DType,
+    n: usize,
     mut bench: impl FnMut(RowConfig) -> Result<f64>,
 ) -> RowConfig {
     let elem = dtype.size_in_bytes();
@@ -320,7 +335,7 @@ pub fn tuned_row_kernel(
     if !autotune_requested() {
         return heuristic;
     }
-    let (key, cands) = row_kernel_key(t, family, info, dtype, n);
+    let (key, cands) = row_kernel_key(t, family, kernel, info, dtype, n);
     let chosen = autotuner().select(
         &key,
         &cands,
@@ -337,13 +352,14 @@ pub fn tuned_row_kernel(
 fn row_kernel_key(
     t: &TuneTable,
     family: &str,
+    kernel: &str,
     info: &DeviceInfo,
     dtype: DType,
     n: usize,
 ) -> (TuneKey, Vec<TuneConfig>) {
     let elem = dtype.size_in_bytes();
     let cands = t.configs(family).iter().filter(|c| RowConfig::from_candidate(c, n, elem).is_some()).cloned().collect();
-    (tune_key(family, dtype, &format!("n={}", n.next_power_of_two()), info), cands)
+    (tune_key(kernel, dtype, &format!("n={}", n.next_power_of_two()), info), cands)
 }
 
 /// The config [`tuned_row_kernel`] returns for these arguments where it times nothing: with
@@ -355,7 +371,7 @@ pub fn row_kernel_ahead(t: &TuneTable, family: &str, info: &DeviceInfo, dtype: D
     if !autotune_requested() {
         return heuristic;
     }
-    let (key, cands) = row_kernel_key(t, family, info, dtype, n);
+    let (key, cands) = row_kernel_key(t, family, family, info, dtype, n);
     autotuner().lookup(&key, &cands).and_then(|e| RowConfig::from_candidate(&e.winner, n, elem)).unwrap_or(heuristic)
 }
 

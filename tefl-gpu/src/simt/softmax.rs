@@ -94,20 +94,26 @@ fn backward(op: &'static str, ctx: &KernelCtx<'_>, a: &SoftmaxBwdArgs) -> Result
     if rows == 0 || sk == 0 {
         return Ok(SoftmaxBwdOut { dx });
     }
-    let cfg = tune::row_kernel(&*tune_table(ctx.device)?, "softmax", sk, a.y.dtype().size_in_bytes(), 4);
-    let k = kernel(op, ctx, a.y.dtype(), a.dy.dtype(), MaskKind::None, cfg)?;
-    k.launch(
-        "softmax_bwd",
-        Grid::linear(blocks_for(rows, 1, i32::MAX as u32), cfg.block),
-        &[
-            Arg::Ptr(ptr(&a.dy)?),
-            Arg::Ptr(ptr(&a.y)?),
-            Arg::Ptr(ptr(&dx)?),
-            Arg::I32(i32_of(ctx, op, "y", rows)?),
-            Arg::I32(i32_of(ctx, op, "y", sk)?),
-            Arg::F32(a.scale),
-        ],
-    )?;
+    let args = [
+        Arg::Ptr(ptr(&a.dy)?),
+        Arg::Ptr(ptr(&a.y)?),
+        Arg::Ptr(ptr(&dx)?),
+        Arg::I32(i32_of(ctx, op, "y", rows)?),
+        Arg::I32(i32_of(ctx, op, "y", sk)?),
+        Arg::F32(a.scale),
+    ];
+    let run = |cfg: RowConfig| -> Result<()> {
+        let k = kernel(op, ctx, a.y.dtype(), a.dy.dtype(), MaskKind::None, cfg)?;
+        k.launch("softmax_bwd", Grid::linear(blocks_for(rows, 1, i32::MAX as u32), cfg.block), &args)
+    };
+    // The backward's own list (`[[softmax_bwd]]`) where the tune configs have one, else the
+    // forward's; tuned (TEFL_AUTOTUNE=1) under its own name either way.
+    let (table, info) = (tune_table(ctx.device)?, info(ctx.device)?);
+    let family = if table.configs("softmax_bwd").is_empty() { "softmax" } else { "softmax_bwd" };
+    let cfg = tune::tuned_row_kernel_as(&table, family, "softmax_bwd", &info, a.y.dtype(), sk, |cfg| {
+        tune::measure(ctx.device, &|| run(cfg))
+    });
+    run(cfg)?;
     Ok(SoftmaxBwdOut { dx })
 }
 
