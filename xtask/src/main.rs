@@ -138,21 +138,26 @@ fn exit(code: i32) -> ExitCode {
     ExitCode::from(u8::try_from(code.clamp(0, 255)).unwrap_or(1))
 }
 
-fn test_backend(args: &[String]) -> Result<ExitCode, String> {
-    let Some(vendors) = args.first().filter(|a| !a.starts_with('-')) else {
-        return Err("test-backend needs a vendor: cargo xtask test-backend <vendor>".into());
-    };
-    // `nvidia,amd`: one build with both features, then the suite for each in turn (CI's
-    // no-GPU check of both, without a second optimised build of the tests crate).
-    let vendors: Vec<String> = vendors.split(',').map(|v| v.trim().to_ascii_lowercase()).collect();
+/// The vendors of `test-backend`'s first argument (`nvidia,amd`: one build with both features,
+/// then the suite for each in turn, as CI's no-GPU check of both does without a second
+/// optimised build of the tests crate) and the cargo features of that build.
+fn vendors_and_features(list: &str) -> Result<(Vec<String>, String), String> {
+    let vendors: Vec<String> = list.split(',').map(|v| v.trim().to_ascii_lowercase()).collect();
     if vendors.iter().any(String::is_empty) {
-        return Err(format!("test-backend: an empty vendor name in '{}'", args[0]));
+        return Err(format!("test-backend: an empty vendor name in '{list}'"));
     }
     let mut features = Vec::new();
     for v in &vendors {
         features.extend(features_for(v)?);
     }
-    let features = features.join(",");
+    Ok((vendors, features.join(",")))
+}
+
+fn test_backend(args: &[String]) -> Result<ExitCode, String> {
+    let Some(vendors) = args.first().filter(|a| !a.starts_with('-')) else {
+        return Err("test-backend needs a vendor: cargo xtask test-backend <vendor>".into());
+    };
+    let (vendors, features) = vendors_and_features(vendors)?;
     for a in &args[1..] {
         if !["--allow-unavailable", "--full", "--verbose", "--seed"].contains(&a.as_str()) && a.parse::<u64>().is_err()
         {
@@ -319,5 +324,22 @@ fn main() -> ExitCode {
             eprintln!("cargo xtask: {e}");
             ExitCode::from(2)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::vendors_and_features;
+
+    #[test]
+    fn test_backend_takes_one_vendor_or_a_list_and_names_a_bad_one() {
+        let (v, f) = vendors_and_features("nvidia").unwrap();
+        assert_eq!((v, f.as_str()), (vec!["nvidia".to_string()], "tefl-ops/nvidia"));
+        let (v, f) = vendors_and_features("NVIDIA, amd").unwrap();
+        assert_eq!((v, f.as_str()), (vec!["nvidia".to_string(), "amd".to_string()], "tefl-ops/nvidia,tefl-ops/amd"));
+        // The reference backend needs no feature.
+        assert_eq!(vendors_and_features("reference,vulkan").unwrap().1, "tefl-ops/vulkan");
+        assert!(vendors_and_features("nvidia,,amd").unwrap_err().contains("empty vendor name"));
+        assert!(vendors_and_features("nvidia,bogus").unwrap_err().contains("unknown backend 'bogus'"));
     }
 }
