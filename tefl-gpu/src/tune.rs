@@ -318,9 +318,10 @@ pub fn tuned_row_kernel(
     tuned_row_kernel_as(t, family, family, info, dtype, n, bench)
 }
 
-/// [`tuned_row_kernel`] for a kernel that takes `family`'s candidates under a name of its own
-/// (`kernel`: the autotuner's key, e.g. the softmax backward's `softmax_bwd`, so that its
-/// winner is not the forward's).
+/// [`tuned_row_kernel`] for a kernel of `family` with a name of its own (`kernel`, e.g. the
+/// softmax backward's `softmax_bwd`): its candidates are the table's list of that name where it
+/// has one (`[[softmax_bwd]]`), else `family`'s, and the autotuner keys it by that name either
+/// way, so that its winner is not the family's.
 pub fn tuned_row_kernel_as(
     t: &TuneTable,
     family: &str,
@@ -330,6 +331,7 @@ pub fn tuned_row_kernel_as(
     n: usize,
     mut bench: impl FnMut(RowConfig) -> Result<f64>,
 ) -> RowConfig {
+    let family = if t.configs(kernel).is_empty() { family } else { kernel };
     let elem = dtype.size_in_bytes();
     let heuristic = row_kernel(t, family, n, elem, 4);
     if !autotune_requested() {
@@ -521,6 +523,23 @@ mod tests {
         assert_eq!(elementwise_for(&t, "swiglu"), ElementwiseConfig { block: 256, unroll: 1, vec_bytes: 16 });
         assert_eq!(elementwise_candidates(&t, "swiglu").len(), 2);
         assert_eq!(elementwise(&t), elementwise_for(&t, "dgelu"));
+    }
+
+    #[test]
+    fn a_named_row_kernel_takes_its_own_list_where_the_table_has_one() {
+        if autotune_requested() {
+            return; // the heuristic is what this checks
+        }
+        let info = DeviceInfo::basic(Device::CPU, "Acme X1".into(), "gfx942".into());
+        let shared = "[[softmax]]\nblock = 256\nvec_bytes = 16\nmax_row_vecs = 8\n";
+        let own = format!("{shared}[[softmax_bwd]]\nblock = 512\nvec_bytes = 16\nmax_row_vecs = 8\n");
+        let pick = |text: &str| {
+            let t = TuneTable::parse(text, "test.toml").unwrap();
+            let r = tuned_row_kernel_as(&t, "softmax", "softmax_bwd", &info, DType::BF16, 8192, |_| unreachable!());
+            (r.block, r.row_vecs)
+        };
+        assert_eq!(pick(&own), (512, 2));
+        assert_eq!(pick(shared), (256, 4));
     }
 
     #[test]

@@ -109,8 +109,7 @@ fn backward(op: &'static str, ctx: &KernelCtx<'_>, a: &SoftmaxBwdArgs) -> Result
     // The backward's own list (`[[softmax_bwd]]`) where the tune configs have one, else the
     // forward's; tuned (TEFL_AUTOTUNE=1) under its own name either way.
     let (table, info) = (tune_table(ctx.device)?, info(ctx.device)?);
-    let family = if table.configs("softmax_bwd").is_empty() { "softmax" } else { "softmax_bwd" };
-    let cfg = tune::tuned_row_kernel_as(&table, family, "softmax_bwd", &info, a.y.dtype(), sk, |cfg| {
+    let cfg = tune::tuned_row_kernel_as(&table, "softmax", "softmax_bwd", &info, a.y.dtype(), sk, |cfg| {
         tune::measure(ctx.device, &|| run(cfg))
     });
     run(cfg)?;
