@@ -85,15 +85,7 @@ mod tests {
             .collect();
         // gfx908 compiles the wave-64 code gfx90a does (for another instruction set): every
         // other variant of each source there, so that each source still meets it.
-        let mut nth = std::collections::HashMap::new();
-        let sampled: Vec<bool> = variants
-            .iter()
-            .map(|v| {
-                let i = nth.entry(v.source.name).or_insert(0usize);
-                *i += 1;
-                *i % 2 == 1
-            })
-            .collect();
+        let sampled = tefl_gpu::rtc::every_other_of_each_source(&variants);
         let jobs: Vec<_> = ["gfx90a", "gfx908", "gfx1030"]
             .into_iter()
             .flat_map(|arch| {

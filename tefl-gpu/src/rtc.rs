@@ -142,6 +142,22 @@ pub fn compile_shard(test: &str, stderr_failures: fn(&str) -> Vec<String>) -> Sh
     ShardRole::Spawned(failures)
 }
 
+/// Every other variant of each source (the first, third, ... of each `Source::name` in list
+/// order), as a mask over `variants`: what a compile test builds for a second target of the
+/// same code (the CUDA test's sm_80, the HIP test's gfx908), so that each source still meets
+/// that target's compiler at about half the cost.
+pub fn every_other_of_each_source(variants: &[Variant]) -> Vec<bool> {
+    let mut nth = std::collections::HashMap::new();
+    variants
+        .iter()
+        .map(|v| {
+            let i = nth.entry(v.source.name).or_insert(0usize);
+            *i += 1;
+            *i % 2 == 1
+        })
+        .collect()
+}
+
 /// The cache key of a compilation: full source (prelude, defines, headers), options, arch,
 /// compiler name and version.
 pub fn cache_key(c: &dyn RtcCompiler, variant: &Variant, arch: &str, version: &str) -> u64 {
@@ -513,6 +529,24 @@ mod tests {
             assert_eq!(shards.iter().filter(|s| s.owns(i)).count(), 1, "job {i}");
         }
         assert!(shards[1].owns(4) && !shards[1].owns(5));
+    }
+
+    #[test]
+    fn every_other_variant_of_each_source_is_sampled_from_its_first() {
+        let of =
+            |source: &'static tefl_kernels::Source, i: usize| Variant::new(source, &["k"], Defines::new().set("I", i));
+        // Two sources interleaved: each keeps its own first, third, ... variant.
+        let list = [
+            of(&tefl_kernels::ROPE, 0),
+            of(&tefl_kernels::NORM, 0),
+            of(&tefl_kernels::NORM, 1),
+            of(&tefl_kernels::ROPE, 1),
+            of(&tefl_kernels::ROPE, 2),
+            of(&tefl_kernels::NORM, 2),
+            of(&tefl_kernels::SOFTMAX, 0),
+        ];
+        assert_eq!(every_other_of_each_source(&list), [true, true, false, false, true, true, true]);
+        assert!(every_other_of_each_source(&[]).is_empty());
     }
 
     /// A compiler that "compiles" to the text's length after `delay_ms`, counts its calls, and
