@@ -67,8 +67,17 @@ struct Slot {
     queries: Option<vk::QueryPool>,
     /// The timeline value its last submission signals (0: never submitted).
     value: u64,
-    /// Whether that submission wrote timestamps not yet added to `Gpu::timing`.
-    timed: bool,
+    /// The repetition of `Gpu::timing` whose time that submission's timestamps (not yet
+    /// collected) count towards.
+    timed: Option<usize>,
+}
+
+/// What `Gpu::timing` collects while a timing runs: the device seconds of each repetition's
+/// submissions, and the repetition the submissions made now count towards (`None`: not timed,
+/// e.g. the L2 flush before a repetition).
+struct Timing {
+    seconds: Vec<f64>,
+    current: Option<usize>,
 }
 
 /// The device's queue and the ring of command buffers (the timeline semaphore is `Gpu::timeline`).
@@ -113,8 +122,8 @@ pub struct Gpu {
     submitter: Mutex<Submitter>,
     pipelines: Mutex<HashMap<String, Arc<Pipeline>>>,
     pool: Mutex<BufferPool>,
-    /// While timing (`Some`), the device seconds of every submission so far.
-    timing: Mutex<Option<f64>>,
+    /// While timing (`Some`), the device seconds of each repetition's submissions so far.
+    timing: Mutex<Option<Timing>>,
     /// Signals the value of each submission when it finishes.
     timeline: vk::Semaphore,
     /// The value of the last submission (written under the submitter's lock; read without it,
@@ -322,7 +331,7 @@ impl Gpu {
                 } else {
                     None
                 };
-                slots.push(Slot { cmd, descriptors, queries, value: 0, timed: false });
+                slots.push(Slot { cmd, descriptors, queries, value: 0, timed: None });
             }
             (Submitter { queue, _pool: pool, slots, next: 0 }, timeline)
         };
@@ -687,8 +696,8 @@ impl Gpu {
     /// Adds the device time of each timed slot whose submission is at or below `done` (known to
     /// have finished) to `timing`.
     fn collect_timestamps(&self, s: &mut Submitter, done: u64) -> Result<()> {
-        for slot in s.slots.iter_mut().filter(|x| x.timed && x.value <= done) {
-            slot.timed = false;
+        for slot in s.slots.iter_mut().filter(|x| x.timed.is_some() && x.value <= done) {
+            let Some(rep) = slot.timed.take() else { continue };
             let Some(q) = slot.queries else { continue };
             let mut stamps = [0u64; 2];
             // SAFETY: both queries were written by the slot's submission, which has finished;
@@ -706,8 +715,10 @@ impl Gpu {
             let mask = if bits >= 64 { u64::MAX } else { (1u64 << bits) - 1 };
             let ticks = stamps[1].wrapping_sub(stamps[0]) & mask;
             let seconds = ticks as f64 * f64::from(self.physical.limits.timestamp_period) * 1e-9;
-            if let Some(t) = self.timing.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
-                *t += seconds;
+            if let Some(t) = self.timing.lock().unwrap_or_else(|p| p.into_inner()).as_mut()
+                && let Some(total) = t.seconds.get_mut(rep)
+            {
+                *total += seconds;
             }
         }
         Ok(())
@@ -726,7 +737,7 @@ impl Gpu {
             let v = s.slots[i].value;
             self.wait_for(s, v)?;
         }
-        let timed = self.timing.lock().unwrap_or_else(|p| p.into_inner()).is_some();
+        let timed = self.timing.lock().unwrap_or_else(|p| p.into_inner()).as_ref().and_then(|t| t.current);
         let slot = &mut s.slots[i];
         // SAFETY: the slot's command buffer and descriptor pool are used only under the
         // submitter's lock, and its last submission has finished (waited for above), so they may
@@ -745,7 +756,7 @@ impl Gpu {
                 )
                 .map_err(|e| err("vkBeginCommandBuffer", e))?;
         }
-        let queries = slot.queries.filter(|_| timed);
+        let queries = slot.queries.filter(|_| timed.is_some());
         if let Some(q) = queries {
             // The start is stamped once everything before has finished (bottom of pipe), so
             // a submission queued behind another is not charged for the wait.
@@ -784,7 +795,7 @@ impl Gpu {
         unsafe { self.device.queue_submit(s.queue, &submit, vk::Fence::null()) }
             .map_err(|e| err("vkQueueSubmit", e))?;
         slot.value = value;
-        slot.timed = queries.is_some();
+        slot.timed = timed.filter(|_| queries.is_some());
         self.submitted.store(value, Ordering::Release);
         s.next = (i + 1) % SLOTS;
         drop(guard);
@@ -797,15 +808,48 @@ impl Gpu {
     /// or `None` when the queue cannot write timestamps. Submissions of other threads during
     /// `work` count too.
     pub(crate) fn timed(&self, work: &mut dyn FnMut() -> Result<()>) -> Result<Option<f64>> {
+        Ok(self.timed_reps(1, &mut || Ok(()), work)?.and_then(|t| t.first().copied()))
+    }
+
+    /// `reps` repetitions of `before` then `work`, all submitted before one wait (so that the
+    /// device runs them back to back, as CUDA's events time a queue), and the device time of
+    /// each repetition's `work` submissions (as [`timed`](Self::timed); `before`'s are not
+    /// counted), or `None` when the queue cannot write timestamps (everything then still runs).
+    /// A submission waits only for the one eight submissions before it (the ring's slot).
+    pub(crate) fn timed_reps(
+        &self,
+        reps: usize,
+        before: &mut dyn FnMut() -> Result<()>,
+        work: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<Option<Vec<f64>>> {
         if self.physical.timestamp_bits == 0 {
-            work()?;
+            for _ in 0..reps {
+                before()?;
+                work()?;
+            }
             return Ok(None);
         }
         self.wait_idle()?;
-        *self.timing.lock().unwrap_or_else(|p| p.into_inner()) = Some(0.0);
-        let r = work().and_then(|()| self.wait_idle());
+        let set_current = |current: Option<usize>| {
+            if let Some(t) = self.timing.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+                t.current = current;
+            }
+        };
+        *self.timing.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(Timing { seconds: vec![0.0; reps], current: None });
+        let mut run = || -> Result<()> {
+            for rep in 0..reps {
+                set_current(None);
+                before()?;
+                set_current(Some(rep));
+                work()?;
+            }
+            set_current(None);
+            Ok(())
+        };
+        let r = run().and_then(|()| self.wait_idle());
         let t = self.timing.lock().unwrap_or_else(|p| p.into_inner()).take();
-        r.map(|()| t)
+        r.map(|()| t.map(|t| t.seconds))
     }
 
     /// Waits until every submission so far has finished, and frees what waited for them.
