@@ -814,7 +814,8 @@ impl Gpu {
     /// `reps` repetitions of `before` then `work`, all submitted before one wait (so that the
     /// device runs them back to back, as CUDA's events time a queue), and the device time of
     /// each repetition's `work` submissions (as [`timed`](Self::timed); `before`'s are not
-    /// counted), or `None` when the queue cannot write timestamps (everything then still runs).
+    /// counted), or `None` when the queue cannot write timestamps (everything then still runs
+    /// and is waited for, so the caller's host clock spans it).
     /// A submission waits only for the one eight submissions before it (the ring's slot).
     pub(crate) fn timed_reps(
         &self,
@@ -827,6 +828,7 @@ impl Gpu {
                 before()?;
                 work()?;
             }
+            self.wait_idle()?;
             return Ok(None);
         }
         self.wait_idle()?;
