@@ -68,7 +68,8 @@ mod tests {
     /// Hopper-only, the mma.sync attention kernels with two of their four layout / mask
     /// combinations per head dim before that (sm_80 differs only in the prelude's Ampere
     /// paths; on CI's two cores the attention sample saved 150 s of the test's 300, and the
-    /// every-other sample 30 s more: 277 -> 247 s on the development machine), with NVRTC when libnvrtc is present (no GPU needed; CI installs libnvrtc from the
+    /// every-other sample 30 s more: 277 -> 247 s on the development machine), with NVRTC
+    /// when libnvrtc is present (no GPU needed; CI installs libnvrtc from the
     /// `nvidia-cuda-nvrtc` wheel), and checks each binary defines every entry point the
     /// variant launches, so a kernel that does not compile fails here rather than on the GPU
     /// machine. A kernel for

@@ -696,7 +696,7 @@ impl Gpu {
     /// Adds the device time of each timed slot whose submission is at or below `done` (known to
     /// have finished) to `timing`.
     fn collect_timestamps(&self, s: &mut Submitter, done: u64) -> Result<()> {
-        for slot in s.slots.iter_mut().filter(|x| x.timed.is_some() && x.value <= done) {
+        for slot in s.slots.iter_mut().filter(|x| x.value <= done) {
             let Some(rep) = slot.timed.take() else { continue };
             let Some(q) = slot.queries else { continue };
             let mut stamps = [0u64; 2];
@@ -803,33 +803,37 @@ impl Gpu {
         Ok(Some(value))
     }
 
-    /// Runs `work` and returns the device time of the submissions made meanwhile (timestamps
-    /// around each submission's commands, summed; host gaps between submissions do not count),
-    /// or `None` when the queue cannot write timestamps. Submissions of other threads during
-    /// `work` count too.
-    pub(crate) fn timed(&self, work: &mut dyn FnMut() -> Result<()>) -> Result<Option<f64>> {
-        Ok(self.timed_reps(1, &mut || Ok(()), work)?.and_then(|t| t.first().copied()))
+    /// Runs `work` and returns its seconds on the device: the timestamps around each of the
+    /// submissions made meanwhile, summed (host gaps between submissions do not count), or,
+    /// where the queue cannot write timestamps, the host's clock from before `work` until the
+    /// device has finished it. Submissions of other threads during `work` count too.
+    pub(crate) fn timed(&self, work: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
+        Ok(self.timed_reps(1, &mut || Ok(()), work)?.first().copied().unwrap_or(0.0))
     }
 
     /// `reps` repetitions of `before` then `work`, all submitted before one wait (so that the
     /// device runs them back to back, as CUDA's events time a queue), and the device time of
     /// each repetition's `work` submissions (as [`timed`](Self::timed); `before`'s are not
-    /// counted), or `None` when the queue cannot write timestamps (everything then still runs
-    /// and is waited for, so the caller's host clock spans it).
-    /// A submission waits only for the one eight submissions before it (the ring's slot).
+    /// counted). A submission waits only for the one eight submissions before it (the ring's
+    /// slot). Where the queue cannot write timestamps, each repetition runs alone and its `work`
+    /// is timed on the host's clock until the device has finished it.
     pub(crate) fn timed_reps(
         &self,
         reps: usize,
         before: &mut dyn FnMut() -> Result<()>,
         work: &mut dyn FnMut() -> Result<()>,
-    ) -> Result<Option<Vec<f64>>> {
+    ) -> Result<Vec<f64>> {
         if self.physical.timestamp_bits == 0 {
-            for _ in 0..reps {
-                before()?;
-                work()?;
-            }
-            self.wait_idle()?;
-            return Ok(None);
+            return (0..reps)
+                .map(|_| {
+                    before()?;
+                    self.wait_idle()?;
+                    let start = std::time::Instant::now();
+                    work()?;
+                    self.wait_idle()?;
+                    Ok(start.elapsed().as_secs_f64())
+                })
+                .collect();
         }
         self.wait_idle()?;
         let set_current = |current: Option<usize>| {
@@ -851,7 +855,7 @@ impl Gpu {
         };
         let r = run().and_then(|()| self.wait_idle());
         let t = self.timing.lock().unwrap_or_else(|p| p.into_inner()).take();
-        r.map(|()| t.map(|t| t.seconds))
+        r.map(|()| t.map_or_else(|| vec![0.0; reps], |t| t.seconds))
     }
 
     /// Waits until every submission so far has finished, and frees what waited for them.

@@ -201,10 +201,7 @@ impl DeviceRuntime for VulkanRuntime {
         gpu(device)?.wait_idle()
     }
     fn time_on_device(&self, device: Device, work: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
-        let g = gpu(device)?;
-        let start = std::time::Instant::now();
-        // `timed` waits for the work, so the host clock is the fallback without timestamps.
-        Ok(g.timed(work)?.unwrap_or_else(|| start.elapsed().as_secs_f64()))
+        gpu(device)?.timed(work)
     }
     fn time_reps_after(
         &self,
@@ -213,21 +210,8 @@ impl DeviceRuntime for VulkanRuntime {
         before: &mut dyn FnMut() -> Result<()>,
         work: &mut dyn FnMut() -> Result<()>,
     ) -> Result<Vec<f64>> {
-        let g = gpu(device)?;
-        // Every repetition submitted before one wait (`Gpu::timed_reps`); without timestamps,
-        // one at a time on the host's clock (`time_on_device`).
-        if g.physical.timestamp_bits == 0 {
-            return (0..reps)
-                .map(|_| {
-                    before()?;
-                    self.time_on_device(device, work)
-                })
-                .collect();
-        }
-        g.timed_reps(reps, before, work)?.ok_or_else(|| Error::DeviceFailure {
-            device: device.to_string(),
-            reason: "the queue wrote no timestamps".into(),
-        })
+        // Every repetition submitted before one wait (`Gpu::timed_reps`).
+        gpu(device)?.timed_reps(reps, before, work)
     }
     fn fill(&self, dst: &dyn Buffer, byte: u8) -> Result<()> {
         let d = self.buffer(dst)?;
