@@ -6,9 +6,10 @@
 //
 // A workgroup of SGM×SGN 32-lane subgroups computes a TM×TN tile of W (TM = 64·SGM,
 // TN = 64·SGN), each subgroup a 64×64 part as 4×4 accumulators of 16×16. K goes in steps of KT:
-// each invocation copies its share of the next step's A and B tiles from memory to registers
-// (16 bytes per load) while the subgroups multiply the current step out of shared memory, then
-// stores it to shared memory as it came (16 bytes per store, no conversion). The tiles are
+// each invocation copies its share of a later step's A and B tiles from memory to registers
+// (16 bytes per load; LA steps ahead, so LA steps' chunks are in flight) while the subgroups
+// multiply the current step out of shared memory, then stores it to shared memory as it came
+// (16 bytes per store, no conversion). The tiles are
 // arrays of 16-byte units that the fragment loads reinterpret as 16-bit elements:
 // SPV_KHR_cooperative_matrix lets a load's pointer point at another type than the matrix's,
 // with strides in the pointer's units. WGSL (naga) types a loaded matrix by its pointer, so the
@@ -34,6 +35,13 @@
 // Shared memory is the budget to watch: on the H200 (2026-11-28) this shader with 30 KB of
 // workgroup memory instead of 24 KB ran half as fast (NVIDIA's Vulkan driver then fits one
 // workgroup an SM instead of two), which is also why double-buffered tiles (44 KB) lose.
+// Registers are the other: what an SM has in flight from memory is the chunks its invocations
+// hold. Two steps held (LA = 2) in the 256-invocation workgroups (one an SM: 48 KB of chunks
+// an SM instead of 24, 252–253 registers) made 128×256 the fastest tile on the H200
+// (2026-12-02, each twice in one run, bf16 4096³ / 8192³): 0.669 / 4.69–4.70 ms against
+// 128×128's 0.714–0.715 / 5.45–5.46; in the 128-invocation workgroups (two an SM) it took 255
+// registers with spills and ran 4096³ 0.724–0.726, 8192³ 5.22 (one step: 0.705–0.706 / 5.36–5.39),
+// and three steps in the 256-invocation ones spilled too (128×256: 0.728–0.730 / 5.28).
 //
 // The host takes this path only where every operand row is a whole number of 16-byte chunks
 // (k, and m or n where they are the contiguous dimension, multiples of 8), so a chunk is
@@ -47,6 +55,10 @@
 const TM: u32 = 64u * SGM;
 const TN: u32 = 64u * SGN;
 const KT: u32 = 32u;
+// K steps whose chunks an invocation holds in registers at once: two where a workgroup has 256
+// invocations (one workgroup an SM on the H200; 253 registers), one where it has 128 (two an
+// SM, whose registers are full at one: 242, and 255 with spills at two).
+const LA: u32 = select(1u, 2u, WGS == 256u);
 // Invocations per workgroup: SGM·SGN subgroups of 32.
 const WGS: u32 = 32u * SGM * SGN;
 // Row strides of the shared tiles in 16-byte units (eight elements): a tile is either TM (or
@@ -221,41 +233,54 @@ fn main(
     var c31 = coop_mat16x16<f32, C>();
     var c32 = coop_mat16x16<f32, C>();
     var c33 = coop_mat16x16<f32, C>();
-    // Each chunk's source index at the first k step, and the next step's chunks, in registers.
+    // Each chunk's source index at the first k step, and the chunks of the next LA steps in
+    // registers: set 0 for the steps a round starts with, set 1 (LA = 2) for the others.
     var at_a: array<u32, CHUNKS_A>;
     var at_b: array<u32, CHUNKS_B>;
-    var ra: array<vec4<u32>, CHUNKS_A>;
-    var rb: array<vec4<u32>, CHUNKS_B>;
+    var ra0: array<vec4<u32>, CHUNKS_A>;
+    var rb0: array<vec4<u32>, CHUNKS_B>;
+    var ra1: array<vec4<u32>, CHUNKS_A>;
+    var rb1: array<vec4<u32>, CHUNKS_B>;
     for (var i = 0u; i < CHUNKS_A; i++) {
         let ch = chunk_a(lane, i, row0);
         at_a[i] = ch.z;
-        ra[i] = fetch_a(ch.z, ch.y, 0u, 0u);
+        ra0[i] = fetch_a(ch.z, ch.y, 0u, 0u);
+        if (LA == 2u) {
+            ra1[i] = fetch_a(ch.z, ch.y, KT, step_a(KT));
+        }
     }
     for (var i = 0u; i < CHUNKS_B; i++) {
         let ch = chunk_b(lane, i, col0);
         at_b[i] = ch.z;
-        rb[i] = fetch_b(ch.z, ch.y, 0u, 0u);
+        rb0[i] = fetch_b(ch.z, ch.y, 0u, 0u);
+        if (LA == 2u) {
+            rb1[i] = fetch_b(ch.z, ch.y, KT, step_b(KT));
+        }
     }
-    for (var k0 = 0u; k0 < p.k; k0 += KT) {
+    // Rounds of LA steps. Where LA is 2 the second step runs even past k: its chunks were
+    // fetched as zeros there, and a branch on k around it would not be uniform control flow
+    // for the cooperative-matrix operations (LA is a constant, so the branch on it is).
+    for (var k0 = 0u; k0 < p.k; k0 += LA * KT) {
         workgroupBarrier();
         for (var i = 0u; i < CHUNKS_A; i++) {
-            tile_a[chunk_a(lane, i, row0).x] = bitcast<vec4<f32>>(ra[i]);
+            tile_a[chunk_a(lane, i, row0).x] = bitcast<vec4<f32>>(ra0[i]);
         }
         for (var i = 0u; i < CHUNKS_B; i++) {
-            tile_b[chunk_b(lane, i, col0).x] = bitcast<vec4<f32>>(rb[i]);
+            tile_b[chunk_b(lane, i, col0).x] = bitcast<vec4<f32>>(rb0[i]);
         }
-        // The next step's chunks into registers, issued before the barrier so that they are on
-        // their way while the slowest subgroup stores; nothing reads them before the next step's
-        // stores (a value used sooner makes its load wait there).
-        let next = k0 + KT;
+        // The round after next's first chunks into registers, issued before the barrier that
+        // precedes the multiplies so that they are on their way while the slowest subgroup
+        // stores; nothing reads them before that round's stores (a value used sooner makes its
+        // load wait there).
+        let next = k0 + LA * KT;
         if (next < p.k) {
             let sa = step_a(next);
             let sb = step_b(next);
             for (var i = 0u; i < CHUNKS_A; i++) {
-                ra[i] = fetch_a(at_a[i], chunk_a(lane, i, row0).y, next, sa);
+                ra0[i] = fetch_a(at_a[i], chunk_a(lane, i, row0).y, next, sa);
             }
             for (var i = 0u; i < CHUNKS_B; i++) {
-                rb[i] = fetch_b(at_b[i], chunk_b(lane, i, col0).y, next, sb);
+                rb0[i] = fetch_b(at_b[i], chunk_b(lane, i, col0).y, next, sb);
             }
         }
         workgroupBarrier();
@@ -284,6 +309,54 @@ fn main(
             c31 = coopMultiplyAdd(a3, b1, c31);
             c32 = coopMultiplyAdd(a3, b2, c32);
             c33 = coopMultiplyAdd(a3, b3, c33);
+        }
+        // The same step on set 1, written out (a loop over the two sets would pick each set
+        // by a branch on its counter; written out, every register index is a constant).
+        if (LA == 2u) {
+            workgroupBarrier();
+            for (var i = 0u; i < CHUNKS_A; i++) {
+                tile_a[chunk_a(lane, i, row0).x] = bitcast<vec4<f32>>(ra1[i]);
+            }
+            for (var i = 0u; i < CHUNKS_B; i++) {
+                tile_b[chunk_b(lane, i, col0).x] = bitcast<vec4<f32>>(rb1[i]);
+            }
+            // Zeros past k (fetch_*), which the last round's second step may multiply.
+            let next1 = next + KT;
+            let sa = step_a(next1);
+            let sb = step_b(next1);
+            for (var i = 0u; i < CHUNKS_A; i++) {
+                ra1[i] = fetch_a(at_a[i], chunk_a(lane, i, row0).y, next1, sa);
+            }
+            for (var i = 0u; i < CHUNKS_B; i++) {
+                rb1[i] = fetch_b(at_b[i], chunk_b(lane, i, col0).y, next1, sb);
+            }
+            workgroupBarrier();
+            for (var kk = 0u; kk < KT; kk += 16u) {
+                let a0 = frag_a(sr, kk);
+                let a1 = frag_a(sr + 16u, kk);
+                let a2 = frag_a(sr + 32u, kk);
+                let a3 = frag_a(sr + 48u, kk);
+                let b0 = frag_b(kk, sc);
+                let b1 = frag_b(kk, sc + 16u);
+                let b2 = frag_b(kk, sc + 32u);
+                let b3 = frag_b(kk, sc + 48u);
+                c00 = coopMultiplyAdd(a0, b0, c00);
+                c01 = coopMultiplyAdd(a0, b1, c01);
+                c02 = coopMultiplyAdd(a0, b2, c02);
+                c03 = coopMultiplyAdd(a0, b3, c03);
+                c10 = coopMultiplyAdd(a1, b0, c10);
+                c11 = coopMultiplyAdd(a1, b1, c11);
+                c12 = coopMultiplyAdd(a1, b2, c12);
+                c13 = coopMultiplyAdd(a1, b3, c13);
+                c20 = coopMultiplyAdd(a2, b0, c20);
+                c21 = coopMultiplyAdd(a2, b1, c21);
+                c22 = coopMultiplyAdd(a2, b2, c22);
+                c23 = coopMultiplyAdd(a2, b3, c23);
+                c30 = coopMultiplyAdd(a3, b0, c30);
+                c31 = coopMultiplyAdd(a3, b1, c31);
+                c32 = coopMultiplyAdd(a3, b2, c32);
+                c33 = coopMultiplyAdd(a3, b3, c33);
+            }
         }
     }
     let inside = row0 + TM <= p.m && col0 + TN <= p.n;

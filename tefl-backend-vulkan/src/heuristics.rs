@@ -12,13 +12,22 @@ use crate::coopmat2::{FlexShape, Tile};
 pub static TUNE_CONFIGS: TuneConfigs = TuneConfigs::new(
     crate::vendor_info,
     TuneFile { path: "tefl-backend-vulkan/src/tune_configs.toml", text: include_str!("tune_configs.toml") },
-    &[(
-        "lavapipe",
-        TuneFile {
-            path: "tefl-backend-vulkan/src/lavapipe/tune_configs.toml",
-            text: include_str!("lavapipe/tune_configs.toml"),
-        },
-    )],
+    &[
+        (
+            "lavapipe",
+            TuneFile {
+                path: "tefl-backend-vulkan/src/lavapipe/tune_configs.toml",
+                text: include_str!("lavapipe/tune_configs.toml"),
+            },
+        ),
+        (
+            "nvidia",
+            TuneFile {
+                path: "tefl-backend-vulkan/src/nvidia/tune_configs.toml",
+                text: include_str!("nvidia/tune_configs.toml"),
+            },
+        ),
+    ],
 );
 
 /// The tile of the workgroup-scope GEMM (`build/cm2.rs`) a `gemm_cm2` candidate describes
@@ -279,11 +288,15 @@ mod tests {
         assert_eq!(coop_tile_of(&cfg(256, 256, 8), 1 << 20, 1024), None);
         assert_eq!(coop_tile_of(&cfg(128, 128, 4), 48 * 1024, 1024), None);
         assert_eq!(coop_tile_of(&cfg(96, 128, 8), 48 * 1024, 1024), None);
-        // The first config that fits: 128x128 in raster groups of 8 on NVIDIA (the H200's
-        // fastest); a device too small for every config gets that tile too.
-        let first = CoopTile { sgm: 2, sgn: 2, group_m: 8 };
-        assert_eq!(heuristic_coop_tile("nvidia", 48 * 1024, 1024), first);
-        assert_eq!(heuristic_coop_tile("nvidia", 16 * 1024, 128), first);
+        // The first config that fits: 128x256 in raster groups of 8 on NVIDIA (the H200's
+        // fastest), 128x128 on a device with 32 KB of shared memory, on other vendors (the
+        // generic list) and on a device too small for every config.
+        let square = CoopTile { sgm: 2, sgn: 2, group_m: 8 };
+        assert_eq!(heuristic_coop_tile("nvidia", 48 * 1024, 1024), CoopTile { sgm: 2, sgn: 4, group_m: 8 });
+        assert_eq!(heuristic_coop_tile("nvidia", 32 * 1024, 1024), square);
+        assert_eq!(heuristic_coop_tile("nvidia", 48 * 1024, 128), square);
+        assert_eq!(heuristic_coop_tile("amd", 48 * 1024, 1024), square);
+        assert_eq!(heuristic_coop_tile("nvidia", 16 * 1024, 128), square);
         for c in TUNE_CONFIGS.table("nvidia").configs("gemm_coop") {
             assert!(coop_tile_of(c, 48 * 1024, 1024).is_some(), "{c:?} is not a built tile that fits the H100");
         }
