@@ -133,6 +133,10 @@ def eager(op, a):
         m = a[0]
         x = t(m, m, dt=torch.float16 if op == "gemm_f16" else bf)
         return (lambda: x @ x), False
+    if op == "gemm_mnk":
+        m, n, k = a
+        x, w = t(m, k), t(k, n)
+        return (lambda: x @ w), False
     if op == "gemm_fp8":
         m = a[0]
         x = t(m, m).to(torch.float8_e4m3fn)

@@ -48,9 +48,10 @@ for line in sys.stdin:
     exe
 }
 
-#[test]
-fn peers_run_case_by_case_in_one_process_that_is_replaced_after_a_fault() {
-    let dir = std::env::temp_dir().join(format!("tefl-bench-peers-{}", std::process::id()));
+/// A fresh directory named for this process and `test` holding the stand-in, its log's path,
+/// and a PATH with the directory first.
+fn stand_in_dir(test: &str) -> (PathBuf, PathBuf, std::ffi::OsString) {
+    let dir = std::env::temp_dir().join(format!("tefl-bench-peers-{}-{test}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let log = dir.join("log");
@@ -59,6 +60,12 @@ fn peers_run_case_by_case_in_one_process_that_is_replaced_after_a_fault() {
         std::iter::once(dir.clone()).chain(std::env::split_paths(&std::env::var_os("PATH").unwrap())),
     )
     .unwrap();
+    (dir, log, path)
+}
+
+#[test]
+fn peers_run_case_by_case_in_one_process_that_is_replaced_after_a_fault() {
+    let (dir, log, path) = stand_in_dir("fault");
     let out = Command::new(env!("CARGO_BIN_EXE_bench"))
         .args(["--backend", "reference", "--shapes", "small", "--vs", "torch", "--reps", "3"])
         .args(["--only", "rmsnorm_fwd 4096,rope,gelu,attn_fwd", "--attn-d", "64"])
@@ -100,5 +107,41 @@ fn peers_run_case_by_case_in_one_process_that_is_replaced_after_a_fault() {
     assert!(specs[0].starts_with("rmsnorm_fwd") && specs[1].starts_with("gelu"), "{log}");
     assert!(specs[2].starts_with("rope") && specs[3].starts_with("attn_fwd"), "{log}");
     assert_eq!(lines.iter().position(|l| l.starts_with("spec rope")).map(|i| lines[i + 1]), Some("start"), "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `--gemm MxNxK` adds a bf16 GEMM of that shape, timed with its FLOPs and with torch's
+/// `A @ B` on the same shape as peer; a malformed shape is refused naming the option.
+#[test]
+fn extra_gemm_shapes_are_timed_beside_their_peer() {
+    let (dir, log, path) = stand_in_dir("gemm");
+    let out = Command::new(env!("CARGO_BIN_EXE_bench"))
+        .args(["--backend", "reference", "--shapes", "small", "--vs", "torch", "--reps", "3"])
+        .args(["--only", "gemm 40x", "--gemm", "40x24x56,40x8x8"])
+        .env("PATH", &path)
+        .env("TEFL_BENCH_WARMUP", "0.1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench failed\n{stdout}\n{stderr}");
+    for name in ["gemm 40x24x56", "gemm 40x8x8"] {
+        let line =
+            stdout.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("no row {name:?} in\n{stdout}"));
+        // tefl ms, rate (two words), eager, compile, best, speed.
+        let cols: Vec<&str> = line[40..].split_whitespace().collect();
+        assert_eq!(cols[2], "TFLOP/s", "{line}");
+        assert_eq!(&cols[3..6], ["1.000", "2.000", "eager"], "{line}");
+    }
+    assert!(!stdout.lines().any(|l| l.starts_with("gemm 1024")), "--only keeps the extra shapes alone\n{stdout}");
+    let log = std::fs::read_to_string(&log).unwrap();
+    let specs: Vec<&str> = log.lines().filter_map(|l| l.strip_prefix("spec ")).collect();
+    assert_eq!(specs, ["gemm_mnk 40 24 56", "gemm_mnk 40 8 8"], "{log}");
+    for bad in ["40x24", "40x0x8", "ax8x8"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_bench")).args(["--gemm", bad]).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {stderr}");
+        assert!(stderr.contains("--gemm") && stderr.contains(bad), "{bad}: {stderr}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

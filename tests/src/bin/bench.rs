@@ -1,5 +1,5 @@
 //! `bench [--backend X] [--shapes anchor|small] [--vs torch] [--json FILE] [--svg FILE] [--reps N]
-//! [--only SUBSTRING[,...]] [--attn-d 64|128|256]`: times each op of the anchor table
+//! [--only SUBSTRING[,...]] [--attn-d 64|128|256] [--gemm MxNxK[,...]]`: times each op of the anchor table
 //! (`shared/device/README.md`) on the backend's device, and with `--vs torch` every peer a
 //! PyTorch user can pick on the same shapes in the same run (`tests/src/bench_peers.py`: torch
 //! eager, torch.compile for norms, activations, softmax and RoPE, SDPA's flash and cuDNN
@@ -21,7 +21,9 @@
 //! the host inside the timed span. `--attn-d` sets the attention cases' head dim (128, the
 //! anchor's, unless given). The attention cases also run on the same sequences packed as thd
 //! (`attn_fwd thd` / `attn_bwd thd`, cumulative lengths and TE's max_seqlen bounds, so that
-//! the lengths are not read on the host), their peers SDPA's on the batch.
+//! the lengths are not read on the host), their peers SDPA's on the batch. `--gemm` adds bf16
+//! GEMMs of other shapes (`gemm MxNxK`: A m×k, B k×n, both row-major; torch's `A @ B` as peer),
+//! for the shapes a tile choice or a small-product path should be judged on.
 
 use std::fmt::Write as _;
 use std::process::ExitCode;
@@ -109,7 +111,21 @@ impl Ctx {
     }
 }
 
-fn cases(c: &Ctx, small: bool, attn_d: usize) -> tefl_core::Result<Vec<Case>> {
+/// `--gemm`'s value: shapes `MxNxK`, comma-separated, each dimension at least 1.
+fn parse_gemm_shapes(v: &str) -> Result<Vec<(usize, usize, usize)>, String> {
+    v.split(',')
+        .map(|s| {
+            let dims: Vec<Option<usize>> =
+                s.trim().split(['x', 'X']).map(|d| d.trim().parse::<usize>().ok().filter(|&d| d > 0)).collect();
+            match dims[..] {
+                [Some(m), Some(n), Some(k)] => Ok((m, n, k)),
+                _ => Err(format!("--gemm {s:?}: expected MxNxK with positive integers, e.g. 1024x4096x4096")),
+            }
+        })
+        .collect()
+}
+
+fn cases(c: &Ctx, small: bool, attn_d: usize, extra_gemms: &[(usize, usize, usize)]) -> tefl_core::Result<Vec<Case>> {
     let bf = DType::BF16;
     let (r, n) = if small { (4096, 4096) } else { (16384, 8192) };
     let mut v = Vec::new();
@@ -239,6 +255,16 @@ fn cases(c: &Ctx, small: bool, attn_d: usize) -> tefl_core::Result<Vec<Case>> {
                 let a = a.get()?;
                 Ok(GemmArgs::new(a.clone(), a))
             },
+        )?);
+    }
+    for &(m, n, k) in extra_gemms {
+        let (a, b) = (c.t(&[m, k], bf), c.t(&[k, n], bf));
+        v.extend(c.case::<GenericGemm>(
+            format!("gemm {m}x{n}x{k}"),
+            format!("gemm_mnk {m} {n} {k}"),
+            0.0,
+            2.0 * (m * n) as f64 * k as f64,
+            || Ok(GemmArgs::new(a.get()?, b.get()?)),
         )?);
     }
     // FP8 (e4m3, TN, bf16 D, fast accumulation: TE's forward GEMM) against torch._scaled_mm.
@@ -641,6 +667,7 @@ fn main() -> ExitCode {
     let mut only: Option<String> = None;
     let mut svg_path: Option<String> = None;
     let mut attn_d = 128usize;
+    let mut extra_gemms = Vec::new();
     while let Some(a) = args.next() {
         match a.as_str() {
             "--backend" => backend = args.next().unwrap_or_default().to_ascii_lowercase(),
@@ -660,9 +687,16 @@ fn main() -> ExitCode {
                     }
                 }
             }
+            "--gemm" => match parse_gemm_shapes(&args.next().unwrap_or_default()) {
+                Ok(shapes) => extra_gemms = shapes,
+                Err(e) => {
+                    eprintln!("bench: {e}");
+                    return ExitCode::from(2);
+                }
+            },
             other => {
                 eprintln!(
-                    "bench: unexpected argument {other:?}\nusage: bench [--backend X] [--shapes anchor|small] [--vs torch] [--json FILE] [--svg FILE] [--reps N] [--only SUBSTRING[,SUBSTRING...]] [--attn-d 64|128|256]"
+                    "bench: unexpected argument {other:?}\nusage: bench [--backend X] [--shapes anchor|small] [--vs torch] [--json FILE] [--svg FILE] [--reps N] [--only SUBSTRING[,SUBSTRING...]] [--attn-d 64|128|256] [--gemm MxNxK[,MxNxK...]]"
                 );
                 return ExitCode::from(2);
             }
@@ -738,7 +772,7 @@ fn main() -> ExitCode {
         Some(g) => println!("copy {} MiB: {g:.1} GB/s", copy_bytes >> 20),
         None => println!("copy: no figure, so no fraction of copy"),
     }
-    let cases = match cases(&ctx, small, attn_d) {
+    let cases = match cases(&ctx, small, attn_d, &extra_gemms) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("bench: preparing inputs failed: {e}");
