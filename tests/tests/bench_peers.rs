@@ -119,7 +119,8 @@ fn peers_run_case_by_case_in_one_process_that_is_replaced_after_a_fault() {
 }
 
 /// `--gemm MxNxK` adds a bf16 GEMM of that shape, timed with its FLOPs and with torch's
-/// `A @ B` on the same shape as peer; a malformed shape is refused naming the option.
+/// `A @ B` on the same shape as peer; a malformed shape is refused naming the option, and one
+/// too large for the host is an error, not an abort.
 #[test]
 fn extra_gemm_shapes_are_timed_beside_their_peer() {
     let (dir, log, path) = stand_in_dir("gemm");
@@ -134,6 +135,17 @@ fn extra_gemm_shapes_are_timed_beside_their_peer() {
     let log = std::fs::read_to_string(&log).unwrap();
     let specs: Vec<&str> = log.lines().filter_map(|l| l.strip_prefix("spec ")).collect();
     assert_eq!(specs, ["gemm_mnk 40 24 56", "gemm_mnk 40 8 8"], "{log}");
+    // A shape too large for the host's memory (its element count past usize, so whatever the
+    // host's overcommit policy) fails the run with an error naming it.
+    let out = Command::new(env!("CARGO_BIN_EXE_bench"))
+        .args(["--gemm", "99999999999x9x99999999999", "--only", "gemm 9999", "--reps", "3"])
+        .env("TEFL_BENCH_WARMUP", "0.1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(stderr.contains("out of memory") && stderr.contains("[99999999999, 99999999999]"), "{stderr}");
     for bad in ["40x24", "40x0x8", "ax8x8"] {
         let out = Command::new(env!("CARGO_BIN_EXE_bench")).args(["--gemm", bad]).output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);

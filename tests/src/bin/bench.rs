@@ -70,9 +70,19 @@ impl Input<'_> {
         if let Some(t) = self.made.get() {
             return Ok(t.clone());
         }
-        let n: usize = self.shape.iter().product();
+        // Drawn as f32 on the host first: a shape (from --gemm) too large for the host's memory
+        // is an error naming it, not an abort.
+        let n = self.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+        let mut v: Vec<f32> = Vec::new();
+        if n.is_none_or(|n| v.try_reserve_exact(n).is_err()) {
+            return Err(tefl_core::Error::OutOfMemory {
+                device: "host".into(),
+                bytes: n.and_then(|n| n.checked_mul(4)).unwrap_or(usize::MAX),
+                what: format!("the bench's {:?} input of shape {:?}, drawn as f32", self.dtype, self.shape),
+            });
+        }
         let mut rng = tefl_tests::Rng::new(0x7E_F1_BE_4C + self.seed);
-        let v: Vec<f32> = (0..n).map(|_| rng.uniform(-0.5, 0.5) as f32).collect();
+        v.extend((0..n.unwrap_or(0)).map(|_| rng.uniform(-0.5, 0.5) as f32));
         let t = Tensor::from_slice(&v, &self.shape, self.dtype)?.to_device(&self.ctx.device)?;
         Ok(self.made.get_or_init(|| t).clone())
     }
@@ -263,7 +273,7 @@ fn cases(c: &Ctx, small: bool, attn_d: usize, extra_gemms: &[(usize, usize, usiz
             format!("gemm {m}x{n}x{k}"),
             format!("gemm_mnk {m} {n} {k}"),
             0.0,
-            2.0 * (m * n) as f64 * k as f64,
+            2.0 * m as f64 * n as f64 * k as f64,
             || Ok(GemmArgs::new(a.get()?, b.get()?)),
         )?);
     }
