@@ -40,7 +40,7 @@
 // an SM instead of 24, 252–253 registers) made 128×256 the fastest tile on the H200
 // (2026-12-02, each twice in one run, bf16 4096³ / 8192³): 0.669 / 4.69–4.70 ms against
 // 128×128's 0.714–0.715 / 5.45–5.46; in the 128-invocation workgroups (two an SM) it took 255
-// registers with spills and ran 4096³ 0.724–0.726, 8192³ 5.22 (one step: 0.705–0.706 / 5.36–5.39),
+// registers with spills and ran 4096³ 0.724–0.726, 8192³ 5.22 (one step: 0.705–0.707 / 5.36–5.39),
 // and three steps in the 256-invocation ones spilled too (128×256: 0.728–0.730 / 5.28).
 //
 // The host takes this path only where every operand row is a whole number of 16-byte chunks
