@@ -63,9 +63,9 @@ fn stand_in_dir(test: &str) -> (PathBuf, PathBuf, std::ffi::OsString) {
     (dir, log, path)
 }
 
-/// The stdout, then the stderr, of `bench --backend reference --shapes small --vs torch --reps 3`
+/// The stdout and the stderr of `bench --backend reference --shapes small --vs torch --reps 3`
 /// with `args` and the stand-in first on `path` (the run must succeed).
-fn bench_vs_stand_in(path: &std::ffi::OsStr, args: &[&str]) -> String {
+fn bench_vs_stand_in(path: &std::ffi::OsStr, args: &[&str]) -> (String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_bench"))
         .args(["--backend", "reference", "--shapes", "small", "--vs", "torch", "--reps", "3"])
         .args(args)
@@ -74,22 +74,23 @@ fn bench_vs_stand_in(path: &std::ffi::OsStr, args: &[&str]) -> String {
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "bench failed\n{stdout}\n{stderr}");
-    stdout + "\n--- stderr\n" + &stderr
+    (stdout, stderr)
 }
 
-/// The cells after the name column of the row of `out` whose name starts with `name`.
-fn row(out: &str, name: &str) -> Vec<String> {
-    let line = out.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("no row {name:?} in\n{out}"));
+/// The cells after the name column of the row of `stdout` whose name starts with `name`.
+fn row(stdout: &str, name: &str) -> Vec<String> {
+    let line = stdout.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("no row {name:?} in\n{stdout}"));
     line[40..].split_whitespace().map(str::to_string).collect()
 }
 
 #[test]
 fn peers_run_case_by_case_in_one_process_that_is_replaced_after_a_fault() {
     let (dir, log, path) = stand_in_dir("fault");
-    let out = bench_vs_stand_in(&path, &["--only", "rmsnorm_fwd 4096,rope,gelu,attn_fwd", "--attn-d", "64"]);
-    let row = |name: &str| row(&out, name);
+    let (stdout, stderr) =
+        bench_vs_stand_in(&path, &["--only", "rmsnorm_fwd 4096,rope,gelu,attn_fwd", "--attn-d", "64"]);
+    let row = |name: &str| row(&stdout, name);
     // tefl ms, rate (two words), of copy (memory-bound rows), eager, compile, best, speed.
     let rms = row("rmsnorm_fwd 4096x4096");
     assert_eq!(&rms[4..7], ["1.000", "2.000", "eager"], "{rms:?}");
@@ -98,7 +99,7 @@ fn peers_run_case_by_case_in_one_process_that_is_replaced_after_a_fault() {
     // The spec whose process died keeps the peer it measured; the one it did not is missing.
     let rope = row("rope_fwd");
     assert_eq!(&rope[4..7], ["1.000", "-", "eager"], "{rope:?}");
-    assert!(out.contains("ended with exit status: 3 on 'rope"), "{out}");
+    assert!(stderr.contains("ended with exit status: 3 on 'rope"), "{stderr}");
     // The bshd and thd attention cases share one spec's peers (no "of copy" column).
     let bshd = row("attn_fwd causal");
     let thd = row("attn_fwd thd causal");
@@ -124,14 +125,14 @@ fn peers_run_case_by_case_in_one_process_that_is_replaced_after_a_fault() {
 #[test]
 fn extra_gemm_shapes_are_timed_beside_their_peer() {
     let (dir, log, path) = stand_in_dir("gemm");
-    let out = bench_vs_stand_in(&path, &["--only", "gemm 40x", "--gemm", "40x24x56,40x8x8"]);
+    let (stdout, _) = bench_vs_stand_in(&path, &["--only", "gemm 40x", "--gemm", "40x24x56,40x8x8"]);
     for name in ["gemm 40x24x56", "gemm 40x8x8"] {
         // tefl ms, rate (two words), eager, compile, best, speed.
-        let cols = row(&out, name);
+        let cols = row(&stdout, name);
         assert_eq!(cols[2], "TFLOP/s", "{cols:?}");
         assert_eq!(&cols[3..6], ["1.000", "2.000", "eager"], "{cols:?}");
     }
-    assert!(!out.lines().any(|l| l.starts_with("gemm 1024")), "--only keeps the extra shapes alone\n{out}");
+    assert!(!stdout.lines().any(|l| l.starts_with("gemm 1024")), "--only keeps the extra shapes alone\n{stdout}");
     let log = std::fs::read_to_string(&log).unwrap();
     let specs: Vec<&str> = log.lines().filter_map(|l| l.strip_prefix("spec ")).collect();
     assert_eq!(specs, ["gemm_mnk 40 24 56", "gemm_mnk 40 8 8"], "{log}");

@@ -72,17 +72,17 @@ impl Input<'_> {
         }
         // Drawn as f32 on the host first: a shape (from --gemm) too large for the host's memory
         // is an error naming it, not an abort.
-        let n = self.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+        let elems = self.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
         let mut v: Vec<f32> = Vec::new();
-        if n.is_none_or(|n| v.try_reserve_exact(n).is_err()) {
+        let Some(n) = elems.filter(|&n| v.try_reserve_exact(n).is_ok()) else {
             return Err(tefl_core::Error::OutOfMemory {
                 device: "host".into(),
-                bytes: n.and_then(|n| n.checked_mul(4)).unwrap_or(usize::MAX),
+                bytes: elems.and_then(|n| n.checked_mul(4)).unwrap_or(usize::MAX),
                 what: format!("the bench's {:?} input of shape {:?}, drawn as f32", self.dtype, self.shape),
             });
-        }
+        };
         let mut rng = tefl_tests::Rng::new(0x7E_F1_BE_4C + self.seed);
-        v.extend((0..n.unwrap_or(0)).map(|_| rng.uniform(-0.5, 0.5) as f32));
+        v.extend((0..n).map(|_| rng.uniform(-0.5, 0.5) as f32));
         let t = Tensor::from_slice(&v, &self.shape, self.dtype)?.to_device(&self.ctx.device)?;
         Ok(self.made.get_or_init(|| t).clone())
     }
