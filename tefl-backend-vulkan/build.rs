@@ -129,25 +129,29 @@ fn variants() -> Vec<Variant> {
         });
     }
     // The product on cooperative matrices, for 16-bit inputs, per pair of transposes (bf16:
-    // the f16 module retyped, see `retype_coop_operands`), subgroup grid and raster group
-    // (the `gemm_coop` tune configs choose; ops/gemm.rs names the same values).
+    // the f16 module retyped, see `retype_coop_operands`), subgroup grid, raster group (the
+    // `gemm_coop` tune configs choose; ops/gemm.rs names the same values) and output (W, or a
+    // D of either 16-bit dtype).
     for (tx, cx) in [("f16", 1), ("bf16", 2)] {
         for (ta, tb) in [(0u32, 0u32), (0, 1), (1, 0), (1, 1)] {
             for (sgm, sgn) in GEMM_COOP_GRIDS {
                 for gm in GEMM_COOP_RASTER_GROUPS {
-                    v.push(Variant {
-                        shader: "gemm_coop",
-                        header: "enable f16;\nenable wgpu_cooperative_matrix;\n",
-                        files: &["gemm_params.wgsl", "gemm_coop.wgsl"],
-                        consts: vec![
-                            ("TX", tx.into(), cx),
-                            ("TA", ta.to_string(), ta),
-                            ("TB", tb.to_string(), tb),
-                            ("SGM", sgm.to_string(), sgm),
-                            ("SGN", sgn.to_string(), sgn),
-                            ("GM", gm.to_string(), gm),
-                        ],
-                    });
+                    for (out, co) in [("w", 0), ("f16", 1), ("bf16", 2)] {
+                        v.push(Variant {
+                            shader: "gemm_coop",
+                            header: "enable f16;\nenable wgpu_cooperative_matrix;\n",
+                            files: &["gemm_params.wgsl", "gemm_coop.wgsl"],
+                            consts: vec![
+                                ("TX", tx.into(), cx),
+                                ("TA", ta.to_string(), ta),
+                                ("TB", tb.to_string(), tb),
+                                ("SGM", sgm.to_string(), sgm),
+                                ("SGN", sgn.to_string(), sgn),
+                                ("GM", gm.to_string(), gm),
+                                ("OUT", out.into(), co),
+                            ],
+                        });
+                    }
                 }
             }
         }

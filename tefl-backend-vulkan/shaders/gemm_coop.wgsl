@@ -2,7 +2,9 @@
 // W = alpha·op(A)·op(B) in f32 for 16-bit A and B, the stage 0 of gemm.wgsl on another pipeline
 // (its epilogue stages follow unchanged), or, for a plain product (stage 4), D itself in its
 // 16-bit dtype with no W and no epilogue stage. Constants: TX (f16 or bf16), TA and TB
-// (transposes), SGM and SGN (subgroups along m and n), GM (tile rows per raster group).
+// (transposes), SGM and SGN (subgroups along m and n), GM (tile rows per raster group), OUT
+// (what it writes: 0 W, 1 an f16 D, 2 a bf16 D; one variant per output, so that each binary
+// holds only its own epilogue).
 //
 // A workgroup of SGM×SGN 32-lane subgroups computes a TM×TN tile of W (TM = 64·SGM,
 // TN = 64·SGN), each subgroup a 64×64 part as 4×4 accumulators of 16×16. K goes in steps of KT:
@@ -42,6 +44,12 @@
 // 128×128's 0.714–0.715 / 5.45–5.46; in the 128-invocation workgroups (two an SM) it took 255
 // registers with spills and ran 4096³ 0.724–0.726, 8192³ 5.22 (one step: 0.705–0.707 / 5.36–5.39),
 // and three steps in the 256-invocation ones spilled too (128×256: 0.728–0.730 / 5.28).
+// Code size is the third: the sixteen written-out `put`s, each with the W paths and both 16-bit
+// conversions of common.wgsl (f16's with its subnormal branches), made a 150 KB binary whose
+// epilogue each workgroup fetched instruction by instruction (H200, 2026-12-02: 1024×1024×32
+// took 0.064 ms, 0.028 without the L2 flush before it). One variant per output (OUT) and
+// branch-free conversions: 23 KB (f16 D) and 40 KB (bf16 D); bf16 4096³ / 8192³ 0.674 / 4.70–4.72
+// → 0.514 / 3.93–3.94 ms, f16 4096³ 0.680–0.682 → 0.506–0.508, 1024×1024×32 0.064 → 0.023.
 //
 // The host takes this path only where every operand row is a whole number of 16-byte chunks
 // (k, and m or n where they are the contiguous dimension, multiples of 8), so a chunk is
@@ -153,12 +161,30 @@ fn frag_b(kk: u32, c: u32) -> coop_mat16x16<f32, B> {
     return coopLoad<coop_mat16x16<f32, B>>(&tile_b[c * SHORT + kk / 8u], SHORT);
 }
 
-// Writes accumulator `m` (16×16 at rows r.., columns c.. of W) scaled by alpha: straight to W
-// where the whole tile is inside it and W is the output, else through this subgroup's staging
-// tile: to W with guards, or (stage 4) to D rounded to its dtype, 16 bytes per invocation.
+// The bits of two f32 values in the output dtype OUT (f16 or bf16), lo in the low half: no
+// branches, since `put` is written out sixteen times (the shared common.wgsl conversion, with
+// its subnormal and range branches for either dtype chosen per call, made this shader's binary
+// about five times as large and each workgroup's epilogue wait on instruction fetches: see the
+// measurements above). f16 by the conversion instruction (round to nearest even on NVIDIA);
+// bf16 rounded to nearest even on the bits, NaN kept as a quiet NaN.
+fn pack_out(lo: f32, hi: f32) -> u32 {
+    if (OUT == 1u) {
+        return pack2x16float(vec2<f32>(lo, hi));
+    }
+    let b = bitcast<vec2<u32>>(vec2<f32>(lo, hi));
+    let rounded = (b + vec2<u32>(0x7FFFu) + ((b >> vec2<u32>(16u)) & vec2<u32>(1u))) >> vec2<u32>(16u);
+    let nan = (b & vec2<u32>(0x7FFFFFFFu)) > vec2<u32>(0x7F800000u);
+    let bits = select(rounded, ((b >> vec2<u32>(16u)) & vec2<u32>(0x8000u)) | vec2<u32>(0x7FC0u), nan);
+    return bits.x | (bits.y << 16u);
+}
+
+// Writes accumulator `m` (16×16 at rows r.., columns c.. of W) scaled by alpha. OUT = 0 (W is
+// the output): straight to W where the whole tile is inside it, else through this subgroup's
+// staging tile to W with guards. OUT = 1 or 2 (stage 4): through the staging tile to D rounded
+// to its dtype, 16 bytes per invocation.
 fn put(m: coop_mat16x16<f32, C>, inside: bool, sg: u32, lane: u32, r: u32, c: u32) {
     let scaled = m * p.alpha;
-    if (inside && p.stage != 4u) {
+    if (OUT == 0u && inside) {
         // (Named index and stride: naga 30 does not emit expressions written in a coopStoreT.)
         let stride = p.n;
         let at = r * stride + c;
@@ -170,7 +196,7 @@ fn put(m: coop_mat16x16<f32, C>, inside: bool, sg: u32, lane: u32, r: u32, c: u3
     coopStoreT(scaled, &stage[base], 16u);
     workgroupBarrier();
     let l = lane % 32u;
-    if (p.stage == 4u) {
+    if (OUT != 0u) {
         // Row l/2 of the tile, columns (l%2)·8..: one 16-byte chunk of D (n is a multiple of 8).
         let gr = r + l / 2u;
         let gc = c + (l % 2u) * 8u;
@@ -178,7 +204,7 @@ fn put(m: coop_mat16x16<f32, C>, inside: bool, sg: u32, lane: u32, r: u32, c: u3
             let s = base + (l / 2u) * 16u + (l % 2u) * 8u;
             var words: vec4<u32>;
             for (var j = 0u; j < 4u; j++) {
-                words[j] = pack(stage[s + 2u * j], stage[s + 2u * j + 1u], p.td);
+                words[j] = pack_out(stage[s + 2u * j], stage[s + 2u * j + 1u]);
             }
             d[(gr * p.n + gc) / 8u] = words;
         }

@@ -78,13 +78,14 @@ impl CoopTile {
     /// two orientations, so the same for every transpose pair and dtype) and a 16×16 f32 staging
     /// tile per subgroup, as naga measured the module in build.rs.
     pub fn shared_bytes(&self) -> u32 {
-        crate::gpu::declared_shared_bytes(&self.variant("f16", false, false)).unwrap_or(u32::MAX)
+        crate::gpu::declared_shared_bytes(&self.variant("f16", false, false, "w")).unwrap_or(u32::MAX)
     }
 
-    /// The shader variant's name for dtype `tx` and transposes.
-    pub fn variant(&self, tx: &str, transa: bool, transb: bool) -> String {
+    /// The shader variant's name for dtype `tx`, transposes and output `out` (`w`: the f32
+    /// product W; `f16` or `bf16`: D itself, a plain product).
+    pub fn variant(&self, tx: &str, transa: bool, transb: bool, out: &str) -> String {
         format!(
-            "gemm_coop.tx={tx}.ta={}.tb={}.sgm={}.sgn={}.gm={}",
+            "gemm_coop.tx={tx}.ta={}.tb={}.sgm={}.sgn={}.gm={}.out={out}",
             u8::from(transa),
             u8::from(transb),
             self.sgm,
@@ -279,7 +280,7 @@ mod tests {
         assert_eq!(square, CoopTile { sgm: 2, sgn: 2, group_m: 8 });
         // 128 rows of 5 units and 32 rows of 17, twice, and four 1 KB staging tiles.
         assert_eq!(square.shared_bytes(), 2 * 16 * 640 + 4096);
-        assert_eq!(square.variant("bf16", true, false), "gemm_coop.tx=bf16.ta=1.tb=0.sgm=2.sgn=2.gm=8");
+        assert_eq!(square.variant("bf16", true, false, "f16"), "gemm_coop.tx=bf16.ta=1.tb=0.sgm=2.sgn=2.gm=8.out=f16");
         let wide = coop_tile_of(&cfg(128, 256, 1), 48 * 1024, 1024).unwrap();
         assert_eq!((wide.rows(), wide.cols(), wide.invocations()), (128, 256, 256));
         assert_eq!(wide.shared_bytes(), 16 * (640 + 1280) + 8192);
@@ -302,8 +303,9 @@ mod tests {
         }
     }
 
-    /// Every tile the host may pick has its shader variants, for both dtypes and all four
-    /// transpose pairs (build.rs keeps its own list of grids and raster groups).
+    /// Every tile the host may pick has its shader variants, for both dtypes, all four
+    /// transpose pairs and every output (build.rs keeps its own list of grids and raster
+    /// groups).
     #[test]
     fn every_coop_tile_has_its_shader_variants() {
         for (sgm, sgn) in COOP_GRIDS {
@@ -311,8 +313,10 @@ mod tests {
                 let t = CoopTile { sgm, sgn, group_m };
                 for tx in ["f16", "bf16"] {
                     for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
-                        let name = t.variant(tx, ta, tb);
-                        assert!(crate::gpu::SHADERS.iter().any(|(n, _)| *n == name), "{name} was not built");
+                        for out in ["w", "f16", "bf16"] {
+                            let name = t.variant(tx, ta, tb, out);
+                            assert!(crate::gpu::SHADERS.iter().any(|(n, _)| *n == name), "{name} was not built");
+                        }
                     }
                 }
             }

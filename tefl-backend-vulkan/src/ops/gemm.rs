@@ -156,15 +156,16 @@ fn coop_product(
     let table = crate::heuristics::TUNE_CONFIGS.table(&gpu.physical.arch());
     let (shared, invocations) = coop_limits(&gpu.physical);
     let fit = |c: &TuneConfig| coop_tile_of(c, shared, invocations);
+    // What the variant writes: D itself (a plain product, its 16-bit dtype) or W.
+    let out = if direct { dtype_name("generic_gemm", "out_dtype", a.out_dtype)? } else { "w" };
     let make = |t: CoopTile| -> Result<Product> {
-        let p = gpu.pipeline(&t.variant(tx, a.transa, a.transb), 8, PUSH_BYTES)?;
+        let p = gpu.pipeline(&t.variant(tx, a.transa, a.transb, out), 8, PUSH_BYTES)?;
         // (Fewer tiles than the portable product's 64×64, whose count the caller checked.)
         Ok((p, (n.div_ceil(t.cols() as usize) as u32, m.div_ceil(t.rows() as usize) as u32, 1)))
     };
     let tile = match coop_tile(&gpu.physical)? {
         (t, true) => t,
         (heuristic, false) => {
-            let out = if direct { dtype_name("generic_gemm", "out_dtype", a.out_dtype)? } else { "w" };
             let what = format!("{tx}.{out}.ta={}.tb={}", u8::from(a.transa), u8::from(a.transb));
             tuned_tile(ctx, &table, "gemm_coop", a.a.dtype(), &what, (m, n, k), &fit, &make, run, heuristic)?
         }
