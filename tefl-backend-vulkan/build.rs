@@ -213,12 +213,15 @@ fn variants() -> Vec<Variant> {
             consts: vec![("WG", wg.to_string(), wg)],
         });
         for (tx, cx) in [("f16", 1), ("bf16", 2)] {
-            v.push(Variant {
-                shader: "activation_vec",
-                header: "",
-                files: &["act_fns.wgsl", "activation_params.wgsl", "vec8.wgsl", "activation_vec.wgsl"],
-                consts: vec![("TX", tx.into(), cx), ("WG", wg.to_string(), wg)],
-            });
+            // One per activation (the codes of activation_params.wgsl's `act`, 0 to 5).
+            for act in 0..=5u32 {
+                v.push(Variant {
+                    shader: "activation_vec",
+                    header: "",
+                    files: &["act_fns.wgsl", "activation_params.wgsl", "vec8.wgsl", "activation_vec.wgsl"],
+                    consts: vec![("TX", tx.into(), cx), ("ACT", act.to_string(), act), ("WG", wg.to_string(), wg)],
+                });
+            }
             v.push(Variant {
                 shader: "softmax_vec",
                 header: "",

@@ -1,9 +1,12 @@
-// The activations and their derivatives, selected by `p.act` (0 gelu, 1 qgelu, 2 relu,
+// The activations and their derivatives, selected by `act_id()` (0 gelu, 1 qgelu, 2 relu,
 // 3 srelu, 4 silu; 6 the identity, whose column sums in activation_dbias.wgsl are plain ones);
-// shared by activation.wgsl and activation_dbias.wgsl, after their `p`.
+// shared by activation.wgsl, activation_vec.wgsl and activation_dbias.wgsl, each of which
+// defines `act_id()`: `p.act` from the push constants, or in activation_vec.wgsl its constant
+// ACT (one variant per activation: on the H200 the run-time switch, taken for each of a
+// chunk's eight elements, made the 16-byte gelu 1.5 times slower).
 
 fn act(v: f32) -> f32 {
-    switch p.act {
+    switch act_id() {
         case 0u: {
             return 0.5 * v * (1.0 + tanh_safe(0.7978845608 * (v + 0.044715 * v * v * v)));
         }
@@ -34,7 +37,7 @@ fn act(v: f32) -> f32 {
 }
 
 fn dact(v: f32) -> f32 {
-    switch p.act {
+    switch act_id() {
         case 0u: {
             let t = tanh_safe(0.7978845608 * (v + 0.044715 * v * v * v));
             return 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * 0.7978845608 * (1.0 + 3.0 * 0.044715 * v * v);

@@ -12,6 +12,11 @@ struct Params {
     _pad: u32,
 }
 
+// The activation (act_fns.wgsl): the push constant's.
+fn act_id() -> u32 {
+    return p.act;
+}
+
 @group(0) @binding(0) var<storage, read> x: array<u32>;
 @group(0) @binding(1) var<storage, read> g: array<u32>;
 @group(0) @binding(2) var<storage, read_write> ws: array<f32>;

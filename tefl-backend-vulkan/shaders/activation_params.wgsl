@@ -4,7 +4,8 @@
 struct Params {
     // 0: y = act(x); 1: gi = g·act'(x); 2: gated forward; 3: gated backward.
     mode: u32,
-    // 0 gelu, 1 qgelu, 2 relu, 3 srelu, 4 silu; 5: clamped SwiGLU (limit, alpha).
+    // 0 gelu, 1 qgelu, 2 relu, 3 srelu, 4 silu; 5: clamped SwiGLU (limit, alpha). The 16-byte
+    // shader's variants have it as their constant ACT instead (this field is then the same).
     act: u32,
     // Output elements.
     total: u32,
@@ -36,7 +37,7 @@ fn cap_keep_nan(a: f32, limit: f32) -> f32 {
 }
 
 fn gated(a: f32, b: f32) -> f32 {
-    if (p.act == 5u) {
+    if (act_id() == 5u) {
         let av = cap_keep_nan(a, p.limit);
         return av * sigmoid(p.alpha * av) * (clamp_keep_nan(b, p.limit) + 1.0);
     }
@@ -45,7 +46,7 @@ fn gated(a: f32, b: f32) -> f32 {
 
 // d out / d a (half 0) or d out / d b (half 1), times gv.
 fn dgated(a: f32, b: f32, gv: f32, half: u32) -> f32 {
-    if (p.act == 5u) {
+    if (act_id() == 5u) {
         let av = cap_keep_nan(a, p.limit);
         let s = sigmoid(p.alpha * av);
         if (half == 0u) {

@@ -2,11 +2,16 @@
 // one 16-bit dtype TX and the counts are whole 16-byte chunks (the total, and for the gated
 // forms n, multiples of 8): one invocation writes one chunk of 8 outputs, grid-stride over the
 // chunks, reading its inputs as chunks too. Same modes as activation.wgsl
-// (activation_params.wgsl). Constants: TX, WG.
+// (activation_params.wgsl). Constants: TX, ACT (the activation, as `p.act` codes it), WG.
 
 @group(0) @binding(0) var<storage, read> x: array<vec4<u32>>;
 @group(0) @binding(1) var<storage, read> g: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read_write> out: array<vec4<u32>>;
+
+// The activation (act_fns.wgsl): this variant's constant.
+fn act_id() -> u32 {
+    return ACT;
+}
 
 // Output chunk c.
 fn chunk(c: u32) -> Eight {

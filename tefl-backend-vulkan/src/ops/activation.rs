@@ -2,7 +2,9 @@
 //! forms over the [a | b] halves of the last dim, and the clamped SwiGLU. One shader variant
 //! per (input dtype, gradient dtype, workgroup size); the activation and the form are push
 //! constants. Where every tensor is one 16-bit dtype and the counts are whole chunks of 8,
-//! `shaders/activation_vec.wgsl` does the same with 16-byte loads and stores. The dbias forms
+//! `shaders/activation_vec.wgsl` does the same with 16-byte loads and stores, one variant per
+//! activation too (a switch on the push constant for each element cost its gelu a third of its
+//! speed on the H200). The dbias forms
 //! add the column sums of the unrounded input gradient (`shaders/activation_dbias.wgsl`, two
 //! passes through an f32 workspace); with the identity, the same passes give `bgrad_quantize`
 //! its plain column sums ([`column_sums`]).
@@ -70,9 +72,10 @@ fn launch(
     // The 16-byte path: one 16-bit dtype, and whole chunks of 8 (per row for the gated forms).
     let gated = matches!(mode, Mode::GatedFwd | Mode::GatedBwd);
     let chunked = total.is_multiple_of(8) && (!gated || n.is_multiple_of(8));
-    let vec_name = super::half_name(x.dtype()).filter(|_| chunked && tg == x.dtype() && out.dtype() == x.dtype());
+    let vec_name = super::half_name(x.dtype())
+        .filter(|_| chunked && tg == x.dtype() && out.dtype() == x.dtype() && act <= CLAMPED);
     let name = match vec_name {
-        Some(tx) => format!("activation_vec.tx={tx}.wg={wg}"),
+        Some(tx) => format!("activation_vec.tx={tx}.act={act}.wg={wg}"),
         None => {
             format!("activation.tx={}.tg={}.wg={wg}", dtype_name(op, "input", x.dtype())?, dtype_name(op, "grad", tg)?)
         }
