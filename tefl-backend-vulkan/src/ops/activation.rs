@@ -42,6 +42,12 @@ enum Mode {
     GatedBwd = 3,
 }
 
+/// The 16-byte shader's variant for 16-bit dtype `tx`, activation `act` (0 to [`CLAMPED`]) and
+/// workgroup size `wg`.
+fn vec_variant(tx: &str, act: u32, wg: u32) -> String {
+    format!("activation_vec.tx={tx}.act={act}.wg={wg}")
+}
+
 /// Writes `out` (every element) from x and, for the backward forms, the gradient g.
 #[allow(clippy::too_many_arguments)]
 fn launch(
@@ -75,7 +81,7 @@ fn launch(
     let vec_name = super::half_name(x.dtype())
         .filter(|_| chunked && tg == x.dtype() && out.dtype() == x.dtype() && act <= CLAMPED);
     let name = match vec_name {
-        Some(tx) => format!("activation_vec.tx={tx}.act={act}.wg={wg}"),
+        Some(tx) => vec_variant(tx, act, wg),
         None => {
             format!("activation.tx={}.tg={}.wg={wg}", dtype_name(op, "input", x.dtype())?, dtype_name(op, "grad", tg)?)
         }
@@ -260,4 +266,24 @@ pub fn clamped_swiglu(ctx: &KernelCtx<'_>, a: &ClampedSwigluArgs) -> Result<ActO
 /// The clamped SwiGLU backward.
 pub fn clamped_dswiglu(ctx: &KernelCtx<'_>, a: &ClampedDSwigluArgs) -> Result<DActOut> {
     gated_bwd("clamped_dswiglu", ctx, &a.grad, &a.input, CLAMPED, (a.limit, a.alpha))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{CLAMPED, vec_variant};
+
+    /// Every 16-byte variant the host may ask for was built: both 16-bit dtypes, every
+    /// activation code up to the clamped SwiGLU, every workgroup size the heuristic picks from.
+    #[test]
+    fn every_vec_variant_the_host_may_pick_was_built() {
+        for tx in ["f16", "bf16"] {
+            for act in 0..=CLAMPED {
+                for wg in crate::heuristics::WORKGROUPS {
+                    let name = vec_variant(tx, act, wg);
+                    assert!(crate::gpu::shader_names().any(|n| n == name), "{name} was not built");
+                }
+            }
+        }
+        assert!(!crate::gpu::shader_names().any(|n| n == vec_variant("bf16", CLAMPED + 1, 256)));
+    }
 }
