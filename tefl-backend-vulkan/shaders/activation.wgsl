@@ -4,14 +4,13 @@
 // grid-stride over the words: the general path (activation_vec.wgsl is the 16-byte one).
 
 @group(0) @binding(0) var<storage, read> x: array<u32>;
+@group(0) @binding(1) var<storage, read> g: array<u32>;
+@group(0) @binding(2) var<storage, read_write> out: array<u32>;
 
 // The activation (act_fns.wgsl): the push constant's.
 fn act_id() -> u32 {
     return p.act;
 }
-
-@group(0) @binding(1) var<storage, read> g: array<u32>;
-@group(0) @binding(2) var<storage, read_write> out: array<u32>;
 
 fn ld_x(i: u32) -> f32 {
     return unpack(x[word_of(i, TX)], i, TX);

@@ -165,8 +165,8 @@ fn frag_b(kk: u32, c: u32) -> coop_mat16x16<f32, B> {
 // branches, since `put` is written out sixteen times (the shared common.wgsl conversion, with
 // its subnormal and range branches for either dtype chosen per call, made this shader's binary
 // about five times as large and each workgroup's epilogue wait on instruction fetches: see the
-// measurements above). f16 by the conversion instruction (round to nearest even on NVIDIA);
-// bf16 rounded to nearest even on the bits, NaN kept as a quiet NaN.
+// measurements above). f16 by the conversion instruction (`pack2x16float`, rounded as the
+// driver rounds it); bf16 rounded to nearest even on the bits, NaN kept as a quiet NaN.
 fn pack_out(lo: f32, hi: f32) -> u32 {
     if (OUT == 1u) {
         return pack2x16float(vec2<f32>(lo, hi));
