@@ -87,6 +87,12 @@ fn tuned_tile<T: Copy>(
     Ok(fit(&chosen).unwrap_or(heuristic))
 }
 
+/// What a cooperative-matrix product's variant writes (the `out=` of its name): D itself, named
+/// by its 16-bit dtype (`direct`, a plain product), or `w`, the f32 product.
+fn product_output(a: &GemmArgs, direct: bool) -> Result<&'static str> {
+    if direct { dtype_name("generic_gemm", "out_dtype", a.out_dtype) } else { Ok("w") }
+}
+
 /// The product on workgroup-scope cooperative matrices (`build/cm2.rs`) for 16-bit inputs of
 /// dtype `tx`, where the device offers them for it. It writes D (`direct`, a 16-bit
 /// `out_dtype`) or W. The tile is the `gemm_cm2` tune configs' first that fits, or with
@@ -105,11 +111,7 @@ fn cm2_product(
     let Some(offer) = &gpu.coopmat2 else { return Ok(None) };
     let Some(shape) = (if tx == "bf16" { offer.bf16 } else { offer.f16 }) else { return Ok(None) };
     let table = crate::heuristics::TUNE_CONFIGS.table(&gpu.physical.arch());
-    let out = match (direct, a.out_dtype) {
-        (true, DType::F16) => "f16",
-        (true, DType::BF16) => "bf16",
-        _ => "w",
-    };
+    let out = product_output(a, direct)?;
     let name = format!("gemm_cm2.tx={tx}.ta={}.tb={}.out={out}", u8::from(a.transa), u8::from(a.transb));
     let make = |t: Tile| -> Result<Product> {
         let p = gpu.specialized_pipeline(&name, 8, PUSH_BYTES, &[t.bm, t.bn, t.bk, shape.invocations])?;
@@ -156,8 +158,7 @@ fn coop_product(
     let table = crate::heuristics::TUNE_CONFIGS.table(&gpu.physical.arch());
     let (shared, invocations) = coop_limits(&gpu.physical);
     let fit = |c: &TuneConfig| coop_tile_of(c, shared, invocations);
-    // What the variant writes: D itself (a plain product, its 16-bit dtype) or W.
-    let out = if direct { dtype_name("generic_gemm", "out_dtype", a.out_dtype)? } else { "w" };
+    let out = product_output(a, direct)?;
     let make = |t: CoopTile| -> Result<Product> {
         let p = gpu.pipeline(&t.variant(tx, a.transa, a.transb, out), 8, PUSH_BYTES)?;
         // (Fewer tiles than the portable product's 64×64, whose count the caller checked.)
