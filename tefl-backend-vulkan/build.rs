@@ -231,7 +231,7 @@ fn variants() -> Vec<Variant> {
         }
         // The 16-byte paths of the row-wise shaders.
         for (tx, cx) in [("f16", 1), ("bf16", 2)] {
-            for bwd in [0u32, 1] {
+            for bwd in [0u32, 1, 2] {
                 v.push(Variant {
                     shader: "norm_vec",
                     header: "",

@@ -1,9 +1,13 @@
-// RMSNorm and LayerNorm, forward or backward (constant BWD), where every tensor of a row is the
-// one 16-bit dtype TX and rows are whole 16-byte chunks of 8 elements (n a multiple of 8): a
-// workgroup per row at a time, 16-byte loads and stores, the row read again for each pass (the
-// second read hits the cache; holding the row in a private array was twice as slow on the
-// H100). Row sums go through subgroup additions and one shared slot per subgroup
+// RMSNorm and LayerNorm where every tensor of a row is the one 16-bit dtype TX and rows are
+// whole 16-byte chunks of 8 elements (n a multiple of 8): a workgroup per row at a time, 16-byte
+// loads and stores. Row sums go through subgroup additions and one shared slot per subgroup
 // (wg_reduce.wgsl). Constants: TX, BWD, WG.
+//
+// BWD 0, the forward, reads the row again for each pass (the second read hits the cache;
+// holding the row in a private array was twice as slow on the H100). BWD 1 (RMSNorm) and 2
+// (LayerNorm) are the backward: only the LayerNorm variant keeps Σ dy per column, so the
+// RMSNorm one holds half the accumulators (80 registers instead of 128 on the H200, where
+// 16384×8192 bf16 went from 68% to 93% of a copy's bandwidth, 2026-12-02).
 //
 // Stages (norm_params.wgsl) as in norm.wgsl: 0/1 forward (y, mu, rsigma), 2/3 backward (dx,
 // and this workgroup's partial column sums of dy·x̂ and dy in ws row `group`, kept by each
@@ -77,13 +81,29 @@ const CH: u32 = 4u;
 // Accumulators per invocation: elements 0..3 and 4..7 of each chunk.
 const ACC: u32 = 8u;
 
+// Row `row`'s owned chunks of x and dy (those past the row's end are left as they were).
+fn load_row(row: u32, lane: u32, cx: ptr<function, array<vec4<u32>, CH>>, cd: ptr<function, array<vec4<u32>, CH>>) {
+    let chunks = p.n / 8u;
+    let base = row * chunks;
+    for (var i = 0u; i < CH; i++) {
+        let c = lane + i * WG;
+        if (c < chunks) {
+            (*cx)[i] = x[base + c];
+            (*cd)[i] = aux[base + c];
+        }
+    }
+}
+
 fn backward(first: u32, step: u32, lane: u32, sg: u32, sg_lane: u32, subgroups: u32) {
     let chunks = p.n / 8u;
     let nf = f32(p.n);
-    let layer = p.stage == 3u;
-    // Σ dy·x̂ and Σ dy over this workgroup's rows, per owned column (lo/hi of chunk i at 2i, 2i+1).
+    let layer = BWD == 2u;
+    // Σ dy·x̂ and Σ dy over this workgroup's rows, per owned column (lo/hi of chunk i at 2i, 2i+1);
+    // the RMSNorm variant never touches acc_b, so it takes no registers there.
     var acc_g: array<vec4<f32>, ACC>;
     var acc_b: array<vec4<f32>, ACC>;
+    var cx: array<vec4<u32>, CH>;
+    var cd: array<vec4<u32>, CH>;
     for (var row = first; row < p.rows; row += step) {
         let base = row * chunks;
         var mean = 0.0;
@@ -91,15 +111,12 @@ fn backward(first: u32, step: u32, lane: u32, sg: u32, sg_lane: u32, subgroups: 
             mean = mu[row];
         }
         let rsig = rs[row];
-        var cx: array<vec4<u32>, CH>;
-        var cd: array<vec4<u32>, CH>;
+        load_row(row, lane, &cx, &cd);
         var sd = 0.0;
         var sdx = 0.0;
         for (var i = 0u; i < CH; i++) {
             let c = lane + i * WG;
             if (c < chunks) {
-                cx[i] = x[base + c];
-                cd[i] = aux[base + c];
                 let e = unpack8(cx[i]);
                 let dy = unpack8(cd[i]);
                 let g = scale8(c);
@@ -111,8 +128,10 @@ fn backward(first: u32, step: u32, lane: u32, sg: u32, sg_lane: u32, subgroups: 
                 sdx += dot(dl, xl) + dot(dh, xh);
                 acc_g[2u * i] += dy.lo * xl;
                 acc_g[2u * i + 1u] += dy.hi * xh;
-                acc_b[2u * i] += dy.lo;
-                acc_b[2u * i + 1u] += dy.hi;
+                if (layer) {
+                    acc_b[2u * i] += dy.lo;
+                    acc_b[2u * i + 1u] += dy.hi;
+                }
             }
         }
         let t = wg_sum(vec2<f32>(sd, sdx), sg, sg_lane, subgroups);
@@ -143,8 +162,10 @@ fn backward(first: u32, step: u32, lane: u32, sg: u32, sg_lane: u32, subgroups: 
             for (var e = 0u; e < 4u; e++) {
                 ws[at + e] = acc_g[2u * i][e];
                 ws[at + 4u + e] = acc_g[2u * i + 1u][e];
-                ws[bt + e] = acc_b[2u * i][e];
-                ws[bt + 4u + e] = acc_b[2u * i + 1u][e];
+                if (layer) {
+                    ws[bt + e] = acc_b[2u * i][e];
+                    ws[bt + 4u + e] = acc_b[2u * i + 1u][e];
+                }
             }
         }
     }

@@ -29,13 +29,14 @@ const PARTS_BYTES: usize = 64 << 20;
 const VEC_BWD_CHUNKS: usize = 4;
 
 /// The `norm_vec` variant for an op whose tensors all have dtype `dtypes[0]` (the others must
-/// match), with rows of `n`, on a workgroup of `wg`: `None` where the general shader must run.
-fn vec_variant(gpu: &crate::gpu::Gpu, dtypes: &[DType], n: usize, wg: u32, backward: bool) -> Option<String> {
+/// match), with rows of `n`, on a workgroup of `wg`, for `bwd` 0 (forward), 1 (RMSNorm backward)
+/// or 2 (LayerNorm backward): `None` where the general shader must run.
+fn vec_variant(gpu: &crate::gpu::Gpu, dtypes: &[DType], n: usize, wg: u32, bwd: u8) -> Option<String> {
     let tx = super::half_name(dtypes[0])?;
+    let backward = bwd != 0;
     let fits = n.is_multiple_of(8) && (!backward || n / 8 <= wg as usize * VEC_BWD_CHUNKS);
     let same = dtypes.iter().all(|&d| d == dtypes[0]);
-    (fits && same && gpu.reduces_in_subgroups(wg))
-        .then(|| format!("norm_vec.tx={tx}.bwd={}.wg={wg}", u8::from(backward)))
+    (fits && same && gpu.reduces_in_subgroups(wg)).then(|| format!("norm_vec.tx={tx}.bwd={bwd}.wg={wg}"))
 }
 
 /// Every field of the shader's `Params`.
@@ -161,7 +162,7 @@ fn forward(
     let wg = crate::heuristics::elementwise_workgroup(ctx.device)?;
     let gpu = gpu(ctx.device)?;
     let dtypes = [x.dtype(), gamma.dtype(), beta.map_or(x.dtype(), Tensor::dtype), out_dtype];
-    let name = vec_variant(&gpu, &dtypes, n, wg, false).unwrap_or_else(|| format!("norm.wg={wg}"));
+    let name = vec_variant(&gpu, &dtypes, n, wg, 0).unwrap_or_else(|| format!("norm.wg={wg}"));
     let pipeline = gpu.pipeline(&name, 8, PUSH_BYTES)?;
     let bindings = binds.bindings(None)?;
     let groups = (rows.div_ceil(rpg) as u32).clamp(1, MAX_GROUPS);
@@ -223,7 +224,7 @@ fn backward(
     let wg = crate::heuristics::elementwise_workgroup(ctx.device)?;
     let pipeline = gpu.pipeline(&format!("norm.wg={wg}"), 8, PUSH_BYTES)?;
     let dtypes = [x.dtype(), gamma.dtype(), dy.dtype(), add.map_or(x.dtype(), Tensor::dtype)];
-    let rows_pipeline = match vec_variant(&gpu, &dtypes, n, wg, true) {
+    let rows_pipeline = match vec_variant(&gpu, &dtypes, n, wg, if layer { 2 } else { 1 }) {
         Some(name) => gpu.pipeline(&name, 8, PUSH_BYTES)?,
         None => pipeline.clone(),
     };
