@@ -395,6 +395,48 @@ fn retype_coop_operands(name: &str, words: &mut Vec<u32>, bf16: bool) {
     *words = out;
 }
 
+/// SPIR-V opcodes and scopes `widen_subgroup_barriers` reads.
+const OP_CONTROL_BARRIER: u32 = 224;
+const SCOPE_WORKGROUP: u32 = 2;
+const SCOPE_SUBGROUP: u32 = 3;
+
+/// Gives each subgroup-scope `OpControlBarrier` (WGSL's `subgroupBarrier()`) the memory
+/// semantics of the module's workgroup barriers (acquire-release on workgroup memory) in place of
+/// naga's SubgroupMemory, which orders no storage class Vulkan has: the barrier then makes one
+/// subgroup's stores to workgroup memory visible to its other invocations, which is what the
+/// shaders use it for. Panics (failing the build) when a module has subgroup barriers but no
+/// workgroup barrier to take the semantics from.
+fn widen_subgroup_barriers(name: &str, words: &mut [u32]) {
+    const HEADER: usize = 5;
+    let mut constants = std::collections::HashMap::new();
+    let (mut subgroup, mut workgroup_semantics) = (Vec::new(), None);
+    let mut at = HEADER;
+    while at < words.len() {
+        let count = (words[at] >> 16) as usize;
+        let opcode = words[at] & 0xFFFF;
+        assert!(count > 0 && at + count <= words.len(), "{name}: malformed SPIR-V at word {at}");
+        if opcode == OP_CONSTANT && count == 4 {
+            constants.insert(words[at + 2], words[at + 3]);
+        }
+        if opcode == OP_CONTROL_BARRIER && count == 4 {
+            match constants.get(&words[at + 1]) {
+                Some(&SCOPE_SUBGROUP) => subgroup.push(at),
+                Some(&SCOPE_WORKGROUP) => workgroup_semantics = Some(words[at + 3]),
+                _ => {}
+            }
+        }
+        at += count;
+    }
+    if subgroup.is_empty() {
+        return;
+    }
+    let semantics =
+        workgroup_semantics.unwrap_or_else(|| panic!("{name}: subgroup barriers but no workgroup barrier to copy"));
+    for at in subgroup {
+        words[at + 3] = semantics;
+    }
+}
+
 fn main() {
     let dir = Path::new("shaders");
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
@@ -418,6 +460,7 @@ fn main() {
             text.push('\n');
         }
         let (mut words, shared) = compile(&name, &text);
+        widen_subgroup_barriers(&name, &mut words);
         let _ = writeln!(shared_table, "    ({name:?}, {shared}),");
         if v.shader == "gemm_coop" {
             retype_coop_operands(&name, &mut words, name.contains(".tx=bf16."));

@@ -50,6 +50,9 @@
 // took 0.064 ms, 0.028 without the L2 flush before it). One variant per output (OUT) and
 // branch-free conversions: 23 KB (f16 D) and 40 KB (bf16 D); bf16 4096³ / 8192³ 0.674 / 4.70–4.72
 // → 0.514 / 3.93–3.94 ms, f16 4096³ 0.680–0.682 → 0.506–0.508, 1024×1024×32 0.064 → 0.023.
+// The staging tiles are per subgroup, so `put` waits on subgroup barriers, not workgroup ones
+// (H200, 2026-12-02, alternating twice in one run: bf16 4096³ 0.512–0.514 → 0.511–0.512 ms,
+// 8192³ 3.919–3.920 → 3.900–3.910, 4096×4096×32 0.052 → 0.051).
 //
 // The host takes this path only where every operand row is a whole number of 16-byte chunks
 // (k, and m or n where they are the contiguous dimension, multiples of 8), so a chunk is
@@ -191,10 +194,11 @@ fn put(m: coop_mat16x16<f32, C>, inside: bool, sg: u32, lane: u32, r: u32, c: u3
         coopStoreT(scaled, &w[at], stride);
         return;
     }
-    workgroupBarrier();
+    // Each subgroup has its own staging tile, so only its own invocations wait for each other.
+    subgroupBarrier();
     let base = sg * 256u;
     coopStoreT(scaled, &stage[base], 16u);
-    workgroupBarrier();
+    subgroupBarrier();
     let l = lane % 32u;
     if (OUT != 0u) {
         // Row l/2 of the tile, columns (l%2)·8..: one 16-byte chunk of D (n is a multiple of 8).

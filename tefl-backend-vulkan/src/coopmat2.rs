@@ -271,11 +271,11 @@ impl Tile {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// The instructions of a module: (opcode, operands).
-    fn instructions(words: &[u32]) -> Vec<(u32, Vec<u32>)> {
+    pub(crate) fn instructions(words: &[u32]) -> Vec<(u32, Vec<u32>)> {
         let mut out = Vec::new();
         let mut at = 5;
         while at < words.len() {

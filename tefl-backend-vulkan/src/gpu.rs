@@ -1086,6 +1086,37 @@ mod tests {
         assert_eq!(declared_shared_bytes("no_such_shader"), None);
     }
 
+    /// Every barrier of every WGSL module orders workgroup memory, the subgroup-scope ones too
+    /// (build.rs gives them the workgroup barriers' semantics in place of naga's SubgroupMemory),
+    /// and the GEMM's epilogue has them: its staging tiles are per subgroup.
+    #[test]
+    fn every_barrier_orders_workgroup_memory() {
+        const WORKGROUP_MEMORY: u32 = 0x100;
+        const SUBGROUP_MEMORY: u32 = 0x80;
+        let mut subgroup_scoped = 0;
+        for (name, bytes) in super::SHADERS.iter().filter(|(n, _)| !n.starts_with("gemm_cm2.")) {
+            let words: Vec<u32> = bytes.chunks(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+            let ins = crate::coopmat2::tests::instructions(&words);
+            let constants: std::collections::HashMap<u32, u32> = ins
+                .iter()
+                .filter(|(op, o)| *op == spirv::Op::Constant as u32 && o.len() == 3)
+                .map(|(_, o)| (o[1], o[2]))
+                .collect();
+            for (_, o) in ins.iter().filter(|(op, _)| *op == spirv::Op::ControlBarrier as u32) {
+                let (scope, semantics) = (constants[&o[0]], constants[&o[2]]);
+                assert!(
+                    semantics & WORKGROUP_MEMORY != 0 && semantics & SUBGROUP_MEMORY == 0,
+                    "{name}: a barrier of scope {scope} with semantics {semantics:#x}"
+                );
+                if scope == spirv::Scope::Subgroup as u32 {
+                    subgroup_scoped += 1;
+                    assert!(name.starts_with("gemm_coop."), "{name}: an unexpected subgroup barrier");
+                }
+            }
+        }
+        assert!(subgroup_scoped > 0, "no subgroup-scope barrier seen");
+    }
+
     #[test]
     fn a_vulkan_out_of_memory_result_says_the_bytes_of_the_buffer_it_refused() {
         let dev = Device::new(DeviceKind::VULKAN, 0);
