@@ -109,6 +109,12 @@ def eager(op, a):
     if op == "layernorm_fwd":
         x, g = t(a[0], a[1]), t(a[1])
         return (lambda: F.layer_norm(x, (a[1],), g, g, 1e-5)), True
+    if op == "layernorm_bwd":
+        x = t(a[0], a[1]).requires_grad_()
+        g, beta = t(a[1]).requires_grad_(), t(a[1]).requires_grad_()
+        y = F.layer_norm(x, (a[1],), g, beta, 1e-5)
+        dy = t(a[0], a[1])
+        return (lambda: torch.autograd.grad(y, (x, g, beta), dy, retain_graph=True)), False
     if op == "gelu":
         x = t(a[0], a[1])
         return (lambda: F.gelu(x, approximate="tanh")), True
@@ -183,7 +189,7 @@ def attention(op, a):
     return lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
 
 
-FORMULAS = ("rmsnorm_bwd", "softmax_bwd")
+FORMULAS = ("rmsnorm_bwd", "layernorm_bwd", "softmax_bwd")
 
 
 def formula(op, a):
@@ -199,6 +205,18 @@ def formula(op, a):
             dyg = dy.float() * g.float()
             dx = rs[:, None] * (dyg - xhat * (dyg * xhat).mean(-1, keepdim=True))
             return dx.to(bf), (dy.float() * xhat).sum(0).to(bf)
+
+        return f
+    if op == "layernorm_bwd":
+        x, g, dy = t(a[0], a[1]), t(a[1]), t(a[0], a[1])
+        mu = x.float().mean(-1)
+        rs = torch.rsqrt(x.float().var(-1, unbiased=False) + 1e-5)
+
+        def f():
+            xhat = (x.float() - mu[:, None]) * rs[:, None]
+            dyg = dy.float() * g.float()
+            dx = rs[:, None] * (dyg - dyg.mean(-1, keepdim=True) - xhat * (dyg * xhat).mean(-1, keepdim=True))
+            return dx.to(bf), (dy.float() * xhat).sum(0).to(bf), dy.float().sum(0).to(bf)
 
         return f
     if op == "softmax_bwd":

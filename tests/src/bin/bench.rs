@@ -209,6 +209,24 @@ fn cases(c: &Ctx, small: bool, attn_d: usize, extra_gemms: &[(usize, usize, usiz
             })
         },
     )?);
+    // The LayerNorm backward (bytes: read x and dy, write dx), its mu a tensor of its own.
+    let mu = c.t(&[r], DType::F32);
+    v.extend(c.case::<LayerNormBwd>(
+        format!("layernorm_bwd {r}x{n}"),
+        format!("layernorm_bwd {r} {n}"),
+        e * 3.0 * rn,
+        0.0,
+        || {
+            Ok(LayerNormBwdArgs {
+                dy: dy.get()?,
+                x: x.get()?,
+                mu: mu.get()?,
+                rsigma: rs.get()?,
+                gamma: g.get()?,
+                zero_centered_gamma: false,
+            })
+        },
+    )?);
     v.extend(c.case::<Gelu>(format!("gelu {r}x{n}"), format!("gelu {r} {n}"), e * 2.0 * rn, 0.0, || {
         Ok(ActArgs { x: x.get()? })
     })?);
