@@ -301,21 +301,34 @@ fn declare_bfloat16(out: &mut Vec<u32>) {
     out.extend(text);
 }
 
+/// Words before a module's first instruction.
+const HEADER: usize = 5;
+
+/// The word ranges of a module's instructions, in order. Panics (failing the build) where a
+/// word count is zero or runs past the module.
+fn instructions(name: &str, words: &[u32]) -> Vec<std::ops::Range<usize>> {
+    let mut spans = Vec::new();
+    let mut at = HEADER;
+    while at < words.len() {
+        let count = (words[at] >> 16) as usize;
+        assert!(count > 0 && at + count <= words.len(), "{name}: malformed SPIR-V at word {at}");
+        spans.push(at..at + count);
+        at += count;
+    }
+    spans
+}
+
 /// Turns a module whose only 16-bit float type is the element type of its cooperative matrices
 /// into the same module on bfloat16 (SPV_KHR_bfloat16): the type gets the BFloat16KHR encoding,
 /// and the capabilities and extension are declared. Panics (failing the build) when the module
 /// does not have exactly one 16-bit float type.
 fn mark_bfloat16(name: &str, words: &mut Vec<u32>) {
-    const HEADER: usize = 5;
     let mut out = words[..HEADER].to_vec();
-    let mut at = HEADER;
     let mut declared = false;
     let mut retyped = 0;
-    while at < words.len() {
-        let count = (words[at] >> 16) as usize;
-        let opcode = words[at] & 0xFFFF;
-        assert!(count > 0 && at + count <= words.len(), "{name}: malformed SPIR-V at word {at}");
-        let inst = &words[at..at + count];
+    for span in instructions(name, words) {
+        let inst = &words[span];
+        let (count, opcode) = (inst.len(), inst[0] & 0xFFFF);
         if !declared && opcode != OP_CAPABILITY {
             // After the last capability: the new capabilities, then the extension.
             declare_bfloat16(&mut out);
@@ -327,7 +340,6 @@ fn mark_bfloat16(name: &str, words: &mut Vec<u32>) {
         } else {
             out.extend_from_slice(inst);
         }
-        at += count;
     }
     assert_eq!(retyped, 1, "{name}: expected one 16-bit float type to mark bfloat16");
     *words = out;
@@ -344,19 +356,14 @@ const CAPABILITY_FLOAT16: u32 = 9;
 /// units of the shared tiles as 16-bit elements, as SPV_KHR_cooperative_matrix allows. Panics
 /// (failing the build) when the module already has a 16-bit float type or no A/B matrix types.
 fn retype_coop_operands(name: &str, words: &mut Vec<u32>, bf16: bool) {
-    const HEADER: usize = 5;
     let half = words[3];
     let mut out = words[..HEADER].to_vec();
     out[3] = half + 1;
     let mut constants = std::collections::HashMap::new();
     let (mut declared, mut typed, mut retyped, mut has_float16) = (false, false, 0, false);
-    let mut at = HEADER;
-    while at < words.len() {
-        let count = (words[at] >> 16) as usize;
-        let opcode = words[at] & 0xFFFF;
-        assert!(count > 0 && at + count <= words.len(), "{name}: malformed SPIR-V at word {at}");
-        let inst = &words[at..at + count];
-        at += count;
+    for span in instructions(name, words) {
+        let inst = &words[span];
+        let (count, opcode) = (inst.len(), inst[0] & 0xFFFF);
         if opcode == OP_CAPABILITY && inst[1] == CAPABILITY_FLOAT16 {
             has_float16 = true;
         }
@@ -407,14 +414,11 @@ const SCOPE_SUBGROUP: u32 = 3;
 /// shaders use it for. Panics (failing the build) when a module has subgroup barriers but no
 /// workgroup barrier to take the semantics from.
 fn widen_subgroup_barriers(name: &str, words: &mut [u32]) {
-    const HEADER: usize = 5;
     let mut constants = std::collections::HashMap::new();
     let (mut subgroup, mut workgroup_semantics) = (Vec::new(), None);
-    let mut at = HEADER;
-    while at < words.len() {
-        let count = (words[at] >> 16) as usize;
-        let opcode = words[at] & 0xFFFF;
-        assert!(count > 0 && at + count <= words.len(), "{name}: malformed SPIR-V at word {at}");
+    for span in instructions(name, words) {
+        let at = span.start;
+        let (count, opcode) = (span.len(), words[at] & 0xFFFF);
         if opcode == OP_CONSTANT && count == 4 {
             constants.insert(words[at + 2], words[at + 3]);
         }
@@ -425,7 +429,6 @@ fn widen_subgroup_barriers(name: &str, words: &mut [u32]) {
                 _ => {}
             }
         }
-        at += count;
     }
     if subgroup.is_empty() {
         return;
