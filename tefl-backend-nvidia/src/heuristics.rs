@@ -134,13 +134,15 @@ pub fn kernel_choice(impl_id: &str, op: &str, device: Device, dtype: DType) -> O
             format!("cuBLASLt, one launch per group (the one-launch kernel needs sm_90; this is {arch})")
         }
         "rmsnorm_bwd" | "rmsnorm_bwd_add" | "layernorm_bwd" => {
-            match tefl_gpu::tune::norm_bwd_ring(&TUNE_CONFIGS.table(&arch)) {
+            let table = TUNE_CONFIGS.table(&arch);
+            match tefl_gpu::tune::norm_bwd_ring(&table) {
                 0 => "norm_bwd (a block per few rows, each fetching its next row into registers), norm_reduce_ws"
                     .to_string(),
                 n => format!(
                     "norm_bwd (rows streamed through a ring of up to {n} row buffers in shared memory by cp.async, where \
-                     the row is whole 16-byte vectors and the rings of 1024 threads an SM fit; else the next row in \
-                     registers), norm_reduce_ws"
+                     the row is whole 16-byte vectors and the rings of {} threads an SM fit; else the next row in \
+                     registers), norm_reduce_ws",
+                    tefl_gpu::tune::norm_bwd_threads_per_sm(&table)
                 ),
             }
         }
@@ -176,10 +178,12 @@ mod tests {
         assert!(attention_bwd_persistent(&h, 64) && !attention_bwd_persistent(&h, 128));
         assert!(attention_bwd_persistent(&h, 256) && !attention_bwd_persistent(&a, 64));
         assert_eq!(grouped_gemm_tiles(&h), GroupedTiles { m_first: true, max_stages: 4 });
-        // The norm backward's ring: Hopper's file asks for 3 row buffers of one vector a thread
-        // (8192 bf16 columns: one block of 1024 an SM), the defaults for none.
+        // The norm backward's ring: Hopper's file asks for 3 row buffers of two vectors a thread,
+        // 512 threads an SM (8192 bf16 columns: one block of 512), the defaults for none.
         assert_eq!(tefl_gpu::tune::norm_bwd_stages(&h, 232_448, 32 << 10, 1), 3);
-        assert_eq!(tefl_gpu::tune::norm_bwd_ring_vecs(&h), 1);
+        assert_eq!(tefl_gpu::tune::norm_bwd_ring_vecs(&h), 2);
+        assert_eq!(tefl_gpu::tune::norm_bwd_threads_per_sm(&h), 512);
+        assert_eq!(tefl_gpu::tune::norm_bwd_threads_per_sm(&a), 1024);
         assert_eq!(tefl_gpu::tune::norm_bwd_stages(&a, 232_448, 32 << 10, 1), 0);
         let r = row_kernel(&h, "norm", 8192, 2, 4);
         assert!(r.fused() && r.row_vecs <= 4, "{r:?}");

@@ -161,10 +161,16 @@ pub fn norm_bwd_ring_vecs(t: &TuneTable) -> u32 {
     t.configs("norm_bwd").first().map_or(2, |c| int(c, "row_vecs", 2).min(8))
 }
 
-/// Blocks of `block` threads the ring's kernel runs an SM: 1024 threads' worth, at least one
-/// (its registers are capped to match, `BWD_MIN_BLOCKS` in `simt/norm.cu`).
-pub fn norm_bwd_blocks_per_sm(block: u32) -> u32 {
-    (1024 / block.max(1)).max(1)
+/// Threads an SM the ring's kernel runs: `norm_bwd.threads_per_sm` (32 to 2048; 1024 when
+/// absent). Fewer threads leave each more registers (the kernel's launch bounds follow).
+pub fn norm_bwd_threads_per_sm(t: &TuneTable) -> u32 {
+    t.configs("norm_bwd").first().map_or(1024, |c| int(c, "threads_per_sm", 1024).clamp(32, 2048))
+}
+
+/// Blocks of `block` threads the ring's kernel runs an SM: `threads_per_sm` threads' worth, at
+/// least one (its registers are capped to match, `BWD_MIN_BLOCKS` in `simt/norm.cu`).
+pub fn norm_bwd_blocks_per_sm(block: u32, threads_per_sm: u32) -> u32 {
+    (threads_per_sm / block.max(1)).max(1)
 }
 
 /// The ring's row buffers for a launch: [`norm_bwd_ring`], fewer where `blocks_per_sm`
@@ -560,11 +566,18 @@ mod tests {
         assert_eq!(norm_bwd_stages(&t(""), 232_448, 32 << 10, 2), 0);
         assert_eq!(norm_bwd_stages(&t("[[norm_bwd]]\nstages = 1\n"), 232_448, 32 << 10, 2), 0);
         assert_eq!(norm_bwd_stages(&three, 232_448, 0, 2), 0);
-        // Vectors a thread: 2 unless set, at most 8; blocks an SM: 1024 threads' worth.
+        // Vectors a thread: 2 unless set, at most 8; blocks an SM: threads_per_sm threads'
+        // worth (1024 unless set, 32 to 2048), at least one.
         assert_eq!(norm_bwd_ring_vecs(&three), 2);
         assert_eq!(norm_bwd_ring_vecs(&t("[[norm_bwd]]\nstages = 4\nrow_vecs = 1\n")), 1);
         assert_eq!(norm_bwd_ring_vecs(&t("[[norm_bwd]]\nrow_vecs = 99\n")), 8);
-        assert_eq!((norm_bwd_blocks_per_sm(1024), norm_bwd_blocks_per_sm(512), norm_bwd_blocks_per_sm(256)), (1, 2, 4));
+        assert_eq!(norm_bwd_threads_per_sm(&three), 1024);
+        assert_eq!(norm_bwd_threads_per_sm(&t("[[norm_bwd]]\nthreads_per_sm = 512\n")), 512);
+        assert_eq!(norm_bwd_threads_per_sm(&t("[[norm_bwd]]\nthreads_per_sm = 0\n")), 32);
+        assert_eq!(norm_bwd_threads_per_sm(&t("[[norm_bwd]]\nthreads_per_sm = 99999\n")), 2048);
+        let per_sm = |block| norm_bwd_blocks_per_sm(block, 1024);
+        assert_eq!((per_sm(1024), per_sm(512), per_sm(256)), (1, 2, 4));
+        assert_eq!((norm_bwd_blocks_per_sm(512, 512), norm_bwd_blocks_per_sm(1024, 512)), (1, 1));
     }
 
     #[test]

@@ -32,10 +32,23 @@ struct Types {
     add: Option<DType>,
 }
 
-/// The variant of `norm.cu` for these dtypes, norm kind and row config (`keep_l2`: the forward
-/// holds x in L2 while its rows are in use, [`keep_l2`]): the one place its defines are built
-/// (launches and the compile test both call it).
-fn variant(op: &'static str, t: &Types, is_ln: bool, cfg: RowConfig, stages: u32, keep_l2: bool) -> Result<Variant> {
+/// The fused backward's ring of rows in shared memory: its row buffers (0: none, the next row
+/// waits in registers) and the blocks an SM its launch bounds are for.
+#[derive(Clone, Copy)]
+struct Ring {
+    stages: u32,
+    blocks_per_sm: u32,
+}
+
+impl Ring {
+    /// No ring (the forward, and backwards that fetch ahead in registers).
+    const NONE: Ring = Ring { stages: 0, blocks_per_sm: 1 };
+}
+
+/// The variant of `norm.cu` for these dtypes, norm kind, row config and ring (`keep_l2`: the
+/// forward holds x in L2 while its rows are in use, [`keep_l2`]): the one place its defines are
+/// built (launches and the compile test both call it).
+fn variant(op: &'static str, t: &Types, is_ln: bool, cfg: RowConfig, ring: Ring, keep_l2: bool) -> Result<Variant> {
     let mut defines = Defines::new()
         .set("TX", cty(op, "x", t.x)?)
         .set("TG", cty(op, "gamma", t.g)?)
@@ -47,7 +60,8 @@ fn variant(op: &'static str, t: &Types, is_ln: bool, cfg: RowConfig, stages: u32
         .set("ROW_VECS", cfg.row_vecs.max(1))
         .flag("FUSED", cfg.fused())
         .set("VEC_BYTES", cfg.vec_bytes)
-        .set("STAGES", stages)
+        .set("STAGES", ring.stages)
+        .set("RING_BLOCKS", ring.blocks_per_sm)
         .flag("OUT_FP8", t.y.is_fp8())
         .flag("KEEP_L2", keep_l2);
     if t.y.is_fp8() {
@@ -62,10 +76,10 @@ fn kernel(
     t: &Types,
     is_ln: bool,
     cfg: RowConfig,
-    stages: u32,
+    ring: Ring,
     keep_l2: bool,
 ) -> Result<OnDevice> {
-    OnDevice::new(ctx.device, variant(op, t, is_ln, cfg, stages, keep_l2)?)
+    OnDevice::new(ctx.device, variant(op, t, is_ln, cfg, ring, keep_l2)?)
 }
 
 /// Whether the RMSNorm forward of `x` loads x with an L2 evict_last policy and releases each
@@ -142,7 +156,7 @@ fn forward(
     let max_blocks = if fp8.is_some() { 64 * sm_count(ctx.device) } else { i32::MAX as u32 };
     let keep = keep_l2(ctx, beta.is_some(), out_dtype, x)?;
     let run = |cfg: RowConfig| -> Result<()> {
-        let k = kernel(op, ctx, &types, beta.is_some(), cfg, 0, keep)?;
+        let k = kernel(op, ctx, &types, beta.is_some(), cfg, Ring::NONE, keep)?;
         k.compile_ahead(|| backward_variants_of(ctx, x, gamma, beta.is_some(), out_dtype));
         k.launch("norm_fwd", Grid::linear(blocks_for(rows, 1, max_blocks), cfg.block), &args)
     };
@@ -160,34 +174,36 @@ struct Forward {
     fp8: Option<(Tensor, Tensor)>,
 }
 
-/// The backward's row config and its ring of rows in shared memory (`stages`, 0: none) for
-/// rows of `n` elements of `x` and `dy`. The backward holds more per vector (x̂, d, two column
-/// sums): fewer vectors a thread. The fused kernel keeps a ring of rows in shared memory where
-/// the tune configs ask for one (16-byte vectors only: the copies are whole vectors), in blocks
-/// of the ring's own vectors a thread when its row takes them (`norm_bwd.row_vecs`), else of
-/// the register path's; 1024 threads an SM, a grid of one wave. Otherwise four blocks an SM,
-/// each keeping its next row in registers.
-fn backward_config(ctx: &KernelCtx<'_>, table: &TuneTable, x: DType, dy: DType, n: usize) -> Result<(RowConfig, u32)> {
+/// The backward's row config and its ring of rows in shared memory for rows of `n` elements
+/// of `x` and `dy`. The backward holds more per vector (x̂, d, two column sums): fewer vectors
+/// a thread. The fused kernel keeps a ring of rows in shared memory where the tune configs ask
+/// for one (16-byte vectors only: the copies are whole vectors), in blocks of the ring's own
+/// vectors a thread when its row takes them (`norm_bwd.row_vecs`), else of the register
+/// path's; `norm_bwd.threads_per_sm` threads an SM, a grid of one wave. Otherwise four blocks
+/// an SM, each keeping its next row in registers.
+fn backward_config(ctx: &KernelCtx<'_>, table: &TuneTable, x: DType, dy: DType, n: usize) -> Result<(RowConfig, Ring)> {
     let elem = x.size_in_bytes();
     let cfg = tune::row_kernel(table, "norm", n, elem, 2);
     if tune::norm_bwd_ring(table) == 0 {
-        return Ok((cfg, 0));
+        return Ok((cfg, Ring::NONE));
     }
+    let threads = tune::norm_bwd_threads_per_sm(table);
     let stage_bytes = n * (elem + dy.size_in_bytes());
     let optin = info(ctx.device)?.shared_memory_per_block_optin;
     let ring_vecs = tune::norm_bwd_ring_vecs(table);
     let own = tune::row_kernel(table, "norm", n, elem, ring_vecs);
     for c in [own].into_iter().filter(|c| c.row_vecs <= ring_vecs).chain([cfg]) {
-        let s = if c.fused() && c.vec_bytes == 16 {
-            tune::norm_bwd_stages(table, optin, stage_bytes, tune::norm_bwd_blocks_per_sm(c.block))
+        let blocks_per_sm = tune::norm_bwd_blocks_per_sm(c.block, threads);
+        let stages = if c.fused() && c.vec_bytes == 16 {
+            tune::norm_bwd_stages(table, optin, stage_bytes, blocks_per_sm)
         } else {
             0
         };
-        if s > 0 {
-            return Ok((c, s));
+        if stages > 0 {
+            return Ok((c, Ring { stages, blocks_per_sm }));
         }
     }
-    Ok((cfg, 0))
+    Ok((cfg, Ring::NONE))
 }
 
 /// The backward variants a forward's output implies (dy of y's dtype; without a residual add,
@@ -203,12 +219,12 @@ fn backward_variants_of(
     if y.is_fp8() {
         return Ok(Vec::new());
     }
-    let (cfg, stages) = backward_config(ctx, &*tune_table(ctx.device)?, x.dtype(), y, x.last_dim())?;
+    let (cfg, ring) = backward_config(ctx, &*tune_table(ctx.device)?, x.dtype(), y, x.last_dim())?;
     let adds: &[Option<DType>] = if is_ln { &[None] } else { &[None, Some(x.dtype())] };
     adds.iter()
         .map(|&add| {
             let types = Types { x: x.dtype(), g: gamma.dtype(), y, add };
-            variant("norm_bwd", &types, is_ln, cfg, stages, false)
+            variant("norm_bwd", &types, is_ln, cfg, ring, false)
         })
         .collect()
 }
@@ -240,18 +256,18 @@ fn backward(
     let types = Types { x: x.dtype(), g: gamma.dtype(), y: dy.dtype(), add: add.map(Tensor::dtype) };
     let table = tune_table(ctx.device)?;
     let elem = x.dtype().size_in_bytes();
-    let (cfg, stages) = backward_config(ctx, &table, x.dtype(), dy.dtype(), n)?;
+    let (cfg, ring) = backward_config(ctx, &table, x.dtype(), dy.dtype(), n)?;
     let (rows_i, n_i) = (i32_of(ctx, op, "x", rows)?, i32_of(ctx, op, "x", n)?);
     let col_grid = Grid::linear(n.div_ceil(256) as u32, 256);
     let stage_bytes = n * (elem + dy.dtype().size_in_bytes());
     // Fused: a grid of `parts` blocks sums dgamma/dbeta per block into ws, reduced after.
     // Otherwise one block per row computes dx and a column kernel the sums.
     let fused = cfg.row_vecs > 0;
-    let k = kernel(op, ctx, &types, is_ln, cfg, stages, false)?;
-    let smem = stages as usize * stage_bytes;
-    let parts = match (fused, stages) {
+    let k = kernel(op, ctx, &types, is_ln, cfg, ring, false)?;
+    let smem = ring.stages as usize * stage_bytes;
+    let parts = match (fused, ring.stages) {
         (true, 0) => blocks_for(rows, 1, 4 * sm_count(ctx.device)),
-        (true, _) => blocks_for(rows, 1, tune::norm_bwd_blocks_per_sm(cfg.block) * sm_count(ctx.device)),
+        (true, _) => blocks_for(rows, 1, ring.blocks_per_sm * sm_count(ctx.device)),
         (false, _) => blocks_for(rows, 1, i32::MAX as u32),
     };
     let (ws, flags) = if fused {
@@ -342,7 +358,7 @@ fn warmup_forward(
     let (table, info) = (tune_table(ctx.device)?, info(ctx.device)?);
     let cfg = tune::row_kernel_ahead(&table, "norm", &info, x.dtype(), x.last_dim());
     let target = crate::target::target_of(ctx.device)?;
-    target.compile_ahead(ctx.device, &variant(op, &types, is_ln, cfg, 0, keep)?);
+    target.compile_ahead(ctx.device, &variant(op, &types, is_ln, cfg, Ring::NONE, keep)?);
     for v in backward_variants_of(ctx, x, gamma, is_ln, out_dtype)? {
         target.compile_ahead(ctx.device, &v);
     }
@@ -428,22 +444,32 @@ pub fn variants() -> Vec<Variant> {
     ] {
         let types = Types { x, g, y, add: (!ln).then_some(add) };
         for cfg in [RowConfig { block: 256, vec_bytes: 16, row_vecs: 4 }, RowConfig::two_pass(256)] {
-            v.extend(variant("norm", &types, ln, cfg, 0, false));
+            v.extend(variant("norm", &types, ln, cfg, Ring::NONE, false));
         }
-        // The backward's ring of rows in shared memory: two blocks an SM, and one.
-        v.extend(variant("norm", &types, ln, RowConfig { block: 512, vec_bytes: 16, row_vecs: 2 }, 3, false));
-        v.extend(variant("norm", &types, ln, RowConfig { block: 1024, vec_bytes: 16, row_vecs: 1 }, 3, false));
+        // The backward's ring of rows in shared memory: blocks of 512, two an SM and one (the
+        // latter with twice the registers a thread), and of 1024.
+        let ring = |stages, blocks_per_sm| Ring { stages, blocks_per_sm };
+        v.extend(variant("norm", &types, ln, RowConfig { block: 512, vec_bytes: 16, row_vecs: 2 }, ring(3, 2), false));
+        v.extend(variant("norm", &types, ln, RowConfig { block: 512, vec_bytes: 16, row_vecs: 2 }, ring(3, 1), false));
+        v.extend(variant("norm", &types, ln, RowConfig { block: 1024, vec_bytes: 16, row_vecs: 1 }, ring(3, 1), false));
     }
     // The RMSNorm forward holding its rows in L2 (16-bit and f32 rows).
     for (x, y) in [(BF16, BF16), (F32, F32)] {
         let types = Types { x, g: x, y, add: None };
-        v.extend(variant("norm", &types, false, RowConfig { block: 256, vec_bytes: 16, row_vecs: 4 }, 0, true));
+        v.extend(variant(
+            "norm",
+            &types,
+            false,
+            RowConfig { block: 256, vec_bytes: 16, row_vecs: 4 },
+            Ring::NONE,
+            true,
+        ));
     }
     // The FP8 outputs (forward only: both formats, both norms, both paths).
     for (x, y, ln) in [(BF16, F8E4M3, false), (F32, F8E5M2, true), (F16, F8E4M3, true)] {
         let types = Types { x, g: x, y, add: None };
         for cfg in [RowConfig { block: 256, vec_bytes: 16, row_vecs: 4 }, RowConfig::two_pass(256)] {
-            v.extend(variant("norm", &types, ln, cfg, 0, false));
+            v.extend(variant("norm", &types, ln, cfg, Ring::NONE, false));
         }
     }
     v

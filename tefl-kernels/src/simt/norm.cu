@@ -223,10 +223,14 @@ __device__ __forceinline__ void store_dx(float* o, const TA* __restrict__ add, T
     store_n<TX, NV>(dx + at, o);
 }
 
-// With the ring (STAGES), registers are capped for 1024 threads an SM (1024 / BLOCK blocks),
-// as its shared memory is sized for that many rings (tune::norm_bwd_stages).
+// With the ring (STAGES), registers are capped for RING_BLOCKS blocks an SM (the tune configs'
+// norm_bwd.threads_per_sm), as its shared memory is sized for that many rings
+// (tune::norm_bwd_stages).
+#ifndef RING_BLOCKS
+#define RING_BLOCKS 1
+#endif
 #if defined(TEFL_TARGET_CUDA) && STAGES > 0
-#define BWD_MIN_BLOCKS (1024 / BLOCK > 0 ? 1024 / BLOCK : 1)
+#define BWD_MIN_BLOCKS RING_BLOCKS
 #else
 #define BWD_MIN_BLOCKS 1
 #endif
