@@ -229,6 +229,9 @@ __device__ __forceinline__ void store_dx(float* o, const TA* __restrict__ add, T
 #ifndef RING_BLOCKS
 #define RING_BLOCKS 1
 #endif
+// Whether the ring's x̂ and dy·γ (2 * ROW_VECS * NV floats a thread) fit a quarter of the
+// registers a thread has at RING_BLOCKS blocks an SM (64K a multiprocessor).
+constexpr bool RING_HOLDS = 2 * ROW_VECS * NV * 4 * RING_BLOCKS * BLOCK <= 65536;
 #if defined(TEFL_TARGET_CUDA) && STAGES > 0
 #define BWD_MIN_BLOCKS RING_BLOCKS
 #else
@@ -334,8 +337,11 @@ extern "C" __global__ void __launch_bounds__(BLOCK, BWD_MIN_BLOCKS) norm_bwd(con
         const TY* sdy = stage_dy(stage);
         stage = (stage + 1) % STAGES;
         copy_async_wait<STAGES - 1>();
-        // Two passes over the row in shared memory: the sums, then (after the reductions) dx,
-        // so that x̂ and dy·γ need no registers across the barrier.
+        // x̂ and dy·γ stay in registers across the reductions where a quarter of the registers
+        // the launch bounds leave a thread holds them (RING_HOLDS: one block of 512 an SM with two
+        // 16-bit vectors a thread, or 1024 threads with one), so that dx is two multiply-adds an
+        // element; else the second pass reads the row from shared memory again.
+        float xh[ROW_VECS][NV], dg[ROW_VECS][NV];
         float sd = 0.0f, sdx = 0.0f;
 #pragma unroll
         for (int it = 0; it < ROW_VECS; ++it) {
@@ -346,27 +352,33 @@ extern "C" __global__ void __launch_bounds__(BLOCK, BWD_MIN_BLOCKS) norm_bwd(con
                 load_n<TY, NV>(sdy + v * NV, dv);
 #pragma unroll
                 for (int j = 0; j < NV; ++j) {
-                    const float xh = (xv[j] - m) * r, dg = dv[j] * g[it][j];
-                    sd += dg;
-                    sdx += dg * xh;
-                    accg[it][j] += dv[j] * xh;
+                    xh[it][j] = (xv[j] - m) * r;
+                    dg[it][j] = dv[j] * g[it][j];
+                    sd += dg[it][j];
+                    sdx += dg[it][j] * xh[it][j];
+                    accg[it][j] += dv[j] * xh[it][j];
                     accb[it][j] += dv[j];
                 }
             }
         }
         const float mean_dx = block_sum_alternating(sdx, scratch, turn) / n;
         const float mean_d = IS_LN ? block_sum_alternating(sd, scratch, turn) / n : 0.0f;
+        // dx = r (dy·γ - mean_d - x̂ mean_dx) = r dy·γ + (x̂ c1 + c0).
+        const float c1 = -r * mean_dx, c0 = -r * mean_d;
 #pragma unroll
         for (int it = 0; it < ROW_VECS; ++it) {
             const int v = threadIdx.x + it * BLOCK;
             if (v < nvecs) {
-                float xv[NV], dv[NV], o[NV];
-                load_n<TX, NV>(sx + v * NV, xv);
-                load_n<TY, NV>(sdy + v * NV, dv);
+                float o[NV];
+                if constexpr (RING_HOLDS) {
 #pragma unroll
-                for (int j = 0; j < NV; ++j) {
-                    const float xh = (xv[j] - m) * r;
-                    o[j] = r * (dv[j] * g[it][j] - mean_d - xh * mean_dx);
+                    for (int j = 0; j < NV; ++j) o[j] = fmaf(r, dg[it][j], fmaf(xh[it][j], c1, c0));
+                } else {
+                    float xv[NV], dv[NV];
+                    load_n<TX, NV>(sx + v * NV, xv);
+                    load_n<TY, NV>(sdy + v * NV, dv);
+#pragma unroll
+                    for (int j = 0; j < NV; ++j) o[j] = fmaf(r, dv[j] * g[it][j], fmaf((xv[j] - m) * r, c1, c0));
                 }
                 store_dx(o, add, dx, base + v * NV);
             }
