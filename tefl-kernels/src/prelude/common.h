@@ -110,6 +110,27 @@ __device__ __forceinline__ float block_reduce_alternating(float v, float* scratc
 __device__ __forceinline__ float block_sum_alternating(float v, float* scratch, int& turn) {
     return block_reduce_alternating<warp_sum>(v, scratch, turn, 0.0f);
 }
+// Two sums over the block behind one barrier (block_sum_alternating's halves and turns):
+// `scratch` holds 2 * MAX_WARPS float2. Returns (Σ a, Σ b) to every thread.
+__device__ __forceinline__ float2 block_sum_pair_alternating(float a, float b, float2* scratch, int& turn) {
+#pragma unroll
+    for (int o = WARP_SIZE / 2; o > 0; o >>= 1) {
+        a += shfl_xor(a, o);
+        b += shfl_xor(b, o);
+    }
+    float2* half = scratch + turn * MAX_WARPS;
+    turn ^= 1;
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    if (lane == 0) half[warp] = make_float2(a, b);
+    __syncthreads();
+    float2 t = lane < (int)(blockDim.x / WARP_SIZE) ? half[lane] : make_float2(0.0f, 0.0f);
+#pragma unroll
+    for (int o = WARP_SIZE / 2; o > 0; o >>= 1) {
+        t.x += shfl_xor(t.x, o);
+        t.y += shfl_xor(t.y, o);
+    }
+    return t;
+}
 
 __device__ __forceinline__ float block_max(float v, float* scratch) {
     return block_reduce<warp_max>(v, scratch, -__int_as_float(0x7f800000));
@@ -208,6 +229,13 @@ template <int B> __device__ __forceinline__ void copy_async(void* dst, const voi
 }
 __device__ __forceinline__ void copy_async_commit() {}
 template <int N> __device__ __forceinline__ void copy_async_wait() {}
+struct SharedBase {
+    unsigned char* p;
+};
+__device__ __forceinline__ SharedBase shared_base(void* p) { return {(unsigned char*)p}; }
+template <int B> __device__ __forceinline__ void copy_async_at(SharedBase base, int offset, const void* src) {
+    copy_async<B>(base.p + offset, src);
+}
 #endif
 
 // ---- streamed inputs held in L2: the fallback (HIP, CUDA before sm_80) ----

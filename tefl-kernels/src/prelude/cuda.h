@@ -126,10 +126,15 @@ __device__ __forceinline__ unsigned short fp8x2_encode_cvt(float lo, float hi, i
 // through registers.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #define HAS_COPY_ASYNC 1
-template <int B> __device__ __forceinline__ void copy_async(void* dst, const void* src) {
-    static_assert(B == 4 || B == 8 || B % 16 == 0, "cp.async copies 4, 8 or 16 bytes");
+// The shared-window address of a generic pointer into shared memory.
+__device__ __forceinline__ unsigned int shared_window_addr(const void* p) {
     unsigned int d;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(d) : "l"(dst));
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(d) : "l"(p));
+    return d;
+}
+// copy_async to a shared-window address `d`.
+template <int B> __device__ __forceinline__ void copy_async_window(unsigned int d, const void* src) {
+    static_assert(B == 4 || B == 8 || B % 16 == 0, "cp.async copies 4, 8 or 16 bytes");
     if constexpr (B % 16 == 0) {
 #pragma unroll
         for (int i = 0; i < B / 16; ++i)
@@ -138,6 +143,20 @@ template <int B> __device__ __forceinline__ void copy_async(void* dst, const voi
     } else {
         asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(d), "l"(src), "n"(B) : "memory");
     }
+}
+template <int B> __device__ __forceinline__ void copy_async(void* dst, const void* src) {
+    copy_async_window<B>(shared_window_addr(dst), src);
+}
+// A thread's base in a shared buffer that it fills with copy_async_at: the generic pointer (for
+// reads) and its shared-window address, converted once instead of at every copy.
+struct SharedBase {
+    unsigned char* p;
+    unsigned int window;
+};
+__device__ __forceinline__ SharedBase shared_base(void* p) { return {(unsigned char*)p, shared_window_addr(p)}; }
+// copy_async of B bytes to `offset` bytes past `base`.
+template <int B> __device__ __forceinline__ void copy_async_at(SharedBase base, int offset, const void* src) {
+    copy_async_window<B>(base.window + offset, src);
 }
 __device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N> __device__ __forceinline__ void copy_async_wait() {

@@ -212,15 +212,19 @@ extern "C" __global__ void __launch_bounds__(BLOCK, FWD_MIN_BLOCKS) norm_fwd(con
 
 // dx per row; with FUSED each block also sums dgamma (and dbeta) over its rows into
 // ws[blockIdx.x][0..n) (and ws[gridDim.x + blockIdx.x][..]).
-// A vector of dx at element `at`: `o`, plus the residual's gradient with HAS_ADD.
-__device__ __forceinline__ void store_dx(float* o, const TA* __restrict__ add, TX* __restrict__ dx, size_t at) {
+// dx's NV elements at `dx_at`, plus the residual gradient's at `add_at` (HAS_ADD).
+__device__ __forceinline__ void store_dx_at(float* o, const TA* __restrict__ add_at, TX* __restrict__ dx_at) {
 #if HAS_ADD
     float av[NV];
-    load_n<TA, NV>(add + at, av);
+    load_n<TA, NV>(add_at, av);
 #pragma unroll
     for (int j = 0; j < NV; ++j) o[j] += av[j];
 #endif
-    store_n<TX, NV>(dx + at, o);
+    store_n<TX, NV>(dx_at, o);
+}
+// The same at element `at` of dx (and of add).
+__device__ __forceinline__ void store_dx(float* o, const TA* __restrict__ add, TX* __restrict__ dx, size_t at) {
+    store_dx_at(o, HAS_ADD ? add + at : add, dx + at);
 }
 
 // With the ring (STAGES), registers are capped for RING_BLOCKS blocks an SM (the tune configs'
@@ -228,6 +232,10 @@ __device__ __forceinline__ void store_dx(float* o, const TA* __restrict__ add, T
 // (tune::norm_bwd_stages).
 #ifndef RING_BLOCKS
 #define RING_BLOCKS 1
+#endif
+// The ring's LayerNorm row sums (Σ dy·γ·x̂ and Σ dy·γ) reduced as one pair behind one barrier.
+#ifndef PAIR_SUMS
+#define PAIR_SUMS 1
 #endif
 // Whether the ring's x̂ and dy·γ (2 * ROW_VECS * NV floats a thread) fit a quarter of the
 // registers a thread has at RING_BLOCKS blocks an SM (64K a multiprocessor).
@@ -248,6 +256,10 @@ extern "C" __global__ void __launch_bounds__(BLOCK, BWD_MIN_BLOCKS) norm_bwd(con
     // bench alternating with two barriers: rmsnorm bwd 16384x8192 0.273 / 0.274 -> 0.271 /
     // 0.270 ms).
     __shared__ float scratch[2 * MAX_WARPS];
+#if FUSED && STAGES > 0
+    // The LayerNorm's two row sums behind one barrier (PAIR_SUMS).
+    __shared__ float2 pair_scratch[PAIR_SUMS ? 2 * MAX_WARPS : 1];
+#endif
     // The ring's row buffers (STAGES), and after the rows the grid-wide sums' slices.
     extern __shared__ uint4 smem_words[];
 #if FUSED
@@ -273,34 +285,48 @@ extern "C" __global__ void __launch_bounds__(BLOCK, BWD_MIN_BLOCKS) norm_bwd(con
     // the register path below keeps one row ahead, at most one 512-thread block an SM (104
     // registers a thread), and an H200 needs more than that in flight to reach its bandwidth.
     unsigned char* ring = (unsigned char*)smem_words;
-    const size_t x_bytes = (size_t)n * sizeof(TX), stage_bytes = (size_t)n * (sizeof(TX) + sizeof(TY));
-    // A stage's x, then its dy.
-    auto stage_x = [&](int stage) { return (TX*)(ring + stage * stage_bytes); };
-    auto stage_dy = [&](int stage) { return (TY*)(ring + stage * stage_bytes + x_bytes); };
-    auto issue = [&](long long row, int stage) {
-        if (row < rows) {
-            const size_t base = (size_t)row * n;
-            TX* sx = stage_x(stage);
-            TY* sdy = stage_dy(stage);
+    const int stage_bytes = n * (int)(sizeof(TX) + sizeof(TY));
+    // This thread's first vector of a stage's x (then its dy, x_bytes on) and of a row in
+    // memory; every later address is one of these plus a stride, carried from row to row (the
+    // rows a block takes are gridDim.x apart) instead of computed again in 64 bits.
+    const SharedBase my_ring = shared_base(ring + threadIdx.x * NV * sizeof(TX));
+    const int x_bytes = n * (int)sizeof(TX), dy_shift = n * (int)sizeof(TX) + threadIdx.x * NV * ((int)sizeof(TY) - (int)sizeof(TX));
+    const size_t row_stride = (size_t)gridDim.x * n;
+    const TX* x_next = x + (size_t)blockIdx.x * n + threadIdx.x * NV;
+    const TY* dy_next = dy + (size_t)blockIdx.x * n + threadIdx.x * NV;
+    long long issue_row = blockIdx.x;
+    int issue_at = 0;  // the next stage's byte offset in the ring
+    // Copies the next of the block's rows into the next stage (an empty group past the end).
+    auto issue = [&]() {
+        if (issue_row < rows) {
 #pragma unroll
             for (int it = 0; it < ROW_VECS; ++it) {
-                const int v = threadIdx.x + it * BLOCK;
-                if (v < nvecs) {
-                    copy_async<NV * (int)sizeof(TX)>(sx + v * NV, x + base + v * NV);
-                    copy_async<NV * (int)sizeof(TY)>(sdy + v * NV, dy + base + v * NV);
+                if (threadIdx.x + it * BLOCK < nvecs) {
+                    copy_async_at<NV * (int)sizeof(TX)>(my_ring, issue_at + it * BLOCK * NV * (int)sizeof(TX),
+                                                        x_next + it * BLOCK * NV);
+                    copy_async_at<NV * (int)sizeof(TY)>(my_ring, issue_at + dy_shift + it * BLOCK * NV * (int)sizeof(TY),
+                                                        dy_next + it * BLOCK * NV);
                 }
             }
         }
         copy_async_commit();
+        issue_row += gridDim.x;
+        x_next += row_stride;
+        dy_next += row_stride;
+        issue_at = issue_at + stage_bytes == STAGES * stage_bytes ? 0 : issue_at + stage_bytes;
     };
 #pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) issue(blockIdx.x + (long long)s * gridDim.x, s);
+    for (int s = 0; s < STAGES - 1; ++s) issue();
     float next_r = 0.0f, next_m = 0.0f;
     if (blockIdx.x < rows) {
         next_r = rsigma[blockIdx.x];
         if (IS_LN) next_m = mu[blockIdx.x];
     }
-    int stage = 0;
+    int read_at = 0;  // the stage being reduced
+    TX* dx_row = dx + (size_t)blockIdx.x * n + threadIdx.x * NV;
+    const TA* add_row = HAS_ADD ? add + (size_t)blockIdx.x * n + threadIdx.x * NV : add;
+    // The row means as products (n's reciprocal once, not two divisions a row).
+    const float inv_n = 1.0f / n;
 #elif FUSED
     // The next row's x and dy are fetched (raw) before this row's reduction, so a block keeps
     // a row's loads in flight while it waits at the barriers; its rsigma (and mu) with them, so
@@ -326,17 +352,19 @@ extern "C" __global__ void __launch_bounds__(BLOCK, BWD_MIN_BLOCKS) norm_bwd(con
     for (int row = blockIdx.x; row < rows; row += gridDim.x) {
         const size_t base = (size_t)row * n;
 #if FUSED && STAGES > 0
-        issue(row + (long long)(STAGES - 1) * gridDim.x, (stage + STAGES - 1) % STAGES);
+        issue();
         const float r = next_r;
         const float m = IS_LN ? next_m : 0.0f;
         if (row + (int)gridDim.x < rows) {
             next_r = rsigma[row + gridDim.x];
             if (IS_LN) next_m = mu[row + gridDim.x];
         }
-        const TX* sx = stage_x(stage);
-        const TY* sdy = stage_dy(stage);
-        stage = (stage + 1) % STAGES;
+        const TX* sx = (const TX*)(my_ring.p + read_at);
+        const TY* sdy = (const TY*)(my_ring.p + read_at + dy_shift);
+        read_at = read_at + stage_bytes == STAGES * stage_bytes ? 0 : read_at + stage_bytes;
         copy_async_wait<STAGES - 1>();
+        // x̂ = x·r - m·r: one multiply-add an element.
+        const float neg_mr = -m * r;
         // x̂ and dy·γ stay in registers across the reductions where a quarter of the registers
         // the launch bounds leave a thread holds them (RING_HOLDS: one block of 512 an SM with two
         // 16-bit vectors a thread, or 1024 threads with one), so that dx is two multiply-adds an
@@ -345,14 +373,13 @@ extern "C" __global__ void __launch_bounds__(BLOCK, BWD_MIN_BLOCKS) norm_bwd(con
         float sd = 0.0f, sdx = 0.0f;
 #pragma unroll
         for (int it = 0; it < ROW_VECS; ++it) {
-            const int v = threadIdx.x + it * BLOCK;
-            if (v < nvecs) {
+            if (threadIdx.x + it * BLOCK < nvecs) {
                 float xv[NV], dv[NV];
-                load_n<TX, NV>(sx + v * NV, xv);
-                load_n<TY, NV>(sdy + v * NV, dv);
+                load_n<TX, NV>(sx + it * BLOCK * NV, xv);
+                load_n<TY, NV>(sdy + it * BLOCK * NV, dv);
 #pragma unroll
                 for (int j = 0; j < NV; ++j) {
-                    xh[it][j] = (xv[j] - m) * r;
+                    xh[it][j] = IS_LN ? fmaf(xv[j], r, neg_mr) : xv[j] * r;
                     dg[it][j] = dv[j] * g[it][j];
                     sd += dg[it][j];
                     sdx += dg[it][j] * xh[it][j];
@@ -361,28 +388,36 @@ extern "C" __global__ void __launch_bounds__(BLOCK, BWD_MIN_BLOCKS) norm_bwd(con
                 }
             }
         }
-        const float mean_dx = block_sum_alternating(sdx, scratch, turn) / n;
-        const float mean_d = IS_LN ? block_sum_alternating(sd, scratch, turn) / n : 0.0f;
+        float mean_dx, mean_d = 0.0f;
+        if constexpr (IS_LN && PAIR_SUMS) {
+            const float2 sums = block_sum_pair_alternating(sdx, sd, pair_scratch, turn);
+            mean_dx = sums.x * inv_n;
+            mean_d = sums.y * inv_n;
+        } else {
+            mean_dx = block_sum_alternating(sdx, scratch, turn) * inv_n;
+            if (IS_LN) mean_d = block_sum_alternating(sd, scratch, turn) * inv_n;
+        }
         // dx = r (dy·γ - mean_d - x̂ mean_dx) = r dy·γ + (x̂ c1 + c0).
         const float c1 = -r * mean_dx, c0 = -r * mean_d;
 #pragma unroll
         for (int it = 0; it < ROW_VECS; ++it) {
-            const int v = threadIdx.x + it * BLOCK;
-            if (v < nvecs) {
+            if (threadIdx.x + it * BLOCK < nvecs) {
                 float o[NV];
                 if constexpr (RING_HOLDS) {
 #pragma unroll
                     for (int j = 0; j < NV; ++j) o[j] = fmaf(r, dg[it][j], fmaf(xh[it][j], c1, c0));
                 } else {
                     float xv[NV], dv[NV];
-                    load_n<TX, NV>(sx + v * NV, xv);
-                    load_n<TY, NV>(sdy + v * NV, dv);
+                    load_n<TX, NV>(sx + it * BLOCK * NV, xv);
+                    load_n<TY, NV>(sdy + it * BLOCK * NV, dv);
 #pragma unroll
-                    for (int j = 0; j < NV; ++j) o[j] = fmaf(r, dv[j] * g[it][j], fmaf((xv[j] - m) * r, c1, c0));
+                    for (int j = 0; j < NV; ++j) o[j] = fmaf(r, dv[j] * g[it][j], fmaf(IS_LN ? fmaf(xv[j], r, neg_mr) : xv[j] * r, c1, c0));
                 }
-                store_dx(o, add, dx, base + v * NV);
+                store_dx_at(o, add_row + it * BLOCK * NV, dx_row + it * BLOCK * NV);
             }
         }
+        dx_row += row_stride;
+        if (HAS_ADD) add_row += row_stride;
 #elif FUSED
         const float r = next_r;
         const float m = IS_LN ? next_m : 0.0f;
