@@ -185,16 +185,41 @@ template <typename T, int N> __device__ __forceinline__ void raw_copy(T* dst, co
         for (int i = 0; i < N; ++i) dst[i] = src[i];
     }
 }
-template <typename T, int N> __device__ __forceinline__ void load_n(const T* p, float* out) {
-    alignas(16) T tmp[N];
-    raw_copy<T, N>(tmp, p);
-#pragma unroll
-    for (int i = 0; i < N; ++i) out[i] = to_f32(tmp[i]);
-}
 // Whether T is a 16-bit float that pack2_f32 rounds two at a time.
 template <typename T> struct packs_in_pairs { static constexpr bool value = false; };
 template <> struct packs_in_pairs<bf16> { static constexpr bool value = true; };
 template <> struct packs_in_pairs<f16> { static constexpr bool value = true; };
+template <typename T> struct is_bf16 { static constexpr bool value = false; };
+template <> struct is_bf16<bf16> { static constexpr bool value = true; };
+// N elements already in registers (an aligned array, as raw_copy fills) widened to f32. bf16
+// pairs are taken a 32-bit word at a time: the low element is the word shifted up, the high
+// one the word with its low half cleared, one instruction each (element by element, ptxas
+// extracted the high half and shifted it back: two, sm_90 SASS of the norm kernels).
+// unpack_pair: elements 2i and 2i + 1 of such an array.
+template <typename T> __device__ __forceinline__ void unpack_pair(const T* v, int i, float& lo, float& hi) {
+    if constexpr (is_bf16<T>::value) {
+        const u32 w = ((const u32*)v)[i];
+        lo = __uint_as_float(w << 16);
+        hi = __uint_as_float(w & 0xffff0000u);
+    } else {
+        lo = to_f32(v[2 * i]);
+        hi = to_f32(v[2 * i + 1]);
+    }
+}
+template <typename T, int N> __device__ __forceinline__ void unpack_n(const T* v, float* out) {
+    if constexpr (N % 2 == 0) {
+#pragma unroll
+        for (int i = 0; i < N / 2; ++i) unpack_pair<T>(v, i, out[2 * i], out[2 * i + 1]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < N; ++i) out[i] = to_f32(v[i]);
+    }
+}
+template <typename T, int N> __device__ __forceinline__ void load_n(const T* p, float* out) {
+    alignas(16) T tmp[N];
+    raw_copy<T, N>(tmp, p);
+    unpack_n<T, N>(tmp, out);
+}
 // N f32 rounded to T and stored as one vector; 16-bit floats are rounded a pair per
 // instruction (the same round-to-nearest-even as from_f32).
 template <typename T, int N> __device__ __forceinline__ void store_n(T* p, const float* in) {

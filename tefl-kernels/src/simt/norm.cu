@@ -129,11 +129,10 @@ extern "C" __global__ void __launch_bounds__(BLOCK, FWD_MIN_BLOCKS) norm_fwd(con
         for (int it = 0; it < ROW_VECS; ++it) {
             const int v = threadIdx.x + it * BLOCK;
             if (v < nvecs) {
+                float xv[NV];
+                unpack_n<TX, NV>(c[it], xv);
 #pragma unroll
-                for (int j = 0; j < NV; ++j) {
-                    const float xv = to_f32(c[it][j]);
-                    s += IS_LN ? xv : xv * xv;
-                }
+                for (int j = 0; j < NV; ++j) s += IS_LN ? xv[j] : xv[j] * xv[j];
             }
         }
         float mean = 0.0f;
@@ -144,8 +143,10 @@ extern "C" __global__ void __launch_bounds__(BLOCK, FWD_MIN_BLOCKS) norm_fwd(con
         for (int it = 0; it < ROW_VECS; ++it) {
             const int v = threadIdx.x + it * BLOCK;
             if (v < nvecs) {
+                float xv[NV];
+                unpack_n<TX, NV>(c[it], xv);
 #pragma unroll
-                for (int j = 0; j < NV; ++j) { const float d = to_f32(c[it][j]) - mean; s += d * d; }
+                for (int j = 0; j < NV; ++j) { const float d = xv[j] - mean; s += d * d; }
             }
         }
 #endif
@@ -163,7 +164,11 @@ extern "C" __global__ void __launch_bounds__(BLOCK, FWD_MIN_BLOCKS) norm_fwd(con
 #pragma unroll
                 for (int j = 0; j < NV; ++j) {
                     const float gj = zc ? 1.0f + g[j] : g[j];
-                    o[j] = (to_f32(c[it][j]) - mean) * r * gj;
+                    // (each pair of x unpacked where its outputs are computed: the whole
+                    // vector at once made the forward spill under its register cap)
+                    float x0, x1;
+                    unpack_pair<TX>(c[it], j / 2, x0, x1);
+                    o[j] = ((j % 2 ? x1 : x0) - mean) * r * gj;
 #if IS_LN
                     o[j] += b[j];
 #endif

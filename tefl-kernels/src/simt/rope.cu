@@ -322,15 +322,19 @@ extern "C" __global__ void __launch_bounds__(128)
                     raw_copy<TX, VE>(yr + (size_t)hd * D + c0, rv[u]);
                     continue;
                 }
-                float o[VE];
+                float o[VE], v[VE];
+                unpack_n<TX, VE>(rv[u], v);
+#if !INTERLEAVED
+                float w[VE];
+                unpack_n<TX, VE>(rw, w);
+#endif
 #pragma unroll
                 for (int q = 0; q < VE; ++q) {
 #if INTERLEAVED
-                    const float w = to_f32(rv[u][q ^ 1]);
+                    o[q] = v[q] * a[q] + v[q ^ 1] * b[q];
 #else
-                    const float w = to_f32(rw[q]);
+                    o[q] = v[q] * a[q] + w[q] * b[q];
 #endif
-                    o[q] = to_f32(rv[u][q]) * a[q] + w * b[q];
                 }
                 store_n<TX, VE>(yr + (size_t)hd * D + c0, o);
             }
