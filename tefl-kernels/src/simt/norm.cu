@@ -291,11 +291,12 @@ extern "C" __global__ void __launch_bounds__(BLOCK, BWD_MIN_BLOCKS) norm_bwd(con
     // registers a thread), and an H200 needs more than that in flight to reach its bandwidth.
     unsigned char* ring = (unsigned char*)smem_words;
     const int stage_bytes = n * (int)(sizeof(TX) + sizeof(TY));
-    // This thread's first vector of a stage's x (then its dy, x_bytes on) and of a row in
-    // memory; every later address is one of these plus a stride, carried from row to row (the
-    // rows a block takes are gridDim.x apart) instead of computed again in 64 bits.
+    // This thread's first vector of a stage's x (its dy dy_shift bytes on: a stage holds the
+    // row's x, then its dy) and of a row in memory; every later address is one of these plus a
+    // stride, carried from row to row (the rows a block takes are gridDim.x apart) instead of
+    // computed again in 64 bits.
     const SharedBase my_ring = shared_base(ring + threadIdx.x * NV * sizeof(TX));
-    const int x_bytes = n * (int)sizeof(TX), dy_shift = n * (int)sizeof(TX) + threadIdx.x * NV * ((int)sizeof(TY) - (int)sizeof(TX));
+    const int dy_shift = n * (int)sizeof(TX) + threadIdx.x * NV * ((int)sizeof(TY) - (int)sizeof(TX));
     const size_t row_stride = (size_t)gridDim.x * n;
     const TX* x_next = x + (size_t)blockIdx.x * n + threadIdx.x * NV;
     const TY* dy_next = dy + (size_t)blockIdx.x * n + threadIdx.x * NV;
