@@ -191,11 +191,11 @@ template <> struct packs_in_pairs<bf16> { static constexpr bool value = true; };
 template <> struct packs_in_pairs<f16> { static constexpr bool value = true; };
 template <typename T> struct is_bf16 { static constexpr bool value = false; };
 template <> struct is_bf16<bf16> { static constexpr bool value = true; };
-// N elements already in registers (an aligned array, as raw_copy fills) widened to f32. bf16
-// pairs are taken a 32-bit word at a time: the low element is the word shifted up, the high
-// one the word with its low half cleared, one instruction each (element by element, ptxas
-// extracted the high half and shifted it back: two, sm_90 SASS of the norm kernels).
-// unpack_pair: elements 2i and 2i + 1 of such an array.
+// Elements 2i and 2i + 1 of an aligned array of T in registers (as raw_copy fills them),
+// widened to f32. bf16 pairs are taken a 32-bit word at a time: the low element is the word
+// shifted up, the high one the word with its low half cleared, one instruction each (element
+// by element, ptxas extracted the high half and shifted it back: two, sm_90 SASS of the norm
+// kernels).
 template <typename T> __device__ __forceinline__ void unpack_pair(const T* v, int i, float& lo, float& hi) {
     if constexpr (is_bf16<T>::value) {
         const u32 w = ((const u32*)v)[i];
@@ -206,6 +206,7 @@ template <typename T> __device__ __forceinline__ void unpack_pair(const T* v, in
         hi = to_f32(v[2 * i + 1]);
     }
 }
+// All N elements of such an array, a pair at a time.
 template <typename T, int N> __device__ __forceinline__ void unpack_n(const T* v, float* out) {
     if constexpr (N % 2 == 0) {
 #pragma unroll

@@ -262,8 +262,9 @@ extern "C" __global__ void __launch_bounds__(BLOCK, BWD_MIN_BLOCKS) norm_bwd(con
     // 0.270 ms).
     __shared__ float scratch[2 * MAX_WARPS];
 #if FUSED && STAGES > 0
-    // The LayerNorm's two row sums behind one barrier (PAIR_SUMS).
-    __shared__ float2 pair_scratch[PAIR_SUMS ? 2 * MAX_WARPS : 1];
+    // The LayerNorm's two row sums behind one barrier (PAIR_SUMS; 512 bytes, which the host's
+    // 2048-byte allowance for static shared memory beside the ring covers).
+    __shared__ float2 pair_scratch[IS_LN && PAIR_SUMS ? 2 * MAX_WARPS : 1];
 #endif
     // The ring's row buffers (STAGES), and after the rows the grid-wide sums' slices.
     extern __shared__ uint4 smem_words[];
