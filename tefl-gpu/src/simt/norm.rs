@@ -448,10 +448,10 @@ pub fn variants() -> Vec<Variant> {
         }
         // The backward's ring of rows in shared memory: blocks of 512, two an SM and one (the
         // latter with twice the registers a thread), and of 1024.
-        let ring = |stages, blocks_per_sm| Ring { stages, blocks_per_sm };
-        v.extend(variant("norm", &types, ln, RowConfig { block: 512, vec_bytes: 16, row_vecs: 2 }, ring(3, 2), false));
-        v.extend(variant("norm", &types, ln, RowConfig { block: 512, vec_bytes: 16, row_vecs: 2 }, ring(3, 1), false));
-        v.extend(variant("norm", &types, ln, RowConfig { block: 1024, vec_bytes: 16, row_vecs: 1 }, ring(3, 1), false));
+        for (block, row_vecs, blocks_per_sm) in [(512, 2, 2), (512, 2, 1), (1024, 1, 1)] {
+            let cfg = RowConfig { block, vec_bytes: 16, row_vecs };
+            v.extend(variant("norm", &types, ln, cfg, Ring { stages: 3, blocks_per_sm }, false));
+        }
     }
     // The RMSNorm forward holding its rows in L2 (16-bit and f32 rows).
     for (x, y) in [(BF16, BF16), (F32, F32)] {
