@@ -34,7 +34,7 @@ const VEC_BWD_CHUNKS: usize = 4;
 fn vec_variant(gpu: &crate::gpu::Gpu, dtypes: &[DType], n: usize, wg: u32, bwd: u8) -> Option<String> {
     let tx = super::half_name(dtypes[0])?;
     let backward = bwd != 0;
-    let fits = n.is_multiple_of(8) && (!backward || n / 8 <= wg as usize * VEC_BWD_CHUNKS);
+    let fits = n >= 8 && n.is_multiple_of(8) && (!backward || n / 8 <= wg as usize * VEC_BWD_CHUNKS);
     let same = dtypes.iter().all(|&d| d == dtypes[0]);
     (fits && same && gpu.reduces_in_subgroups(wg)).then(|| format!("norm_vec.tx={tx}.bwd={bwd}.wg={wg}"))
 }
@@ -82,7 +82,8 @@ impl Params {
 }
 
 /// The tensors bound to the shader (`x`, `gamma`, aux (beta or dy), add, mu, rsigma, out, ws);
-/// an absent one is bound as `x`.
+/// an absent aux or add is bound as `x`, an absent mu as rsigma, an absent ws as `out` (which
+/// holds at least one 16-byte unit where `norm_vec.wgsl` reads ws as such).
 struct Binds<'a> {
     x: &'a Tensor,
     gamma: &'a Tensor,
@@ -105,7 +106,7 @@ impl Binds<'_> {
             b(self.mu.unwrap_or(self.rs))?,
             b(self.rs)?,
             b(out.unwrap_or(self.out))?,
-            b(self.ws.unwrap_or(self.rs))?,
+            b(self.ws.unwrap_or(self.out))?,
         ])
     }
 }
