@@ -303,6 +303,8 @@ extern "C" __global__ void __launch_bounds__(BLOCK, BWD_MIN_BLOCKS) norm_bwd(con
     const TY* dy_next = dy + (size_t)blockIdx.x * n + threadIdx.x * NV;
     long long issue_row = blockIdx.x;
     int issue_at = 0;  // the next stage's byte offset in the ring
+    // The byte offset of the stage after the one at `at` (the ring wraps after STAGES).
+    auto next_stage = [&](int at) { return at + stage_bytes == STAGES * stage_bytes ? 0 : at + stage_bytes; };
     // Copies the next of the block's rows into the next stage (an empty group past the end).
     auto issue = [&]() {
         if (issue_row < rows) {
@@ -320,7 +322,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK, BWD_MIN_BLOCKS) norm_bwd(con
         issue_row += gridDim.x;
         x_next += row_stride;
         dy_next += row_stride;
-        issue_at = issue_at + stage_bytes == STAGES * stage_bytes ? 0 : issue_at + stage_bytes;
+        issue_at = next_stage(issue_at);
     };
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) issue();
@@ -368,7 +370,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK, BWD_MIN_BLOCKS) norm_bwd(con
         }
         const TX* sx = (const TX*)(my_ring.p + read_at);
         const TY* sdy = (const TY*)(my_ring.p + read_at + dy_shift);
-        read_at = read_at + stage_bytes == STAGES * stage_bytes ? 0 : read_at + stage_bytes;
+        read_at = next_stage(read_at);
         copy_async_wait<STAGES - 1>();
         // x̂ = x·r - m·r: one multiply-add an element.
         const float neg_mr = -m * r;
