@@ -3,6 +3,9 @@
 //! sums of dy·x̂ and dy into an f32 workspace, which a last pass sums into dgamma and dbeta
 //! (gamma's dtype).
 //!
+//! An FP8 output (TE's norm with a quantizer) is the f32 rows cast by the FP8 shader's quantize
+//! stage in a second dispatch.
+//!
 //! Two shaders: `norm_vec.wgsl` where every tensor of the op is one 16-bit dtype and rows are
 //! whole 16-byte chunks (the training case; the backward also needs rows of at most 32·WG
 //! elements, whose column partials each invocation keeps), with 16-byte loads and subgroup
@@ -247,34 +250,50 @@ fn backward(
     Ok((dx, dgamma, dbeta))
 }
 
-/// The norm shaders write float outputs only: an FP8 output (TE's norm with a quantizer) is
-/// declined, so the manager can take another impl (CUDA and HIP fuse it; the reference has it).
-fn float_output(ctx: &KernelCtx<'_>, op: &'static str, out: DType) -> Result<()> {
-    if out.is_fp8() {
-        return Err(Error::Unsupported {
-            op,
-            impl_id: ctx.impl_id.to_string(),
-            reason: format!("no {out} output in the Vulkan norm shaders (quantize the float output)"),
-        });
+/// The dtype a forward's shader writes: `out`, or f32 for an FP8 output, which [`quantized`]
+/// then casts.
+fn shader_out(out: DType) -> DType {
+    if out.is_fp8() { DType::F32 } else { out }
+}
+
+/// A forward's output: a float `y` as the shader wrote it; for an FP8 `out` (TE's norm with a
+/// quantizer) the f32 rows cast by the FP8 shader's quantize stage ([`super::fp8::quantize`]:
+/// codes of y·scale with saturating round-to-nearest-even, amax of y before scaling, scale_inv =
+/// 1/scale), as the reference computes it. A second dispatch after the norm's, and an f32
+/// buffer between them, where CUDA and HIP fuse the two into one pass.
+fn quantized(
+    op: &'static str,
+    ctx: &KernelCtx<'_>,
+    y: Tensor,
+    out: DType,
+    scale: Option<&Tensor>,
+) -> Result<(Tensor, Option<Tensor>, Option<Tensor>)> {
+    if !out.is_fp8() {
+        return Ok((y, None, None));
     }
-    Ok(())
+    let scale = scale.ok_or_else(|| Error::invalid(op, "scale", "required with an FP8 out_dtype"))?;
+    let args = QuantizeArgs { x: y, scale: scale.clone(), fp8_dtype: out, want_transpose: false };
+    let q = super::fp8::quantize(ctx, &args)?;
+    Ok((q.q, Some(q.amax), Some(q.scale_inv)))
 }
 
 /// `rmsnorm_fwd`.
 pub fn rmsnorm_fwd(ctx: &KernelCtx<'_>, a: &RmsNormFwdArgs) -> Result<RmsNormFwdOut> {
-    float_output(ctx, "rmsnorm_fwd", a.out_dtype)?;
+    const OP: &str = "rmsnorm_fwd";
     let (y, _, rsigma) =
-        forward("rmsnorm_fwd", ctx, false, &a.x, &a.gamma, None, a.eps, a.zero_centered_gamma, a.out_dtype)?;
-    Ok(RmsNormFwdOut { y, rsigma, amax: None, scale_inv: None })
+        forward(OP, ctx, false, &a.x, &a.gamma, None, a.eps, a.zero_centered_gamma, shader_out(a.out_dtype))?;
+    let (y, amax, scale_inv) = quantized(OP, ctx, y, a.out_dtype, a.scale.as_ref())?;
+    Ok(RmsNormFwdOut { y, rsigma, amax, scale_inv })
 }
 
 /// `layernorm_fwd`.
 pub fn layernorm_fwd(ctx: &KernelCtx<'_>, a: &LayerNormFwdArgs) -> Result<LayerNormFwdOut> {
-    float_output(ctx, "layernorm_fwd", a.out_dtype)?;
-    let (y, mu, rsigma) =
-        forward("layernorm_fwd", ctx, true, &a.x, &a.gamma, Some(&a.beta), a.eps, a.zero_centered_gamma, a.out_dtype)?;
+    const OP: &str = "layernorm_fwd";
+    let out = shader_out(a.out_dtype);
+    let (y, mu, rsigma) = forward(OP, ctx, true, &a.x, &a.gamma, Some(&a.beta), a.eps, a.zero_centered_gamma, out)?;
     let mu = mu.ok_or_else(|| Error::Tensor("layernorm_fwd: no mu".into()))?;
-    Ok(LayerNormFwdOut { y, mu, rsigma, amax: None, scale_inv: None })
+    let (y, amax, scale_inv) = quantized(OP, ctx, y, a.out_dtype, a.scale.as_ref())?;
+    Ok(LayerNormFwdOut { y, mu, rsigma, amax, scale_inv })
 }
 
 /// `rmsnorm_bwd`.
