@@ -1,7 +1,8 @@
 // Stand-alone measurement of L2 cache policies on streaming kernels (not part of tefl's build):
 // a 16384 x 8192 bf16 RMSNorm forward in tefl's shape (one row a block of 256 threads, four
 // 16-byte vectors a thread kept in registers) with its x loads plain, at an L2 evict_last policy,
-// or at evict_last and released afterwards (applypriority evict_normal per 128-byte line), the
+// or at evict_last and released afterwards (applypriority evict_normal per 128-byte line: every
+// row, or only the last 8192 or 4096 rows, those that can still be in L2 at the end), the
 // shape of Triton's kernel (torch.compile: 512 threads, a sum pass with evict_last loads, an
 // output pass re-reading x with evict_first loads), and a 16-byte copy the same three ways.
 // Each is timed as tefl's bench times an op: warm-up calls, then per repetition a 256 MiB fill
@@ -9,9 +10,12 @@
 // Then, per variant, how it leaves the L2 for the kernel after it: a 24 MB buffer read twice
 // right after the variant, the second read timed.
 //
+// The flush is cudaMemsetAsync, or with an argument `k` a fill kernel of 16-byte stores (as
+// torch's `zero_()`, the bench peers' flush, does it).
+//
 // On the GPU machine (it has nvcc): nvcc -O3 -arch=sm_90a -std=c++17 -o l2bench
-// scripts/l2_policy_bench.cu && ./l2bench. The docs/performance-log.md entry of 2026-11-29 has
-// what it measured on an H200.
+// scripts/l2_policy_bench.cu && ./l2bench [k]. The docs/performance-log.md entries of 2026-11-29
+// and 2026-12-03 have what it measured on an H200.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -96,7 +100,7 @@ __device__ __forceinline__ float sum_sq(uint4 v) {
 }
 
 // tefl's shape: the row kept in registers, read once.
-template <int L, bool RELEASE>
+template <int L, bool RELEASE, int TAIL = ROWS>
 __global__ void __launch_bounds__(256, 4) rms_regs(const uint4* __restrict__ x, const uint4* __restrict__ g,
                                                     uint4* __restrict__ y, float* __restrict__ rs) {
     __shared__ float slots[32];
@@ -112,7 +116,7 @@ __global__ void __launch_bounds__(256, 4) rms_regs(const uint4* __restrict__ x, 
 #pragma unroll
     for (int it = 0; it < 4; ++it) {
         yr[threadIdx.x + it * 256] = scale(c[it], g[threadIdx.x + it * 256], r);
-        if (RELEASE) release(xr + threadIdx.x + it * 256);
+        if (RELEASE && (int)blockIdx.x >= ROWS - TAIL) release(xr + threadIdx.x + it * 256);
     }
     if (threadIdx.x == 0) rs[blockIdx.x] = r;
 }
@@ -146,6 +150,12 @@ template <int L, bool RELEASE> __global__ void copy(const uint4* __restrict__ x,
     }
 }
 
+// The flush as torch's `zero_()` does it: a kernel storing 16-byte vectors.
+__global__ void fill_kernel(uint4* __restrict__ p, size_t n, u32 v) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        p[i] = make_uint4(v, v, v, v);
+}
+
 __global__ void read_all(const uint4* __restrict__ b, size_t n, u32* out) {
     u32 acc = 0;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
@@ -161,11 +171,21 @@ struct Buffers {
 };
 typedef void (*Run)(const Buffers&, cudaStream_t);
 
-template <int L, bool R> void run_rms(const Buffers& b, cudaStream_t s) { rms_regs<L, R><<<ROWS, 256, 0, s>>>(b.x, b.g, b.y, b.rs); }
+template <int L, bool R, int T = ROWS> void run_rms(const Buffers& b, cudaStream_t s) {
+    rms_regs<L, R, T><<<ROWS, 256, 0, s>>>(b.x, b.g, b.y, b.rs);
+}
 void run_two_pass(const Buffers& b, cudaStream_t s) { rms_two_pass<<<ROWS, 512, 0, s>>>(b.x, b.g, b.y, b.rs); }
 template <int L, bool R> void run_copy(const Buffers& b, cudaStream_t s) { copy<L, R><<<N_VECS / 512, 256, 0, s>>>(b.x, b.y); }
 
-int main() {
+static bool g_kernel_flush = false;
+void flush_l2(void* flush, int i, cudaStream_t s) {
+    if (g_kernel_flush) fill_kernel<<<132 * 16, 256, 0, s>>>((uint4*)flush, (256u << 20) / 16, (u32)i);
+    else cudaMemsetAsync(flush, i, 256u << 20, s);
+}
+
+int main(int argc, char** argv) {
+    g_kernel_flush = argc > 1 && argv[1][0] == 'k';
+    printf("flush: %s\n", g_kernel_flush ? "a fill kernel" : "cudaMemsetAsync");
     Buffers b;
     void* flush;
     cudaMalloc(&b.x, N_VECS * 16);
@@ -182,6 +202,8 @@ int main() {
         {"rmsnorm, plain loads", run_rms<PLAIN, false>},
         {"rmsnorm, kept", run_rms<KEEP, false>},
         {"rmsnorm, kept and released", run_rms<KEEP, true>},
+        {"rmsnorm, kept, last 8192 released", run_rms<KEEP, true, 8192>},
+        {"rmsnorm, kept, last 4096 released", run_rms<KEEP, true, 4096>},
         {"rmsnorm, Triton's two passes", run_two_pass},
         {"copy, plain loads", run_copy<PLAIN, false>},
         {"copy, kept", run_copy<KEEP, false>},
@@ -207,7 +229,7 @@ int main() {
         for (int k = 0; k < nv; ++k) {
             for (int w = 0; w < 200; ++w) variants[k].run(b, s);
             for (int i = 0; i < 20; ++i) {
-                cudaMemsetAsync(flush, i, 256u << 20, s);
+                flush_l2(flush, i, s);
                 cudaEventRecord(a[i], s);
                 variants[k].run(b, s);
                 cudaEventRecord(e[i], s);
@@ -229,7 +251,7 @@ int main() {
     cudaMemset(reuse, 1, n_reuse * 16);
     for (int k = 0; k < nv; ++k) {
         for (int i = 0; i < 20; ++i) {
-            cudaMemsetAsync(flush, i, 256u << 20, s);
+            flush_l2(flush, i, s);
             variants[k].run(b, s);
             read_all<<<132 * 8, 256, 0, s>>>(reuse, n_reuse, sink);
             cudaEventRecord(a[i], s);

@@ -97,6 +97,28 @@ fn keep_l2(ctx: &KernelCtx<'_>, is_ln: bool, out_dtype: DType, x: &Tensor) -> Re
     Ok(min_mib.is_some_and(|m| m > 0 && bytes >= (m as u64).saturating_mul(1 << 20)))
 }
 
+/// The first row of `x` whose x lines a kept forward ([`keep_l2`]) puts back to the normal
+/// eviction priority: the rows of its last `norm_fwd_l2.release_last_mib` MiB (the tune
+/// configs; every row where that is unset). Only lines loaded that late can still be in L2 when
+/// the kernel ends (the earlier ones have made room for later evict_last lines), and releasing
+/// the others costs time: on an H200 (2026-12-03, scripts/l2_policy_bench.cu, 16384 x 8192
+/// bf16, three rounds) releasing every row took 0.1304-0.1306 ms, the last 8192 rows (128 MiB)
+/// 0.1295-0.1296, the last 4096 (64 MiB) 0.1289-0.1292, none 0.1287-0.1292; a 24 MB buffer read
+/// twice right after took 0.0069-0.0070 ms for its second read after each released form, 0.0093
+/// after the unreleased one. In tefl (`bench --backend nvidia --only "rmsnorm_fwd 16384"`, each
+/// form twice in turns): every row released 0.132 / 0.132 ms, the last 64 MiB 0.131 / 0.130,
+/// none 0.130 / 0.130.
+fn release_from(ctx: &KernelCtx<'_>, x: &Tensor) -> Result<usize> {
+    let (rows, n) = (x.rows(), x.last_dim());
+    let table = tune_table(ctx.device)?;
+    let last_mib =
+        table.configs("norm_fwd_l2").first().and_then(|c| c.get("release_last_mib")).and_then(|v| v.as_int());
+    let Some(mib) = last_mib.filter(|&m| m >= 0) else { return Ok(0) };
+    let row_bytes = (n * x.dtype().size_in_bytes()).max(1) as u64;
+    let last_rows = ((mib as u64).saturating_mul(1 << 20)).div_ceil(row_bytes);
+    Ok(rows.saturating_sub(usize::try_from(last_rows).unwrap_or(usize::MAX)))
+}
+
 /// Row config for `n` elements: the heuristic, or the autotuner's pick when asked for.
 fn config(ctx: &KernelCtx<'_>, x: &Tensor, run: &dyn Fn(RowConfig) -> Result<()>) -> Result<RowConfig> {
     let (table, info) = (tune_table(ctx.device)?, info(ctx.device)?);
@@ -134,6 +156,8 @@ fn forward(
         return Ok(Forward { y, mu, rsigma, fp8 });
     }
     let types = Types { x: x.dtype(), g: gamma.dtype(), y: out_dtype, add: None };
+    let keep = keep_l2(ctx, beta.is_some(), out_dtype, x)?;
+    let release_from = if keep { release_from(ctx, x)? } else { rows };
     let args = [
         Arg::Ptr(ptr(x)?),
         Arg::Ptr(ptr(gamma)?),
@@ -148,13 +172,13 @@ fn forward(
         Arg::Ptr(opt_ptr(qscale)?),
         Arg::Ptr(opt_ptr(fp8.as_ref().map(|f| &f.0))?),
         Arg::Ptr(opt_ptr(fp8.as_ref().map(|f| &f.1))?),
+        Arg::I32(i32_of(ctx, op, "x", release_from)?),
     ];
     // An FP8 output reduces its amax once per block: a grid of a few waves of blocks that
     // stride over the rows, rather than a block per row, keeps that to a few thousand atomics.
     // On an H100 (2026-11-24, 16384x8192 bf16 to e4m3, 256-thread blocks) 64 blocks per SM
     // took 0.151 ms (90% of copy), 32 0.152, 16 0.154, 8 0.170, a block per row 0.155.
     let max_blocks = if fp8.is_some() { 64 * sm_count(ctx.device) } else { i32::MAX as u32 };
-    let keep = keep_l2(ctx, beta.is_some(), out_dtype, x)?;
     let run = |cfg: RowConfig| -> Result<()> {
         let k = kernel(op, ctx, &types, beta.is_some(), cfg, Ring::NONE, keep)?;
         k.compile_ahead(|| backward_variants_of(ctx, x, gamma, beta.is_some(), out_dtype));

@@ -13,8 +13,9 @@
 // OUT_FP8 (forward): y holds FP8 codes (TY = u8) of the normalised value times *qscale, in the
 // format MANT / BIAS / MAXV / MAXCODE; the max |normalised value| goes to *amax (zeroed by the
 // host) and 1/(*qscale) to *scale_inv.
-// KEEP_L2 (the fused forward): x is loaded with an L2 evict_last policy and each line is
-// released once the row's outputs are stored (load_kept / release_after in the prelude).
+// KEEP_L2 (the fused forward): x is loaded with an L2 evict_last policy and each line of the
+// rows from release_from on is released once the row's outputs are stored (load_kept /
+// release_after in the prelude).
 
 #define NV (VEC_BYTES / (int)sizeof(TX))
 #ifndef KEEP_L2
@@ -84,7 +85,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK, FWD_MIN_BLOCKS) norm_fwd(con
                                                           float* __restrict__ mu_out, float* __restrict__ rsigma,
                                                           int rows, int n, float eps, int zc,
                                                           const float* __restrict__ qscale, float* __restrict__ amax,
-                                                          float* __restrict__ scale_inv) {
+                                                          float* __restrict__ scale_inv, int release_from) {
     // The halves of block_sum_alternating (the fused path: one barrier per reduction; the
     // others use the first half). H200, 2026-11-26, bench, alternating with two barriers in one
     // run: rmsnorm 16384x8192 0.140 / 0.139 -> 0.137 / 0.137 ms, FP8 output 0.114 / 0.115 ->
@@ -114,7 +115,8 @@ extern "C" __global__ void __launch_bounds__(BLOCK, FWD_MIN_BLOCKS) norm_fwd(con
         // alternating twice in one run: rmsnorm 16384x8192 0.136-0.137 -> 0.134-0.135 ms,
         // 8192x4096 0.040 -> 0.038, FP8 output 0.112-0.113 -> 0.103-0.104, layernorm 0.155 ->
         // 0.136.
-        // With KEEP_L2, held in L2 until the row's outputs are stored, then released.
+        // With KEEP_L2, held in L2 until the row's outputs are stored, then released (the
+        // rows from release_from on).
 #pragma unroll
         for (int it = 0; it < ROW_VECS; ++it) {
             const int v = threadIdx.x + it * BLOCK;
@@ -179,7 +181,10 @@ extern "C" __global__ void __launch_bounds__(BLOCK, FWD_MIN_BLOCKS) norm_fwd(con
                 store_n<TY, NV>(yr + v * NV, o);
 #endif
 #if KEEP_L2
-                release_after(x, xr + v * NV, v == 0);
+                // Only the rows that can still be in L2 when the kernel ends (those from
+                // release_from on, the host's pick) are released: earlier lines have been
+                // evicted by later evict_last ones already, and their release cost time.
+                if (row >= release_from) release_after(x, xr + v * NV, v == 0);
 #endif
             }
         }
