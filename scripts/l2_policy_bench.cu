@@ -10,15 +10,18 @@
 // Then, per variant, how it leaves the L2 for the kernel after it: a 24 MB buffer read twice
 // right after the variant, the second read timed.
 //
-// The flush is cudaMemsetAsync, or with an argument `k` a fill kernel of 16-byte stores (as
-// torch's `zero_()`, the bench peers' flush, does it).
+// The flush is cudaMemsetAsync, or with an argument holding `k` a fill kernel of 16-byte stores
+// (as torch's `zero_()`, the bench peers' flush, does it); with `p` in it the buffers come from
+// the default memory pool (cudaMallocAsync, as tefl's CUDA runtime allocates) instead of
+// cudaMalloc (as torch's caching allocator does).
 //
 // On the GPU machine (it has nvcc): nvcc -O3 -arch=sm_90a -std=c++17 -o l2bench
-// scripts/l2_policy_bench.cu && ./l2bench [k]. The docs/performance-log.md entries of 2026-11-29
+// scripts/l2_policy_bench.cu && ./l2bench [k][p]. The docs/performance-log.md entries of 2026-11-29
 // and 2026-12-03 have what it measured on an H200.
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cstdio>
 #include <vector>
 
@@ -28,7 +31,7 @@ constexpr int ROWS = 16384;
 constexpr int VECS_PER_ROW = 1024;  // 8192 bf16 columns
 constexpr size_t N_VECS = (size_t)ROWS * VECS_PER_ROW;
 
-enum Load { PLAIN = 0, KEEP = 1, FIRST = 2 };
+enum Load { PLAIN = 0, KEEP = 1, FIRST = 2, KEEP_L2_ONLY = 3 };
 
 // A 16-byte load: plain, or with an L2 evict_last / evict_first cache policy (and the matching
 // L1 priority, as Triton emits them).
@@ -38,6 +41,11 @@ template <int L> __device__ __forceinline__ uint4 load16(const uint4* p) {
     if (L == KEEP) {
         asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
         asm volatile("ld.global.L1::evict_last.L2::cache_hint.v4.b32 {%0,%1,%2,%3}, [%4], %5;"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "l"(p), "l"(pol));
+    } else if (L == KEEP_L2_ONLY) {
+        asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+        asm volatile("ld.global.L2::cache_hint.v4.b32 {%0,%1,%2,%3}, [%4], %5;"
                      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                      : "l"(p), "l"(pol));
     } else if (L == FIRST) {
@@ -184,15 +192,25 @@ void flush_l2(void* flush, int i, cudaStream_t s) {
 }
 
 int main(int argc, char** argv) {
-    g_kernel_flush = argc > 1 && argv[1][0] == 'k';
-    printf("flush: %s\n", g_kernel_flush ? "a fill kernel" : "cudaMemsetAsync");
+    g_kernel_flush = argc > 1 && strchr(argv[1], 'k');
+    const bool pool = argc > 1 && strchr(argv[1], 'p');
+    printf("flush: %s; buffers from %s\n", g_kernel_flush ? "a fill kernel" : "cudaMemsetAsync",
+           pool ? "the default memory pool (cudaMallocAsync)" : "cudaMalloc");
     Buffers b;
     void* flush;
-    cudaMalloc(&b.x, N_VECS * 16);
-    cudaMalloc(&b.y, N_VECS * 16);
-    cudaMalloc(&b.g, VECS_PER_ROW * 16);
-    cudaMalloc(&b.rs, ROWS * 4);
-    cudaMalloc(&flush, 256u << 20);
+    auto alloc = [&](void** p, size_t bytes) {
+        if (pool) {
+            cudaMallocAsync(p, bytes, 0);
+            cudaStreamSynchronize(0);
+        } else {
+            cudaMalloc(p, bytes);
+        }
+    };
+    alloc((void**)&b.x, N_VECS * 16);
+    alloc((void**)&b.y, N_VECS * 16);
+    alloc((void**)&b.g, VECS_PER_ROW * 16);
+    alloc((void**)&b.rs, ROWS * 4);
+    alloc(&flush, 256u << 20);
     cudaMemset(b.x, 0x3f, N_VECS * 16);
     cudaMemset(b.g, 0x3f, VECS_PER_ROW * 16);
     const struct {
@@ -204,6 +222,7 @@ int main(int argc, char** argv) {
         {"rmsnorm, kept and released", run_rms<KEEP, true>},
         {"rmsnorm, kept, last 8192 released", run_rms<KEEP, true, 8192>},
         {"rmsnorm, kept, last 4096 released", run_rms<KEEP, true, 4096>},
+        {"rmsnorm, L2 kept only, last 4096", run_rms<KEEP_L2_ONLY, true, 4096>},
         {"rmsnorm, Triton's two passes", run_two_pass},
         {"copy, plain loads", run_copy<PLAIN, false>},
         {"copy, kept", run_copy<KEEP, false>},
