@@ -15,9 +15,13 @@
 // the default memory pool (cudaMallocAsync, as tefl's CUDA runtime allocates) instead of
 // cudaMalloc (as torch's caching allocator does).
 //
+// A cubin of tefl's norm_fwd (from its kernel cache, TEFL_CACHE_DIR/nvrtc/norm-*.cubin) as the
+// second argument is timed too, with the arguments tefl passes.
+//
 // On the GPU machine (it has nvcc): nvcc -O3 -arch=sm_90a -std=c++17 -o l2bench
-// scripts/l2_policy_bench.cu && ./l2bench [k][p]. The docs/performance-log.md entries of 2026-11-29
+// scripts/l2_policy_bench.cu -lcuda && ./l2bench [k][p] [CUBIN]. The docs/performance-log.md entries of 2026-11-29
 // and 2026-12-03 have what it measured on an H200.
+#include <cuda.h>
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -179,6 +183,21 @@ struct Buffers {
 };
 typedef void (*Run)(const Buffers&, cudaStream_t);
 
+// tefl's own norm_fwd from a cubin of its kernel cache (TEFL_CACHE_DIR/nvrtc/norm-*.cubin, the
+// forward variant the bench compiled): its arguments as tefl-gpu's simt/norm.rs passes them,
+// the last 4096 rows released.
+static CUfunction g_tefl = nullptr;
+void run_tefl(const Buffers& b, cudaStream_t s) {
+    const void* beta = nullptr;
+    const void* none = nullptr;
+    float* mu = b.rs;
+    int rows = ROWS, n = VECS_PER_ROW * 8, zc = 0, release_from = ROWS - 4096;
+    float eps = 1e-5f;
+    void* args[] = {(void*)&b.x, (void*)&b.g, (void*)&beta, (void*)&b.y,   (void*)&mu,  (void*)&b.rs,        (void*)&rows,
+                    (void*)&n,   (void*)&eps, (void*)&zc,   (void*)&none, (void*)&none, (void*)&none, (void*)&release_from};
+    cuLaunchKernel(g_tefl, ROWS, 1, 1, 256, 1, 1, 0, (CUstream)s, args, nullptr);
+}
+
 template <int L, bool R, int T = ROWS> void run_rms(const Buffers& b, cudaStream_t s) {
     rms_regs<L, R, T><<<ROWS, 256, 0, s>>>(b.x, b.g, b.y, b.rs);
 }
@@ -194,6 +213,7 @@ void flush_l2(void* flush, int i, cudaStream_t s) {
 int main(int argc, char** argv) {
     g_kernel_flush = argc > 1 && strchr(argv[1], 'k');
     const bool pool = argc > 1 && strchr(argv[1], 'p');
+    const char* cubin = argc > 2 ? argv[2] : nullptr;
     printf("flush: %s; buffers from %s\n", g_kernel_flush ? "a fill kernel" : "cudaMemsetAsync",
            pool ? "the default memory pool (cudaMallocAsync)" : "cudaMalloc");
     Buffers b;
@@ -213,6 +233,16 @@ int main(int argc, char** argv) {
     alloc(&flush, 256u << 20);
     cudaMemset(b.x, 0x3f, N_VECS * 16);
     cudaMemset(b.g, 0x3f, VECS_PER_ROW * 16);
+    if (cubin) {
+        CUmodule m;
+        if (cuModuleLoad(&m, cubin) != CUDA_SUCCESS || cuModuleGetFunction(&g_tefl, m, "norm_fwd") != CUDA_SUCCESS) {
+            printf("no norm_fwd in %s\n", cubin);
+            return 1;
+        }
+        int regs = 0;
+        cuFuncGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, g_tefl);
+        printf("tefl's norm_fwd from %s: %d registers\n", cubin, regs);
+    }
     const struct {
         const char* name;
         Run run;
@@ -227,8 +257,10 @@ int main(int argc, char** argv) {
         {"copy, plain loads", run_copy<PLAIN, false>},
         {"copy, kept", run_copy<KEEP, false>},
         {"copy, kept and released", run_copy<KEEP, true>},
+        {"tefl's norm_fwd (cubin)", run_tefl},
     };
-    const int nv = sizeof(variants) / sizeof(variants[0]);
+    // tefl's kernel (the last) only with a cubin given.
+    const int nv = sizeof(variants) / sizeof(variants[0]) - (cubin ? 0 : 1);
     cudaStream_t s;
     cudaStreamCreate(&s);
     cudaEvent_t a[20], e[20];
