@@ -367,15 +367,15 @@ pub fn parse_token(var: &'static str, raw: &str) -> Result<Token> {
     let need = |a: Option<&str>, what: &str| -> Result<String> {
         match a {
             Some(a) if valid_name(a) => Ok(a.to_string()),
-            _ => Err(Error::config(var, t, format!("'{head}:' needs a {what}"))),
+            _ => Err(Error::config(var, t, format!("'{head}:' needs {what}"))),
         }
     };
     match (head.as_str(), arg) {
         ("flagos" | "default", None) => Ok(Token::Flagos),
         ("vendor", None) => Ok(Token::Vendor),
         ("reference", None) => Ok(Token::Reference),
-        ("vendor", a) => Ok(Token::VendorNamed(need(a, "vendor name")?.to_ascii_lowercase())),
-        ("impl", a) => Ok(Token::Impl(need(a, "impl id")?)),
+        ("vendor", a) => Ok(Token::VendorNamed(need(a, "a vendor name")?.to_ascii_lowercase())),
+        ("impl", a) => Ok(Token::Impl(need(a, "an impl id")?)),
         ("flagos" | "default" | "reference", Some(_)) => {
             Err(Error::config(var, t, format!("'{head}' takes no ':' argument")))
         }
@@ -711,6 +711,12 @@ mod tests {
             let (var, token) = config_err(policy(&[("TE_FL_PER_OP", value)]));
             assert_eq!(var, "TE_FL_PER_OP");
             assert_eq!(&token, bad, "for {value:?}");
+        }
+        // The reason reads as a sentence naming what is missing.
+        for (value, says) in [("rmsnorm_fwd=vendor:", "needs a vendor name"), ("rmsnorm_fwd=impl:", "needs an impl id")]
+        {
+            let e = policy(&[("TE_FL_PER_OP", value)]).unwrap_err().to_string();
+            assert!(e.contains(says), "{e}");
         }
     }
 
