@@ -1,5 +1,5 @@
-//! The dispatch core in one screen: build a registry of everything linked in, register a
-//! run-time vendor impl ("acme"), route `rmsnorm_fwd` with the `TE_FL_*` variables, call it,
+//! The dispatch core in one screen: build a registry of everything linked in (and the plugins
+//! of `TE_FL_PLUGIN_MODULES`), register a run-time vendor impl ("acme"), route `rmsnorm_fwd` with the `TE_FL_*` variables, call it,
 //! check the result and show why that impl was chosen.
 //!
 //! ```sh
@@ -41,6 +41,8 @@ fn run() -> tefl::Result<()> {
     let env = EnvConfig::from_env()?;
 
     let mut registry = Registry::with_builtins();
+    // Plugins named in TE_FL_PLUGIN_MODULES join too, as in `Manager::from_env`.
+    tefl::plugin::load_plugins(&mut registry, &env.plugin_modules);
     registry.register_impl(
         OpImpl::new::<RmsNormFwd>("vendor.acme", BackendImplKind::Vendor, acme_rmsnorm)
             .vendor("acme")
