@@ -513,6 +513,30 @@ def test_bad_input_is_a_named_python_error():
         tex.generic_gemm(rand(4, 8), True, rand(4, 8), False, None, None, None, None, None, False, None, False, None, 0, False, False)
 
 
+def test_errors_give_tes_name_of_a_renamed_argument():
+    # tefl's catalogue names the arguments x, gamma, a, b, dy ...; the TE function's own names
+    # follow them in the message, so the caller finds the one they passed.
+    x = rand(3, 8)
+    with pytest.raises(ValueError, match=r"argument 'gamma' \(TE's 'weight'\) has shape \[5\]"):
+        tex.rmsnorm_fwd(x, rand(5), 1e-5, None, None, None, 0, False)
+    with pytest.raises(ValueError, match=r"argument 'beta' \(TE's 'bias'\)"):
+        tex.layernorm_fwd(x, rand(8), rand(3), 1e-5, None, None, None, 0, False)
+    with pytest.raises(ValueError, match=r"argument 'x' \(TE's 'input'\) is not contiguous"):
+        tex.rmsnorm_fwd(rand(3, 16)[:, ::2], rand(8), 1e-5, None, None, None, 0, False)
+    # TE's D = op(B)·op(A): its A is tefl's b.
+    with pytest.raises(ValueError, match=r"argument 'b' \(TE's 'A'\) has dtype i32"):
+        tex.generic_gemm(
+            np.ones((4, 8), np.int32), True, rand(3, 8), False, None, None, "float32", None, None, False, None, False, None, 0, False, False
+        )
+    with pytest.raises(ValueError, match=r"argument 'dy' \(TE's 'output_grads'\)"):
+        tex.scaled_softmax_backward(rand(2, 4), rand(2, 5), 1.0)
+    with pytest.raises(ValueError, match=r"argument 'p' \(TE's 'dropout_probability'\)"):
+        tex.dropout_fwd(x, 1.5)
+    # An argument both name alike is named once.
+    with pytest.raises(ValueError, match=r"argument 'eps' is invalid"):
+        tex.rmsnorm_fwd(x, rand(8), -1.0, None, None, None, 0, False)
+
+
 def test_overlapping_views_written_in_place_are_refused():
     # Each argument is imported on its own, so the check goes by memory: two views of one array
     # (or overlapping slices of it) written in place would race.

@@ -11,7 +11,8 @@ FP8 goes through ``Float8Quantizer`` (the norms' and ``generic_gemm``'s ``quanti
 ``Float8Tensor`` (``generic_gemm``'s A and B). Arguments tefl does not support yet (other kinds
 of quantizer, an attention bias, context parallelism, ...) raise ``NotImplementedError`` naming
 them; bad values raise ``ValueError``/``TypeError`` naming
-the argument; an impl failure with no fallback left raises ``RuntimeError`` naming the impls,
+the argument (tefl's name, and TE's after it where they differ: ``argument 'gamma' (TE's
+'weight')``); an impl failure with no fallback left raises ``RuntimeError`` naming the impls,
 and a call that could not get its memory ``tefl.OutOfMemoryError`` (a ``RuntimeError``).
 Scalar arguments take any number (Python, numpy, a one-element tensor), not strings. TE's
 ``sm_margin`` (SMs the norms leave to other kernels) is checked as TE's C++ int and otherwise
@@ -19,6 +20,7 @@ ignored: tefl's kernels take the whole device.
 """
 
 import operator
+import re
 
 from . import _native
 from ._core import call, dtype_name, global_manager, kind_of
@@ -242,6 +244,30 @@ def _store(ln_out, y):
     return ln_out
 
 
+_ARGUMENT = re.compile(r"argument '(\w+)'")
+
+
+def _call_te(op, args, te_names, **kw):
+    """``call`` for a TE function whose arguments tefl names otherwise (``te_names``: tefl's
+    name to TE's): a ValueError or TypeError naming such an argument names TE's too, e.g.
+    ``argument 'gamma' (TE's 'weight')``."""
+    try:
+        return call(op, args, **kw)
+    except (ValueError, TypeError) as e:
+        if e.args and isinstance(e.args[0], str):
+
+            def both(m):
+                theirs = te_names.get(m.group(1))
+                return f"{m.group(0)} (TE's '{theirs}')" if theirs and theirs != m.group(1) else m.group(0)
+
+            e.args = (_ARGUMENT.sub(both, e.args[0], count=1),) + e.args[1:]
+        raise
+
+
+# TE's names of the norm forwards' arguments where tefl's differ (for error messages).
+_NORM_NAMES = {"x": "input", "gamma": "weight", "beta": "bias"}
+
+
 def rmsnorm_fwd(input, weight, eps, ln_out=None, quantizer=None, otype=None, sm_margin=0, zero_centered_gamma=False):
     """``-> (out, None, rsigma)``: out = input·rsigma·weight (weight + 1 when zero-centred).
 
@@ -251,7 +277,7 @@ def rmsnorm_fwd(input, weight, eps, ln_out=None, quantizer=None, otype=None, sm_
     kind = kind_of([input])
     args = {"x": input, "gamma": weight, "eps": _real("eps", eps), "zero_centered_gamma": zc}
     q = _norm_out(args, "rmsnorm_fwd", input, ln_out, quantizer, otype)
-    out = call("rmsnorm_fwd", args, kind=kind)
+    out = _call_te("rmsnorm_fwd", args, kind=kind, te_names=_NORM_NAMES)
     return _norm_result(out, ln_out, quantizer, q), None, out["rsigma"]
 
 
@@ -281,9 +307,10 @@ def _norm_result(out, ln_out, quantizer, q):
 def rmsnorm_bwd(dz, x, rsigma, gamma, sm_margin=0, zero_centered_gamma=False):
     """``-> (dx, dgamma)``."""
     zc = _zero_centered(sm_margin, zero_centered_gamma)
-    out = call(
+    out = _call_te(
         "rmsnorm_bwd",
         {"dy": dz, "x": x, "rsigma": rsigma, "gamma": gamma, "zero_centered_gamma": zc},
+        te_names={"dy": "dz"},
     )
     return out["dx"], out["dgamma"]
 
@@ -291,7 +318,7 @@ def rmsnorm_bwd(dz, x, rsigma, gamma, sm_margin=0, zero_centered_gamma=False):
 def rmsnorm_bwd_add(dz, x, add, rsigma, gamma, sm_margin=0, zero_centered_gamma=False):
     """``-> (dx, dgamma)``: as ``rmsnorm_bwd``, with ``add`` added to dx (a residual's gradient)."""
     zc = _zero_centered(sm_margin, zero_centered_gamma)
-    out = call(
+    out = _call_te(
         "rmsnorm_bwd_add",
         {
             "dy": dz,
@@ -301,6 +328,7 @@ def rmsnorm_bwd_add(dz, x, add, rsigma, gamma, sm_margin=0, zero_centered_gamma=
             "add": add,
             "zero_centered_gamma": zc,
         },
+        te_names={"dy": "dz"},
     )
     return out["dx"], out["dgamma"]
 
@@ -313,16 +341,17 @@ def layernorm_fwd(
     kind = kind_of([input])
     args = {"x": input, "gamma": weight, "beta": bias, "eps": _real("eps", eps), "zero_centered_gamma": zc}
     q = _norm_out(args, "layernorm_fwd", input, ln_out, quantizer, otype)
-    out = call("layernorm_fwd", args, kind=kind)
+    out = _call_te("layernorm_fwd", args, kind=kind, te_names=_NORM_NAMES)
     return _norm_result(out, ln_out, quantizer, q), out["mu"], out["rsigma"]
 
 
 def layernorm_bwd(dz, x, mu, rsigma, gamma, sm_margin=0, zero_centered_gamma=False):
     """``-> (dx, dgamma, dbeta)``."""
     zc = _zero_centered(sm_margin, zero_centered_gamma)
-    out = call(
+    out = _call_te(
         "layernorm_bwd",
         {"dy": dz, "x": x, "mu": mu, "rsigma": rsigma, "gamma": gamma, "zero_centered_gamma": zc},
+        te_names={"dy": "dz"},
     )
     return out["dx"], out["dgamma"], out["dbeta"]
 
@@ -461,7 +490,11 @@ def generic_gemm(
         "out_dtype": out_dtype,
         "split_accumulator": _flag("use_split_accumulator", use_split_accumulator),
     }
-    out = call("generic_gemm", args, kind=kind)
+    # (which of TE's A and B is tefl's a follows from the orientation picked above)
+    te_a, te_b = ("B", "A") if left is B2 else ("A", "B")
+    gemm_names = {"a": te_a, "b": te_b, "a_scale_inv": te_a + "_scale_inv", "b_scale_inv": te_b + "_scale_inv"}
+    gemm_names.update({"c": "D", "aux": "gelu_in"})
+    out = _call_te("generic_gemm", args, kind=kind, te_names=gemm_names)
     d = out["d"]
     if q is not None:
         _raise_amax(quantizer.amax, out["d_amax"])
@@ -728,7 +761,7 @@ def _rope(op, input, freqs, start_positions, qkv_format, interleaved, cu_seqlens
         "layout": _qkv_format(qkv_format),
         "interleaved": _flag("interleaved", interleaved),
     }
-    return call(op, args)["y"]
+    return _call_te(op, args, te_names={"x": "input" if op == "fused_rope_forward" else "output_grads"})["y"]
 
 
 def fused_rope_forward(
@@ -754,13 +787,14 @@ def _softmax_fwd(name, masked):
     if masked:
 
         def forward(input, mask, scale_factor):
-            return call(name, {"x": input, "mask": mask, "scale": _real("scale_factor", scale_factor)})["y"]
+            args = {"x": input, "mask": mask, "scale": _real("scale_factor", scale_factor)}
+            return _call_te(name, args, te_names={"x": "input"})["y"]
 
         forward.__doc__ = f"TE's ``{name}(input, mask, scale_factor)``: softmax(scale·input), masked where mask is set."
     else:
 
         def forward(input, scale_factor):
-            return call(name, {"x": input, "scale": _real("scale_factor", scale_factor)})["y"]
+            return _call_te(name, {"x": input, "scale": _real("scale_factor", scale_factor)}, te_names={"x": "input"})["y"]
 
         forward.__doc__ = f"TE's ``{name}(input, scale_factor)``."
     forward.__name__ = name
@@ -769,7 +803,8 @@ def _softmax_fwd(name, masked):
 
 def _softmax_bwd(name):
     def backward(output_grads, softmax_results, scale_factor):
-        return call(name, {"dy": output_grads, "y": softmax_results, "scale": _real("scale_factor", scale_factor)})["dx"]
+        args = {"dy": output_grads, "y": softmax_results, "scale": _real("scale_factor", scale_factor)}
+        return _call_te(name, args, te_names={"dy": "output_grads", "y": "softmax_results"})["dx"]
 
     backward.__name__ = name
     backward.__doc__ = f"TE's ``{name}(output_grads, softmax_results, scale_factor)``."
@@ -788,7 +823,7 @@ def _act(name):
     def forward(input, quantizer=None):
         if quantizer is not None:
             _unsupported(name, quantizer=(quantizer, _none))
-        return call(name, {"x": input})["y"]
+        return _call_te(name, {"x": input}, te_names={"x": "input"})["y"]
 
     forward.__name__ = name
     forward.__doc__ = f"TE's ``{name}(input, quantizer)``."
@@ -828,7 +863,8 @@ for _n in ["dbias_dgelu", "dbias_dsilu", "dbias_drelu", "dbias_dqgelu", "dbias_d
 
 def clamped_swiglu(input, quantizer=None, limit=7.0, alpha=1.702):
     _unsupported("clamped_swiglu", quantizer=(quantizer, _none))
-    return call("clamped_swiglu", {"x": input, "limit": _real("limit", limit), "alpha": _real("alpha", alpha)})["y"]
+    args = {"x": input, "limit": _real("limit", limit), "alpha": _real("alpha", alpha)}
+    return _call_te("clamped_swiglu", args, te_names={"x": "input"})["y"]
 
 
 def clamped_dswiglu(grad, input, quantizer=None, limit=7.0, alpha=1.702):
@@ -1006,10 +1042,11 @@ def fused_amax_and_scale_update_after_reduction(amax_history, scale, scale_inv, 
 def dropout_fwd(input, dropout_probability, seed=0, offset=0):
     """``-> (output, mask)``."""
     p = _real("dropout_probability", dropout_probability)
-    out = call("dropout_fwd", {"x": input, "p": p, "seed": _integer("seed", seed), "offset": _integer("offset", offset)})
+    args = {"x": input, "p": p, "seed": _integer("seed", seed), "offset": _integer("offset", offset)}
+    out = _call_te("dropout_fwd", args, te_names={"x": "input", "p": "dropout_probability"})
     return out["y"], out["mask"]
 
 
 def dropout_bwd(grad_output, mask, dropout_probability):
     p = _real("dropout_probability", dropout_probability)
-    return call("dropout_bwd", {"dy": grad_output, "mask": mask, "p": p})["dx"]
+    return _call_te("dropout_bwd", {"dy": grad_output, "mask": mask, "p": p}, te_names={"dy": "grad_output", "p": "dropout_probability"})["dx"]
