@@ -417,6 +417,9 @@ fn explain_gives_reasons_and_validation_comes_first() {
     let text = ex.to_string();
     assert!(text.contains("#1") && text.contains("dropped"), "{text}");
     assert!(matches!(m.explain("no_such_op", &Device::CPU, DType::F32), Err(Error::UnknownOp(_))));
+    // A near miss names the op it was probably meant to be.
+    let e = m.explain("rmsnorm_fwdd", &Device::CPU, DType::F32).unwrap_err().to_string();
+    assert!(e.contains("did you mean rmsnorm_fwd"), "{e}");
     // On cuda only the cuda impl and the (staged) reference are candidates.
     let ex = m.explain("rmsnorm_fwd", &Device::cuda(0), DType::F32).unwrap();
     assert_eq!(ex.chain(), ["vendor.cuda", "reference.cpu"]);

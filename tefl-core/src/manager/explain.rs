@@ -7,7 +7,7 @@ use crate::device::read_lock;
 use crate::op::{Op, OpArgs};
 use crate::policy::{SelectionPolicy, Token};
 use crate::registry::{BackendImplKind, OpImpl};
-use crate::{DType, Device, Error, Result, catalogue};
+use crate::{DType, Device, Result, catalogue};
 
 use super::Manager;
 
@@ -99,7 +99,7 @@ impl Manager {
             .map(|d| d.name)
             .or_else(|| read_lock(&self.registry).all_impls().find(|i| i.op() == op).map(|i| i.op()));
         let Some(op) = known else {
-            return Err(Error::UnknownOp(op.to_string()));
+            return Err(crate::dynargs::unknown_op(op));
         };
         let mut ex = self.resolve(op, *device, dtype, &self.effective_policy());
         self.name_kernels(&mut ex);
