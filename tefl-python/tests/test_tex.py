@@ -532,6 +532,15 @@ def test_errors_give_tes_name_of_a_renamed_argument():
         tex.scaled_softmax_backward(rand(2, 4), rand(2, 5), 1.0)
     with pytest.raises(ValueError, match=r"argument 'p' \(TE's 'dropout_probability'\)"):
         tex.dropout_fwd(x, 1.5)
+    # The multi-tensor ops' lists are TE's tensor_lists[i].
+    noop = np.zeros(1, np.int32)
+    g, p, m = [rand(5)], [rand(5)], [np.zeros(5, np.float32)]
+    with pytest.raises(ValueError, match=r"argument 'exp_avg_sq' \(TE's 'tensor_lists\[3\]'\)"):
+        tex.multi_tensor_adam(65536, noop, [g, p, m, [np.zeros(4, np.float32)]], 1e-3, 0.9, 0.999, 1e-8, 1, 1, 1, 0.0)
+    with pytest.raises(ValueError, match=r"argument 'master_params' \(TE's 'tensor_lists\[4\]'\)"):
+        tex.multi_tensor_adam(65536, noop, [g, p, m, [np.zeros(5, np.float32)], [rand(3)]], 1e-3, 0.9, 0.999, 1e-8, 1, 1, 1, 0.0)
+    with pytest.raises(ValueError, match=r"argument 'eps' \(TE's 'epsilon'\)"):
+        tex.multi_tensor_adam(65536, noop, [g, p, m, [np.zeros(5, np.float32)]], 1e-3, 0.9, 0.999, -1.0, 1, 1, 1, 0.0)
     # An argument both name alike is named once.
     with pytest.raises(ValueError, match=r"argument 'eps' is invalid"):
         tex.rmsnorm_fwd(x, rand(8), -1.0, None, None, None, 0, False)

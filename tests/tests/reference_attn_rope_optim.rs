@@ -525,6 +525,17 @@ fn bad_input_is_rejected_with_the_argument_named() {
         },
     };
     assert_eq!(names(m.call::<MultiTensorAdam>(&adam).unwrap_err()), "params");
+    // The master variant names its own f32 list.
+    let master = MultiTensorAdamMasterArgs {
+        noop_flag: noop(),
+        grads: vec![f(&[3])],
+        model_params: vec![f(&[3])],
+        master_params: vec![f(&[4])],
+        exp_avg: vec![f(&[3])],
+        exp_avg_sq: vec![f(&[3])],
+        hyper: adam.hyper,
+    };
+    assert_eq!(names(m.call::<MultiTensorAdamMaster>(&master).unwrap_err()), "master_params");
     let mask = Tensor::zeros([1, 1, 3, 5], DType::U8, &tefl_core::Device::CPU).unwrap();
     let e =
         m.call::<ScaledMaskedSoftmaxForward>(&MaskedSoftmaxArgs { x: f(&[2, 2, 3, 4]), mask, scale: 1.0 }).unwrap_err();

@@ -215,7 +215,7 @@ declare_op! {
     validate(a) {
         const OP: &str = "multi_tensor_adam";
         check_noop(OP, &a.noop_flag)?;
-        check_adam(OP, &a.grads, &a.params, &a.exp_avg, &a.exp_avg_sq, &a.hyper)
+        check_adam(OP, &a.grads, ("params", &a.params), &a.exp_avg, &a.exp_avg_sq, &a.hyper)
     }
 }
 
@@ -245,7 +245,7 @@ declare_op! {
     validate(a) {
         const OP: &str = "multi_tensor_adam_master";
         check_noop(OP, &a.noop_flag)?;
-        check_adam(OP, &a.grads, &a.master_params, &a.exp_avg, &a.exp_avg_sq, &a.hyper)?;
+        check_adam(OP, &a.grads, ("master_params", &a.master_params), &a.exp_avg, &a.exp_avg_sq, &a.hyper)?;
         check_f32_list(OP, "master_params", &a.master_params)?;
         check_list(OP, "model_params", &a.model_params, true)?;
         check::same_len(OP, "model_params", a.model_params.len(), a.master_params.len())?;
@@ -253,17 +253,20 @@ declare_op! {
     }
 }
 
+/// The checks both Adams share; `params` is the list Adam updates in f32 by its argument name
+/// (`params`, or the master variant's `master_params`).
 fn check_adam(
     op: &'static str,
     grads: &[Tensor],
-    params: &[Tensor],
+    params: (&'static str, &[Tensor]),
     m: &[Tensor],
     v: &[Tensor],
     h: &AdamHyper,
 ) -> Result<()> {
+    let (params_name, params) = params;
     check_list(op, "grads", grads, true)?;
-    check_list(op, "params", params, true)?;
-    for (name, list) in [("params", params), ("exp_avg", m), ("exp_avg_sq", v)] {
+    check_list(op, params_name, params, true)?;
+    for (name, list) in [(params_name, params), ("exp_avg", m), ("exp_avg_sq", v)] {
         check::same_len(op, name, list.len(), grads.len())?;
         check::pairwise_shapes(op, name, list, grads)?;
     }

@@ -890,25 +890,33 @@ def _lists(fn, chunk_size, tensor_lists, n):
     return [list(x) for x in tensor_lists]
 
 
+def _list_names(*names):
+    """TE's names of a multi-tensor op's lists (``tensor_lists[i]``), by tefl's names, in order."""
+    return {n: f"tensor_lists[{i}]" for i, n in enumerate(names) if n is not None}
+
+
 def multi_tensor_scale(chunk_size, noop_flag, tensor_lists, scale):
     """dst = src·scale over ``tensor_lists = [src, dst]``; noop_flag set on inf/NaN."""
     src, dst = _lists("multi_tensor_scale", chunk_size, tensor_lists, (2,))
-    call("multi_tensor_scale", {"noop_flag": noop_flag, "src": src, "dst": dst, "scale": _real("scale", scale)})
+    args = {"noop_flag": noop_flag, "src": src, "dst": dst, "scale": _real("scale", scale)}
+    _call_te("multi_tensor_scale", args, te_names=_list_names("src", "dst"))
 
 
 def multi_tensor_l2norm(chunk_size, noop_flag, tensor_lists, per_tensor=False):
     """``-> (total_norm, per_tensor_norms)``."""
     (tensors,) = _lists("multi_tensor_l2norm", chunk_size, tensor_lists, (1,))
-    out = call("multi_tensor_l2norm", {"noop_flag": noop_flag, "tensors": tensors, "per_tensor": _flag("per_tensor", per_tensor)})
+    args = {"noop_flag": noop_flag, "tensors": tensors, "per_tensor": _flag("per_tensor", per_tensor)}
+    out = _call_te("multi_tensor_l2norm", args, te_names=_list_names("tensors"))
     return out["total"], out["per_tensor_norms"]
 
 
 def multi_tensor_unscale_l2norm(chunk_size, noop_flag, tensor_lists, inv_scale, per_tensor=False):
     """``-> (total_norm, per_tensor_norms)`` of the tensors times ``inv_scale``."""
     (tensors,) = _lists("multi_tensor_unscale_l2norm", chunk_size, tensor_lists, (1,))
-    out = call(
+    out = _call_te(
         "multi_tensor_unscale_l2norm",
         {"noop_flag": noop_flag, "tensors": tensors, "inv_scale": inv_scale, "per_tensor": _flag("per_tensor", per_tensor)},
+        te_names=_list_names("tensors"),
     )
     return out["total"], out["per_tensor_norms"]
 
@@ -939,13 +947,14 @@ def multi_tensor_adam(
     }
     if len(lists) == 4:
         g, p, m, v = lists
-        call(
+        _call_te(
             "multi_tensor_adam",
             {"noop_flag": noop_flag, "grads": g, "params": p, "exp_avg": m, "exp_avg_sq": v, "hyper": hyper},
+            te_names={**_list_names("grads", "params", "exp_avg", "exp_avg_sq"), "eps": "epsilon"},
         )
     else:
         g, p, m, v, master = lists
-        call(
+        _call_te(
             "multi_tensor_adam_master",
             {
                 "noop_flag": noop_flag,
@@ -956,6 +965,10 @@ def multi_tensor_adam(
                 "exp_avg_sq": v,
                 "hyper": hyper,
             },
+            te_names={
+                **_list_names("grads", "model_params", "exp_avg", "exp_avg_sq", "master_params"),
+                "eps": "epsilon",
+            },
         )
 
 
@@ -964,7 +977,7 @@ def multi_tensor_sgd(
 ):
     """SGD with momentum in place over ``[grads, params, momentum_bufs]``."""
     g, p, mom = _lists("multi_tensor_sgd", chunk_size, tensor_lists, (3,))
-    call(
+    _call_te(
         "multi_tensor_sgd",
         {
             "noop_flag": noop_flag,
@@ -980,13 +993,14 @@ def multi_tensor_sgd(
             "wd_after_momentum": _flag("wd_after_momentum", wd_after_momentum),
             "scale": _real("scale", scale),
         },
+        te_names={**_list_names("grads", "params", "momentum_buf"), "weight_decay": "wd"},
     )
 
 
 def multi_tensor_compute_scale_and_scale_inv(chunk_size, noop_flag, tensor_lists, max_fp8, force_pow_2_scales, epsilon):
     """FP8 scales from amaxes in place over ``[amaxes, scales, scale_invs]``."""
     amax, scale, scale_inv = _lists("multi_tensor_compute_scale_and_scale_inv", chunk_size, tensor_lists, (3,))
-    call(
+    _call_te(
         "multi_tensor_compute_scale_and_scale_inv",
         {
             "noop_flag": noop_flag,
@@ -997,6 +1011,7 @@ def multi_tensor_compute_scale_and_scale_inv(chunk_size, noop_flag, tensor_lists
             "force_pow_2": _flag("force_pow_2_scales", force_pow_2_scales),
             "epsilon": _real("epsilon", epsilon),
         },
+        te_names={**_list_names("amax", "scale", "scale_inv"), "fp8_max": "max_fp8", "force_pow_2": "force_pow_2_scales"},
     )
 
 
