@@ -6,7 +6,7 @@
 //!
 //! Spellings: enums by their snake_case variant names (`"causal_bottom_right"`, `"adamw"`), dtypes
 //! by their tefl names (`"bf16"`), [`AttnWindow`] as a pair `[left, right]` (−1 or `None`:
-//! unbounded), [`AdamHyper`] as a map of its fields.
+//! unbounded; other negatives are refused), [`AdamHyper`] as a map of its fields.
 
 use crate::catalogue::{AdamHyper, AdamMode, AmaxAlgo, AttnMask, AttnWindow, GemmEpilogue, QkvLayout};
 use crate::{DType, Error, Manager, Result, Tensor};
@@ -283,8 +283,12 @@ impl DynField for AttnWindow {
     fn from_value(op: &'static str, field: &'static str, v: Option<Value>) -> Result<Self> {
         let side = |x: Value| -> Result<Option<usize>> {
             match x {
-                Value::None => Ok(None),
-                Value::Int(i) if i < 0 => Ok(None),
+                Value::None | Value::Int(-1) => Ok(None),
+                Value::Int(i) if i < 0 => Err(Error::InvalidArgument {
+                    op,
+                    arg: field,
+                    reason: format!("a side is -1 (unbounded) or at least 0, got {i}"),
+                }),
                 Value::Int(i) => usize::try_from(i).map(Some).map_err(|_| Error::InvalidArgument {
                     op,
                     arg: field,

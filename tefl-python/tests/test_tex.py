@@ -288,6 +288,9 @@ def test_fused_attention(causal):
         tex.fused_attn_fwd(s, s, True, scale, 0.0, True, "bs3hd", "no_bias", mask, None, None, None, q, k, v)
     with pytest.raises(ValueError, match="window_size"):
         tex.fused_attn_fwd(s, s, True, scale, 0.0, True, "bshd_bshd_bshd", "no_bias", mask, (4,), None, None, q, k, v)
+    # A side of the window is -1 (unbounded) or a count of keys; no other negative.
+    with pytest.raises(ValueError, match=r"argument 'window' \(TE's 'window_size'\).*-5"):
+        tex.fused_attn_fwd(s, s, True, scale, 0.0, True, "bshd_bshd_bshd", "no_bias", mask, (-5, 0), None, None, q, k, v)
     # v's head dim must be that of q and k (o takes q's shape).
     with pytest.raises(ValueError, match="'v'"):
         tex.fused_attn_fwd(s, s, True, scale, 0.0, True, "bshd_bshd_bshd", "no_bias", mask, None, None, None, q, k, v[..., :8].copy())

@@ -557,6 +557,22 @@ def _no_bias(bias_type):
     return bias_type is None or str(bias_type).lower().endswith("no_bias")
 
 
+# TE's names of the attention arguments where tefl's differ (for error messages).
+_ATTN_NAMES = {
+    "q": "Q",
+    "k": "K",
+    "v": "V",
+    "scale": "attn_scale",
+    "dropout_p": "p_dropout",
+    "window": "window_size",
+    "mask": "attn_mask_type",
+    "layout": "qkv_layout",
+    "o": "O",
+    "d_o": "dO",
+    "softmax_lse": "Aux_CTX_Tensors[0]",
+}
+
+
 def _attn_args(Q, K, V, cu_q, cu_kv, qkv_layout, attn_mask_type, attn_scale, p, seed, offset, window_size, max_seqlen):
     """The arguments tefl's attention forward and backward share, from TE's. ``max_seqlen``: TE's
     (max_seqlen_q, max_seqlen_kv), bounds on the thd sequence lengths; with them a thd call whose
@@ -644,7 +660,7 @@ def fused_attn_fwd(
         Q, K, V, cu_seqlens_q, cu_seqlens_kv, qkv_layout, attn_mask_type, attn_scale, p, seed, offset, window_size,
         (max_seqlen_q, max_seqlen_kv),
     )
-    out = call("fused_attn_fwd", args)
+    out = _call_te("fused_attn_fwd", args, te_names=_ATTN_NAMES)
     return [out["o"], out["softmax_lse"], _rng_state(Q, seed, offset)]
 
 
@@ -731,7 +747,7 @@ def fused_attn_bwd(
         (max_seqlen_q, max_seqlen_kv),
     )
     args.update({"o": O, "d_o": dO, "softmax_lse": lse, "deterministic": _flag("deterministic", deterministic)})
-    out = call("fused_attn_bwd", args)
+    out = _call_te("fused_attn_bwd", args, te_names=_ATTN_NAMES)
     return [out["dq"], out["dk"], out["dv"], None]
 
 
