@@ -369,7 +369,10 @@ pub fn call_impl_by_name(
     (desc.call_dyn)(manager, NamedValues::new(desc.name, args), Some(impl_id))
 }
 
-/// The error of an op name that is not in the catalogue (its message gives the closest name).
+/// The error of an op name that is not in the catalogue, with the closest name as a hint.
 pub(crate) fn unknown_op(name: &str) -> Error {
-    Error::UnknownOp(name.to_string())
+    match crate::catalogue::closest(name) {
+        Some(c) => Error::UnknownOp(format!("{name} (did you mean {c}?)")),
+        None => Error::UnknownOp(name.to_string()),
+    }
 }

@@ -117,8 +117,9 @@ pub enum Error {
         /// The impl id.
         impl_id: String,
     },
-    /// An op name that is not in the catalogue (the message names the closest one there is).
-    #[error("unknown op '{0}' (not in the op catalogue{hint})", hint = closest_hint(.0))]
+    /// An op name that is not in the catalogue (with the closest one there is, when one is close:
+    /// `rmsnorm_fw (did you mean rmsnorm_fwd?)`).
+    #[error("unknown op '{0}' (not in the op catalogue)")]
     UnknownOp(String),
     /// No implementation survived selection for this call.
     #[error("no implementation of op '{op}' for {device} ({dtype}): {reason}")]
@@ -228,9 +229,4 @@ fn cut(s: &str, max: usize) -> String {
     }
     let head: String = s.chars().take(max).collect();
     format!("{head}... ({total} chars in all)")
-}
-
-/// "; did you mean <op>?" for an op name that is not in the catalogue, when one is close.
-fn closest_hint(name: &str) -> String {
-    crate::catalogue::closest(name).map(|c| format!("; did you mean {c}?")).unwrap_or_default()
 }
