@@ -143,4 +143,15 @@ fn bad_arguments_are_errors_naming_them() {
         let e = call_by_name(manager(), "fused_attn_fwd", args.clone()).unwrap_err();
         assert!(matches!(e, Error::InvalidArgument { arg: "seed", .. }), "{bad}: {e}");
     }
+    // A window side is -1 (or None: unbounded) or a count of keys; no other negative.
+    for (k, v) in &mut args {
+        if k == "seed" {
+            *v = Value::Int(0);
+        }
+        if k == "window" {
+            *v = Value::List(vec![Value::Int(-5), Value::Int(0)]);
+        }
+    }
+    let e = call_by_name(manager(), "fused_attn_fwd", args).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { arg: "window", .. }) && e.to_string().contains("-5"), "{e}");
 }
