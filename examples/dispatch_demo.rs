@@ -1,6 +1,6 @@
 //! The dispatch core in one screen: build a registry of everything linked in (and the plugins
-//! of `TE_FL_PLUGIN_MODULES`), register a run-time vendor impl ("acme"), route `rmsnorm_fwd` with the `TE_FL_*` variables, call it,
-//! check the result and show why that impl was chosen.
+//! of `TE_FL_PLUGIN_MODULES`), register a run-time vendor impl ("acme"), route `rmsnorm_fwd`
+//! with the `TE_FL_*` variables, call it, check the result and show why that impl was chosen.
 //!
 //! ```sh
 //! TEFL_LOG_LEVEL=INFO TE_FL_PER_OP='rmsnorm_fwd=vendor:acme|reference' cargo run --example dispatch_demo
