@@ -82,41 +82,37 @@ fn kernel(
     OnDevice::new(ctx.device, variant(op, t, is_ln, cfg, ring, keep_l2)?)
 }
 
-/// Whether the RMSNorm forward of `x` loads x with an L2 evict_last policy and releases each
-/// line once its row is stored (`load_kept` / `release_after` in the prelude; plain loads on
-/// targets without them): where the tune configs' `norm_fwd_l2.keep_min_mib` is set (the
-/// Hopper file) and x has at least that many MiB. Not for LayerNorm or FP8 outputs, which
-/// measured slower with it (the Hopper tune configs have the figures).
-fn keep_l2(ctx: &KernelCtx<'_>, is_ln: bool, out_dtype: DType, x: &Tensor) -> Result<bool> {
+/// Whether the RMSNorm forward of `x` loads x with an L2 evict_last policy, and if so the first
+/// row whose lines it puts back to the normal priority once the row is stored (`load_kept` /
+/// `release_after` in the prelude; plain loads on targets without them): kept where the tune
+/// configs' `norm_fwd_l2.keep_min_mib` is set (the Hopper file) and x has at least that many
+/// MiB. Not for LayerNorm or FP8 outputs, which measured slower with it (the Hopper tune configs
+/// have the figures).
+///
+/// Released are the rows of x's last `norm_fwd_l2.release_last_mib` MiB (every row where that is
+/// unset). Only lines loaded that late can still be in L2 when the kernel ends (the earlier ones
+/// have made room for later evict_last lines), and releasing the others costs time: on an H200
+/// (2026-12-03, scripts/l2_policy_bench.cu, 16384 x 8192 bf16, three rounds) releasing every row
+/// took 0.1304-0.1306 ms, the last 8192 rows (128 MiB) 0.1295-0.1296, the last 4096 (64 MiB)
+/// 0.1289-0.1292, none 0.1287-0.1292; a 24 MB buffer read twice right after took 0.0069-0.0070
+/// ms for its second read after each released form, 0.0093 after the unreleased one. In tefl
+/// (`bench --backend nvidia --only "rmsnorm_fwd 16384"`, each form twice in turns): every row
+/// released 0.132 / 0.132 ms, the last 64 MiB 0.131 / 0.130, none 0.130 / 0.130.
+fn keep_l2(ctx: &KernelCtx<'_>, is_ln: bool, out_dtype: DType, x: &Tensor) -> Result<Option<usize>> {
     if is_ln || out_dtype.is_fp8() {
-        return Ok(false);
+        return Ok(None);
     }
     let table = tune_table(ctx.device)?;
-    let min_mib = table.configs("norm_fwd_l2").first().and_then(|c| c.get("keep_min_mib")).and_then(|v| v.as_int());
+    let config = table.configs("norm_fwd_l2").first();
+    let mib_of = |key: &str| config.and_then(|c| c.get(key)).and_then(|v| v.as_int());
     let bytes = (x.numel() * x.dtype().size_in_bytes()) as u64;
-    Ok(min_mib.is_some_and(|m| m > 0 && bytes >= (m as u64).saturating_mul(1 << 20)))
-}
-
-/// The first row of `x` whose x lines a kept forward ([`keep_l2`]) puts back to the normal
-/// eviction priority: the rows of its last `norm_fwd_l2.release_last_mib` MiB (the tune
-/// configs; every row where that is unset). Only lines loaded that late can still be in L2 when
-/// the kernel ends (the earlier ones have made room for later evict_last lines), and releasing
-/// the others costs time: on an H200 (2026-12-03, scripts/l2_policy_bench.cu, 16384 x 8192
-/// bf16, three rounds) releasing every row took 0.1304-0.1306 ms, the last 8192 rows (128 MiB)
-/// 0.1295-0.1296, the last 4096 (64 MiB) 0.1289-0.1292, none 0.1287-0.1292; a 24 MB buffer read
-/// twice right after took 0.0069-0.0070 ms for its second read after each released form, 0.0093
-/// after the unreleased one. In tefl (`bench --backend nvidia --only "rmsnorm_fwd 16384"`, each
-/// form twice in turns): every row released 0.132 / 0.132 ms, the last 64 MiB 0.131 / 0.130,
-/// none 0.130 / 0.130.
-fn release_from(ctx: &KernelCtx<'_>, x: &Tensor) -> Result<usize> {
-    let (rows, n) = (x.rows(), x.last_dim());
-    let table = tune_table(ctx.device)?;
-    let last_mib =
-        table.configs("norm_fwd_l2").first().and_then(|c| c.get("release_last_mib")).and_then(|v| v.as_int());
-    let Some(mib) = last_mib.filter(|&m| m >= 0) else { return Ok(0) };
-    let row_bytes = (n * x.dtype().size_in_bytes()).max(1) as u64;
-    let last_rows = ((mib as u64).saturating_mul(1 << 20)).div_ceil(row_bytes);
-    Ok(rows.saturating_sub(usize::try_from(last_rows).unwrap_or(usize::MAX)))
+    if !mib_of("keep_min_mib").is_some_and(|m| m > 0 && bytes >= (m as u64).saturating_mul(1 << 20)) {
+        return Ok(None);
+    }
+    let Some(last_mib) = mib_of("release_last_mib").filter(|&m| m >= 0) else { return Ok(Some(0)) };
+    let row_bytes = (x.last_dim() * x.dtype().size_in_bytes()).max(1) as u64;
+    let last_rows = ((last_mib as u64).saturating_mul(1 << 20)).div_ceil(row_bytes);
+    Ok(Some(x.rows().saturating_sub(usize::try_from(last_rows).unwrap_or(usize::MAX))))
 }
 
 /// Row config for `n` elements: the heuristic, or the autotuner's pick when asked for.
@@ -156,8 +152,8 @@ fn forward(
         return Ok(Forward { y, mu, rsigma, fp8 });
     }
     let types = Types { x: x.dtype(), g: gamma.dtype(), y: out_dtype, add: None };
-    let keep = keep_l2(ctx, beta.is_some(), out_dtype, x)?;
-    let release_from = if keep { release_from(ctx, x)? } else { rows };
+    let release_from = keep_l2(ctx, beta.is_some(), out_dtype, x)?;
+    let keep = release_from.is_some();
     let args = [
         Arg::Ptr(ptr(x)?),
         Arg::Ptr(ptr(gamma)?),
@@ -172,7 +168,7 @@ fn forward(
         Arg::Ptr(opt_ptr(qscale)?),
         Arg::Ptr(opt_ptr(fp8.as_ref().map(|f| &f.0))?),
         Arg::Ptr(opt_ptr(fp8.as_ref().map(|f| &f.1))?),
-        Arg::I32(i32_of(ctx, op, "x", release_from)?),
+        Arg::I32(i32_of(ctx, op, "x", release_from.unwrap_or(rows))?),
     ];
     // An FP8 output reduces its amax once per block: a grid of a few waves of blocks that
     // stride over the rows, rather than a block per row, keeps that to a few thousand atomics.
@@ -378,7 +374,7 @@ fn warmup_forward(
         return Ok(());
     }
     let types = Types { x: x.dtype(), g: gamma.dtype(), y: out_dtype, add: None };
-    let keep = keep_l2(ctx, is_ln, out_dtype, x)?;
+    let keep = keep_l2(ctx, is_ln, out_dtype, x)?.is_some();
     let (table, info) = (tune_table(ctx.device)?, info(ctx.device)?);
     let cfg = tune::row_kernel_ahead(&table, "norm", &info, x.dtype(), x.last_dim());
     let target = crate::target::target_of(ctx.device)?;
