@@ -185,16 +185,17 @@ typedef void (*Run)(const Buffers&, cudaStream_t);
 
 // tefl's own norm_fwd from a cubin of its kernel cache (TEFL_CACHE_DIR/nvrtc/norm-*.cubin, the
 // forward variant the bench compiled): its arguments as tefl-gpu's simt/norm.rs passes them,
-// the last 4096 rows released.
+// the last 4096 rows released (zero-centred gamma is
+// the variant's ZC define, not an argument).
 static CUfunction g_tefl = nullptr;
 void run_tefl(const Buffers& b, cudaStream_t s) {
     const void* beta = nullptr;
     const void* none = nullptr;
     float* mu = b.rs;
-    int rows = ROWS, n = VECS_PER_ROW * 8, zc = 0, release_from = ROWS - 4096;
+    int rows = ROWS, n = VECS_PER_ROW * 8, release_from = ROWS - 4096;
     float eps = 1e-5f;
     void* args[] = {(void*)&b.x, (void*)&b.g, (void*)&beta, (void*)&b.y,   (void*)&mu,  (void*)&b.rs,        (void*)&rows,
-                    (void*)&n,   (void*)&eps, (void*)&zc,   (void*)&none, (void*)&none, (void*)&none, (void*)&release_from};
+                    (void*)&n,   (void*)&eps, (void*)&none, (void*)&none, (void*)&none, (void*)&release_from};
     cuLaunchKernel(g_tefl, ROWS, 1, 1, 256, 1, 1, 0, (CUstream)s, args, nullptr);
 }
 

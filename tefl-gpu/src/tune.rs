@@ -184,6 +184,25 @@ pub fn norm_bwd_stages(t: &TuneTable, smem_optin: usize, stage_bytes: usize, blo
     if stages >= 2 { stages } else { 0 }
 }
 
+/// Whether a kernel streaming `rows` rows of `row_bytes` bytes from an input holds that input in
+/// L2 while its rows are in use (an L2 evict_last policy, `load_kept` in the prelude), and if so
+/// the first row whose lines it puts back to the normal priority once the row is done
+/// (`release_after`). The table's entry `entry` decides: `keep_min_mib` (kept where the input
+/// has at least that many MiB; never where unset or 0) and `release_last_mib` (only the rows of
+/// the input's last that many MiB are released, the only ones still in L2 when the kernel
+/// ends; every row where unset).
+pub fn l2_keep(t: &TuneTable, entry: &str, rows: usize, row_bytes: usize) -> Option<usize> {
+    let config = t.configs(entry).first();
+    let mib_of = |key: &str| config.and_then(|c| c.get(key)).and_then(|v| v.as_int());
+    let bytes = (rows as u64).saturating_mul(row_bytes as u64);
+    if !mib_of("keep_min_mib").is_some_and(|m| m > 0 && bytes >= (m as u64).saturating_mul(1 << 20)) {
+        return None;
+    }
+    let Some(last_mib) = mib_of("release_last_mib").filter(|&m| m >= 0) else { return Some(0) };
+    let last_rows = ((last_mib as u64).saturating_mul(1 << 20)).div_ceil(row_bytes.max(1) as u64);
+    Some(rows.saturating_sub(usize::try_from(last_rows).unwrap_or(usize::MAX)))
+}
+
 /// How an elementwise kernel runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ElementwiseConfig {
@@ -546,6 +565,27 @@ mod tests {
         };
         assert_eq!(pick(&own), (512, 2));
         assert_eq!(pick(shared), (256, 4));
+    }
+
+    #[test]
+    fn an_input_is_held_in_l2_from_its_threshold_and_released_over_its_last_mib() {
+        let t = |text: &'static str| TuneTable::parse(text, "test.toml").unwrap();
+        let both = t("[[rope_l2]]\nkeep_min_mib = 128\nrelease_last_mib = 64\n");
+        // 16384 rows of 8 KiB (128 MiB): kept, the last 64 MiB (8192 rows) released.
+        assert_eq!(l2_keep(&both, "rope_l2", 16384, 8192), Some(8192));
+        // One row short of the threshold: plain loads.
+        assert_eq!(l2_keep(&both, "rope_l2", 16383, 8192), None);
+        // Rows of 1 MiB: the last 64 released; fewer rows than the released span: every row;
+        // an empty row: nothing kept.
+        assert_eq!(l2_keep(&both, "rope_l2", 20000, 1 << 20), Some(19936));
+        let low = t("[[rope_l2]]\nkeep_min_mib = 1\nrelease_last_mib = 64\n");
+        assert_eq!(l2_keep(&low, "rope_l2", 10, 1 << 20), Some(0));
+        assert_eq!(l2_keep(&both, "rope_l2", 100, 0), None);
+        // Another entry's name, no threshold or a zero one: never kept; no release span: every row.
+        assert_eq!(l2_keep(&both, "norm_fwd_l2", 1 << 20, 8192), None);
+        assert_eq!(l2_keep(&t("[[rope_l2]]\nrelease_last_mib = 64\n"), "rope_l2", 1 << 20, 8192), None);
+        assert_eq!(l2_keep(&t("[[rope_l2]]\nkeep_min_mib = 0\n"), "rope_l2", 1 << 20, 8192), None);
+        assert_eq!(l2_keep(&t("[[rope_l2]]\nkeep_min_mib = 1\n"), "rope_l2", 1 << 20, 8192), Some(0));
     }
 
     #[test]

@@ -45,16 +45,25 @@ impl Ring {
     const NONE: Ring = Ring { stages: 0, blocks_per_sm: 1 };
 }
 
-/// The variant of `norm.cu` for these dtypes, norm kind, row config and ring (`keep_l2`: the
-/// forward holds x in L2 while its rows are in use, [`keep_l2`]): the one place its defines are
-/// built (launches and the compile test both call it).
-fn variant(op: &'static str, t: &Types, is_ln: bool, cfg: RowConfig, ring: Ring, keep_l2: bool) -> Result<Variant> {
+/// The variant of `norm.cu` for these dtypes, norm kind, zero-centred gamma (`zc`), row config
+/// and ring (`keep_l2`: the forward holds x in L2 while its rows are in use, [`keep_l2`]): the
+/// one place its defines are built (launches and the compile test both call it).
+fn variant(
+    op: &'static str,
+    t: &Types,
+    is_ln: bool,
+    zc: bool,
+    cfg: RowConfig,
+    ring: Ring,
+    keep_l2: bool,
+) -> Result<Variant> {
     let mut defines = Defines::new()
         .set("TX", cty(op, "x", t.x)?)
         .set("TG", cty(op, "gamma", t.g)?)
         .set("TY", cty(op, "y", t.y)?)
         .set("TA", t.add.map(|d| cty(op, "add", d)).transpose()?.unwrap_or("float"))
         .flag("IS_LN", is_ln)
+        .flag("ZC", zc)
         .flag("HAS_ADD", t.add.is_some())
         .set("BLOCK", cfg.block)
         .set("ROW_VECS", cfg.row_vecs.max(1))
@@ -68,18 +77,6 @@ fn variant(op: &'static str, t: &Types, is_ln: bool, cfg: RowConfig, ring: Ring,
         defines = super::quantize::fp8_format(op, defines, t.y)?;
     }
     Ok(Variant::new(&tefl_kernels::NORM, ENTRIES, defines))
-}
-
-fn kernel(
-    op: &'static str,
-    ctx: &KernelCtx<'_>,
-    t: &Types,
-    is_ln: bool,
-    cfg: RowConfig,
-    ring: Ring,
-    keep_l2: bool,
-) -> Result<OnDevice> {
-    OnDevice::new(ctx.device, variant(op, t, is_ln, cfg, ring, keep_l2)?)
 }
 
 /// Whether the RMSNorm forward of `x` loads x with an L2 evict_last policy, and if so the first
@@ -102,17 +99,8 @@ fn keep_l2(ctx: &KernelCtx<'_>, is_ln: bool, out_dtype: DType, x: &Tensor) -> Re
     if is_ln || out_dtype.is_fp8() {
         return Ok(None);
     }
-    let table = tune_table(ctx.device)?;
-    let config = table.configs("norm_fwd_l2").first();
-    let mib_of = |key: &str| config.and_then(|c| c.get(key)).and_then(|v| v.as_int());
-    let bytes = (x.numel() * x.dtype().size_in_bytes()) as u64;
-    if !mib_of("keep_min_mib").is_some_and(|m| m > 0 && bytes >= (m as u64).saturating_mul(1 << 20)) {
-        return Ok(None);
-    }
-    let Some(last_mib) = mib_of("release_last_mib").filter(|&m| m >= 0) else { return Ok(Some(0)) };
-    let row_bytes = (x.last_dim() * x.dtype().size_in_bytes()).max(1) as u64;
-    let last_rows = ((last_mib as u64).saturating_mul(1 << 20)).div_ceil(row_bytes);
-    Ok(Some(x.rows().saturating_sub(usize::try_from(last_rows).unwrap_or(usize::MAX))))
+    let row_bytes = x.last_dim() * x.dtype().size_in_bytes();
+    Ok(tune::l2_keep(&*tune_table(ctx.device)?, "norm_fwd_l2", x.rows(), row_bytes))
 }
 
 /// Row config for `n` elements: the heuristic, or the autotuner's pick when asked for.
@@ -164,7 +152,6 @@ fn forward(
         Arg::I32(i32_of(ctx, op, "x", rows)?),
         Arg::I32(i32_of(ctx, op, "x", n)?),
         Arg::F32(eps),
-        Arg::I32(i32::from(zc)),
         Arg::Ptr(opt_ptr(qscale)?),
         Arg::Ptr(opt_ptr(fp8.as_ref().map(|f| &f.0))?),
         Arg::Ptr(opt_ptr(fp8.as_ref().map(|f| &f.1))?),
@@ -176,8 +163,8 @@ fn forward(
     // took 0.151 ms (90% of copy), 32 0.152, 16 0.154, 8 0.170, a block per row 0.155.
     let max_blocks = if fp8.is_some() { 64 * sm_count(ctx.device) } else { i32::MAX as u32 };
     let run = |cfg: RowConfig| -> Result<()> {
-        let k = kernel(op, ctx, &types, beta.is_some(), cfg, Ring::NONE, keep)?;
-        k.compile_ahead(|| backward_variants_of(ctx, x, gamma, beta.is_some(), out_dtype));
+        let k = OnDevice::new(ctx.device, variant(op, &types, beta.is_some(), zc, cfg, Ring::NONE, keep)?)?;
+        k.compile_ahead(|| backward_variants_of(ctx, x, gamma, beta.is_some(), zc, out_dtype));
         k.launch("norm_fwd", Grid::linear(blocks_for(rows, 1, max_blocks), cfg.block), &args)
     };
     // The autotuner's trial launches fold the same values into amax: a max, so no harm.
@@ -234,6 +221,7 @@ fn backward_variants_of(
     x: &Tensor,
     gamma: &Tensor,
     is_ln: bool,
+    zc: bool,
     y: DType,
 ) -> Result<Vec<Variant>> {
     if y.is_fp8() {
@@ -244,7 +232,7 @@ fn backward_variants_of(
     adds.iter()
         .map(|&add| {
             let types = Types { x: x.dtype(), g: gamma.dtype(), y, add };
-            variant("norm_bwd", &types, is_ln, cfg, ring, false)
+            variant("norm_bwd", &types, is_ln, zc, cfg, ring, false)
         })
         .collect()
 }
@@ -283,7 +271,7 @@ fn backward(
     // Fused: a grid of `parts` blocks sums dgamma/dbeta per block into ws, reduced after.
     // Otherwise one block per row computes dx and a column kernel the sums.
     let fused = cfg.row_vecs > 0;
-    let k = kernel(op, ctx, &types, is_ln, cfg, ring, false)?;
+    let k = OnDevice::new(ctx.device, variant(op, &types, is_ln, zc, cfg, ring, false)?)?;
     let smem = ring.stages as usize * stage_bytes;
     let parts = match (fused, ring.stages) {
         (true, 0) => blocks_for(rows, 1, 4 * sm_count(ctx.device)),
@@ -310,7 +298,6 @@ fn backward(
             Arg::Ptr(opt_ptr(ws.as_ref())?),
             Arg::I32(rows_i),
             Arg::I32(n_i),
-            Arg::I32(i32::from(zc)),
             Arg::Ptr(opt_ptr(flags.as_ref())?),
             Arg::U64(epoch),
             Arg::Ptr(ptr(&dgamma)?),
@@ -368,6 +355,7 @@ fn warmup_forward(
     x: &Tensor,
     gamma: &Tensor,
     is_ln: bool,
+    zc: bool,
     out_dtype: DType,
 ) -> Result<()> {
     if x.rows() == 0 || x.last_dim() == 0 {
@@ -378,8 +366,8 @@ fn warmup_forward(
     let (table, info) = (tune_table(ctx.device)?, info(ctx.device)?);
     let cfg = tune::row_kernel_ahead(&table, "norm", &info, x.dtype(), x.last_dim());
     let target = crate::target::target_of(ctx.device)?;
-    target.compile_ahead(ctx.device, &variant(op, &types, is_ln, cfg, Ring::NONE, keep)?);
-    for v in backward_variants_of(ctx, x, gamma, is_ln, out_dtype)? {
+    target.compile_ahead(ctx.device, &variant(op, &types, is_ln, zc, cfg, Ring::NONE, keep)?);
+    for v in backward_variants_of(ctx, x, gamma, is_ln, zc, out_dtype)? {
         target.compile_ahead(ctx.device, &v);
     }
     Ok(())
@@ -387,12 +375,12 @@ fn warmup_forward(
 
 /// `rmsnorm_fwd`'s warm-up (see [`warmup_forward`]).
 pub fn warmup_rmsnorm_fwd(ctx: &KernelCtx<'_>, a: &RmsNormFwdArgs) -> Result<()> {
-    warmup_forward("rmsnorm_fwd", ctx, &a.x, &a.gamma, false, a.out_dtype)
+    warmup_forward("rmsnorm_fwd", ctx, &a.x, &a.gamma, false, a.zero_centered_gamma, a.out_dtype)
 }
 
 /// `layernorm_fwd`'s warm-up (see [`warmup_forward`]).
 pub fn warmup_layernorm_fwd(ctx: &KernelCtx<'_>, a: &LayerNormFwdArgs) -> Result<()> {
-    warmup_forward("layernorm_fwd", ctx, &a.x, &a.gamma, true, a.out_dtype)
+    warmup_forward("layernorm_fwd", ctx, &a.x, &a.gamma, true, a.zero_centered_gamma, a.out_dtype)
 }
 
 /// The catalogue op `rmsnorm_fwd` on a GPU through the portable kernels of `simt/norm.cu` (every SIMT backend's impl).
@@ -456,21 +444,22 @@ pub fn layernorm_bwd(ctx: &KernelCtx<'_>, a: &LayerNormBwdArgs) -> Result<LayerN
 pub fn variants() -> Vec<Variant> {
     use DType::{BF16, F8E4M3, F8E5M2, F16, F32};
     let mut v = Vec::new();
-    for (x, g, y, add, ln) in [
-        (BF16, BF16, BF16, BF16, false),
-        (F16, F32, F16, F16, true),
-        (F32, F32, BF16, F32, false),
-        (F32, BF16, F32, F32, true),
+    // (the last field: zero-centred gamma, on for half of them)
+    for (x, g, y, add, ln, zc) in [
+        (BF16, BF16, BF16, BF16, false, false),
+        (F16, F32, F16, F16, true, true),
+        (F32, F32, BF16, F32, false, true),
+        (F32, BF16, F32, F32, true, false),
     ] {
         let types = Types { x, g, y, add: (!ln).then_some(add) };
         for cfg in [RowConfig { block: 256, vec_bytes: 16, row_vecs: 4 }, RowConfig::two_pass(256)] {
-            v.extend(variant("norm", &types, ln, cfg, Ring::NONE, false));
+            v.extend(variant("norm", &types, ln, zc, cfg, Ring::NONE, false));
         }
         // The backward's ring of rows in shared memory: blocks of 512, two an SM and one (the
         // latter with twice the registers a thread), and of 1024.
         for (block, row_vecs, blocks_per_sm) in [(512, 2, 2), (512, 2, 1), (1024, 1, 1)] {
             let cfg = RowConfig { block, vec_bytes: 16, row_vecs };
-            v.extend(variant("norm", &types, ln, cfg, Ring { stages: 3, blocks_per_sm }, false));
+            v.extend(variant("norm", &types, ln, zc, cfg, Ring { stages: 3, blocks_per_sm }, false));
         }
     }
     // The RMSNorm forward holding its rows in L2 (16-bit and f32 rows).
@@ -479,6 +468,7 @@ pub fn variants() -> Vec<Variant> {
         v.extend(variant(
             "norm",
             &types,
+            false,
             false,
             RowConfig { block: 256, vec_bytes: 16, row_vecs: 4 },
             Ring::NONE,
@@ -489,7 +479,7 @@ pub fn variants() -> Vec<Variant> {
     for (x, y, ln) in [(BF16, F8E4M3, false), (F32, F8E5M2, true), (F16, F8E4M3, true)] {
         let types = Types { x, g: x, y, add: None };
         for cfg in [RowConfig { block: 256, vec_bytes: 16, row_vecs: 4 }, RowConfig::two_pass(256)] {
-            v.extend(variant("norm", &types, ln, cfg, Ring::NONE, false));
+            v.extend(variant("norm", &types, ln, ln, cfg, Ring::NONE, false));
         }
     }
     v

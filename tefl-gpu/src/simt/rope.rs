@@ -6,7 +6,8 @@ use crate::{Defines, Variant};
 use tefl_core::catalogue::*;
 use tefl_core::{DType, KernelCtx, Result};
 
-use super::host::{Arg, Grid, OnDevice, blocks_for, cty, empty, i32_of, info, opt_ptr, ptr};
+use super::host::{Arg, Grid, OnDevice, blocks_for, cty, empty, i32_of, info, opt_ptr, ptr, tune_table};
+use crate::tune;
 
 /// Which kernel of `simt/rope.cu` a call runs; each is compiled alone (`ROPE_KERNEL`), so a
 /// cold start compiles only the one it launches.
@@ -56,6 +57,7 @@ fn variant(
     d: usize,
     d_rot: usize,
     group: usize,
+    keep_l2: bool,
 ) -> Result<Variant> {
     let defines = Defines::new()
         .set("ROPE_KERNEL", kernel as u8)
@@ -66,7 +68,8 @@ fn variant(
         .set("D", d)
         .set("DROT", d_rot)
         .set("GROUP", group)
-        .set("HEADS", WARP_HEADS);
+        .set("HEADS", WARP_HEADS)
+        .flag("KEEP_L2", keep_l2);
     Ok(Variant::new(&tefl_kernels::ROPE, kernel.entries(), defines))
 }
 
@@ -93,34 +96,49 @@ fn rows_per_block(a: &RopeArgs, batch: usize) -> usize {
     if shared && batch.is_multiple_of(2) { 2 } else { 1 }
 }
 
-/// What a call with these arguments runs: its geometry, kernel and rows a block.
+/// What a call with these arguments runs: its geometry, kernel, rows a block and, for the warp
+/// kernel, whether it holds x in L2 (the first token row it releases, [`tune::l2_keep`] with
+/// the tune configs' `rope_l2` entry: the Hopper file sets it).
 struct Plan {
     g: RopeGeometry,
     kernel: Kernel,
     group: usize,
+    release_from: Option<usize>,
 }
 
 impl Plan {
-    fn of(op: &'static str, a: &RopeArgs) -> Result<Plan> {
+    fn of(op: &'static str, ctx: &KernelCtx<'_>, a: &RopeArgs) -> Result<Plan> {
         let g = rope_geometry(op, a)?;
         let ve = 16 / a.x.dtype().size_in_bytes();
         let kernel = Kernel::pick(g.d, g.d_rot, a.interleaved, ve);
         let group = if kernel == Kernel::Vector { rows_per_block(a, g.batch) } else { 1 };
-        Ok(Plan { g, kernel, group })
+        let release_from = if kernel == Kernel::Warp {
+            let row_bytes = g.h * g.d * a.x.dtype().size_in_bytes();
+            tune::l2_keep(&*tune_table(ctx.device)?, "rope_l2", token_rows(a, &g), row_bytes)
+        } else {
+            None
+        };
+        Ok(Plan { g, kernel, group, release_from })
     }
 
     /// The variant of the call's direction (`backward`) or the other's.
     fn variant(&self, op: &'static str, a: &RopeArgs, backward: bool) -> Result<Variant> {
         let g = &self.g;
-        variant(self.kernel, op, a.x.dtype(), a.layout, a.interleaved, backward, g.d, g.d_rot, self.group)
+        let keep = self.release_from.is_some();
+        variant(self.kernel, op, a.x.dtype(), a.layout, a.interleaved, backward, g.d, g.d_rot, self.group, keep)
     }
+}
+
+/// Token rows of x (h heads of d elements each).
+fn token_rows(a: &RopeArgs, g: &RopeGeometry) -> usize {
+    a.x.numel() / (g.h * g.d).max(1)
 }
 
 /// A RoPE warm-up (`tefl_core::Manager::warmup`): starts compiling, on another thread, the
 /// kernel a call with these arguments launches (and, forward, the backward its first call
 /// compiles ahead), launching nothing.
 fn warmup(op: &'static str, ctx: &KernelCtx<'_>, a: &RopeArgs, backward: bool) -> Result<()> {
-    let plan = Plan::of(op, a)?;
+    let plan = Plan::of(op, ctx, a)?;
     let target = crate::target::target_of(ctx.device)?;
     target.compile_ahead(ctx.device, &plan.variant(op, a, backward)?);
     if !backward {
@@ -140,7 +158,7 @@ pub fn warmup_rope_backward(ctx: &KernelCtx<'_>, a: &RopeArgs) -> Result<()> {
 }
 
 fn run(op: &'static str, ctx: &KernelCtx<'_>, a: &RopeArgs, backward: bool) -> Result<RopeOut> {
-    let plan = Plan::of(op, a)?;
+    let plan = Plan::of(op, ctx, a)?;
     let (g, kernel, group) = (&plan.g, plan.kernel, plan.group);
     let variant_for = |backward| plan.variant(op, a, backward);
     let k = OnDevice::new(ctx.device, variant_for(backward)?)?;
@@ -149,7 +167,7 @@ fn run(op: &'static str, ctx: &KernelCtx<'_>, a: &RopeArgs, backward: bool) -> R
         k.compile_ahead(|| Ok(vec![variant_for(true)?]));
     }
     let y = empty(ctx.device, a.x.shape(), a.x.dtype())?;
-    let rows = a.x.numel() / (g.h * g.d).max(1);
+    let rows = token_rows(a, g);
     // The vector kernel has h · (rotated + copied vectors per head) slots, about h·d/16 of them.
     let threads = ((g.h * g.d / 16).next_power_of_two()).clamp(32, 256) as u32;
     let grid =
@@ -170,7 +188,9 @@ fn run(op: &'static str, ctx: &KernelCtx<'_>, a: &RopeArgs, backward: bool) -> R
             // One warp per WARP_HEADS heads of a row, 128-thread blocks.
             let warps_per_block = (128 / info(ctx.device)?.warp_size.max(1)).max(1) as usize;
             let items = rows * g.h.div_ceil(WARP_HEADS);
-            k.launch("rope_warp", Grid::linear(blocks_for(items, warps_per_block, i32::MAX as u32), 128), &common)?;
+            let mut args = common.to_vec();
+            args.push(Arg::I32(i32_of(ctx, op, "x", plan.release_from.unwrap_or(rows))?));
+            k.launch("rope_warp", Grid::linear(blocks_for(items, warps_per_block, i32::MAX as u32), 128), &args)?;
         }
         Kernel::Vector => k.launch("rope_vec", grid, &common)?,
         Kernel::Scalar => {
@@ -200,13 +220,15 @@ pub fn variants() -> Vec<Variant> {
             for interleaved in [false, true] {
                 for backward in [false, true] {
                     for kernel in [Kernel::Scalar, Kernel::Vector, Kernel::Warp] {
-                        v.extend(variant(kernel, "rope", t, layout, interleaved, backward, 64, 32, 1));
+                        v.extend(variant(kernel, "rope", t, layout, interleaved, backward, 64, 32, 1, false));
                     }
+                    // The warp kernel holding x in L2.
+                    v.extend(variant(Kernel::Warp, "rope", t, layout, interleaved, backward, 64, 32, 1, true));
                 }
                 // Row groups (bshd / sbhd only) touch only the vector kernel's row addressing:
                 // one direction covers them.
                 if layout != QkvLayout::Thd {
-                    v.extend(variant(Kernel::Vector, "rope", t, layout, interleaved, false, 64, 32, 2));
+                    v.extend(variant(Kernel::Vector, "rope", t, layout, interleaved, false, 64, 32, 2, false));
                 }
             }
         }

@@ -13,6 +13,11 @@
 // OUT_FP8 (forward): y holds FP8 codes (TY = u8) of the normalised value times *qscale, in the
 // format MANT / BIAS / MAXV / MAXCODE; the max |normalised value| goes to *amax (zeroed by the
 // host) and 1/(*qscale) to *scale_inv.
+// ZC: gamma is zero-centred (the scale is 1 + gamma). A compile-time switch, not a kernel
+// argument: the run-time choice cost the RMSNorm forward time (H200, 2026-12-03, bench --only
+// "rmsnorm_fwd 16384", diagnostic builds twice in turns: 4101-4102 GB/s with it, 4129-4132
+// without; with rsqrtf below as well, against the build before, twice in turns: 4110-4121 ->
+// 4130-4139).
 // KEEP_L2 (the fused forward): x is loaded with an L2 evict_last policy and each line of the
 // rows from release_from on is released once the row's outputs are stored (load_kept /
 // release_after in the prelude).
@@ -24,10 +29,13 @@
 #ifndef STAGES
 #define STAGES 0
 #endif
+#ifndef ZC
+#define ZC 0
+#endif
 
-__device__ __forceinline__ float gamma_at(const TG* g, int i, int zc) {
+__device__ __forceinline__ float gamma_at(const TG* g, int i) {
     const float v = to_f32(g[i]);
-    return zc ? 1.0f + v : v;
+    return ZC ? 1.0f + v : v;
 }
 
 #if OUT_FP8
@@ -83,7 +91,7 @@ __device__ __forceinline__ void store_fp8(u8* dst, const float* o, float qs, flo
 extern "C" __global__ void __launch_bounds__(BLOCK, FWD_MIN_BLOCKS) norm_fwd(const TX* __restrict__ x, const TG* __restrict__ gamma,
                                                           const TG* __restrict__ beta, TY* __restrict__ y,
                                                           float* __restrict__ mu_out, float* __restrict__ rsigma,
-                                                          int rows, int n, float eps, int zc,
+                                                          int rows, int n, float eps,
                                                           const float* __restrict__ qscale, float* __restrict__ amax,
                                                           float* __restrict__ scale_inv, int release_from) {
     // The halves of block_sum_alternating (the fused path: one barrier per reduction; the
@@ -152,7 +160,10 @@ extern "C" __global__ void __launch_bounds__(BLOCK, FWD_MIN_BLOCKS) norm_fwd(con
             }
         }
 #endif
-        const float r = 1.0f / sqrtf(block_sum_alternating(s, scratch, turn) / n + eps);
+        // rsqrtf (2 ulp, as TE's and torch's norms use) rather than a rounded division by a
+        // rounded root (H200, 2026-12-03, bench --only "rmsnorm_fwd 16384", diagnostic builds
+        // twice in turns: 4101-4102 GB/s -> 4128-4134; see ZC above for the two together).
+        const float r = rsqrtf(block_sum_alternating(s, scratch, turn) / n + eps);
 #pragma unroll
         for (int it = 0; it < ROW_VECS; ++it) {
             const int v = threadIdx.x + it * BLOCK;
@@ -165,7 +176,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK, FWD_MIN_BLOCKS) norm_fwd(con
 #endif
 #pragma unroll
                 for (int j = 0; j < NV; ++j) {
-                    const float gj = zc ? 1.0f + g[j] : g[j];
+                    const float gj = ZC ? 1.0f + g[j] : g[j];
                     // (each pair of x unpacked where its outputs are computed: the whole
                     // vector at once made the forward spill under its register cap)
                     float x0, x1;
@@ -197,9 +208,9 @@ extern "C" __global__ void __launch_bounds__(BLOCK, FWD_MIN_BLOCKS) norm_fwd(con
         s = 0.0f;
         for (int i = threadIdx.x; i < n; i += BLOCK) { const float d = to_f32(xr[i]) - mean; s += d * d; }
 #endif
-        const float r = 1.0f / sqrtf(block_sum(s, scratch) / n + eps);
+        const float r = rsqrtf(block_sum(s, scratch) / n + eps);
         for (int i = threadIdx.x; i < n; i += BLOCK) {
-            float o = (to_f32(xr[i]) - mean) * r * gamma_at(gamma, i, zc);
+            float o = (to_f32(xr[i]) - mean) * r * gamma_at(gamma, i);
 #if IS_LN
             o += to_f32(beta[i]);
 #endif
@@ -259,7 +270,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK, BWD_MIN_BLOCKS) norm_bwd(con
                                                           const float* __restrict__ mu, const float* __restrict__ rsigma,
                                                           const TG* __restrict__ gamma, const TA* __restrict__ add,
                                                           TX* __restrict__ dx, float* __restrict__ ws, int rows, int n,
-                                                          int zc, unsigned long long* __restrict__ flags,
+                                                          unsigned long long* __restrict__ flags,
                                                           unsigned long long epoch, TG* __restrict__ dgamma,
                                                           TG* __restrict__ dbeta) {
     // One barrier per reduction in the fused path (block_sum_alternating; H200, 2026-11-26,
@@ -285,7 +296,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK, BWD_MIN_BLOCKS) norm_bwd(con
         if (v < nvecs) {
             load_n<TG, NV>(gamma + v * NV, g[it]);
 #pragma unroll
-            for (int j = 0; j < NV; ++j) g[it][j] = zc ? 1.0f + g[it][j] : g[it][j];
+            for (int j = 0; j < NV; ++j) g[it][j] = ZC ? 1.0f + g[it][j] : g[it][j];
         }
     }
 #endif
@@ -476,14 +487,14 @@ extern "C" __global__ void __launch_bounds__(BLOCK, BWD_MIN_BLOCKS) norm_bwd(con
         const float m = IS_LN ? mu[row] : 0.0f;
         float sd = 0.0f, sdx = 0.0f;
         for (int i = threadIdx.x; i < n; i += BLOCK) {
-            const float dv = to_f32(dy[base + i]) * gamma_at(gamma, i, zc);
+            const float dv = to_f32(dy[base + i]) * gamma_at(gamma, i);
             sd += dv;
             sdx += dv * (to_f32(x[base + i]) - m) * r;
         }
         const float mean_dx = block_sum(sdx, scratch) / n;
         const float mean_d = IS_LN ? block_sum(sd, scratch) / n : 0.0f;
         for (int i = threadIdx.x; i < n; i += BLOCK) {
-            const float dv = to_f32(dy[base + i]) * gamma_at(gamma, i, zc);
+            const float dv = to_f32(dy[base + i]) * gamma_at(gamma, i);
             float o = r * (dv - mean_d - (to_f32(x[base + i]) - m) * r * mean_dx);
 #if HAS_ADD
             o += to_f32(add[base + i]);

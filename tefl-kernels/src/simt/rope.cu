@@ -223,9 +223,18 @@ extern "C" __global__ void __launch_bounds__(256, GROUP == 1 ? 5 : 4)
 #ifndef UNROLL
 #define UNROLL 8
 #endif
+// KEEP_L2: x is loaded with an L2 evict_last policy, and the lines of the token rows from
+// release_from on are released once their outputs are stored (load_kept / release_after in the
+// prelude), as the RMSNorm forward does: H200, 2026-12-03, bench --only "copy,rope" (s4096 b4
+// h32 d128 bf16), twice in turns: 3808 / 3832 GB/s plain, 3874 / 3866 kept with the rows of
+// the last 64 MiB released (a diagnostic build); as built here against the build before, twice
+// in turns: 3783 / 3788 -> 3889 / 3905.
+#ifndef KEEP_L2
+#define KEEP_L2 0
+#endif
 extern "C" __global__ void __launch_bounds__(128)
     rope_warp(const TX* __restrict__ x, const float* __restrict__ freqs, TX* __restrict__ y, const i32* __restrict__ cu,
-              const i32* __restrict__ starts, int rows, int batch, int s, int h) {
+              const i32* __restrict__ starts, int rows, int batch, int s, int h, int release_from) {
     constexpr int HALF_ROT = DROT / 2;
     constexpr int STEP = WARP_SIZE / SV;  // heads a warp-wide access covers
     const int lane = lane_id();
@@ -256,7 +265,11 @@ extern "C" __global__ void __launch_bounds__(128)
             for (int u = 0; u < UNROLL; ++u) {
                 const int hd = base + u * STEP + lane / SV;
                 if (hd < head_end) {
+#if KEEP_L2
+                    load_kept<TX, VE>(rv[u], xr + (size_t)hd * D + c0);
+#else
                     raw_copy<TX, VE>(rv[u], xr + (size_t)hd * D + c0);
+#endif
                 } else {
 #pragma unroll
                     for (int q = 0; q < VE; ++q) rv[u][q] = TX{};
@@ -320,6 +333,9 @@ extern "C" __global__ void __launch_bounds__(128)
                 if (hd >= head_end) continue;
                 if (!rot) {
                     raw_copy<TX, VE>(yr + (size_t)hd * D + c0, rv[u]);
+#if KEEP_L2
+                    if (row >= release_from) release_after(x, xr + (size_t)hd * D + c0, false);
+#endif
                     continue;
                 }
                 float o[VE], v[VE];
@@ -337,6 +353,9 @@ extern "C" __global__ void __launch_bounds__(128)
 #endif
                 }
                 store_n<TX, VE>(yr + (size_t)hd * D + c0, o);
+#if KEEP_L2
+                if (row >= release_from) release_after(x, xr + (size_t)hd * D + c0, false);
+#endif
             }
         }
     }
