@@ -185,8 +185,7 @@ typedef void (*Run)(const Buffers&, cudaStream_t);
 
 // tefl's own norm_fwd from a cubin of its kernel cache (TEFL_CACHE_DIR/nvrtc/norm-*.cubin, the
 // forward variant the bench compiled): its arguments as tefl-gpu's simt/norm.rs passes them,
-// the last 4096 rows released (zero-centred gamma is
-// the variant's ZC define, not an argument).
+// the last 4096 rows released (zero-centred gamma is the variant's ZC define, not an argument).
 static CUfunction g_tefl = nullptr;
 void run_tefl(const Buffers& b, cudaStream_t s) {
     const void* beta = nullptr;
