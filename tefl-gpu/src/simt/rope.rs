@@ -44,8 +44,9 @@ impl Kernel {
     }
 }
 
-/// The variant of `simt/rope.cu` for a kernel, dtype, layout, direction and head / rotated
-/// dims (launches and the compile test).
+/// The variant of `simt/rope.cu` for a kernel, dtype, layout, direction, head / rotated dims,
+/// rows a block (`group`, the vector kernel) and whether x is held in L2 (`keep_l2`, the warp
+/// kernel): launches and the compile test.
 #[allow(clippy::too_many_arguments)]
 fn variant(
     kernel: Kernel,
