@@ -2,7 +2,8 @@
 // (16-byte vectors) when it fits (FUSED), scalar passes otherwise.
 // Defines: TX (x / y), TG (dy in the backward), MASK (0 none, 1 mask tensor, 2 upper
 // triangular j > i, 3 bottom-right aligned causal j > i + sk - sq), BLOCK, ROW_VECS, FUSED,
-// VEC_BYTES, PAIR_MAX (the fused unmasked forward of 16-bit rows: the max on packed pairs).
+// VEC_BYTES, PAIR_MAX (the fused unmasked forward of 16-bit rows: the max on packed pairs),
+// KEEP_L2 (the fused backward holds y and dy in L2 while a row is in use; below).
 
 #define NV (VEC_BYTES / (int)sizeof(TX))
 #define NEG_INF (-__int_as_float(0x7f800000))
@@ -154,8 +155,20 @@ extern "C" __global__ void __launch_bounds__(BLOCK, FWD_MIN_BLOCKS) softmax_fwd(
 }
 
 // dx = scale * y * (dy - Σ dy·y), dx in y's dtype.
+// KEEP_L2 (the fused backward): y and dy are loaded with an L2 evict_last policy, and each line
+// of the rows from release_from on is released once the row's dx is stored (load_kept /
+// release_after in the prelude), as torch.compile's Triton kernel loads them (evict_last, with
+// no release). H200, 2026-12-03, bench --only "copy,softmax_bwd" (16384x8192 bf16), each form
+// twice in turns (diagnostic builds): plain 0.198 (the machine's first run) / 0.191 ms, both
+// kept with the last 64 MiB of rows released 0.190 / 0.189, both kept and never released 0.187 /
+// 0.187, y alone kept 0.193 / 0.192, dy alone 0.198 / 0.192; Triton's kernel 0.188. (Every row
+// released had lost: 0.196-0.199 on 2026-12-02.)
+#ifndef KEEP_L2
+#define KEEP_L2 0
+#endif
 extern "C" __global__ void __launch_bounds__(BLOCK) softmax_bwd(const TG* __restrict__ dy, const TX* __restrict__ y,
-                                                             TX* __restrict__ dx, int rows, int sk, float scale) {
+                                                             TX* __restrict__ dx, int rows, int sk, float scale,
+                                                             int release_from) {
     __shared__ float scratch[MAX_WARPS];
     for (int row = blockIdx.x; row < rows; row += gridDim.x) {
         const size_t base = (size_t)row * sk;
@@ -170,8 +183,13 @@ extern "C" __global__ void __launch_bounds__(BLOCK) softmax_bwd(const TG* __rest
         for (int it = 0; it < ROW_VECS; ++it) {
             const int v = threadIdx.x + it * BLOCK;
             if (v < nvecs) {
+#if KEEP_L2
+                load_kept<TX, NV>(yc[it], y + base + v * NV);
+                load_kept<TG, NV>(dc[it], dy + base + v * NV);
+#else
                 raw_copy<TX, NV>(yc[it], y + base + v * NV);
                 raw_copy<TG, NV>(dc[it], dy + base + v * NV);
+#endif
 #pragma unroll
                 for (int j = 0; j < NV; ++j) s = fmaf(to_f32(yc[it][j]), to_f32(dc[it][j]), s);
             }
@@ -185,6 +203,13 @@ extern "C" __global__ void __launch_bounds__(BLOCK) softmax_bwd(const TG* __rest
 #pragma unroll
                 for (int j = 0; j < NV; ++j) o[j] = to_f32(yc[it][j]) * fmaf(to_f32(dc[it][j]), scale, neg_scaled_sum);
                 store_n<TX, NV>(dx + base + v * NV, o);
+#if KEEP_L2
+                // Only the rows that can still be in L2 when the kernel ends.
+                if (row >= release_from) {
+                    release_after(y, y + base + v * NV, v == 0);
+                    release_after(dy, dy + base + v * NV, v == 0);
+                }
+#endif
             }
         }
 #else
