@@ -204,4 +204,22 @@ mod tests {
         assert_eq!(elementwise_for(&h, "swiglu"), ElementwiseConfig { block: 256, unroll: 1, vec_bytes: 16 });
         assert_eq!(elementwise_for(&h, "gelu"), ElementwiseConfig { block: 128, unroll: 1, vec_bytes: 16 });
     }
+
+    #[test]
+    fn hopper_holds_the_large_streamed_inputs_in_l2_where_measured() {
+        use tefl_gpu::tune::l2_keep;
+        let h = TUNE_CONFIGS.table("sm_90");
+        let a = TUNE_CONFIGS.table("sm_80");
+        // The softmax backward at 16384 x 8192 bf16 (y and dy: 32 KiB a row, 512 MiB): kept, the
+        // last 64 MiB (2048 rows) released; at 8192 x 4096 (128 MiB, not measured) not kept.
+        assert_eq!(l2_keep(&h, "softmax_bwd_l2", 16384, 8192 * 4), Some(16384 - 2048));
+        assert_eq!(l2_keep(&h, "softmax_bwd_l2", 8192, 4096 * 4), None);
+        // The RMSNorm forward at 16384 x 8192 bf16 (256 MiB): the last 4096 rows released; its
+        // 8192 x 4096 case (64 MiB) lost with the policy.
+        assert_eq!(l2_keep(&h, "norm_fwd_l2", 16384, 8192 * 2), Some(16384 - 4096));
+        assert_eq!(l2_keep(&h, "norm_fwd_l2", 8192, 4096 * 2), None);
+        for entry in ["softmax_bwd_l2", "norm_fwd_l2", "rope_l2"] {
+            assert_eq!(l2_keep(&a, entry, 1 << 20, 1 << 16), None, "{entry} on sm_80");
+        }
+    }
 }
