@@ -17,8 +17,9 @@ fn real_python() -> PathBuf {
 }
 
 /// A stand-in for python3: `-c "import torch"` succeeds; otherwise it logs its start and each
-/// spec it reads, answers eager 1 ms and compile 2 ms, and exits with status 3 after the eager
-/// line of a RoPE spec (the way a peer's CUDA fault ends the real process).
+/// spec it reads, answers eager 1 ms and compile 2 ms the first time it reads a spec (0.5 and 3
+/// ms the second time, for `--rounds`), and exits with status 3 after the eager line of a RoPE
+/// spec (the way a peer's CUDA fault ends the real process).
 fn stand_in(dir: &Path, log: &Path) -> PathBuf {
     let script = format!(
         r#"#!{python}
@@ -28,14 +29,17 @@ if sys.argv[1:3] == ["-c", "import torch"]:
 log = open({log:?}, "a")
 log.write("start\n")
 log.flush()
+seen = {{}}
 for line in sys.stdin:
     spec, reps = json.loads(line)
     log.write("spec " + spec + "\n")
     log.flush()
-    print(json.dumps([spec, "eager", 1e-3]), flush=True)
+    n = seen.get(spec, 0) % 2
+    seen[spec] = n + 1
+    print(json.dumps([spec, "eager", [1e-3, 0.5e-3][n]]), flush=True)
     if spec.startswith("rope"):
         sys.exit(3)
-    print(json.dumps([spec, "compile", 2e-3]), flush=True)
+    print(json.dumps([spec, "compile", [2e-3, 3e-3][n]]), flush=True)
     print(json.dumps({{"done": spec}}), flush=True)
 "#,
         python = real_python().display(),
@@ -152,6 +156,46 @@ fn extra_gemm_shapes_are_timed_beside_their_peer() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{bad}: {stderr}");
         assert!(stderr.contains("--gemm") && stderr.contains(bad), "{bad}: {stderr}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `--rounds N` times each case N times in turns with its peers (each spec sent once a round,
+/// one process) and keeps each side's fastest round, per peer; the JSON holds every round.
+/// A count out of range is refused naming the option, as is a bad `--reps`.
+#[test]
+fn rounds_alternate_with_the_peers_and_keep_each_sides_fastest() {
+    let (dir, log, path) = stand_in_dir("rounds");
+    let json = dir.join("bench.json");
+    let (stdout, _) = bench_vs_stand_in(&path, &["--only", "gelu", "--rounds", "2", "--json", json.to_str().unwrap()]);
+    assert!(stdout.contains("fastest of 2 rounds"), "{stdout}");
+    // tefl ms, rate (two words), of copy, spread, eager, compile, best, speed: eager's fastest
+    // is its second round's, compile's its first's.
+    let gelu = row(&stdout, "gelu");
+    assert!(gelu[4].ends_with('%'), "{gelu:?}");
+    assert_eq!(&gelu[5..8], ["0.500", "2.000", "eager"], "{gelu:?}");
+    let log = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<&str> = log.lines().collect();
+    assert_eq!(lines.iter().filter(|l| **l == "start").count(), 1, "{log}");
+    let specs: Vec<&str> = lines.iter().filter_map(|l| l.strip_prefix("spec ")).collect();
+    assert_eq!(specs.len(), 2, "{log}");
+    assert!(specs.iter().all(|s| s.starts_with("gelu")) && specs[0] == specs[1], "{log}");
+    let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(doc["rounds"], 2, "{doc}");
+    let r = &doc["results"][0];
+    let mine: Vec<f64> = r["rounds_ms"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+    assert_eq!(mine.len(), 2, "{r}");
+    let best = mine.iter().copied().fold(f64::INFINITY, f64::min);
+    assert_eq!(r["median_ms"].as_f64(), Some(best), "{r}");
+    let eager: Vec<f64> =
+        r["peers_rounds_ms"].as_array().unwrap().iter().map(|m| m["eager"].as_f64().unwrap()).collect();
+    assert_eq!(eager, [1.0, 0.5], "{r}");
+    assert_eq!(r["peers_ms"]["compile"].as_f64(), Some(2.0), "{r}");
+    for (opt, bad) in [("--rounds", "0"), ("--rounds", "11"), ("--rounds", "two"), ("--reps", "0"), ("--reps", "x")] {
+        let out = Command::new(env!("CARGO_BIN_EXE_bench")).args([opt, bad]).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{opt} {bad}: {stderr}");
+        assert!(stderr.contains(opt) && stderr.contains(bad), "{opt} {bad}: {stderr}");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -6,7 +6,7 @@
 //! cargo xtask explain <op> [--device cpu|cuda|hip|vulkan] [--dtype bf16]
 //! cargo xtask new-backend <vendor>
 //! cargo xtask bundle <backend>
-//! cargo xtask bench [--backend X] [--vs torch] [--json FILE] [--svg FILE] [--shapes anchor|small] [--reps N] [--only S[,S...]]
+//! cargo xtask bench [--backend X] [--vs torch] [--json FILE] [--svg FILE] [--shapes anchor|small] [--reps N] [--rounds N] [--only S[,S...]]
 //! ```
 //!
 //! The work itself is done by the tool binaries of the `tests` crate (conformance, coverage,
@@ -35,7 +35,7 @@ const USAGE: &str = "usage: cargo xtask <command>
   bundle <backend>
         release conformance/bench/explain/quickstart binaries and a run.sh for the GPU
         machine, in target/bundle/<backend>/ (under 64 MiB)
-  bench [--backend X] [--vs torch] [--json FILE] [--svg FILE] [--shapes anchor|small] [--reps N] [--only S[,S...]]
+  bench [--backend X] [--vs torch] [--json FILE] [--svg FILE] [--shapes anchor|small] [--reps N] [--rounds N] [--only S[,S...]]
         time each op of the anchor table on the backend's device and, with --vs torch, every
         peer (torch eager, torch.compile, SDPA flash/cuDNN, FlagGems) in the same run; --svg
         draws tefl's speed relative to the best peer";

@@ -1,5 +1,5 @@
 //! `bench [--backend X] [--shapes anchor|small] [--vs torch] [--json FILE] [--svg FILE] [--reps N]
-//! [--only SUBSTRING[,...]] [--attn-d 64|128|256] [--gemm MxNxK[,...]]`: times each op of the anchor table
+//! [--rounds N] [--only SUBSTRING[,...]] [--attn-d 64|128|256] [--gemm MxNxK[,...]]`: times each op of the anchor table
 //! (`shared/device/README.md`) on the backend's device, and with `--vs torch` every peer a
 //! PyTorch user can pick on the same shapes in the same run (`tests/src/bench_peers.py`: torch
 //! eager, torch.compile for norms, activations, softmax and RoPE, SDPA's flash and cuDNN
@@ -8,7 +8,8 @@
 //! once every case is measured.
 //!
 //! tefl and its peers are timed the same way, on inputs drawn alike (uniform in [-0.5, 0.5)):
-//! 3 s (`TEFL_BENCH_WARMUP`) of back-to-back calls as warm-up (a GPU idle before a case raises
+//! one call (where kernels compile) and a wait, then 3 s (`TEFL_BENCH_WARMUP`) of back-to-back
+//! calls as warm-up (a GPU idle before a case raises
 //! its clocks, and a power-bound one lowers them as it heats), then per repetition an L2 flush
 //! (a 256 MiB fill) followed, with no host wait, by one call timed on the device (CUDA events;
 //! Vulkan timestamp queries), every repetition queued before one wait for them all where the
@@ -23,7 +24,11 @@
 //! (`attn_fwd thd` / `attn_bwd thd`, cumulative lengths and TE's max_seqlen bounds, so that
 //! the lengths are not read on the host), their peers SDPA's on the batch. `--gemm` adds bf16
 //! GEMMs of other shapes (`gemm MxNxK`: A m×k, B k×n, both row-major; torch's `A @ B` as peer),
-//! for the shapes a tile choice or a small-product path should be judged on.
+//! for the shapes a tile choice or a small-product path should be judged on. `--rounds N` (1 to
+//! 10, default 1) times each case N times in turns, tefl then its peers, and keeps each side's
+//! fastest round: a state of the card that slows one round (a power cap reached by the case
+//! before, another process's context) then weighs on neither side's figure; the JSON keeps
+//! every round, and the table names the spread of tefl's rounds.
 
 use std::fmt::Write as _;
 use std::process::ExitCode;
@@ -506,6 +511,13 @@ impl Timer {
         // case has raised its clocks. The H100 under Vulkan needed seconds of steady work:
         // after 0.2 s, and still after 1.5 s, it ran a 4096^3 GEMM about five times slower
         // than after 3 s (the slow phase ends at once, not gradually).
+        // The first call stands outside the warm-up's clock, as in the peers' loop: with a cold
+        // kernel cache it compiles (NVRTC: up to seconds), and a warm-up spent compiling left
+        // the GPU idle and its clocks down when the timed calls began (H200, 2026-12-03, a
+        // fresh cache, bench --vs torch --rounds 2: gelu's first round 0.144 ms, its second
+        // 0.130).
+        f()?;
+        self.rt.synchronize(self.device)?;
         let warm = Instant::now();
         while warm.elapsed().as_secs_f64() < self.warm_up {
             f()?;
@@ -547,6 +559,57 @@ impl Timer {
     }
 }
 
+/// One case's measurements over its rounds (`--rounds`).
+struct Rounds {
+    /// tefl's fastest round, or the error that ended its rounds.
+    best: tefl_core::Result<f64>,
+    /// tefl's median of each round that ran.
+    each: Vec<f64>,
+    /// Each peer's fastest round (None where it failed in every round); None without peers or
+    /// after an error on tefl's side.
+    peers: Option<PeerTimes>,
+    /// Each round's peer times.
+    peers_each: Vec<PeerTimes>,
+}
+
+impl Rounds {
+    fn of(mine: Vec<tefl_core::Result<f64>>, peers_each: Vec<PeerTimes>, with_peers: bool) -> Self {
+        let mut each = Vec::new();
+        let mut best: tefl_core::Result<f64> = Ok(f64::INFINITY);
+        for t in mine {
+            match t {
+                Ok(t) => {
+                    each.push(t);
+                    if let Ok(b) = &mut best {
+                        *b = b.min(t);
+                    }
+                }
+                Err(e) => best = Err(e),
+            }
+        }
+        let peers = (with_peers && best.is_ok()).then(|| {
+            let mut merged = PeerTimes::new();
+            for round in &peers_each {
+                for (peer, t) in round {
+                    let slot = merged.entry(peer.clone()).or_insert(None);
+                    if let Some(t) = *t {
+                        *slot = Some(slot.map_or(t, |s: f64| s.min(t)));
+                    }
+                }
+            }
+            merged
+        });
+        Rounds { best, each, peers, peers_each }
+    }
+
+    /// How far tefl's slowest round is from its fastest, as a fraction.
+    fn spread(&self) -> Option<f64> {
+        let lo = self.each.iter().copied().min_by(f64::total_cmp)?;
+        let hi = self.each.iter().copied().max_by(f64::total_cmp)?;
+        Some(hi / lo - 1.0)
+    }
+}
+
 /// The peers' side (python3 with torch), run as a child process.
 const PEERS_SCRIPT: &str = include_str!("../bench_peers.py");
 
@@ -570,9 +633,9 @@ struct PeerProcess {
 struct Peers {
     dev: String,
     process: Option<PeerProcess>,
-    /// Specs measured so far (cases sharing a spec, like the thd attention cases and the bshd
-    /// ones, are measured once).
-    done: std::collections::HashMap<String, PeerTimes>,
+    /// Specs measured so far, by spec and round (cases sharing a spec, like the thd attention
+    /// cases and the bshd ones, are measured once a round).
+    done: std::collections::HashMap<(String, usize), PeerTimes>,
     /// Time spent waiting for the peers.
     spent: std::time::Duration,
 }
@@ -610,16 +673,17 @@ impl Peers {
         Ok(PeerProcess { child, stdin, lines: std::io::BufReader::new(stdout).lines() })
     }
 
-    /// Every peer's time for `spec` (what the process measured before it ended, if it did).
-    fn measure(&mut self, spec: &str, reps: usize) -> PeerTimes {
-        if let Some(t) = self.done.get(spec) {
+    /// Every peer's time for `spec` in round `round` (what the process measured before it ended,
+    /// if it did).
+    fn measure(&mut self, spec: &str, reps: usize, round: usize) -> PeerTimes {
+        if let Some(t) = self.done.get(&(spec.to_string(), round)) {
             return t.clone();
         }
         eprintln!("bench peers: {spec} (peers so far: {:.0} s)", self.spent.as_secs_f64());
         let started = std::time::Instant::now();
         let times = self.measure_in_process(spec, reps);
         self.spent += started.elapsed();
-        self.done.insert(spec.to_string(), times.clone());
+        self.done.insert((spec.to_string(), round), times.clone());
         times
     }
 
@@ -695,6 +759,7 @@ fn main() -> ExitCode {
     let mut only: Option<String> = None;
     let mut svg_path: Option<String> = None;
     let mut attn_d = 128usize;
+    let mut rounds = 1usize;
     let mut extra_gemms = Vec::new();
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -704,7 +769,18 @@ fn main() -> ExitCode {
             "--json" => json = args.next(),
             "--svg" => svg_path = args.next(),
             "--only" => only = args.next(),
-            "--reps" => reps = args.next().and_then(|r| r.parse().ok()).unwrap_or(20),
+            "--reps" | "--rounds" => {
+                let v = args.next().unwrap_or_default();
+                let (what, max, slot) =
+                    if a == "--reps" { ("calls", 10_000, &mut reps) } else { ("rounds", 10, &mut rounds) };
+                match v.parse::<usize>() {
+                    Ok(n @ 1..) if n <= max => *slot = n,
+                    _ => {
+                        eprintln!("bench: {a} {v:?}: expected a count of {what} from 1 to {max}");
+                        return ExitCode::from(2);
+                    }
+                }
+            }
             "--attn-d" => {
                 let v = args.next().unwrap_or_default();
                 match v.parse::<usize>() {
@@ -724,7 +800,7 @@ fn main() -> ExitCode {
             },
             other => {
                 eprintln!(
-                    "bench: unexpected argument {other:?}\nusage: bench [--backend X] [--shapes anchor|small] [--vs torch] [--json FILE] [--svg FILE] [--reps N] [--only SUBSTRING[,SUBSTRING...]] [--attn-d 64|128|256] [--gemm MxNxK[,MxNxK...]]"
+                    "bench: unexpected argument {other:?}\nusage: bench [--backend X] [--shapes anchor|small] [--vs torch] [--json FILE] [--svg FILE] [--reps N] [--rounds N] [--only SUBSTRING[,SUBSTRING...]] [--attn-d 64|128|256] [--gemm MxNxK[,MxNxK...]]"
                 );
                 return ExitCode::from(2);
             }
@@ -782,9 +858,10 @@ fn main() -> ExitCode {
         }
     };
     println!(
-        "bench: backend {backend} ({impl_id}) on {device}, {} shapes, median of up to {reps} calls{}",
+        "bench: backend {backend} ({impl_id}) on {device}, {} shapes, median of up to {reps} calls{}{}",
         if small { "small (CPU)" } else { "anchor" },
-        if timer.flush.is_some() { ", each after an L2 flush" } else { "" }
+        if timer.flush.is_some() { ", each after an L2 flush" } else { "" },
+        if rounds > 1 { format!("; each side's fastest of {rounds} rounds in turns") } else { String::new() }
     );
     // Copy bandwidth in the same run (read + write), the memory-bound ops' yardstick.
     let copy_bytes = 256usize << 20;
@@ -818,19 +895,41 @@ fn main() -> ExitCode {
     } else {
         None
     };
-    // Each case: tefl's time, then its peers'; the table once every case is measured.
+    // Each case: tefl's time, then its peers', `rounds` times in turns; the table once every
+    // case is measured.
     let mut measured = Vec::new();
     let mut progress = Progress::new("bench");
     progress.start("bench", Some(cases.len()));
     for c in &cases {
         progress.tick(&c.name);
-        let t = timer.median_secs(reps, &*c.run);
-        progress.clear();
-        let theirs = match (&t, peers.as_mut()) {
-            (Ok(_), Some(p)) => Some(p.measure(&c.torch, reps)),
-            _ => None,
-        };
-        measured.push((c, t, theirs));
+        let mut mine = Vec::new();
+        let mut theirs = Vec::new();
+        for round in 0..rounds {
+            let t = timer.median_secs(reps, &*c.run);
+            progress.clear();
+            let failed = t.is_err();
+            if let (false, Some(p)) = (failed, peers.as_mut()) {
+                theirs.push(p.measure(&c.torch, reps, round));
+            }
+            mine.push(t);
+            if failed {
+                break;
+            }
+        }
+        let r = Rounds::of(mine, theirs, peers.is_some());
+        if rounds > 1 {
+            // Each round's figures as they come, so that a run cut short keeps them.
+            let ms = |v: &[f64]| v.iter().map(|x| format!("{:.3}", x * 1e3)).collect::<Vec<_>>().join(" / ");
+            let mut line = format!("bench rounds: {}: tefl {}", c.name, ms(&r.each));
+            for round in &r.peers_each {
+                let found: Vec<String> =
+                    round.iter().filter_map(|(p, t)| t.map(|t| format!("{p} {:.3}", t * 1e3))).collect();
+                let _ = write!(line, " | {}", found.join(", "));
+            }
+            progress.clear();
+            eprintln!("{line}");
+        }
+        measured.push((c, r));
     }
     drop(progress);
     if let Some(p) = peers.take() {
@@ -840,12 +939,15 @@ fn main() -> ExitCode {
     let peer_names: Vec<String> = ["eager", "compile", "flaggems", "sdpa_flash", "sdpa_cudnn", "grouped_mm"]
         .iter()
         .map(|p| p.to_string())
-        .filter(|p| measured.iter().any(|(_, _, m)| m.as_ref().is_some_and(|m| m.contains_key(p))))
+        .filter(|p| measured.iter().any(|(_, r)| r.peers.as_ref().is_some_and(|m| m.contains_key(p))))
         .collect();
     let mut rows = Vec::new();
     let mut bars = Vec::new();
     let mut failed = false;
     let mut head = format!("{:<40} {:>10} {:>13} {:>8}", "op", "tefl ms", "rate", "of copy");
+    if rounds > 1 {
+        let _ = write!(head, " {:>8}", "spread");
+    }
     for p in &peer_names {
         let _ = write!(head, " {:>10}", p);
     }
@@ -853,8 +955,8 @@ fn main() -> ExitCode {
         let _ = write!(head, " {:>10} {:>10}", "best peer", "tefl speed");
     }
     println!("{head}");
-    for (c, t, mine) in &measured {
-        let t = match t {
+    for (c, r) in &measured {
+        let t = match &r.best {
             Ok(t) => *t,
             Err(e) => {
                 println!("{:<40} error: {e}", c.name);
@@ -868,10 +970,13 @@ fn main() -> ExitCode {
             let g = c.bytes / t / 1e9;
             (format!("{g:.0} GB/s"), copy_gbps.map_or(String::new(), |cg| format!("{:.0}%", 100.0 * g / cg)))
         };
-        let peer_ms = |p: &str| mine.as_ref().and_then(|m| m.get(p).copied().flatten());
+        let peer_ms = |p: &str| r.peers.as_ref().and_then(|m| m.get(p).copied().flatten());
         let best =
             peer_names.iter().filter_map(|p| peer_ms(p).map(|x| (p.clone(), x))).min_by(|a, b| a.1.total_cmp(&b.1));
         let mut line = format!("{:<40} {:>10.3} {:>13} {:>8}", c.name, t * 1e3, rate, frac);
+        if rounds > 1 {
+            let _ = write!(line, " {:>8}", r.spread().map_or(String::new(), |x| format!("{:.1}%", 100.0 * x)));
+        }
         for p in &peer_names {
             let _ = write!(line, " {:>10}", peer_ms(p).map_or("-".to_string(), |x| format!("{:.3}", x * 1e3)));
         }
@@ -894,6 +999,10 @@ fn main() -> ExitCode {
             "copy_gbps": copy_gbps, "peers_ms": peer_json,
             "best_peer": best.as_ref().map(|b| b.0.clone()), "best_peer_ms": best.as_ref().map(|b| b.1 * 1e3),
             "tefl_speed_vs_best": best.as_ref().map(|b| b.1 / t),
+            "rounds_ms": r.each.iter().map(|x| x * 1e3).collect::<Vec<_>>(),
+            "peers_rounds_ms": r.peers_each.iter().map(|round| {
+                round.iter().map(|(p, x)| (p.clone(), serde_json::json!(x.map(|x| x * 1e3)))).collect::<serde_json::Map<_, _>>()
+            }).collect::<Vec<_>>(),
         }));
     }
     if let Some(path) = svg_path {
@@ -910,7 +1019,7 @@ fn main() -> ExitCode {
         }
     }
     if let Some(path) = json {
-        let doc = serde_json::json!({ "backend": backend, "impl_id": impl_id, "device": device.to_string(), "shapes": if small { "small" } else { "anchor" }, "results": rows });
+        let doc = serde_json::json!({ "backend": backend, "impl_id": impl_id, "device": device.to_string(), "shapes": if small { "small" } else { "anchor" }, "rounds": rounds, "results": rows });
         let mut s = String::new();
         let _ = write!(s, "{doc:#}");
         if let Err(e) = std::fs::write(&path, s) {
