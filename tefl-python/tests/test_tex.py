@@ -649,3 +649,95 @@ def test_running_out_of_memory_is_an_out_of_memory_error():
         tex.generic_gemm(a, False, b, False, None, None, np.float32, None, None, False, None, False, None, 0, False, False)
     assert issubclass(tefl.OutOfMemoryError, RuntimeError)
     assert f"{tefl.OutOfMemoryError.__module__}.{tefl.OutOfMemoryError.__name__}" == "tefl.OutOfMemoryError"
+
+
+def test_grouped_gemm_in_te_convention():
+    # Three experts, TE's "TN": weights A[g] [n, k], inputs B[g] [m_g, k] -> D[g] = B[g]·A[g]ᵀ,
+    # one expert with no tokens; with a bias, then into one [sum m, n] output.
+    k, n, ms = 24, 17, [5, 0, 9]
+    A = [rand(n, k) for _ in ms]
+    B = [rand(m, k) for m in ms]
+    bias = [rand(n) for _ in ms]
+    D = [np.full((m, n), np.nan, np.float32) for m in ms]
+    got = tex.te_general_grouped_gemm(
+        A, True, B, False, D, np.float32, ms, bias, None, False, [], False, [], 0, False, False, 0
+    )
+    assert got is bias
+    for g in range(3):
+        close(D[g], B[g].astype(np.float64) @ A[g].T.astype(np.float64) + bias[g], 1e-5)
+    # No bias (TE passes empty tensors), transb: B[g] stored [k, m_g]; one output for all rows.
+    Bt = [np.ascontiguousarray(b.T) for b in B]
+    empty = [np.zeros(0, np.float32) for _ in ms]
+    one = [np.full((sum(ms), n), np.nan, np.float32)]
+    tex.te_general_grouped_gemm(A, True, Bt, True, one, np.float32, ms, empty, None, True, empty, False, [], 0, False, False, 0)
+    want = np.concatenate([b.astype(np.float64) @ a.T.astype(np.float64) for a, b in zip(A, B)])
+    close(one[0], want, 1e-5)
+    # What tefl does not take, and what does not fit, named.
+    call = lambda **kw: tex.te_general_grouped_gemm(
+        *[kw.get(a, v) for a, v in zip(
+            ["A", "transa", "B", "transb", "D", "D_type", "m_splits", "bias", "bias_type", "single_output", "pre_gelu_out", "grad", "workspace", "workspaceSize", "accumulate", "use_split_accumulator", "math_sm_count"],
+            [A, True, B, False, D, np.float32, ms, [], None, False, [], False, [], 0, False, False, 0],
+        )]
+    )
+    with pytest.raises(NotImplementedError, match="accumulate"):
+        call(accumulate=True)
+    with pytest.raises(NotImplementedError, match="pre_gelu_out"):
+        call(pre_gelu_out=[np.zeros((m, n), np.float32) for m in ms])
+    with pytest.raises(NotImplementedError, match="bias"):
+        call(bias=bias, grad=True)
+    with pytest.raises(ValueError, match="m_splits"):
+        call(m_splits=[5, 1, 8])
+    with pytest.raises(ValueError, match="'D'"):
+        call(D=D[:2])
+    with pytest.raises(TypeError, match="'D'"):
+        call(D=None)
+    with pytest.raises(ValueError, match="'A'"):
+        call(A=A[:2])
+    with pytest.raises(ValueError, match="'A'|'B'"):
+        call(A=[rand(n, k + 1) for _ in ms])
+
+
+def test_grouped_gemm_on_fp8_operands():
+    k, n, ms = 32, 16, [3, 7]
+    A = [quantized(rand(n, k), "f8e4m3") for _ in ms]
+    B = [quantized(rand(m, k), "f8e4m3") for m in ms]
+    D = [np.zeros((m, n), np.float32) for m in ms]
+    tex.te_general_grouped_gemm(A, True, B, False, D, np.float32, ms, [], None, False, [], False, [], 0, False, True, 0)
+    for g in range(2):
+        close(D[g], fp8_values(B[g]) @ fp8_values(A[g]).T, 1e-5)
+    with pytest.raises(TypeError, match="FP8"):
+        tex.te_general_grouped_gemm(A, True, [rand(m, k) for m in ms], False, D, np.float32, ms, [], None, False, [], False, [], 0, False, False, 0)
+
+
+class _Columnwise(tex.Float8Quantizer):
+    """A quantizer that also asks for the transposed codes (TE's columnwise usage)."""
+
+    columnwise_usage = True
+
+
+@pytest.mark.parametrize("fmt", ["f8e4m3", "f8e5m2"])
+def test_bgrad_quantize_and_the_te_forms_of_quantize_and_dequantize(fmt):
+    x = rand(13, 40, lo=-3, hi=3)
+    x64 = x.astype(np.float64)
+    scale = np.array([RNG.uniform(1.0, 8.0)], np.float32)
+    amax = np.zeros(1, np.float32)
+    dbias, q = tex.bgrad_quantize(x, _Columnwise(scale, amax, fmt))
+    close(dbias, x64.sum(0), 1e-5)
+    close(amax, [np.abs(x64).max()])
+    assert isinstance(q, tex.Float8Tensor) and q.fp8_dtype == fmt and tuple(q.shape) == (13, 40)
+    got = fp8_values(q)
+    assert np.all(np.abs(got - x64) <= FP8_STEP[fmt] / 2 * np.abs(x64) + 2.0**-9 / scale[0]), np.abs(got - x64).max()
+    assert np.array_equal(np.asarray(q.transpose), np.asarray(q.data).T)
+    # TE's quantize(tensor, quantizer) -> Float8Tensor, and dequantize(Float8Tensor, otype).
+    amax2 = np.zeros(1, np.float32)
+    q2 = tex.quantize(x, tex.Float8Quantizer(scale, amax2, fmt))
+    assert isinstance(q2, tex.Float8Tensor) and q2.transpose is None
+    assert np.array_equal(np.asarray(q2.data), np.asarray(q.data))
+    close(amax2, [np.abs(x64).max()])
+    close(tex.dequantize(q2, np.float32), got, 1e-7)
+    with pytest.raises(NotImplementedError, match="output"):
+        tex.quantize(x, tex.Float8Quantizer(scale, amax2, fmt), np.zeros_like(x))
+    with pytest.raises(TypeError, match="quantizer"):
+        tex.bgrad_quantize(x, None)
+    with pytest.raises(ValueError, match="'x' \\(TE's 'input'\\)|input"):
+        tex.bgrad_quantize(rand(40), tex.Float8Quantizer(scale, amax2, fmt))

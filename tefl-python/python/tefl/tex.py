@@ -35,6 +35,7 @@ __all__ = [
     "layernorm_fwd",
     "layernorm_bwd",
     "generic_gemm",
+    "te_general_grouped_gemm",
     "fused_attn_fwd",
     "fused_attn_bwd",
     "fused_rope_forward",
@@ -55,6 +56,7 @@ __all__ = [
     "multi_tensor_compute_scale_and_scale_inv",
     "quantize",
     "dequantize",
+    "bgrad_quantize",
     "Float8Quantizer",
     "Float8Tensor",
     "fused_amax_and_scale_update_after_reduction",
@@ -168,12 +170,15 @@ class Float8Quantizer:
 class Float8Tensor:
     """FP8 data as a quantized output holds it: ``data`` (the codes: a torch float8 tensor, or
     uint8 bytes for numpy, which has no FP8 dtype), ``scale_inv`` (f32 ``[1]``: value = code ·
-    scale_inv) and ``fp8_dtype``. ``generic_gemm`` takes one as A or B."""
+    scale_inv) and ``fp8_dtype``; ``transpose``, the codes of the transposed 2-D data, where the
+    quantizer asked for them (TE's columnwise usage; else None). ``generic_gemm`` and
+    ``te_general_grouped_gemm`` take one as A or B."""
 
-    def __init__(self, data, scale_inv, fp8_dtype):
+    def __init__(self, data, scale_inv, fp8_dtype, transpose=None):
         self.data = data
         self.scale_inv = scale_inv
         self.fp8_dtype = dtype_name(fp8_dtype, "fp8_dtype")
+        self.transpose = transpose
 
     @property
     def shape(self):
@@ -219,15 +224,23 @@ def _raise_amax(amax, seen):
         np.maximum(amax, np.asarray(seen).reshape(amax.shape), out=amax)
 
 
-def _fp8_operand(t):
-    """(codes as an FP8 tensor, scale_inv) of a Float8Tensor (tefl's, or TE's with ``_data``,
-    ``_scale_inv`` and ``_fp8_dtype``), or None for anything else."""
+def _fp8_parts(t):
+    """(codes as stored, scale_inv, format name) of a Float8Tensor (tefl's, or TE's with
+    ``_data``, ``_scale_inv`` and ``_fp8_dtype``), or None for anything else."""
     if isinstance(t, Float8Tensor):
-        data, scale_inv, fmt = t.data, t.scale_inv, t.fp8_dtype
-    elif hasattr(t, "_data") and hasattr(t, "_scale_inv") and hasattr(t, "_fp8_dtype"):
-        data, scale_inv, fmt = t._data, t._scale_inv, dtype_name(t._fp8_dtype, "_fp8_dtype")
-    else:
+        return t.data, t.scale_inv, t.fp8_dtype
+    if hasattr(t, "_data") and hasattr(t, "_scale_inv") and hasattr(t, "_fp8_dtype"):
+        return t._data, t._scale_inv, dtype_name(t._fp8_dtype, "_fp8_dtype")
+    return None
+
+
+def _fp8_operand(t):
+    """(codes as an FP8 tensor, scale_inv) of a Float8Tensor (``_fp8_parts``), or None for
+    anything else."""
+    parts = _fp8_parts(t)
+    if parts is None:
         return None
+    data, scale_inv, fmt = parts
     if dtype_name(getattr(data, "dtype", None), "data") == "u8":
         data = _native.view_as(data, fmt)
     return data, scale_inv
@@ -505,6 +518,122 @@ def generic_gemm(
     if out.get("aux_out") is not None and gelu_in is not None and not grad:
         gelu_in[...] = out["aux_out"].reshape(_shape(gelu_in))
     return d, out.get("bias_grad"), gelu_in if gelu else None, None
+
+
+def _list_arg(name, v):
+    """Argument ``name`` as a list (TE takes Python lists or tuples of tensors there)."""
+    if isinstance(v, (list, tuple)):
+        return list(v)
+    raise TypeError(f"argument '{name}' must be a list of tensors, got {type(v).__name__}")
+
+
+def _numel(t):
+    n = 1
+    for d in _shape(t):
+        n *= d
+    return n
+
+
+def te_general_grouped_gemm(
+    A,
+    transa,
+    B,
+    transb,
+    D,
+    D_type,
+    m_splits,
+    bias,
+    bias_type,
+    single_output,
+    pre_gelu_out,
+    grad,
+    workspace,
+    workspaceSize,
+    accumulate,
+    use_split_accumulator,
+    math_sm_count=0,
+):
+    """TE's grouped GEMM (a mixture-of-experts layer's expert GEMMs) in one call, in TE's
+    column-major convention: with row-major tensors, D[g] = op(B[g])·op(A[g]) for every group g
+    (op(X) = Xᵀ when its trans flag is set; TE's "TN", transa=True, is a linear layer's forward
+    D[g] = B[g]·A[g]ᵀ with A[g] the expert's weight), plus ``bias[g]`` where given.
+
+    ``D`` is the list of outputs, written in place (one ``[m_g, n]`` tensor a group, or with
+    ``single_output`` one ``[Σ m_g, n]`` tensor holding the groups' rows in order) in ``D_type``;
+    ``m_splits`` must name each group's m (rows of op(B[g])). A and B may be lists of
+    ``Float8Tensor`` (FP8; ``use_split_accumulator`` picks TE's split accumulation). Returns
+    ``bias``, as TE does. A bias gradient (``grad`` with a bias), a GELU epilogue
+    (``pre_gelu_out`` with data) and ``accumulate`` raise ``NotImplementedError``;
+    ``workspace``, ``workspaceSize`` and ``math_sm_count`` are checked and not used."""
+    fn = "te_general_grouped_gemm"
+    A, B = _list_arg("A", A), _list_arg("B", B)
+    returned = bias
+    bias = [] if bias is None else _list_arg("bias", bias)
+    gelu_out = [] if pre_gelu_out is None else _list_arg("pre_gelu_out", pre_gelu_out)
+    grad, accumulate = _flag("grad", grad), _flag("accumulate", accumulate)
+    _integer("math_sm_count", math_sm_count)
+    _integer("workspaceSize", workspaceSize)
+    with_bias = any(_numel(b) > 0 for b in bias)
+    _unsupported(
+        fn,
+        accumulate=(accumulate, lambda v: not v),
+        pre_gelu_out=(gelu_out, lambda v: all(_numel(t) == 0 for t in v)),
+    )
+    if grad and with_bias:
+        raise NotImplementedError(f"{fn}: argument 'bias' with grad=True (the bias gradient) is not supported by tefl yet")
+    if len(A) != len(B):
+        raise ValueError(f"{fn}: argument 'B' has {len(B)} tensors, argument 'A' {len(A)}: one of each per group")
+    if with_bias and len(bias) != len(A):
+        raise ValueError(f"{fn}: argument 'bias' has {len(bias)} tensors for {len(A)} groups")
+    kind = kind_of([x.data if isinstance(x, Float8Tensor) else x for x in A + B + list(D or [])])
+    fp8 = [_fp8_operand(t) for t in A + B]
+    if any(f is None for f in fp8) and any(f is not None for f in fp8):
+        raise TypeError(f"{fn}: A and B must all be FP8 (Float8Tensor) or all not")
+    a_si = b_si = []
+    if fp8 and fp8[0] is not None:
+        A, a_si = [f[0] for f in fp8[: len(A)]], [f[1] for f in fp8[: len(A)]]
+        B, b_si = [f[0] for f in fp8[len(A) :]], [f[1] for f in fp8[len(A) :]]
+    # TE's D[g] = op(B[g])·op(A[g]): tefl's a is B[g] (transposed per transb), its b A[g].
+    transa, transb = _flag("transa", transa), _flag("transb", transb)
+    ms = [int(x) for x in _list_arg("m_splits", m_splits)]
+    got_m = [_shape(b)[1 if transb else 0] if len(_shape(b)) == 2 else None for b in B]
+    if ms != got_m:
+        raise ValueError(f"{fn}: argument 'm_splits' is {ms}, the groups' m (rows of op(B[g])) are {got_m}")
+    if D is None:
+        raise TypeError(f"{fn}: argument 'D' must be the list of output tensors (TE writes the products there)")
+    D = _list_arg("D", D)
+    if _flag("single_output", single_output):
+        if len(D) != 1:
+            raise ValueError(f"{fn}: argument 'D' holds {len(D)} tensors; single_output takes one [sum(m_splits), n]")
+    elif len(D) != len(A):
+        raise ValueError(f"{fn}: argument 'D' holds {len(D)} tensors for {len(A)} groups")
+    args = {
+        "a": B,
+        "b": A,
+        "a_scale_inv": b_si,
+        "b_scale_inv": a_si,
+        "bias": bias if with_bias else [],
+        "transa": transb,
+        "transb": transa,
+        "out_dtype": dtype_name(D_type, "D_type"),
+        "split_accumulator": _flag("use_split_accumulator", use_split_accumulator),
+    }
+    names = {"a": "B", "b": "A", "a_scale_inv": "B_scale_inv", "b_scale_inv": "A_scale_inv"}
+    out = _call_te(fn, args, kind=kind, te_names=names)["d"]
+    if len(D) == 1 and len(out) != 1:
+        total, row = D[0], 0
+        if _shape(total)[0] != sum(ms):
+            raise ValueError(f"{fn}: argument 'D' has {_shape(total)[0]} rows, sum(m_splits) is {sum(ms)}")
+        for d in out:
+            m = _shape(d)[0]
+            total[row : row + m] = d
+            row += m
+    else:
+        for g, (dst, d) in enumerate(zip(D, out)):
+            if _shape(dst) != _shape(d):
+                raise ValueError(f"{fn}: argument 'D' [{g}] has shape {_shape(dst)}, the product {_shape(d)}")
+            dst[...] = d
+    return returned
 
 
 def _flatten2(t):
@@ -1034,9 +1163,32 @@ def multi_tensor_compute_scale_and_scale_inv(chunk_size, noop_flag, tensor_lists
 # -- FP8 bookkeeping and dropout ----------------------------------------------------------------
 
 
-def quantize(tensor, scale, fp8_dtype, want_transpose=False):
-    """tefl's ``quantize`` (TE's takes a quantizer object): ``-> (q, q_t, amax, scale_inv)``,
-    q as uint8 bytes for numpy (float8 for torch)."""
+def _is_quantizer(v):
+    """Whether ``v`` is a quantizer object (scale and amax attributes), not a tensor."""
+    return not hasattr(v, "__dlpack__") and hasattr(v, "scale") and hasattr(v, "amax")
+
+
+def _columnwise(quantizer):
+    """Whether a quantizer asks for the transposed codes too (TE's columnwise usage)."""
+    return bool(getattr(quantizer, "columnwise_usage", False))
+
+
+def quantize(tensor, scale, fp8_dtype=None, want_transpose=False):
+    """Two forms. TE's, ``quantize(tensor, quantizer, output=None, noop=None)`` with a
+    ``Float8Quantizer``: ``-> Float8Tensor`` of (tensor · scale), the quantizer's amax raised to
+    max |tensor| (``output`` and ``noop`` are not supported yet). tefl's, ``quantize(tensor,
+    scale, fp8_dtype, want_transpose=False)``: ``-> (q, q_t, amax, scale_inv)``, q as uint8
+    bytes for numpy (float8 for torch)."""
+    if _is_quantizer(scale):
+        # TE's positional order: (tensor, quantizer, output, noop).
+        output, noop = fp8_dtype, want_transpose
+        _unsupported("quantize", output=(output, _none), noop=(noop, lambda v: v is None or v is False))
+        sc, amax, fmt = _fp8_quantizer("quantize", scale)
+        out = call("quantize", {"x": tensor, "scale": sc, "fp8_dtype": fmt, "want_transpose": _columnwise(scale)})
+        _raise_amax(amax, out["amax"])
+        return Float8Tensor(out["q"], out["scale_inv"], fmt, out["q_t"])
+    if fp8_dtype is None:
+        raise TypeError("quantize: argument 'fp8_dtype' is missing (or pass a quantizer as the second argument)")
     out = call(
         "quantize",
         {"x": tensor, "scale": scale, "fp8_dtype": dtype_name(fp8_dtype, "fp8_dtype"), "want_transpose": _flag("want_transpose", want_transpose)},
@@ -1044,14 +1196,38 @@ def quantize(tensor, scale, fp8_dtype, want_transpose=False):
     return out["q"], out["q_t"], out["amax"], out["scale_inv"]
 
 
-def dequantize(input, scale_inv, otype, fp8_dtype="f8e4m3"):
+def dequantize(input, scale_inv=None, otype=None, fp8_dtype="f8e4m3"):
     """FP8 ``input`` times ``scale_inv``: a torch float8 tensor, or uint8 bytes of
-    ``fp8_dtype`` (how FP8 data reaches numpy)."""
+    ``fp8_dtype`` (how FP8 data reaches numpy). TE's form, ``dequantize(input, otype)`` with a
+    ``Float8Tensor`` (tefl's or TE's), takes its codes, scale_inv and format."""
+    parts = _fp8_parts(input)
+    if parts is not None:
+        if otype is None:
+            otype, scale_inv = scale_inv, None
+        if scale_inv is not None or otype is None:
+            raise TypeError("dequantize: a Float8Tensor takes (input, otype), TE's form")
+        input, scale_inv, fp8_dtype = parts
+    elif scale_inv is None or otype is None:
+        raise TypeError("dequantize: arguments 'scale_inv' and 'otype' are needed for plain FP8 codes")
     kind = kind_of([input])
     q = input
     if dtype_name(getattr(input, "dtype", None), "input") == "u8":
         q = _native.view_as(input, dtype_name(fp8_dtype, "fp8_dtype"))
     return call("dequantize", {"q": q, "scale_inv": scale_inv, "out_dtype": dtype_name(otype, "otype")}, kind=kind)["y"]
+
+
+def bgrad_quantize(input, quantizer):
+    """TE's ``bgrad_quantize``: ``-> [grad_bias, Float8Tensor]``, the column sums of the 2-D
+    ``input`` (in its dtype, summed in f32) and its FP8 cast through the ``Float8Quantizer``
+    (amax raised), in one pass over it; the codes' transpose too where the quantizer asks for
+    columnwise usage."""
+    q = _fp8_quantizer("bgrad_quantize", quantizer)
+    if q is None:
+        raise TypeError("bgrad_quantize: argument 'quantizer' is None; TE's call takes a quantizer")
+    args = {"x": input, "scale": q[0], "fp8_dtype": q[2], "want_transpose": _columnwise(quantizer)}
+    out = _call_te("bgrad_quantize", args, kind=kind_of([input]), te_names={"x": "input", "scale": "quantizer.scale"})
+    _raise_amax(quantizer.amax, out["amax"])
+    return [out["dbias"], Float8Tensor(out["q"], out["scale_inv"], q[2], out["q_t"])]
 
 
 def fused_amax_and_scale_update_after_reduction(amax_history, scale, scale_inv, fp8_max, margin, amax_compute_algo):
