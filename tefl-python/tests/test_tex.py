@@ -741,3 +741,17 @@ def test_bgrad_quantize_and_the_te_forms_of_quantize_and_dequantize(fmt):
         tex.bgrad_quantize(x, None)
     with pytest.raises(ValueError, match="'x' \\(TE's 'input'\\)|input"):
         tex.bgrad_quantize(rand(40), tex.Float8Quantizer(scale, amax2, fmt))
+
+
+def test_compute_amax_sets_the_amax_in_place():
+    x = rand(9, 31, lo=-5, hi=5)
+    amax = np.array([1e6], np.float32)  # overwritten, not raised
+    assert tex.compute_amax(x, amax) is None
+    close(amax, [np.abs(x.astype(np.float64)).max()], 1e-7)
+    x[3, 4] = np.nan
+    tex.compute_amax(x, amax)
+    assert np.isnan(amax[0])
+    with pytest.raises(ValueError, match="'amax'"):
+        tex.compute_amax(x, np.zeros(2, np.float32))
+    with pytest.raises(ValueError, match="'amax'"):
+        tex.compute_amax(x, np.zeros(1, np.float64))

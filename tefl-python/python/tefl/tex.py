@@ -57,6 +57,7 @@ __all__ = [
     "quantize",
     "dequantize",
     "bgrad_quantize",
+    "compute_amax",
     "Float8Quantizer",
     "Float8Tensor",
     "fused_amax_and_scale_update_after_reduction",
@@ -580,7 +581,9 @@ def te_general_grouped_gemm(
         pre_gelu_out=(gelu_out, lambda v: all(_numel(t) == 0 for t in v)),
     )
     if grad and with_bias:
-        raise NotImplementedError(f"{fn}: argument 'bias' with grad=True (the bias gradient) is not supported by tefl yet")
+        raise NotImplementedError(
+            f"{fn}: argument 'bias' with grad=True (the bias gradient) is not supported by tefl yet"
+        )
     if len(A) != len(B):
         raise ValueError(f"{fn}: argument 'B' has {len(B)} tensors, argument 'A' {len(A)}: one of each per group")
     if with_bias and len(bias) != len(A):
@@ -1228,6 +1231,18 @@ def bgrad_quantize(input, quantizer):
     out = _call_te("bgrad_quantize", args, kind=kind_of([input]), te_names={"x": "input", "scale": "quantizer.scale"})
     _raise_amax(quantizer.amax, out["amax"])
     return [out["dbias"], Float8Tensor(out["q"], out["scale_inv"], q[2], out["q_t"])]
+
+
+def compute_amax(tensor, amax):
+    """TE's ``compute_amax``: ``amax`` (f32, one element) set in place to max |tensor| (NaN where
+    the tensor holds one)."""
+    if _dtype_of(amax, "amax") != "f32" or _numel(amax) != 1:
+        raise ValueError(
+            f"compute_amax: argument 'amax' must be an f32 tensor of one element, "
+            f"got {_dtype_of(amax, 'amax')} {_shape(amax)}"
+        )
+    got = _call_te("compute_amax", {"x": tensor}, kind=kind_of([tensor, amax]), te_names={"x": "tensor"})["amax"]
+    amax[...] = got.reshape(_shape(amax))
 
 
 def fused_amax_and_scale_update_after_reduction(amax_history, scale, scale_inv, fp8_max, margin, amax_compute_algo):
