@@ -417,3 +417,37 @@ def test_every_other_tex_op_on_cuda_matches_the_host():
         return dst, p, mom
 
     _host_vs_cuda(scale_then_sgd, r(50), r(50))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_grouped_gemm_matches_torch(dtype):
+    # TE's "TN" over three experts (one without tokens): D[g] = B[g]·A[g]ᵀ, written in place.
+    k, n, ms = 256, 128, [64, 0, 192]
+    A = [randn(n, k, dtype=dtype) for _ in ms]
+    B = [randn(m, k, dtype=dtype) for m in ms]
+    D = [torch.full((m, n), float("nan"), device=DEVICE, dtype=dtype) for m in ms]
+    bias = [randn(n, dtype=dtype) for _ in ms]
+    got = tex.te_general_grouped_gemm(A, True, B, False, D, dtype, ms, bias, None, False, [], False, [], 0, False, False, 0)
+    assert got is bias
+    for a, b, d, c in zip(A, B, D, bias):
+        close(d, b.float() @ a.float().T + c.float(), dtype)
+    one = [torch.full((sum(ms), n), float("nan"), device=DEVICE, dtype=dtype)]
+    tex.te_general_grouped_gemm(A, True, B, False, one, dtype, ms, [], None, True, [], False, [], 0, False, False, 0)
+    close(one[0], torch.cat([b.float() @ a.float().T for a, b in zip(A, B)]), dtype)
+
+
+def test_bgrad_quantize_and_compute_amax_match_torch():
+    x = randn(64, 96, scale=3.0)
+    scale = torch.tensor([4.0], device=DEVICE)
+    amax = torch.zeros(1, device=DEVICE)
+    dbias, q = tex.bgrad_quantize(x, tex.Float8Quantizer(scale, amax, torch.float8_e4m3fn))
+    close(dbias, x.sum(0), torch.float32)
+    assert q.data.dtype == torch.float8_e4m3fn and q.data.device == x.device
+    # Within one e4m3 step of torch's own cast of x·scale (inside e4m3's range).
+    got, want = q.data.float(), (x * scale).to(torch.float8_e4m3fn).float()
+    assert bool(((got - want).abs() <= want.abs() * 2.0**-3 + 2.0**-9).all()), (got - want).abs().max()
+    assert amax.item() == x.abs().max().item()
+    assert torch.equal(tex.dequantize(q, torch.float32), got / 4.0)
+    amax2 = torch.full((1,), 1e6, device=DEVICE)
+    tex.compute_amax(x, amax2)
+    assert amax2.item() == x.abs().max().item()
