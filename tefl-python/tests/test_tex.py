@@ -687,6 +687,10 @@ def test_grouped_gemm_in_te_convention():
         call(bias=bias, grad=True)
     with pytest.raises(ValueError, match="m_splits"):
         call(m_splits=[5, 1, 8])
+    with pytest.raises(TypeError, match="m_splits"):
+        call(m_splits=[5, "0", 9])
+    with pytest.raises(ValueError, match="'D' has shape"):
+        call(D=[np.zeros((sum(ms), n + 1), np.float32)], single_output=True)
     with pytest.raises(ValueError, match="'D'"):
         call(D=D[:2])
     with pytest.raises(TypeError, match="'D'"):

@@ -598,7 +598,7 @@ def te_general_grouped_gemm(
         B, b_si = [f[0] for f in fp8[len(A) :]], [f[1] for f in fp8[len(A) :]]
     # TE's D[g] = op(B[g])·op(A[g]): tefl's a is B[g] (transposed per transb), its b A[g].
     transa, transb = _flag("transa", transa), _flag("transb", transb)
-    ms = [int(x) for x in _list_arg("m_splits", m_splits)]
+    ms = [_integer("m_splits", x) for x in _list_arg("m_splits", m_splits)]
     got_m = [_shape(b)[1 if transb else 0] if len(_shape(b)) == 2 else None for b in B]
     if ms != got_m:
         raise ValueError(f"{fn}: argument 'm_splits' is {ms}, the groups' m (rows of op(B[g])) are {got_m}")
@@ -625,8 +625,9 @@ def te_general_grouped_gemm(
     out = _call_te(fn, args, kind=kind, te_names=names)["d"]
     if len(D) == 1 and len(out) != 1:
         total, row = D[0], 0
-        if _shape(total)[0] != sum(ms):
-            raise ValueError(f"{fn}: argument 'D' has {_shape(total)[0]} rows, sum(m_splits) is {sum(ms)}")
+        want = (sum(ms),) + _shape(out[0])[1:]
+        if _shape(total) != want:
+            raise ValueError(f"{fn}: argument 'D' has shape {_shape(total)}, the groups' rows make {want}")
         for d in out:
             m = _shape(d)[0]
             total[row : row + m] = d
@@ -1187,7 +1188,8 @@ def quantize(tensor, scale, fp8_dtype=None, want_transpose=False):
         output, noop = fp8_dtype, want_transpose
         _unsupported("quantize", output=(output, _none), noop=(noop, lambda v: v is None or v is False))
         sc, amax, fmt = _fp8_quantizer("quantize", scale)
-        out = call("quantize", {"x": tensor, "scale": sc, "fp8_dtype": fmt, "want_transpose": _columnwise(scale)})
+        args = {"x": tensor, "scale": sc, "fp8_dtype": fmt, "want_transpose": _columnwise(scale)}
+        out = _call_te("quantize", args, te_names={"x": "tensor", "scale": "quantizer.scale"})
         _raise_amax(amax, out["amax"])
         return Float8Tensor(out["q"], out["scale_inv"], fmt, out["q_t"])
     if fp8_dtype is None:
