@@ -83,6 +83,14 @@ fn bench_vs_stand_in(path: &std::ffi::OsStr, args: &[&str]) -> (String, String) 
     (stdout, stderr)
 }
 
+/// The stand-in's log: its text, how many processes started, and the specs they read in order.
+fn read_log(log: &Path) -> (String, usize, Vec<String>) {
+    let text = std::fs::read_to_string(log).unwrap();
+    let starts = text.lines().filter(|l| *l == "start").count();
+    let specs = text.lines().filter_map(|l| l.strip_prefix("spec ")).map(str::to_string).collect();
+    (text, starts, specs)
+}
+
 /// The cells after the name column of the row of `stdout` whose name starts with `name`.
 fn row(stdout: &str, name: &str) -> Vec<String> {
     let line = stdout.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("no row {name:?} in\n{stdout}"));
@@ -112,10 +120,9 @@ fn peers_run_case_by_case_in_one_process_that_is_replaced_after_a_fault() {
 
     // Two processes: the first until RoPE's spec, a second for the specs after it; each spec
     // sent once, in the cases' order.
-    let log = std::fs::read_to_string(&log).unwrap();
+    let (log, starts, specs) = read_log(&log);
     let lines: Vec<&str> = log.lines().collect();
-    assert_eq!(lines.iter().filter(|l| **l == "start").count(), 2, "{log}");
-    let specs: Vec<&str> = lines.iter().filter_map(|l| l.strip_prefix("spec ")).collect();
+    assert_eq!(starts, 2, "{log}");
     assert_eq!(specs.len(), 4, "{log}");
     assert!(specs[0].starts_with("rmsnorm_fwd") && specs[1].starts_with("gelu"), "{log}");
     assert!(specs[2].starts_with("rope") && specs[3].starts_with("attn_fwd"), "{log}");
@@ -137,8 +144,7 @@ fn extra_gemm_shapes_are_timed_beside_their_peer() {
         assert_eq!(&cols[3..6], ["1.000", "2.000", "eager"], "{cols:?}");
     }
     assert!(!stdout.lines().any(|l| l.starts_with("gemm 1024")), "--only keeps the extra shapes alone\n{stdout}");
-    let log = std::fs::read_to_string(&log).unwrap();
-    let specs: Vec<&str> = log.lines().filter_map(|l| l.strip_prefix("spec ")).collect();
+    let (log, _, specs) = read_log(&log);
     assert_eq!(specs, ["gemm_mnk 40 24 56", "gemm_mnk 40 8 8"], "{log}");
     // A shape too large for the host's memory (its element count past usize, so whatever the
     // host's overcommit policy) fails the run with an error naming it.
@@ -174,10 +180,8 @@ fn rounds_alternate_with_the_peers_and_keep_each_sides_fastest() {
     let gelu = row(&stdout, "gelu");
     assert!(gelu[4].ends_with('%'), "{gelu:?}");
     assert_eq!(&gelu[5..8], ["0.500", "2.000", "eager"], "{gelu:?}");
-    let log = std::fs::read_to_string(&log).unwrap();
-    let lines: Vec<&str> = log.lines().collect();
-    assert_eq!(lines.iter().filter(|l| **l == "start").count(), 1, "{log}");
-    let specs: Vec<&str> = lines.iter().filter_map(|l| l.strip_prefix("spec ")).collect();
+    let (log, starts, specs) = read_log(&log);
+    assert_eq!(starts, 1, "{log}");
     assert_eq!(specs.len(), 2, "{log}");
     assert!(specs.iter().all(|s| s.starts_with("gelu")) && specs[0] == specs[1], "{log}");
     let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();

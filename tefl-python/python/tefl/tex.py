@@ -19,6 +19,7 @@ Scalar arguments take any number (Python, numpy, a one-element tensor), not stri
 ignored: tefl's kernels take the whole device.
 """
 
+import math
 import operator
 import re
 
@@ -529,10 +530,7 @@ def _list_arg(name, v):
 
 
 def _numel(t):
-    n = 1
-    for d in _shape(t):
-        n *= d
-    return n
+    return math.prod(_shape(t))
 
 
 def te_general_grouped_gemm(
