@@ -18,6 +18,10 @@ const DL_UINT: u8 = 1;
 const DL_FLOAT: u8 = 2;
 const DL_BFLOAT: u8 = 4;
 const DL_BOOL: u8 = 6;
+// DLPack 1.1's FP8 codes for TE's two formats (torch exports float8_e4m3fn and float8_e5m2 as
+// these); the other FP8 codes (e4m3 with infinities, the fnuz forms) are other encodings.
+const DL_FLOAT8_E4M3FN: u8 = 10;
+const DL_FLOAT8_E5M2: u8 = 12;
 
 const CAPSULE_NAME: &CStr = c"dltensor";
 const USED_CAPSULE_NAME: &CStr = c"used_dltensor";
@@ -90,11 +94,14 @@ fn dtype_of(t: DlDataType) -> Option<DType> {
         (DL_INT, 64) => DType::I64,
         (DL_UINT, 8) => DType::U8,
         (DL_BOOL, 8) => DType::Bool,
+        (DL_FLOAT8_E4M3FN, 8) => DType::F8E4M3,
+        (DL_FLOAT8_E5M2, 8) => DType::F8E5M2,
         _ => return None,
     })
 }
 
-/// The DLPack type of a tefl dtype (FP8 data goes out as bytes: view it as float8 there).
+/// The DLPack type of a tefl dtype (FP8 data goes out as bytes, which every consumer reads
+/// (numpy has no float8): view it as float8 there; it comes in either way).
 fn dl_type(d: DType) -> DlDataType {
     let (code, bits) = match d {
         DType::F32 => (DL_FLOAT, 32),

@@ -22,6 +22,8 @@ TOL = {torch.float32: 2e-4, torch.bfloat16: 3e-2, torch.float16: 5e-3}
 def close(got, want, dtype):
     got, want = got.float(), want.float()
     assert got.shape == want.shape, (got.shape, want.shape)
+    if want.numel() == 0:
+        return
     err = (got - want).abs().max().item() / max(1.0, want.abs().max().item())
     assert err < TOL[dtype], f"max relative error {err:.3e}"
 
@@ -434,6 +436,36 @@ def test_grouped_gemm_matches_torch(dtype):
     one = [torch.full((sum(ms), n), float("nan"), device=DEVICE, dtype=dtype)]
     tex.te_general_grouped_gemm(A, True, B, False, one, dtype, ms, [], None, True, [], False, [], 0, False, False, 0)
     close(one[0], torch.cat([b.float() @ a.float().T for a, b in zip(A, B)]), dtype)
+
+
+@pytest.mark.parametrize("fb", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_fp8_gemms_take_torch_float8_tensors(fb):
+    # tefl's FP8 codes come back as torch float8 tensors and go back in as they are (DLPack's
+    # float8 codes): TE's "TN" D = B·Aᵀ on them against torch's product of the same values.
+    def quantized(x, fmt):
+        scale = torch.tensor([float(torch.empty(()).uniform_(1.0, 8.0))], device=DEVICE)
+        q = tex.quantize(x, tex.Float8Quantizer(scale, torch.zeros(1, device=DEVICE), fmt))
+        assert q.data.dtype == fmt and q.data.device == x.device
+        return q
+
+    A, B = quantized(randn(96, 64), torch.float8_e4m3fn), quantized(randn(40, 64), fb)
+    value = lambda q: q.data.float() * q.scale_inv
+    want = value(B) @ value(A).T
+    d = tex.generic_gemm(A, True, B, False, None, None, torch.bfloat16, None, None, False, None, False, None, 0, False, True)[0]
+    assert d.dtype == torch.bfloat16
+    close(d, want, torch.bfloat16)
+    if fb == torch.float8_e4m3fn:
+        # torch's own FP8 GEMM on the same codes (it takes B row-major, A column-major).
+        ref = torch._scaled_mm(B.data, A.data.T, scale_a=B.scale_inv, scale_b=A.scale_inv, out_dtype=torch.float32)
+        close(d, ref, torch.bfloat16)
+    # The grouped GEMM on Float8Tensor lists of torch float8 codes.
+    ms = [16, 24]
+    As = [quantized(randn(32, 64), torch.float8_e4m3fn) for _ in ms]
+    Bs = [quantized(randn(m, 64), fb) for m in ms]
+    D = [torch.empty(m, 32, device=DEVICE, dtype=torch.float32) for m in ms]
+    tex.te_general_grouped_gemm(As, True, Bs, False, D, torch.float32, ms, [], None, False, [], False, [], 0, False, True, 0)
+    for a, b, d in zip(As, Bs, D):
+        close(d, value(b) @ value(a).T, torch.float32)
 
 
 def test_bgrad_quantize_and_compute_amax_match_torch():
