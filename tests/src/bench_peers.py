@@ -8,8 +8,11 @@ next spec.
 
 Peers: torch eager; torch.compile (norms, activations, softmax, RoPE, and the rmsnorm and softmax
 backwards written out: `formula`); SDPA with the flash and
-the cuDNN backends (attention); FlagGems (`flag_gems.use_gems()` around the eager code) when
-it is importable. On CUDA each repetition is an L2 flush (a 256 MiB fill), then CUDA events
+the cuDNN backends (attention); FlagGems when it is importable: `flag_gems.use_gems()` around
+the eager code, and for attention its own `flag_gems.ops.scaled_dot_product_attention` (Triton,
+forward and backward). Not `use_gems()` around SDPA: on NVIDIA, FlagGems 5.0.2 replaces only
+aten's `_flash_attention_forward`, which SDPA's default backend on Hopper (cuDNN) never calls,
+so that measured cuDNN a third time under FlagGems' name. On CUDA each repetition is an L2 flush (a 256 MiB fill), then CUDA events
 around one call, all queued without a host wait, so the device is busy with the flush while
 the host queues the call; the median of the repetitions after 3 s of back-to-back calls as
 warm-up, as bench warms tefl's (a power-bound kernel slows as the card heats, so both sides
@@ -176,15 +179,17 @@ def eager(op, a):
     return None, False
 
 
-def attention(op, a):
-    """SDPA's callable for attn_fwd / attn_bwd (causal, bhsd). q, k and v are tensors of their
-    own, as tefl's in bench: with one tensor for all three, autograd would add the three
-    gradients into one (two more passes over them) and time that with the backward."""
+def attention(op, a, sdpa=None):
+    """The callable for attn_fwd / attn_bwd (causal, bhsd) of `sdpa` (SDPA's signature; torch's
+    by default). q, k and v are tensors of their own, as tefl's in bench: with one tensor for all
+    three, autograd would add the three gradients into one (two more passes over them) and time
+    that with the backward."""
+    sdpa = sdpa or F.scaled_dot_product_attention
     b, h, s, d = a
     q, k, v = (t(b, h, s, d).requires_grad_(op == "attn_bwd") for _ in range(3))
     if op == "attn_fwd":
-        return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return lambda: sdpa(q, k, v, is_causal=True)
+    o = sdpa(q, k, v, is_causal=True)
     do = t(b, h, s, d)
     return lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
 
@@ -242,7 +247,8 @@ def peers(op, a):
             ("sdpa_cudnn", lambda: sdpa_kernel(SDPBackend.CUDNN_ATTENTION), lambda: attention(op, a)),
         ]
         if flag_gems is not None:
-            out.append(("flaggems", flag_gems.use_gems, lambda: attention(op, a)))
+            gems_sdpa = flag_gems.ops.scaled_dot_product_attention
+            out.append(("flaggems", contextlib.nullcontext, lambda: attention(op, a, gems_sdpa)))
         return out
     f, compiles = eager(op, a)
     if f is None:
