@@ -3,8 +3,8 @@ the way bench times tefl. Reads one `[spec, reps]` line at a time on stdin (spec
 size..."), right after bench has timed tefl's case: it prints one JSON line
 `[spec, peer, seconds or null]` per peer as soon as it is measured, then `{"done": spec}`, and
 waits for the next. What was measured survives a peer that brings the process down (a CUDA
-fault poisons the context): bench keeps every line it got and starts a new process for the
-next spec.
+fault poisons the context, so the process also ends itself after a fault it caught): bench
+keeps every line it got and starts a new process for its next request.
 
 Peers: torch eager; torch.compile (norms, activations, softmax, RoPE, and the rmsnorm and softmax
 backwards written out: `formula`); SDPA with the flash and
@@ -266,6 +266,16 @@ def peers(op, a):
     return out
 
 
+def context_ok():
+    """Whether this process's CUDA context still works: a fault (an illegal memory access) is
+    sticky, so every later call in the process would fail with it too."""
+    try:
+        torch.cuda.synchronize()
+        return True
+    except Exception:
+        return False
+
+
 for line in sys.stdin:
     if not line.strip():
         continue
@@ -277,13 +287,20 @@ for line in sys.stdin:
     op, a = w[0], [int(x) for x in w[1:]]
     for name, ctx, setup in peers(op, a):
         print(f"bench peers: {spec}: {name}", file=sys.stderr, flush=True)
+        fault = False
         try:
             with ctx():
                 secs = timed(setup(), reps)
         except Exception as e:
             secs = None
             print(f"bench peers: {name} {spec}: {type(e).__name__}: {e}", file=sys.stderr)
+            fault = cuda and not context_ok()
         print(json.dumps([spec, name, secs]), flush=True)
+        if fault:
+            # bench starts a new process for its next request (this spec's later peers are lost
+            # for this round); staying, every later peer would fail on the poisoned context.
+            print(f"bench peers: the CUDA context is lost after {name} on '{spec}'", file=sys.stderr, flush=True)
+            sys.exit(1)
         if cuda:
             torch.cuda.empty_cache()
     print(json.dumps({"done": spec}), flush=True)
