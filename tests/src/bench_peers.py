@@ -12,11 +12,13 @@ the cuDNN backends (attention); FlagGems when it is importable: `flag_gems.use_g
 the eager code, and for attention its own `flag_gems.ops.scaled_dot_product_attention` (Triton,
 forward and backward). Not `use_gems()` around SDPA: on NVIDIA, FlagGems 5.0.2 replaces only
 aten's `_flash_attention_forward`, which SDPA's default backend on Hopper (cuDNN) never calls,
-so that measured cuDNN a third time under FlagGems' name. On CUDA each repetition is an L2 flush (a 256 MiB fill), then CUDA events
-around one call, all queued without a host wait, so the device is busy with the flush while
-the host queues the call; the median of the repetitions after 3 s of back-to-back calls as
-warm-up, as bench warms tefl's (a power-bound kernel slows as the card heats, so both sides
-start from the same state). The inputs are uniform in [-0.5, 0.5), as bench's.
+so that measured cuDNN a third time under FlagGems' name.
+
+On CUDA each repetition is an L2 flush (a 256 MiB fill), then CUDA events around one call, all
+queued without a host wait, so the device is busy with the flush while the host queues the
+call; the median of the repetitions after 3 s of back-to-back calls as warm-up, as bench warms
+tefl's (a power-bound kernel slows as the card heats, so both sides start from the same
+state). The inputs are uniform in [-0.5, 0.5), as bench's.
 """
 
 import contextlib
