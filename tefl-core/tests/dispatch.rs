@@ -20,6 +20,8 @@ enum Behaviour {
     Panic,
     /// Returns the device runtimes' out-of-memory error.
     OutOfMemory,
+    /// Returns a configuration error (a malformed variable of its backend).
+    BadConfig,
 }
 
 /// Each impl writes its tag into `rsigma`, so the caller sees who served it.
@@ -51,6 +53,7 @@ fn imp(
                 bytes: 1 << 40,
                 what: format!("{id_owned}'s workspace"),
             }),
+            Behaviour::BadConfig => Err(Error::config("TEFL_TEST_KNOB", "bogus", "expected 0 or 1")),
         }
     })
     .priority(prio);
@@ -310,6 +313,25 @@ fn an_impl_out_of_memory_falls_back_but_keeps_its_place() {
     served_tag(&m).unwrap();
     served_tag(&m).unwrap();
     assert_eq!(fx.hits("default.a"), 1);
+}
+
+#[test]
+fn a_backend_configuration_error_is_returned_not_fallen_back_from() {
+    let (reg, fx) = registry(&[("default.a", Behaviour::BadConfig)]);
+    let m = Manager::new(reg, SelectionPolicy::default());
+    for call in 1..=3 {
+        match served_tag(&m) {
+            Err(Error::Config { variable: "TEFL_TEST_KNOB", token, .. }) => assert_eq!(token, "bogus"),
+            other => panic!("expected the configuration error, got {other:?}"),
+        }
+        // Tried on every call (not remembered as a failure), and nothing after it ran.
+        assert_eq!(fx.hits("default.a"), call);
+        assert_eq!(fx.hits("default.b"), 0);
+    }
+    let stats = m.stats_of("rmsnorm_fwd", "default.a").unwrap();
+    assert_eq!((stats.failures, stats.skipped), (0, 0));
+    assert_eq!(m.stats_of("rmsnorm_fwd", "default.b").unwrap().fallbacks, 0);
+    assert!(m.recent_failures().is_empty());
 }
 
 #[test]

@@ -216,6 +216,11 @@ impl Manager {
                             format!("not supported: {}", failure_text(&err, e.imp.impl_id())),
                         ));
                     }
+                    // A configuration error (a plugin's malformed setting, or a pinned Vulkan GEMM
+                    // tile the device cannot run) is the caller's to fix, like a malformed
+                    // variable: the call returns it, and the impl is neither passed over nor
+                    // remembered as failed.
+                    Err(err @ Error::Config { .. }) => return Err(err),
                     Err(err) => {
                         self.on_failure(e, O::NAME, s.device, &err);
                         if sh.strict {
