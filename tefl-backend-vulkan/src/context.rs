@@ -288,7 +288,9 @@ fn list_devices(entry: &ash::Entry, instance: &ash::Instance, version: u32) -> R
     if devices.is_empty() {
         return Err("no Vulkan 1.2 device with a compute queue".into());
     }
-    select(devices, std::env::var(DEVICE_VAR).ok().as_deref())
+    // The one reader of the environment decides; a malformed variable is its error.
+    let choice = tefl_core::policy::env().as_ref().map_err(|e| e.to_string())?.vulkan_device.clone();
+    select(devices, choice.as_deref())
 }
 
 /// A device's extensions (enumerated once per device).

@@ -154,7 +154,8 @@ pub struct Gpu {
 
 /// The variable that makes tefl log the driver's statistics of every pipeline it creates
 /// (`1`; registers, shared memory, spills as the driver names them), for vendor engineers
-/// tuning shaders. Devices without `VK_KHR_pipeline_executable_properties` log nothing.
+/// tuning shaders. Devices without `VK_KHR_pipeline_executable_properties` log nothing. Read,
+/// like every variable, by `tefl_core::policy::env()` (`vulkan_pipeline_stats`).
 pub const PIPELINE_STATS_VAR: &str = "TEFL_VULKAN_PIPELINE_STATS";
 
 /// The variable that chooses the GEMM and attention paths on a device with cooperative matrices:
@@ -164,33 +165,8 @@ pub const PIPELINE_STATS_VAR: &str = "TEFL_VULKAN_PIPELINE_STATS";
 /// `build/cm2.rs`) where the device offers them; `0` = the portable kernels everywhere (so each
 /// path is tested on such a device too). `2` is not the default: on the H200 (2026-11-26, same
 /// run) it took bf16 4096³ in 0.877 ms and 8192³ in 6.76 ms, the subgroup-scope shader 0.847 and
-/// 5.83.
+/// 5.83. Read by `tefl_core::policy::env()` (`vulkan_coopmat`).
 pub const COOPMAT_VAR: &str = "TEFL_VULKAN_COOPMAT";
-
-/// The cooperative-matrix level `TEFL_VULKAN_COOPMAT` asks for (0, 1 or 2); a value other than
-/// those is an error naming the variable.
-fn coop_wanted(value: Option<&str>) -> Result<u8> {
-    match value.map(str::trim) {
-        None | Some("") | Some("1") => Ok(1),
-        Some("2") => Ok(2),
-        Some("0") => Ok(0),
-        Some(other) => Err(Error::config(
-            COOPMAT_VAR,
-            other,
-            "expected 1 (subgroup-scope cooperative matrices, the default), 2 (GEMM on workgroup-scope ones where offered) or 0 (none)",
-        )),
-    }
-}
-
-/// Whether the value of `TEFL_VULKAN_PIPELINE_STATS` asks for pipeline statistics; a value
-/// other than unset, `0` or `1` is a configuration error naming the variable.
-fn stats_wanted(value: Option<&str>) -> Result<bool> {
-    match value.map(str::trim) {
-        None | Some("") | Some("0") => Ok(false),
-        Some("1") => Ok(true),
-        Some(other) => Err(Error::config(PIPELINE_STATS_VAR, other, "expected 1 (log statistics) or 0 (the default)")),
-    }
-}
 
 // SAFETY: every Vulkan object that needs external synchronisation (the queue, the command pool
 // and buffer, the descriptor pool, the allocator) is used under its mutex; the device handle and
@@ -226,10 +202,19 @@ impl Gpu {
         let queues = [vk::DeviceQueueCreateInfo::default()
             .queue_family_index(physical.queue_family)
             .queue_priorities(&priorities)];
-        let wanted = coop_wanted(std::env::var(COOPMAT_VAR).ok().as_deref())?;
+        let env = tefl_core::policy::env().as_ref().map_err(Clone::clone)?;
+        let wanted = env.vulkan_coopmat;
         let coop = physical.coop_matrix_f16 && wanted >= 1;
         let coop_bf16 = coop && physical.coop_matrix_bf16;
         let coopmat2 = physical.coopmat2.clone().filter(|_| coop && wanted >= 2);
+        // TEFL_VULKAN_GEMM_TILE (its form checked by the environment's reader), checked here
+        // so that a tile no GEMM can run is an error wherever it is set: built and fitting this
+        // device where the cooperative-matrix GEMM can run, built elsewhere.
+        if coop {
+            crate::heuristics::coop_tile(&physical)?;
+        } else {
+            crate::heuristics::pinned_coop_tile(env.vulkan_gemm_tile, u32::MAX, u32::MAX)?;
+        }
         let mut extensions: Vec<*const std::ffi::c_char> =
             if coop { crate::context::COOP_EXTENSIONS.iter().map(|n| n.as_ptr()).collect() } else { Vec::new() };
         if coop_bf16 {
@@ -238,7 +223,7 @@ impl Gpu {
         if coopmat2.is_some() {
             extensions.push(crate::coopmat2::EXTENSION.as_ptr());
         }
-        let stats = stats_wanted(std::env::var(PIPELINE_STATS_VAR).ok().as_deref())? && physical.executable_stats;
+        let stats = env.vulkan_pipeline_stats && physical.executable_stats;
         if stats {
             extensions.push(ash::khr::pipeline_executable_properties::NAME.as_ptr());
         }
@@ -1048,10 +1033,7 @@ pub fn shader_names() -> impl Iterator<Item = &'static str> {
 
 #[cfg(test)]
 mod tests {
-    use super::{
-        COOPMAT_VAR, PIPELINE_STATS_VAR, SHARED_BYTES, coop_wanted, declared_shared_bytes, shader_names, size_class,
-        stats_wanted, vk_error, with_bytes,
-    };
+    use super::{SHARED_BYTES, declared_shared_bytes, shader_names, size_class, vk_error, with_bytes};
     use ash::vk;
     use tefl_core::{Device, DeviceKind, Error};
 
@@ -1125,26 +1107,6 @@ mod tests {
         assert!(e.to_string().contains("allocating 4096 bytes"), "{e}");
         let other = with_bytes(vk_error(dev, "vkCreateBuffer", vk::Result::ERROR_DEVICE_LOST), 4096);
         assert!(matches!(other, Error::DeviceFailure { .. }), "{other:?}");
-    }
-
-    #[test]
-    fn the_coopmat_knob_takes_0_1_or_2_and_names_itself_otherwise() {
-        assert_eq!(coop_wanted(None).unwrap(), 1);
-        assert_eq!(coop_wanted(Some("2")).unwrap(), 2);
-        assert_eq!(coop_wanted(Some("1")).unwrap(), 1);
-        assert_eq!(coop_wanted(Some(" 0 ")).unwrap(), 0);
-        assert!(coop_wanted(Some("3")).is_err());
-        let e = coop_wanted(Some("yes")).unwrap_err().to_string();
-        assert!(e.contains(COOPMAT_VAR) && e.contains("yes"), "{e}");
-    }
-
-    #[test]
-    fn the_pipeline_stats_knob_is_off_unless_1_and_names_itself_when_wrong() {
-        assert!(!stats_wanted(None).unwrap());
-        assert!(!stats_wanted(Some("0")).unwrap());
-        assert!(stats_wanted(Some(" 1")).unwrap());
-        let e = stats_wanted(Some("on")).unwrap_err().to_string();
-        assert!(e.contains(PIPELINE_STATS_VAR) && e.contains("on"), "{e}");
     }
 
     #[test]

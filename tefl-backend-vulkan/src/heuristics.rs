@@ -125,23 +125,30 @@ pub fn heuristic_coop_tile(arch: &str, max_shared: u32, max_invocations: u32) ->
 /// configs choose.
 pub const GEMM_TILE_VAR: &str = "TEFL_VULKAN_GEMM_TILE";
 
-/// The `gemm_coop` candidate `TEFL_VULKAN_GEMM_TILE` pins (`None` when unset or empty): a value
-/// that is not `MxN[/G]`, or names a tile that was not built or does not fit the device, is an
-/// error naming the variable.
-pub fn pinned_coop_tile(value: Option<&str>, max_shared: u32, max_invocations: u32) -> Result<Option<CoopTile>> {
-    let Some(v) = value.map(str::trim).filter(|v| !v.is_empty()) else { return Ok(None) };
-    let bad = |why: &str| tefl_core::Error::config(GEMM_TILE_VAR, v, why);
-    let (dims, group) = v.split_once('/').unwrap_or((v, "8"));
-    let (bm, bn) = dims.split_once(['x', 'X']).ok_or_else(|| bad("expected MxN or MxN/G, e.g. 128x256/8"))?;
-    let num = |t: &str| t.trim().parse::<i64>().map_err(|_| bad("expected MxN or MxN/G, e.g. 128x256/8"));
+/// The `gemm_coop` candidate `TEFL_VULKAN_GEMM_TILE` pins, given as (M, N, G) by the
+/// environment's reader, which checked its form (`None` when unset): a tile that was not built,
+/// or does not fit a device with `max_shared` bytes of shared memory and `max_invocations` per
+/// workgroup, is an error naming the variable.
+pub fn pinned_coop_tile(
+    pinned: Option<(u32, u32, u32)>,
+    max_shared: u32,
+    max_invocations: u32,
+) -> Result<Option<CoopTile>> {
+    let Some((bm, bn, group)) = pinned else { return Ok(None) };
+    let token = format!("{bm}x{bn}/{group}");
+    let bad = |why: &str| tefl_core::Error::config(GEMM_TILE_VAR, &token, why);
     let mut c = TuneConfig::new();
-    c.insert("block_m".into(), tefl_core::tuning::TuneValue::Int(num(bm)?));
-    c.insert("block_n".into(), tefl_core::tuning::TuneValue::Int(num(bn)?));
-    c.insert("group_m".into(), tefl_core::tuning::TuneValue::Int(num(group)?));
+    c.insert("block_m".into(), tefl_core::tuning::TuneValue::Int(bm.into()));
+    c.insert("block_n".into(), tefl_core::tuning::TuneValue::Int(bn.into()));
+    c.insert("group_m".into(), tefl_core::tuning::TuneValue::Int(group.into()));
+    let tile = coop_tile_of(&c, u32::MAX, u32::MAX)
+        .ok_or_else(|| bad("not a built tile (M and N 128 or 256, not both 256; G 1 or 8)"))?;
     coop_tile_of(&c, max_shared, max_invocations).map(Some).ok_or_else(|| {
         bad(&format!(
-            "not a built tile that fits this device (M and N 128 or 256, not both 256; G 1 or 8; \
-             {max_shared} bytes of shared memory and {max_invocations} invocations per workgroup)"
+            "does not fit this device: it needs {} bytes of shared memory and {} invocations per \
+             workgroup, the device allows {max_shared} bytes and {max_invocations} invocations",
+            tile.shared_bytes(),
+            tile.invocations()
         ))
     })
 }
@@ -157,7 +164,8 @@ pub fn coop_limits(physical: &crate::context::PhysicalInfo) -> (u32, u32) {
 /// the variable is its error.
 pub fn coop_tile(physical: &crate::context::PhysicalInfo) -> Result<(CoopTile, bool)> {
     let (shared, invocations) = coop_limits(physical);
-    Ok(match pinned_coop_tile(std::env::var(GEMM_TILE_VAR).ok().as_deref(), shared, invocations)? {
+    let pinned = tefl_core::policy::env().as_ref().map_err(Clone::clone)?.vulkan_gemm_tile;
+    Ok(match pinned_coop_tile(pinned, shared, invocations)? {
         Some(t) => (t, true),
         None => (heuristic_coop_tile(&physical.arch(), shared, invocations), false),
     })
@@ -166,12 +174,16 @@ pub fn coop_tile(physical: &crate::context::PhysicalInfo) -> Result<(CoopTile, b
 /// The shaders `default.vulkan` runs for `op` on `device` (explain's "kernel:" line), for the
 /// ops where that depends on the device: GEMM and attention, on cooperative matrices or the
 /// portable kernels. Opens the device (its enabled extensions decide); `None` for other ops
-/// and impls, or a device that does not open.
+/// and impls. Where the device does not open (a pinned `TEFL_VULKAN_GEMM_TILE` that does not
+/// fit it, say), every op's line is the reason, which every call there returns too.
 pub fn kernel_choice(impl_id: &str, op: &str, device: Device, dtype: DType) -> Option<String> {
     if impl_id != crate::IMPL_ID {
         return None;
     }
-    let gpu = crate::gpu::gpu(device).ok()?;
+    let gpu = match crate::gpu::gpu(device) {
+        Ok(gpu) => gpu,
+        Err(e) => return Some(format!("none: {e}")),
+    };
     let coop = match dtype {
         DType::F16 => gpu.coop,
         DType::BF16 => gpu.coop_bf16,
@@ -326,17 +338,21 @@ mod tests {
     #[test]
     fn the_tile_knob_pins_a_built_tile_and_names_itself_otherwise() {
         assert_eq!(pinned_coop_tile(None, 48 * 1024, 1024).unwrap(), None);
-        assert_eq!(pinned_coop_tile(Some(" "), 48 * 1024, 1024).unwrap(), None);
-        let t = pinned_coop_tile(Some("128x256"), 48 * 1024, 1024).unwrap().unwrap();
+        let t = pinned_coop_tile(Some((128, 256, 8)), 48 * 1024, 1024).unwrap().unwrap();
         assert_eq!(t, CoopTile { sgm: 2, sgn: 4, group_m: 8 });
-        let t = pinned_coop_tile(Some("256X128/1"), 48 * 1024, 1024).unwrap().unwrap();
+        let t = pinned_coop_tile(Some((256, 128, 1)), 48 * 1024, 1024).unwrap().unwrap();
         assert_eq!(t, CoopTile { sgm: 4, sgn: 2, group_m: 1 });
-        for bad in ["128", "ax128", "128x128/", "256x256", "128x128/3", "128x-1"] {
+        for bad in [(256, 256, 8), (128, 128, 3), (64, 64, 8), (128, 192, 8)] {
             let e = pinned_coop_tile(Some(bad), 48 * 1024, 1024).unwrap_err().to_string();
-            assert!(e.contains(GEMM_TILE_VAR) && e.contains(bad), "{bad}: {e}");
+            let token = format!("{}x{}/{}", bad.0, bad.1, bad.2);
+            assert!(e.contains(GEMM_TILE_VAR) && e.contains(&token) && e.contains("not a built tile"), "{e}");
         }
-        let e = pinned_coop_tile(Some("128x256"), 32 * 1024, 1024).unwrap_err().to_string();
-        assert!(e.contains("32768 bytes"), "{e}");
+        let e = pinned_coop_tile(Some((128, 256, 8)), 32 * 1024, 1024).unwrap_err().to_string();
+        let needs = CoopTile { sgm: 2, sgn: 4, group_m: 8 }.shared_bytes();
+        assert!(e.contains("32768 bytes") && e.contains(&format!("needs {needs} bytes")), "{e}");
+        // A tile that was never built says so, whatever the device allows.
+        let e = pinned_coop_tile(Some((256, 256, 8)), u32::MAX, u32::MAX).unwrap_err().to_string();
+        assert!(e.contains("not a built tile"), "{e}");
     }
 
     #[test]

@@ -514,6 +514,28 @@ pub struct EnvConfig {
     /// backward's); `0` compiles each variant at its own first launch only (the process then
     /// never waits at exit for a compile nothing used).
     pub compile_ahead: bool,
+    /// `TEFL_VULKAN_DEVICE`: the Vulkan device tefl uses, an index into its list (discrete GPUs
+    /// first) or part of a name (the Vulkan backend resolves it); `None` = the first.
+    pub vulkan_device: Option<String>,
+    /// `TEFL_VULKAN_COOPMAT` (0, 1 or 2; default 1): cooperative matrices for the Vulkan GEMM
+    /// and attention where the device has them (1), with GEMM on NVIDIA's workgroup-scope
+    /// matrices where offered (2), or none (0).
+    pub vulkan_coopmat: u8,
+    /// `TEFL_VULKAN_GEMM_TILE` (`MxN` or `MxN/G`, G = 8 where left out): the pinned
+    /// cooperative-matrix GEMM tile as (M, N, G); whether that tile was built and fits the
+    /// device is the Vulkan backend's check when it opens one.
+    pub vulkan_gemm_tile: Option<(u32, u32, u32)>,
+    /// `TEFL_VULKAN_PIPELINE_STATS=1`: log the driver's statistics of every Vulkan pipeline.
+    pub vulkan_pipeline_stats: bool,
+}
+
+/// `TEFL_VULKAN_GEMM_TILE`'s form: `MxN` or `MxN/G`, positive integers (G = 8 where left out).
+fn parse_gemm_tile(var: &'static str, v: &str) -> Result<(u32, u32, u32)> {
+    let bad = || Error::config(var, v.trim(), "expected MxN or MxN/G, e.g. 128x256/8");
+    let (dims, group) = v.trim().split_once('/').unwrap_or((v.trim(), "8"));
+    let (m, n) = dims.split_once(['x', 'X']).ok_or_else(bad)?;
+    let num = |t: &str| t.trim().parse::<u32>().ok().filter(|&x| x > 0).ok_or_else(bad);
+    Ok((num(m)?, num(n)?, num(group)?))
 }
 
 /// Reads one variable as an OS string (paths): `Ok(None)` when unset or empty.
@@ -603,6 +625,23 @@ impl EnvConfig {
             get("TEFL_COOPERATIVE")?.map(|v| parse_flag("TEFL_COOPERATIVE", &v)).transpose()?.unwrap_or(true);
         let compile_ahead =
             get("TEFL_COMPILE_AHEAD")?.map(|v| parse_flag("TEFL_COMPILE_AHEAD", &v)).transpose()?.unwrap_or(true);
+        let vulkan_device = get("TEFL_VULKAN_DEVICE")?.map(|v| v.trim().to_string());
+        let vulkan_coopmat = match get("TEFL_VULKAN_COOPMAT")?.as_deref().map(str::trim) {
+            None | Some("1") => 1,
+            Some("2") => 2,
+            Some("0") => 0,
+            Some(other) => {
+                return Err(Error::config(
+                    "TEFL_VULKAN_COOPMAT",
+                    other,
+                    "expected 1 (subgroup-scope cooperative matrices, the default), 2 (GEMM on workgroup-scope ones \
+                     where offered) or 0 (none)",
+                ));
+            }
+        };
+        let vulkan_gemm_tile =
+            get("TEFL_VULKAN_GEMM_TILE")?.map(|v| parse_gemm_tile("TEFL_VULKAN_GEMM_TILE", &v)).transpose()?;
+        let vulkan_pipeline_stats = flag("TEFL_VULKAN_PIPELINE_STATS")?;
         let cache_dir = match get_os("TEFL_CACHE_DIR")? {
             Some(d) => PathBuf::from(trim_os(d)),
             None => match get_os("XDG_CACHE_HOME")? {
@@ -622,6 +661,10 @@ impl EnvConfig {
             attn_wgmma,
             cooperative,
             compile_ahead,
+            vulkan_device,
+            vulkan_coopmat,
+            vulkan_gemm_tile,
+            vulkan_pipeline_stats,
         })
     }
 }
@@ -758,6 +801,19 @@ mod tests {
         assert!(d.cooperative, "cooperative launches are on by default");
         assert!(d.compile_ahead, "compiling ahead is on by default");
         assert_eq!(d.cache_dir, PathBuf::from("/c/tefl"));
+        assert_eq!((d.vulkan_coopmat, d.vulkan_gemm_tile, d.vulkan_pipeline_stats), (1, None, false));
+        assert_eq!(d.vulkan_device, None);
+        let v = EnvConfig::from_lookup(&lookup(&[
+            ("TEFL_VULKAN_DEVICE", " NVIDIA H200 "),
+            ("TEFL_VULKAN_COOPMAT", " 0 "),
+            ("TEFL_VULKAN_GEMM_TILE", "256X128/1"),
+            ("TEFL_VULKAN_PIPELINE_STATS", "1"),
+        ]))
+        .unwrap();
+        assert_eq!(v.vulkan_device.as_deref(), Some("NVIDIA H200"));
+        assert_eq!((v.vulkan_coopmat, v.vulkan_gemm_tile, v.vulkan_pipeline_stats), (0, Some((256, 128, 1)), true));
+        let v = EnvConfig::from_lookup(&lookup(&[("TEFL_VULKAN_COOPMAT", "2"), ("TEFL_VULKAN_GEMM_TILE", "128x256")]));
+        assert_eq!(v.map(|v| (v.vulkan_coopmat, v.vulkan_gemm_tile)).unwrap(), (2, Some((128, 256, 8))));
         let c = EnvConfig::from_lookup(&lookup(&[("TE_FL_DEBUG", "1"), ("TEFL_LOG_LEVEL", "error")])).unwrap();
         assert_eq!(c.log_level, LogLevel::Error);
         let c = EnvConfig::from_lookup(&lookup(&[("TE_FL_PLUGIN_MODULES", "libx.so, y")])).unwrap();
@@ -773,6 +829,14 @@ mod tests {
             ("TEFL_ATTN_WGMMA", "maybe"),
             ("TEFL_COOPERATIVE", "yes please"),
             ("TEFL_COMPILE_AHEAD", "later"),
+            ("TEFL_VULKAN_COOPMAT", "3"),
+            ("TEFL_VULKAN_COOPMAT", "yes"),
+            ("TEFL_VULKAN_PIPELINE_STATS", "on"),
+            ("TEFL_VULKAN_GEMM_TILE", "128"),
+            ("TEFL_VULKAN_GEMM_TILE", "ax128"),
+            ("TEFL_VULKAN_GEMM_TILE", "128x128/"),
+            ("TEFL_VULKAN_GEMM_TILE", "128x-1"),
+            ("TEFL_VULKAN_GEMM_TILE", "0x128"),
         ] {
             match EnvConfig::from_lookup(&lookup(&[(var, val)])) {
                 Err(Error::Config { variable, .. }) => assert_eq!(variable, var),
