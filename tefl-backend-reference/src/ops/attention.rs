@@ -1,23 +1,64 @@
 //! Flash-style attention on the CPU: queries in blocks, keys in tiles, online softmax. No
 //! sq×sk buffer is ever allocated; the backward recomputes the probabilities from
 //! `softmax_lse` tile by tile.
+//!
+//! Two paths compute the same formulas. Where q, k, v (and, backward, dO) are all finite, a
+//! tile's products (S = scale·Q·Kᵀ, O += P·V; backward also dO·Vᵀ, dV += Wᵀ·dO, dK += dSᵀ·Q,
+//! dQ += dS·K) run on the reference's f32 GEMM kernel, with masked pairs given probability 0.
+//! A 0 times a non-finite value is NaN, though, so where an input holds a NaN or an infinity
+//! the pair-by-pair path runs instead: it never touches a masked pair, so a NaN reaches exactly
+//! the outputs of the pairs that see it (the conformance suite's `nan` family).
 
 use rayon::prelude::*;
 use tefl_core::catalogue::*;
 use tefl_core::philox::uniform;
 use tefl_core::{DType, KernelCtx, Result, Tensor};
 
+use crate::kernels::sgemm::{MatRef, sgemm};
 use crate::util::{store, view};
 
+/// Query rows and key rows of a block and tile on the pair-by-pair path.
 const BQ: usize = 32;
 const BK: usize = 64;
+/// Query rows and key rows of a block and tile on the GEMM path (larger tiles amortise the
+/// GEMM kernel's packing). `bench --backend reference --shapes small --only "attn_fwd
+/// causal,attn_bwd causal"` (b1 h8 s1024 d128 bf16, 2 cores, ms forward / backward): 128 × 128
+/// 50.7 / 187.3, 128 × 64 52.4 / 190.2, 64 × 128 60.2 / 226.3, 64 × 256 60.4 / 210.1, 32 × 128
+/// 84.8 / 267.1; the pair-by-pair path 544 / 3751.
+const TQ: usize = 128;
+const TK: usize = 128;
 
 /// (sequence, head, first row, values, second values) computed by one task.
 type Block = (usize, usize, usize, Vec<f32>, Vec<f32>);
 
+/// Independent partial sums a dot product keeps (the pair-by-pair path and the backward's
+/// row sums): a sum in one accumulator is a chain of dependent adds the compiler may not
+/// reorder (f32 addition is not associative), so it ran at one add per add latency; sixteen
+/// let it use vector registers.
+const DOT_LANES: usize = 16;
+
+/// Σ a[t]·b[t] over the shorter length, in [`DOT_LANES`] partial sums added pairwise at the end
+/// (a NaN or infinity in either input reaches the result as in a sequential sum).
 #[inline]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut lanes = [0.0f32; DOT_LANES];
+    let (ca, cb) = (a.chunks_exact(DOT_LANES), b.chunks_exact(DOT_LANES));
+    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    for (x, y) in ca.zip(cb) {
+        for l in 0..DOT_LANES {
+            lanes[l] += x[l] * y[l];
+        }
+    }
+    let mut width = DOT_LANES;
+    while width > 1 {
+        width /= 2;
+        for l in 0..width {
+            lanes[l] += lanes[l + width];
+        }
+    }
+    lanes[0] + tail
 }
 
 /// What the forward and backward share: inputs as f32, geometry, dropout.
@@ -40,6 +81,23 @@ impl Ctx<'_> {
     }
     fn k_at(&self, b: usize, j: usize, hk: usize) -> usize {
         (self.g.row(true, b, j) * self.g.hk + hk) * self.g.d
+    }
+    /// Elements from one position of a head of sequence `b` to the next, in q (and o, dO) or,
+    /// `keys`, in k and v: the layout's row step times a row's elements.
+    fn pos_stride(&self, keys: bool, b: usize) -> usize {
+        let heads = if keys { self.g.hk } else { self.g.hq };
+        (self.g.row(keys, b, 1) - self.g.row(keys, b, 0)) * heads * self.g.d
+    }
+    /// The query block of `rows` positions from `i0` of head `h` as a GEMM operand (rows × d)
+    /// of `x` (q, or o / dO, laid out like q).
+    fn q_block<'x>(&self, x: &'x [f32], b: usize, h: usize, i0: usize) -> MatRef<'x> {
+        MatRef { data: &x[self.q_at(b, i0, h)..], rs: self.pos_stride(false, b), cs: 1 }
+    }
+    /// The key tile from `j0` of kv head `hk` of `x` (k or v) as a GEMM operand: kt × d, or
+    /// transposed (d × kt).
+    fn k_tile<'x>(&self, x: &'x [f32], b: usize, hk: usize, j0: usize, transposed: bool) -> MatRef<'x> {
+        let (data, ks) = (&x[self.k_at(b, j0, hk)..], self.pos_stride(true, b));
+        if transposed { MatRef { data, rs: 1, cs: ks } } else { MatRef { data, rs: ks, cs: 1 } }
     }
     /// The dropout factor of probability (b, h, i, j): 0 or 1/(1 − p).
     #[inline]
@@ -79,81 +137,165 @@ macro_rules! attn_ctx {
     };
 }
 
+/// One query block of the forward, pair by pair (the path for non-finite inputs): each score a
+/// dot product, each visible pair's probability added into the block's accumulators.
+fn fwd_block_exact(c: &Ctx<'_>, b: usize, h: usize, i0: usize) -> Block {
+    let (d, group) = (c.g.d, c.g.hq / c.g.hk);
+    let i1 = (i0 + BQ).min(c.g.q_spans[b].len);
+    let rows = i1 - i0;
+    let hk = h / group;
+    let mut acc = vec![0.0f32; rows * d];
+    let mut m = vec![f32::NEG_INFINITY; rows];
+    let mut l = vec![0.0f32; rows];
+    let mut s = vec![f32::NEG_INFINITY; rows * BK];
+    let (ranges, lo, hi) = key_ranges(c, b, i0, i1);
+    for j0 in (lo..hi).step_by(BK) {
+        let j1 = (j0 + BK).min(hi);
+        for (r, &(klo, khi)) in ranges.iter().enumerate() {
+            let qi = &c.q[c.q_at(b, i0 + r, h)..][..d];
+            let srow = &mut s[r * BK..(r + 1) * BK];
+            for j in j0..j1 {
+                srow[j - j0] = if j >= klo && j < khi {
+                    c.scale * dot(qi, &c.k[c.k_at(b, j, hk)..][..d])
+                } else {
+                    f32::NEG_INFINITY
+                };
+            }
+            let ar = &mut acc[r * d..(r + 1) * d];
+            let Some(m_new) = rescale_row(&mut m[r], &mut l[r], ar, &srow[..j1 - j0]) else { continue };
+            for j in j0..j1 {
+                let sv = srow[j - j0];
+                if sv == f32::NEG_INFINITY {
+                    continue;
+                }
+                let pj = (sv - m_new).exp();
+                l[r] += pj;
+                let w = pj * c.keep(b, h, i0 + r, j);
+                if w != 0.0 {
+                    let vj = &c.v[c.k_at(b, j, hk)..][..d];
+                    ar.iter_mut().zip(vj).for_each(|(x, y)| *x += w * y);
+                }
+            }
+        }
+    }
+    let lse = finish_rows(d, &mut acc, &m, &l);
+    (b, h, i0, acc, lse)
+}
+
+/// One query block of the forward on the GEMM kernel: per key tile, S = scale·Q·Kᵀ, masked
+/// scores set to -inf, the online softmax turning each row of S into the dropped-out
+/// probabilities (0 where masked), then O += P·V.
+fn fwd_block_tiled(c: &Ctx<'_>, b: usize, h: usize, i0: usize) -> Block {
+    let (d, group) = (c.g.d, c.g.hq / c.g.hk);
+    let i1 = (i0 + TQ).min(c.g.q_spans[b].len);
+    let rows = i1 - i0;
+    let hk = h / group;
+    let mut acc = vec![0.0f32; rows * d];
+    let mut m = vec![f32::NEG_INFINITY; rows];
+    let mut l = vec![0.0f32; rows];
+    let mut tile = vec![0.0f32; rows * TK];
+    let (ranges, lo, hi) = key_ranges(c, b, i0, i1);
+    let q = c.q_block(c.q, b, h, i0);
+    for j0 in (lo..hi).step_by(TK) {
+        let j1 = (j0 + TK).min(hi);
+        let kt = j1 - j0;
+        let p = &mut tile[..rows * kt];
+        p.fill(0.0);
+        sgemm(rows, kt, d, c.scale, q, c.k_tile(c.k, b, hk, j0, true), p);
+        let mut any = false;
+        for (r, &(klo, khi)) in ranges.iter().enumerate() {
+            let prow = &mut p[r * kt..(r + 1) * kt];
+            for (jj, x) in prow.iter_mut().enumerate() {
+                if j0 + jj < klo || j0 + jj >= khi {
+                    *x = f32::NEG_INFINITY;
+                }
+            }
+            let Some(m_new) = rescale_row(&mut m[r], &mut l[r], &mut acc[r * d..(r + 1) * d], prow) else {
+                prow.fill(0.0);
+                continue;
+            };
+            for (jj, x) in prow.iter_mut().enumerate() {
+                if *x == f32::NEG_INFINITY {
+                    *x = 0.0;
+                    continue;
+                }
+                let pj = (*x - m_new).exp();
+                l[r] += pj;
+                *x = pj * c.keep(b, h, i0 + r, j0 + jj);
+            }
+            any = true;
+        }
+        if any {
+            sgemm(rows, d, kt, 1.0, MatRef { data: p, rs: kt, cs: 1 }, c.k_tile(c.v, b, hk, j0, false), &mut acc);
+        }
+    }
+    let lse = finish_rows(d, &mut acc, &m, &l);
+    (b, h, i0, acc, lse)
+}
+
+/// The online softmax's step for one row and one key tile of `scores` (-inf where masked):
+/// the row's new reference max, with its running max `m` moved there and its sum `l` and
+/// accumulators `acc` rescaled to it; `None` (nothing changed) when the tile shows the row no
+/// key. The maxima propagate NaN: a NaN score (NaN in q or k) must reach the output, not be
+/// dropped as `f32::max` drops it (which read as a fully masked row).
+fn rescale_row(m: &mut f32, l: &mut f32, acc: &mut [f32], scores: &[f32]) -> Option<f32> {
+    let tile_max = scores.iter().copied().fold(f32::NEG_INFINITY, nan_max);
+    if tile_max == f32::NEG_INFINITY {
+        return None;
+    }
+    let m_new = nan_max(*m, tile_max);
+    let corr = (*m - m_new).exp();
+    *l *= corr;
+    acc.iter_mut().for_each(|x| *x *= corr);
+    *m = m_new;
+    Some(m_new)
+}
+
+/// The keys each query row i0..i1 of sequence `b` sees, and the span [lo, hi) covering them all.
+fn key_ranges(c: &Ctx<'_>, b: usize, i0: usize, i1: usize) -> (Vec<(usize, usize)>, usize, usize) {
+    let ranges: Vec<(usize, usize)> = (i0..i1).map(|i| c.g.key_range(c.mask, c.window, b, i)).collect();
+    let lo = ranges.iter().filter(|r| r.1 > r.0).map(|r| r.0).min().unwrap_or(0);
+    let hi = ranges.iter().map(|r| r.1).max().unwrap_or(0);
+    (ranges, lo, hi)
+}
+
+/// A forward block's end: each row of the accumulators divided by its sum l, and the rows'
+/// lse (m + ln l; -inf for a row that saw no key).
+fn finish_rows(d: usize, acc: &mut [f32], m: &[f32], l: &[f32]) -> Vec<f32> {
+    let mut lse = vec![f32::NEG_INFINITY; l.len()];
+    for r in 0..l.len() {
+        if l[r] > 0.0 || l[r].is_nan() {
+            let inv = 1.0 / l[r];
+            acc[r * d..(r + 1) * d].iter_mut().for_each(|x| *x *= inv);
+            lse[r] = m[r] + l[r].ln();
+        }
+    }
+    lse
+}
+
+/// Whether every element of every slice is finite: the condition of the GEMM path.
+fn all_finite(xs: &[&[f32]]) -> bool {
+    xs.iter().all(|x| x.par_iter().all(|v| v.is_finite()))
+}
+
 /// The catalogue op `fused_attn_fwd` on the CPU reference (the catalogue's formula, checked against the f64 oracle).
 pub fn fused_attn_fwd(_: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<AttnFwdOut> {
     let (qv, kv, vv) = (view(&a.q)?, view(&a.k)?, view(&a.v)?);
     let c = attn_ctx!(a, "fused_attn_fwd", qv, kv, vv);
-    let (d, group) = (c.g.d, c.g.hq / c.g.hk);
+    let d = c.g.d;
+    let tiled = all_finite(&[c.q, c.k, c.v]);
+    let bq = if tiled { TQ } else { BQ };
     let mut tasks = Vec::new();
     for b in 0..c.g.batch {
         for h in 0..c.g.hq {
-            for i0 in (0..c.g.q_spans[b].len).step_by(BQ) {
+            for i0 in (0..c.g.q_spans[b].len).step_by(bq) {
                 tasks.push((b, h, i0));
             }
         }
     }
     let blocks: Vec<Block> = tasks
         .par_iter()
-        .map(|&(b, h, i0)| {
-            let i1 = (i0 + BQ).min(c.g.q_spans[b].len);
-            let rows = i1 - i0;
-            let hk = h / group;
-            let mut acc = vec![0.0f32; rows * d];
-            let mut m = vec![f32::NEG_INFINITY; rows];
-            let mut l = vec![0.0f32; rows];
-            let mut s = vec![f32::NEG_INFINITY; rows * BK];
-            let ranges: Vec<(usize, usize)> = (i0..i1).map(|i| c.g.key_range(c.mask, c.window, b, i)).collect();
-            let lo = ranges.iter().filter(|r| r.1 > r.0).map(|r| r.0).min().unwrap_or(0);
-            let hi = ranges.iter().map(|r| r.1).max().unwrap_or(0);
-            for j0 in (lo..hi).step_by(BK) {
-                let j1 = (j0 + BK).min(hi);
-                for (r, &(klo, khi)) in ranges.iter().enumerate() {
-                    let qi = &c.q[c.q_at(b, i0 + r, h)..][..d];
-                    let srow = &mut s[r * BK..(r + 1) * BK];
-                    for j in j0..j1 {
-                        srow[j - j0] = if j >= klo && j < khi {
-                            c.scale * dot(qi, &c.k[c.k_at(b, j, hk)..][..d])
-                        } else {
-                            f32::NEG_INFINITY
-                        };
-                    }
-                    // NaN-propagating maxima: a NaN score (NaN in q or k) must reach the output,
-                    // not be dropped as `f32::max` drops it (which read as a fully masked row).
-                    let tile_max = srow[..j1 - j0].iter().copied().fold(f32::NEG_INFINITY, nan_max);
-                    if tile_max == f32::NEG_INFINITY {
-                        continue;
-                    }
-                    let m_new = nan_max(m[r], tile_max);
-                    let corr = (m[r] - m_new).exp();
-                    l[r] *= corr;
-                    let ar = &mut acc[r * d..(r + 1) * d];
-                    ar.iter_mut().for_each(|x| *x *= corr);
-                    for j in j0..j1 {
-                        let sv = srow[j - j0];
-                        if sv == f32::NEG_INFINITY {
-                            continue;
-                        }
-                        let pj = (sv - m_new).exp();
-                        l[r] += pj;
-                        let w = pj * c.keep(b, h, i0 + r, j);
-                        if w != 0.0 {
-                            let vj = &c.v[c.k_at(b, j, hk)..][..d];
-                            ar.iter_mut().zip(vj).for_each(|(x, y)| *x += w * y);
-                        }
-                    }
-                    m[r] = m_new;
-                }
-            }
-            let mut lse = vec![f32::NEG_INFINITY; rows];
-            for r in 0..rows {
-                if l[r] > 0.0 || l[r].is_nan() {
-                    let inv = 1.0 / l[r];
-                    acc[r * d..(r + 1) * d].iter_mut().for_each(|x| *x *= inv);
-                    lse[r] = m[r] + l[r].ln();
-                }
-            }
-            (b, h, i0, acc, lse)
-        })
+        .map(|&(b, h, i0)| if tiled { fwd_block_tiled(&c, b, h, i0) } else { fwd_block_exact(&c, b, h, i0) })
         .collect();
     let mut o = vec![0.0f32; c.q.len()];
     let mut lse = vec![f32::NEG_INFINITY; c.g.lse_shape().iter().product()];
@@ -203,11 +345,88 @@ pub fn fused_attn_bwd(_: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut> 
         let dp = dot(&dov[qa..qa + d], &c.v[ka..ka + d]) * keep;
         (p, p * (dp - delta[c.g.lse_index(b, h, i)]), p * keep)
     };
+    // The GEMM path's tile (see the module's doc): for query rows i0.. (`rows` of them) of head
+    // h against keys j0.. (`kt`), the dropped-out probabilities w (what multiplied v in the
+    // forward) and the score gradients ds, each rows × kt and 0 where a pair is masked (or its
+    // row saw no key); false when no pair of the tile is visible.
+    let tiled = all_finite(&[c.q, c.k, c.v, &dov]);
+    let tile = |b: usize, h: usize, i0: usize, rows: usize, j0: usize, kt: usize, w: &mut [f32], ds: &mut [f32]| {
+        let hk = h / group;
+        w.fill(0.0);
+        ds.fill(0.0);
+        sgemm(rows, kt, d, c.scale, c.q_block(c.q, b, h, i0), c.k_tile(c.k, b, hk, j0, true), w);
+        sgemm(rows, kt, d, 1.0, c.q_block(&dov, b, h, i0), c.k_tile(c.v, b, hk, j0, true), ds);
+        let mut any = false;
+        for r in 0..rows {
+            let i = i0 + r;
+            let li = c.g.lse_index(b, h, i);
+            let (klo, khi) = c.g.key_range(c.mask, c.window, b, i);
+            let (wr, dr) = (&mut w[r * kt..(r + 1) * kt], &mut ds[r * kt..(r + 1) * kt]);
+            for (jj, (s, dp)) in wr.iter_mut().zip(dr.iter_mut()).enumerate() {
+                let j = j0 + jj;
+                if lsev[li] == f32::NEG_INFINITY || j < klo || j >= khi {
+                    (*s, *dp) = (0.0, 0.0);
+                    continue;
+                }
+                let p = (*s - lsev[li]).exp();
+                let keep = c.keep(b, h, i, j);
+                *dp = p * (*dp * keep - delta[li]);
+                *s = p * keep;
+                any = true;
+            }
+        }
+        any
+    };
+    // dK and dV on the GEMM path: per query block of each head of the group that sees the key
+    // tile, dV += Wᵀ·dO and dK += scale·dSᵀ·Q.
+    let dkdv_tiled = |b: usize, hk: usize, j0: usize| -> Block {
+        let j1 = (j0 + TK).min(c.g.k_spans[b].len);
+        let kt = j1 - j0;
+        let (mut dk, mut dv) = (vec![0.0f32; kt * d], vec![0.0f32; kt * d]);
+        let (mut w, mut ds) = (vec![0.0f32; TQ * kt], vec![0.0f32; TQ * kt]);
+        for h in hk * group..(hk + 1) * group {
+            for i0 in (0..c.g.q_spans[b].len).step_by(TQ) {
+                let rows = (i0 + TQ).min(c.g.q_spans[b].len) - i0;
+                let sees = |i: usize| {
+                    let (klo, khi) = c.g.key_range(c.mask, c.window, b, i);
+                    klo.max(j0) < khi.min(j1)
+                };
+                if !(i0..i0 + rows).any(sees) {
+                    continue;
+                }
+                let (w, ds) = (&mut w[..rows * kt], &mut ds[..rows * kt]);
+                if !tile(b, h, i0, rows, j0, kt, w, ds) {
+                    continue;
+                }
+                sgemm(kt, d, rows, 1.0, MatRef { data: w, rs: 1, cs: kt }, c.q_block(&dov, b, h, i0), &mut dv);
+                sgemm(kt, d, rows, c.scale, MatRef { data: ds, rs: 1, cs: kt }, c.q_block(c.q, b, h, i0), &mut dk);
+            }
+        }
+        (b, hk, j0, dk, dv)
+    };
+    // dQ on the GEMM path: per key tile the block's rows see, dQ += scale·dS·K.
+    let dq_tiled = |b: usize, h: usize, i0: usize| -> (usize, usize, usize, Vec<f32>) {
+        let i1 = (i0 + TQ).min(c.g.q_spans[b].len);
+        let rows = i1 - i0;
+        let (_, lo, hi) = key_ranges(&c, b, i0, i1);
+        let mut dq = vec![0.0f32; rows * d];
+        let (mut w, mut ds) = (vec![0.0f32; rows * TK], vec![0.0f32; rows * TK]);
+        for j0 in (lo..hi).step_by(TK) {
+            let kt = (j0 + TK).min(hi) - j0;
+            let (w, ds) = (&mut w[..rows * kt], &mut ds[..rows * kt]);
+            if tile(b, h, i0, rows, j0, kt, w, ds) {
+                let k = c.k_tile(c.k, b, h / group, j0, false);
+                sgemm(rows, d, kt, c.scale, MatRef { data: ds, rs: kt, cs: 1 }, k, &mut dq);
+            }
+        }
+        (b, h, i0, dq)
+    };
+    let (bq, bk) = if tiled { (TQ, TK) } else { (BQ, BK) };
     // dK and dV: one task per (sequence, kv head, key tile).
     let mut ktasks = Vec::new();
     for b in 0..c.g.batch {
         for hk in 0..c.g.hk {
-            for j0 in (0..c.g.k_spans[b].len).step_by(BK) {
+            for j0 in (0..c.g.k_spans[b].len).step_by(bk) {
                 ktasks.push((b, hk, j0));
             }
         }
@@ -215,6 +434,9 @@ pub fn fused_attn_bwd(_: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut> 
     let kblocks: Vec<Block> = ktasks
         .par_iter()
         .map(|&(b, hk, j0)| {
+            if tiled {
+                return dkdv_tiled(b, hk, j0);
+            }
             let j1 = (j0 + BK).min(c.g.k_spans[b].len);
             let mut dk = vec![0.0f32; (j1 - j0) * d];
             let mut dv = vec![0.0f32; (j1 - j0) * d];
@@ -243,7 +465,7 @@ pub fn fused_attn_bwd(_: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut> 
     let mut qtasks = Vec::new();
     for b in 0..c.g.batch {
         for h in 0..c.g.hq {
-            for i0 in (0..c.g.q_spans[b].len).step_by(BQ) {
+            for i0 in (0..c.g.q_spans[b].len).step_by(bq) {
                 qtasks.push((b, h, i0));
             }
         }
@@ -251,6 +473,9 @@ pub fn fused_attn_bwd(_: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut> 
     let qblocks: Vec<(usize, usize, usize, Vec<f32>)> = qtasks
         .par_iter()
         .map(|&(b, h, i0)| {
+            if tiled {
+                return dq_tiled(b, h, i0);
+            }
             let i1 = (i0 + BQ).min(c.g.q_spans[b].len);
             let mut dq = vec![0.0f32; (i1 - i0) * d];
             for i in i0..i1 {
