@@ -56,16 +56,54 @@ pub fn view(t: &Tensor) -> Result<F32View<'_>> {
     })
 }
 
-/// A host tensor of `dtype` from f32 values (converted in parallel, round to nearest even).
+/// A zeroed f32 host tensor for an op's output or its scratch; out of memory names `what`.
+pub fn zeroed_f32(shape: &[usize], what: impl FnOnce() -> String) -> Result<Tensor> {
+    Tensor::zeros(shape, DType::F32, &tefl_core::Device::CPU).map_err(|e| match e {
+        Error::OutOfMemory { device, bytes, .. } => Error::OutOfMemory { device, bytes, what: what() },
+        e => e,
+    })
+}
+
+/// A host tensor of `dtype` and `shape` whose values `fill` computes as f32 (starting from
+/// zeros): written straight into the tensor when `dtype` is f32, into an f32 scratch tensor and
+/// then narrowed otherwise. `fill`'s other result comes back beside the tensor.
+pub fn build_f32<R>(
+    shape: &[usize],
+    dtype: DType,
+    what: &str,
+    fill: impl FnOnce(&mut [f32]) -> Result<R>,
+) -> Result<(Tensor, R)> {
+    let scratch = zeroed_f32(shape, || format!("{what} {shape:?}"))?;
+    let r = {
+        let mut w = scratch.host_bytes_mut()?;
+        let vals: &mut [f32] = bytemuck::cast_slice_mut(&mut w);
+        let r = fill(vals)?;
+        if dtype != DType::F32 {
+            return Ok((store(vals, shape, dtype)?, r));
+        }
+        r
+    };
+    Ok((scratch, r))
+}
+
+/// A host tensor of `dtype` from f32 values (converted in parallel, round to nearest even,
+/// straight into the tensor's memory).
 pub fn store(data: &[f32], shape: &[usize], dtype: DType) -> Result<Tensor> {
     fn conv<T: tefl_core::Element>(data: &[f32], shape: &[usize], f: impl Fn(f32) -> T + Sync) -> Result<Tensor> {
-        let mut out: Vec<T> = tefl_core::device::try_zeroed(data.len(), || format!("a {} output {shape:?}", T::DTYPE))?;
-        out.par_chunks_mut(CHUNK).zip(data.par_chunks(CHUNK)).for_each(|(o, s)| {
-            for (d, x) in o.iter_mut().zip(s) {
-                *d = f(*x);
+        let out = Tensor::zeros(shape, T::DTYPE, &tefl_core::Device::CPU)?;
+        {
+            let mut w = out.host_bytes_mut()?;
+            let dst: &mut [T] = bytemuck::cast_slice_mut(&mut w);
+            if dst.len() != data.len() {
+                return Err(Error::Tensor(format!("{} values stored as shape {shape:?}", data.len())));
             }
-        });
-        Tensor::from_slice(&out, shape, T::DTYPE)
+            dst.par_chunks_mut(CHUNK).zip(data.par_chunks(CHUNK)).for_each(|(o, s)| {
+                for (d, x) in o.iter_mut().zip(s) {
+                    *d = f(*x);
+                }
+            });
+        }
+        Ok(out)
     }
     match dtype {
         DType::F32 => Tensor::from_slice(data, shape, DType::F32),
@@ -86,13 +124,19 @@ pub fn amax(x: &[f32]) -> f32 {
 /// FP8 `dtype`, with max |data| (NaN when data holds one): an FP8 output quantizer.
 pub fn store_fp8(data: &[f32], shape: &[usize], dtype: DType, scale: f32) -> Result<(Tensor, f32)> {
     let f = Fp8Format::of(dtype).ok_or_else(|| Error::Tensor(format!("{dtype} is not an fp8 dtype")))?;
-    let mut q: Vec<u8> = tefl_core::device::try_zeroed(data.len(), || format!("an {dtype} output {shape:?}"))?;
-    q.par_chunks_mut(CHUNK).zip(data.par_chunks(CHUNK)).for_each(|(o, i)| {
-        for (c, v) in o.iter_mut().zip(i) {
-            *c = f.encode(v * scale);
+    let out = Tensor::zeros(shape, dtype, &tefl_core::Device::CPU)?;
+    {
+        let mut q = out.host_bytes_mut()?;
+        if q.len() != data.len() {
+            return Err(Error::Tensor(format!("{} values stored as shape {shape:?}", data.len())));
         }
-    });
-    Ok((Tensor::from_slice(&q, shape, dtype)?, amax(data)))
+        q.par_chunks_mut(CHUNK).zip(data.par_chunks(CHUNK)).for_each(|(o, i)| {
+            for (c, v) in o.iter_mut().zip(i) {
+                *c = f.encode(v * scale);
+            }
+        });
+    }
+    Ok((out, amax(data)))
 }
 
 /// Writes f32 values into an existing float tensor (in place), converting to its dtype.

@@ -595,6 +595,18 @@ fn linked_backends() -> Vec<&'static str> {
     tefl_ops::linked_backends()
 }
 
+/// Frees the large CPU buffers tefl keeps for reuse; the bytes given back.
+#[pyfunction]
+fn release_host_cache() -> usize {
+    tefl_core::device::release_host_cache()
+}
+
+/// Bytes of freed CPU buffers tefl keeps for reuse now.
+#[pyfunction]
+fn host_cache_bytes() -> usize {
+    tefl_core::device::host_cache_bytes()
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // Keeps every backend crate's registrations in the library (see linked_backends).
@@ -611,5 +623,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(view_as, m)?)?;
     m.add_function(wrap_pyfunction!(set_python_plugin_modules, m)?)?;
     m.add_function(wrap_pyfunction!(linked_backends, m)?)?;
+    m.add_function(wrap_pyfunction!(release_host_cache, m)?)?;
+    m.add_function(wrap_pyfunction!(host_cache_bytes, m)?)?;
     Ok(())
 }

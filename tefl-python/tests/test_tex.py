@@ -759,3 +759,19 @@ def test_compute_amax_sets_the_amax_in_place():
         tex.compute_amax(x, np.zeros(2, np.float32))
     with pytest.raises(ValueError, match="'amax'"):
         tex.compute_amax(x, np.zeros(1, np.float64))
+
+
+def test_large_cpu_buffers_are_kept_for_reuse_and_can_be_released():
+    # A 600x700 f32 product (1.7 MB): its buffer is kept when freed and the next call of the
+    # same shape reuses it; the results stay right, and release_host_cache gives it back.
+    tefl.release_host_cache()
+    assert tefl.host_cache_bytes() == 0
+    for _ in range(2):
+        A, B = rand(700, 300), rand(600, 300)
+        D = np.zeros((600, 700), np.float32)
+        tex.generic_gemm(A, True, B, False, D, None, np.float32, None, None, False, None, False, None, 0, False, False)
+        close(D, B.astype(np.float64) @ A.T.astype(np.float64), 1e-5)
+        kept = tefl.host_cache_bytes()
+        assert kept >= 600 * 700 * 4, kept
+    assert tefl.release_host_cache() == kept
+    assert tefl.host_cache_bytes() == 0

@@ -4,7 +4,7 @@ use rayon::prelude::*;
 use tefl_core::catalogue::*;
 use tefl_core::{KernelCtx, Result};
 
-use crate::util::{CHUNK, map_rows, row_major_column_sums, store, view};
+use crate::util::{CHUNK, build_f32, map_rows, row_major_column_sums, store, view};
 
 const SQRT_2_OVER_PI: f32 = 0.797_884_6;
 
@@ -128,15 +128,15 @@ fn d_elementwise_t(a: &DActArgs, kind: Activation) -> Result<tefl_core::Tensor> 
     Ok(t)
 }
 
-fn d_elementwise(a: &DActArgs, kind: Activation) -> Result<Vec<f32>> {
+/// grad · act'(input), elementwise, into `dx`.
+fn d_elementwise(a: &DActArgs, kind: Activation, dx: &mut [f32]) -> Result<()> {
     let (g, x) = (view(&a.grad)?, view(&a.input)?);
-    let mut dx = vec![0.0f32; x.len()];
     dx.par_chunks_mut(CHUNK).zip(x.par_chunks(CHUNK).zip(g.par_chunks(CHUNK))).for_each(|(o, (xi, gi))| {
         for ((d, xv), gv) in o.iter_mut().zip(xi).zip(gi) {
             *d = gv * dact(kind, *xv);
         }
     });
-    Ok(dx)
+    Ok(())
 }
 
 fn d_gated(a: &DActArgs, kind: Activation) -> Result<DActOut> {
@@ -145,12 +145,11 @@ fn d_gated(a: &DActArgs, kind: Activation) -> Result<DActOut> {
 
 fn dbias(a: &DActArgs, kind: Activation) -> Result<DBiasOut> {
     let n = a.input.last_dim();
-    let dx = d_elementwise(a, kind)?;
-    let db = row_major_column_sums(&dx, n, "dbias")?;
-    Ok(DBiasOut {
-        dbias: store(&db, &[n], a.input.dtype())?,
-        grad_input: store(&dx, a.input.shape(), a.input.dtype())?,
-    })
+    let (grad_input, db) = build_f32(a.input.shape(), a.input.dtype(), "dbias output grad_input", |dx| {
+        d_elementwise(a, kind, dx)?;
+        row_major_column_sums(dx, n, "dbias")
+    })?;
+    Ok(DBiasOut { dbias: store(&db, &[n], a.input.dtype())?, grad_input })
 }
 
 macro_rules! kernels {

@@ -15,7 +15,7 @@ use tefl_core::philox::uniform;
 use tefl_core::{DType, KernelCtx, Result, Tensor};
 
 use crate::kernels::sgemm::{MatRef, sgemm};
-use crate::util::{store, view};
+use crate::util::{build_f32, store, view, zeroed_f32};
 
 /// Query rows and key rows of a block and tile on the pair-by-pair path.
 const BQ: usize = 32;
@@ -297,20 +297,19 @@ pub fn fused_attn_fwd(_: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<AttnFwdOut> 
         .par_iter()
         .map(|&(b, h, i0)| if tiled { fwd_block_tiled(&c, b, h, i0) } else { fwd_block_exact(&c, b, h, i0) })
         .collect();
-    let mut o = vec![0.0f32; c.q.len()];
     let mut lse = vec![f32::NEG_INFINITY; c.g.lse_shape().iter().product()];
-    for (b, h, i0, acc, l) in blocks {
-        for (r, lv) in l.iter().enumerate() {
-            let at = c.q_at(b, i0 + r, h);
-            o[at..at + d].copy_from_slice(&acc[r * d..(r + 1) * d]);
-            lse[c.g.lse_index(b, h, i0 + r)] = *lv;
+    let (o, ()) = build_f32(a.q.shape(), a.q.dtype(), "attention output o", |o| {
+        for (b, h, i0, acc, l) in blocks {
+            for (r, lv) in l.iter().enumerate() {
+                let at = c.q_at(b, i0 + r, h);
+                o[at..at + d].copy_from_slice(&acc[r * d..(r + 1) * d]);
+                lse[c.g.lse_index(b, h, i0 + r)] = *lv;
+            }
         }
-    }
+        Ok(())
+    })?;
     let lse_shape = c.g.lse_shape();
-    Ok(AttnFwdOut {
-        o: store(&o, a.q.shape(), a.q.dtype())?,
-        softmax_lse: Tensor::from_slice(&lse, lse_shape, DType::F32)?,
-    })
+    Ok(AttnFwdOut { o, softmax_lse: Tensor::from_slice(&lse, lse_shape, DType::F32)? })
 }
 
 /// The larger of two scores, NaN when either is NaN.
@@ -495,25 +494,31 @@ pub fn fused_attn_bwd(_: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut> 
             (b, h, i0, dq)
         })
         .collect();
-    let mut dq = vec![0.0f32; c.q.len()];
-    for (b, h, i0, blk) in qblocks {
-        for r in 0..blk.len() / d {
-            let at = c.q_at(b, i0 + r, h);
-            dq[at..at + d].copy_from_slice(&blk[r * d..(r + 1) * d]);
+    let (dq, ()) = build_f32(a.q.shape(), a.q.dtype(), "attention output dq", |dq| {
+        for (b, h, i0, blk) in qblocks {
+            for r in 0..blk.len() / d {
+                let at = c.q_at(b, i0 + r, h);
+                dq[at..at + d].copy_from_slice(&blk[r * d..(r + 1) * d]);
+            }
+        }
+        Ok(())
+    })?;
+    let (dk, dv) =
+        (zeroed_f32(a.k.shape(), || "attention dk".into())?, zeroed_f32(a.v.shape(), || "attention dv".into())?);
+    {
+        let (mut kw, mut vw) = (dk.host_bytes_mut()?, dv.host_bytes_mut()?);
+        let (dkv, dvv): (&mut [f32], &mut [f32]) =
+            (bytemuck::cast_slice_mut(&mut kw), bytemuck::cast_slice_mut(&mut vw));
+        for (b, hk, j0, kb, vb) in kblocks {
+            for r in 0..kb.len() / d {
+                let at = c.k_at(b, j0 + r, hk);
+                dkv[at..at + d].copy_from_slice(&kb[r * d..(r + 1) * d]);
+                dvv[at..at + d].copy_from_slice(&vb[r * d..(r + 1) * d]);
+            }
         }
     }
-    let mut dk = vec![0.0f32; c.k.len()];
-    let mut dv = vec![0.0f32; c.v.len()];
-    for (b, hk, j0, kb, vb) in kblocks {
-        for r in 0..kb.len() / d {
-            let at = c.k_at(b, j0 + r, hk);
-            dk[at..at + d].copy_from_slice(&kb[r * d..(r + 1) * d]);
-            dv[at..at + d].copy_from_slice(&vb[r * d..(r + 1) * d]);
-        }
-    }
-    Ok(AttnBwdOut {
-        dq: store(&dq, a.q.shape(), a.q.dtype())?,
-        dk: store(&dk, a.k.shape(), a.k.dtype())?,
-        dv: store(&dv, a.v.shape(), a.v.dtype())?,
-    })
+    let narrow = |t: Tensor, like: &Tensor| -> Result<Tensor> {
+        if like.dtype() == DType::F32 { Ok(t) } else { store(&view(&t)?, like.shape(), like.dtype()) }
+    };
+    Ok(AttnBwdOut { dq, dk: narrow(dk, &a.k)?, dv: narrow(dv, &a.v)? })
 }

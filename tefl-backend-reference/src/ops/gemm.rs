@@ -10,7 +10,7 @@ use tefl_core::{DType, KernelCtx, Result, Tensor};
 
 use super::activation::{act, dact};
 use crate::kernels::sgemm::{MatRef, sgemm};
-use crate::util::{row_major_column_sums, scalar_tensor, store, store_fp8, view};
+use crate::util::{row_major_column_sums, scalar_tensor, store, store_fp8, view, zeroed_f32};
 
 /// The one-element value of an optional f32 scale (1 when absent).
 fn scale_of(t: Option<&Tensor>) -> Result<f32> {
@@ -28,14 +28,17 @@ pub fn generic_gemm(_: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
     let lhs = view(&a.a)?;
     let rhs = view(&a.b)?;
     // The product's size comes from the user's shapes (k = 0 makes tiny inputs with a huge
-    // product): allocate it fallibly, so that too much is an error, not an abort.
-    let mut d: Vec<f32> = try_zeroed(m * n, || format!("generic_gemm output d [{m}, {n}]"))?;
+    // product): allocate it fallibly, so that too much is an error, not an abort. It is a
+    // tensor from the start, so that an f32 D is returned without a copy.
+    let d_tensor = zeroed_f32(&[m, n], || format!("generic_gemm output d [{m}, {n}]"))?;
+    let mut d_guard = d_tensor.host_bytes_mut()?;
+    let d: &mut [f32] = bytemuck::cast_slice_mut(&mut d_guard);
     if let (Some(c), true) = (&a.c, a.accumulate) {
         d.copy_from_slice(&view(c)?);
     }
     let am = if a.transa { MatRef { data: &lhs, rs: 1, cs: m } } else { MatRef { data: &lhs, rs: k, cs: 1 } };
     let bm = if a.transb { MatRef { data: &rhs, rs: 1, cs: k } } else { MatRef { data: &rhs, rs: n, cs: 1 } };
-    sgemm(m, n, k, alpha, am, bm, &mut d);
+    sgemm(m, n, k, alpha, am, bm, d);
     drop((lhs, rhs));
 
     let bias = a.bias.as_ref().map(view).transpose()?;
@@ -70,17 +73,21 @@ pub fn generic_gemm(_: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
         }
     }
     let bias_grad = if ep.writes_bias_grad() {
-        let sums = row_major_column_sums(&d, n, "generic_gemm output bias_grad")?;
+        let sums = row_major_column_sums(d, n, "generic_gemm output bias_grad")?;
         Some(Tensor::from_slice(&sums, [n], DType::F32)?)
     } else {
         None
     };
     let aux_out = aux_out.map(|x| store(&x, &[m, n], aux_dtype(a.out_dtype))).transpose()?;
     if a.out_dtype.is_fp8() {
-        let (d, amax) = store_fp8(&d, &[m, n], a.out_dtype, scale_of(a.d_scale.as_ref())?)?;
+        let (d, amax) = store_fp8(d, &[m, n], a.out_dtype, scale_of(a.d_scale.as_ref())?)?;
         return Ok(GemmOut { d, aux_out, bias_grad, d_amax: Some(scalar_tensor(amax)?) });
     }
-    Ok(GemmOut { d: store(&d, &[m, n], a.out_dtype)?, aux_out, bias_grad, d_amax: None })
+    if a.out_dtype != DType::F32 {
+        return Ok(GemmOut { d: store(d, &[m, n], a.out_dtype)?, aux_out, bias_grad, d_amax: None });
+    }
+    drop(d_guard);
+    Ok(GemmOut { d: d_tensor, aux_out, bias_grad, d_amax: None })
 }
 
 /// `te_general_grouped_gemm`: `generic_gemm` per group (bias epilogue when the group has one).

@@ -4,7 +4,7 @@ use rayon::prelude::*;
 use tefl_core::catalogue::*;
 use tefl_core::{DType, KernelCtx, Result, Tensor};
 
-use crate::util::{column_sums, map_rows, scalar_tensor, store, store_fp8, view};
+use crate::util::{build_f32, column_sums, map_rows, scalar_tensor, store, store_fp8, view};
 
 /// Σ f(x) over a row, accumulated in f64 (rows reach 16384 and more).
 fn row_sum(xs: impl Iterator<Item = f32>) -> f32 {
@@ -59,25 +59,27 @@ fn rms_bwd(
     let (dyv, xv, rs) = (view(dy)?, view(x)?, view(rsigma)?);
     let g = gamma_eff(&view(gamma)?, zero_centered);
     let addv = add.map(view).transpose()?;
-    let mut dx = vec![0.0f32; xv.len()];
-    dx.par_chunks_mut(n).enumerate().for_each(|(r, dxr)| {
-        let (xr, dyr, rr) = (&xv[r * n..(r + 1) * n], &dyv[r * n..(r + 1) * n], rs[r]);
-        let mean = row_sum(xr.iter().zip(dyr).zip(&g).map(|((x, dy), g)| dy * g * x * rr)) / n as f32;
-        for i in 0..n {
-            let xhat = xr[i] * rr;
-            dxr[i] = rr * (dyr[i] * g[i] - xhat * mean);
-            if let Some(av) = &addv {
-                dxr[i] += av[r * n + i];
+    let (dx, ()) = build_f32(x.shape(), x.dtype(), "rmsnorm_bwd output dx", |dx| {
+        dx.par_chunks_mut(n).enumerate().for_each(|(r, dxr)| {
+            let (xr, dyr, rr) = (&xv[r * n..(r + 1) * n], &dyv[r * n..(r + 1) * n], rs[r]);
+            let mean = row_sum(xr.iter().zip(dyr).zip(&g).map(|((x, dy), g)| dy * g * x * rr)) / n as f32;
+            for i in 0..n {
+                let xhat = xr[i] * rr;
+                dxr[i] = rr * (dyr[i] * g[i] - xhat * mean);
+                if let Some(av) = &addv {
+                    dxr[i] += av[r * n + i];
+                }
             }
-        }
-    });
+        });
+        Ok(())
+    })?;
     let dgamma = column_sums(rows, n, "dgamma", |r, acc| {
         let rr = rs[r];
         for i in 0..n {
             acc[i] += dyv[r * n + i] * xv[r * n + i] * rr;
         }
     })?;
-    Ok((store(&dx, x.shape(), x.dtype())?, store(&dgamma, gamma.shape(), gamma.dtype())?))
+    Ok((dx, store(&dgamma, gamma.shape(), gamma.dtype())?))
 }
 
 /// The catalogue op `rmsnorm_bwd` on the CPU reference (the catalogue's formula, checked against the f64 oracle).
@@ -125,22 +127,24 @@ pub fn layernorm_bwd(_: &KernelCtx<'_>, a: &LayerNormBwdArgs) -> Result<LayerNor
     let rows = a.x.rows();
     let (dyv, xv, mu, rs) = (view(&a.dy)?, view(&a.x)?, view(&a.mu)?, view(&a.rsigma)?);
     let g = gamma_eff(&view(&a.gamma)?, a.zero_centered_gamma);
-    let mut dx = vec![0.0f32; xv.len()];
-    dx.par_chunks_mut(n).enumerate().for_each(|(r, dxr)| {
-        let (xr, dyr) = (&xv[r * n..(r + 1) * n], &dyv[r * n..(r + 1) * n]);
-        let (m, rr) = (mu[r], rs[r]);
-        let (mut sd, mut sdx) = (0.0f64, 0.0f64);
-        for i in 0..n {
-            let d = dyr[i] * g[i];
-            sd += f64::from(d);
-            sdx += f64::from(d * (xr[i] - m) * rr);
-        }
-        let (mean_d, mean_dx) = ((sd / n as f64) as f32, (sdx / n as f64) as f32);
-        for i in 0..n {
-            let xhat = (xr[i] - m) * rr;
-            dxr[i] = rr * (dyr[i] * g[i] - mean_d - xhat * mean_dx);
-        }
-    });
+    let (dx, ()) = build_f32(a.x.shape(), a.x.dtype(), "layernorm_bwd output dx", |dx| {
+        dx.par_chunks_mut(n).enumerate().for_each(|(r, dxr)| {
+            let (xr, dyr) = (&xv[r * n..(r + 1) * n], &dyv[r * n..(r + 1) * n]);
+            let (m, rr) = (mu[r], rs[r]);
+            let (mut sd, mut sdx) = (0.0f64, 0.0f64);
+            for i in 0..n {
+                let d = dyr[i] * g[i];
+                sd += f64::from(d);
+                sdx += f64::from(d * (xr[i] - m) * rr);
+            }
+            let (mean_d, mean_dx) = ((sd / n as f64) as f32, (sdx / n as f64) as f32);
+            for i in 0..n {
+                let xhat = (xr[i] - m) * rr;
+                dxr[i] = rr * (dyr[i] * g[i] - mean_d - xhat * mean_dx);
+            }
+        });
+        Ok(())
+    })?;
     let sums = column_sums(rows, 2 * n, "dgamma/dbeta", |r, acc| {
         let (m, rr) = (mu[r], rs[r]);
         for i in 0..n {
@@ -150,7 +154,7 @@ pub fn layernorm_bwd(_: &KernelCtx<'_>, a: &LayerNormBwdArgs) -> Result<LayerNor
         }
     })?;
     Ok(LayerNormBwdOut {
-        dx: store(&dx, a.x.shape(), a.x.dtype())?,
+        dx,
         dgamma: store(&sums[..n], a.gamma.shape(), a.gamma.dtype())?,
         dbeta: store(&sums[n..], a.gamma.shape(), a.gamma.dtype())?,
     })

@@ -4,7 +4,7 @@ use rayon::prelude::*;
 use tefl_core::catalogue::*;
 use tefl_core::{KernelCtx, Result};
 
-use crate::util::{store, view};
+use crate::util::{build_f32, view};
 
 /// Rotates the first d_rot dims of one head vector in place by the angles `f` (length d_rot).
 fn rotate(v: &mut [f32], f: &[f32], interleaved: bool) {
@@ -58,26 +58,29 @@ fn run(a: &RopeArgs, op: &'static str, backward: bool) -> Result<RopeOut> {
     let x = view(&a.x)?;
     let freqs = view(&a.freqs)?;
     let width = g.h * g.d;
-    let mut y = x.to_vec();
-    // Map each token row to (sequence, position) so rows can be processed in parallel.
-    let mut pos_of_row = vec![None; y.len() / width];
-    for b in 0..g.batch {
-        for p in 0..g.spans[b].1 {
-            pos_of_row[g.row(b, p)] = Some(g.starts[b] + p);
-        }
-    }
-    y.par_chunks_mut(width).zip(pos_of_row.par_iter()).for_each(|(row, pos)| {
-        let Some(pos) = pos else { return };
-        let f = &freqs[pos * g.d_rot..(pos + 1) * g.d_rot];
-        for head in row.chunks_mut(g.d) {
-            if backward {
-                rotate_transpose(&mut head[..g.d_rot], f, a.interleaved);
-            } else {
-                rotate(&mut head[..g.d_rot], f, a.interleaved);
+    let (y, ()) = build_f32(a.x.shape(), a.x.dtype(), "rope output y", |y| {
+        y.copy_from_slice(&x);
+        // Map each token row to (sequence, position) so rows can be processed in parallel.
+        let mut pos_of_row = vec![None; y.len() / width];
+        for b in 0..g.batch {
+            for p in 0..g.spans[b].1 {
+                pos_of_row[g.row(b, p)] = Some(g.starts[b] + p);
             }
         }
-    });
-    Ok(RopeOut { y: store(&y, a.x.shape(), a.x.dtype())? })
+        y.par_chunks_mut(width).zip(pos_of_row.par_iter()).for_each(|(row, pos)| {
+            let Some(pos) = pos else { return };
+            let f = &freqs[pos * g.d_rot..(pos + 1) * g.d_rot];
+            for head in row.chunks_mut(g.d) {
+                if backward {
+                    rotate_transpose(&mut head[..g.d_rot], f, a.interleaved);
+                } else {
+                    rotate(&mut head[..g.d_rot], f, a.interleaved);
+                }
+            }
+        });
+        Ok(())
+    })?;
+    Ok(RopeOut { y })
 }
 
 /// The catalogue op `fused_rope_forward` on the CPU reference (the catalogue's formula, checked against the f64 oracle).

@@ -15,7 +15,16 @@ from ._core import call, dtype_name
 # memory); a RuntimeError.
 OutOfMemoryError = _native.OutOfMemoryError
 
-__all__ = ["OutOfMemoryError", "call", "dtype_name", "explain", "list_backends", "linked_backends"]
+__all__ = [
+    "OutOfMemoryError",
+    "call",
+    "dtype_name",
+    "explain",
+    "host_cache_bytes",
+    "linked_backends",
+    "list_backends",
+    "release_host_cache",
+]
 __version__ = "0.1.0"
 
 
@@ -44,6 +53,22 @@ def list_backends():
 def linked_backends():
     """The backend crates in this build of tefl (``reference`` always)."""
     return _native.linked_backends()
+
+
+def release_host_cache():
+    """Frees the CPU buffers tefl keeps for reuse and returns how many bytes that gave back.
+
+    Large host buffers (256 KiB and up) that tefl frees are kept, up to 512 MiB in all, for the
+    next allocation of about their size, so that a CPU training step does not hand its
+    buffers back to the C allocator and fault their pages in again at the next step. Like
+    ``torch.cuda.empty_cache``, this gives that memory back; nothing else changes.
+    """
+    return _native.release_host_cache()
+
+
+def host_cache_bytes():
+    """Bytes of freed CPU buffers tefl keeps for reuse now (see ``release_host_cache``)."""
+    return _native.host_cache_bytes()
 
 
 _init()
