@@ -24,8 +24,20 @@ impl MatRef<'_> {
     }
 }
 
-/// C[m×n] (row-major, contiguous) += alpha · A[m×k] · B[k×n].
+/// C[m×n] (row-major, contiguous) += alpha · A[m×k] · B[k×n], on rayon's pool.
 pub fn sgemm(m: usize, n: usize, k: usize, alpha: f32, a: MatRef<'_>, b: MatRef<'_>, c: &mut [f32]) {
+    sgemm_on(false, m, n, k, alpha, a, b, c);
+}
+
+/// [`sgemm`] on the calling thread only: for the small products of a loop that is already
+/// parallel (attention's tiles), where splitting each product again over the pool costs more
+/// than it gains.
+pub fn sgemm_serial(m: usize, n: usize, k: usize, alpha: f32, a: MatRef<'_>, b: MatRef<'_>, c: &mut [f32]) {
+    sgemm_on(true, m, n, k, alpha, a, b, c);
+}
+
+#[allow(clippy::too_many_arguments)]
+fn sgemm_on(serial: bool, m: usize, n: usize, k: usize, alpha: f32, a: MatRef<'_>, b: MatRef<'_>, c: &mut [f32]) {
     assert!(c.len() >= m * n, "C too small");
     if m == 0 || n == 0 || k == 0 {
         return;
@@ -35,15 +47,18 @@ pub fn sgemm(m: usize, n: usize, k: usize, alpha: f32, a: MatRef<'_>, b: MatRef<
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx512f") {
-            avx512::sgemm(m, n, k, alpha, a, b, c);
+            avx512::sgemm(serial, m, n, k, alpha, a, b, c);
             return;
         }
     }
-    fallback(m, n, k, alpha, a, b, c);
+    fallback(serial, m, n, k, alpha, a, b, c);
 }
 
-fn fallback(m: usize, n: usize, k: usize, alpha: f32, a: MatRef<'_>, b: MatRef<'_>, c: &mut [f32]) {
-    // SAFETY: the asserts in `sgemm` bound every index the product reads (i·rs + l·cs for
+#[allow(clippy::too_many_arguments)]
+fn fallback(serial: bool, m: usize, n: usize, k: usize, alpha: f32, a: MatRef<'_>, b: MatRef<'_>, c: &mut [f32]) {
+    let parallelism =
+        if serial { gemm::Parallelism::None } else { gemm::Parallelism::Rayon(rayon::current_num_threads()) };
+    // SAFETY: the asserts in `sgemm_on` bound every index the product reads (i·rs + l·cs for
     // i < m, l < k, and likewise for B) and C holds m·n elements with row stride n; the
     // buffers are distinct (C is uniquely borrowed).
     unsafe {
@@ -66,7 +81,7 @@ fn fallback(m: usize, n: usize, k: usize, alpha: f32, a: MatRef<'_>, b: MatRef<'
             false,
             false,
             false,
-            gemm::Parallelism::Rayon(rayon::current_num_threads()),
+            parallelism,
         );
     }
 }
@@ -81,27 +96,73 @@ mod avx512 {
     const KC: usize = 256;
     const NC: usize = 4096;
 
-    pub fn sgemm(m: usize, n: usize, k: usize, alpha: f32, a: MatRef<'_>, b: MatRef<'_>, c: &mut [f32]) {
-        let threads = rayon::current_num_threads().max(1);
+    thread_local! {
+        /// The packed B panel and A blocks of serial products, kept per thread between calls.
+        static SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn sgemm(serial: bool, m: usize, n: usize, k: usize, alpha: f32, a: MatRef<'_>, b: MatRef<'_>, c: &mut [f32]) {
+        if serial {
+            SCRATCH.with(|s| match s.try_borrow_mut() {
+                Ok(mut s) => {
+                    let (bpack, apack) = &mut *s;
+                    run(true, m, n, k, alpha, a, b, c, bpack, apack);
+                }
+                // Re-entered on this thread (not done today): fresh scratch.
+                Err(_) => run(true, m, n, k, alpha, a, b, c, &mut Vec::new(), &mut Vec::new()),
+            });
+        } else {
+            run(false, m, n, k, alpha, a, b, c, &mut Vec::new(), &mut Vec::new());
+        }
+    }
+
+    /// Grows `v` to at least `len` elements (new ones zero) and returns its first `len`.
+    fn at_least(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
+        if v.len() < len {
+            v.resize(len, 0.0);
+        }
+        &mut v[..len]
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        serial: bool,
+        m: usize,
+        n: usize,
+        k: usize,
+        alpha: f32,
+        a: MatRef<'_>,
+        b: MatRef<'_>,
+        c: &mut [f32],
+        bscratch: &mut Vec<f32>,
+        ascratch: &mut Vec<f32>,
+    ) {
+        let threads = if serial { 1 } else { rayon::current_num_threads().max(1) };
         let blocks = m.div_ceil(192).max(threads).div_ceil(threads) * threads;
         let mc = m.div_ceil(blocks).div_ceil(MR) * MR;
-        let mut bpack = vec![0.0f32; KC * NC.min(n.div_ceil(NR) * NR)];
+        let bpack = at_least(bscratch, KC * NC.min(n.div_ceil(NR) * NR));
         for jc in (0..n).step_by(NC) {
             let nc = NC.min(n - jc);
             let strips = nc.div_ceil(NR);
             for pc in (0..k).step_by(KC) {
                 let kc = KC.min(k - pc);
                 // Pack B[pc.., jc..] into strips of NR columns: strip s, row p at s·kc·NR + p·NR.
-                bpack[..strips * kc * NR].par_chunks_mut(kc * NR).enumerate().for_each(|(s, buf)| {
+                let pack = |(s, buf): (usize, &mut [f32])| {
                     let j0 = jc + s * NR;
                     pack_b(b, pc, kc, j0, NR.min(jc + nc - j0), buf);
-                });
+                };
+                if serial {
+                    bpack[..strips * kc * NR].chunks_mut(kc * NR).enumerate().for_each(pack);
+                } else {
+                    bpack[..strips * kc * NR].par_chunks_mut(kc * NR).enumerate().for_each(pack);
+                }
                 let bp = &bpack[..strips * kc * NR];
-                c[..m * n].par_chunks_mut(mc * n).enumerate().for_each(|(blk, cblk)| {
+                let block = |(blk, cblk): (usize, &mut [f32]), apack: &mut Vec<f32>| {
                     let ic = blk * mc;
                     let rows = cblk.len() / n;
                     let astrips = rows.div_ceil(MR);
-                    let mut apack = vec![0.0f32; astrips * kc * MR];
+                    let apack = at_least(apack, astrips * kc * MR);
                     for (t, buf) in apack.chunks_mut(kc * MR).enumerate() {
                         pack_a(a, ic + t * MR, MR.min(rows - t * MR), pc, kc, buf);
                     }
@@ -130,7 +191,12 @@ mod avx512 {
                             }
                         }
                     }
-                });
+                };
+                if serial {
+                    c[..m * n].chunks_mut(mc * n).enumerate().for_each(|x| block(x, ascratch));
+                } else {
+                    c[..m * n].par_chunks_mut(mc * n).enumerate().for_each(|x| block(x, &mut Vec::new()));
+                }
             }
         }
     }
@@ -240,18 +306,24 @@ mod tests {
         for &(m, n, k) in &[(1, 1, 1), (13, 33, 7), (25, 65, 300), (130, 70, 513), (3, 4100, 5)] {
             let a: Vec<f32> = (0..m * k).map(|i| ((i * 37) % 17) as f32 / 17.0 - 0.5).collect();
             let b: Vec<f32> = (0..k * n).map(|i| ((i * 11) % 13) as f32 / 13.0 - 0.5).collect();
-            for (ta, tb) in [(false, false), (true, true)] {
+            for (ta, tb, serial) in
+                [(false, false, false), (true, true, false), (false, true, true), (true, false, true)]
+            {
                 let am = if ta { MatRef { data: &a, rs: 1, cs: m } } else { MatRef { data: &a, rs: k, cs: 1 } };
                 let bm = if tb { MatRef { data: &b, rs: 1, cs: k } } else { MatRef { data: &b, rs: n, cs: 1 } };
                 let mut c = vec![1.0f32; m * n];
-                sgemm(m, n, k, 0.5, am, bm, &mut c);
+                if serial {
+                    sgemm_serial(m, n, k, 0.5, am, bm, &mut c);
+                } else {
+                    sgemm(m, n, k, 0.5, am, bm, &mut c);
+                }
                 for i in 0..m {
                     for j in 0..n {
                         let want: f64 =
                             1.0 + 0.5 * (0..k).map(|l| f64::from(am.at(i, l)) * f64::from(bm.at(l, j))).sum::<f64>();
                         assert!(
                             (f64::from(c[i * n + j]) - want).abs() < 1e-4 * (1.0 + want.abs()),
-                            "{m}x{n}x{k} ({i},{j})"
+                            "{m}x{n}x{k} serial {serial} ({i},{j})"
                         );
                     }
                 }

@@ -14,7 +14,7 @@ use tefl_core::catalogue::*;
 use tefl_core::philox::uniform;
 use tefl_core::{DType, KernelCtx, Result, Tensor};
 
-use crate::kernels::sgemm::{MatRef, sgemm};
+use crate::kernels::sgemm::{MatRef, sgemm_serial as sgemm};
 use crate::util::{build_f32, store, view, zeroed_f32};
 
 /// Query rows and key rows of a block and tile on the pair-by-pair path.
