@@ -56,12 +56,23 @@ pub fn view(t: &Tensor) -> Result<F32View<'_>> {
     })
 }
 
-/// A zeroed f32 host tensor for an op's output or its scratch; out of memory names `what`.
-pub fn zeroed_f32(shape: &[usize], what: impl FnOnce() -> String) -> Result<Tensor> {
-    Tensor::zeros(shape, DType::F32, &tefl_core::Device::CPU).map_err(|e| match e {
+/// An out-of-memory error renamed after what was being allocated; others as they are.
+fn oom_named(e: Error, what: impl FnOnce() -> String) -> Error {
+    match e {
         Error::OutOfMemory { device, bytes, .. } => Error::OutOfMemory { device, bytes, what: what() },
         e => e,
-    })
+    }
+}
+
+/// A zeroed f32 host tensor for an op's output or its scratch; out of memory names `what`.
+pub fn zeroed_f32(shape: &[usize], what: impl FnOnce() -> String) -> Result<Tensor> {
+    Tensor::zeros(shape, DType::F32, &tefl_core::Device::CPU).map_err(|e| oom_named(e, what))
+}
+
+/// An f32 host tensor whose contents are unspecified, for an output the caller writes in
+/// full (NaN-poisoned when allocations are poisoned); out of memory names `what`.
+pub fn uninit_f32(shape: &[usize], what: impl FnOnce() -> String) -> Result<Tensor> {
+    Tensor::uninit(shape, DType::F32, &tefl_core::Device::CPU).map_err(|e| oom_named(e, what))
 }
 
 /// A host tensor of `dtype` and `shape` whose values `fill` computes as f32 (starting from

@@ -911,6 +911,16 @@ impl HostBuffer {
         Ok(HostBuffer { words: RwLock::new(HostBytes::Owned(words)), len })
     }
 
+    /// A buffer of `len` bytes whose contents are unspecified (a reused buffer keeps what it
+    /// held; a new one is zero), for outputs written in full: a reused buffer is not zeroed.
+    /// [`Error::OutOfMemory`] when the allocator refuses.
+    pub fn try_uninit(len: usize) -> Result<Self> {
+        match cache_take(len.div_ceil(8)) {
+            Some(words) => Ok(HostBuffer { words: RwLock::new(HostBytes::Owned(words)), len }),
+            None => HostBuffer::try_zeroed(len),
+        }
+    }
+
     /// A buffer holding a copy of `data`'s bytes (one allocation, one copy); an
     /// [`Error::OutOfMemory`] when the allocator refuses.
     pub fn from_pod<T: bytemuck::Pod>(data: &[T]) -> Result<Self> {
@@ -1086,6 +1096,12 @@ impl DeviceRuntime for CpuRuntime {
             w.fill(0xFF);
         }
         Ok(Arc::new(CpuBuffer(buf)))
+    }
+    fn alloc_uninit(&self, device: Device, bytes: usize) -> Result<Arc<dyn Buffer>> {
+        if !device.is_cpu() || poison_allocations() {
+            return self.alloc(device, bytes);
+        }
+        Ok(Arc::new(CpuBuffer(HostBuffer::try_uninit(bytes)?)))
     }
     fn copy_from_host(&self, dst: &dyn Buffer, src: &[u8]) -> Result<()> {
         let host = as_host(dst).ok_or_else(|| Error::Tensor("not a CPU buffer".into()))?;

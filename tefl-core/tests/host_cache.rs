@@ -1,5 +1,5 @@
 //! The host buffer cache: large freed CPU buffers are kept (within a budget) and handed out
-//! again, always zeroed for `Tensor::zeros` and holding exactly the copied values for
+//! again (by `Tensor::uninit` too), always zeroed for `Tensor::zeros` and holding exactly the copied values for
 //! `Tensor::from_slice`; small ones and ones far larger than a request are not used for it.
 //! One test function: the cache is process-wide, so its steps must not interleave.
 
@@ -27,6 +27,11 @@ fn host_cache_reuses_zeroes_and_stays_within_budget() {
     let u = Tensor::zeros([n], DType::F32, &Device::CPU).unwrap();
     assert_eq!(host_cache_bytes(), 0, "the kept buffer is handed out again");
     assert!(u.to_vec::<f32>().unwrap().iter().all(|v| *v == 0.0), "a reused buffer is zeroed");
+
+    // An uninitialised tensor of the size reuses the buffer too (its contents unspecified).
+    drop(u);
+    let u = Tensor::uninit([n], DType::F32, &Device::CPU).unwrap();
+    assert_eq!(host_cache_bytes(), 0, "an uninit tensor takes the kept buffer");
 
     // A copy into a reused buffer a little larger than it needs holds exactly its values.
     bytemuck::cast_slice_mut::<u8, f32>(&mut u.host_bytes_mut().unwrap()).fill(-3.0);

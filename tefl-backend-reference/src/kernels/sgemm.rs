@@ -26,19 +26,38 @@ impl MatRef<'_> {
 
 /// C[m×n] (row-major, contiguous) += alpha · A[m×k] · B[k×n], on rayon's pool.
 pub fn sgemm(m: usize, n: usize, k: usize, alpha: f32, a: MatRef<'_>, b: MatRef<'_>, c: &mut [f32]) {
-    sgemm_on(false, m, n, k, alpha, a, b, c);
+    sgemm_on(false, false, m, n, k, alpha, a, b, c);
+}
+
+/// C[m×n] = alpha · A[m×k] · B[k×n] on rayon's pool: C's earlier contents are never read, so
+/// it needs no zeroing first.
+pub fn sgemm_set(m: usize, n: usize, k: usize, alpha: f32, a: MatRef<'_>, b: MatRef<'_>, c: &mut [f32]) {
+    sgemm_on(false, true, m, n, k, alpha, a, b, c);
 }
 
 /// [`sgemm`] on the calling thread only: for the small products of a loop that is already
 /// parallel (attention's tiles), where splitting each product again over the pool costs more
 /// than it gains.
 pub fn sgemm_serial(m: usize, n: usize, k: usize, alpha: f32, a: MatRef<'_>, b: MatRef<'_>, c: &mut [f32]) {
-    sgemm_on(true, m, n, k, alpha, a, b, c);
+    sgemm_on(true, false, m, n, k, alpha, a, b, c);
 }
 
 #[allow(clippy::too_many_arguments)]
-fn sgemm_on(serial: bool, m: usize, n: usize, k: usize, alpha: f32, a: MatRef<'_>, b: MatRef<'_>, c: &mut [f32]) {
+fn sgemm_on(
+    serial: bool,
+    set: bool,
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
+    a: MatRef<'_>,
+    b: MatRef<'_>,
+    c: &mut [f32],
+) {
     assert!(c.len() >= m * n, "C too small");
+    if set && k == 0 {
+        c[..m * n].fill(0.0);
+    }
     if m == 0 || n == 0 || k == 0 {
         return;
     }
@@ -47,15 +66,25 @@ fn sgemm_on(serial: bool, m: usize, n: usize, k: usize, alpha: f32, a: MatRef<'_
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx512f") {
-            avx512::sgemm(serial, m, n, k, alpha, a, b, c);
+            avx512::sgemm(serial, set, m, n, k, alpha, a, b, c);
             return;
         }
     }
-    fallback(serial, m, n, k, alpha, a, b, c);
+    fallback(serial, set, m, n, k, alpha, a, b, c);
 }
 
 #[allow(clippy::too_many_arguments)]
-fn fallback(serial: bool, m: usize, n: usize, k: usize, alpha: f32, a: MatRef<'_>, b: MatRef<'_>, c: &mut [f32]) {
+fn fallback(
+    serial: bool,
+    set: bool,
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
+    a: MatRef<'_>,
+    b: MatRef<'_>,
+    c: &mut [f32],
+) {
     let parallelism =
         if serial { gemm::Parallelism::None } else { gemm::Parallelism::Rayon(rayon::current_num_threads()) };
     // SAFETY: the asserts in `sgemm_on` bound every index the product reads (i·rs + l·cs for
@@ -69,7 +98,7 @@ fn fallback(serial: bool, m: usize, n: usize, k: usize, alpha: f32, a: MatRef<'_
             c.as_mut_ptr(),
             1,
             n as isize,
-            true,
+            !set,
             a.data.as_ptr(),
             a.cs as isize,
             a.rs as isize,
@@ -102,18 +131,28 @@ mod avx512 {
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub fn sgemm(serial: bool, m: usize, n: usize, k: usize, alpha: f32, a: MatRef<'_>, b: MatRef<'_>, c: &mut [f32]) {
+    pub fn sgemm(
+        serial: bool,
+        set: bool,
+        m: usize,
+        n: usize,
+        k: usize,
+        alpha: f32,
+        a: MatRef<'_>,
+        b: MatRef<'_>,
+        c: &mut [f32],
+    ) {
         if serial {
             SCRATCH.with(|s| match s.try_borrow_mut() {
                 Ok(mut s) => {
                     let (bpack, apack) = &mut *s;
-                    run(true, m, n, k, alpha, a, b, c, bpack, apack);
+                    run(true, set, m, n, k, alpha, a, b, c, bpack, apack);
                 }
                 // Re-entered on this thread (not done today): fresh scratch.
-                Err(_) => run(true, m, n, k, alpha, a, b, c, &mut Vec::new(), &mut Vec::new()),
+                Err(_) => run(true, set, m, n, k, alpha, a, b, c, &mut Vec::new(), &mut Vec::new()),
             });
         } else {
-            run(false, m, n, k, alpha, a, b, c, &mut Vec::new(), &mut Vec::new());
+            run(false, set, m, n, k, alpha, a, b, c, &mut Vec::new(), &mut Vec::new());
         }
     }
 
@@ -128,6 +167,7 @@ mod avx512 {
     #[allow(clippy::too_many_arguments)]
     fn run(
         serial: bool,
+        set: bool,
         m: usize,
         n: usize,
         k: usize,
@@ -158,6 +198,8 @@ mod avx512 {
                     bpack[..strips * kc * NR].par_chunks_mut(kc * NR).enumerate().for_each(pack);
                 }
                 let bp = &bpack[..strips * kc * NR];
+                // The first k step of a set product stores; every other one adds.
+                let store = set && pc == 0;
                 let block = |(blk, cblk): (usize, &mut [f32]), apack: &mut Vec<f32>| {
                     let ic = blk * mc;
                     let rows = cblk.len() / n;
@@ -178,15 +220,18 @@ mod avx512 {
                                 // SAFETY: avx512f was detected by the caller; `at` holds kc·MR and
                                 // `bs` kc·NR packed floats; `cfull` starts at a full MR×NR tile
                                 // of C with row stride n (checked inside).
-                                unsafe { kernel_into(kc, at, bs, cfull, n, alpha) };
+                                unsafe { kernel_into(kc, at, bs, cfull, n, alpha, store) };
                                 continue;
                             }
                             // SAFETY: as above, with the MR·NR scratch `tile` as destination.
                             unsafe { kernel(kc, at, bs, &mut tile, alpha) };
                             for ii in 0..r {
                                 let crow = &mut cblk[(t * MR + ii) * n + jc + s * NR..][..cols];
-                                for (cv, tv) in crow.iter_mut().zip(&tile[ii * NR..ii * NR + cols]) {
-                                    *cv += tv;
+                                let tv = &tile[ii * NR..ii * NR + cols];
+                                if store {
+                                    crow.copy_from_slice(tv);
+                                } else {
+                                    crow.iter_mut().zip(tv).for_each(|(cv, tv)| *cv += tv);
                                 }
                             }
                         }
@@ -195,7 +240,7 @@ mod avx512 {
                 if serial {
                     c[..m * n].chunks_mut(mc * n).enumerate().for_each(|x| block(x, ascratch));
                 } else {
-                    c[..m * n].par_chunks_mut(mc * n).enumerate().for_each(|x| block(x, &mut Vec::new()));
+                    c[..m * n].par_chunks_mut(mc * n).enumerate().for_each_init(Vec::new, |apack, x| block(x, apack));
                 }
             }
         }
@@ -264,9 +309,9 @@ mod avx512 {
         acc
     }
 
-    /// C[MR×NR tile, row stride ldc] += alpha · product.
+    /// C[MR×NR tile, row stride ldc] += alpha · product, or = when `store`.
     #[target_feature(enable = "avx512f")]
-    fn kernel_into(kc: usize, a: &[f32], b: &[f32], c: &mut [f32], ldc: usize, alpha: f32) {
+    fn kernel_into(kc: usize, a: &[f32], b: &[f32], c: &mut [f32], ldc: usize, alpha: f32, store: bool) {
         assert!(c.len() >= (MR - 1) * ldc + NR);
         let acc = product(kc, a, b);
         let al = _mm512_set1_ps(alpha);
@@ -275,8 +320,13 @@ mod avx512 {
             // SAFETY: i < MR, so i·ldc + 32 ≤ c.len() (asserted above).
             unsafe {
                 let p0 = cp.add(i * ldc);
-                _mm512_storeu_ps(p0, _mm512_fmadd_ps(al, row[0], _mm512_loadu_ps(p0)));
-                _mm512_storeu_ps(p0.add(16), _mm512_fmadd_ps(al, row[1], _mm512_loadu_ps(p0.add(16))));
+                if store {
+                    _mm512_storeu_ps(p0, _mm512_mul_ps(al, row[0]));
+                    _mm512_storeu_ps(p0.add(16), _mm512_mul_ps(al, row[1]));
+                } else {
+                    _mm512_storeu_ps(p0, _mm512_fmadd_ps(al, row[0], _mm512_loadu_ps(p0)));
+                    _mm512_storeu_ps(p0.add(16), _mm512_fmadd_ps(al, row[1], _mm512_loadu_ps(p0.add(16))));
+                }
             }
         }
     }
@@ -303,27 +353,34 @@ mod tests {
 
     #[test]
     fn matches_naive_on_awkward_shapes_and_strides() {
-        for &(m, n, k) in &[(1, 1, 1), (13, 33, 7), (25, 65, 300), (130, 70, 513), (3, 4100, 5)] {
+        for &(m, n, k) in &[(1, 1, 1), (13, 33, 7), (25, 65, 300), (130, 70, 513), (3, 4100, 5), (4, 5, 0)] {
             let a: Vec<f32> = (0..m * k).map(|i| ((i * 37) % 17) as f32 / 17.0 - 0.5).collect();
             let b: Vec<f32> = (0..k * n).map(|i| ((i * 11) % 13) as f32 / 13.0 - 0.5).collect();
-            for (ta, tb, serial) in
-                [(false, false, false), (true, true, false), (false, true, true), (true, false, true)]
-            {
+            for (ta, tb, mode) in [
+                (false, false, 0),
+                (true, true, 0),
+                (false, true, 1),
+                (true, false, 1),
+                (false, false, 2),
+                (true, false, 2),
+            ] {
                 let am = if ta { MatRef { data: &a, rs: 1, cs: m } } else { MatRef { data: &a, rs: k, cs: 1 } };
                 let bm = if tb { MatRef { data: &b, rs: 1, cs: k } } else { MatRef { data: &b, rs: n, cs: 1 } };
-                let mut c = vec![1.0f32; m * n];
-                if serial {
-                    sgemm_serial(m, n, k, 0.5, am, bm, &mut c);
-                } else {
-                    sgemm(m, n, k, 0.5, am, bm, &mut c);
+                // Modes: 0 pool, 1 serial (both add to C = 1), 2 set (C's NaNs never read).
+                let c0 = if mode == 2 { f32::NAN } else { 1.0 };
+                let mut c = vec![c0; m * n];
+                match mode {
+                    0 => sgemm(m, n, k, 0.5, am, bm, &mut c),
+                    1 => sgemm_serial(m, n, k, 0.5, am, bm, &mut c),
+                    _ => sgemm_set(m, n, k, 0.5, am, bm, &mut c),
                 }
                 for i in 0..m {
                     for j in 0..n {
-                        let want: f64 =
-                            1.0 + 0.5 * (0..k).map(|l| f64::from(am.at(i, l)) * f64::from(bm.at(l, j))).sum::<f64>();
+                        let want: f64 = if mode == 2 { 0.0 } else { 1.0 }
+                            + 0.5 * (0..k).map(|l| f64::from(am.at(i, l)) * f64::from(bm.at(l, j))).sum::<f64>();
                         assert!(
                             (f64::from(c[i * n + j]) - want).abs() < 1e-4 * (1.0 + want.abs()),
-                            "{m}x{n}x{k} serial {serial} ({i},{j})"
+                            "{m}x{n}x{k} mode {mode} ({i},{j})"
                         );
                     }
                 }

@@ -9,8 +9,8 @@ use tefl_core::device::try_zeroed;
 use tefl_core::{DType, KernelCtx, Result, Tensor};
 
 use super::activation::{act, dact};
-use crate::kernels::sgemm::{MatRef, sgemm};
-use crate::util::{row_major_column_sums, scalar_tensor, store, store_fp8, view, zeroed_f32};
+use crate::kernels::sgemm::{MatRef, sgemm, sgemm_set};
+use crate::util::{row_major_column_sums, scalar_tensor, store, store_fp8, uninit_f32, view};
 
 /// The one-element value of an optional f32 scale (1 when absent).
 fn scale_of(t: Option<&Tensor>) -> Result<f32> {
@@ -30,15 +30,19 @@ pub fn generic_gemm(_: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
     // The product's size comes from the user's shapes (k = 0 makes tiny inputs with a huge
     // product): allocate it fallibly, so that too much is an error, not an abort. It is a
     // tensor from the start, so that an f32 D is returned without a copy.
-    let d_tensor = zeroed_f32(&[m, n], || format!("generic_gemm output d [{m}, {n}]"))?;
+    // D is written in full (set from the product, or C then the product added), so its
+    // memory need not be zeroed first.
+    let d_tensor = uninit_f32(&[m, n], || format!("generic_gemm output d [{m}, {n}]"))?;
     let mut d_guard = d_tensor.host_bytes_mut()?;
     let d: &mut [f32] = bytemuck::cast_slice_mut(&mut d_guard);
-    if let (Some(c), true) = (&a.c, a.accumulate) {
-        d.copy_from_slice(&view(c)?);
-    }
     let am = if a.transa { MatRef { data: &lhs, rs: 1, cs: m } } else { MatRef { data: &lhs, rs: k, cs: 1 } };
     let bm = if a.transb { MatRef { data: &rhs, rs: 1, cs: k } } else { MatRef { data: &rhs, rs: n, cs: 1 } };
-    sgemm(m, n, k, alpha, am, bm, d);
+    if let (Some(c), true) = (&a.c, a.accumulate) {
+        d.copy_from_slice(&view(c)?);
+        sgemm(m, n, k, alpha, am, bm, d);
+    } else {
+        sgemm_set(m, n, k, alpha, am, bm, d);
+    }
     drop((lhs, rhs));
 
     let bias = a.bias.as_ref().map(view).transpose()?;
