@@ -101,7 +101,8 @@ pub fn build_f32<R>(
 /// straight into the tensor's memory).
 pub fn store(data: &[f32], shape: &[usize], dtype: DType) -> Result<Tensor> {
     fn conv<T: tefl_core::Element>(data: &[f32], shape: &[usize], f: impl Fn(f32) -> T + Sync) -> Result<Tensor> {
-        let out = Tensor::zeros(shape, T::DTYPE, &tefl_core::Device::CPU)?;
+        // Written in full below: no zeroing first.
+        let out = Tensor::uninit(shape, T::DTYPE, &tefl_core::Device::CPU)?;
         {
             let mut w = out.host_bytes_mut()?;
             let dst: &mut [T] = bytemuck::cast_slice_mut(&mut w);
@@ -135,7 +136,8 @@ pub fn amax(x: &[f32]) -> f32 {
 /// FP8 `dtype`, with max |data| (NaN when data holds one): an FP8 output quantizer.
 pub fn store_fp8(data: &[f32], shape: &[usize], dtype: DType, scale: f32) -> Result<(Tensor, f32)> {
     let f = Fp8Format::of(dtype).ok_or_else(|| Error::Tensor(format!("{dtype} is not an fp8 dtype")))?;
-    let out = Tensor::zeros(shape, dtype, &tefl_core::Device::CPU)?;
+    // Written in full below: no zeroing first.
+    let out = Tensor::uninit(shape, dtype, &tefl_core::Device::CPU)?;
     {
         let mut q = out.host_bytes_mut()?;
         if q.len() != data.len() {

@@ -29,9 +29,8 @@ pub fn generic_gemm(_: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
     let rhs = view(&a.b)?;
     // The product's size comes from the user's shapes (k = 0 makes tiny inputs with a huge
     // product): allocate it fallibly, so that too much is an error, not an abort. It is a
-    // tensor from the start, so that an f32 D is returned without a copy.
-    // D is written in full (set from the product, or C then the product added), so its
-    // memory need not be zeroed first.
+    // tensor from the start, so that an f32 D is returned without a copy, and uninitialised:
+    // it is written in full (set from the product, or C and then the product added).
     let d_tensor = uninit_f32(&[m, n], || format!("generic_gemm output d [{m}, {n}]"))?;
     let mut d_guard = d_tensor.host_bytes_mut()?;
     let d: &mut [f32] = bytemuck::cast_slice_mut(&mut d_guard);
