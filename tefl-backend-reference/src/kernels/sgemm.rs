@@ -363,20 +363,27 @@ mod tests {
                 (true, false, 1),
                 (false, false, 2),
                 (true, false, 2),
+                (false, true, 3),
+                (true, true, 4),
             ] {
                 let am = if ta { MatRef { data: &a, rs: 1, cs: m } } else { MatRef { data: &a, rs: k, cs: 1 } };
                 let bm = if tb { MatRef { data: &b, rs: 1, cs: k } } else { MatRef { data: &b, rs: n, cs: 1 } };
-                // Modes: 0 pool, 1 serial (both add to C = 1), 2 set (C's NaNs never read).
-                let c0 = if mode == 2 { f32::NAN } else { 1.0 };
+                // Modes: 0 pool, 1 serial (both add to C = 1), 2 set (C's NaNs never read); 3 and 4
+                // the `gemm` crate's path (used without AVX-512), set and serial accumulate.
+                let set = mode == 2 || mode == 3;
+                let c0 = if set { f32::NAN } else { 1.0 };
                 let mut c = vec![c0; m * n];
                 match mode {
                     0 => sgemm(m, n, k, 0.5, am, bm, &mut c),
                     1 => sgemm_serial(m, n, k, 0.5, am, bm, &mut c),
-                    _ => sgemm_set(m, n, k, 0.5, am, bm, &mut c),
+                    2 => sgemm_set(m, n, k, 0.5, am, bm, &mut c),
+                    3 if k == 0 => c.fill(0.0), // (sgemm_on's own k = 0 case, tested by mode 2)
+                    3 => fallback(false, true, m, n, k, 0.5, am, bm, &mut c),
+                    _ => fallback(true, false, m, n, k, 0.5, am, bm, &mut c),
                 }
                 for i in 0..m {
                     for j in 0..n {
-                        let want: f64 = if mode == 2 { 0.0 } else { 1.0 }
+                        let want: f64 = if set { 0.0 } else { 1.0 }
                             + 0.5 * (0..k).map(|l| f64::from(am.at(i, l)) * f64::from(bm.at(l, j))).sum::<f64>();
                         assert!(
                             (f64::from(c[i * n + j]) - want).abs() < 1e-4 * (1.0 + want.abs()),
