@@ -26,34 +26,38 @@ impl MatRef<'_> {
 
 /// C[m×n] (row-major, contiguous) += alpha · A[m×k] · B[k×n], on rayon's pool.
 pub fn sgemm(m: usize, n: usize, k: usize, alpha: f32, a: MatRef<'_>, b: MatRef<'_>, c: &mut [f32]) {
-    sgemm_on(false, false, m, n, k, alpha, a, b, c);
+    sgemm_on(Job { m, n, k, alpha, a, b, serial: false, set: false }, c);
 }
 
 /// C[m×n] = alpha · A[m×k] · B[k×n] on rayon's pool: C's earlier contents are never read, so
 /// it needs no zeroing first.
 pub fn sgemm_set(m: usize, n: usize, k: usize, alpha: f32, a: MatRef<'_>, b: MatRef<'_>, c: &mut [f32]) {
-    sgemm_on(false, true, m, n, k, alpha, a, b, c);
+    sgemm_on(Job { m, n, k, alpha, a, b, serial: false, set: true }, c);
 }
 
 /// [`sgemm`] on the calling thread only: for the small products of a loop that is already
 /// parallel (attention's tiles), where splitting each product again over the pool costs more
 /// than it gains.
 pub fn sgemm_serial(m: usize, n: usize, k: usize, alpha: f32, a: MatRef<'_>, b: MatRef<'_>, c: &mut [f32]) {
-    sgemm_on(true, false, m, n, k, alpha, a, b, c);
+    sgemm_on(Job { m, n, k, alpha, a, b, serial: true, set: false }, c);
 }
 
-#[allow(clippy::too_many_arguments)]
-fn sgemm_on(
-    serial: bool,
-    set: bool,
+/// One product: C[m×n] (+)= alpha · A · B, on the calling thread only when `serial`, storing
+/// instead of adding (C never read) when `set`.
+#[derive(Clone, Copy)]
+struct Job<'a> {
     m: usize,
     n: usize,
     k: usize,
     alpha: f32,
-    a: MatRef<'_>,
-    b: MatRef<'_>,
-    c: &mut [f32],
-) {
+    a: MatRef<'a>,
+    b: MatRef<'a>,
+    serial: bool,
+    set: bool,
+}
+
+fn sgemm_on(job: Job<'_>, c: &mut [f32]) {
+    let Job { m, n, k, a, b, set, .. } = job;
     assert!(c.len() >= m * n, "C too small");
     if set && k == 0 {
         c[..m * n].fill(0.0);
@@ -66,25 +70,15 @@ fn sgemm_on(
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx512f") {
-            avx512::sgemm(serial, set, m, n, k, alpha, a, b, c);
+            avx512::sgemm(job, c);
             return;
         }
     }
-    fallback(serial, set, m, n, k, alpha, a, b, c);
+    fallback(job, c);
 }
 
-#[allow(clippy::too_many_arguments)]
-fn fallback(
-    serial: bool,
-    set: bool,
-    m: usize,
-    n: usize,
-    k: usize,
-    alpha: f32,
-    a: MatRef<'_>,
-    b: MatRef<'_>,
-    c: &mut [f32],
-) {
+fn fallback(job: Job<'_>, c: &mut [f32]) {
+    let Job { m, n, k, alpha, a, b, serial, set } = job;
     let parallelism =
         if serial { gemm::Parallelism::None } else { gemm::Parallelism::Rayon(rayon::current_num_threads()) };
     // SAFETY: the asserts in `sgemm_on` bound every index the product reads (i·rs + l·cs for
@@ -130,29 +124,18 @@ mod avx512 {
         static SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub fn sgemm(
-        serial: bool,
-        set: bool,
-        m: usize,
-        n: usize,
-        k: usize,
-        alpha: f32,
-        a: MatRef<'_>,
-        b: MatRef<'_>,
-        c: &mut [f32],
-    ) {
-        if serial {
+    pub fn sgemm(job: Job<'_>, c: &mut [f32]) {
+        if job.serial {
             SCRATCH.with(|s| match s.try_borrow_mut() {
                 Ok(mut s) => {
                     let (bpack, apack) = &mut *s;
-                    run(true, set, m, n, k, alpha, a, b, c, bpack, apack);
+                    run(job, c, bpack, apack);
                 }
                 // Re-entered on this thread (not done today): fresh scratch.
-                Err(_) => run(true, set, m, n, k, alpha, a, b, c, &mut Vec::new(), &mut Vec::new()),
+                Err(_) => run(job, c, &mut Vec::new(), &mut Vec::new()),
             });
         } else {
-            run(false, set, m, n, k, alpha, a, b, c, &mut Vec::new(), &mut Vec::new());
+            run(job, c, &mut Vec::new(), &mut Vec::new());
         }
     }
 
@@ -164,20 +147,8 @@ mod avx512 {
         &mut v[..len]
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn run(
-        serial: bool,
-        set: bool,
-        m: usize,
-        n: usize,
-        k: usize,
-        alpha: f32,
-        a: MatRef<'_>,
-        b: MatRef<'_>,
-        c: &mut [f32],
-        bscratch: &mut Vec<f32>,
-        ascratch: &mut Vec<f32>,
-    ) {
+    fn run(job: Job<'_>, c: &mut [f32], bscratch: &mut Vec<f32>, ascratch: &mut Vec<f32>) {
+        let Job { m, n, k, alpha, a, b, serial, set } = job;
         let threads = if serial { 1 } else { rayon::current_num_threads().max(1) };
         let blocks = m.div_ceil(192).max(threads).div_ceil(threads) * threads;
         let mc = m.div_ceil(blocks).div_ceil(MR) * MR;
@@ -378,8 +349,8 @@ mod tests {
                     1 => sgemm_serial(m, n, k, 0.5, am, bm, &mut c),
                     2 => sgemm_set(m, n, k, 0.5, am, bm, &mut c),
                     3 if k == 0 => c.fill(0.0), // (sgemm_on's own k = 0 case, tested by mode 2)
-                    3 => fallback(false, true, m, n, k, 0.5, am, bm, &mut c),
-                    _ => fallback(true, false, m, n, k, 0.5, am, bm, &mut c),
+                    3 => fallback(Job { m, n, k, alpha: 0.5, a: am, b: bm, serial: false, set: true }, &mut c),
+                    _ => fallback(Job { m, n, k, alpha: 0.5, a: am, b: bm, serial: true, set: false }, &mut c),
                 }
                 for i in 0..m {
                     for j in 0..n {
