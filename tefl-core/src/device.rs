@@ -884,6 +884,15 @@ pub fn host_cache_bytes() -> usize {
     lock_cache().bytes
 }
 
+/// A new zeroed allocation of `len` bytes as words (the cache already missed).
+fn fresh_zeroed_words(len: usize) -> Result<Vec<u64>> {
+    try_zeroed_vec::<u64>(len.div_ceil(8)).ok_or_else(|| Error::OutOfMemory {
+        device: "cpu".into(),
+        bytes: len,
+        what: "a host buffer".into(),
+    })
+}
+
 impl Drop for HostBuffer {
     fn drop(&mut self) {
         let bytes = self.words.get_mut().unwrap_or_else(|p| p.into_inner());
@@ -902,11 +911,7 @@ impl HostBuffer {
                 v.fill(0);
                 v
             }
-            None => try_zeroed_vec::<u64>(len.div_ceil(8)).ok_or_else(|| Error::OutOfMemory {
-                device: "cpu".into(),
-                bytes: len,
-                what: "a host buffer".into(),
-            })?,
+            None => fresh_zeroed_words(len)?,
         };
         Ok(HostBuffer { words: RwLock::new(HostBytes::Owned(words)), len })
     }
@@ -915,10 +920,11 @@ impl HostBuffer {
     /// held; a new one is zero), for outputs written in full: a reused buffer is not zeroed.
     /// [`Error::OutOfMemory`] when the allocator refuses.
     pub fn try_uninit(len: usize) -> Result<Self> {
-        match cache_take(len.div_ceil(8)) {
-            Some(words) => Ok(HostBuffer { words: RwLock::new(HostBytes::Owned(words)), len }),
-            None => HostBuffer::try_zeroed(len),
-        }
+        let words = match cache_take(len.div_ceil(8)) {
+            Some(words) => words,
+            None => fresh_zeroed_words(len)?,
+        };
+        Ok(HostBuffer { words: RwLock::new(HostBytes::Owned(words)), len })
     }
 
     /// A buffer holding a copy of `data`'s bytes (one allocation, one copy); an
