@@ -1,8 +1,11 @@
 //! f32 GEMM: C += alpha·op(A)·op(B), row-major C.
 //!
-//! On x86-64 with AVX-512F, our own cache-blocked kernel: B is packed in KC×NC panels of
-//! 32-column strips, A in MC×KC blocks of 12-row strips (rayon over MC blocks), and a 12×32
-//! register-tile micro-kernel does the FMAs. Elsewhere the `gemm` crate's kernels run.
+//! On x86-64 with AVX-512F, our own cache-blocked kernel: C is split into a grid of blocks,
+//! one task each on rayon's pool (rows and columns both split, so that every thread gets a
+//! share of a short, wide product too); a task packs its B columns in KC×NC panels of
+//! 32-column strips and its A rows in MC×KC blocks of 12-row strips into its thread's scratch,
+//! and a 12×32 register-tile micro-kernel does the FMAs. Elsewhere the `gemm` crate's kernels
+//! run.
 
 use rayon::prelude::*;
 
@@ -116,27 +119,78 @@ mod avx512 {
 
     const MR: usize = 12;
     const NR: usize = 32;
+    /// The k step: a packed B strip (KC·NR floats, 32 KiB) stays in L1 while the A strips of a
+    /// block stream past it.
     const KC: usize = 256;
-    const NC: usize = 4096;
+    /// Rows of a packed A block (MC·KC floats, 192 KiB: one core's L2 holds it).
+    const MC: usize = 192;
+    /// Columns of a packed B panel inside a task (KC·NC floats, 512 KiB).
+    const NC: usize = 2048;
+    /// The fewest multiply-adds a task is given: a smaller product runs on fewer threads (a
+    /// task this size takes a few microseconds, about what handing it to another thread costs).
+    const MIN_TASK_MACS: usize = 1 << 18;
 
     thread_local! {
-        /// The packed B panel and A blocks of serial products, kept per thread between calls.
+        /// The packed B panel and A block, kept per thread between calls (pool workers keep
+        /// theirs too, so a product allocates nothing once each thread has run one).
         static SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
     }
 
-    pub fn sgemm(job: Job<'_>, c: &mut [f32]) {
-        if job.serial {
-            SCRATCH.with(|s| match s.try_borrow_mut() {
-                Ok(mut s) => {
-                    let (bpack, apack) = &mut *s;
-                    run(job, c, bpack, apack);
-                }
-                // Re-entered on this thread (not done today): fresh scratch.
-                Err(_) => run(job, c, &mut Vec::new(), &mut Vec::new()),
-            });
-        } else {
-            run(job, c, &mut Vec::new(), &mut Vec::new());
+    /// Runs `f` with this thread's packing scratch (fresh buffers if it is already in use,
+    /// which only a product nested inside another on one thread would see).
+    fn with_scratch(f: impl FnOnce(&mut Vec<f32>, &mut Vec<f32>)) {
+        SCRATCH.with(|s| match s.try_borrow_mut() {
+            Ok(mut s) => {
+                let (bpack, apack) = &mut *s;
+                f(bpack, apack);
+            }
+            Err(_) => f(&mut Vec::new(), &mut Vec::new()),
+        });
+    }
+
+    /// Rows and columns of C each task computes when `tasks` tasks share an m×n product: the
+    /// grid (rows split `tm` ways, columns `tn` ways, tm·tn ≤ tasks) whose largest task is the
+    /// cheapest, counting its multiply-adds (whole MR×NR tiles) and its packing (B once a
+    /// task, A once per NC columns, each packed element costing about 16 multiply-adds).
+    pub(super) fn task_shape(m: usize, n: usize, tasks: usize) -> (usize, usize) {
+        let mut best = (usize::MAX, m.div_ceil(MR) * MR, n.div_ceil(NR) * NR);
+        for tm in 1..=tasks.min(m.div_ceil(MR)).max(1) {
+            let tn = (tasks / tm).clamp(1, n.div_ceil(NR));
+            let rows = m.div_ceil(tm).div_ceil(MR) * MR;
+            let cols = n.div_ceil(tn).div_ceil(NR) * NR;
+            let cost = rows * cols + 16 * (rows * cols.div_ceil(NC) + cols);
+            if cost < best.0 {
+                best = (cost, rows, cols);
+            }
         }
+        (best.1, best.2)
+    }
+
+    pub fn sgemm(job: Job<'_>, c: &mut [f32]) {
+        let Job { m, n, k, serial, .. } = job;
+        let c = &mut c[..m * n];
+        let most = (m.saturating_mul(n).saturating_mul(k) / MIN_TASK_MACS).max(1);
+        let tasks = if serial { 1 } else { rayon::current_num_threads().clamp(1, most) };
+        if tasks == 1 {
+            let mut rows: Vec<&mut [f32]> = c.chunks_mut(n).collect();
+            with_scratch(|bpack, apack| task(job, 0, 0, &mut rows, bpack, apack));
+            return;
+        }
+        let (rows_t, cols_t) = task_shape(m, n, tasks);
+        // Row blocks of C, and in each the column blocks as lists of row segments, so that every
+        // task holds its own part of C (disjoint slices) and nothing else.
+        c.par_chunks_mut(rows_t * n).enumerate().for_each(|(bi, cblk)| {
+            let mut blocks: Vec<Vec<&mut [f32]>> =
+                (0..n.div_ceil(cols_t)).map(|_| Vec::with_capacity(cblk.len() / n)).collect();
+            for row in cblk.chunks_mut(n) {
+                for (bj, seg) in row.chunks_mut(cols_t).enumerate() {
+                    blocks[bj].push(seg);
+                }
+            }
+            blocks.into_par_iter().enumerate().for_each(|(bj, mut rows)| {
+                with_scratch(|bpack, apack| task(job, bi * rows_t, bj * cols_t, &mut rows, bpack, apack));
+            });
+        });
     }
 
     /// Grows `v` to at least `len` elements (new ones zero) and returns its first `len`.
@@ -147,58 +201,56 @@ mod avx512 {
         &mut v[..len]
     }
 
-    fn run(job: Job<'_>, c: &mut [f32], bscratch: &mut Vec<f32>, ascratch: &mut Vec<f32>) {
-        let Job { m, n, k, alpha, a, b, serial, set } = job;
-        let threads = if serial { 1 } else { rayon::current_num_threads().max(1) };
-        let blocks = m.div_ceil(192).max(threads).div_ceil(threads) * threads;
-        let mc = m.div_ceil(blocks).div_ceil(MR) * MR;
-        let bpack = at_least(bscratch, KC * NC.min(n.div_ceil(NR) * NR));
-        for jc in (0..n).step_by(NC) {
-            let nc = NC.min(n - jc);
+    /// One task: the block of C whose rows are `c` (each as wide as the block) at rows i0.. and
+    /// columns j0.. of the product, on the calling thread, packing into `bscratch` / `ascratch`.
+    fn task(
+        job: Job<'_>,
+        i0: usize,
+        j0: usize,
+        c: &mut [&mut [f32]],
+        bscratch: &mut Vec<f32>,
+        ascratch: &mut Vec<f32>,
+    ) {
+        let Job { k, alpha, a, b, set, .. } = job;
+        let (rows, cols) = (c.len(), c.first().map_or(0, |r| r.len()));
+        for jc in (0..cols).step_by(NC) {
+            let nc = NC.min(cols - jc);
             let strips = nc.div_ceil(NR);
             for pc in (0..k).step_by(KC) {
                 let kc = KC.min(k - pc);
-                // Pack B[pc.., jc..] into strips of NR columns: strip s, row p at s·kc·NR + p·NR.
-                let pack = |(s, buf): (usize, &mut [f32])| {
-                    let j0 = jc + s * NR;
-                    pack_b(b, pc, kc, j0, NR.min(jc + nc - j0), buf);
-                };
-                if serial {
-                    bpack[..strips * kc * NR].chunks_mut(kc * NR).enumerate().for_each(pack);
-                } else {
-                    bpack[..strips * kc * NR].par_chunks_mut(kc * NR).enumerate().for_each(pack);
+                // B[pc.., j0 + jc..] as strips of NR columns: strip s, row p at s·kc·NR + p·NR.
+                let bp = at_least(bscratch, strips * kc * NR);
+                for (s, buf) in bp.chunks_mut(kc * NR).enumerate() {
+                    pack_b(b, pc, kc, j0 + jc + s * NR, NR.min(nc - s * NR), buf);
                 }
-                let bp = &bpack[..strips * kc * NR];
                 // The first k step of a set product stores; every other one adds.
                 let store = set && pc == 0;
-                let block = |(blk, cblk): (usize, &mut [f32]), apack: &mut Vec<f32>| {
-                    let ic = blk * mc;
-                    let rows = cblk.len() / n;
-                    let astrips = rows.div_ceil(MR);
-                    let apack = at_least(apack, astrips * kc * MR);
-                    for (t, buf) in apack.chunks_mut(kc * MR).enumerate() {
-                        pack_a(a, ic + t * MR, MR.min(rows - t * MR), pc, kc, buf);
+                for ic in (0..rows).step_by(MC) {
+                    let mc = MC.min(rows - ic);
+                    let astrips = mc.div_ceil(MR);
+                    let ap = at_least(ascratch, astrips * kc * MR);
+                    for (t, buf) in ap.chunks_mut(kc * MR).enumerate() {
+                        pack_a(a, i0 + ic + t * MR, MR.min(mc - t * MR), pc, kc, buf);
                     }
                     let mut tile = [0.0f32; MR * NR];
                     for s in 0..strips {
                         let bs = &bp[s * kc * NR..(s + 1) * kc * NR];
-                        let cols = NR.min(nc - s * NR);
+                        let (col, ncols) = (jc + s * NR, NR.min(nc - s * NR));
                         for t in 0..astrips {
-                            let at = &apack[t * kc * MR..(t + 1) * kc * MR];
-                            let r = MR.min(rows - t * MR);
-                            if r == MR && cols == NR {
-                                let cfull = &mut cblk[t * MR * n + jc + s * NR..];
-                                // SAFETY: avx512f was detected by the caller; `at` holds kc·MR and
-                                // `bs` kc·NR packed floats; `cfull` starts at a full MR×NR tile
-                                // of C with row stride n (checked inside).
-                                unsafe { kernel_into(kc, at, bs, cfull, n, alpha, store) };
+                            let at = &ap[t * kc * MR..(t + 1) * kc * MR];
+                            let crows = &mut c[ic + t * MR..][..MR.min(mc - t * MR)];
+                            if crows.len() == MR && ncols == NR {
+                                // SAFETY: avx512f was detected by the caller; `at` holds kc·MR
+                                // and `bs` kc·NR packed floats; `crows` are MR rows of C, each
+                                // with NR columns from `col` (checked inside).
+                                unsafe { kernel_into(kc, at, bs, crows, col, alpha, store) };
                                 continue;
                             }
                             // SAFETY: as above, with the MR·NR scratch `tile` as destination.
                             unsafe { kernel(kc, at, bs, &mut tile, alpha) };
-                            for ii in 0..r {
-                                let crow = &mut cblk[(t * MR + ii) * n + jc + s * NR..][..cols];
-                                let tv = &tile[ii * NR..ii * NR + cols];
+                            for (ii, crow) in crows.iter_mut().enumerate() {
+                                let crow = &mut crow[col..col + ncols];
+                                let tv = &tile[ii * NR..ii * NR + ncols];
                                 if store {
                                     crow.copy_from_slice(tv);
                                 } else {
@@ -207,11 +259,6 @@ mod avx512 {
                             }
                         }
                     }
-                };
-                if serial {
-                    c[..m * n].chunks_mut(mc * n).enumerate().for_each(|x| block(x, ascratch));
-                } else {
-                    c[..m * n].par_chunks_mut(mc * n).enumerate().for_each_init(Vec::new, |apack, x| block(x, apack));
                 }
             }
         }
@@ -220,9 +267,12 @@ mod avx512 {
     /// Packs rows i0..i0+nrows, columns pc..pc+kc of A as kc groups of MR (rows past nrows: 0).
     fn pack_a(a: MatRef<'_>, i0: usize, nrows: usize, pc: usize, kc: usize, buf: &mut [f32]) {
         if a.cs == 1 {
-            let rows: Vec<&[f32]> = (0..nrows).map(|ii| &a.data[(i0 + ii) * a.rs + pc..][..kc]).collect();
+            // k by k across the strip's rows (contiguous MR-float writes; writing row by row
+            // instead, MR floats apart, was slower).
+            let rows: [&[f32]; MR] =
+                std::array::from_fn(|ii| if ii < nrows { &a.data[(i0 + ii) * a.rs + pc..][..kc] } else { &[] });
             for (p, dst) in buf.chunks_mut(MR).take(kc).enumerate() {
-                for (d, row) in dst.iter_mut().zip(&rows) {
+                for (d, row) in dst.iter_mut().zip(&rows[..nrows]) {
                     *d = row[p];
                 }
             }
@@ -246,15 +296,21 @@ mod avx512 {
 
     /// Packs rows pc..pc+kc, columns j0..j0+ncols of B as kc rows of NR (columns past ncols: 0).
     fn pack_b(b: MatRef<'_>, pc: usize, kc: usize, j0: usize, ncols: usize, buf: &mut [f32]) {
-        for (p, dst) in buf.chunks_mut(NR).take(kc).enumerate() {
-            if b.cs == 1 {
+        if b.cs == 1 {
+            for (p, dst) in buf.chunks_mut(NR).take(kc).enumerate() {
                 dst[..ncols].copy_from_slice(&b.data[(pc + p) * b.rs + j0..][..ncols]);
-            } else {
+            }
+        } else {
+            for (p, dst) in buf.chunks_mut(NR).take(kc).enumerate() {
                 for (jj, v) in dst[..ncols].iter_mut().enumerate() {
                     *v = b.at(pc + p, j0 + jj);
                 }
             }
-            dst[ncols..].fill(0.0);
+        }
+        if ncols < NR {
+            for dst in buf.chunks_mut(NR).take(kc) {
+                dst[ncols..].fill(0.0);
+            }
         }
     }
 
@@ -280,17 +336,16 @@ mod avx512 {
         acc
     }
 
-    /// C[MR×NR tile, row stride ldc] += alpha · product, or = when `store`.
+    /// C[MR×NR tile: rows `c`, columns col..col + NR] += alpha · product, or = when `store`.
     #[target_feature(enable = "avx512f")]
-    fn kernel_into(kc: usize, a: &[f32], b: &[f32], c: &mut [f32], ldc: usize, alpha: f32, store: bool) {
-        assert!(c.len() >= (MR - 1) * ldc + NR);
+    fn kernel_into(kc: usize, a: &[f32], b: &[f32], c: &mut [&mut [f32]], col: usize, alpha: f32, store: bool) {
+        assert!(c.len() == MR && c.iter().all(|r| r.len() >= col + NR));
         let acc = product(kc, a, b);
         let al = _mm512_set1_ps(alpha);
-        let cp = c.as_mut_ptr();
-        for (i, row) in acc.iter().enumerate() {
-            // SAFETY: i < MR, so i·ldc + 32 ≤ c.len() (asserted above).
+        for (crow, row) in c.iter_mut().zip(&acc) {
+            // SAFETY: the row holds col + NR = col + 32 floats or more (asserted above).
             unsafe {
-                let p0 = cp.add(i * ldc);
+                let p0 = crow.as_mut_ptr().add(col);
                 if store {
                     _mm512_storeu_ps(p0, _mm512_mul_ps(al, row[0]));
                     _mm512_storeu_ps(p0.add(16), _mm512_mul_ps(al, row[1]));
@@ -324,7 +379,10 @@ mod tests {
 
     #[test]
     fn matches_naive_on_awkward_shapes_and_strides() {
-        for &(m, n, k) in &[(1, 1, 1), (13, 33, 7), (25, 65, 300), (130, 70, 513), (3, 4100, 5), (4, 5, 0)] {
+        // (200, 600, 40): a task's rows past one A block (MC) and columns past one B panel (NC).
+        for &(m, n, k) in
+            &[(1, 1, 1), (13, 33, 7), (25, 65, 300), (130, 70, 513), (3, 4100, 5), (4, 5, 0), (200, 600, 40)]
+        {
             let a: Vec<f32> = (0..m * k).map(|i| ((i * 37) % 17) as f32 / 17.0 - 0.5).collect();
             let b: Vec<f32> = (0..k * n).map(|i| ((i * 11) % 13) as f32 / 13.0 - 0.5).collect();
             for (ta, tb, mode) in [
@@ -363,6 +421,26 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn task_grid_splits_rows_and_columns_into_whole_tiles() {
+        use super::avx512::task_shape;
+        // 16 tasks on 1024×1536: both dimensions split, all 16 used.
+        let (r, c) = task_shape(1024, 1536, 16);
+        assert!(r < 1024 && c < 1536 && 1024usize.div_ceil(r) * 1536usize.div_ceil(c) == 16, "{r}x{c}");
+        // One task takes the whole product, rounded up to whole tiles.
+        assert_eq!(task_shape(100, 70, 1), (108, 96));
+        // One row: the columns are split, never the rows.
+        assert_eq!(task_shape(1, 4096, 8), (12, 512));
+        // One column: the rows are split.
+        assert_eq!(task_shape(4096, 1, 8), (516, 32));
+        for (m, n, t) in [(1024, 512, 16), (7, 9, 3), (5000, 3, 16), (48, 4096, 5)] {
+            let (r, c) = task_shape(m, n, t);
+            assert!(r % 12 == 0 && c % 32 == 0, "{m}x{n}/{t}: {r}x{c}");
+            assert!(m.div_ceil(r) * n.div_ceil(c) <= t, "{m}x{n}/{t}: {r}x{c} makes too many tasks");
         }
     }
 }
