@@ -7,6 +7,8 @@ use tefl_core::device::{HostRead, try_zeroed};
 use tefl_core::fp8::Fp8Format;
 use tefl_core::{DType, Error, Result, Tensor, bf16, f16};
 
+use crate::kernels::vmath;
+
 /// Elements per rayon task for elementwise work.
 pub const CHUNK: usize = 1 << 14;
 
@@ -28,16 +30,20 @@ impl Deref for F32View<'_> {
     }
 }
 
-fn convert<T: bytemuck::Pod + Send + Sync>(bytes: &[u8], f: impl Fn(&T) -> f32 + Sync) -> Result<Vec<f32>> {
+/// An f32 copy of `bytes` (elements of T), `widen` converting one chunk at a time in parallel.
+fn convert_with<T: bytemuck::Pod + Send + Sync>(
+    bytes: &[u8],
+    widen: impl Fn(&[T], &mut [f32]) + Sync,
+) -> Result<Vec<f32>> {
     let src: &[T] = bytemuck::cast_slice(bytes);
     let mut out: Vec<f32> =
         tefl_core::device::try_zeroed(src.len(), || format!("an f32 copy of {} elements", src.len()))?;
-    out.par_chunks_mut(CHUNK).zip(src.par_chunks(CHUNK)).for_each(|(o, s)| {
-        for (d, x) in o.iter_mut().zip(s) {
-            *d = f(x);
-        }
-    });
+    out.par_chunks_mut(CHUNK).zip(src.par_chunks(CHUNK)).for_each(|(o, s)| widen(s, o));
     Ok(out)
+}
+
+fn convert<T: bytemuck::Pod + Send + Sync>(bytes: &[u8], f: impl Fn(&T) -> f32 + Sync) -> Result<Vec<f32>> {
+    convert_with::<T>(bytes, |s, o| o.iter_mut().zip(s).for_each(|(d, x)| *d = f(x)))
 }
 
 /// Reads a float or FP8 tensor on the host as f32.
@@ -45,8 +51,8 @@ pub fn view(t: &Tensor) -> Result<F32View<'_>> {
     let bytes = t.host_bytes()?;
     Ok(match t.dtype() {
         DType::F32 => F32View::Host(bytes),
-        DType::F16 => F32View::Owned(convert::<f16>(&bytes, |x| x.to_f32())?),
-        DType::BF16 => F32View::Owned(convert::<bf16>(&bytes, |x| x.to_f32())?),
+        DType::F16 => F32View::Owned(convert_with::<f16>(&bytes, vmath::widen_f16)?),
+        DType::BF16 => F32View::Owned(convert_with::<bf16>(&bytes, vmath::widen_bf16)?),
         DType::F64 => F32View::Owned(convert::<f64>(&bytes, |x| *x as f32)?),
         d @ (DType::F8E4M3 | DType::F8E5M2) => {
             let f = Fp8Format::of(d).ok_or_else(|| Error::Tensor(format!("{d} is not fp8")))?;
@@ -100,7 +106,11 @@ pub fn build_f32<R>(
 /// A host tensor of `dtype` from f32 values (converted in parallel, round to nearest even,
 /// straight into the tensor's memory).
 pub fn store(data: &[f32], shape: &[usize], dtype: DType) -> Result<Tensor> {
-    fn conv<T: tefl_core::Element>(data: &[f32], shape: &[usize], f: impl Fn(f32) -> T + Sync) -> Result<Tensor> {
+    fn conv<T: tefl_core::Element>(
+        data: &[f32],
+        shape: &[usize],
+        narrow: impl Fn(&[f32], &mut [T]) + Sync,
+    ) -> Result<Tensor> {
         // Written in full below: no zeroing first.
         let out = Tensor::uninit(shape, T::DTYPE, &tefl_core::Device::CPU)?;
         {
@@ -109,18 +119,14 @@ pub fn store(data: &[f32], shape: &[usize], dtype: DType) -> Result<Tensor> {
             if dst.len() != data.len() {
                 return Err(Error::Tensor(format!("{} values stored as shape {shape:?}", data.len())));
             }
-            dst.par_chunks_mut(CHUNK).zip(data.par_chunks(CHUNK)).for_each(|(o, s)| {
-                for (d, x) in o.iter_mut().zip(s) {
-                    *d = f(*x);
-                }
-            });
+            dst.par_chunks_mut(CHUNK).zip(data.par_chunks(CHUNK)).for_each(|(o, s)| narrow(s, o));
         }
         Ok(out)
     }
     match dtype {
         DType::F32 => Tensor::from_slice(data, shape, DType::F32),
-        DType::F16 => conv(data, shape, f16::from_f32),
-        DType::BF16 => conv(data, shape, bf16::from_f32),
+        DType::F16 => conv(data, shape, vmath::narrow_f16),
+        DType::BF16 => conv(data, shape, vmath::narrow_bf16),
         d => Err(Error::Tensor(format!("reference: cannot store floats as {d}"))),
     }
 }
@@ -158,14 +164,14 @@ pub fn write_into(t: &Tensor, data: &[f32]) -> Result<()> {
     match t.dtype() {
         DType::F32 => bytemuck::cast_slice_mut::<u8, f32>(&mut w).copy_from_slice(data),
         DType::F16 => {
-            for (d, x) in bytemuck::cast_slice_mut::<u8, f16>(&mut w).iter_mut().zip(data) {
-                *d = f16::from_f32(*x);
-            }
+            let dst = bytemuck::cast_slice_mut::<u8, f16>(&mut w);
+            let n = dst.len().min(data.len());
+            vmath::narrow_f16(&data[..n], &mut dst[..n]);
         }
         DType::BF16 => {
-            for (d, x) in bytemuck::cast_slice_mut::<u8, bf16>(&mut w).iter_mut().zip(data) {
-                *d = bf16::from_f32(*x);
-            }
+            let dst = bytemuck::cast_slice_mut::<u8, bf16>(&mut w);
+            let n = dst.len().min(data.len());
+            vmath::narrow_bf16(&data[..n], &mut dst[..n]);
         }
         d => return Err(Error::Tensor(format!("reference: cannot write floats into {d}"))),
     }
@@ -246,8 +252,8 @@ impl Src<'_> {
         let n = dst.len();
         match self {
             Src::F32(s) => dst.copy_from_slice(&s[start..start + n]),
-            Src::F16(s) => dst.iter_mut().zip(&s[start..start + n]).for_each(|(d, v)| *d = v.to_f32()),
-            Src::BF16(s) => dst.iter_mut().zip(&s[start..start + n]).for_each(|(d, v)| *d = v.to_f32()),
+            Src::F16(s) => vmath::widen_f16(&s[start..start + n], dst),
+            Src::BF16(s) => vmath::widen_bf16(&s[start..start + n], dst),
         }
     }
 }
@@ -277,7 +283,7 @@ pub fn map_rows<const K: usize>(
     let stats = {
         let mut w = out.host_bytes_mut()?;
         macro_rules! run {
-            ($t:ty, $conv:expr) => {{
+            ($t:ty, $narrow:expr) => {{
                 let dst: &mut [$t] = bytemuck::cast_slice_mut(&mut w);
                 dst.par_chunks_mut(m.max(1))
                     .enumerate()
@@ -290,9 +296,7 @@ pub fn map_rows<const K: usize>(
                             }
                             let rows_in: [&[f32]; K] = std::array::from_fn(|k| scratch[k].as_slice());
                             let s = f(i, rows_in, y);
-                            for (d, v) in orow.iter_mut().zip(y.iter()) {
-                                *d = $conv(*v);
-                            }
+                            $narrow(y.as_slice(), orow);
                             s
                         },
                     )
@@ -300,9 +304,9 @@ pub fn map_rows<const K: usize>(
             }};
         }
         match out_dtype {
-            DType::F32 => run!(f32, |v: f32| v),
-            DType::F16 => run!(f16, f16::from_f32),
-            DType::BF16 => run!(bf16, bf16::from_f32),
+            DType::F32 => run!(f32, |y: &[f32], o: &mut [f32]| o.copy_from_slice(y)),
+            DType::F16 => run!(f16, vmath::narrow_f16),
+            DType::BF16 => run!(bf16, vmath::narrow_bf16),
             d => return Err(Error::Tensor(format!("reference: cannot store floats as {d}"))),
         }
     };

@@ -1,3 +1,4 @@
 //! Hand-written compute kernels the ops build on.
 
 pub mod sgemm;
+pub mod vmath;

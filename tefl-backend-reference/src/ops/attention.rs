@@ -15,6 +15,7 @@ use tefl_core::philox::uniform;
 use tefl_core::{DType, KernelCtx, Result, Tensor};
 
 use crate::kernels::sgemm::{MatRef, sgemm_serial as sgemm};
+use crate::kernels::vmath;
 use crate::util::{build_f32, store, view, zeroed_f32};
 
 /// Query rows and key rows of a block and tile on the pair-by-pair path.
@@ -30,36 +31,6 @@ const TK: usize = 128;
 
 /// (sequence, head, first row, values, second values) computed by one task.
 type Block = (usize, usize, usize, Vec<f32>, Vec<f32>);
-
-/// Independent partial sums a dot product keeps (the pair-by-pair path and the backward's
-/// row sums): a sum in one accumulator is a chain of dependent adds the compiler may not
-/// reorder (f32 addition is not associative), so it ran at one add per add latency; sixteen
-/// let it use vector registers.
-const DOT_LANES: usize = 16;
-
-/// Σ a[t]·b[t] over the shorter length, in [`DOT_LANES`] partial sums added pairwise at the end
-/// (a NaN or infinity in either input reaches the result as in a sequential sum).
-#[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let n = a.len().min(b.len());
-    let (a, b) = (&a[..n], &b[..n]);
-    let mut lanes = [0.0f32; DOT_LANES];
-    let (ca, cb) = (a.chunks_exact(DOT_LANES), b.chunks_exact(DOT_LANES));
-    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
-    for (x, y) in ca.zip(cb) {
-        for l in 0..DOT_LANES {
-            lanes[l] += x[l] * y[l];
-        }
-    }
-    let mut width = DOT_LANES;
-    while width > 1 {
-        width /= 2;
-        for l in 0..width {
-            lanes[l] += lanes[l + width];
-        }
-    }
-    lanes[0] + tail
-}
 
 /// What the forward and backward share: inputs as f32, geometry, dropout.
 struct Ctx<'a> {
@@ -156,7 +127,7 @@ fn fwd_block_exact(c: &Ctx<'_>, b: usize, h: usize, i0: usize) -> Block {
             let srow = &mut s[r * BK..(r + 1) * BK];
             for j in j0..j1 {
                 srow[j - j0] = if j >= klo && j < khi {
-                    c.scale * dot(qi, &c.k[c.k_at(b, j, hk)..][..d])
+                    c.scale * vmath::dot(qi, &c.k[c.k_at(b, j, hk)..][..d])
                 } else {
                     f32::NEG_INFINITY
                 };
@@ -205,23 +176,19 @@ fn fwd_block_tiled(c: &Ctx<'_>, b: usize, h: usize, i0: usize) -> Block {
         let mut any = false;
         for (r, &(klo, khi)) in ranges.iter().enumerate() {
             let prow = &mut p[r * kt..(r + 1) * kt];
-            for (jj, x) in prow.iter_mut().enumerate() {
-                if j0 + jj < klo || j0 + jj >= khi {
-                    *x = f32::NEG_INFINITY;
-                }
-            }
+            let (vlo, vhi) = visible_in_tile(klo, khi, j0, kt);
+            prow[..vlo].fill(f32::NEG_INFINITY);
+            prow[vhi..].fill(f32::NEG_INFINITY);
             let Some(m_new) = rescale_row(&mut m[r], &mut l[r], &mut acc[r * d..(r + 1) * d], prow) else {
                 prow.fill(0.0);
                 continue;
             };
-            for (jj, x) in prow.iter_mut().enumerate() {
-                if *x == f32::NEG_INFINITY {
-                    *x = 0.0;
-                    continue;
+            // e^(s - m_new), 0 where masked (-inf).
+            l[r] += vmath::exp_shifted(prow, m_new);
+            if c.p != 0.0 {
+                for (jj, x) in prow.iter_mut().enumerate() {
+                    *x *= c.keep(b, h, i0 + r, j0 + jj);
                 }
-                let pj = (*x - m_new).exp();
-                l[r] += pj;
-                *x = pj * c.keep(b, h, i0 + r, j0 + jj);
             }
             any = true;
         }
@@ -239,7 +206,7 @@ fn fwd_block_tiled(c: &Ctx<'_>, b: usize, h: usize, i0: usize) -> Block {
 /// key. The maxima propagate NaN: a NaN score (NaN in q or k) must reach the output, not be
 /// dropped as `f32::max` drops it (which read as a fully masked row).
 fn rescale_row(m: &mut f32, l: &mut f32, acc: &mut [f32], scores: &[f32]) -> Option<f32> {
-    let tile_max = scores.iter().copied().fold(f32::NEG_INFINITY, nan_max);
+    let tile_max = vmath::max_nan(scores);
     if tile_max == f32::NEG_INFINITY {
         return None;
     }
@@ -249,6 +216,13 @@ fn rescale_row(m: &mut f32, l: &mut f32, acc: &mut [f32], scores: &[f32]) -> Opt
     acc.iter_mut().for_each(|x| *x *= corr);
     *m = m_new;
     Some(m_new)
+}
+
+/// The columns [lo, hi) of a key tile (keys j0..j0 + kt) that a row seeing keys [klo, khi)
+/// sees (lo == hi when none).
+fn visible_in_tile(klo: usize, khi: usize, j0: usize, kt: usize) -> (usize, usize) {
+    let lo = klo.saturating_sub(j0).min(kt);
+    (lo, khi.saturating_sub(j0).min(kt).max(lo))
 }
 
 /// The keys each query row i0..i1 of sequence `b` sees, and the span [lo, hi) covering them all.
@@ -329,7 +303,7 @@ pub fn fused_attn_bwd(_: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut> 
         for h in 0..c.g.hq {
             for i in 0..c.g.q_spans[b].len {
                 let at = c.q_at(b, i, h);
-                delta[c.g.lse_index(b, h, i)] = dot(&dov[at..at + d], &ov[at..at + d]);
+                delta[c.g.lse_index(b, h, i)] = vmath::dot(&dov[at..at + d], &ov[at..at + d]);
             }
         }
     }
@@ -339,9 +313,9 @@ pub fn fused_attn_bwd(_: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut> 
         let qa = c.q_at(b, i, h);
         let ka = c.k_at(b, j, h / group);
         let lse = lsev[c.g.lse_index(b, h, i)];
-        let p = (c.scale * dot(&c.q[qa..qa + d], &c.k[ka..ka + d]) - lse).exp();
+        let p = (c.scale * vmath::dot(&c.q[qa..qa + d], &c.k[ka..ka + d]) - lse).exp();
         let keep = c.keep(b, h, i, j);
-        let dp = dot(&dov[qa..qa + d], &c.v[ka..ka + d]) * keep;
+        let dp = vmath::dot(&dov[qa..qa + d], &c.v[ka..ka + d]) * keep;
         (p, p * (dp - delta[c.g.lse_index(b, h, i)]), p * keep)
     };
     // The GEMM path's tile (see the module's doc): for query rows i0.. (`rows` of them) of head
@@ -361,18 +335,31 @@ pub fn fused_attn_bwd(_: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut> 
             let li = c.g.lse_index(b, h, i);
             let (klo, khi) = c.g.key_range(c.mask, c.window, b, i);
             let (wr, dr) = (&mut w[r * kt..(r + 1) * kt], &mut ds[r * kt..(r + 1) * kt]);
-            for (jj, (s, dp)) in wr.iter_mut().zip(dr.iter_mut()).enumerate() {
-                let j = j0 + jj;
-                if lsev[li] == f32::NEG_INFINITY || j < klo || j >= khi {
-                    (*s, *dp) = (0.0, 0.0);
-                    continue;
-                }
-                let p = (*s - lsev[li]).exp();
-                let keep = c.keep(b, h, i, j);
-                *dp = p * (*dp * keep - delta[li]);
-                *s = p * keep;
-                any = true;
+            let (vlo, vhi) = visible_in_tile(klo, khi, j0, kt);
+            let lse = lsev[li];
+            if lse == f32::NEG_INFINITY || vlo == vhi {
+                wr.fill(0.0);
+                dr.fill(0.0);
+                continue;
             }
+            for row in [&mut *wr, &mut *dr] {
+                row[..vlo].fill(0.0);
+                row[vhi..].fill(0.0);
+            }
+            // P = e^(s - lse) (scores are finite on this path), dS = P ∘ (dP·keep - delta), W = P·keep.
+            let (pv, dpv) = (&mut wr[vlo..vhi], &mut dr[vlo..vhi]);
+            vmath::exp_shifted(pv, lse);
+            let delta_i = delta[li];
+            if c.p == 0.0 {
+                dpv.iter_mut().zip(pv.iter()).for_each(|(dp, p)| *dp = p * (*dp - delta_i));
+            } else {
+                for (jj, (s, dp)) in pv.iter_mut().zip(dpv.iter_mut()).enumerate() {
+                    let keep = c.keep(b, h, i, j0 + vlo + jj);
+                    *dp = *s * (*dp * keep - delta_i);
+                    *s *= keep;
+                }
+            }
+            any = true;
         }
         any
     };

@@ -3,33 +3,32 @@
 use tefl_core::catalogue::*;
 use tefl_core::{KernelCtx, Result, Tensor};
 
+use crate::kernels::vmath;
 use crate::util::map_rows;
 
 /// Softmax of `scale·x` over one row, skipping masked entries; an all-masked row gives zeros.
 fn row_softmax(x: &[f32], y: &mut [f32], scale: f32, masked: impl Fn(usize) -> bool) {
-    // NaN-propagating maximum: a visible NaN makes the row NaN (masked entries stay 0).
-    let mut max = f32::NEG_INFINITY;
-    for (j, v) in x.iter().enumerate() {
-        if !masked(j) {
-            let s = v * scale;
-            max = if s.is_nan() || max.is_nan() { f32::NAN } else { max.max(s) };
-        }
+    // The scaled row with masked entries at -inf, and its NaN-propagating maximum: a visible
+    // NaN makes the row NaN (masked entries stay 0).
+    for (j, (o, v)) in y.iter_mut().zip(x).enumerate() {
+        *o = if masked(j) { f32::NEG_INFINITY } else { v * scale };
     }
+    let max = vmath::max_nan(y);
     if max == f32::NEG_INFINITY {
         y.iter_mut().for_each(|v| *v = 0.0);
         return;
     }
-    let mut sum = 0.0f32;
-    for (j, (o, v)) in y.iter_mut().zip(x).enumerate() {
-        *o = if masked(j) { 0.0 } else { (v * scale - max).exp() };
-        sum += *o;
-    }
-    let inv = 1.0 / sum;
-    for (j, v) in y.iter_mut().enumerate() {
-        if !masked(j) {
-            *v *= inv;
+    // exp(s - max), 0 at -inf (masked, or a visible -inf score: e^-inf = 0 alike); max is
+    // finite or +inf here, so the sum is at least 1 (the maximum's own term) or NaN (inf - inf).
+    let sum = if max.is_nan() { f32::NAN } else { vmath::exp_shifted(y, max) };
+    if sum.is_nan() {
+        // A visible NaN, or +inf scores: every visible entry NaN, as their sum makes them.
+        for (j, o) in y.iter_mut().enumerate() {
+            *o = if masked(j) { 0.0 } else { f32::NAN };
         }
+        return;
     }
+    vmath::scale(y, 1.0 / sum);
 }
 
 fn run(x: &Tensor, scale: f32, masked: impl Fn(usize, usize, usize) -> bool + Sync) -> Result<SoftmaxOut> {
@@ -75,10 +74,9 @@ pub fn scaled_aligned_causal_masked_softmax_forward(_: &KernelCtx<'_>, a: &Softm
 fn backward(a: &SoftmaxBwdArgs) -> Result<SoftmaxBwdOut> {
     let sk = a.y.last_dim();
     let (dx, _) = map_rows([(&a.dy, sk), (&a.y, sk)], a.y.rows(), a.y.shape(), a.y.dtype(), sk, |_, [dr, yr], o| {
-        let dot: f32 = dr.iter().zip(yr).map(|(d, y)| d * y).sum();
-        for ((x, d), yv) in o.iter_mut().zip(dr).zip(yr) {
-            *x = a.scale * yv * (d - dot);
-        }
+        let dot = vmath::dot(dr, yr);
+        let scale = a.scale;
+        vmath::map([dr, yr], o, |[d, y]| scale * y * (d - dot));
         [0.0; 2]
     })?;
     Ok(SoftmaxBwdOut { dx })

@@ -1,0 +1,468 @@
+//! f32 `exp` written so that loops over slices vectorise, the slice loops built on it, and
+//! vectorised conversions between f32 and the 16-bit floats.
+//!
+//! The standard library's `f32::exp` is a call into libm per element, which a compiler cannot
+//! turn into vector code, and the activations, softmax and attention spent most of their time
+//! there. [`exp`] is plain arithmetic (a range reduction by ln 2 and a degree-7 polynomial, then
+//! 2ⁿ put together from its bits) with selects for the special cases, so a loop of it
+//! vectorises; the slice functions below are compiled a second time for AVX-512 and picked at
+//! run time. Its error is within 2 ulp of the exact result for |x| ≤ 87 (1.17 at most over the
+//! dense sweep against f64 in the tests below); results below f32's smallest normal
+//! value (x < -87.33) are 0, and x > 88.72 gives +inf, as does `f32::exp`.
+
+use half::{bf16, f16};
+
+/// The largest x whose e^x is finite in f32.
+const HI: f32 = 88.722_83;
+/// Below this, e^x is under f32's smallest normal value and is returned as 0.
+const LO: f32 = -87.336_54;
+const LOG2E: f32 = std::f32::consts::LOG2_E;
+/// ln 2 in two parts: LN2_HI has its low 9 bits zero (15 significant), so n·LN2_HI is exact
+/// for |n| < 2⁹.
+const LN2_HI: f32 = 0.693_145_75;
+const LN2_LO: f32 = 1.428_606_8e-6;
+/// 1.5·2²³: adding it rounds a float of magnitude below 2²² to an integer (round to nearest).
+const ROUND: f32 = 12_582_912.0;
+
+/// Independent partial sums a sum keeps: a sum in one accumulator is a chain of dependent adds
+/// the compiler may not reorder (f32 addition is not associative), so it runs at one add per
+/// add latency; sixteen let it use vector registers.
+const LANES: usize = 16;
+
+/// e^x in f32 (see the module's text for its error and range), branch-free.
+#[inline(always)]
+pub fn exp(x: f32) -> f32 {
+    let xc = x.clamp(LO, HI);
+    let t = xc * LOG2E + ROUND;
+    let n = t - ROUND;
+    // r = x - n ln 2, in [-ln2/2, ln2/2] (up to rounding).
+    let r = (xc - n * LN2_HI) - n * LN2_LO;
+    // e^r by its Taylor series to r⁷ (the r⁸ term is below 2⁻²⁵ relative on that interval).
+    let p = 1.0
+        + r * (1.0
+            + r * (0.5
+                + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
+    // 2ⁿ from its exponent bits; n is in [-126, 128], and 2¹²⁸ (n = 128 only for x ≥ 88.38)
+    // is built as 2 · 2¹²⁷. n as an integer is t's low mantissa bits (t's ulp is 1): reading
+    // them, rather than a saturating `as i32` cast, keeps the loop in vector registers.
+    let ni = (t.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
+    let big = ni > 127;
+    let two_n = f32::from_bits(((ni - i32::from(big) + 127) as u32) << 23);
+    let y = p * two_n * if big { 2.0 } else { 1.0 };
+    if x.is_nan() {
+        x
+    } else if x > HI {
+        f32::INFINITY
+    } else if x < LO {
+        0.0
+    } else {
+        y
+    }
+}
+
+/// Calls `$avx512(args)` (the same body compiled for AVX-512) when the CPU has AVX-512F, else
+/// `$generic(args)`.
+macro_rules! dispatch {
+    ($generic:path, $avx512:path, ($($arg:expr),*)) => {{
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                // SAFETY: the CPU has AVX-512F (checked just above), all the function asks for.
+                return unsafe { $avx512($($arg),*) };
+            }
+        }
+        $generic($($arg),*)
+    }};
+}
+
+/// Sum of a slice in [`LANES`] partial sums (so that it vectorises; the order of the additions
+/// differs from a left-to-right sum by rounding only).
+#[inline(always)]
+fn sum_generic(xs: &[f32]) -> f32 {
+    let mut acc = [0.0f32; LANES];
+    let chunks = xs.chunks_exact(LANES);
+    let tail: f32 = chunks.remainder().iter().sum();
+    for c in chunks {
+        for (a, v) in acc.iter_mut().zip(c) {
+            *a += v;
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+#[inline(always)]
+fn exp_shifted_generic(row: &mut [f32], m: f32) -> f32 {
+    for x in row.iter_mut() {
+        // A masked entry (-inf) is 0 even when m is NaN or +inf.
+        *x = if *x == f32::NEG_INFINITY { 0.0 } else { exp(*x - m) };
+    }
+    sum_generic(row)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn exp_shifted_avx512(row: &mut [f32], m: f32) -> f32 {
+    exp_shifted_generic(row, m)
+}
+
+/// `row[j] = e^(row[j] - m)`, 0 where `row[j]` is -inf (a masked score); returns the row's sum.
+pub fn exp_shifted(row: &mut [f32], m: f32) -> f32 {
+    dispatch!(exp_shifted_generic, exp_shifted_avx512, (row, m))
+}
+
+#[inline(always)]
+fn dot_generic(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut lanes = [0.0f32; LANES];
+    let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    for (x, y) in ca.zip(cb) {
+        for l in 0..LANES {
+            lanes[l] += x[l] * y[l];
+        }
+    }
+    // The lanes added pairwise.
+    let mut width = LANES;
+    while width > 1 {
+        width /= 2;
+        for l in 0..width {
+            lanes[l] += lanes[l + width];
+        }
+    }
+    lanes[0] + tail
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn dot_avx512(a: &[f32], b: &[f32]) -> f32 {
+    dot_generic(a, b)
+}
+
+/// Σ a[j]·b[j] over the shorter length, in [`LANES`] partial sums (it vectorises; the result
+/// differs from a left-to-right sum by rounding only, and a NaN or infinity in either input
+/// reaches it as in a sequential sum).
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    dispatch!(dot_generic, dot_avx512, (a, b))
+}
+
+#[inline(always)]
+fn max_nan_generic(xs: &[f32]) -> f32 {
+    let nan_max = |a: f32, b: f32| if a.is_nan() || b.is_nan() { f32::NAN } else { a.max(b) };
+    let mut acc = [f32::NEG_INFINITY; LANES];
+    let chunks = xs.chunks_exact(LANES);
+    let tail = chunks.remainder().iter().copied().fold(f32::NEG_INFINITY, nan_max);
+    for c in chunks {
+        for (a, v) in acc.iter_mut().zip(c) {
+            *a = nan_max(*a, *v);
+        }
+    }
+    acc.iter().copied().fold(tail, nan_max)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn max_nan_avx512(xs: &[f32]) -> f32 {
+    max_nan_generic(xs)
+}
+
+/// The maximum of `xs` (-inf when empty), NaN when `xs` holds a NaN (where `f32::max` would
+/// drop it).
+pub fn max_nan(xs: &[f32]) -> f32 {
+    dispatch!(max_nan_generic, max_nan_avx512, (xs))
+}
+
+#[inline(always)]
+fn scale_generic(xs: &mut [f32], k: f32) {
+    xs.iter_mut().for_each(|x| *x *= k);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn scale_avx512(xs: &mut [f32], k: f32) {
+    scale_generic(xs, k)
+}
+
+/// `xs[j] *= k` for every j.
+pub fn scale(xs: &mut [f32], k: f32) {
+    dispatch!(scale_generic, scale_avx512, (xs, k))
+}
+
+#[inline(always)]
+fn map_generic<const K: usize>(ins: [&[f32]; K], out: &mut [f32], f: impl Fn([f32; K]) -> f32) {
+    // Every input cut to the output's length, so that the loop's indexing needs no checks.
+    let ins: [&[f32]; K] = std::array::from_fn(|k| &ins[k][..out.len()]);
+    for (j, o) in out.iter_mut().enumerate() {
+        *o = f(std::array::from_fn(|k| ins[k][j]));
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn map_avx512<const K: usize>(ins: [&[f32]; K], out: &mut [f32], f: impl Fn([f32; K]) -> f32) {
+    map_generic(ins, out, f)
+}
+
+/// `out[j] = f([ins[0][j], .., ins[K-1][j]])` for every j of `out` (each input at least as
+/// long), compiled for AVX-512 where the CPU has it: `f` should be inline arithmetic (such as
+/// [`exp`]) for the loop to vectorise.
+///
+/// # Panics
+/// When an input is shorter than `out`.
+pub fn map<const K: usize>(ins: [&[f32]; K], out: &mut [f32], f: impl Fn([f32; K]) -> f32) {
+    assert!(ins.iter().all(|x| x.len() >= out.len()), "vmath::map: an input is shorter than the output");
+    dispatch!(map_generic, map_avx512, (ins, out, f))
+}
+
+// Conversions between f32 and the 16-bit floats, the same values as the `half` crate's
+// (round to nearest even; NaN stays NaN, quieted) but vectorised: bf16 by its bits, f16 by the
+// AVX-512 conversion instructions where the CPU has them.
+
+#[inline(always)]
+fn bf16_bits_to_f32(b: u16) -> f32 {
+    let b = if b & 0x7fff > 0x7f80 { b | 0x0040 } else { b };
+    f32::from_bits(u32::from(b) << 16)
+}
+
+#[inline(always)]
+fn f32_to_bf16_bits(x: f32) -> u16 {
+    let u = x.to_bits();
+    if u & 0x7fff_ffff > 0x7f80_0000 {
+        ((u >> 16) | 0x0040) as u16
+    } else {
+        // Round to nearest even: add half an ulp of the result, less one when its last bit is 0.
+        (u.wrapping_add(0x7fff + ((u >> 16) & 1)) >> 16) as u16
+    }
+}
+
+#[inline(always)]
+fn widen_bf16_generic(src: &[bf16], dst: &mut [f32]) {
+    let src = &src[..dst.len()];
+    for (d, s) in dst.iter_mut().zip(src) {
+        *d = bf16_bits_to_f32(s.to_bits());
+    }
+}
+
+#[inline(always)]
+fn narrow_bf16_generic(src: &[f32], dst: &mut [bf16]) {
+    let src = &src[..dst.len()];
+    for (d, s) in dst.iter_mut().zip(src) {
+        *d = bf16::from_bits(f32_to_bf16_bits(*s));
+    }
+}
+
+fn widen_f16_generic(src: &[f16], dst: &mut [f32]) {
+    for (d, s) in dst.iter_mut().zip(src) {
+        *d = s.to_f32();
+    }
+}
+
+fn narrow_f16_generic(src: &[f32], dst: &mut [f16]) {
+    for (d, s) in dst.iter_mut().zip(src) {
+        *d = f16::from_f32(*s);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::*;
+    use std::arch::x86_64::{
+        _MM_FROUND_NO_EXC, _MM_FROUND_TO_NEAREST_INT, _mm256_loadu_si256, _mm256_storeu_si256, _mm512_cvtph_ps,
+        _mm512_cvtps_ph, _mm512_loadu_ps, _mm512_storeu_ps,
+    };
+
+    #[target_feature(enable = "avx512f")]
+    pub fn widen_bf16(src: &[bf16], dst: &mut [f32]) {
+        widen_bf16_generic(src, dst)
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub fn narrow_bf16(src: &[f32], dst: &mut [bf16]) {
+        narrow_bf16_generic(src, dst)
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub fn widen_f16(src: &[f16], dst: &mut [f32]) {
+        let n = dst.len().min(src.len());
+        let whole = n / 16 * 16;
+        for (d, s) in dst[..whole].chunks_exact_mut(16).zip(src[..whole].chunks_exact(16)) {
+            // SAFETY: `s` holds 16 f16 (32 bytes, read unaligned) and `d` 16 f32 (64 bytes).
+            unsafe {
+                let h = _mm256_loadu_si256(s.as_ptr().cast());
+                _mm512_storeu_ps(d.as_mut_ptr(), _mm512_cvtph_ps(h));
+            }
+        }
+        widen_f16_generic(&src[whole..n], &mut dst[whole..n]);
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub fn narrow_f16(src: &[f32], dst: &mut [f16]) {
+        let n = dst.len().min(src.len());
+        let whole = n / 16 * 16;
+        for (d, s) in dst[..whole].chunks_exact_mut(16).zip(src[..whole].chunks_exact(16)) {
+            // SAFETY: `s` holds 16 f32 (64 bytes) and `d` 16 f16 (32 bytes), both unaligned.
+            unsafe {
+                let h =
+                    _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_loadu_ps(s.as_ptr()));
+                _mm256_storeu_si256(d.as_mut_ptr().cast(), h);
+            }
+        }
+        narrow_f16_generic(&src[whole..n], &mut dst[whole..n]);
+    }
+}
+
+/// `dst[j] = src[j]` widened from bf16, for every j of `dst`.
+///
+/// # Panics
+/// When `src` is shorter than `dst`.
+pub fn widen_bf16(src: &[bf16], dst: &mut [f32]) {
+    assert!(src.len() >= dst.len(), "vmath::widen_bf16: source shorter than destination");
+    dispatch!(widen_bf16_generic, avx512::widen_bf16, (src, dst))
+}
+
+/// `dst[j] = src[j]` rounded to bf16, for every j of `dst`.
+///
+/// # Panics
+/// When `src` is shorter than `dst`.
+pub fn narrow_bf16(src: &[f32], dst: &mut [bf16]) {
+    assert!(src.len() >= dst.len(), "vmath::narrow_bf16: source shorter than destination");
+    dispatch!(narrow_bf16_generic, avx512::narrow_bf16, (src, dst))
+}
+
+/// `dst[j] = src[j]` widened from f16, for every j of `dst`.
+///
+/// # Panics
+/// When `src` is shorter than `dst`.
+pub fn widen_f16(src: &[f16], dst: &mut [f32]) {
+    assert!(src.len() >= dst.len(), "vmath::widen_f16: source shorter than destination");
+    dispatch!(widen_f16_generic, avx512::widen_f16, (src, dst))
+}
+
+/// `dst[j] = src[j]` rounded to f16, for every j of `dst`.
+///
+/// # Panics
+/// When `src` is shorter than `dst`.
+pub fn narrow_f16(src: &[f32], dst: &mut [f16]) {
+    assert!(src.len() >= dst.len(), "vmath::narrow_f16: source shorter than destination");
+    dispatch!(narrow_f16_generic, avx512::narrow_f16, (src, dst))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ulps(got: f32, want: f64) -> f64 {
+        let w = want as f32;
+        let ulp = f64::from(f32::from_bits(w.to_bits() + 1) - w);
+        (f64::from(got) - want).abs() / ulp
+    }
+
+    #[test]
+    fn exp_is_within_two_ulp_over_its_normal_range() {
+        let mut worst = (0.0f64, 0.0f32);
+        let mut x = -87.0f32;
+        while x <= 88.7 {
+            for dx in [0.0f32, 1.3e-3, 7.7e-6] {
+                let v = x + dx;
+                let e = ulps(exp(v), f64::from(v).exp());
+                if e > worst.0 {
+                    worst = (e, v);
+                }
+            }
+            x += 0.001_37;
+        }
+        assert!(worst.0 <= 2.0, "exp: {} ulp at x = {}", worst.0, worst.1);
+    }
+
+    #[test]
+    fn exp_special_values() {
+        assert_eq!(exp(0.0), 1.0);
+        assert_eq!(exp(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp(-100.0), 0.0);
+        assert_eq!(exp(f32::INFINITY), f32::INFINITY);
+        assert_eq!(exp(89.0), f32::INFINITY);
+        assert!(exp(f32::NAN).is_nan());
+        assert!(exp(88.72).is_finite() && exp(88.72) > 3.39e38);
+    }
+
+    #[test]
+    fn exp_shifted_masks_sums_and_keeps_nan() {
+        let mut row: Vec<f32> =
+            (0..37).map(|i| if i % 5 == 0 { f32::NEG_INFINITY } else { i as f32 * 0.25 - 4.0 }).collect();
+        let src = row.clone();
+        let sum = exp_shifted(&mut row, 1.5);
+        let mut want_sum = 0.0f64;
+        for (g, s) in row.iter().zip(&src) {
+            let w = if *s == f32::NEG_INFINITY { 0.0 } else { (f64::from(*s) - 1.5).exp() };
+            want_sum += w;
+            assert!((f64::from(*g) - w).abs() <= 2e-7 * w, "{g} against {w}");
+        }
+        assert!((f64::from(sum) - want_sum).abs() <= 1e-6 * want_sum);
+        // A NaN reference: every visible entry NaN, masked ones 0.
+        let mut row = vec![1.0, f32::NEG_INFINITY, 2.0];
+        assert!(exp_shifted(&mut row, f32::NAN).is_nan());
+        assert!(row[0].is_nan() && row[1] == 0.0 && row[2].is_nan());
+    }
+
+    #[test]
+    fn map_applies_the_function_elementwise() {
+        let a: Vec<f32> = (0..100).map(|i| i as f32 * 0.1 - 5.0).collect();
+        let b: Vec<f32> = (0..120).map(|i| i as f32).collect();
+        let mut out = vec![0.0f32; 100];
+        map([&a, &b], &mut out, |[x, y]| exp(x) * y);
+        for j in 0..100 {
+            let w = f64::from(a[j]).exp() * f64::from(b[j]);
+            assert!((f64::from(out[j]) - w).abs() <= 3e-7 * w.abs() + 1e-30, "{j}");
+        }
+    }
+
+    #[test]
+    fn conversions_match_the_half_crate_bit_for_bit() {
+        // Every bf16 and f16 bit pattern widened, and f32 values around every rounding case
+        // (ties, NaN, infinities, overflow, subnormals) narrowed; 37 elements so that a tail
+        // past the 16-wide chunks is covered.
+        let all: Vec<u16> = (0..=u16::MAX).collect();
+        for chunk in all.chunks(37) {
+            let b: Vec<bf16> = chunk.iter().map(|&x| bf16::from_bits(x)).collect();
+            let h: Vec<f16> = chunk.iter().map(|&x| f16::from_bits(x)).collect();
+            let mut wb = vec![0.0f32; chunk.len()];
+            let mut wh = vec![0.0f32; chunk.len()];
+            widen_bf16(&b, &mut wb);
+            widen_f16(&h, &mut wh);
+            for j in 0..chunk.len() {
+                assert_eq!(wb[j].to_bits(), b[j].to_f32().to_bits(), "bf16 {:#06x}", chunk[j]);
+                let (got, want) = (wh[j], h[j].to_f32());
+                assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()), "f16 {:#06x}", chunk[j]);
+            }
+        }
+        let mut xs: Vec<f32> = vec![
+            f32::NAN,
+            -f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::MAX,
+            -f32::MAX,
+            65520.0,
+            65519.0,
+            1e-8,
+            -3e-41,
+        ];
+        for base in [1.0f32, 3.0, 0.1, 1e-5, 6.1e-5, 2.0e4, 3.3e38] {
+            let u = base.to_bits();
+            for d in [0u32, 1, 0x0fff, 0x1000, 0x1001, 0x7fff, 0x8000, 0x8001, 0xffff, 0x1_0000, 0x1_8000] {
+                xs.push(f32::from_bits(u + d));
+                xs.push(-f32::from_bits(u + d));
+            }
+        }
+        let mut nb = vec![bf16::ZERO; xs.len()];
+        let mut nh = vec![f16::ZERO; xs.len()];
+        narrow_bf16(&xs, &mut nb);
+        narrow_f16(&xs, &mut nh);
+        for (j, x) in xs.iter().enumerate() {
+            let (gb, wb) = (nb[j], bf16::from_f32(*x));
+            assert!(gb.to_bits() == wb.to_bits() || (gb.is_nan() && wb.is_nan()), "bf16 of {x:e}: {gb} against {wb}");
+            let (gh, wh) = (nh[j], f16::from_f32(*x));
+            assert!(gh.to_bits() == wh.to_bits() || (gh.is_nan() && wh.is_nan()), "f16 of {x:e}: {gh} against {wh}");
+        }
+    }
+}
