@@ -124,7 +124,9 @@ mod avx512 {
     const KC: usize = 256;
     /// Rows of a packed A block (MC·KC floats, 192 KiB: one core's L2 holds it).
     const MC: usize = 192;
-    /// Columns of a packed B panel inside a task (KC·NC floats, 512 KiB).
+    /// Columns of a packed B panel inside a task (KC·NC floats, 2 MiB at most; a narrower task
+    /// packs only its own width). A is packed again for every panel, which cost a single
+    /// thread 5–10% with panels of 512 columns.
     const NC: usize = 2048;
     /// The fewest multiply-adds a task is given: a smaller product runs on fewer threads (a
     /// task this size takes a few microseconds, about what handing it to another thread costs).
