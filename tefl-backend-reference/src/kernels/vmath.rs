@@ -147,6 +147,34 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 #[inline(always)]
+fn sum_f64_generic<const K: usize>(ins: [&[f32]; K], f: impl Fn([f32; K]) -> f32) -> f64 {
+    let n = ins.iter().map(|x| x.len()).min().unwrap_or(0);
+    let ins: [&[f32]; K] = std::array::from_fn(|k| &ins[k][..n]);
+    let mut lanes = [0.0f64; LANES];
+    let whole = n / LANES * LANES;
+    for j0 in (0..whole).step_by(LANES) {
+        for (l, acc) in lanes.iter_mut().enumerate() {
+            *acc += f64::from(f(std::array::from_fn(|k| ins[k][j0 + l])));
+        }
+    }
+    let tail: f64 = (whole..n).map(|j| f64::from(f(std::array::from_fn(|k| ins[k][j])))).sum();
+    lanes.iter().sum::<f64>() + tail
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn sum_f64_avx512<const K: usize>(ins: [&[f32]; K], f: impl Fn([f32; K]) -> f32) -> f64 {
+    sum_f64_generic(ins, f)
+}
+
+/// Σ_j f([ins[0][j], .., ins[K-1][j]]) over the shortest input, each term computed in f32 and
+/// summed in f64 in [`LANES`] partial sums (rows of norms reach 16384 elements and more; the
+/// partial sums let it vectorise).
+pub fn sum_f64<const K: usize>(ins: [&[f32]; K], f: impl Fn([f32; K]) -> f32) -> f64 {
+    dispatch!(sum_f64_generic, sum_f64_avx512, (ins, f))
+}
+
+#[inline(always)]
 fn max_nan_generic(xs: &[f32]) -> f32 {
     let nan_max = |a: f32, b: f32| if a.is_nan() || b.is_nan() { f32::NAN } else { a.max(b) };
     let mut acc = [f32::NEG_INFINITY; LANES];
@@ -464,5 +492,16 @@ mod tests {
             let (gh, wh) = (nh[j], f16::from_f32(*x));
             assert!(gh.to_bits() == wh.to_bits() || (gh.is_nan() && wh.is_nan()), "f16 of {x:e}: {gh} against {wh}");
         }
+    }
+
+    #[test]
+    fn sum_f64_sums_every_term_in_f64() {
+        let a: Vec<f32> = (0..1000).map(|i| (i as f32 * 0.37).sin()).collect();
+        let b: Vec<f32> = (0..1003).map(|i| 1.0 + i as f32 * 1e-3).collect();
+        let got = sum_f64([&a, &b], |[x, y]| x * y);
+        let want: f64 = a.iter().zip(&b).map(|(x, y)| f64::from(x * y)).sum();
+        assert!((got - want).abs() <= 1e-12 * want.abs().max(1.0), "{got} against {want}");
+        assert_eq!(sum_f64([&a[..0]], |[x]| x), 0.0);
+        assert!(sum_f64([&[1.0, f32::NAN, 2.0][..]], |[x]| x).is_nan());
     }
 }

@@ -4,12 +4,8 @@ use rayon::prelude::*;
 use tefl_core::catalogue::*;
 use tefl_core::{DType, KernelCtx, Result, Tensor};
 
+use crate::kernels::vmath;
 use crate::util::{build_f32, column_sums, map_rows, scalar_tensor, store, store_fp8, view};
-
-/// Σ f(x) over a row, accumulated in f64 (rows reach 16384 and more).
-fn row_sum(xs: impl Iterator<Item = f32>) -> f32 {
-    xs.map(f64::from).sum::<f64>() as f32
-}
 
 fn gamma_eff(gamma: &[f32], zero_centered: bool) -> Vec<f32> {
     gamma.iter().map(|g| if zero_centered { 1.0 + g } else { *g }).collect()
@@ -34,11 +30,9 @@ pub fn rmsnorm_fwd(_: &KernelCtx<'_>, a: &RmsNormFwdArgs) -> Result<RmsNormFwdOu
     let rows = a.x.rows();
     let g = gamma_eff(&view(&a.gamma)?, a.zero_centered_gamma);
     let (y, stats) = map_rows([(&a.x, n)], rows, a.x.shape(), row_dtype(a.out_dtype), n, |_, [xr], yr| {
-        let ms = row_sum(xr.iter().map(|v| v * v)) / n as f32;
+        let ms = vmath::sum_f64([xr], |[v]| v * v) as f32 / n as f32;
         let r = 1.0 / (ms + a.eps).sqrt();
-        for ((o, xv), gv) in yr.iter_mut().zip(xr).zip(&g) {
-            *o = xv * r * gv;
-        }
+        vmath::map([xr, &g], yr, |[xv, gv]| xv * r * gv);
         [r, 0.0]
     })?;
     let rsigma: Vec<f32> = stats.iter().map(|s| s[0]).collect();
@@ -62,21 +56,22 @@ fn rms_bwd(
     let (dx, ()) = build_f32(x.shape(), x.dtype(), "rmsnorm_bwd output dx", |dx| {
         dx.par_chunks_mut(n).enumerate().for_each(|(r, dxr)| {
             let (xr, dyr, rr) = (&xv[r * n..(r + 1) * n], &dyv[r * n..(r + 1) * n], rs[r]);
-            let mean = row_sum(xr.iter().zip(dyr).zip(&g).map(|((x, dy), g)| dy * g * x * rr)) / n as f32;
-            for i in 0..n {
-                let xhat = xr[i] * rr;
-                dxr[i] = rr * (dyr[i] * g[i] - xhat * mean);
-                if let Some(av) = &addv {
-                    dxr[i] += av[r * n + i];
+            let mean = vmath::sum_f64([xr, dyr, &g], |[x, dy, g]| dy * g * x * rr) as f32 / n as f32;
+            let dx_of = move |x: f32, dy: f32, g: f32| rr * (dy * g - x * rr * mean);
+            match &addv {
+                Some(av) => {
+                    vmath::map([xr, dyr, &g, &av[r * n..(r + 1) * n]], dxr, |[x, dy, g, ad]| dx_of(x, dy, g) + ad)
                 }
+                None => vmath::map([xr, dyr, &g], dxr, |[x, dy, g]| dx_of(x, dy, g)),
             }
         });
         Ok(())
     })?;
     let dgamma = column_sums(rows, n, "dgamma", |r, acc| {
         let rr = rs[r];
-        for i in 0..n {
-            acc[i] += dyv[r * n + i] * xv[r * n + i] * rr;
+        let (dyr, xr) = (&dyv[r * n..(r + 1) * n], &xv[r * n..(r + 1) * n]);
+        for ((s, dy), x) in acc.iter_mut().zip(dyr).zip(xr) {
+            *s += dy * x * rr;
         }
     })?;
     Ok((dx, store(&dgamma, gamma.shape(), gamma.dtype())?))
@@ -101,12 +96,10 @@ pub fn layernorm_fwd(_: &KernelCtx<'_>, a: &LayerNormFwdArgs) -> Result<LayerNor
     let g = gamma_eff(&view(&a.gamma)?, a.zero_centered_gamma);
     let beta = view(&a.beta)?;
     let (y, stats) = map_rows([(&a.x, n)], rows, a.x.shape(), row_dtype(a.out_dtype), n, |_, [xr], yr| {
-        let mean = row_sum(xr.iter().copied()) / n as f32;
-        let var = row_sum(xr.iter().map(|v| (v - mean) * (v - mean))) / n as f32;
+        let mean = vmath::sum_f64([xr], |[v]| v) as f32 / n as f32;
+        let var = vmath::sum_f64([xr], |[v]| (v - mean) * (v - mean)) as f32 / n as f32;
         let r = 1.0 / (var + a.eps).sqrt();
-        for i in 0..n {
-            yr[i] = (xr[i] - mean) * r * g[i] + beta[i];
-        }
+        vmath::map([xr, &g, &beta], yr, |[xv, gv, bv]| (xv - mean) * r * gv + bv);
         [r, mean]
     })?;
     let rsigma: Vec<f32> = stats.iter().map(|s| s[0]).collect();
@@ -131,26 +124,22 @@ pub fn layernorm_bwd(_: &KernelCtx<'_>, a: &LayerNormBwdArgs) -> Result<LayerNor
         dx.par_chunks_mut(n).enumerate().for_each(|(r, dxr)| {
             let (xr, dyr) = (&xv[r * n..(r + 1) * n], &dyv[r * n..(r + 1) * n]);
             let (m, rr) = (mu[r], rs[r]);
-            let (mut sd, mut sdx) = (0.0f64, 0.0f64);
-            for i in 0..n {
-                let d = dyr[i] * g[i];
-                sd += f64::from(d);
-                sdx += f64::from(d * (xr[i] - m) * rr);
-            }
+            let sd = vmath::sum_f64([dyr, &g], |[dy, g]| dy * g);
+            let sdx = vmath::sum_f64([xr, dyr, &g], |[x, dy, g]| dy * g * (x - m) * rr);
             let (mean_d, mean_dx) = ((sd / n as f64) as f32, (sdx / n as f64) as f32);
-            for i in 0..n {
-                let xhat = (xr[i] - m) * rr;
-                dxr[i] = rr * (dyr[i] * g[i] - mean_d - xhat * mean_dx);
-            }
+            vmath::map([xr, dyr, &g], dxr, |[x, dy, g]| rr * (dy * g - mean_d - (x - m) * rr * mean_dx));
         });
         Ok(())
     })?;
     let sums = column_sums(rows, 2 * n, "dgamma/dbeta", |r, acc| {
         let (m, rr) = (mu[r], rs[r]);
-        for i in 0..n {
-            let dy = dyv[r * n + i];
-            acc[i] += dy * (xv[r * n + i] - m) * rr;
-            acc[n + i] += dy;
+        let (dyr, xr) = (&dyv[r * n..(r + 1) * n], &xv[r * n..(r + 1) * n]);
+        let (dgamma, dbeta) = acc.split_at_mut(n);
+        for ((s, dy), x) in dgamma.iter_mut().zip(dyr).zip(xr) {
+            *s += dy * (x - m) * rr;
+        }
+        for (s, dy) in dbeta.iter_mut().zip(dyr) {
+            *s += dy;
         }
     })?;
     Ok(LayerNormBwdOut {
