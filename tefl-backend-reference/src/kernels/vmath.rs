@@ -174,9 +174,14 @@ pub fn sum_f64<const K: usize>(ins: [&[f32]; K], f: impl Fn([f32; K]) -> f32) ->
     dispatch!(sum_f64_generic, sum_f64_avx512, (ins, f))
 }
 
+/// max(a, b), NaN when either is NaN (`f32::max` would drop a NaN).
+#[inline(always)]
+pub fn nan_max(a: f32, b: f32) -> f32 {
+    if a.is_nan() || b.is_nan() { f32::NAN } else { a.max(b) }
+}
+
 #[inline(always)]
 fn max_nan_generic(xs: &[f32]) -> f32 {
-    let nan_max = |a: f32, b: f32| if a.is_nan() || b.is_nan() { f32::NAN } else { a.max(b) };
     let mut acc = [f32::NEG_INFINITY; LANES];
     let chunks = xs.chunks_exact(LANES);
     let tail = chunks.remainder().iter().copied().fold(f32::NEG_INFINITY, nan_max);

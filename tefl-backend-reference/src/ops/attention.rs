@@ -210,7 +210,7 @@ fn rescale_row(m: &mut f32, l: &mut f32, acc: &mut [f32], scores: &[f32]) -> Opt
     if tile_max == f32::NEG_INFINITY {
         return None;
     }
-    let m_new = nan_max(*m, tile_max);
+    let m_new = vmath::nan_max(*m, tile_max);
     let corr = (*m - m_new).exp();
     *l *= corr;
     acc.iter_mut().for_each(|x| *x *= corr);
@@ -284,11 +284,6 @@ pub fn fused_attn_fwd(_: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<AttnFwdOut> 
     })?;
     let lse_shape = c.g.lse_shape();
     Ok(AttnFwdOut { o, softmax_lse: Tensor::from_slice(&lse, lse_shape, DType::F32)? })
-}
-
-/// The larger of two scores, NaN when either is NaN.
-fn nan_max(a: f32, b: f32) -> f32 {
-    if a.is_nan() || b.is_nan() { f32::NAN } else { a.max(b) }
 }
 
 /// The catalogue op `fused_attn_bwd` on the CPU reference (the catalogue's formula, checked against the f64 oracle).
