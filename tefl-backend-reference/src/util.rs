@@ -144,18 +144,18 @@ pub fn store_fp8(data: &[f32], shape: &[usize], dtype: DType, scale: f32) -> Res
     let f = Fp8Format::of(dtype).ok_or_else(|| Error::Tensor(format!("{dtype} is not an fp8 dtype")))?;
     // Written in full below: no zeroing first.
     let out = Tensor::uninit(shape, dtype, &tefl_core::Device::CPU)?;
-    {
+    // The codes and max |data| in one pass (vmath::encode_fp8).
+    let amax = {
         let mut q = out.host_bytes_mut()?;
         if q.len() != data.len() {
             return Err(Error::Tensor(format!("{} values stored as shape {shape:?}", data.len())));
         }
-        q.par_chunks_mut(CHUNK).zip(data.par_chunks(CHUNK)).for_each(|(o, i)| {
-            for (c, v) in o.iter_mut().zip(i) {
-                *c = f.encode(v * scale);
-            }
-        });
-    }
-    Ok((out, amax(data)))
+        q.par_chunks_mut(CHUNK)
+            .zip(data.par_chunks(CHUNK))
+            .map(|(o, i)| vmath::encode_fp8(f, scale, i, o))
+            .reduce(|| 0.0f32, vmath::nan_max)
+    };
+    Ok((out, amax))
 }
 
 /// Writes f32 values into an existing float tensor (in place), converting to its dtype.
@@ -271,17 +271,35 @@ pub fn map_rows<const K: usize>(
     m: usize,
     f: impl Fn(usize, [&[f32]; K], &mut [f32]) -> [f32; 2] + Sync + Send,
 ) -> Result<(Tensor, Vec<[f32; 2]>)> {
+    map_rows_scaled(inputs, rows, out_shape, out_dtype, 1.0, m, f).map(|(out, stats, _)| (out, stats))
+}
+
+/// [`map_rows`] whose output may also be FP8: an FP8 `out_dtype` takes the codes of each f32
+/// row times `scale` (as `Fp8Format::encode`), and the third result is max |row value| over
+/// every row (NaN when one is NaN; 0 for float outputs, which ignore `scale`): a forward's
+/// FP8 output, its amax included, with no f32 copy of the whole output.
+pub fn map_rows_scaled<const K: usize>(
+    inputs: [(&Tensor, usize); K],
+    rows: usize,
+    out_shape: &[usize],
+    out_dtype: DType,
+    scale: f32,
+    m: usize,
+    f: impl Fn(usize, [&[f32]; K], &mut [f32]) -> [f32; 2] + Sync + Send,
+) -> Result<(Tensor, Vec<[f32; 2]>, f32)> {
     let guards = inputs.iter().map(|(t, _)| t.host_bytes()).collect::<Result<Vec<_>>>()?;
     let srcs = inputs.iter().zip(&guards).map(|((t, _), g)| Src::new(t.dtype(), g)).collect::<Result<Vec<_>>>()?;
     let widths: [usize; K] = std::array::from_fn(|k| inputs[k].1);
-    let out = Tensor::zeros(out_shape, out_dtype, &tefl_core::Device::CPU)?;
     if rows == 0 || m == 0 {
         // Nothing to map, and the scratch rows below would be sized by a width no row has.
-        return Ok((out, Vec::new()));
+        return Ok((Tensor::zeros(out_shape, out_dtype, &tefl_core::Device::CPU)?, Vec::new(), 0.0));
     }
+    // Every row of the output is written below (the chunks of m tile it): no zeroing first.
+    let out = Tensor::uninit(out_shape, out_dtype, &tefl_core::Device::CPU)?;
     let min_rows = (CHUNK / m.max(1)).max(1);
-    let stats = {
+    let per_row = {
         let mut w = out.host_bytes_mut()?;
+        // $narrow(y, out_row) stores the row and returns its max |y| (or 0).
         macro_rules! run {
             ($t:ty, $narrow:expr) => {{
                 let dst: &mut [$t] = bytemuck::cast_slice_mut(&mut w);
@@ -296,11 +314,94 @@ pub fn map_rows<const K: usize>(
                             }
                             let rows_in: [&[f32]; K] = std::array::from_fn(|k| scratch[k].as_slice());
                             let s = f(i, rows_in, y);
-                            $narrow(y.as_slice(), orow);
-                            s
+                            (s, $narrow(y.as_slice(), orow))
                         },
                     )
-                    .collect::<Vec<[f32; 2]>>()
+                    .collect::<Vec<([f32; 2], f32)>>()
+            }};
+        }
+        match out_dtype {
+            DType::F32 => run!(f32, |y: &[f32], o: &mut [f32]| {
+                o.copy_from_slice(y);
+                0.0
+            }),
+            DType::F16 => run!(f16, |y: &[f32], o: &mut [f16]| {
+                vmath::narrow_f16(y, o);
+                0.0
+            }),
+            DType::BF16 => run!(bf16, |y: &[f32], o: &mut [bf16]| {
+                vmath::narrow_bf16(y, o);
+                0.0
+            }),
+            d => match Fp8Format::of(d) {
+                Some(fmt) => run!(u8, |y: &[f32], o: &mut [u8]| vmath::encode_fp8(fmt, scale, y, o)),
+                None => return Err(Error::Tensor(format!("reference: cannot store floats as {d}"))),
+            },
+        }
+    };
+    debug_assert!(per_row.len() == rows);
+    let amax = per_row.iter().fold(0.0f32, |a, r| vmath::nan_max(a, r.1));
+    Ok((out, per_row.into_iter().map(|r| r.0).collect(), amax))
+}
+
+/// [`map_rows`] for a backward that also sums over rows: `f(i, inputs, out_row, acc)` fills the
+/// f32 output row (width `m`; the output has the first input's shape and dtype, as dx has x's)
+/// and adds row `i`'s terms into `acc`, a column accumulator of width `acc_n` (one per rayon
+/// task, summed at the end, as [`column_sums`] does; `what` names it in an out-of-memory
+/// error). Returns the output and the column sums: dx and dgamma (and dbeta) in one pass over
+/// the inputs, with no full-size f32 copy of any of them.
+pub fn map_rows_summing<const K: usize>(
+    inputs: [(&Tensor, usize); K],
+    rows: usize,
+    m: usize,
+    acc_n: usize,
+    what: &str,
+    f: impl Fn(usize, [&[f32]; K], &mut [f32], &mut [f32]) + Sync + Send,
+) -> Result<(Tensor, Vec<f32>)> {
+    let guards = inputs.iter().map(|(t, _)| t.host_bytes()).collect::<Result<Vec<_>>>()?;
+    let srcs = inputs.iter().zip(&guards).map(|((t, _), g)| Src::new(t.dtype(), g)).collect::<Result<Vec<_>>>()?;
+    let widths: [usize; K] = std::array::from_fn(|k| inputs[k].1);
+    let Some(&(first, _)) = inputs.first() else {
+        return Err(Error::Tensor("map_rows_summing: no input to shape the output after".into()));
+    };
+    let (out_shape, out_dtype) = (first.shape(), first.dtype());
+    if rows == 0 || m == 0 {
+        // No row to map or sum: a zero output and zero sums (allocated fallibly: the width
+        // comes from the user's shapes, not from data that exists).
+        let out = Tensor::zeros(out_shape, out_dtype, &tefl_core::Device::CPU)?;
+        return Ok((out, try_zeroed(acc_n, || format!("{what} [{acc_n}]"))?));
+    }
+    // Every row of the output is written below: no zeroing first.
+    let out = Tensor::uninit(out_shape, out_dtype, &tefl_core::Device::CPU)?;
+    let min_rows = (CHUNK / m).max(1);
+    let sums = {
+        let mut w = out.host_bytes_mut()?;
+        macro_rules! run {
+            ($t:ty, $narrow:expr) => {{
+                let dst: &mut [$t] = bytemuck::cast_slice_mut(&mut w);
+                dst.par_chunks_mut(m)
+                    .enumerate()
+                    .with_min_len(min_rows)
+                    .fold(
+                        || (widths.map(|n| vec![0.0f32; n]), vec![0.0f32; m], vec![0.0f32; acc_n]),
+                        |(mut scratch, mut y, mut acc), (i, orow)| {
+                            for (k, src) in srcs.iter().enumerate() {
+                                src.row_into(i * widths[k], &mut scratch[k]);
+                            }
+                            let rows_in: [&[f32]; K] = std::array::from_fn(|k| scratch[k].as_slice());
+                            f(i, rows_in, &mut y, &mut acc);
+                            $narrow(y.as_slice(), orow);
+                            (scratch, y, acc)
+                        },
+                    )
+                    .map(|(_, _, acc)| acc)
+                    .reduce(
+                        || vec![0.0f32; acc_n],
+                        |mut a, b| {
+                            a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
+                            a
+                        },
+                    )
             }};
         }
         match out_dtype {
@@ -310,6 +411,5 @@ pub fn map_rows<const K: usize>(
             d => return Err(Error::Tensor(format!("reference: cannot store floats as {d}"))),
         }
     };
-    debug_assert!(stats.len() == rows);
-    Ok((out, stats))
+    Ok((out, sums))
 }

@@ -43,16 +43,18 @@ impl Fp8Format {
         }
     }
 
+    /// Mantissa bits: 3 (E4M3) or 2 (E5M2).
     #[inline]
-    const fn mantissa_bits(self) -> i32 {
+    pub const fn mantissa_bits(self) -> i32 {
         match self {
             Fp8Format::E4M3 => 3,
             Fp8Format::E5M2 => 2,
         }
     }
 
+    /// The exponent bias: 7 (E4M3) or 15 (E5M2).
     #[inline]
-    const fn bias(self) -> i32 {
+    pub const fn bias(self) -> i32 {
         match self {
             Fp8Format::E4M3 => 7,
             Fp8Format::E5M2 => 15,
