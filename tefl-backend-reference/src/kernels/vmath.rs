@@ -75,6 +75,7 @@ macro_rules! dispatch {
         $generic($($arg),*)
     }};
 }
+pub(crate) use dispatch;
 
 /// Sum of a slice in [`LANES`] partial sums (so that it vectorises; the order of the additions
 /// differs from a left-to-right sum by rounding only).

@@ -4,6 +4,7 @@ use rayon::prelude::*;
 use tefl_core::catalogue::*;
 use tefl_core::{DType, KernelCtx, Result, Tensor};
 
+use crate::kernels::vmath;
 use crate::util::{CHUNK, noop_set, set_noop, view, write_into};
 
 /// The catalogue op `multi_tensor_scale` on the CPU reference (the catalogue's formula, checked against the f64 oracle).
@@ -131,25 +132,51 @@ impl Adam {
         p - self.lr * update
     }
 
-    /// Updates one tensor's params and states in place; returns the new params (f32).
-    fn tensor(&self, grad: &Tensor, param: &Tensor, m: &Tensor, v: &Tensor) -> Result<Vec<f32>> {
+    /// One chunk of params, gradients and moments, updated in place (zipped slices, so that
+    /// the loop has no bounds checks and vectorises).
+    #[inline(always)]
+    fn chunk_generic(&self, p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
+        for (((p, g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
+            *p = self.step(*p, *g, m, v);
+        }
+    }
+
+    /// The same compiled for AVX-512 (picked at run time by `chunk`).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    fn chunk_avx512(&self, p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
+        self.chunk_generic(p, g, m, v)
+    }
+
+    fn chunk(&self, p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
+        vmath::dispatch!(Self::chunk_generic, Self::chunk_avx512, (self, p, g, m, v))
+    }
+
+    /// Updates one tensor's params and moments in place: an f32 param tensor directly; others
+    /// through an f32 copy taken before the moments are borrowed and written back after.
+    fn tensor(&self, grad: &Tensor, param: &Tensor, m: &Tensor, v: &Tensor) -> Result<()> {
         let g = view(grad)?;
-        let mut p = view(param)?.to_vec();
+        let in_place = param.dtype() == DType::F32;
+        let mut copy: Vec<f32> = if in_place { Vec::new() } else { view(param)?.to_vec() };
         {
             let mut mw = m.host_bytes_mut()?;
             let mut vw = v.host_bytes_mut()?;
+            let mut pw = if in_place { Some(param.host_bytes_mut()?) } else { None };
             let ms: &mut [f32] = bytemuck::cast_slice_mut(&mut mw);
             let vs: &mut [f32] = bytemuck::cast_slice_mut(&mut vw);
-            p.par_chunks_mut(CHUNK)
+            let ps: &mut [f32] = match pw.as_mut() {
+                Some(w) => bytemuck::cast_slice_mut(&mut w[..]),
+                None => &mut copy,
+            };
+            ps.par_chunks_mut(CHUNK)
                 .zip(g.par_chunks(CHUNK))
                 .zip(ms.par_chunks_mut(CHUNK).zip(vs.par_chunks_mut(CHUNK)))
-                .for_each(|((pc, gc), (mc, vc))| {
-                    for i in 0..pc.len() {
-                        pc[i] = self.step(pc[i], gc[i], &mut mc[i], &mut vc[i]);
-                    }
-                });
+                .for_each(|((pc, gc), (mc, vc))| self.chunk(pc, gc, mc, vc));
         }
-        Ok(p)
+        if !in_place {
+            write_into(param, &copy)?;
+        }
+        Ok(())
     }
 }
 
@@ -160,8 +187,7 @@ pub fn multi_tensor_adam(_: &KernelCtx<'_>, a: &MultiTensorAdamArgs) -> Result<M
     }
     let adam = Adam::new(&a.hyper);
     for i in 0..a.grads.len() {
-        let p = adam.tensor(&a.grads[i], &a.params[i], &a.exp_avg[i], &a.exp_avg_sq[i])?;
-        write_into(&a.params[i], &p)?;
+        adam.tensor(&a.grads[i], &a.params[i], &a.exp_avg[i], &a.exp_avg_sq[i])?;
     }
     Ok(MultiTensorAdamOut {})
 }
@@ -173,9 +199,8 @@ pub fn multi_tensor_adam_master(_: &KernelCtx<'_>, a: &MultiTensorAdamMasterArgs
     }
     let adam = Adam::new(&a.hyper);
     for i in 0..a.grads.len() {
-        let p = adam.tensor(&a.grads[i], &a.master_params[i], &a.exp_avg[i], &a.exp_avg_sq[i])?;
-        write_into(&a.master_params[i], &p)?;
-        write_into(&a.model_params[i], &p)?;
+        adam.tensor(&a.grads[i], &a.master_params[i], &a.exp_avg[i], &a.exp_avg_sq[i])?;
+        write_into(&a.model_params[i], &view(&a.master_params[i])?)?;
     }
     Ok(MultiTensorAdamMasterOut {})
 }

@@ -3,14 +3,9 @@
 use rayon::prelude::*;
 use tefl_core::catalogue::*;
 use tefl_core::device::try_zeroed;
-use tefl_core::fp8::Fp8Format;
-use tefl_core::{Error, KernelCtx, Result, Tensor};
+use tefl_core::{KernelCtx, Result, Tensor};
 
 use crate::util::{CHUNK, amax, scalar_tensor, store, store_fp8, view};
-
-fn format_of(d: tefl_core::DType) -> Result<Fp8Format> {
-    Fp8Format::of(d).ok_or_else(|| Error::Tensor(format!("{d} is not an fp8 dtype")))
-}
 
 fn transpose_codes(q: &[u8], m: usize, n: usize) -> Vec<u8> {
     let mut t = vec![0u8; q.len()];
@@ -24,27 +19,17 @@ fn transpose_codes(q: &[u8], m: usize, n: usize) -> Vec<u8> {
 
 /// The catalogue op `quantize` on the CPU reference (the catalogue's formula, checked against the f64 oracle).
 pub fn quantize(_: &KernelCtx<'_>, a: &QuantizeArgs) -> Result<QuantizeOut> {
-    let f = format_of(a.fp8_dtype)?;
     let x = view(&a.x)?;
     let scale = a.scale.to_vec::<f32>()?[0];
-    let mut q = vec![0u8; x.len()];
-    q.par_chunks_mut(CHUNK).zip(x.par_chunks(CHUNK)).for_each(|(o, i)| {
-        for (c, v) in o.iter_mut().zip(i) {
-            *c = f.encode(v * scale);
-        }
-    });
+    // The codes and the amax in one pass.
+    let (q, amax) = store_fp8(&x, a.x.shape(), a.fp8_dtype, scale)?;
     let q_t = if a.want_transpose {
         let (m, n) = (a.x.shape()[0], a.x.shape()[1]);
-        Some(Tensor::from_slice(&transpose_codes(&q, m, n), [n, m], a.fp8_dtype)?)
+        Some(Tensor::from_slice(&transpose_codes(&q.host_bytes()?, m, n), [n, m], a.fp8_dtype)?)
     } else {
         None
     };
-    Ok(QuantizeOut {
-        q: Tensor::from_slice(&q, a.x.shape(), a.fp8_dtype)?,
-        q_t,
-        amax: scalar_tensor(amax(&x))?,
-        scale_inv: scalar_tensor(1.0 / scale)?,
-    })
+    Ok(QuantizeOut { q, q_t, amax: scalar_tensor(amax)?, scale_inv: scalar_tensor(1.0 / scale)? })
 }
 
 /// The catalogue op `bgrad_quantize` on the CPU reference (the catalogue's formula, checked against the f64 oracle).
@@ -53,11 +38,28 @@ pub fn bgrad_quantize(_: &KernelCtx<'_>, a: &BgradQuantizeArgs) -> Result<BgradQ
     let x = view(&a.x)?;
     let scale = a.scale.to_vec::<f32>()?[0];
     let (q, amax) = store_fp8(&x, &[m, n], a.fp8_dtype, scale)?;
-    // Column sums in f64 then rounded once: the oracle's sum, whatever the row count.
-    let mut sums: Vec<f64> = try_zeroed(n, || format!("bgrad_quantize output dbias [{n}]"))?;
-    for row in x.chunks(n.max(1)) {
-        sums.iter_mut().zip(row).for_each(|(s, v)| *s += f64::from(*v));
-    }
+    // Column sums in f64 then rounded once: the oracle's sum, whatever the row count (the
+    // tasks' partial sums are added in f64 too, so their order moves only f64 roundings).
+    let sums: Vec<f64> = if m == 0 || n == 0 {
+        try_zeroed(n, || format!("bgrad_quantize output dbias [{n}]"))?
+    } else {
+        x.par_chunks(n)
+            .with_min_len((CHUNK / n).max(1))
+            .fold(
+                || vec![0.0f64; n],
+                |mut acc, row| {
+                    acc.iter_mut().zip(row).for_each(|(s, v)| *s += f64::from(*v));
+                    acc
+                },
+            )
+            .reduce(
+                || vec![0.0f64; n],
+                |mut a, b| {
+                    a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
+                    a
+                },
+            )
+    };
     let sums: Vec<f32> = sums.into_iter().map(|v| v as f32).collect();
     let q_t = if a.want_transpose {
         Some(Tensor::from_slice(&transpose_codes(&q.host_bytes()?, m, n), [n, m], a.fp8_dtype)?)
