@@ -868,15 +868,28 @@ fn cache_give(v: Vec<u64>) {
     drop(evicted);
 }
 
-/// Frees every host buffer tefl keeps for reuse (see [`HOST_CACHE_BYTES`]) and returns how
-/// many bytes that gave back; later allocations fill the cache again.
+/// Host memory a backend keeps beside the buffer cache between calls (the reference GEMM's
+/// per-thread packing buffers, say), given back by [`release_host_cache`] too. A backend
+/// registers one with `inventory::submit!`.
+pub struct HostScratchRelease {
+    /// Frees the scratch and returns the bytes it gave back (scratch in use at that moment is
+    /// left alone).
+    pub free: fn() -> usize,
+}
+
+inventory::collect!(HostScratchRelease);
+
+/// Frees every host buffer tefl keeps for reuse (see [`HOST_CACHE_BYTES`]) and the scratch
+/// backends keep between calls ([`HostScratchRelease`]), and returns how many bytes that gave
+/// back; later allocations fill the cache again.
 pub fn release_host_cache() -> usize {
     let freed = {
         let mut c = lock_cache();
         c.bytes = 0;
         std::mem::take(&mut c.free)
     };
-    freed.iter().map(|v| v.capacity() * 8).sum()
+    let cached: usize = freed.iter().map(|v| v.capacity() * 8).sum();
+    cached + inventory::iter::<HostScratchRelease>.into_iter().map(|h| (h.free)()).sum::<usize>()
 }
 
 /// Bytes held by tefl's host buffer cache now.

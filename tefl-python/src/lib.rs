@@ -595,7 +595,8 @@ fn linked_backends() -> Vec<&'static str> {
     tefl_ops::linked_backends()
 }
 
-/// Frees the large CPU buffers tefl keeps for reuse; the bytes given back.
+/// Frees the large CPU buffers tefl keeps for reuse (and the CPU GEMM's packing scratch); the
+/// bytes given back.
 #[pyfunction]
 fn release_host_cache() -> usize {
     tefl_core::device::release_host_cache()

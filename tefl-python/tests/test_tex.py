@@ -773,5 +773,7 @@ def test_large_cpu_buffers_are_kept_for_reuse_and_can_be_released():
         close(D, B.astype(np.float64) @ A.T.astype(np.float64), 1e-5)
         kept = tefl.host_cache_bytes()
         assert kept >= 600 * 700 * 4, kept
-    assert tefl.release_host_cache() == kept
+    # The cache's bytes and any per-thread GEMM packing scratch; nothing is left after it.
+    assert tefl.release_host_cache() >= kept
     assert tefl.host_cache_bytes() == 0
+    assert tefl.release_host_cache() == 0

@@ -112,6 +112,12 @@ fn fallback(job: Job<'_>, c: &mut [f32]) {
     }
 }
 
+// The packing scratch the AVX-512 kernel keeps per thread goes back with the host cache.
+#[cfg(target_arch = "x86_64")]
+inventory::submit! {
+    tefl_core::device::HostScratchRelease { free: avx512::release_scratch }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use super::*;
@@ -136,6 +142,25 @@ mod avx512 {
         /// The packed B panel and A block, kept per thread between calls (pool workers keep
         /// theirs too, so a product allocates nothing once each thread has run one).
         static SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+    }
+
+    /// Frees this thread's packing scratch unless it is in use; the bytes it held.
+    fn free_scratch() -> usize {
+        SCRATCH.with(|s| match s.try_borrow_mut() {
+            Ok(mut s) => {
+                let bytes = (s.0.capacity() + s.1.capacity()) * std::mem::size_of::<f32>();
+                *s = (Vec::new(), Vec::new());
+                bytes
+            }
+            Err(_) => 0,
+        })
+    }
+
+    /// Frees the packing scratch of every thread of the current rayon pool (the global one
+    /// from outside any pool) and of the calling thread: `release_host_cache`'s hook.
+    pub(super) fn release_scratch() -> usize {
+        let pool: usize = rayon::broadcast(|_| free_scratch()).into_iter().sum();
+        pool + if rayon::current_thread_index().is_none() { free_scratch() } else { 0 }
     }
 
     /// Runs `f` with this thread's packing scratch (fresh buffers if it is already in use,
