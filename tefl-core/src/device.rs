@@ -7,6 +7,7 @@ use std::any::Any;
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::{Error, Result};
@@ -803,8 +804,51 @@ struct HostCache {
 
 /// Buffers of at least this many bytes are kept for reuse when freed.
 const HOST_CACHE_MIN_BYTES: usize = 256 << 10;
-/// The most bytes the host cache keeps; beyond it the oldest buffers are freed.
+/// The most bytes the host cache keeps by default; beyond its budget the oldest buffers are
+/// freed. `TEFL_HOST_CACHE_MB` and [`set_host_cache_limit`] change the budget.
 pub const HOST_CACHE_BYTES: usize = 512 << 20;
+
+/// The budget now; `usize::MAX` until first read (then `TEFL_HOST_CACHE_MB`'s, or the default
+/// where the environment is malformed: that error is every call's, from the manager).
+static HOST_CACHE_LIMIT: AtomicUsize = AtomicUsize::new(usize::MAX);
+
+/// The most bytes of freed CPU buffers the host cache keeps now: [`set_host_cache_limit`]'s
+/// value, else `TEFL_HOST_CACHE_MB`'s, else [`HOST_CACHE_BYTES`].
+pub fn host_cache_limit() -> usize {
+    let v = HOST_CACHE_LIMIT.load(Ordering::Relaxed);
+    if v != usize::MAX {
+        return v;
+    }
+    let from_env = crate::policy::env().as_ref().map_or(HOST_CACHE_BYTES, |c| c.host_cache_bytes);
+    // A concurrent set_host_cache_limit wins over the environment.
+    let _ = HOST_CACHE_LIMIT.compare_exchange(usize::MAX, from_env, Ordering::Relaxed, Ordering::Relaxed);
+    HOST_CACHE_LIMIT.load(Ordering::Relaxed)
+}
+
+/// Sets the host cache's budget (bytes; 0 keeps no freed buffer), freeing the oldest kept
+/// buffers past it now, and returns how many bytes that gave back. `usize::MAX` is taken as
+/// `usize::MAX - 1` (the value marks "not read yet").
+pub fn set_host_cache_limit(bytes: usize) -> usize {
+    HOST_CACHE_LIMIT.store(bytes.min(usize::MAX - 1), Ordering::Relaxed);
+    let evicted = {
+        let mut c = lock_cache();
+        trim_to(&mut c, bytes)
+    };
+    evicted.iter().map(|v| v.capacity() * 8).sum()
+}
+
+/// Takes the oldest buffers out of the cache until it holds at most `limit` bytes and
+/// [`HOST_CACHE_ENTRIES`] buffers; they are freed by the caller, after the lock.
+fn trim_to(c: &mut HostCache, limit: usize) -> Vec<Vec<u64>> {
+    let mut n = 0;
+    let mut over = c.bytes;
+    while n < c.free.len() && (over > limit || c.free.len() - n > HOST_CACHE_ENTRIES) {
+        over -= c.free[n].capacity() * 8;
+        n += 1;
+    }
+    c.bytes = over;
+    c.free.drain(..n).collect()
+}
 /// The most buffers the host cache keeps.
 const HOST_CACHE_ENTRIES: usize = 64;
 
@@ -849,21 +893,15 @@ fn cache_take(words: usize) -> Option<Vec<u64>> {
 /// budget (they are freed after the lock is released).
 fn cache_give(v: Vec<u64>) {
     let bytes = v.capacity().saturating_mul(8);
-    if !(HOST_CACHE_MIN_BYTES..=HOST_CACHE_BYTES).contains(&bytes) {
+    let limit = host_cache_limit();
+    if !(HOST_CACHE_MIN_BYTES..=limit).contains(&bytes) {
         return;
     }
     let evicted = {
         let mut c = lock_cache();
         c.free.push(v);
         c.bytes += bytes;
-        let mut n = 0;
-        let mut over = c.bytes;
-        while over > HOST_CACHE_BYTES || c.free.len() - n > HOST_CACHE_ENTRIES {
-            over -= c.free[n].capacity() * 8;
-            n += 1;
-        }
-        c.bytes = over;
-        c.free.drain(..n).collect::<Vec<_>>()
+        trim_to(&mut c, limit)
     };
     drop(evicted);
 }

@@ -527,7 +527,14 @@ pub struct EnvConfig {
     pub vulkan_gemm_tile: Option<(u32, u32, u32)>,
     /// `TEFL_VULKAN_PIPELINE_STATS=1`: log the driver's statistics of every Vulkan pipeline.
     pub vulkan_pipeline_stats: bool,
+    /// `TEFL_HOST_CACHE_MB` (whole MiB, 0 to [`MAX_HOST_CACHE_MIB`]; default 512): the most
+    /// bytes of freed CPU buffers tefl keeps for reuse (`device::HOST_CACHE_BYTES` by default;
+    /// 0 keeps none).
+    pub host_cache_bytes: usize,
 }
+
+/// The largest `TEFL_HOST_CACHE_MB` taken: 1 TiB.
+pub const MAX_HOST_CACHE_MIB: usize = 1 << 20;
 
 /// `TEFL_VULKAN_GEMM_TILE`'s form: `MxN` or `MxN/G`, positive integers (G = 8 where left out).
 fn parse_gemm_tile(var: &'static str, v: &str) -> Result<(u32, u32, u32)> {
@@ -642,6 +649,19 @@ impl EnvConfig {
         let vulkan_gemm_tile =
             get("TEFL_VULKAN_GEMM_TILE")?.map(|v| parse_gemm_tile("TEFL_VULKAN_GEMM_TILE", &v)).transpose()?;
         let vulkan_pipeline_stats = flag("TEFL_VULKAN_PIPELINE_STATS")?;
+        let host_cache_bytes = match get("TEFL_HOST_CACHE_MB")? {
+            None => crate::device::HOST_CACHE_BYTES,
+            Some(v) => match v.trim().parse::<usize>() {
+                Ok(mib) if mib <= MAX_HOST_CACHE_MIB => mib << 20,
+                _ => {
+                    return Err(Error::config(
+                        "TEFL_HOST_CACHE_MB",
+                        v.trim(),
+                        "expected a whole number of MiB from 0 (keep no freed CPU buffers) to 1048576",
+                    ));
+                }
+            },
+        };
         let cache_dir = match get_os("TEFL_CACHE_DIR")? {
             Some(d) => PathBuf::from(trim_os(d)),
             None => match get_os("XDG_CACHE_HOME")? {
@@ -665,6 +685,7 @@ impl EnvConfig {
             vulkan_coopmat,
             vulkan_gemm_tile,
             vulkan_pipeline_stats,
+            host_cache_bytes,
         })
     }
 }
@@ -803,6 +824,11 @@ mod tests {
         assert_eq!(d.cache_dir, PathBuf::from("/c/tefl"));
         assert_eq!((d.vulkan_coopmat, d.vulkan_gemm_tile, d.vulkan_pipeline_stats), (1, None, false));
         assert_eq!(d.vulkan_device, None);
+        assert_eq!(d.host_cache_bytes, crate::device::HOST_CACHE_BYTES);
+        for (mib, bytes) in [(" 64 ", 64 << 20), ("0", 0), ("1048576", 1 << 40)] {
+            let h = EnvConfig::from_lookup(&lookup(&[("TEFL_HOST_CACHE_MB", mib)])).unwrap();
+            assert_eq!(h.host_cache_bytes, bytes, "TEFL_HOST_CACHE_MB={mib}");
+        }
         let v = EnvConfig::from_lookup(&lookup(&[
             ("TEFL_VULKAN_DEVICE", " NVIDIA H200 "),
             ("TEFL_VULKAN_COOPMAT", " 0 "),
@@ -837,6 +863,10 @@ mod tests {
             ("TEFL_VULKAN_GEMM_TILE", "128x128/"),
             ("TEFL_VULKAN_GEMM_TILE", "128x-1"),
             ("TEFL_VULKAN_GEMM_TILE", "0x128"),
+            ("TEFL_HOST_CACHE_MB", "-1"),
+            ("TEFL_HOST_CACHE_MB", "1048577"),
+            ("TEFL_HOST_CACHE_MB", "1.5"),
+            ("TEFL_HOST_CACHE_MB", "lots"),
         ] {
             match EnvConfig::from_lookup(&lookup(&[(var, val)])) {
                 Err(Error::Config { variable, .. }) => assert_eq!(variable, var),
@@ -889,7 +919,7 @@ mod tests {
                         "TE_FALLBACK_BACKEND", "TE_FL_PLUGIN_MODULES", "TE_FL_SKIP_CUDA",
                         "TEFL_LOG_LEVEL", "TE_FL_DEBUG", "TEFL_AUTOTUNE", "TEFL_CACHE_DIR",
                         "TEFL_KERNEL_TIMING", "TEFL_ATTN_FWD_MIN_BLOCKS", "TEFL_ATTN_WGMMA",
-                        "TEFL_COOPERATIVE", "TEFL_COMPILE_AHEAD"] {
+                        "TEFL_COOPERATIVE", "TEFL_COMPILE_AHEAD", "TEFL_HOST_CACHE_MB"] {
                 for v in [&s, &t] {
                     let vv = v.clone();
                     let get = move |k: &'static str| Ok(if k == var { Some(vv.clone()) } else { None });

@@ -3,7 +3,9 @@
 //! `Tensor::from_slice`; small ones and ones far larger than a request are not used for it.
 //! One test function: the cache is process-wide, so its steps must not interleave.
 
-use tefl_core::device::{HOST_CACHE_BYTES, host_cache_bytes, release_host_cache};
+use tefl_core::device::{
+    HOST_CACHE_BYTES, host_cache_bytes, host_cache_limit, release_host_cache, set_host_cache_limit,
+};
 use tefl_core::{DType, Device, Tensor};
 
 const MIB: usize = 1 << 20;
@@ -60,6 +62,23 @@ fn host_cache_reuses_zeroes_and_stays_within_budget() {
     let kept = host_cache_bytes();
     assert!(kept <= HOST_CACHE_BYTES, "{kept} bytes kept against a budget of {HOST_CACHE_BYTES}");
     assert!(kept >= HOST_CACHE_BYTES - 64 * MIB, "the budget is used: {kept} bytes kept");
+
+    // A smaller budget frees the oldest kept buffers now and keeps later ones within it.
+    assert_eq!(host_cache_limit(), HOST_CACHE_BYTES, "the default budget (TEFL_HOST_CACHE_MB unset)");
+    let freed = set_host_cache_limit(100 * MIB);
+    assert_eq!(freed + host_cache_bytes(), kept, "what was freed and what is kept add up");
+    assert!(host_cache_bytes() <= 100 * MIB && host_cache_bytes() >= 36 * MIB, "{} bytes kept", host_cache_bytes());
+    drop(Tensor::zeros([128 * MIB / 4], DType::F32, &Device::CPU).unwrap());
+    assert!(host_cache_bytes() <= 100 * MIB, "a buffer over the budget is not kept");
+    // A budget of 0 keeps nothing.
+    set_host_cache_limit(0);
+    assert_eq!(host_cache_bytes(), 0);
+    drop(Tensor::zeros([n], DType::F32, &Device::CPU).unwrap());
+    assert_eq!(host_cache_bytes(), 0, "no buffer is kept under a zero budget");
+    set_host_cache_limit(HOST_CACHE_BYTES);
+    drop(Tensor::zeros([n], DType::F32, &Device::CPU).unwrap());
+    let kept = host_cache_bytes();
+    assert!(kept >= bytes, "kept again once the budget is back: {kept}");
 
     // Releasing gives everything back.
     assert_eq!(release_host_cache(), kept);

@@ -608,6 +608,18 @@ fn host_cache_bytes() -> usize {
     tefl_core::device::host_cache_bytes()
 }
 
+/// The most bytes of freed CPU buffers tefl keeps for reuse now.
+#[pyfunction]
+fn host_cache_limit() -> usize {
+    tefl_core::device::host_cache_limit()
+}
+
+/// Sets that budget (0 keeps none), freeing kept buffers past it; the bytes given back.
+#[pyfunction]
+fn set_host_cache_limit(nbytes: usize) -> usize {
+    tefl_core::device::set_host_cache_limit(nbytes)
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // Keeps every backend crate's registrations in the library (see linked_backends).
@@ -626,5 +638,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(linked_backends, m)?)?;
     m.add_function(wrap_pyfunction!(release_host_cache, m)?)?;
     m.add_function(wrap_pyfunction!(host_cache_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(host_cache_limit, m)?)?;
+    m.add_function(wrap_pyfunction!(set_host_cache_limit, m)?)?;
     Ok(())
 }

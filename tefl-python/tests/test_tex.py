@@ -777,3 +777,16 @@ def test_large_cpu_buffers_are_kept_for_reuse_and_can_be_released():
     assert tefl.release_host_cache() >= kept
     assert tefl.host_cache_bytes() == 0
     assert tefl.release_host_cache() == 0
+    # A zero budget keeps nothing; the default (512 MiB, TEFL_HOST_CACHE_MB unset) comes back.
+    default = tefl.host_cache_limit()
+    assert default == 512 << 20
+    try:
+        assert tefl.set_host_cache_limit(0) == 0
+        D = np.zeros((600, 700), np.float32)
+        tex.generic_gemm(A, True, B, False, D, None, np.float32, None, None, False, None, False, None, 0, False, False)
+        assert tefl.host_cache_bytes() == 0
+        with pytest.raises(OverflowError):
+            tefl.set_host_cache_limit(-1)
+    finally:
+        tefl.set_host_cache_limit(default)
+    assert tefl.host_cache_limit() == default

@@ -21,9 +21,11 @@ __all__ = [
     "dtype_name",
     "explain",
     "host_cache_bytes",
+    "host_cache_limit",
     "linked_backends",
     "list_backends",
     "release_host_cache",
+    "set_host_cache_limit",
 ]
 __version__ = "0.1.0"
 
@@ -70,6 +72,19 @@ def release_host_cache():
 def host_cache_bytes():
     """Bytes of freed CPU buffers tefl keeps for reuse now (see ``release_host_cache``)."""
     return _native.host_cache_bytes()
+
+
+def host_cache_limit():
+    """The most bytes of freed CPU buffers tefl keeps for reuse: ``set_host_cache_limit``'s
+    value, else ``TEFL_HOST_CACHE_MB`` MiB, else 512 MiB."""
+    return _native.host_cache_limit()
+
+
+def set_host_cache_limit(nbytes):
+    """Sets how many bytes of freed CPU buffers tefl may keep for reuse (0 keeps none), frees
+    the oldest kept buffers past it now, and returns how many bytes that gave back. A negative
+    or non-integer ``nbytes`` is a ``TypeError`` / ``OverflowError``."""
+    return _native.set_host_cache_limit(nbytes)
 
 
 _init()
