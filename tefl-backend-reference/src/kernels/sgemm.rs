@@ -294,16 +294,13 @@ mod avx512 {
     /// Packs rows i0..i0+nrows, columns pc..pc+kc of A as kc groups of MR (rows past nrows: 0).
     fn pack_a(a: MatRef<'_>, i0: usize, nrows: usize, pc: usize, kc: usize, buf: &mut [f32]) {
         if a.cs == 1 {
-            // k by k across the strip's rows (contiguous MR-float writes; writing row by row
-            // instead, MR floats apart, was slower).
-            let rows: [&[f32]; MR] =
-                std::array::from_fn(|ii| if ii < nrows { &a.data[(i0 + ii) * a.rs + pc..][..kc] } else { &[] });
-            for (p, dst) in buf.chunks_mut(MR).take(kc).enumerate() {
-                for (d, row) in dst.iter_mut().zip(&rows[..nrows]) {
-                    *d = row[p];
-                }
-            }
-        } else if a.rs == 1 {
+            // SAFETY: avx512f was detected by the caller of `sgemm`; `sgemm_on` checked that
+            // every element (i, l) of A with i < m, l < k is in `a.data`, and these rows and
+            // columns are inside that range; `buf` holds kc groups of MR floats.
+            unsafe { transpose_lines(a.data, (i0 * a.rs + pc, a.rs), nrows, kc, MR, buf) };
+            return;
+        }
+        if a.rs == 1 {
             for (p, dst) in buf.chunks_mut(MR).take(kc).enumerate() {
                 dst[..nrows].copy_from_slice(&a.data[(pc + p) * a.cs + i0..][..nrows]);
             }
@@ -323,6 +320,13 @@ mod avx512 {
 
     /// Packs rows pc..pc+kc, columns j0..j0+ncols of B as kc rows of NR (columns past ncols: 0).
     fn pack_b(b: MatRef<'_>, pc: usize, kc: usize, j0: usize, ncols: usize, buf: &mut [f32]) {
+        if b.rs == 1 && b.cs != 1 {
+            // B's columns are contiguous (a transposed operand, as Kᵀ in attention's scores).
+            // SAFETY: as in `pack_a`, for B's elements (l, j), l < k, j < n; `buf` holds kc rows
+            // of NR floats.
+            unsafe { transpose_lines(b.data, (j0 * b.cs + pc, b.cs), ncols, kc, NR, buf) };
+            return;
+        }
         if b.cs == 1 {
             for (p, dst) in buf.chunks_mut(NR).take(kc).enumerate() {
                 dst[..ncols].copy_from_slice(&b.data[(pc + p) * b.rs + j0..][..ncols]);
@@ -337,6 +341,74 @@ mod avx512 {
         if ncols < NR {
             for dst in buf.chunks_mut(NR).take(kc) {
                 dst[ncols..].fill(0.0);
+            }
+        }
+    }
+
+    /// The 16×16 transpose of `r` (row i, lane j → row j, lane i): the off-diagonal b×b blocks
+    /// swapped for b = 8, 4, 2, 1, each level one two-source permute a row.
+    #[target_feature(enable = "avx512f")]
+    fn transpose16(r: &mut [__m512; 16]) {
+        for b in [8usize, 4, 2, 1] {
+            let lane = |f: &dyn Fn(usize) -> usize| {
+                let v: [i32; 16] = std::array::from_fn(|j| f(j) as i32);
+                // SAFETY: reads 16 i32 from a local array of 16.
+                unsafe { _mm512_loadu_si512(v.as_ptr().cast()) }
+            };
+            // Row i (bit b clear) keeps its lanes without bit b and takes row i + b's lanes
+            // j - b; row i + b takes row i's lanes j + b and keeps its own with bit b.
+            let lo = lane(&|j| if j & b == 0 { j } else { 16 + j - b });
+            let hi = lane(&|j| if j & b == 0 { j + b } else { 16 + j });
+            for i in (0..16).filter(|i| i & b == 0) {
+                let (x, y) = (r[i], r[i + b]);
+                r[i] = _mm512_permutex2var_ps(x, lo, y);
+                r[i + b] = _mm512_permutex2var_ps(x, hi, y);
+            }
+        }
+    }
+
+    /// Packs `lines` (at most 32) strided lines of `kc` contiguous floats as kc groups of
+    /// `width` (12 or 32): group p holds element p of every line, lines past `lines` as zeros.
+    /// `(start, stride)`: line t's element p is `data[start + t·stride + p]`. Blocks of 16 lines
+    /// by 16 elements are loaded a line at a time and transposed in registers, where the scalar
+    /// loops moved one float at a time (most of attention's GEMM packing; AVX-512 gathers were
+    /// no faster than those loops on the machines measured, 2026-12-04).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F; every `data[start + t·stride + p]` for t < lines, p < kc is in
+    /// bounds; `buf` holds kc·width floats; width is 12 or 32 and lines ≤ width.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn transpose_lines(
+        data: &[f32],
+        (start, stride): (usize, usize),
+        lines: usize,
+        kc: usize,
+        width: usize,
+        buf: &mut [f32],
+    ) {
+        debug_assert!(lines <= width && (width == MR || width == NR) && buf.len() >= kc * width);
+        let base = data.as_ptr();
+        let out = buf.as_mut_ptr();
+        // The lanes a group's store writes: 12 for A's groups, 16 for each half of B's.
+        let keep: __mmask16 = if width == MR { (1 << MR) - 1 } else { 0xFFFF };
+        for p0 in (0..kc).step_by(16) {
+            let np = (kc - p0).min(16);
+            let pmask: __mmask16 = ((1u32 << np) - 1) as __mmask16;
+            for h in 0..width.div_ceil(16) {
+                let mut r = [_mm512_setzero_ps(); 16];
+                for (t, row) in r.iter_mut().enumerate() {
+                    let line = 16 * h + t;
+                    if line < lines {
+                        // SAFETY: the caller's bound: elements p0..p0 + np of this line are in
+                        // `data` (the masked lanes past np are not read).
+                        *row = unsafe { _mm512_maskz_loadu_ps(pmask, base.add(start + line * stride + p0)) };
+                    }
+                }
+                transpose16(&mut r);
+                for (q, row) in r.iter().take(np).enumerate() {
+                    // SAFETY: group p0 + q < kc, floats 16h.. (12 or 16 of them) of its `width`.
+                    unsafe { _mm512_mask_storeu_ps(out.add((p0 + q) * width + 16 * h), keep, *row) };
+                }
             }
         }
     }
@@ -444,6 +516,34 @@ mod tests {
                         assert!(
                             (f64::from(c[i * n + j]) - want).abs() < 1e-4 * (1.0 + want.abs()),
                             "{m}x{n}x{k} mode {mode} ({i},{j})"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn matches_naive_with_padded_strides() {
+        // Rows and columns further apart than the product's k (as attention's per-head views
+        // of bshd tensors): A row-major or column-major, B row-major or transposed (the strided
+        // packing paths, lines past a strip's 12 rows or 32 columns included).
+        for &(m, n, k, pad) in &[(13, 45, 300, 5), (30, 70, 17, 131), (1, 33, 9, 3), (25, 1, 40, 7)] {
+            let a: Vec<f32> = (0..(m + pad) * (k + pad)).map(|i| ((i * 29) % 19) as f32 / 19.0 - 0.5).collect();
+            let b: Vec<f32> = (0..(k + pad) * (n + pad)).map(|i| ((i * 13) % 23) as f32 / 23.0 - 0.5).collect();
+            for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+                let am =
+                    if ta { MatRef { data: &a, rs: 1, cs: m + pad } } else { MatRef { data: &a, rs: k + pad, cs: 1 } };
+                let bm =
+                    if tb { MatRef { data: &b, rs: 1, cs: k + pad } } else { MatRef { data: &b, rs: n + pad, cs: 1 } };
+                let mut c = vec![f32::NAN; m * n];
+                sgemm_set(m, n, k, 1.0, am, bm, &mut c);
+                for i in 0..m {
+                    for j in 0..n {
+                        let want: f64 = (0..k).map(|l| f64::from(am.at(i, l)) * f64::from(bm.at(l, j))).sum();
+                        assert!(
+                            (f64::from(c[i * n + j]) - want).abs() < 1e-4 * (1.0 + want.abs()),
+                            "{m}x{n}x{k} ta {ta} tb {tb} ({i},{j})"
                         );
                     }
                 }
