@@ -849,6 +849,7 @@ fn trim_to(c: &mut HostCache, limit: usize) -> Vec<Vec<u64>> {
     c.bytes = over;
     c.free.drain(..n).collect()
 }
+
 /// The most buffers the host cache keeps.
 const HOST_CACHE_ENTRIES: usize = 64;
 
