@@ -192,30 +192,33 @@ pub fn set_noop(flag: &Tensor) -> Result<()> {
     Ok(())
 }
 
-/// Σ over `rows` of `f(row, acc)` into a length-`n` accumulator, in parallel. The length comes
-/// from the user's shapes (a [0, 2^40] gradient has no rows and a huge width): with no rows
-/// the result is a zero vector allocated fallibly; with rows, every accumulator is no larger
-/// than a row of the data being summed.
-pub fn column_sums(rows: usize, n: usize, what: &str, f: impl Fn(usize, &mut [f32]) + Sync) -> Result<Vec<f32>> {
+/// Σ over `rows` of `f(row, acc)` into a length-`n` accumulator (f32 or f64), in parallel. The
+/// length comes from the user's shapes (a [0, 2^40] gradient has no rows and a huge width):
+/// with no rows the result is a zero vector allocated fallibly; with rows, every accumulator is
+/// no larger than a row of the data being summed.
+pub fn column_sums<T>(rows: usize, n: usize, what: &str, f: impl Fn(usize, &mut [T]) + Sync) -> Result<Vec<T>>
+where
+    T: bytemuck::Zeroable + Copy + std::ops::AddAssign + Send,
+{
     if rows == 0 || n == 0 {
         return try_zeroed(n, || format!("{what} [{n}]"));
     }
     Ok((0..rows)
         .into_par_iter()
         .fold(
-            || vec![0.0f32; n],
+            || vec![T::zeroed(); n],
             |mut acc, r| {
                 f(r, &mut acc);
                 acc
             },
         )
-        .reduce(
-            || vec![0.0f32; n],
-            |mut a, b| {
-                a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
-                a
-            },
-        ))
+        .reduce(|| vec![T::zeroed(); n], add_columns))
+}
+
+/// `a + b`, column by column: how per-task column sums are joined.
+fn add_columns<T: Copy + std::ops::AddAssign>(mut a: Vec<T>, b: Vec<T>) -> Vec<T> {
+    a.iter_mut().zip(&b).for_each(|(x, y)| *x += *y);
+    a
 }
 
 /// Σ of the rows of a row-major `[rows, n]` matrix (a bias gradient).
@@ -397,13 +400,7 @@ pub fn map_rows_summing<const K: usize>(
                         },
                     )
                     .map(|(_, _, acc)| acc)
-                    .reduce(
-                        || vec![0.0f32; acc_n],
-                        |mut a, b| {
-                            a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
-                            a
-                        },
-                    )
+                    .reduce(|| vec![0.0f32; acc_n], add_columns)
             }};
         }
         match out_dtype {

@@ -829,10 +829,11 @@ pub fn host_cache_limit() -> usize {
 /// buffers past it now, and returns how many bytes that gave back. `usize::MAX` is taken as
 /// `usize::MAX - 1` (the value marks "not read yet").
 pub fn set_host_cache_limit(bytes: usize) -> usize {
-    HOST_CACHE_LIMIT.store(bytes.min(usize::MAX - 1), Ordering::Relaxed);
+    let limit = bytes.min(usize::MAX - 1);
+    HOST_CACHE_LIMIT.store(limit, Ordering::Relaxed);
     let evicted = {
         let mut c = lock_cache();
-        trim_to(&mut c, bytes)
+        trim_to(&mut c, limit)
     };
     evicted.iter().map(|v| v.capacity() * 8).sum()
 }

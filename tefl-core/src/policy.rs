@@ -657,7 +657,9 @@ impl EnvConfig {
                     return Err(Error::config(
                         "TEFL_HOST_CACHE_MB",
                         v.trim(),
-                        "expected a whole number of MiB from 0 (keep no freed CPU buffers) to 1048576",
+                        format!(
+                            "expected a whole number of MiB from 0 (keep no freed CPU buffers) to {MAX_HOST_CACHE_MIB}"
+                        ),
                     ));
                 }
             },

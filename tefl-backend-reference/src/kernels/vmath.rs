@@ -182,17 +182,24 @@ pub fn nan_max(a: f32, b: f32) -> f32 {
     if a.is_nan() || b.is_nan() { f32::NAN } else { a.max(b) }
 }
 
+/// max over `xs` of `f(x)`, starting from `init`, NaN when any is NaN: in [`LANES`] partial
+/// maxima, so that it vectorises (max_nan's and amax's loop).
 #[inline(always)]
-fn max_nan_generic(xs: &[f32]) -> f32 {
-    let mut acc = [f32::NEG_INFINITY; LANES];
+fn fold_max_nan(xs: &[f32], init: f32, f: impl Fn(f32) -> f32) -> f32 {
+    let mut acc = [init; LANES];
     let chunks = xs.chunks_exact(LANES);
-    let tail = chunks.remainder().iter().copied().fold(f32::NEG_INFINITY, nan_max);
+    let tail = chunks.remainder().iter().fold(init, |m, v| nan_max(m, f(*v)));
     for c in chunks {
         for (a, v) in acc.iter_mut().zip(c) {
-            *a = nan_max(*a, *v);
+            *a = nan_max(*a, f(*v));
         }
     }
     acc.iter().copied().fold(tail, nan_max)
+}
+
+#[inline(always)]
+fn max_nan_generic(xs: &[f32]) -> f32 {
+    fold_max_nan(xs, f32::NEG_INFINITY, |v| v)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -341,15 +348,23 @@ fn encode_fp8_generic(c: Fp8Consts, scale: f32, src: &[f32], dst: &mut [u8]) -> 
     for (d, s) in dst.iter_mut().zip(src) {
         *d = fp8_code(c, s * scale);
     }
-    let mut acc = [0.0f32; LANES];
-    let chunks = src.chunks_exact(LANES);
-    let tail = chunks.remainder().iter().fold(0.0f32, |m, v| nan_max(m, v.abs()));
-    for ch in chunks {
-        for (m, v) in acc.iter_mut().zip(ch) {
-            *m = nan_max(*m, v.abs());
-        }
-    }
-    acc.iter().fold(tail, |m, v| nan_max(m, *v))
+    amax_generic(src)
+}
+
+#[inline(always)]
+fn amax_generic(xs: &[f32]) -> f32 {
+    fold_max_nan(xs, 0.0, f32::abs)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn amax_avx512(xs: &[f32]) -> f32 {
+    amax_generic(xs)
+}
+
+/// max |x| over `xs` (0 for none), NaN when one is NaN: an FP8 quantizer's amax.
+pub fn amax(xs: &[f32]) -> f32 {
+    dispatch!(amax_generic, amax_avx512, (xs))
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -2,10 +2,9 @@
 
 use rayon::prelude::*;
 use tefl_core::catalogue::*;
-use tefl_core::device::try_zeroed;
 use tefl_core::{KernelCtx, Result, Tensor};
 
-use crate::util::{CHUNK, amax, scalar_tensor, store, store_fp8, view};
+use crate::util::{amax, column_sums, scalar_tensor, store, store_fp8, view};
 
 fn transpose_codes(q: &[u8], m: usize, n: usize) -> Vec<u8> {
     let mut t = vec![0u8; q.len()];
@@ -40,26 +39,9 @@ pub fn bgrad_quantize(_: &KernelCtx<'_>, a: &BgradQuantizeArgs) -> Result<BgradQ
     let (q, amax) = store_fp8(&x, &[m, n], a.fp8_dtype, scale)?;
     // Column sums in f64 then rounded once: the oracle's sum, whatever the row count (the
     // tasks' partial sums are added in f64 too, so their order moves only f64 roundings).
-    let sums: Vec<f64> = if m == 0 || n == 0 {
-        try_zeroed(n, || format!("bgrad_quantize output dbias [{n}]"))?
-    } else {
-        x.par_chunks(n)
-            .with_min_len((CHUNK / n).max(1))
-            .fold(
-                || vec![0.0f64; n],
-                |mut acc, row| {
-                    acc.iter_mut().zip(row).for_each(|(s, v)| *s += f64::from(*v));
-                    acc
-                },
-            )
-            .reduce(
-                || vec![0.0f64; n],
-                |mut a, b| {
-                    a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
-                    a
-                },
-            )
-    };
+    let sums: Vec<f64> = column_sums(m, n, "bgrad_quantize output dbias", |r, acc| {
+        acc.iter_mut().zip(&x[r * n..(r + 1) * n]).for_each(|(s, v)| *s += f64::from(*v));
+    })?;
     let sums: Vec<f32> = sums.into_iter().map(|v| v as f32).collect();
     let q_t = if a.want_transpose {
         Some(Tensor::from_slice(&transpose_codes(&q.host_bytes()?, m, n), [n, m], a.fp8_dtype)?)
