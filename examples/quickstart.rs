@@ -54,7 +54,13 @@ struct Options {
 const USAGE: &str = "usage: quickstart [--device cpu|cuda:0|vulkan:0|best] [--dtype f32|bf16|f16|fp8] \
 [--batch N] [--seq N] [--hidden N] [--heads N] [--ffn N] [--experts N] [--steps N] [--lr X]";
 
-fn parse() -> Result<Options, String> {
+/// What the command line asks for: a run, or the usage text (`--help`).
+enum Command {
+    Run(Options),
+    Help,
+}
+
+fn parse() -> Result<Command, String> {
     let mut o = Options {
         device: Device::best_available(),
         dtype: DType::F32,
@@ -71,7 +77,7 @@ fn parse() -> Result<Options, String> {
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         if flag == "--help" || flag == "-h" {
-            return Err(USAGE.into());
+            return Ok(Command::Help);
         }
         let value = args.next().ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))?;
         let num = |v: &str| v.parse::<usize>().map_err(|_| format!("{flag}: {v:?} is not a positive integer"));
@@ -100,7 +106,12 @@ fn parse() -> Result<Options, String> {
                 }
             }
             "--steps" => o.steps = num(&value)?,
-            "--lr" => o.lr = value.parse().map_err(|_| format!("--lr: {value:?} is not a number"))?,
+            "--lr" => {
+                o.lr = value.parse().map_err(|_| format!("--lr: {value:?} is not a number"))?;
+                if !(o.lr.is_finite() && o.lr > 0.0) {
+                    return Err(format!("--lr {value}: the learning rate must be a positive number"));
+                }
+            }
             _ => return Err(format!("unknown option {flag}\n{USAGE}")),
         }
     }
@@ -110,10 +121,25 @@ fn parse() -> Result<Options, String> {
     if !o.hidden.is_multiple_of(o.heads) || !(o.hidden / o.heads).is_multiple_of(2) {
         return Err(format!("--hidden {} must split into --heads {} of an even head dim", o.hidden, o.heads));
     }
+    // The largest tensors' element counts (tokens × hidden and × 2·ffn, the MLP's weights,
+    // the RoPE angles), checked so that a huge size is an error here, not an overflow later.
+    let tokens = o.batch.checked_mul(o.seq);
+    let largest = [
+        tokens.and_then(|t| t.checked_mul(o.hidden)),
+        tokens.and_then(|t| t.checked_mul(o.ffn)).and_then(|n| n.checked_mul(2)),
+        o.hidden.checked_mul(o.ffn).and_then(|n| n.checked_mul(2)),
+        o.seq.checked_mul(o.hidden / o.heads),
+    ];
+    if largest.iter().any(|n| n.is_none_or(|n| n.checked_mul(4).is_none_or(|b| b > isize::MAX as usize))) {
+        return Err(format!(
+            "--batch {} --seq {} --hidden {} --ffn {}: the block's tensors would not fit in memory",
+            o.batch, o.seq, o.hidden, o.ffn
+        ));
+    }
     if !o.device.is_available() {
         return Err(format!("device {} is not available here", o.device));
     }
-    Ok(o)
+    Ok(Command::Run(o))
 }
 
 /// A deterministic generator, so every run trains on the same task from the same start.
@@ -123,9 +149,18 @@ impl Lcg {
         self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         ((self.0 >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * a
     }
-    fn vec(&mut self, n: usize, a: f32) -> Vec<f32> {
-        (0..n).map(|_| self.uniform(a)).collect()
+    /// `n` values uniform in [-a, a) (a size the host cannot hold: an error, not an abort).
+    fn vec(&mut self, n: usize, a: f32) -> Result<Vec<f32>, String> {
+        let mut v = host_f32(n)?;
+        v.iter_mut().for_each(|x| *x = self.uniform(a));
+        Ok(v)
     }
+}
+
+/// `n` zeros on the host through tefl's fallible allocator: a size larger than the memory left
+/// is an out-of-memory error naming the size, where `vec!` would abort the process.
+fn host_f32(n: usize) -> Result<Vec<f32>, String> {
+    tefl::device::try_zeroed::<f32>(n, || format!("{n} f32 values of the quickstart's data")).map_err(|e| e.to_string())
 }
 
 struct Params {
@@ -460,7 +495,13 @@ impl Moe {
 }
 
 fn run() -> Result<(), String> {
-    let o = parse()?;
+    let o = match parse()? {
+        Command::Run(o) => o,
+        Command::Help => {
+            println!("{USAGE}");
+            return Ok(());
+        }
+    };
     tefl::logging::init().map_err(|e| e.to_string())?;
     if !o.fp8 {
         return train(&o).map(|_| ());
@@ -505,8 +546,8 @@ fn train(o: &Options) -> Result<Vec<(f32, f64)>, String> {
     };
 
     let mut rng = Lcg(0x7EF1);
-    let xs = rng.vec(rows * h, 1.0);
-    let mut target = vec![0.0f32; rows * h];
+    let xs = rng.vec(rows * h, 1.0)?;
+    let mut target = host_f32(rows * h)?;
     for bi in 0..b {
         for t in 1..s {
             let (dst, src) = ((bi * s + t) * h, (bi * s + t - 1) * h);
@@ -515,7 +556,7 @@ fn train(o: &Options) -> Result<Vec<(f32, f64)>, String> {
     }
     let x = put(&xs, &[rows, h], o.dtype)?;
     let lin = |rng: &mut Lcg, out: usize, inp: usize| {
-        put(&rng.vec(out * inp, 1.0 / (inp as f32).sqrt()), &[out, inp], o.dtype)
+        put(&rng.vec(out * inp, 1.0 / (inp as f32).sqrt())?, &[out, inp], o.dtype)
     };
     let p = Params {
         g1: put(&vec![1.0; h], &[h], o.dtype)?,

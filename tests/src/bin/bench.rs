@@ -38,6 +38,7 @@ use tefl_core::catalogue::*;
 use tefl_core::device::{Buffer, DeviceRuntime};
 use tefl_core::{DType, Device, Manager, Op, Registry, Tensor};
 use tefl_tests::chart::{Bar, svg};
+use tefl_tests::cli;
 use tefl_tests::progress::Progress;
 
 struct Case {
@@ -745,7 +746,88 @@ impl Drop for Peers {
     }
 }
 
+const USAGE: &str = "usage: bench [--backend X] [--shapes anchor|small] [--vs torch] [--json FILE] [--svg FILE] \
+[--reps N] [--rounds N] [--only SUBSTRING[,SUBSTRING...]] [--attn-d 64|128|256] [--gemm MxNxK[,MxNxK...]]
+
+Times each op of the anchor table on the backend's device (reference, the CPU, unless
+--backend names another; small shapes on the CPU, the anchor shapes elsewhere, unless --shapes
+says), and with --vs torch every peer a PyTorch user can pick (torch eager, torch.compile,
+SDPA flash / cuDNN, FlagGems) in the same run. --reps N calls a case (median; 20), --rounds N
+times it in turns with its peers, keeping each side's fastest round (1 to 10; 1), --only runs
+the cases whose name contains a part, --json and --svg write the table and its chart.
+TEFL_BENCH_WARMUP sets the warm-up seconds a case (3).";
+
+/// The parsed command line.
+struct Args {
+    backend: String,
+    shapes: Option<String>,
+    vs_torch: bool,
+    json: Option<String>,
+    svg_path: Option<String>,
+    reps: usize,
+    rounds: usize,
+    only: Option<String>,
+    attn_d: usize,
+    extra_gemms: Vec<(usize, usize, usize)>,
+}
+
+/// The command line, or the message for a bad one.
+fn parse(argv: Vec<String>) -> Result<Args, String> {
+    let mut args = argv.into_iter();
+    let mut o = Args {
+        backend: "reference".into(),
+        shapes: None,
+        vs_torch: false,
+        json: None,
+        svg_path: None,
+        reps: 20,
+        rounds: 1,
+        only: None,
+        attn_d: 128,
+        extra_gemms: Vec::new(),
+    };
+    while let Some(a) = args.next() {
+        let mut value = || cli::value_of(&a, &mut args);
+        match a.as_str() {
+            "--backend" => o.backend = value()?.to_ascii_lowercase(),
+            "--shapes" => o.shapes = Some(value()?),
+            "--vs" => match value()?.as_str() {
+                "torch" => o.vs_torch = true,
+                other => return Err(format!("--vs {other:?}: the peers are torch's (--vs torch)")),
+            },
+            "--json" => o.json = Some(value()?),
+            "--svg" => o.svg_path = Some(value()?),
+            "--only" => o.only = Some(value()?),
+            "--reps" | "--rounds" => {
+                let v = value()?;
+                let (what, max, slot) =
+                    if a == "--reps" { ("calls", 10_000, &mut o.reps) } else { ("rounds", 10, &mut o.rounds) };
+                match v.parse::<usize>() {
+                    Ok(n @ 1..) if n <= max => *slot = n,
+                    _ => return Err(format!("{a} {v:?}: expected a count of {what} from 1 to {max}")),
+                }
+            }
+            "--attn-d" => {
+                let v = value()?;
+                match v.parse::<usize>() {
+                    Ok(d @ (64 | 128 | 256)) => o.attn_d = d,
+                    _ => return Err(format!("--attn-d {v:?}: expected a head dim of 64, 128 or 256")),
+                }
+            }
+            "--gemm" => o.extra_gemms = parse_gemm_shapes(&value()?)?,
+            other => return Err(format!("unexpected argument {other:?}")),
+        }
+    }
+    Ok(o)
+}
+
 fn main() -> ExitCode {
+    cli::end_quietly_on_closed_pipe();
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    if cli::wants_help(&argv) {
+        println!("{USAGE}");
+        return ExitCode::SUCCESS;
+    }
     // TE-FL's log lines (which impl ran, the Vulkan pipeline statistics) when asked for.
     if std::env::var_os("TEFL_LOG_LEVEL").is_some()
         && let Err(e) = tefl_core::logging::init()
@@ -753,59 +835,14 @@ fn main() -> ExitCode {
         eprintln!("{e}");
         return ExitCode::from(2);
     }
-    let mut args = std::env::args().skip(1);
-    let (mut backend, mut shapes, mut vs_torch, mut json, mut reps) =
-        ("reference".to_string(), None, false, None, 20usize);
-    let mut only: Option<String> = None;
-    let mut svg_path: Option<String> = None;
-    let mut attn_d = 128usize;
-    let mut rounds = 1usize;
-    let mut extra_gemms = Vec::new();
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--backend" => backend = args.next().unwrap_or_default().to_ascii_lowercase(),
-            "--shapes" => shapes = args.next(),
-            "--vs" => vs_torch = args.next().as_deref() == Some("torch"),
-            "--json" => json = args.next(),
-            "--svg" => svg_path = args.next(),
-            "--only" => only = args.next(),
-            "--reps" | "--rounds" => {
-                let v = args.next().unwrap_or_default();
-                let (what, max, slot) =
-                    if a == "--reps" { ("calls", 10_000, &mut reps) } else { ("rounds", 10, &mut rounds) };
-                match v.parse::<usize>() {
-                    Ok(n @ 1..) if n <= max => *slot = n,
-                    _ => {
-                        eprintln!("bench: {a} {v:?}: expected a count of {what} from 1 to {max}");
-                        return ExitCode::from(2);
-                    }
-                }
-            }
-            "--attn-d" => {
-                let v = args.next().unwrap_or_default();
-                match v.parse::<usize>() {
-                    Ok(d @ (64 | 128 | 256)) => attn_d = d,
-                    _ => {
-                        eprintln!("bench: --attn-d {v:?}: expected a head dim of 64, 128 or 256");
-                        return ExitCode::from(2);
-                    }
-                }
-            }
-            "--gemm" => match parse_gemm_shapes(&args.next().unwrap_or_default()) {
-                Ok(shapes) => extra_gemms = shapes,
-                Err(e) => {
-                    eprintln!("bench: {e}");
-                    return ExitCode::from(2);
-                }
-            },
-            other => {
-                eprintln!(
-                    "bench: unexpected argument {other:?}\nusage: bench [--backend X] [--shapes anchor|small] [--vs torch] [--json FILE] [--svg FILE] [--reps N] [--rounds N] [--only SUBSTRING[,SUBSTRING...]] [--attn-d 64|128|256] [--gemm MxNxK[,MxNxK...]]"
-                );
-                return ExitCode::from(2);
-            }
+    let Args { backend, shapes, vs_torch, json, svg_path, reps, rounds, only, attn_d, extra_gemms } = match parse(argv)
+    {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("bench: {e}\n{}", USAGE.lines().next().unwrap_or_default());
+            return ExitCode::from(2);
         }
-    }
+    };
     let warm_up = match checked_warm_up_secs() {
         Ok(secs) => secs,
         Err(e) => {
@@ -884,6 +921,18 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // `--only` that keeps no case (beyond the copy, always measured) is a misspelt name, not
+    // an empty benchmark.
+    if cases.is_empty()
+        && let Some(parts) = &ctx.only
+        && parts.iter().any(|p| p != "copy")
+    {
+        eprintln!(
+            "bench: --only {:?} matches no case (names such as \"rmsnorm_fwd\", \"attn_bwd causal\", \"gemm\")",
+            parts.join(",")
+        );
+        return ExitCode::from(2);
+    }
     let mut peers = if vs_torch {
         match Peers::new(&device) {
             Ok(p) => Some(p),

@@ -7,9 +7,73 @@
 use std::process::ExitCode;
 
 use tefl_core::{Manager, Registry};
+use tefl_tests::cli;
 use tefl_tests::conformance::{Size, Suite};
 
+const USAGE: &str = "usage: conformance <backend> [--allow-unavailable] [--full] [--verbose] [--seed N] \
+[--families a,b] [--ops x,y] [--impl ID]
+
+Runs the conformance suite (every op's cases against the f64 oracle) on every impl the backend
+registers, or only ID; --families and --ops narrow it (families: FAMILIES). Prints the op x dtype
+table and 'N passed, N failed, N skipped'; exits 1 on any failure, or when the backend is
+unavailable here (0 with --allow-unavailable). --full adds the large and awkward shapes;
+--verbose prints each case's errors; --seed N replays a run (its seed is printed first).";
+
+/// The parsed command line.
+struct Args {
+    backend: String,
+    allow_unavailable: bool,
+    size: Size,
+    seed: Option<u64>,
+    verbose: bool,
+    families: Option<Vec<String>>,
+    only_impl: Option<String>,
+    only_ops: Option<std::collections::BTreeSet<&'static str>>,
+}
+
+/// The command line, or the message for a bad one.
+fn parse(argv: Vec<String>) -> Result<Args, String> {
+    let mut args = argv.into_iter();
+    let mut backend = None;
+    let (mut allow_unavailable, mut size, mut seed, mut verbose) = (false, Size::Quick, None, false);
+    let (mut families, mut only_impl, mut only_ops) = (None, None, None);
+    let list = |v: String| v.split(',').map(str::to_owned).collect::<Vec<String>>();
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--allow-unavailable" => allow_unavailable = true,
+            "--full" => size = Size::Full,
+            "--verbose" => verbose = true,
+            "--seed" => {
+                let v = cli::value_of(&a, &mut args)?;
+                seed = Some(
+                    v.parse::<u64>()
+                        .map_err(|_| format!("--seed {v:?}: expected an integer from 0 to {}", u64::MAX))?,
+                );
+            }
+            "--impl" => only_impl = Some(cli::value_of(&a, &mut args)?),
+            "--ops" => only_ops = Some(Suite::select_ops(&list(cli::value_of(&a, &mut args)?))?),
+            "--families" => {
+                let names = list(cli::value_of(&a, &mut args)?);
+                if let Some(bad) = names.iter().find(|f| !Suite::FAMILIES.contains(&f.as_str())) {
+                    return Err(format!("unknown family {bad:?} (families: {})", Suite::FAMILIES.join(", ")));
+                }
+                families = Some(names);
+            }
+            s if !s.starts_with('-') && backend.is_none() => backend = Some(s.to_ascii_lowercase()),
+            other => return Err(format!("unexpected argument {other:?}")),
+        }
+    }
+    let backend = backend.ok_or("no backend named")?;
+    Ok(Args { backend, allow_unavailable, size, seed, verbose, families, only_impl, only_ops })
+}
+
 fn main() -> ExitCode {
+    cli::end_quietly_on_closed_pipe();
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    if cli::wants_help(&argv) {
+        println!("{}", USAGE.replace("FAMILIES", &Suite::FAMILIES.join(", ")));
+        return ExitCode::SUCCESS;
+    }
     // TE-FL's log lines (which impl ran, the Vulkan pipeline statistics) when asked for.
     if std::env::var_os("TEFL_LOG_LEVEL").is_some()
         && let Err(e) = tefl_core::logging::init()
@@ -17,49 +81,12 @@ fn main() -> ExitCode {
         eprintln!("{e}");
         return ExitCode::from(2);
     }
-    let mut args = std::env::args().skip(1);
-    let mut backend = None;
-    let (mut allow_unavailable, mut size, mut seed, mut verbose) = (false, Size::Quick, None, false);
-    let mut families: Option<Vec<String>> = None;
-    let mut only_impl: Option<String> = None;
-    let mut only_ops = None;
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--allow-unavailable" => allow_unavailable = true,
-            "--full" => size = Size::Full,
-            "--verbose" => verbose = true,
-            "--seed" => seed = args.next().and_then(|s| s.parse::<u64>().ok()),
-            "--impl" => only_impl = args.next(),
-            "--ops" => {
-                let list: Vec<String> = args.next().unwrap_or_default().split(',').map(str::to_owned).collect();
-                match Suite::select_ops(&list) {
-                    Ok(ops) => only_ops = Some(ops),
-                    Err(e) => {
-                        eprintln!("conformance: {e}");
-                        return ExitCode::from(2);
-                    }
-                }
-            }
-            "--families" => {
-                let list: Vec<String> = args.next().unwrap_or_default().split(',').map(str::to_owned).collect();
-                if let Some(bad) = list.iter().find(|f| !Suite::FAMILIES.contains(&f.as_str())) {
-                    eprintln!("conformance: unknown family {bad:?} (families: {})", Suite::FAMILIES.join(", "));
-                    return ExitCode::from(2);
-                }
-                families = Some(list);
-            }
-            s if !s.starts_with('-') && backend.is_none() => backend = Some(s.to_ascii_lowercase()),
-            other => {
-                eprintln!("conformance: unexpected argument {other:?}");
-                return ExitCode::from(2);
-            }
+    let Args { backend, allow_unavailable, size, seed, verbose, families, only_impl, only_ops } = match parse(argv) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("conformance: {e}\n{}", USAGE.lines().next().unwrap_or_default());
+            return ExitCode::from(2);
         }
-    }
-    let Some(backend) = backend else {
-        eprintln!(
-            "usage: conformance <backend> [--allow-unavailable] [--full] [--verbose] [--seed N] [--families a,b] [--ops x,y] [--impl ID]"
-        );
-        return ExitCode::from(2);
     };
     let linked = tefl_ops::linked_backends();
     let mgr = Manager::new(Registry::with_builtins(), Default::default());

@@ -5,7 +5,17 @@ use std::fmt::Write as _;
 
 use tefl_core::{Registry, catalogue};
 
-fn main() {
+fn main() -> std::process::ExitCode {
+    tefl_tests::cli::end_quietly_on_closed_pipe();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if tefl_tests::cli::wants_help(&args) {
+        println!("usage: coverage\n\nPrints the op x backend coverage matrix of this build's registry (Markdown).");
+        return std::process::ExitCode::SUCCESS;
+    }
+    if let Some(a) = args.first() {
+        eprintln!("coverage: unexpected argument {a:?} (it takes none)");
+        return std::process::ExitCode::from(2);
+    }
     let _ = tefl_ops::linked_backends();
     let reg = Registry::with_builtins();
     let mut backends: Vec<String> = reg.vendors().map(|v| v.vendor_name.to_ascii_lowercase()).collect();
@@ -61,4 +71,5 @@ primary dtypes they accept (`any` when unrestricted); `—` means the backend do
     let summary: Vec<String> = totals.iter().map(|t| format!("{t}/{n}")).collect();
     let _ = writeln!(out, "| **ops covered** | {} |", summary.join(" | "));
     print!("{out}");
+    std::process::ExitCode::SUCCESS
 }

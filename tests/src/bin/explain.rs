@@ -5,13 +5,24 @@ use std::process::ExitCode;
 
 use tefl_core::{DType, Device, Manager};
 
+const USAGE: &str = "usage: explain <op> [--device cpu|cuda|hip|vulkan|<kind>[:N]] [--dtype bf16]
+
+The candidate chain of <op> under this environment's TE_FL_* routing: each impl in the order
+it would be tried, and why the others were dropped.";
+
 fn main() -> ExitCode {
+    tefl_tests::cli::end_quietly_on_closed_pipe();
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    if tefl_tests::cli::wants_help(&argv) {
+        println!("{USAGE}");
+        return ExitCode::SUCCESS;
+    }
     let _ = tefl_ops::linked_backends();
     if let Err(e) = tefl_core::logging::init() {
         eprintln!("explain: {e}");
         return ExitCode::from(2);
     }
-    let mut args = std::env::args().skip(1);
+    let mut args = argv.into_iter();
     let (mut op, mut device, mut dtype) = (None, Device::CPU, DType::BF16);
     while let Some(a) = args.next() {
         let parsed = match a.as_str() {
@@ -32,12 +43,12 @@ fn main() -> ExitCode {
             other => Err(format!("unexpected argument {other:?}")),
         };
         if let Err(e) = parsed {
-            eprintln!("explain: {e}\nusage: explain <op> [--device cpu|cuda|hip|vulkan] [--dtype bf16]");
+            eprintln!("explain: {e}\n{}", USAGE.lines().next().unwrap_or_default());
             return ExitCode::from(2);
         }
     }
     let Some(op) = op else {
-        eprintln!("usage: explain <op> [--device cpu|cuda|hip|vulkan] [--dtype bf16]");
+        eprintln!("explain: no op named\n{}", USAGE.lines().next().unwrap_or_default());
         return ExitCode::from(2);
     };
     let mgr = match Manager::from_env() {

@@ -416,10 +416,19 @@ fn run(backend: &str, dir: &Path) -> std::result::Result<(), String> {
     Ok(())
 }
 
+const USAGE: &str = "usage: torch_oracle <backend> <dir>   (then: python3 tests/torch_oracle.py <dir>)";
+
 fn main() -> ExitCode {
+    tefl_tests::cli::end_quietly_on_closed_pipe();
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if tefl_tests::cli::wants_help(&args) {
+        println!(
+            "{USAGE}\n\nRuns the oracle's cases on the backend's impl and writes their inputs and outputs to <dir>;\ntests/torch_oracle.py then recomputes each in float64 with PyTorch."
+        );
+        return ExitCode::SUCCESS;
+    }
     let [backend, dir] = args.as_slice() else {
-        eprintln!("usage: torch_oracle <backend> <dir>   (then: python3 tests/torch_oracle.py <dir>)");
+        eprintln!("{USAGE}");
         return ExitCode::from(2);
     };
     match run(&backend.to_ascii_lowercase(), Path::new(dir)) {

@@ -1,0 +1,74 @@
+//! The suite's command-line tools as a vendor engineer runs them: `--help` is the usage on
+//! stdout with success, a flag's bad or missing value is an error naming the flag, and output
+//! piped into a reader that has gone (`conformance reference | head`) ends the tool quietly,
+//! never with a panic.
+
+use std::process::{Command, Output, Stdio};
+
+fn run(exe: &str, args: &[&str]) -> Output {
+    Command::new(exe).args(args).output().unwrap_or_else(|e| panic!("{exe}: {e}"))
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn help_prints_the_usage_and_succeeds() {
+    for (exe, name) in [
+        (env!("CARGO_BIN_EXE_conformance"), "conformance"),
+        (env!("CARGO_BIN_EXE_bench"), "bench"),
+        (env!("CARGO_BIN_EXE_explain"), "explain"),
+        (env!("CARGO_BIN_EXE_coverage"), "coverage"),
+        (env!("CARGO_BIN_EXE_torch_oracle"), "torch_oracle"),
+    ] {
+        for flag in ["--help", "-h"] {
+            let out = run(exe, &[flag]);
+            assert!(out.status.success(), "{name} {flag}: {:?} {}", out.status, text(&out.stderr));
+            assert!(text(&out.stdout).starts_with(&format!("usage: {name}")), "{name} {flag}: {}", text(&out.stdout));
+        }
+    }
+}
+
+#[test]
+fn a_bad_or_missing_value_names_its_flag() {
+    let conformance = env!("CARGO_BIN_EXE_conformance");
+    let bench = env!("CARGO_BIN_EXE_bench");
+    for (exe, args, names) in [
+        (conformance, &["reference", "--seed", "abc"][..], "--seed \"abc\""),
+        (conformance, &["reference", "--seed"][..], "--seed needs a value"),
+        (conformance, &["reference", "--impl"][..], "--impl needs a value"),
+        (conformance, &["reference", "--families", "norms,nope"][..], "unknown family \"nope\""),
+        (conformance, &["reference", "--ops", "--full"][..], "--ops needs a value"),
+        (bench, &["--vs", "cuda"][..], "--vs \"cuda\""),
+        (bench, &["--json", "--svg", "chart.svg"][..], "--json needs a value"),
+        (bench, &["--rounds", "11"][..], "--rounds \"11\""),
+        (bench, &["--backend", "reference", "--only", "no_such_case"][..], "matches no case"),
+    ] {
+        let out = run(exe, args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {:?} {err}", out.status);
+        assert!(err.contains(names), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn a_closed_pipe_ends_the_tool_quietly() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_conformance"))
+        .args(["reference", "--families", "empty", "--seed", "1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("conformance starts");
+    // The reader goes before the tool has written its lines.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("conformance ends");
+    let err = text(&out.stderr);
+    assert!(!err.contains("panicked"), "{:?}: {err}", out.status);
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{:?}: {err}", out.status);
+    }
+}
