@@ -59,6 +59,48 @@ fn attention_closed_form_single_key_returns_v() {
 }
 
 #[test]
+fn attention_backward_over_many_key_tiles_matches_the_oracle() {
+    // The CPU backward's tasks take a (sequence, kv head)'s key tiles a window of eight at a
+    // time, and split them between several tasks when there are few heads for the threads (each
+    // task's share of dQ summed afterwards): 1030 keys are nine tiles of 128, so one thread
+    // gives one task two windows, and eight threads eight shares of one or two tiles. GQA (two
+    // query heads a kv head) and a causal mask, f32, against the f64 oracle.
+    let (b, s, hq, hk, d) = (2, 1030, 2, 1, 8);
+    let mut rng = Rng::new(seed("attention_key_tiles"));
+    let (qs, ks) = (shape(QkvLayout::Bshd, b, s, hq, d, 0), shape(QkvLayout::Bshd, b, s, hk, d, 0));
+    let mk = |rng: &mut Rng, sh: &[usize]| tensor(&rng.vec(sh.iter().product(), -1.0, 1.0), sh, DType::F32);
+    let (q, k, v, d_o) = (mk(&mut rng, &qs), mk(&mut rng, &ks), mk(&mut rng, &ks), mk(&mut rng, &qs));
+    let args =
+        tefl_ops::fused_attn_fwd(&q, &k, &v).layout(QkvLayout::Bshd).mask(AttnMask::Causal).scale(0.7).args().clone();
+    let g = attn_geometry("t", &q, &k, &v, None, None, QkvLayout::Bshd, AttnMask::Causal).unwrap();
+    let (qv, kv, vv) = (values(&q), values(&k), values(&v));
+    let problem = oracle::AttnProblem {
+        g: &g,
+        q: &qv,
+        k: &kv,
+        v: &vv,
+        mask: AttnMask::Causal,
+        window: AttnWindow::default(),
+        scale: 0.7,
+        p: 0.0,
+        seed: 0,
+        offset: 0,
+    };
+    let (dq, dk, dv) = problem.backward(&values(&d_o));
+    for threads in [1, 8] {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        let got = pool.install(|| {
+            let fwd = reference::<FusedAttnFwd>(&args).unwrap();
+            reference::<FusedAttnBwd>(&args.backward(fwd.o, d_o.clone(), fwd.softmax_lse)).unwrap()
+        });
+        for (name, t, want) in [("dq", &got.dq, &dq), ("dk", &got.dk, &dk), ("dv", &got.dv, &dv)] {
+            let e = rel_err(&values(t), want);
+            assert!(e < 1e-5, "{threads} threads, {name}: {e}");
+        }
+    }
+}
+
+#[test]
 fn attention_backward_matches_finite_differences() {
     let mut rng = Rng::new(seed("attention_fd"));
     let c = AttnCase {

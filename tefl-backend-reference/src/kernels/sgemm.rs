@@ -29,24 +29,104 @@ impl MatRef<'_> {
 
 /// C[m×n] (row-major, contiguous) += alpha · A[m×k] · B[k×n], on rayon's pool.
 pub fn sgemm(m: usize, n: usize, k: usize, alpha: f32, a: MatRef<'_>, b: MatRef<'_>, c: &mut [f32]) {
-    sgemm_on(Job { m, n, k, alpha, a, b, serial: false, set: false }, c);
+    sgemm_on(Job { m, n, k, alpha, a, b, serial: false, set: false, pa: None, pb: None }, c);
 }
 
 /// C[m×n] = alpha · A[m×k] · B[k×n] on rayon's pool: C's earlier contents are never read, so
 /// it needs no zeroing first.
 pub fn sgemm_set(m: usize, n: usize, k: usize, alpha: f32, a: MatRef<'_>, b: MatRef<'_>, c: &mut [f32]) {
-    sgemm_on(Job { m, n, k, alpha, a, b, serial: false, set: true }, c);
+    sgemm_on(Job { m, n, k, alpha, a, b, serial: false, set: true, pa: None, pb: None }, c);
 }
 
 /// [`sgemm`] on the calling thread only: for the small products of a loop that is already
 /// parallel (attention's tiles), where splitting each product again over the pool costs more
 /// than it gains.
 pub fn sgemm_serial(m: usize, n: usize, k: usize, alpha: f32, a: MatRef<'_>, b: MatRef<'_>, c: &mut [f32]) {
-    sgemm_on(Job { m, n, k, alpha, a, b, serial: true, set: false }, c);
+    sgemm_on(Job { m, n, k, alpha, a, b, serial: true, set: false, pa: None, pb: None }, c);
+}
+
+/// An operand packed once for many products: attention's tiles multiply each Q, K, V and dO
+/// block with many others, and packing a block again for every product took a sixth of the
+/// backward (`transpose_lines`). The kernel's layout: A as strips of 12 rows, B as strips of 32
+/// columns, k in steps of 256. Without AVX-512 nothing is packed (the `gemm` crate's path reads
+/// the matrix itself).
+#[derive(Default)]
+pub struct Packed {
+    /// Which side of a product this is, and its rows × columns (A: m × k, B: k × n); `None`
+    /// until packed.
+    shape: Option<(Side, usize, usize)>,
+    data: Vec<f32>,
+}
+
+/// The side of a product an operand is packed for.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Side {
+    A,
+    B,
+}
+
+impl Packed {
+    /// Packs `a` (m × k) as a product's left operand, reusing this buffer's memory.
+    pub fn pack_a(&mut self, m: usize, k: usize, a: MatRef<'_>) {
+        self.pack(Side::A, m, k, a);
+    }
+    /// Packs `b` (k × n) as a product's right operand, reusing this buffer's memory.
+    pub fn pack_b(&mut self, k: usize, n: usize, b: MatRef<'_>) {
+        self.pack(Side::B, k, n, b);
+    }
+    fn pack(&mut self, side: Side, rows: usize, cols: usize, x: MatRef<'_>) {
+        self.shape = Some((side, rows, cols));
+        self.data.clear();
+        if rows == 0 || cols == 0 {
+            return;
+        }
+        assert!((rows - 1) * x.rs + (cols - 1) * x.cs < x.data.len(), "packed operand too small");
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                avx512::pack_whole(side, rows, cols, x, &mut self.data);
+            }
+        }
+    }
+}
+
+/// A product's operand: the matrix, and its packed form when the caller has one (a
+/// [`Packed`] of this very matrix, on the side it is used).
+#[derive(Clone, Copy)]
+pub struct Operand<'a> {
+    /// The matrix.
+    pub mat: MatRef<'a>,
+    /// Its packed form, if any.
+    pub packed: Option<&'a Packed>,
+}
+
+impl<'a> Operand<'a> {
+    /// `mat` with its packed form `packed`.
+    pub fn packed(mat: MatRef<'a>, packed: &'a Packed) -> Self {
+        Operand { mat, packed: Some(packed) }
+    }
+}
+
+impl<'a> From<MatRef<'a>> for Operand<'a> {
+    fn from(mat: MatRef<'a>) -> Self {
+        Operand { mat, packed: None }
+    }
+}
+
+/// [`sgemm_serial`] with operands that may come packed ([`Packed`]): those are not packed
+/// again.
+pub fn sgemm_serial_with(m: usize, n: usize, k: usize, alpha: f32, a: Operand<'_>, b: Operand<'_>, c: &mut [f32]) {
+    for (op, side, rows, cols) in [(&a, Side::A, m, k), (&b, Side::B, k, n)] {
+        if let Some(p) = op.packed {
+            assert_eq!(p.shape, Some((side, rows, cols)), "packed operand of another shape");
+        }
+    }
+    let job = Job { m, n, k, alpha, a: a.mat, b: b.mat, serial: true, set: false, pa: a.packed, pb: b.packed };
+    sgemm_on(job, c);
 }
 
 /// One product: C[m×n] (+)= alpha · A · B, on the calling thread only when `serial`, storing
-/// instead of adding (C never read) when `set`.
+/// instead of adding (C never read) when `set`; `pa` / `pb`: A / B packed ahead.
 #[derive(Clone, Copy)]
 struct Job<'a> {
     m: usize,
@@ -57,6 +137,8 @@ struct Job<'a> {
     b: MatRef<'a>,
     serial: bool,
     set: bool,
+    pa: Option<&'a Packed>,
+    pb: Option<&'a Packed>,
 }
 
 fn sgemm_on(job: Job<'_>, c: &mut [f32]) {
@@ -81,7 +163,7 @@ fn sgemm_on(job: Job<'_>, c: &mut [f32]) {
 }
 
 fn fallback(job: Job<'_>, c: &mut [f32]) {
-    let Job { m, n, k, alpha, a, b, serial, set } = job;
+    let Job { m, n, k, alpha, a, b, serial, set, .. } = job;
     let parallelism =
         if serial { gemm::Parallelism::None } else { gemm::Parallelism::Rayon(rayon::current_num_threads()) };
     // SAFETY: the asserts in `sgemm_on` bound every index the product reads (i·rs + l·cs for
@@ -238,27 +320,40 @@ mod avx512 {
         bscratch: &mut Vec<f32>,
         ascratch: &mut Vec<f32>,
     ) {
-        let Job { k, alpha, a, b, set, .. } = job;
+        let Job { m, n, k, alpha, a, b, set, pa, pb, .. } = job;
         let (rows, cols) = (c.len(), c.first().map_or(0, |r| r.len()));
         for jc in (0..cols).step_by(NC) {
             let nc = NC.min(cols - jc);
             let strips = nc.div_ceil(NR);
             for pc in (0..k).step_by(KC) {
                 let kc = KC.min(k - pc);
-                // B[pc.., j0 + jc..] as strips of NR columns: strip s, row p at s·kc·NR + p·NR.
-                let bp = at_least(bscratch, strips * kc * NR);
-                for (s, buf) in bp.chunks_mut(kc * NR).enumerate() {
-                    pack_b(b, pc, kc, j0 + jc + s * NR, NR.min(nc - s * NR), buf);
-                }
+                // B[pc.., j0 + jc..] as strips of NR columns: strip s, row p at s·kc·NR + p·NR
+                // (packed ahead: the same strips inside the whole operand's, see pack_whole).
+                let bp: &[f32] = match pb {
+                    Some(p) => &p.data[pc * n.div_ceil(NR) * NR + (j0 + jc) / NR * kc * NR..][..strips * kc * NR],
+                    None => {
+                        let bp = at_least(bscratch, strips * kc * NR);
+                        for (s, buf) in bp.chunks_mut(kc * NR).enumerate() {
+                            pack_b(b, pc, kc, j0 + jc + s * NR, NR.min(nc - s * NR), buf);
+                        }
+                        bp
+                    }
+                };
                 // The first k step of a set product stores; every other one adds.
                 let store = set && pc == 0;
                 for ic in (0..rows).step_by(MC) {
                     let mc = MC.min(rows - ic);
                     let astrips = mc.div_ceil(MR);
-                    let ap = at_least(ascratch, astrips * kc * MR);
-                    for (t, buf) in ap.chunks_mut(kc * MR).enumerate() {
-                        pack_a(a, i0 + ic + t * MR, MR.min(mc - t * MR), pc, kc, buf);
-                    }
+                    let ap: &[f32] = match pa {
+                        Some(p) => &p.data[pc * m.div_ceil(MR) * MR + (i0 + ic) / MR * kc * MR..][..astrips * kc * MR],
+                        None => {
+                            let ap = at_least(ascratch, astrips * kc * MR);
+                            for (t, buf) in ap.chunks_mut(kc * MR).enumerate() {
+                                pack_a(a, i0 + ic + t * MR, MR.min(mc - t * MR), pc, kc, buf);
+                            }
+                            ap
+                        }
+                    };
                     let mut tile = [0.0f32; MR * NR];
                     for s in 0..strips {
                         let bs = &bp[s * kc * NR..(s + 1) * kc * NR];
@@ -291,12 +386,36 @@ mod avx512 {
         }
     }
 
+    /// The whole of `x` (rows × cols) packed for `side` into `out`: per k step of KC, every
+    /// strip (A: MR rows, m × k; B: NR columns, k × n), each as `task` packs one, so that step
+    /// pc's strip t starts at pc · (strips · width) + t · kc · width.
+    pub(super) fn pack_whole(side: Side, rows: usize, cols: usize, x: MatRef<'_>, out: &mut Vec<f32>) {
+        let (lines, k, width) = match side {
+            Side::A => (rows, cols, MR),
+            Side::B => (cols, rows, NR),
+        };
+        let strips = lines.div_ceil(width);
+        out.resize(strips * width * k, 0.0);
+        for pc in (0..k).step_by(KC) {
+            let kc = KC.min(k - pc);
+            let step = &mut out[pc * strips * width..][..strips * kc * width];
+            for (t, buf) in step.chunks_mut(kc * width).enumerate() {
+                let (first, count) = (t * width, width.min(lines - t * width));
+                match side {
+                    Side::A => pack_a(x, first, count, pc, kc, buf),
+                    Side::B => pack_b(x, pc, kc, first, count, buf),
+                }
+            }
+        }
+    }
+
     /// Packs rows i0..i0+nrows, columns pc..pc+kc of A as kc groups of MR (rows past nrows: 0).
     fn pack_a(a: MatRef<'_>, i0: usize, nrows: usize, pc: usize, kc: usize, buf: &mut [f32]) {
         if a.cs == 1 {
-            // SAFETY: avx512f was detected by the caller of `sgemm`; `sgemm_on` checked that
-            // every element (i, l) of A with i < m, l < k is in `a.data`, and these rows and
-            // columns are inside that range; `buf` holds kc groups of MR floats.
+            // SAFETY: avx512f was detected by the caller (`sgemm_on`, or `Packed::pack` for
+            // `pack_whole`), which also checked that every element (i, l) of A with i < m,
+            // l < k is in `a.data`; these rows and columns are inside that range; `buf` holds
+            // kc groups of MR floats.
             unsafe { transpose_lines(a.data, (i0 * a.rs + pc, a.rs), nrows, kc, MR, buf) };
             return;
         }
@@ -506,8 +625,14 @@ mod tests {
                     1 => sgemm_serial(m, n, k, 0.5, am, bm, &mut c),
                     2 => sgemm_set(m, n, k, 0.5, am, bm, &mut c),
                     3 if k == 0 => c.fill(0.0), // (sgemm_on's own k = 0 case, tested by mode 2)
-                    3 => fallback(Job { m, n, k, alpha: 0.5, a: am, b: bm, serial: false, set: true }, &mut c),
-                    _ => fallback(Job { m, n, k, alpha: 0.5, a: am, b: bm, serial: true, set: false }, &mut c),
+                    3 => fallback(
+                        Job { m, n, k, alpha: 0.5, a: am, b: bm, serial: false, set: true, pa: None, pb: None },
+                        &mut c,
+                    ),
+                    _ => fallback(
+                        Job { m, n, k, alpha: 0.5, a: am, b: bm, serial: true, set: false, pa: None, pb: None },
+                        &mut c,
+                    ),
                 }
                 for i in 0..m {
                     for j in 0..n {
@@ -549,6 +674,62 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn packed_operands_give_the_same_products() {
+        // k past one step (KC), m past one A block (MC), n past one B panel (NC); operands
+        // row-major or transposed; A, B or both packed ahead, one buffer packed again for
+        // another shape in between (its memory reused).
+        let mut pa = Packed::default();
+        let mut pb = Packed::default();
+        for &(m, n, k) in &[(1, 1, 1), (13, 33, 7), (25, 65, 300), (200, 45, 513), (3, 2100, 5), (128, 128, 128)] {
+            let a: Vec<f32> = (0..m * k).map(|i| ((i * 31) % 23) as f32 / 23.0 - 0.5).collect();
+            let b: Vec<f32> = (0..k * n).map(|i| ((i * 7) % 19) as f32 / 19.0 - 0.5).collect();
+            for (ta, tb) in [(false, false), (true, true), (false, true), (true, false)] {
+                let am = if ta { MatRef { data: &a, rs: 1, cs: m } } else { MatRef { data: &a, rs: k, cs: 1 } };
+                let bm = if tb { MatRef { data: &b, rs: 1, cs: k } } else { MatRef { data: &b, rs: n, cs: 1 } };
+                pa.pack_a(m, k, am);
+                pb.pack_b(k, n, bm);
+                for (which, a_op, b_op) in [
+                    ("A", Operand { mat: am, packed: Some(&pa) }, Operand::from(bm)),
+                    ("B", Operand::from(am), Operand { mat: bm, packed: Some(&pb) }),
+                    ("both", Operand { mat: am, packed: Some(&pa) }, Operand { mat: bm, packed: Some(&pb) }),
+                ] {
+                    let mut c = vec![1.0f32; m * n];
+                    sgemm_serial_with(m, n, k, 0.5, a_op, b_op, &mut c);
+                    for i in 0..m {
+                        for j in 0..n {
+                            let want = 1.0
+                                + 0.5 * (0..k).map(|l| f64::from(am.at(i, l)) * f64::from(bm.at(l, j))).sum::<f64>();
+                            assert!(
+                                (f64::from(c[i * n + j]) - want).abs() < 1e-4 * (1.0 + want.abs()),
+                                "{m}x{n}x{k} ta {ta} tb {tb} packed {which} ({i},{j})"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "packed operand of another shape")]
+    fn a_packed_operand_of_another_shape_is_refused() {
+        let a = vec![1.0f32; 12];
+        let mut p = Packed::default();
+        p.pack_a(3, 4, MatRef { data: &a, rs: 4, cs: 1 });
+        let mut c = vec![0.0f32; 4 * 3];
+        // Used as a 4×3 A: refused, not read out of its layout.
+        sgemm_serial_with(
+            4,
+            3,
+            3,
+            1.0,
+            Operand { mat: MatRef { data: &a, rs: 3, cs: 1 }, packed: Some(&p) },
+            Operand::from(MatRef { data: &a, rs: 3, cs: 1 }),
+            &mut c,
+        );
     }
 
     #[cfg(target_arch = "x86_64")]

@@ -14,7 +14,7 @@ use tefl_core::catalogue::*;
 use tefl_core::philox::uniform;
 use tefl_core::{DType, KernelCtx, Result, Tensor};
 
-use crate::kernels::sgemm::{MatRef, sgemm_serial as sgemm};
+use crate::kernels::sgemm::{MatRef, Operand, Packed, sgemm_serial as sgemm, sgemm_serial_with};
 use crate::kernels::vmath;
 use crate::util::{build_f32, store, view, zeroed_f32};
 
@@ -28,6 +28,23 @@ const BK: usize = 64;
 /// 84.8 / 267.1; the pair-by-pair path 544 / 3751.
 const TQ: usize = 128;
 const TK: usize = 128;
+/// Key tiles a backward task packs at once (their K and V), each query block's Q and dO then
+/// packed once for all of them.
+const WINDOW: usize = 8;
+/// The most memory the backward's dQ shares take (a task's share of dQ, summed afterwards,
+/// where a sequence's key tiles are split between tasks).
+const DQ_SHARES_BYTES: usize = 256 << 20;
+
+/// A GEMM-path backward task's results: dK and dV of its key tiles (`TK` rows × d each, in
+/// `tiles` order) and its share of dQ for the kv head's query heads (group × query rows × d).
+struct BwdPart {
+    b: usize,
+    hk: usize,
+    tiles: Vec<usize>,
+    dk: Vec<f32>,
+    dv: Vec<f32>,
+    dq: Vec<f32>,
+}
 
 /// (sequence, head, first row, values, second values) computed by one task.
 type Block = (usize, usize, usize, Vec<f32>, Vec<f32>);
@@ -166,13 +183,16 @@ fn fwd_block_tiled(c: &Ctx<'_>, b: usize, h: usize, i0: usize) -> Block {
     let mut l = vec![0.0f32; rows];
     let mut tile = vec![0.0f32; rows * TK];
     let (ranges, lo, hi) = key_ranges(c, b, i0, i1);
+    // The block's Q, packed once for every key tile's scores.
     let q = c.q_block(c.q, b, h, i0);
+    let mut qa = Packed::default();
+    qa.pack_a(rows, d, q);
     for j0 in (lo..hi).step_by(TK) {
         let j1 = (j0 + TK).min(hi);
         let kt = j1 - j0;
         let p = &mut tile[..rows * kt];
         p.fill(0.0);
-        sgemm(rows, kt, d, c.scale, q, c.k_tile(c.k, b, hk, j0, true), p);
+        sgemm_serial_with(rows, kt, d, c.scale, Operand::packed(q, &qa), c.k_tile(c.k, b, hk, j0, true).into(), p);
         let mut any = false;
         for (r, &(klo, khi)) in ranges.iter().enumerate() {
             let prow = &mut p[r * kt..(r + 1) * kt];
@@ -252,21 +272,25 @@ fn all_finite(xs: &[&[f32]]) -> bool {
     xs.iter().all(|x| x.par_iter().all(|v| v.is_finite()))
 }
 
+/// (sequence, head, first row) of every block of `step` rows of each of `heads` heads of the
+/// sequences `spans`: the parallel tasks of a pass.
+fn block_tasks(spans: &[SeqSpan], heads: usize, step: usize) -> Vec<(usize, usize, usize)> {
+    let mut tasks = Vec::new();
+    for (b, span) in spans.iter().enumerate() {
+        for h in 0..heads {
+            tasks.extend((0..span.len).step_by(step).map(|i0| (b, h, i0)));
+        }
+    }
+    tasks
+}
+
 /// The catalogue op `fused_attn_fwd` on the CPU reference (the catalogue's formula, checked against the f64 oracle).
 pub fn fused_attn_fwd(_: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<AttnFwdOut> {
     let (qv, kv, vv) = (view(&a.q)?, view(&a.k)?, view(&a.v)?);
     let c = attn_ctx!(a, "fused_attn_fwd", qv, kv, vv);
     let d = c.g.d;
     let tiled = all_finite(&[c.q, c.k, c.v]);
-    let bq = if tiled { TQ } else { BQ };
-    let mut tasks = Vec::new();
-    for b in 0..c.g.batch {
-        for h in 0..c.g.hq {
-            for i0 in (0..c.g.q_spans[b].len).step_by(bq) {
-                tasks.push((b, h, i0));
-            }
-        }
-    }
+    let tasks = block_tasks(&c.g.q_spans, c.g.hq, if tiled { TQ } else { BQ });
     let blocks: Vec<Block> = tasks
         .par_iter()
         .map(|&(b, h, i0)| if tiled { fwd_block_tiled(&c, b, h, i0) } else { fwd_block_exact(&c, b, h, i0) })
@@ -314,16 +338,12 @@ pub fn fused_attn_bwd(_: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut> 
         (p, p * (dp - delta[c.g.lse_index(b, h, i)]), p * keep)
     };
     // The GEMM path's tile (see the module's doc): for query rows i0.. (`rows` of them) of head
-    // h against keys j0.. (`kt`), the dropped-out probabilities w (what multiplied v in the
-    // forward) and the score gradients ds, each rows × kt and 0 where a pair is masked (or its
-    // row saw no key); false when no pair of the tile is visible.
+    // h against keys j0.. (`kt`), given the scores S·scale in `w` and dP = dO·Vᵀ in `ds` (each
+    // rows × kt), turns them into the dropped-out probabilities w (what multiplied v in the
+    // forward) and the score gradients ds, 0 where a pair is masked (or its row saw no key);
+    // false when no pair of the tile is visible.
     let tiled = all_finite(&[c.q, c.k, c.v, &dov]);
-    let tile = |b: usize, h: usize, i0: usize, rows: usize, j0: usize, kt: usize, w: &mut [f32], ds: &mut [f32]| {
-        let hk = h / group;
-        w.fill(0.0);
-        ds.fill(0.0);
-        sgemm(rows, kt, d, c.scale, c.q_block(c.q, b, h, i0), c.k_tile(c.k, b, hk, j0, true), w);
-        sgemm(rows, kt, d, 1.0, c.q_block(&dov, b, h, i0), c.k_tile(c.v, b, hk, j0, true), ds);
+    let grads = |b: usize, h: usize, i0: usize, rows: usize, j0: usize, kt: usize, w: &mut [f32], ds: &mut [f32]| {
         let mut any = false;
         for r in 0..rows {
             let i = i0 + r;
@@ -358,124 +378,216 @@ pub fn fused_attn_bwd(_: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut> 
         }
         any
     };
-    // dK and dV on the GEMM path: per query block of each head of the group that sees the key
-    // tile, dV += Wᵀ·dO and dK += scale·dSᵀ·Q.
-    let dkdv_tiled = |b: usize, hk: usize, j0: usize| -> Block {
-        let j1 = (j0 + TK).min(c.g.k_spans[b].len);
-        let kt = j1 - j0;
-        let (mut dk, mut dv) = (vec![0.0f32; kt * d], vec![0.0f32; kt * d]);
-        let (mut w, mut ds) = (vec![0.0f32; TQ * kt], vec![0.0f32; TQ * kt]);
-        for h in hk * group..(hk + 1) * group {
-            for i0 in (0..c.g.q_spans[b].len).step_by(TQ) {
-                let rows = (i0 + TQ).min(c.g.q_spans[b].len) - i0;
-                let sees = |i: usize| {
-                    let (klo, khi) = c.g.key_range(c.mask, c.window, b, i);
-                    klo.max(j0) < khi.min(j1)
-                };
-                if !(i0..i0 + rows).any(sees) {
-                    continue;
-                }
-                let (w, ds) = (&mut w[..rows * kt], &mut ds[..rows * kt]);
-                if !tile(b, h, i0, rows, j0, kt, w, ds) {
-                    continue;
-                }
-                sgemm(kt, d, rows, 1.0, MatRef { data: w, rs: 1, cs: kt }, c.q_block(&dov, b, h, i0), &mut dv);
-                sgemm(kt, d, rows, c.scale, MatRef { data: ds, rs: 1, cs: kt }, c.q_block(c.q, b, h, i0), &mut dk);
+    // The GEMM path's work: one task per (sequence, kv head, share of its key tiles). A task
+    // computes, for its key tiles against every query block of the group's heads that sees
+    // them, the five products of a tile pair (S = scale·Q·Kᵀ, dP = dO·Vᵀ, dV += Wᵀ·dO,
+    // dK += scale·dSᵀ·Q, dQ += scale·dS·K): dK and dV of its tiles whole, and its share of
+    // dQ, summed over the shares afterwards in a fixed order. Its key tiles are taken
+    // WINDOW at a time, their K and V packed once for the window, and each query block's Q
+    // and dO packed once for all the window's tiles.
+    let bwd_task = |b: usize, hk: usize, tiles: &[usize]| -> BwdPart {
+        let (lq, lk) = (c.g.q_spans[b].len, c.g.k_spans[b].len);
+        let mut part = BwdPart {
+            b,
+            hk,
+            tiles: tiles.to_vec(),
+            dk: vec![0.0; tiles.len() * TK * d],
+            dv: vec![0.0; tiles.len() * TK * d],
+            dq: vec![0.0; group * lq * d],
+        };
+        let (mut w, mut ds) = (vec![0.0f32; TQ * TK], vec![0.0f32; TQ * TK]);
+        let [mut qa, mut qb, mut oa, mut ob] = std::array::from_fn::<Packed, 4, _>(|_| Packed::default());
+        let mut kv: Vec<[Packed; 3]> = Vec::new();
+        for (wi, window) in tiles.chunks(WINDOW).enumerate() {
+            // Per tile of the window: Kᵀ (the scores' B), Vᵀ (dP's B) and K (dQ's B).
+            kv.resize_with(window.len(), Default::default);
+            for (&j0, [kt_p, vt_p, k_p]) in window.iter().zip(kv.iter_mut()) {
+                let kt = (j0 + TK).min(lk) - j0;
+                kt_p.pack_b(d, kt, c.k_tile(c.k, b, hk, j0, true));
+                vt_p.pack_b(d, kt, c.k_tile(c.v, b, hk, j0, true));
+                k_p.pack_b(kt, d, c.k_tile(c.k, b, hk, j0, false));
             }
-        }
-        (b, hk, j0, dk, dv)
-    };
-    // dQ on the GEMM path: per key tile the block's rows see, dQ += scale·dS·K.
-    let dq_tiled = |b: usize, h: usize, i0: usize| -> (usize, usize, usize, Vec<f32>) {
-        let i1 = (i0 + TQ).min(c.g.q_spans[b].len);
-        let rows = i1 - i0;
-        let (_, lo, hi) = key_ranges(&c, b, i0, i1);
-        let mut dq = vec![0.0f32; rows * d];
-        let (mut w, mut ds) = (vec![0.0f32; rows * TK], vec![0.0f32; rows * TK]);
-        for j0 in (lo..hi).step_by(TK) {
-            let kt = (j0 + TK).min(hi) - j0;
-            let (w, ds) = (&mut w[..rows * kt], &mut ds[..rows * kt]);
-            if tile(b, h, i0, rows, j0, kt, w, ds) {
-                let k = c.k_tile(c.k, b, h / group, j0, false);
-                sgemm(rows, d, kt, c.scale, MatRef { data: ds, rs: kt, cs: 1 }, k, &mut dq);
-            }
-        }
-        (b, h, i0, dq)
-    };
-    let (bq, bk) = if tiled { (TQ, TK) } else { (BQ, BK) };
-    // dK and dV: one task per (sequence, kv head, key tile).
-    let mut ktasks = Vec::new();
-    for b in 0..c.g.batch {
-        for hk in 0..c.g.hk {
-            for j0 in (0..c.g.k_spans[b].len).step_by(bk) {
-                ktasks.push((b, hk, j0));
-            }
-        }
-    }
-    let kblocks: Vec<Block> = ktasks
-        .par_iter()
-        .map(|&(b, hk, j0)| {
-            if tiled {
-                return dkdv_tiled(b, hk, j0);
-            }
-            let j1 = (j0 + BK).min(c.g.k_spans[b].len);
-            let mut dk = vec![0.0f32; (j1 - j0) * d];
-            let mut dv = vec![0.0f32; (j1 - j0) * d];
-            for h in hk * group..(hk + 1) * group {
-                for i in 0..c.g.q_spans[b].len {
-                    let (klo, khi) = c.g.key_range(c.mask, c.window, b, i);
-                    let (lo, hi) = (klo.max(j0), khi.min(j1));
-                    if lo >= hi || lsev[c.g.lse_index(b, h, i)] == f32::NEG_INFINITY {
+            for gi in 0..group {
+                let h = hk * group + gi;
+                for i0 in (0..lq).step_by(TQ) {
+                    let rows = (i0 + TQ).min(lq) - i0;
+                    // The window's tiles some row of the block sees.
+                    let ranges: Vec<(usize, usize)> =
+                        (i0..i0 + rows).map(|i| c.g.key_range(c.mask, c.window, b, i)).collect();
+                    let sees = |j0: usize| {
+                        let j1 = (j0 + TK).min(lk);
+                        ranges.iter().any(|&(klo, khi)| klo.max(j0) < khi.min(j1))
+                    };
+                    if !window.iter().any(|&j0| sees(j0)) {
                         continue;
                     }
-                    let qa = c.q_at(b, i, h);
-                    for j in lo..hi {
-                        let (_, ds, w) = pair(b, h, i, j);
-                        let r = (j - j0) * d;
-                        for t in 0..d {
-                            dv[r + t] += w * dov[qa + t];
-                            dk[r + t] += c.scale * ds * c.q[qa + t];
+                    let (q, o) = (c.q_block(c.q, b, h, i0), c.q_block(&dov, b, h, i0));
+                    qa.pack_a(rows, d, q);
+                    oa.pack_a(rows, d, o);
+                    qb.pack_b(rows, d, q);
+                    ob.pack_b(rows, d, o);
+                    let dq = &mut part.dq[(gi * lq + i0) * d..][..rows * d];
+                    for (t, (&j0, [kt_p, vt_p, k_p])) in window.iter().zip(kv.iter()).enumerate() {
+                        if !sees(j0) {
+                            continue;
+                        }
+                        let kt = (j0 + TK).min(lk) - j0;
+                        let (w, ds) = (&mut w[..rows * kt], &mut ds[..rows * kt]);
+                        w.fill(0.0);
+                        ds.fill(0.0);
+                        // The scores and dP (the packed Kᵀ and Vᵀ stand for the strided tiles).
+                        let (ktile_t, vtile_t) = (c.k_tile(c.k, b, hk, j0, true), c.k_tile(c.v, b, hk, j0, true));
+                        sgemm_serial_with(
+                            rows,
+                            kt,
+                            d,
+                            c.scale,
+                            Operand::packed(q, &qa),
+                            Operand::packed(ktile_t, kt_p),
+                            w,
+                        );
+                        sgemm_serial_with(
+                            rows,
+                            kt,
+                            d,
+                            1.0,
+                            Operand::packed(o, &oa),
+                            Operand::packed(vtile_t, vt_p),
+                            ds,
+                        );
+                        if !grads(b, h, i0, rows, j0, kt, w, ds) {
+                            continue;
+                        }
+                        let at = (wi * WINDOW + t) * TK * d;
+                        let (dk, dv) = (&mut part.dk[at..][..kt * d], &mut part.dv[at..][..kt * d]);
+                        let wt = MatRef { data: w, rs: 1, cs: kt };
+                        let dst = MatRef { data: ds, rs: 1, cs: kt };
+                        sgemm_serial_with(kt, d, rows, 1.0, wt.into(), Operand::packed(o, &ob), dv);
+                        sgemm_serial_with(kt, d, rows, c.scale, dst.into(), Operand::packed(q, &qb), dk);
+                        let (dsm, ktile) = (MatRef { data: ds, rs: kt, cs: 1 }, c.k_tile(c.k, b, hk, j0, false));
+                        sgemm_serial_with(rows, d, kt, c.scale, dsm.into(), Operand::packed(ktile, k_p), dq);
+                    }
+                }
+            }
+        }
+        part
+    };
+    let (kblocks, qblocks) = if tiled {
+        // Each (sequence, kv head) split into `shares` tasks taking every shares-th key tile
+        // (so that causal masks' unequal tiles even out), enough tasks for the pool when there
+        // are few heads, within DQ_SHARES_BYTES of dQ shares.
+        let units = c.g.batch * c.g.hk;
+        let most_tiles = c.g.k_spans.iter().map(|s| s.len.div_ceil(TK)).max().unwrap_or(1).max(1);
+        let dq_bytes = c.g.hq * c.g.q_spans.iter().map(|s| s.len).sum::<usize>() * d * 4;
+        let shares = (2 * rayon::current_num_threads())
+            .div_ceil(units.max(1))
+            .min(most_tiles)
+            .min((DQ_SHARES_BYTES / dq_bytes.max(1)).max(1))
+            .max(1);
+        let mut tasks = Vec::new();
+        for b in 0..c.g.batch {
+            let tiles: Vec<usize> = (0..c.g.k_spans[b].len).step_by(TK).collect();
+            for hk in 0..c.g.hk {
+                for share in 0..shares {
+                    let mine: Vec<usize> = tiles.iter().copied().skip(share).step_by(shares).collect();
+                    if !mine.is_empty() || share == 0 {
+                        tasks.push((b, hk, mine));
+                    }
+                }
+            }
+        }
+        let parts: Vec<BwdPart> = tasks.par_iter().map(|(b, hk, tiles)| bwd_task(*b, *hk, tiles)).collect();
+        let mut kblocks: Vec<Block> = Vec::new();
+        let mut qblocks: Vec<(usize, usize, usize, Vec<f32>)> = Vec::new();
+        // The shares of one (sequence, kv head) are adjacent in `parts`, in share order: their
+        // dQ summed in that order, the same bits every run.
+        let mut dq_sum: Option<(usize, usize, Vec<f32>)> = None;
+        let flush = |sum: Option<(usize, usize, Vec<f32>)>, qblocks: &mut Vec<_>| {
+            if let Some((b, hk, dq)) = sum {
+                let lq = c.g.q_spans[b].len;
+                for gi in 0..group {
+                    qblocks.push((b, hk * group + gi, 0, dq[gi * lq * d..(gi + 1) * lq * d].to_vec()));
+                }
+            }
+        };
+        for part in parts {
+            for (t, &j0) in part.tiles.iter().enumerate() {
+                let kt = (j0 + TK).min(c.g.k_spans[part.b].len) - j0;
+                let at = t * TK * d;
+                kblocks.push((
+                    part.b,
+                    part.hk,
+                    j0,
+                    part.dk[at..at + kt * d].to_vec(),
+                    part.dv[at..at + kt * d].to_vec(),
+                ));
+            }
+            match &mut dq_sum {
+                Some((b, hk, sum)) if *b == part.b && *hk == part.hk => {
+                    sum.iter_mut().zip(&part.dq).for_each(|(s, x)| *s += x);
+                }
+                _ => {
+                    flush(dq_sum.take(), &mut qblocks);
+                    dq_sum = Some((part.b, part.hk, part.dq));
+                }
+            }
+        }
+        flush(dq_sum, &mut qblocks);
+        (kblocks, qblocks)
+    } else {
+        // dK and dV: one task per (sequence, kv head, key tile).
+        let kblocks: Vec<Block> = block_tasks(&c.g.k_spans, c.g.hk, BK)
+            .par_iter()
+            .map(|&(b, hk, j0)| {
+                let j1 = (j0 + BK).min(c.g.k_spans[b].len);
+                let mut dk = vec![0.0f32; (j1 - j0) * d];
+                let mut dv = vec![0.0f32; (j1 - j0) * d];
+                for h in hk * group..(hk + 1) * group {
+                    for i in 0..c.g.q_spans[b].len {
+                        let (klo, khi) = c.g.key_range(c.mask, c.window, b, i);
+                        let (lo, hi) = (klo.max(j0), khi.min(j1));
+                        if lo >= hi || lsev[c.g.lse_index(b, h, i)] == f32::NEG_INFINITY {
+                            continue;
+                        }
+                        let qa = c.q_at(b, i, h);
+                        for j in lo..hi {
+                            let (_, ds, w) = pair(b, h, i, j);
+                            let r = (j - j0) * d;
+                            for t in 0..d {
+                                dv[r + t] += w * dov[qa + t];
+                                dk[r + t] += c.scale * ds * c.q[qa + t];
+                            }
                         }
                     }
                 }
-            }
-            (b, hk, j0, dk, dv)
-        })
-        .collect();
-    // dQ: one task per (sequence, query head, query block).
-    let mut qtasks = Vec::new();
-    for b in 0..c.g.batch {
-        for h in 0..c.g.hq {
-            for i0 in (0..c.g.q_spans[b].len).step_by(bq) {
-                qtasks.push((b, h, i0));
-            }
-        }
-    }
-    let qblocks: Vec<(usize, usize, usize, Vec<f32>)> = qtasks
-        .par_iter()
-        .map(|&(b, h, i0)| {
-            if tiled {
-                return dq_tiled(b, h, i0);
-            }
-            let i1 = (i0 + BQ).min(c.g.q_spans[b].len);
-            let mut dq = vec![0.0f32; (i1 - i0) * d];
-            for i in i0..i1 {
-                if lsev[c.g.lse_index(b, h, i)] == f32::NEG_INFINITY {
-                    continue;
-                }
-                let (klo, khi) = c.g.key_range(c.mask, c.window, b, i);
-                let r = (i - i0) * d;
-                for j in klo..khi {
-                    let (_, ds, _) = pair(b, h, i, j);
-                    let ka = c.k_at(b, j, h / group);
-                    for t in 0..d {
-                        dq[r + t] += c.scale * ds * c.k[ka + t];
+                (b, hk, j0, dk, dv)
+            })
+            .collect();
+        // dQ: one task per (sequence, query head, query block).
+        let qblocks: Vec<(usize, usize, usize, Vec<f32>)> = block_tasks(&c.g.q_spans, c.g.hq, BQ)
+            .par_iter()
+            .map(|&(b, h, i0)| {
+                let i1 = (i0 + BQ).min(c.g.q_spans[b].len);
+                let mut dq = vec![0.0f32; (i1 - i0) * d];
+                for i in i0..i1 {
+                    if lsev[c.g.lse_index(b, h, i)] == f32::NEG_INFINITY {
+                        continue;
+                    }
+                    let (klo, khi) = c.g.key_range(c.mask, c.window, b, i);
+                    let r = (i - i0) * d;
+                    for j in klo..khi {
+                        let (_, ds, _) = pair(b, h, i, j);
+                        let ka = c.k_at(b, j, h / group);
+                        for t in 0..d {
+                            dq[r + t] += c.scale * ds * c.k[ka + t];
+                        }
                     }
                 }
-            }
-            (b, h, i0, dq)
-        })
-        .collect();
+                (b, h, i0, dq)
+            })
+            .collect();
+        (kblocks, qblocks)
+    };
     let (dq, ()) = build_f32(a.q.shape(), a.q.dtype(), "attention output dq", |dq| {
         for (b, h, i0, blk) in qblocks {
             for r in 0..blk.len() / d {
