@@ -269,7 +269,7 @@ fn finish_rows(d: usize, acc: &mut [f32], m: &[f32], l: &[f32]) -> Vec<f32> {
 
 /// Whether every element of every slice is finite: the condition of the GEMM path.
 fn all_finite(xs: &[&[f32]]) -> bool {
-    xs.iter().all(|x| x.par_iter().all(|v| v.is_finite()))
+    xs.iter().all(|x| vmath::all_finite(x))
 }
 
 /// (sequence, head, first row) of every block of `step` rows of each of `heads` heads of the

@@ -16,7 +16,7 @@ pub fn multi_tensor_scale(_: &KernelCtx<'_>, a: &MultiTensorScaleArgs) -> Result
     for (src, dst) in a.src.iter().zip(&a.dst) {
         // The source view is dropped before the destination is written: dst may be src.
         let s = view(src)?;
-        found_bad |= s.par_iter().any(|v| !v.is_finite());
+        found_bad |= !vmath::all_finite(&s);
         let out: Vec<f32> = s.par_iter().map(|v| v * a.scale).collect();
         drop(s);
         write_into(dst, &out)?;
