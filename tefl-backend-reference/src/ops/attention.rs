@@ -48,6 +48,9 @@ struct BwdPart {
 
 /// (sequence, head, first row, values, second values) computed by one task.
 type Block = (usize, usize, usize, Vec<f32>, Vec<f32>);
+/// A [`Block`]'s (sequence, head, first row, values, second values), borrowed for the copy into
+/// the outputs.
+type BlockRef<'a> = (usize, usize, usize, &'a [f32], &'a [f32]);
 
 /// What the forward and backward share: inputs as f32, geometry, dropout.
 struct Ctx<'a> {
@@ -337,18 +340,24 @@ pub fn fused_attn_bwd(_: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut> 
         let dp = vmath::dot(&dov[qa..qa + d], &c.v[ka..ka + d]) * keep;
         (p, p * (dp - delta[c.g.lse_index(b, h, i)]), p * keep)
     };
-    // The GEMM path's tile (see the module's doc): for query rows i0.. (`rows` of them) of head
-    // h against keys j0.. (`kt`), given the scores S·scale in `w` and dP = dO·Vᵀ in `ds` (each
-    // rows × kt), turns them into the dropped-out probabilities w (what multiplied v in the
+    // The GEMM path's tile (see the module's doc): for query rows i0.. of head h, which see the
+    // keys `ranges` (a row each), against keys j0.. (`kt`), given the scores S·scale in `w` and
+    // dP = dO·Vᵀ in `ds` (each rows × kt), turns them into the dropped-out probabilities w (what multiplied v in the
     // forward) and the score gradients ds, 0 where a pair is masked (or its row saw no key);
     // false when no pair of the tile is visible.
     let tiled = all_finite(&[c.q, c.k, c.v, &dov]);
-    let grads = |b: usize, h: usize, i0: usize, rows: usize, j0: usize, kt: usize, w: &mut [f32], ds: &mut [f32]| {
+    let grads = |b: usize,
+                 h: usize,
+                 i0: usize,
+                 ranges: &[(usize, usize)],
+                 j0: usize,
+                 kt: usize,
+                 w: &mut [f32],
+                 ds: &mut [f32]| {
         let mut any = false;
-        for r in 0..rows {
+        for (r, &(klo, khi)) in ranges.iter().enumerate() {
             let i = i0 + r;
             let li = c.g.lse_index(b, h, i);
-            let (klo, khi) = c.g.key_range(c.mask, c.window, b, i);
             let (wr, dr) = (&mut w[r * kt..(r + 1) * kt], &mut ds[r * kt..(r + 1) * kt]);
             let (vlo, vhi) = visible_in_tile(klo, khi, j0, kt);
             let lse = lsev[li];
@@ -412,8 +421,7 @@ pub fn fused_attn_bwd(_: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut> 
                 for i0 in (0..lq).step_by(TQ) {
                     let rows = (i0 + TQ).min(lq) - i0;
                     // The window's tiles some row of the block sees.
-                    let ranges: Vec<(usize, usize)> =
-                        (i0..i0 + rows).map(|i| c.g.key_range(c.mask, c.window, b, i)).collect();
+                    let (ranges, _, _) = key_ranges(&c, b, i0, i0 + rows);
                     let sees = |j0: usize| {
                         let j1 = (j0 + TK).min(lk);
                         ranges.iter().any(|&(klo, khi)| klo.max(j0) < khi.min(j1))
@@ -455,7 +463,7 @@ pub fn fused_attn_bwd(_: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut> 
                             Operand::packed(vtile_t, vt_p),
                             ds,
                         );
-                        if !grads(b, h, i0, rows, j0, kt, w, ds) {
+                        if !grads(b, h, i0, &ranges, j0, kt, w, ds) {
                             continue;
                         }
                         let at = (wi * WINDOW + t) * TK * d;
@@ -472,7 +480,7 @@ pub fn fused_attn_bwd(_: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut> 
         }
         part
     };
-    let (kblocks, qblocks) = if tiled {
+    let (parts, exact_k, exact_q) = if tiled {
         // Each (sequence, kv head) split into `shares` tasks taking every shares-th key tile
         // (so that causal masks' unequal tiles even out), enough tasks for the pool when there
         // are few heads, within DQ_SHARES_BYTES of dQ shares.
@@ -496,44 +504,16 @@ pub fn fused_attn_bwd(_: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut> 
                 }
             }
         }
-        let parts: Vec<BwdPart> = tasks.par_iter().map(|(b, hk, tiles)| bwd_task(*b, *hk, tiles)).collect();
-        let mut kblocks: Vec<Block> = Vec::new();
-        let mut qblocks: Vec<(usize, usize, usize, Vec<f32>)> = Vec::new();
+        let mut parts: Vec<BwdPart> = tasks.par_iter().map(|(b, hk, tiles)| bwd_task(*b, *hk, tiles)).collect();
         // The shares of one (sequence, kv head) are adjacent in `parts`, in share order: their
-        // dQ summed in that order, the same bits every run.
-        let mut dq_sum: Option<(usize, usize, Vec<f32>)> = None;
-        let flush = |sum: Option<(usize, usize, Vec<f32>)>, qblocks: &mut Vec<_>| {
-            if let Some((b, hk, dq)) = sum {
-                let lq = c.g.q_spans[b].len;
-                for gi in 0..group {
-                    qblocks.push((b, hk * group + gi, 0, dq[gi * lq * d..(gi + 1) * lq * d].to_vec()));
-                }
-            }
-        };
-        for part in parts {
-            for (t, &j0) in part.tiles.iter().enumerate() {
-                let kt = (j0 + TK).min(c.g.k_spans[part.b].len) - j0;
-                let at = t * TK * d;
-                kblocks.push((
-                    part.b,
-                    part.hk,
-                    j0,
-                    part.dk[at..at + kt * d].to_vec(),
-                    part.dv[at..at + kt * d].to_vec(),
-                ));
-            }
-            match &mut dq_sum {
-                Some((b, hk, sum)) if *b == part.b && *hk == part.hk => {
-                    sum.iter_mut().zip(&part.dq).for_each(|(s, x)| *s += x);
-                }
-                _ => {
-                    flush(dq_sum.take(), &mut qblocks);
-                    dq_sum = Some((part.b, part.hk, part.dq));
-                }
+        // dQ summed into the first share in that order, the same bits every run.
+        for shares in parts.chunk_by_mut(|x, y| (x.b, x.hk) == (y.b, y.hk)) {
+            let (first, rest) = shares.split_at_mut(1);
+            for p in rest {
+                first[0].dq.iter_mut().zip(&p.dq).for_each(|(s, x)| *s += x);
             }
         }
-        flush(dq_sum, &mut qblocks);
-        (kblocks, qblocks)
+        (parts, Vec::new(), Vec::new())
     } else {
         // dK and dV: one task per (sequence, kv head, key tile).
         let kblocks: Vec<Block> = block_tasks(&c.g.k_spans, c.g.hk, BK)
@@ -586,8 +566,26 @@ pub fn fused_attn_bwd(_: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut> 
                 (b, h, i0, dq)
             })
             .collect();
-        (kblocks, qblocks)
+        (Vec::new(), kblocks, qblocks)
     };
+    // Every result as (sequence, kv head, first key, dK rows, dV rows) and (sequence, query
+    // head, first query, dQ rows), slices of the tasks' own buffers: the tiled path's key tiles,
+    // and each (sequence, kv head)'s first share, which holds the summed dQ of its query heads.
+    let mut kblocks: Vec<BlockRef<'_>> =
+        exact_k.iter().map(|(b, hk, j0, dk, dv)| (*b, *hk, *j0, &dk[..], &dv[..])).collect();
+    let mut qblocks: Vec<(usize, usize, usize, &[f32])> =
+        exact_q.iter().map(|(b, h, i0, dq)| (*b, *h, *i0, &dq[..])).collect();
+    for shares in parts.chunk_by(|x, y| (x.b, x.hk) == (y.b, y.hk)) {
+        let first = &shares[0];
+        let lq = c.g.q_spans[first.b].len;
+        qblocks.extend((0..group).map(|gi| (first.b, first.hk * group + gi, 0, &first.dq[gi * lq * d..][..lq * d])));
+        for p in shares {
+            for (t, &j0) in p.tiles.iter().enumerate() {
+                let (at, kt) = (t * TK * d, (j0 + TK).min(c.g.k_spans[p.b].len) - j0);
+                kblocks.push((p.b, p.hk, j0, &p.dk[at..][..kt * d], &p.dv[at..][..kt * d]));
+            }
+        }
+    }
     let (dq, ()) = build_f32(a.q.shape(), a.q.dtype(), "attention output dq", |dq| {
         for (b, h, i0, blk) in qblocks {
             for r in 0..blk.len() / d {
@@ -603,7 +601,7 @@ pub fn fused_attn_bwd(_: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut> 
         let (mut kw, mut vw) = (dk.host_bytes_mut()?, dv.host_bytes_mut()?);
         let (dkv, dvv): (&mut [f32], &mut [f32]) =
             (bytemuck::cast_slice_mut(&mut kw), bytemuck::cast_slice_mut(&mut vw));
-        for (b, hk, j0, kb, vb) in kblocks {
+        for &(b, hk, j0, kb, vb) in &kblocks {
             for r in 0..kb.len() / d {
                 let at = c.k_at(b, j0 + r, hk);
                 dkv[at..at + d].copy_from_slice(&kb[r * d..(r + 1) * d]);
