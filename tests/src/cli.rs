@@ -16,6 +16,26 @@ pub fn end_quietly_on_closed_pipe() {
     }
 }
 
+/// What every tool does first: SIGPIPE back to its default action, and `-h` / `--help`
+/// answered with `help` on stdout. The arguments after the program's name, or the exit code
+/// (success) when the help was printed.
+pub fn start(help: &str) -> Result<Vec<String>, std::process::ExitCode> {
+    end_quietly_on_closed_pipe();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if wants_help(&args) {
+        println!("{help}");
+        return Err(std::process::ExitCode::SUCCESS);
+    }
+    Ok(args)
+}
+
+/// A bad command line: `tool: message` and the usage line (the first of `usage`) on stderr,
+/// and the exit code for it (2).
+pub fn bad_usage(tool: &str, message: &str, usage: &str) -> std::process::ExitCode {
+    eprintln!("{tool}: {message}\n{}", usage.lines().next().unwrap_or_default());
+    std::process::ExitCode::from(2)
+}
+
 /// Whether the arguments ask for the usage text: `-h` or `--help` anywhere.
 pub fn wants_help(args: &[String]) -> bool {
     args.iter().any(|a| a == "-h" || a == "--help")

@@ -822,12 +822,10 @@ fn parse(argv: Vec<String>) -> Result<Args, String> {
 }
 
 fn main() -> ExitCode {
-    cli::end_quietly_on_closed_pipe();
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    if cli::wants_help(&argv) {
-        println!("{USAGE}");
-        return ExitCode::SUCCESS;
-    }
+    let argv = match cli::start(USAGE) {
+        Ok(argv) => argv,
+        Err(done) => return done,
+    };
     // TE-FL's log lines (which impl ran, the Vulkan pipeline statistics) when asked for.
     if std::env::var_os("TEFL_LOG_LEVEL").is_some()
         && let Err(e) = tefl_core::logging::init()
@@ -838,10 +836,7 @@ fn main() -> ExitCode {
     let Args { backend, shapes, vs_torch, json, svg_path, reps, rounds, only, attn_d, extra_gemms } = match parse(argv)
     {
         Ok(a) => a,
-        Err(e) => {
-            eprintln!("bench: {e}\n{}", USAGE.lines().next().unwrap_or_default());
-            return ExitCode::from(2);
-        }
+        Err(e) => return cli::bad_usage("bench", &e, USAGE),
     };
     let warm_up = match checked_warm_up_secs() {
         Ok(secs) => secs,

@@ -68,12 +68,10 @@ fn parse(argv: Vec<String>) -> Result<Args, String> {
 }
 
 fn main() -> ExitCode {
-    cli::end_quietly_on_closed_pipe();
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    if cli::wants_help(&argv) {
-        println!("{}", USAGE.replace("FAMILIES", &Suite::FAMILIES.join(", ")));
-        return ExitCode::SUCCESS;
-    }
+    let argv = match cli::start(&USAGE.replace("FAMILIES", &Suite::FAMILIES.join(", "))) {
+        Ok(argv) => argv,
+        Err(done) => return done,
+    };
     // TE-FL's log lines (which impl ran, the Vulkan pipeline statistics) when asked for.
     if std::env::var_os("TEFL_LOG_LEVEL").is_some()
         && let Err(e) = tefl_core::logging::init()
@@ -83,10 +81,7 @@ fn main() -> ExitCode {
     }
     let Args { backend, allow_unavailable, size, seed, verbose, families, only_impl, only_ops } = match parse(argv) {
         Ok(a) => a,
-        Err(e) => {
-            eprintln!("conformance: {e}\n{}", USAGE.lines().next().unwrap_or_default());
-            return ExitCode::from(2);
-        }
+        Err(e) => return cli::bad_usage("conformance", &e, USAGE),
     };
     let linked = tefl_ops::linked_backends();
     let mgr = Manager::new(Registry::with_builtins(), Default::default());

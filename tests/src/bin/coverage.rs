@@ -6,12 +6,12 @@ use std::fmt::Write as _;
 use tefl_core::{Registry, catalogue};
 
 fn main() -> std::process::ExitCode {
-    tefl_tests::cli::end_quietly_on_closed_pipe();
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if tefl_tests::cli::wants_help(&args) {
-        println!("usage: coverage\n\nPrints the op x backend coverage matrix of this build's registry (Markdown).");
-        return std::process::ExitCode::SUCCESS;
-    }
+    let args = match tefl_tests::cli::start(
+        "usage: coverage\n\nPrints the op x backend coverage matrix of this build's registry (Markdown).",
+    ) {
+        Ok(args) => args,
+        Err(done) => return done,
+    };
     if let Some(a) = args.first() {
         eprintln!("coverage: unexpected argument {a:?} (it takes none)");
         return std::process::ExitCode::from(2);

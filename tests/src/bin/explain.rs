@@ -11,12 +11,10 @@ The candidate chain of <op> under this environment's TE_FL_* routing: each impl 
 it would be tried, and why the others were dropped.";
 
 fn main() -> ExitCode {
-    tefl_tests::cli::end_quietly_on_closed_pipe();
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    if tefl_tests::cli::wants_help(&argv) {
-        println!("{USAGE}");
-        return ExitCode::SUCCESS;
-    }
+    let argv = match tefl_tests::cli::start(USAGE) {
+        Ok(argv) => argv,
+        Err(done) => return done,
+    };
     let _ = tefl_ops::linked_backends();
     if let Err(e) = tefl_core::logging::init() {
         eprintln!("explain: {e}");
@@ -43,13 +41,11 @@ fn main() -> ExitCode {
             other => Err(format!("unexpected argument {other:?}")),
         };
         if let Err(e) = parsed {
-            eprintln!("explain: {e}\n{}", USAGE.lines().next().unwrap_or_default());
-            return ExitCode::from(2);
+            return tefl_tests::cli::bad_usage("explain", &e, USAGE);
         }
     }
     let Some(op) = op else {
-        eprintln!("explain: no op named\n{}", USAGE.lines().next().unwrap_or_default());
-        return ExitCode::from(2);
+        return tefl_tests::cli::bad_usage("explain", "no op named", USAGE);
     };
     let mgr = match Manager::from_env() {
         Ok(m) => m,

@@ -419,14 +419,13 @@ fn run(backend: &str, dir: &Path) -> std::result::Result<(), String> {
 const USAGE: &str = "usage: torch_oracle <backend> <dir>   (then: python3 tests/torch_oracle.py <dir>)";
 
 fn main() -> ExitCode {
-    tefl_tests::cli::end_quietly_on_closed_pipe();
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if tefl_tests::cli::wants_help(&args) {
-        println!(
-            "{USAGE}\n\nRuns the oracle's cases on the backend's impl and writes their inputs and outputs to <dir>;\ntests/torch_oracle.py then recomputes each in float64 with PyTorch."
-        );
-        return ExitCode::SUCCESS;
-    }
+    let help = format!(
+        "{USAGE}\n\nRuns the oracle's cases on the backend's impl and writes their inputs and outputs to <dir>;\ntests/torch_oracle.py then recomputes each in float64 with PyTorch."
+    );
+    let args = match tefl_tests::cli::start(&help) {
+        Ok(args) => args,
+        Err(done) => return done,
+    };
     let [backend, dir] = args.as_slice() else {
         eprintln!("{USAGE}");
         return ExitCode::from(2);
