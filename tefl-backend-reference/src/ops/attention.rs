@@ -11,6 +11,7 @@
 
 use rayon::prelude::*;
 use tefl_core::catalogue::*;
+use tefl_core::device::try_zeroed;
 use tefl_core::philox::uniform;
 use tefl_core::{DType, KernelCtx, Result, Tensor};
 
@@ -298,7 +299,9 @@ pub fn fused_attn_fwd(_: &KernelCtx<'_>, a: &AttnFwdArgs) -> Result<AttnFwdOut> 
         .par_iter()
         .map(|&(b, h, i0)| if tiled { fwd_block_tiled(&c, b, h, i0) } else { fwd_block_exact(&c, b, h, i0) })
         .collect();
-    let mut lse = vec![f32::NEG_INFINITY; c.g.lse_shape().iter().product()];
+    let lse_len: usize = c.g.lse_shape().iter().product();
+    let mut lse = try_zeroed::<f32>(lse_len, || format!("attention softmax_lse [{lse_len}]"))?;
+    lse.fill(f32::NEG_INFINITY);
     let (o, ()) = build_f32(a.q.shape(), a.q.dtype(), "attention output o", |o| {
         for (b, h, i0, acc, l) in blocks {
             for (r, lv) in l.iter().enumerate() {
@@ -320,7 +323,7 @@ pub fn fused_attn_bwd(_: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut> 
     let c = attn_ctx!(a, "fused_attn_bwd", qv, kv, vv);
     let (d, group) = (c.g.d, c.g.hq / c.g.hk);
     // D_i = Σ dO·O per (query row, head), indexed like lse.
-    let mut delta = vec![0.0f32; lsev.len()];
+    let mut delta = try_zeroed::<f32>(lsev.len(), || format!("attention delta [{}]", lsev.len()))?;
     for b in 0..c.g.batch {
         for h in 0..c.g.hq {
             for i in 0..c.g.q_spans[b].len {
@@ -394,15 +397,16 @@ pub fn fused_attn_bwd(_: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut> 
     // dQ, summed over the shares afterwards in a fixed order. Its key tiles are taken
     // WINDOW at a time, their K and V packed once for the window, and each query block's Q
     // and dO packed once for all the window's tiles.
-    let bwd_task = |b: usize, hk: usize, tiles: &[usize]| -> BwdPart {
+    let bwd_task = |b: usize, hk: usize, tiles: &[usize]| -> Result<BwdPart> {
         let (lq, lk) = (c.g.q_spans[b].len, c.g.k_spans[b].len);
+        let kv_len = tiles.len() * TK * d;
         let mut part = BwdPart {
             b,
             hk,
             tiles: tiles.to_vec(),
-            dk: vec![0.0; tiles.len() * TK * d],
-            dv: vec![0.0; tiles.len() * TK * d],
-            dq: vec![0.0; group * lq * d],
+            dk: try_zeroed(kv_len, || format!("a dK share of {kv_len} elements"))?,
+            dv: try_zeroed(kv_len, || format!("a dV share of {kv_len} elements"))?,
+            dq: try_zeroed(group * lq * d, || format!("a dQ share of {} elements", group * lq * d))?,
         };
         let (mut w, mut ds) = (vec![0.0f32; TQ * TK], vec![0.0f32; TQ * TK]);
         let [mut qa, mut qb, mut oa, mut ob] = std::array::from_fn::<Packed, 4, _>(|_| Packed::default());
@@ -478,7 +482,7 @@ pub fn fused_attn_bwd(_: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut> 
                 }
             }
         }
-        part
+        Ok(part)
     };
     let (parts, exact_k, exact_q) = if tiled {
         // Each (sequence, kv head) split into `shares` tasks taking every shares-th key tile
@@ -504,7 +508,8 @@ pub fn fused_attn_bwd(_: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut> 
                 }
             }
         }
-        let mut parts: Vec<BwdPart> = tasks.par_iter().map(|(b, hk, tiles)| bwd_task(*b, *hk, tiles)).collect();
+        let mut parts: Vec<BwdPart> =
+            tasks.par_iter().map(|(b, hk, tiles)| bwd_task(*b, *hk, tiles)).collect::<Result<_>>()?;
         // The shares of one (sequence, kv head) are adjacent in `parts`, in share order: their
         // dQ summed into the first share in that order, the same bits every run.
         for shares in parts.chunk_by_mut(|x, y| (x.b, x.hk) == (y.b, y.hk)) {

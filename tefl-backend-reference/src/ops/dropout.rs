@@ -2,6 +2,7 @@
 
 use rayon::prelude::*;
 use tefl_core::catalogue::*;
+use tefl_core::device::try_zeroed;
 use tefl_core::philox::uniforms4;
 use tefl_core::{DType, KernelCtx, Result, Tensor};
 
@@ -11,8 +12,8 @@ use crate::util::{CHUNK, store, view};
 pub fn dropout_fwd(_: &KernelCtx<'_>, a: &DropoutFwdArgs) -> Result<DropoutFwdOut> {
     let x = view(&a.x)?;
     let keep_scale = 1.0 / (1.0 - a.p);
-    let mut y = vec![0.0f32; x.len()];
-    let mut mask = vec![0u8; x.len()];
+    let mut y = try_zeroed::<f32>(x.len(), || format!("dropout_fwd output y [{}]", x.len()))?;
+    let mut mask = try_zeroed::<u8>(x.len(), || format!("dropout_fwd mask [{}]", x.len()))?;
     // CHUNK is a multiple of 4, so every chunk starts at a Philox block boundary.
     y.par_chunks_mut(CHUNK).zip(mask.par_chunks_mut(CHUNK)).zip(x.par_chunks(CHUNK)).enumerate().for_each(
         |(c, ((yc, mc), xc))| {
@@ -39,7 +40,7 @@ pub fn dropout_bwd(_: &KernelCtx<'_>, a: &DropoutBwdArgs) -> Result<DropoutBwdOu
     let dy = view(&a.dy)?;
     let mask = a.mask.host_bytes()?;
     let keep_scale = 1.0 / (1.0 - a.p);
-    let mut dx = vec![0.0f32; dy.len()];
+    let mut dx = try_zeroed::<f32>(dy.len(), || format!("dropout_bwd output dx [{}]", dy.len()))?;
     dx.par_chunks_mut(CHUNK).zip(dy.par_chunks(CHUNK).zip(mask.par_chunks(CHUNK))).for_each(|(o, (d, m))| {
         for ((x, dv), mv) in o.iter_mut().zip(d).zip(m) {
             *x = dv * if *mv != 0 { keep_scale } else { 0.0 };

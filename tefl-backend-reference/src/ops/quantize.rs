@@ -2,18 +2,19 @@
 
 use rayon::prelude::*;
 use tefl_core::catalogue::*;
+use tefl_core::device::try_zeroed_bytes;
 use tefl_core::{KernelCtx, Result, Tensor};
 
 use crate::util::{amax, column_sums, scalar_tensor, store, store_fp8, view};
 
-fn transpose_codes(q: &[u8], m: usize, n: usize) -> Vec<u8> {
-    let mut t = vec![0u8; q.len()];
+fn transpose_codes(q: &[u8], m: usize, n: usize) -> Result<Vec<u8>> {
+    let mut t = try_zeroed_bytes(q.len(), || format!("the transposed codes [{n}, {m}]"))?;
     t.par_chunks_mut(m.max(1)).enumerate().for_each(|(j, col)| {
         for (i, v) in col.iter_mut().enumerate() {
             *v = q[i * n + j];
         }
     });
-    t
+    Ok(t)
 }
 
 /// The catalogue op `quantize` on the CPU reference (the catalogue's formula, checked against the f64 oracle).
@@ -24,7 +25,7 @@ pub fn quantize(_: &KernelCtx<'_>, a: &QuantizeArgs) -> Result<QuantizeOut> {
     let (q, amax) = store_fp8(&x, a.x.shape(), a.fp8_dtype, scale)?;
     let q_t = if a.want_transpose {
         let (m, n) = (a.x.shape()[0], a.x.shape()[1]);
-        Some(Tensor::from_slice(&transpose_codes(&q.host_bytes()?, m, n), [n, m], a.fp8_dtype)?)
+        Some(Tensor::from_slice(&transpose_codes(&q.host_bytes()?, m, n)?, [n, m], a.fp8_dtype)?)
     } else {
         None
     };
@@ -44,7 +45,7 @@ pub fn bgrad_quantize(_: &KernelCtx<'_>, a: &BgradQuantizeArgs) -> Result<BgradQ
     })?;
     let sums: Vec<f32> = sums.into_iter().map(|v| v as f32).collect();
     let q_t = if a.want_transpose {
-        Some(Tensor::from_slice(&transpose_codes(&q.host_bytes()?, m, n), [n, m], a.fp8_dtype)?)
+        Some(Tensor::from_slice(&transpose_codes(&q.host_bytes()?, m, n)?, [n, m], a.fp8_dtype)?)
     } else {
         None
     };
@@ -74,7 +75,7 @@ pub fn compute_amax(_: &KernelCtx<'_>, a: &ComputeAmaxArgs) -> Result<ComputeAma
 pub fn fp8_transpose(_: &KernelCtx<'_>, a: &Fp8TransposeArgs) -> Result<Fp8TransposeOut> {
     let (m, n) = (a.q.shape()[0], a.q.shape()[1]);
     let q = a.q.host_bytes()?;
-    Ok(Fp8TransposeOut { q_t: Tensor::from_slice(&transpose_codes(&q, m, n), [n, m], a.q.dtype())? })
+    Ok(Fp8TransposeOut { q_t: Tensor::from_slice(&transpose_codes(&q, m, n)?, [n, m], a.q.dtype())? })
 }
 
 /// The catalogue op `delayed_scaling` on the CPU reference (the catalogue's formula, checked against the f64 oracle).
