@@ -6,7 +6,9 @@
 //! devices' tensors through host memory for it.
 //!
 //! Work is spread with rayon over rows, tiles and chunks; GEMM runs on a cache-blocked
-//! AVX-512 kernel of our own (the `gemm` crate's kernels on CPUs without AVX-512); attention is tiled with an online softmax and never
+//! AVX-512 kernel of our own (the `gemm` crate's kernels on CPUs without AVX-512), and the
+//! elementwise loops (`kernels::vmath`) are compiled for AVX-512, AVX2 and x86-64's baseline,
+//! the widest picked at run time; attention is tiled with an online softmax and never
 //! allocates an sq×sk buffer. It is not the test oracle: the conformance tests compare it
 //! with an independent f64 implementation in `tests/`.
 

@@ -5,8 +5,8 @@
 //! turn into vector code, and the activations, softmax and attention spent most of their time
 //! there. [`exp`] is plain arithmetic (a range reduction by ln 2 and a degree-7 polynomial, then
 //! 2ⁿ put together from its bits) with selects for the special cases, so a loop of it
-//! vectorises; the slice functions below are compiled a second time for AVX-512 and picked at
-//! run time. Its error is within 2 ulp of the exact result for |x| ≤ 87 (1.17 at most over the
+//! vectorises; the slice functions below are compiled twice more, for AVX-512 and for AVX2
+//! (eight lanes with FMA and F16C), and the widest the CPU has is picked at run time. Its error is within 2 ulp of the exact result for |x| ≤ 87 (1.17 at most over the
 //! dense sweep against f64 in the tests below); results below f32's smallest normal
 //! value (x < -87.33) are 0, and x > 88.72 gives +inf, as does `f32::exp`.
 
@@ -61,21 +61,55 @@ pub fn exp(x: f32) -> f32 {
     }
 }
 
-/// Calls `$avx512(args)` (the same body compiled for AVX-512) when the CPU has AVX-512F, else
-/// `$generic(args)`.
+/// Calls the body compiled for the widest vector unit the CPU has: `$avx512(args)` with
+/// AVX-512F, `$avx2(args)` with AVX2, FMA and F16C (see [`has_avx2`]), else `$generic(args)`
+/// (x86-64's baseline, SSE2: four lanes).
 macro_rules! dispatch {
-    ($generic:path, $avx512:path, ($($arg:expr),*)) => {{
+    ($generic:path, $avx512:path, $avx2:path, ($($arg:expr),*)) => {{
         #[cfg(target_arch = "x86_64")]
         {
             if std::arch::is_x86_feature_detected!("avx512f") {
                 // SAFETY: the CPU has AVX-512F (checked just above), all the function asks for.
                 return unsafe { $avx512($($arg),*) };
             }
+            if $crate::kernels::vmath::has_avx2() {
+                // SAFETY: the CPU has AVX2, FMA and F16C (checked just above), all the function
+                // asks for.
+                return unsafe { $avx2($($arg),*) };
+            }
         }
         $generic($($arg),*)
     }};
 }
 pub(crate) use dispatch;
+
+/// Whether the CPU has the second tier's extensions: AVX2 and FMA (eight lanes; the CPUs without
+/// AVX-512, such as AMD's before Zen 4 and Intel's client parts, have them) and F16C (the f16
+/// conversions). Rust never fuses a multiply and an add on its own, so every tier computes the
+/// same bits; only the width of the vectors differs.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn has_avx2() -> bool {
+    std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
+        && std::arch::is_x86_feature_detected!("f16c")
+}
+
+/// `$avx512` and `$avx2`: `$generic` (an `#[inline(always)]` body) compiled for the two tiers
+/// [`dispatch!`] picks from.
+macro_rules! tiers {
+    ($generic:path => $avx512:ident, $avx2:ident $(<const $k:ident: usize>)? ($($a:ident: $t:ty),*) $(-> $r:ty)?) => {
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx512f")]
+        fn $avx512$(<const $k: usize>)?($($a: $t),*) $(-> $r)? {
+            $generic($($a),*)
+        }
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn $avx2$(<const $k: usize>)?($($a: $t),*) $(-> $r)? {
+            $generic($($a),*)
+        }
+    };
+}
 
 /// Sum of a slice in [`LANES`] partial sums (so that it vectorises; the order of the additions
 /// differs from a left-to-right sum by rounding only).
@@ -101,15 +135,11 @@ fn exp_shifted_generic(row: &mut [f32], m: f32) -> f32 {
     sum_generic(row)
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn exp_shifted_avx512(row: &mut [f32], m: f32) -> f32 {
-    exp_shifted_generic(row, m)
-}
+tiers!(exp_shifted_generic => exp_shifted_avx512, exp_shifted_avx2 (row: &mut [f32], m: f32) -> f32);
 
 /// `row[j] = e^(row[j] - m)`, 0 where `row[j]` is -inf (a masked score); returns the row's sum.
 pub fn exp_shifted(row: &mut [f32], m: f32) -> f32 {
-    dispatch!(exp_shifted_generic, exp_shifted_avx512, (row, m))
+    dispatch!(exp_shifted_generic, exp_shifted_avx512, exp_shifted_avx2, (row, m))
 }
 
 #[inline(always)]
@@ -135,17 +165,13 @@ fn dot_generic(a: &[f32], b: &[f32]) -> f32 {
     lanes[0] + tail
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn dot_avx512(a: &[f32], b: &[f32]) -> f32 {
-    dot_generic(a, b)
-}
+tiers!(dot_generic => dot_avx512, dot_avx2 (a: &[f32], b: &[f32]) -> f32);
 
 /// Σ a[j]·b[j] over the shorter length, in [`LANES`] partial sums (it vectorises; the result
 /// differs from a left-to-right sum by rounding only, and a NaN or infinity in either input
 /// reaches it as in a sequential sum).
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    dispatch!(dot_generic, dot_avx512, (a, b))
+    dispatch!(dot_generic, dot_avx512, dot_avx2, (a, b))
 }
 
 #[inline(always)]
@@ -163,17 +189,13 @@ fn sum_f64_generic<const K: usize>(ins: [&[f32]; K], f: impl Fn([f32; K]) -> f32
     lanes.iter().sum::<f64>() + tail
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn sum_f64_avx512<const K: usize>(ins: [&[f32]; K], f: impl Fn([f32; K]) -> f32) -> f64 {
-    sum_f64_generic(ins, f)
-}
+tiers!(sum_f64_generic => sum_f64_avx512, sum_f64_avx2 <const K: usize>(ins: [&[f32]; K], f: impl Fn([f32; K]) -> f32) -> f64);
 
 /// Σ_j f([ins[0][j], .., ins[K-1][j]]) over the shortest input, each term computed in f32 and
 /// summed in f64 in [`LANES`] partial sums (rows of norms reach 16384 elements and more; the
 /// partial sums let it vectorise).
 pub fn sum_f64<const K: usize>(ins: [&[f32]; K], f: impl Fn([f32; K]) -> f32) -> f64 {
-    dispatch!(sum_f64_generic, sum_f64_avx512, (ins, f))
+    dispatch!(sum_f64_generic, sum_f64_avx512, sum_f64_avx2, (ins, f))
 }
 
 /// max(a, b), NaN when either is NaN (`f32::max` would drop a NaN).
@@ -202,16 +224,12 @@ fn max_nan_generic(xs: &[f32]) -> f32 {
     fold_max_nan(xs, f32::NEG_INFINITY, |v| v)
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn max_nan_avx512(xs: &[f32]) -> f32 {
-    max_nan_generic(xs)
-}
+tiers!(max_nan_generic => max_nan_avx512, max_nan_avx2 (xs: &[f32]) -> f32);
 
 /// The maximum of `xs` (-inf when empty), NaN when `xs` holds a NaN (where `f32::max` would
 /// drop it).
 pub fn max_nan(xs: &[f32]) -> f32 {
-    dispatch!(max_nan_generic, max_nan_avx512, (xs))
+    dispatch!(max_nan_generic, max_nan_avx512, max_nan_avx2, (xs))
 }
 
 #[inline(always)]
@@ -221,15 +239,11 @@ fn count_non_finite_generic(xs: &[f32]) -> usize {
     xs.iter().map(|v| usize::from(v.to_bits() & 0x7f80_0000 == 0x7f80_0000)).sum()
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn count_non_finite_avx512(xs: &[f32]) -> usize {
-    count_non_finite_generic(xs)
-}
+tiers!(count_non_finite_generic => count_non_finite_avx512, count_non_finite_avx2 (xs: &[f32]) -> usize);
 
 /// How many values of `xs` are NaN or infinite.
 pub fn count_non_finite(xs: &[f32]) -> usize {
-    dispatch!(count_non_finite_generic, count_non_finite_avx512, (xs))
+    dispatch!(count_non_finite_generic, count_non_finite_avx512, count_non_finite_avx2, (xs))
 }
 
 /// Whether every value of `xs` is finite, the slice checked in parallel chunks (attention's
@@ -245,15 +259,11 @@ fn scale_generic(xs: &mut [f32], k: f32) {
     xs.iter_mut().for_each(|x| *x *= k);
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn scale_avx512(xs: &mut [f32], k: f32) {
-    scale_generic(xs, k)
-}
+tiers!(scale_generic => scale_avx512, scale_avx2 (xs: &mut [f32], k: f32));
 
 /// `xs[j] *= k` for every j.
 pub fn scale(xs: &mut [f32], k: f32) {
-    dispatch!(scale_generic, scale_avx512, (xs, k))
+    dispatch!(scale_generic, scale_avx512, scale_avx2, (xs, k))
 }
 
 #[inline(always)]
@@ -265,26 +275,22 @@ fn map_generic<const K: usize>(ins: [&[f32]; K], out: &mut [f32], f: impl Fn([f3
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn map_avx512<const K: usize>(ins: [&[f32]; K], out: &mut [f32], f: impl Fn([f32; K]) -> f32) {
-    map_generic(ins, out, f)
-}
+tiers!(map_generic => map_avx512, map_avx2 <const K: usize>(ins: [&[f32]; K], out: &mut [f32], f: impl Fn([f32; K]) -> f32));
 
 /// `out[j] = f([ins[0][j], .., ins[K-1][j]])` for every j of `out` (each input at least as
-/// long), compiled for AVX-512 where the CPU has it: `f` should be inline arithmetic (such as
+/// long), compiled for AVX-512 or AVX2 where the CPU has them: `f` should be inline arithmetic (such as
 /// [`exp`]) for the loop to vectorise.
 ///
 /// # Panics
 /// When an input is shorter than `out`.
 pub fn map<const K: usize>(ins: [&[f32]; K], out: &mut [f32], f: impl Fn([f32; K]) -> f32) {
     assert!(ins.iter().all(|x| x.len() >= out.len()), "vmath::map: an input is shorter than the output");
-    dispatch!(map_generic, map_avx512, (ins, out, f))
+    dispatch!(map_generic, map_avx512, map_avx2, (ins, out, f))
 }
 
 // Conversions between f32 and the 16-bit floats, the same values as the `half` crate's
 // (round to nearest even; NaN stays NaN, quieted) but vectorised: bf16 by its bits, f16 by the
-// AVX-512 conversion instructions where the CPU has them.
+// AVX-512 or F16C conversion instructions where the CPU has them.
 
 #[inline(always)]
 fn bf16_bits_to_f32(b: u16) -> f32 {
@@ -382,22 +388,14 @@ fn amax_generic(xs: &[f32]) -> f32 {
     fold_max_nan(xs, 0.0, f32::abs)
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn amax_avx512(xs: &[f32]) -> f32 {
-    amax_generic(xs)
-}
+tiers!(amax_generic => amax_avx512, amax_avx2 (xs: &[f32]) -> f32);
 
 /// max |x| over `xs` (0 for none), NaN when one is NaN: an FP8 quantizer's amax.
 pub fn amax(xs: &[f32]) -> f32 {
-    dispatch!(amax_generic, amax_avx512, (xs))
+    dispatch!(amax_generic, amax_avx512, amax_avx2, (xs))
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn encode_fp8_avx512(c: Fp8Consts, scale: f32, src: &[f32], dst: &mut [u8]) -> f32 {
-    encode_fp8_generic(c, scale, src, dst)
-}
+tiers!(encode_fp8_generic => encode_fp8_avx512, encode_fp8_avx2 (c: Fp8Consts, scale: f32, src: &[f32], dst: &mut [u8]) -> f32);
 
 /// The `format` codes of `src[i]·scale` into `dst` (the first `dst.len()` elements of `src`; the
 /// same codes as `Fp8Format::encode`), and max |src| over them (NaN when one is NaN): an FP8
@@ -405,52 +403,70 @@ fn encode_fp8_avx512(c: Fp8Consts, scale: f32, src: &[f32], dst: &mut [u8]) -> f
 pub fn encode_fp8(format: Fp8Format, scale: f32, src: &[f32], dst: &mut [u8]) -> f32 {
     assert!(src.len() >= dst.len(), "encode_fp8: {} values for {} codes", src.len(), dst.len());
     let c = Fp8Consts::of(format);
-    dispatch!(encode_fp8_generic, encode_fp8_avx512, (c, scale, src, dst))
+    dispatch!(encode_fp8_generic, encode_fp8_avx512, encode_fp8_avx2, (c, scale, src, dst))
 }
 
+tiers!(widen_bf16_generic => widen_bf16_avx512, widen_bf16_avx2 (src: &[bf16], dst: &mut [f32]));
+tiers!(narrow_bf16_generic => narrow_bf16_avx512, narrow_bf16_avx2 (src: &[f32], dst: &mut [bf16]));
+
+/// The f16 conversions by the CPU's conversion instructions, `W` values at a time (the tail
+/// by the `half` crate's).
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
+mod f16_instructions {
     use super::*;
-    use std::arch::x86_64::{
-        _MM_FROUND_NO_EXC, _MM_FROUND_TO_NEAREST_INT, _mm256_loadu_si256, _mm256_storeu_si256, _mm512_cvtph_ps,
-        _mm512_cvtps_ph, _mm512_loadu_ps, _mm512_storeu_ps,
-    };
+    use std::arch::x86_64::*;
+
+    /// Round to nearest even (`half`'s rounding), no exceptions (AVX-512's form; F16C's
+    /// immediate has no bit for it, and the exceptions are masked in MXCSR anyway).
+    const NEAREST: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
 
     #[target_feature(enable = "avx512f")]
-    pub fn widen_bf16(src: &[bf16], dst: &mut [f32]) {
-        widen_bf16_generic(src, dst)
-    }
-
-    #[target_feature(enable = "avx512f")]
-    pub fn narrow_bf16(src: &[f32], dst: &mut [bf16]) {
-        narrow_bf16_generic(src, dst)
-    }
-
-    #[target_feature(enable = "avx512f")]
-    pub fn widen_f16(src: &[f16], dst: &mut [f32]) {
+    pub fn widen_avx512(src: &[f16], dst: &mut [f32]) {
         let n = dst.len().min(src.len());
         let whole = n / 16 * 16;
         for (d, s) in dst[..whole].chunks_exact_mut(16).zip(src[..whole].chunks_exact(16)) {
             // SAFETY: `s` holds 16 f16 (32 bytes, read unaligned) and `d` 16 f32 (64 bytes).
-            unsafe {
-                let h = _mm256_loadu_si256(s.as_ptr().cast());
-                _mm512_storeu_ps(d.as_mut_ptr(), _mm512_cvtph_ps(h));
-            }
+            unsafe { _mm512_storeu_ps(d.as_mut_ptr(), _mm512_cvtph_ps(_mm256_loadu_si256(s.as_ptr().cast()))) };
         }
         widen_f16_generic(&src[whole..n], &mut dst[whole..n]);
     }
 
     #[target_feature(enable = "avx512f")]
-    pub fn narrow_f16(src: &[f32], dst: &mut [f16]) {
+    pub fn narrow_avx512(src: &[f32], dst: &mut [f16]) {
         let n = dst.len().min(src.len());
         let whole = n / 16 * 16;
         for (d, s) in dst[..whole].chunks_exact_mut(16).zip(src[..whole].chunks_exact(16)) {
             // SAFETY: `s` holds 16 f32 (64 bytes) and `d` 16 f16 (32 bytes), both unaligned.
             unsafe {
-                let h =
-                    _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_loadu_ps(s.as_ptr()));
-                _mm256_storeu_si256(d.as_mut_ptr().cast(), h);
-            }
+                _mm256_storeu_si256(d.as_mut_ptr().cast(), _mm512_cvtps_ph::<NEAREST>(_mm512_loadu_ps(s.as_ptr())))
+            };
+        }
+        narrow_f16_generic(&src[whole..n], &mut dst[whole..n]);
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub fn widen_avx2(src: &[f16], dst: &mut [f32]) {
+        let n = dst.len().min(src.len());
+        let whole = n / 8 * 8;
+        for (d, s) in dst[..whole].chunks_exact_mut(8).zip(src[..whole].chunks_exact(8)) {
+            // SAFETY: `s` holds 8 f16 (16 bytes, read unaligned) and `d` 8 f32 (32 bytes).
+            unsafe { _mm256_storeu_ps(d.as_mut_ptr(), _mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr().cast()))) };
+        }
+        widen_f16_generic(&src[whole..n], &mut dst[whole..n]);
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub fn narrow_avx2(src: &[f32], dst: &mut [f16]) {
+        let n = dst.len().min(src.len());
+        let whole = n / 8 * 8;
+        for (d, s) in dst[..whole].chunks_exact_mut(8).zip(src[..whole].chunks_exact(8)) {
+            // SAFETY: `s` holds 8 f32 (32 bytes) and `d` 8 f16 (16 bytes), both unaligned.
+            unsafe {
+                _mm_storeu_si128(
+                    d.as_mut_ptr().cast(),
+                    _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(s.as_ptr())),
+                )
+            };
         }
         narrow_f16_generic(&src[whole..n], &mut dst[whole..n]);
     }
@@ -462,7 +478,7 @@ mod avx512 {
 /// When `src` is shorter than `dst`.
 pub fn widen_bf16(src: &[bf16], dst: &mut [f32]) {
     assert!(src.len() >= dst.len(), "vmath::widen_bf16: source shorter than destination");
-    dispatch!(widen_bf16_generic, avx512::widen_bf16, (src, dst))
+    dispatch!(widen_bf16_generic, widen_bf16_avx512, widen_bf16_avx2, (src, dst))
 }
 
 /// `dst[j] = src[j]` rounded to bf16, for every j of `dst`.
@@ -471,7 +487,7 @@ pub fn widen_bf16(src: &[bf16], dst: &mut [f32]) {
 /// When `src` is shorter than `dst`.
 pub fn narrow_bf16(src: &[f32], dst: &mut [bf16]) {
     assert!(src.len() >= dst.len(), "vmath::narrow_bf16: source shorter than destination");
-    dispatch!(narrow_bf16_generic, avx512::narrow_bf16, (src, dst))
+    dispatch!(narrow_bf16_generic, narrow_bf16_avx512, narrow_bf16_avx2, (src, dst))
 }
 
 /// `dst[j] = src[j]` widened from f16, for every j of `dst`.
@@ -480,7 +496,7 @@ pub fn narrow_bf16(src: &[f32], dst: &mut [bf16]) {
 /// When `src` is shorter than `dst`.
 pub fn widen_f16(src: &[f16], dst: &mut [f32]) {
     assert!(src.len() >= dst.len(), "vmath::widen_f16: source shorter than destination");
-    dispatch!(widen_f16_generic, avx512::widen_f16, (src, dst))
+    dispatch!(widen_f16_generic, f16_instructions::widen_avx512, f16_instructions::widen_avx2, (src, dst))
 }
 
 /// `dst[j] = src[j]` rounded to f16, for every j of `dst`.
@@ -489,7 +505,7 @@ pub fn widen_f16(src: &[f16], dst: &mut [f32]) {
 /// When `src` is shorter than `dst`.
 pub fn narrow_f16(src: &[f32], dst: &mut [f16]) {
     assert!(src.len() >= dst.len(), "vmath::narrow_f16: source shorter than destination");
-    dispatch!(narrow_f16_generic, avx512::narrow_f16, (src, dst))
+    dispatch!(narrow_f16_generic, f16_instructions::narrow_avx512, f16_instructions::narrow_avx2, (src, dst))
 }
 
 #[cfg(test)]
@@ -663,6 +679,145 @@ mod tests {
             assert!(gb.to_bits() == wb.to_bits() || (gb.is_nan() && wb.is_nan()), "bf16 of {x:e}: {gb} against {wb}");
             let (gh, wh) = (nh[j], f16::from_f32(*x));
             assert!(gh.to_bits() == wh.to_bits() || (gh.is_nan() && wh.is_nan()), "f16 of {x:e}: {gh} against {wh}");
+        }
+    }
+
+    /// The values the tier test runs on: a spread of magnitudes with NaN, infinities, zeros and
+    /// subnormals among them, 1037 of them (a tail past every vector width).
+    fn tier_inputs() -> Vec<f32> {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut xs: Vec<f32> = (0..1037)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                let u = (state >> 40) as f32 / (1u64 << 24) as f32;
+                (u - 0.5) * [1.0f32, 30.0, 200.0, 1e-40, 7e4][(state % 5) as usize]
+            })
+            .collect();
+        for (at, v) in [(3, f32::NAN), (40, f32::INFINITY), (41, f32::NEG_INFINITY), (500, -0.0), (1036, 1e-45)] {
+            xs[at] = v;
+        }
+        xs
+    }
+
+    /// Bits, with every NaN read as one (`half` and the conversion instructions may quiet a NaN
+    /// differently; the tiers must agree on where NaNs are, not on their payloads).
+    fn bits(xs: &[f32]) -> Vec<u32> {
+        xs.iter().map(|v| if v.is_nan() { u32::MAX } else { v.to_bits() }).collect()
+    }
+
+    /// Each tier the CPU running the test has computes the baseline's bits (the second tier's
+    /// code is what CPUs without AVX-512 run, CI's among them).
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn every_tier_computes_the_baseline_bits() {
+        let xs = tier_inputs();
+        let finite: Vec<f32> = xs.iter().map(|v| if v.is_finite() { *v } else { 0.5 }).collect();
+        let ys: Vec<f32> = finite.iter().rev().copied().collect();
+        // (name, run with the tier's functions or the baseline's) for each function.
+        type Tier = (&'static str, bool);
+        let mut tiers: Vec<Tier> = Vec::new();
+        if has_avx2() {
+            tiers.push(("avx2", false));
+        }
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            tiers.push(("avx512", true));
+        }
+        assert!(!tiers.is_empty() || !std::arch::is_x86_feature_detected!("avx2"), "has_avx2 said no on an AVX2 CPU");
+        for (name, wide) in tiers {
+            // SAFETY: each tier's functions run only where the CPU has its extensions (checked
+            // when the tier was pushed above).
+            unsafe {
+                let mut a = xs.clone();
+                let mut b = xs.clone();
+                let (sa, sb) = if wide {
+                    (exp_shifted_avx512(&mut a, 1.25), exp_shifted_generic(&mut b, 1.25))
+                } else {
+                    (exp_shifted_avx2(&mut a, 1.25), exp_shifted_generic(&mut b, 1.25))
+                };
+                assert_eq!((bits(&a), bits(&[sa])), (bits(&b), bits(&[sb])), "{name} exp_shifted");
+                let pick = |w: f32, g: f32| (bits(&[w]), bits(&[g]));
+                let (w, g) = if wide {
+                    (dot_avx512(&finite, &ys), dot_generic(&finite, &ys))
+                } else {
+                    (dot_avx2(&finite, &ys), dot_generic(&finite, &ys))
+                };
+                assert_eq!(pick(w, g).0, pick(w, g).1, "{name} dot");
+                let (w, g) = if wide {
+                    (max_nan_avx512(&finite), max_nan_generic(&finite))
+                } else {
+                    (max_nan_avx2(&finite), max_nan_generic(&finite))
+                };
+                assert_eq!(w.to_bits(), g.to_bits(), "{name} max_nan");
+                let (w, g) =
+                    if wide { (amax_avx512(&xs), amax_generic(&xs)) } else { (amax_avx2(&xs), amax_generic(&xs)) };
+                assert_eq!(bits(&[w]), bits(&[g]), "{name} amax");
+                let (w, g) = if wide {
+                    (count_non_finite_avx512(&xs), count_non_finite_generic(&xs))
+                } else {
+                    (count_non_finite_avx2(&xs), count_non_finite_generic(&xs))
+                };
+                assert_eq!((w, g), (3, 3), "{name} count_non_finite");
+                let f = |[x, y]: [f32; 2]| exp(x * 0.01) * y - x;
+                let (mut wo, mut go) = (vec![0.0f32; xs.len()], vec![0.0f32; xs.len()]);
+                if wide {
+                    map_avx512([&xs, &ys], &mut wo, f)
+                } else {
+                    map_avx2([&xs, &ys], &mut wo, f)
+                }
+                map_generic([&xs, &ys], &mut go, f);
+                assert_eq!(bits(&wo), bits(&go), "{name} map");
+                let (w, g) = if wide {
+                    (sum_f64_avx512([&finite, &ys], f), sum_f64_generic([&finite, &ys], f))
+                } else {
+                    (sum_f64_avx2([&finite, &ys], f), sum_f64_generic([&finite, &ys], f))
+                };
+                assert_eq!(w.to_bits(), g.to_bits(), "{name} sum_f64");
+                let (mut wa, mut ga) = (xs.clone(), xs.clone());
+                if wide {
+                    scale_avx512(&mut wa, -3.5)
+                } else {
+                    scale_avx2(&mut wa, -3.5)
+                }
+                scale_generic(&mut ga, -3.5);
+                assert_eq!(bits(&wa), bits(&ga), "{name} scale");
+                let c = Fp8Consts::of(Fp8Format::E4M3);
+                let (mut wc, mut gc) = (vec![0u8; xs.len()], vec![0u8; xs.len()]);
+                let (w, g) = if wide {
+                    (encode_fp8_avx512(c, 3.0, &xs, &mut wc), encode_fp8_generic(c, 3.0, &xs, &mut gc))
+                } else {
+                    (encode_fp8_avx2(c, 3.0, &xs, &mut wc), encode_fp8_generic(c, 3.0, &xs, &mut gc))
+                };
+                assert_eq!((wc, bits(&[w])), (gc, bits(&[g])), "{name} encode_fp8");
+                let (mut wb, mut gb) = (vec![bf16::ZERO; xs.len()], vec![bf16::ZERO; xs.len()]);
+                let (mut wh, mut gh) = (vec![f16::ZERO; xs.len()], vec![f16::ZERO; xs.len()]);
+                if wide {
+                    narrow_bf16_avx512(&xs, &mut wb);
+                    f16_instructions::narrow_avx512(&xs, &mut wh);
+                } else {
+                    narrow_bf16_avx2(&xs, &mut wb);
+                    f16_instructions::narrow_avx2(&xs, &mut wh);
+                }
+                narrow_bf16_generic(&xs, &mut gb);
+                narrow_f16_generic(&xs, &mut gh);
+                let half_bits = |v: Vec<f32>| bits(&v);
+                let (mut w32, mut g32) = (vec![0.0f32; xs.len()], vec![0.0f32; xs.len()]);
+                if wide {
+                    widen_bf16_avx512(&wb, &mut w32)
+                } else {
+                    widen_bf16_avx2(&wb, &mut w32)
+                }
+                widen_bf16_generic(&gb, &mut g32);
+                assert_eq!(half_bits(w32.clone()), half_bits(g32.clone()), "{name} bf16 round trip");
+                if wide {
+                    f16_instructions::widen_avx512(&wh, &mut w32)
+                } else {
+                    f16_instructions::widen_avx2(&wh, &mut w32)
+                }
+                widen_f16_generic(&gh, &mut g32);
+                assert_eq!(half_bits(w32), half_bits(g32), "{name} f16 round trip");
+            }
         }
     }
 

@@ -148,8 +148,15 @@ impl Adam {
         self.chunk_generic(p, g, m, v)
     }
 
+    /// The same compiled for AVX2 (picked at run time by `chunk` on CPUs without AVX-512).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn chunk_avx2(&self, p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
+        self.chunk_generic(p, g, m, v)
+    }
+
     fn chunk(&self, p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
-        vmath::dispatch!(Self::chunk_generic, Self::chunk_avx512, (self, p, g, m, v))
+        vmath::dispatch!(Self::chunk_generic, Self::chunk_avx512, Self::chunk_avx2, (self, p, g, m, v))
     }
 
     /// Updates one tensor's params and moments in place: an f32 param tensor directly; others
