@@ -6,9 +6,10 @@
 //! there. [`exp`] is plain arithmetic (a range reduction by ln 2 and a degree-7 polynomial, then
 //! 2ⁿ put together from its bits) with selects for the special cases, so a loop of it
 //! vectorises; the slice functions below are compiled twice more, for AVX-512 and for AVX2
-//! (eight lanes with FMA and F16C), and the widest the CPU has is picked at run time. Its error is within 2 ulp of the exact result for |x| ≤ 87 (1.17 at most over the
-//! dense sweep against f64 in the tests below); results below f32's smallest normal
-//! value (x < -87.33) are 0, and x > 88.72 gives +inf, as does `f32::exp`.
+//! (eight lanes with FMA and F16C), and the widest the CPU has is picked at run time. Its error
+//! is within 2 ulp of the exact result for |x| ≤ 87 (1.17 at most over the dense sweep against
+//! f64 in the tests below); results below f32's smallest normal value (x < -87.33) are 0, and
+//! x > 88.72 gives +inf, as does `f32::exp`.
 
 use half::{bf16, f16};
 use tefl_core::fp8::Fp8Format;
@@ -278,8 +279,8 @@ fn map_generic<const K: usize>(ins: [&[f32]; K], out: &mut [f32], f: impl Fn([f3
 tiers!(map_generic => map_avx512, map_avx2 <const K: usize>(ins: [&[f32]; K], out: &mut [f32], f: impl Fn([f32; K]) -> f32));
 
 /// `out[j] = f([ins[0][j], .., ins[K-1][j]])` for every j of `out` (each input at least as
-/// long), compiled for AVX-512 or AVX2 where the CPU has them: `f` should be inline arithmetic (such as
-/// [`exp`]) for the loop to vectorise.
+/// long), compiled for AVX-512 or AVX2 where the CPU has them: `f` should be inline arithmetic
+/// (such as [`exp`]) for the loop to vectorise.
 ///
 /// # Panics
 /// When an input is shorter than `out`.
@@ -409,8 +410,8 @@ pub fn encode_fp8(format: Fp8Format, scale: f32, src: &[f32], dst: &mut [u8]) ->
 tiers!(widen_bf16_generic => widen_bf16_avx512, widen_bf16_avx2 (src: &[bf16], dst: &mut [f32]));
 tiers!(narrow_bf16_generic => narrow_bf16_avx512, narrow_bf16_avx2 (src: &[f32], dst: &mut [bf16]));
 
-/// The f16 conversions by the CPU's conversion instructions, `W` values at a time (the tail
-/// by the `half` crate's).
+/// The f16 conversions by the CPU's conversion instructions, 16 values at a time (AVX-512) or
+/// 8 (F16C), the tail by the `half` crate's.
 #[cfg(target_arch = "x86_64")]
 mod f16_instructions {
     use super::*;
@@ -712,12 +713,20 @@ mod tests {
     #[test]
     #[cfg(target_arch = "x86_64")]
     fn every_tier_computes_the_baseline_bits() {
+        // `$f512(args)` on the AVX-512 tier (`wide`), else `$f2(args)`.
+        macro_rules! on_tier {
+            ($wide:expr, $f512:path, $f2:path, ($($a:expr),*)) => {
+                if $wide { $f512($($a),*) } else { $f2($($a),*) }
+            };
+        }
         let xs = tier_inputs();
         let finite: Vec<f32> = xs.iter().map(|v| if v.is_finite() { *v } else { 0.5 }).collect();
         let ys: Vec<f32> = finite.iter().rev().copied().collect();
-        // (name, run with the tier's functions or the baseline's) for each function.
-        type Tier = (&'static str, bool);
-        let mut tiers: Vec<Tier> = Vec::new();
+        let n = xs.len();
+        let f = |[x, y]: [f32; 2]| exp(x * 0.01) * y - x;
+        let c = Fp8Consts::of(Fp8Format::E4M3);
+        // (name, whether it is the AVX-512 tier) of each tier this CPU has.
+        let mut tiers = Vec::new();
         if has_avx2() {
             tiers.push(("avx2", false));
         }
@@ -729,94 +738,46 @@ mod tests {
             // SAFETY: each tier's functions run only where the CPU has its extensions (checked
             // when the tier was pushed above).
             unsafe {
-                let mut a = xs.clone();
-                let mut b = xs.clone();
-                let (sa, sb) = if wide {
-                    (exp_shifted_avx512(&mut a, 1.25), exp_shifted_generic(&mut b, 1.25))
-                } else {
-                    (exp_shifted_avx2(&mut a, 1.25), exp_shifted_generic(&mut b, 1.25))
-                };
+                let (mut a, mut b) = (xs.clone(), xs.clone());
+                let sa = on_tier!(wide, exp_shifted_avx512, exp_shifted_avx2, (&mut a, 1.25));
+                let sb = exp_shifted_generic(&mut b, 1.25);
                 assert_eq!((bits(&a), bits(&[sa])), (bits(&b), bits(&[sb])), "{name} exp_shifted");
-                let pick = |w: f32, g: f32| (bits(&[w]), bits(&[g]));
-                let (w, g) = if wide {
-                    (dot_avx512(&finite, &ys), dot_generic(&finite, &ys))
-                } else {
-                    (dot_avx2(&finite, &ys), dot_generic(&finite, &ys))
-                };
-                assert_eq!(pick(w, g).0, pick(w, g).1, "{name} dot");
-                let (w, g) = if wide {
-                    (max_nan_avx512(&finite), max_nan_generic(&finite))
-                } else {
-                    (max_nan_avx2(&finite), max_nan_generic(&finite))
-                };
-                assert_eq!(w.to_bits(), g.to_bits(), "{name} max_nan");
-                let (w, g) =
-                    if wide { (amax_avx512(&xs), amax_generic(&xs)) } else { (amax_avx2(&xs), amax_generic(&xs)) };
-                assert_eq!(bits(&[w]), bits(&[g]), "{name} amax");
-                let (w, g) = if wide {
-                    (count_non_finite_avx512(&xs), count_non_finite_generic(&xs))
-                } else {
-                    (count_non_finite_avx2(&xs), count_non_finite_generic(&xs))
-                };
-                assert_eq!((w, g), (3, 3), "{name} count_non_finite");
-                let f = |[x, y]: [f32; 2]| exp(x * 0.01) * y - x;
-                let (mut wo, mut go) = (vec![0.0f32; xs.len()], vec![0.0f32; xs.len()]);
-                if wide {
-                    map_avx512([&xs, &ys], &mut wo, f)
-                } else {
-                    map_avx2([&xs, &ys], &mut wo, f)
-                }
+                let w = on_tier!(wide, dot_avx512, dot_avx2, (&finite, &ys));
+                assert_eq!(w.to_bits(), dot_generic(&finite, &ys).to_bits(), "{name} dot");
+                let w = on_tier!(wide, max_nan_avx512, max_nan_avx2, (&finite));
+                assert_eq!(w.to_bits(), max_nan_generic(&finite).to_bits(), "{name} max_nan");
+                let w = on_tier!(wide, amax_avx512, amax_avx2, (&xs));
+                assert_eq!(bits(&[w]), bits(&[amax_generic(&xs)]), "{name} amax");
+                let w = on_tier!(wide, count_non_finite_avx512, count_non_finite_avx2, (&xs));
+                assert_eq!((w, count_non_finite_generic(&xs)), (3, 3), "{name} count_non_finite");
+                let (mut wo, mut go) = (vec![0.0f32; n], vec![0.0f32; n]);
+                on_tier!(wide, map_avx512, map_avx2, ([&xs, &ys], &mut wo, f));
                 map_generic([&xs, &ys], &mut go, f);
                 assert_eq!(bits(&wo), bits(&go), "{name} map");
-                let (w, g) = if wide {
-                    (sum_f64_avx512([&finite, &ys], f), sum_f64_generic([&finite, &ys], f))
-                } else {
-                    (sum_f64_avx2([&finite, &ys], f), sum_f64_generic([&finite, &ys], f))
-                };
-                assert_eq!(w.to_bits(), g.to_bits(), "{name} sum_f64");
+                let w = on_tier!(wide, sum_f64_avx512, sum_f64_avx2, ([&finite, &ys], f));
+                assert_eq!(w.to_bits(), sum_f64_generic([&finite, &ys], f).to_bits(), "{name} sum_f64");
                 let (mut wa, mut ga) = (xs.clone(), xs.clone());
-                if wide {
-                    scale_avx512(&mut wa, -3.5)
-                } else {
-                    scale_avx2(&mut wa, -3.5)
-                }
+                on_tier!(wide, scale_avx512, scale_avx2, (&mut wa, -3.5));
                 scale_generic(&mut ga, -3.5);
                 assert_eq!(bits(&wa), bits(&ga), "{name} scale");
-                let c = Fp8Consts::of(Fp8Format::E4M3);
-                let (mut wc, mut gc) = (vec![0u8; xs.len()], vec![0u8; xs.len()]);
-                let (w, g) = if wide {
-                    (encode_fp8_avx512(c, 3.0, &xs, &mut wc), encode_fp8_generic(c, 3.0, &xs, &mut gc))
-                } else {
-                    (encode_fp8_avx2(c, 3.0, &xs, &mut wc), encode_fp8_generic(c, 3.0, &xs, &mut gc))
-                };
+                let (mut wc, mut gc) = (vec![0u8; n], vec![0u8; n]);
+                let w = on_tier!(wide, encode_fp8_avx512, encode_fp8_avx2, (c, 3.0, &xs, &mut wc));
+                let g = encode_fp8_generic(c, 3.0, &xs, &mut gc);
                 assert_eq!((wc, bits(&[w])), (gc, bits(&[g])), "{name} encode_fp8");
-                let (mut wb, mut gb) = (vec![bf16::ZERO; xs.len()], vec![bf16::ZERO; xs.len()]);
-                let (mut wh, mut gh) = (vec![f16::ZERO; xs.len()], vec![f16::ZERO; xs.len()]);
-                if wide {
-                    narrow_bf16_avx512(&xs, &mut wb);
-                    f16_instructions::narrow_avx512(&xs, &mut wh);
-                } else {
-                    narrow_bf16_avx2(&xs, &mut wb);
-                    f16_instructions::narrow_avx2(&xs, &mut wh);
-                }
+                // The 16-bit conversions, narrowed then widened back.
+                let (mut wb, mut gb) = (vec![bf16::ZERO; n], vec![bf16::ZERO; n]);
+                let (mut wh, mut gh) = (vec![f16::ZERO; n], vec![f16::ZERO; n]);
+                let (mut w32, mut g32) = (vec![0.0f32; n], vec![0.0f32; n]);
+                on_tier!(wide, narrow_bf16_avx512, narrow_bf16_avx2, (&xs, &mut wb));
                 narrow_bf16_generic(&xs, &mut gb);
-                narrow_f16_generic(&xs, &mut gh);
-                let half_bits = |v: Vec<f32>| bits(&v);
-                let (mut w32, mut g32) = (vec![0.0f32; xs.len()], vec![0.0f32; xs.len()]);
-                if wide {
-                    widen_bf16_avx512(&wb, &mut w32)
-                } else {
-                    widen_bf16_avx2(&wb, &mut w32)
-                }
+                on_tier!(wide, widen_bf16_avx512, widen_bf16_avx2, (&wb, &mut w32));
                 widen_bf16_generic(&gb, &mut g32);
-                assert_eq!(half_bits(w32.clone()), half_bits(g32.clone()), "{name} bf16 round trip");
-                if wide {
-                    f16_instructions::widen_avx512(&wh, &mut w32)
-                } else {
-                    f16_instructions::widen_avx2(&wh, &mut w32)
-                }
+                assert_eq!(bits(&w32), bits(&g32), "{name} bf16");
+                on_tier!(wide, f16_instructions::narrow_avx512, f16_instructions::narrow_avx2, (&xs, &mut wh));
+                narrow_f16_generic(&xs, &mut gh);
+                on_tier!(wide, f16_instructions::widen_avx512, f16_instructions::widen_avx2, (&wh, &mut w32));
                 widen_f16_generic(&gh, &mut g32);
-                assert_eq!(half_bits(w32), half_bits(g32), "{name} f16 round trip");
+                assert_eq!(bits(&w32), bits(&g32), "{name} f16");
             }
         }
     }
