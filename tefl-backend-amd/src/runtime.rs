@@ -1,6 +1,6 @@
 //! The HIP device runtime: memory (`hipMalloc`), copies, fills, the null stream and streams
 //! handed in by the caller, event timing and device facts. Every call goes through the
-//! run-time loaded [`HipApi`](crate::hip::HipApi); without a runtime or a device it reports
+//! run-time loaded [`HipApi`]; without a runtime or a device it reports
 //! "unavailable" and never panics.
 
 use std::any::Any;

@@ -94,7 +94,7 @@ pub fn performance_advisories(log: &str) -> Vec<&str> {
 pub const COMPILING: &str = "compile test, compiling: ";
 
 /// The performance losses ptxas reported on stderr, each with the program it was compiling (the
-/// last [`COMPILING`] line before it). With [`SPLIT_COMPILE`], NVRTC 13's ptxas writes its
+/// last [`COMPILING`] line before it). With `SPLIT_COMPILE`, NVRTC 13's ptxas writes its
 /// advisories (C7512, C7515: wgmma serialised) to the process's stderr, not to the program's log.
 pub fn stderr_advisories(stderr: &str) -> Vec<String> {
     let mut program = "(no program named yet)";
@@ -134,7 +134,7 @@ fn split_compile_supported() -> bool {
 impl Nvrtc {
     /// Compiles `text`, a program of `kernels` entry points, into a cubin, returning it with the
     /// compiler's log, or the log alone when it fails. The kernels of a program of several are
-    /// compiled in parallel where NVRTC can ([`SPLIT_COMPILE`]); ptxas' advisories are then
+    /// compiled in parallel where NVRTC can (`SPLIT_COMPILE`); ptxas' advisories are then
     /// written to stderr, not to the log (without it they are in the log, even on success).
     pub fn compile_logged(
         &self,

@@ -4,13 +4,13 @@
 //! `$TEFL_CACHE_DIR/vulkan/`, checksummed, written atomically), and the recorder every op's
 //! commands go through.
 //!
-//! Submission is asynchronous: [`Gpu::run`] records an op's commands into the next of
+//! Submission is asynchronous: `Gpu::run` records an op's commands into the next of
 //! [`SLOTS`] command buffers (each with its descriptor pool and timestamp queries), submits it
 //! to the one queue signalling the next value of a timeline semaphore, and returns. A slot is
 //! reused once the semaphore reached its value. Each command buffer starts with a full memory
 //! barrier, so it sees everything submitted before it: a pooled buffer may be handed to the next
 //! op at once, while destroying a buffer waits (deferred) until every submission made before the
-//! drop has finished. Reads by the host ([`Gpu::run_and_wait`]) and `synchronize` wait.
+//! drop has finished. Reads by the host (`Gpu::run_and_wait`) and `synchronize` wait.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -56,7 +56,7 @@ pub struct Pipeline {
     push_bytes: u32,
 }
 
-/// Command buffers in flight at most (the ring of [`Slot`]s).
+/// Command buffers in flight at most (the ring of `Slot`s).
 pub const SLOTS: usize = 8;
 
 /// One command buffer of the ring, with what its submission uses until it finishes.

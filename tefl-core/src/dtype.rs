@@ -131,7 +131,7 @@ impl std::str::FromStr for DType {
 
 /// A Rust type that can be the element of a tensor.
 ///
-/// Implemented for `f32`, `f64`, [`f16`], [`bf16`], `i32`, `i64` and `u8`. Bool tensors and
+/// Implemented for `f32`, `f64`, [`struct@f16`], [`bf16`], `i32`, `i64` and `u8`. Bool tensors and
 /// FP8 tensors carry their bytes as `u8` (see [`crate::fp8`] for the FP8 codes).
 pub trait Element: bytemuck::Pod + Send + Sync + 'static {
     /// The dtype this Rust type stores.

@@ -475,7 +475,7 @@ pub fn parse_log_level(var: &'static str, value: &str) -> Result<LogLevel> {
 
 /// Every tefl environment variable, parsed and checked at once: the one reader of the
 /// environment. The manager takes its policy and plugins from it, and backends take their
-/// settings from [`env`] (skip flags, autotuning, caches, kernel timing), so each variable
+/// settings from [`env()`] (skip flags, autotuning, caches, kernel timing), so each variable
 /// has one parser and one default.
 ///
 /// Paths (`TEFL_CACHE_DIR`, `TE_FL_PLUGIN_MODULES` entries) are taken as raw OS strings:

@@ -10,7 +10,7 @@
 //! aligned, the epilogue is the library's own ([`LtEpilogue`], beta = 1 for accumulate).
 //! Otherwise, and for the bias-gradient epilogues (the sum of the unrounded values over m), the
 //! library writes f32 and `simt/gemm_epilogue.cu` finishes the epilogue
-//! ([`finish_epilogue`](crate::simt::gemm::finish_epilogue)).
+//! ([`finish_epilogue`]).
 //!
 //! FP8 inputs ([`fp8_generic_gemm`]) go to the library in the TN form its FP8 kernels take
 //! (codes transposed first when the call has another form), with the per-tensor scales as

@@ -242,7 +242,7 @@ fn elementwise_candidates<'t>(t: &'t TuneTable, kernel: &str) -> &'t [TuneConfig
 }
 
 /// The heuristic for elementwise kernel `kernel`: the first of its candidates
-/// (see [`elementwise_candidates`]).
+/// (see `elementwise_candidates`).
 pub fn elementwise_for(t: &TuneTable, kernel: &str) -> ElementwiseConfig {
     ElementwiseConfig::from_candidate(&elementwise_candidates(t, kernel).first().cloned().unwrap_or_default())
 }

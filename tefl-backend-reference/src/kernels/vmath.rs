@@ -168,7 +168,7 @@ fn dot_generic(a: &[f32], b: &[f32]) -> f32 {
 
 tiers!(dot_generic => dot_avx512, dot_avx2 (a: &[f32], b: &[f32]) -> f32);
 
-/// Σ a[j]·b[j] over the shorter length, in [`LANES`] partial sums (it vectorises; the result
+/// Σ a\[j\]·b\[j\] over the shorter length, in `LANES` (16) partial sums (it vectorises; the result
 /// differs from a left-to-right sum by rounding only, and a NaN or infinity in either input
 /// reaches it as in a sequential sum).
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
@@ -192,8 +192,8 @@ fn sum_f64_generic<const K: usize>(ins: [&[f32]; K], f: impl Fn([f32; K]) -> f32
 
 tiers!(sum_f64_generic => sum_f64_avx512, sum_f64_avx2 <const K: usize>(ins: [&[f32]; K], f: impl Fn([f32; K]) -> f32) -> f64);
 
-/// Σ_j f([ins[0][j], .., ins[K-1][j]]) over the shortest input, each term computed in f32 and
-/// summed in f64 in [`LANES`] partial sums (rows of norms reach 16384 elements and more; the
+/// Σ_j f(\[ins\[0\]\[j\], .., ins\[K-1\]\[j\]\]) over the shortest input, each term computed in f32 and
+/// summed in f64 in `LANES` (16) partial sums (rows of norms reach 16384 elements and more; the
 /// partial sums let it vectorise).
 pub fn sum_f64<const K: usize>(ins: [&[f32]; K], f: impl Fn([f32; K]) -> f32) -> f64 {
     dispatch!(sum_f64_generic, sum_f64_avx512, sum_f64_avx2, (ins, f))

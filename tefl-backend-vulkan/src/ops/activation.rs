@@ -7,7 +7,7 @@
 //! speed on the H200). The dbias forms
 //! add the column sums of the unrounded input gradient (`shaders/activation_dbias.wgsl`, two
 //! passes through an f32 workspace); with the identity, the same passes give `bgrad_quantize`
-//! its plain column sums ([`column_sums`]).
+//! its plain column sums (`column_sums`).
 
 use tefl_core::catalogue::*;
 use tefl_core::{DType, Error, KernelCtx, Result, Tensor};

@@ -1,6 +1,6 @@
 //! The multi-tensor optimizers on Vulkan (`shaders/optimizer.wgsl`), in place: a snapshot of
 //! the noop flag, then one dispatch per tensor of the lists (submissions of at most
-//! [`PER_SUBMISSION`] dispatches), every dispatch returning when the snapshot is set. The
+//! `PER_SUBMISSION` dispatches), every dispatch returning when the snapshot is set. The
 //! l2 norms sum f32 partials of a fixed number of workgroups per tensor, then one workgroup
 //! finishes the per-tensor and total norms.
 

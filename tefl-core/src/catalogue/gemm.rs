@@ -34,7 +34,7 @@ pub enum GemmEpilogue {
     /// D = P.
     #[default]
     None,
-    /// D = P + bias[n].
+    /// D = P + bias\[n\].
     Bias,
     /// D = gelu(P); `aux_out` = P (the pre-activation the backward needs).
     Gelu,

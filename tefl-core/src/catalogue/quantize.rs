@@ -70,7 +70,7 @@ declare_op! {
 
 declare_op! {
     /// `bgrad_quantize(x[m, n], scale, fp8_dtype, want_transpose) -> (dbias, q, q_t?, amax, scale_inv)`:
-    /// the bias gradient dbias[j] = Σ_i x[i, j] (accumulated in f32, stored in x's dtype) and
+    /// the bias gradient dbias\[j\] = Σ_i x\[i, j\] (accumulated in f32, stored in x's dtype) and
     /// `quantize` of the same x, in one pass over it (TE's `bgrad_quantize`, the backward of a
     /// Linear with bias whose output gradient feeds FP8 GEMMs).
     pub struct BgradQuantize = "bgrad_quantize";

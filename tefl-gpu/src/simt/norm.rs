@@ -373,12 +373,12 @@ fn warmup_forward(
     Ok(())
 }
 
-/// `rmsnorm_fwd`'s warm-up (see [`warmup_forward`]).
+/// `rmsnorm_fwd`'s warm-up (see `warmup_forward`).
 pub fn warmup_rmsnorm_fwd(ctx: &KernelCtx<'_>, a: &RmsNormFwdArgs) -> Result<()> {
     warmup_forward("rmsnorm_fwd", ctx, &a.x, &a.gamma, false, a.zero_centered_gamma, a.out_dtype)
 }
 
-/// `layernorm_fwd`'s warm-up (see [`warmup_forward`]).
+/// `layernorm_fwd`'s warm-up (see `warmup_forward`).
 pub fn warmup_layernorm_fwd(ctx: &KernelCtx<'_>, a: &LayerNormFwdArgs) -> Result<()> {
     warmup_forward("layernorm_fwd", ctx, &a.x, &a.gamma, true, a.zero_centered_gamma, a.out_dtype)
 }

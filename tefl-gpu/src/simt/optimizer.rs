@@ -114,12 +114,12 @@ fn adam_master_lists(a: &MultiTensorAdamMasterArgs) -> [&[Tensor]; 5] {
     [&a.grads, &a.model_params, &a.master_params, &a.exp_avg, &a.exp_avg_sq]
 }
 
-/// `multi_tensor_adam`'s warm-up (see [`warmup`]).
+/// `multi_tensor_adam`'s warm-up (see `warmup`).
 pub fn warmup_adam(ctx: &KernelCtx<'_>, a: &MultiTensorAdamArgs) -> Result<()> {
     warmup("multi_tensor_adam", ctx, Kind::Adam, &adam_lists(a))
 }
 
-/// `multi_tensor_adam_master`'s warm-up (see [`warmup`]).
+/// `multi_tensor_adam_master`'s warm-up (see `warmup`).
 pub fn warmup_adam_master(ctx: &KernelCtx<'_>, a: &MultiTensorAdamMasterArgs) -> Result<()> {
     warmup("multi_tensor_adam_master", ctx, Kind::AdamMaster, &adam_master_lists(a))
 }

@@ -148,12 +148,12 @@ fn warmup(op: &'static str, ctx: &KernelCtx<'_>, a: &RopeArgs, backward: bool) -
     Ok(())
 }
 
-/// `fused_rope_forward`'s warm-up (see [`warmup`]).
+/// `fused_rope_forward`'s warm-up (see `warmup`).
 pub fn warmup_rope_forward(ctx: &KernelCtx<'_>, a: &RopeArgs) -> Result<()> {
     warmup("fused_rope_forward", ctx, a, false)
 }
 
-/// `fused_rope_backward`'s warm-up (see [`warmup`]).
+/// `fused_rope_backward`'s warm-up (see `warmup`).
 pub fn warmup_rope_backward(ctx: &KernelCtx<'_>, a: &RopeArgs) -> Result<()> {
     warmup("fused_rope_backward", ctx, a, true)
 }
