@@ -404,9 +404,9 @@ pub fn fused_attn_bwd(_: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut> 
             b,
             hk,
             tiles: tiles.to_vec(),
-            dk: try_zeroed(kv_len, || format!("a dK share of {kv_len} elements"))?,
-            dv: try_zeroed(kv_len, || format!("a dV share of {kv_len} elements"))?,
-            dq: try_zeroed(group * lq * d, || format!("a dQ share of {} elements", group * lq * d))?,
+            dk: try_zeroed(kv_len, || format!("attention dk share [{kv_len}]"))?,
+            dv: try_zeroed(kv_len, || format!("attention dv share [{kv_len}]"))?,
+            dq: try_zeroed(group * lq * d, || format!("attention dq share [{}]", group * lq * d))?,
         };
         let (mut w, mut ds) = (vec![0.0f32; TQ * TK], vec![0.0f32; TQ * TK]);
         let [mut qa, mut qb, mut oa, mut ob] = std::array::from_fn::<Packed, 4, _>(|_| Packed::default());
