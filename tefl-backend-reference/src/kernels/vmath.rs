@@ -421,55 +421,73 @@ mod f16_instructions {
     /// immediate has no bit for it, and the exceptions are masked in MXCSR anyway).
     const NEAREST: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
 
+    /// The first min(len) elements of `src` converted into `dst`: `W` at a time by `chunk`
+    /// (given exactly `W` of each), the rest by `tail`. Inlined into each caller, so `chunk`'s
+    /// instructions run with the caller's target features.
+    #[inline(always)]
+    fn in_chunks<const W: usize, S, D>(
+        src: &[S],
+        dst: &mut [D],
+        chunk: impl Fn(&[S], &mut [D]),
+        tail: fn(&[S], &mut [D]),
+    ) {
+        let n = dst.len().min(src.len());
+        let whole = n / W * W;
+        for (d, s) in dst[..whole].chunks_exact_mut(W).zip(src[..whole].chunks_exact(W)) {
+            chunk(s, d);
+        }
+        tail(&src[whole..n], &mut dst[whole..n]);
+    }
+
     #[target_feature(enable = "avx512f")]
     pub fn widen_avx512(src: &[f16], dst: &mut [f32]) {
-        let n = dst.len().min(src.len());
-        let whole = n / 16 * 16;
-        for (d, s) in dst[..whole].chunks_exact_mut(16).zip(src[..whole].chunks_exact(16)) {
+        in_chunks::<16, _, _>(
+            src,
+            dst,
             // SAFETY: `s` holds 16 f16 (32 bytes, read unaligned) and `d` 16 f32 (64 bytes).
-            unsafe { _mm512_storeu_ps(d.as_mut_ptr(), _mm512_cvtph_ps(_mm256_loadu_si256(s.as_ptr().cast()))) };
-        }
-        widen_f16_generic(&src[whole..n], &mut dst[whole..n]);
+            |s, d| unsafe { _mm512_storeu_ps(d.as_mut_ptr(), _mm512_cvtph_ps(_mm256_loadu_si256(s.as_ptr().cast()))) },
+            widen_f16_generic,
+        );
     }
 
     #[target_feature(enable = "avx512f")]
     pub fn narrow_avx512(src: &[f32], dst: &mut [f16]) {
-        let n = dst.len().min(src.len());
-        let whole = n / 16 * 16;
-        for (d, s) in dst[..whole].chunks_exact_mut(16).zip(src[..whole].chunks_exact(16)) {
+        in_chunks::<16, _, _>(
+            src,
+            dst,
             // SAFETY: `s` holds 16 f32 (64 bytes) and `d` 16 f16 (32 bytes), both unaligned.
-            unsafe {
+            |s, d| unsafe {
                 _mm256_storeu_si256(d.as_mut_ptr().cast(), _mm512_cvtps_ph::<NEAREST>(_mm512_loadu_ps(s.as_ptr())))
-            };
-        }
-        narrow_f16_generic(&src[whole..n], &mut dst[whole..n]);
+            },
+            narrow_f16_generic,
+        );
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     pub fn widen_avx2(src: &[f16], dst: &mut [f32]) {
-        let n = dst.len().min(src.len());
-        let whole = n / 8 * 8;
-        for (d, s) in dst[..whole].chunks_exact_mut(8).zip(src[..whole].chunks_exact(8)) {
+        in_chunks::<8, _, _>(
+            src,
+            dst,
             // SAFETY: `s` holds 8 f16 (16 bytes, read unaligned) and `d` 8 f32 (32 bytes).
-            unsafe { _mm256_storeu_ps(d.as_mut_ptr(), _mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr().cast()))) };
-        }
-        widen_f16_generic(&src[whole..n], &mut dst[whole..n]);
+            |s, d| unsafe { _mm256_storeu_ps(d.as_mut_ptr(), _mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr().cast()))) },
+            widen_f16_generic,
+        );
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     pub fn narrow_avx2(src: &[f32], dst: &mut [f16]) {
-        let n = dst.len().min(src.len());
-        let whole = n / 8 * 8;
-        for (d, s) in dst[..whole].chunks_exact_mut(8).zip(src[..whole].chunks_exact(8)) {
+        in_chunks::<8, _, _>(
+            src,
+            dst,
             // SAFETY: `s` holds 8 f32 (32 bytes) and `d` 8 f16 (16 bytes), both unaligned.
-            unsafe {
+            |s, d| unsafe {
                 _mm_storeu_si128(
                     d.as_mut_ptr().cast(),
                     _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(s.as_ptr())),
                 )
-            };
-        }
-        narrow_f16_generic(&src[whole..n], &mut dst[whole..n]);
+            },
+            narrow_f16_generic,
+        );
     }
 }
 

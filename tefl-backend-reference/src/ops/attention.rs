@@ -345,9 +345,9 @@ pub fn fused_attn_bwd(_: &KernelCtx<'_>, a: &AttnBwdArgs) -> Result<AttnBwdOut> 
     };
     // The GEMM path's tile (see the module's doc): for query rows i0.. of head h, which see the
     // keys `ranges` (a row each), against keys j0.. (`kt`), given the scores S·scale in `w` and
-    // dP = dO·Vᵀ in `ds` (each rows × kt), turns them into the dropped-out probabilities w (what multiplied v in the
-    // forward) and the score gradients ds, 0 where a pair is masked (or its row saw no key);
-    // false when no pair of the tile is visible.
+    // dP = dO·Vᵀ in `ds` (each rows × kt), turns them into the dropped-out probabilities w
+    // (what multiplied v in the forward) and the score gradients ds, 0 where a pair is masked
+    // (or its row saw no key); false when no pair of the tile is visible.
     let tiled = all_finite(&[c.q, c.k, c.v, &dov]);
     let grads = |b: usize,
                  h: usize,
