@@ -227,11 +227,12 @@ fn dq_smem(d: usize) -> usize {
 }
 
 /// The backward's dynamic shared memory: the alignment slack, K and V (128 keys), STAGES Q and
-/// dO tiles (64 rows), two dSᵀ buffers (128 x 64, 16-bit), two consumers' dQ shares (64 x 64
-/// f32), the two consumers' lse and delta rows, the barriers (K / V full and empty, a full and
-/// an empty one per stage and per dQ share buffer). At head dim 256: K and V of 64
-/// keys, STAGES Q tiles and one dO tile, two Pᵀ and two dSᵀ buffers (64 x 64), the same dQ
-/// shares and rows, three more barriers.
+/// dO tiles (64 rows), two dSᵀ buffers (128 x 64, 16-bit; three at head dim 64, where a tile's
+/// dQ product reads its buffer a tile later), two consumers' dQ shares (64 x 64 f32), the two
+/// consumers' lse and delta rows, the barriers (K / V full and empty, a full and an empty one
+/// per stage and per dQ share buffer). At head dim 256: K and V of 64 keys, STAGES Q tiles and
+/// one dO tile, two Pᵀ and two dSᵀ buffers (64 x 64), the same dQ shares and rows, three more
+/// barriers.
 fn bwd_smem(d: usize) -> usize {
     let tile = BWD_ROWS * d * 2;
     if d > 128 {
@@ -243,9 +244,10 @@ fn bwd_smem(d: usize) -> usize {
             + 2 * 2 * BWD_ROWS * 4
             + 8 * (4 + 2 * STAGES);
     }
+    let ds_buffers = if d == 64 { 3 } else { 2 };
     1024 + 2 * ROWS * d * 2
         + 2 * STAGES * tile
-        + 2 * ROWS * BWD_ROWS * 2
+        + ds_buffers * ROWS * BWD_ROWS * 2
         + 2 * BWD_ROWS * 64 * 4
         + 2 * 2 * BWD_ROWS * 4
         + 8 * (2 + 2 * STAGES + 2 * 2)

@@ -26,9 +26,11 @@
 //   shared memory. Head dim 128 splits dQ's columns between the consumers: each computes its
 //   64 once both have written their dSᵀ rows (a barrier joins them every tile). Head dim 64
 //   gives each tile's whole dQ (64 x 64) to one consumer, the tile's parity's (tile n: consumer
-//   n % 2), which waits at a barrier the other only arrives at: the consumers take the product
-//   and its hand-off in turns and add each tile's dQ once (split by keys instead, both added
-//   all 64 columns, twice the reduce-add traffic; H200, 2026-11-29: 2.28 against 2.76 ms).
+//   n % 2), which computes it a tile later, in tile n + 1, from the third of three dSᵀ buffers,
+//   after a barrier the other consumer only arrives at: the consumers take the product and its
+//   hand-off in turns and add each tile's dQ once (split by keys instead, both added all 64
+//   columns, twice the reduce-add traffic; H200, 2026-11-29: 2.28 against 2.76 ms; in the
+//   tile itself, the owner waited there for the other, 2026-12-04: 1.92 against 1.85 ms).
 //   The dQ goes to its consumer's buffer in shared memory, and the dQ writer warp hands it to
 //   the copy engine as tensor reduce-adds into dq_acc (f32, q's layout); at head dim 256 one
 //   thread of the consumer does.
@@ -67,6 +69,9 @@
 #define K_TILE (DBOX * K_BOX)
 #define Q_TILE (DBOX * Q_BOX)
 #define DS_BYTES (BN * BM * 2)    // dSᵀ: BN keys x 64 queries, 16-bit
+// dSᵀ buffers (attn_bwd_sm90): head dim 64 keeps three, since a tile's dQ product reads its
+// buffer one tile later (below).
+#define DS_BUFS (D == 64 ? 3 : 2)
 #define DQ_BYTES (BM * 64 * 4)    // a consumer's dQ share: 64 queries x 64 columns, f32
 #define RAGGED (PADDING || LAYOUT == 2)
 // Head dims 64 and 128 with dQ shares: warp 1 of the producer warpgroup hands them to the copy
@@ -205,9 +210,10 @@ template <int STEPS> __device__ __forceinline__ void mm_tt(float* c, u32 a, u32 
 #undef TT64
 
 // Named barriers: 1 joins the two consumers (256 threads; head dim 128), 1 + n % 2 the two
-// consumers' dSᵀ rows of tile n (head dim 64: the tile's dQ consumer waits, the other arrives;
-// two ids, so that an arrival for tile n + 1 cannot complete tile n's barrier), 3 + c one
-// consumer's warpgroup.
+// consumers' dSᵀ rows of tile n (head dim 64: the tile's dQ consumer waits, in tile n + 1, the
+// other arrives in tile n; two ids, so that an arrival for tile n + 1 cannot complete tile n's
+// barrier, and the arrival for tile n + 2 comes after that consumer's own wait for tile n + 1,
+// which follows the other's wait for tile n), 3 + c one consumer's warpgroup.
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256;" ::: "memory"); }
 __device__ __forceinline__ void ds_wait(int n) { asm volatile("bar.sync %0, 256;" ::"r"(1 + n % 2) : "memory"); }
 __device__ __forceinline__ void ds_arrive(int n) { asm volatile("bar.arrive %0, 256;" ::"r"(1 + n % 2) : "memory"); }
@@ -323,6 +329,19 @@ __device__ __forceinline__ void dq_then_dk(float* dk, float* dv, const u32 (*da)
     for (int i = 0; i < 32; ++i) acc_fence(dq[i]);
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) acc_fence(dv[i]);
+    share_dq(dq, dq_s, full, empty, k, tid);
+}
+
+// Head dim 64: the dQ of an item's last tile (dSᵀ at `ds`, K at `k_box`), after the item's
+// tiles, handed to the writer warp as dq_then_dk does (every product is done after it).
+__device__ __forceinline__ void dq_last(u32 ds, u32 k_box, u32 dq_s, u32 full, u32 empty, int k, int tid) {
+    float dq[32];
+    wgmma_fence();
+    mm_tt<8>(dq, ds, k_box);
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 32; ++i) acc_fence(dq[i]);
     share_dq(dq, dq_s, full, empty, k, tid);
 }
 
@@ -611,8 +630,8 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
 #define Q_S(st) (base + 2 * K_TILE + (st) * Q_TILE)
 #define DO_S(st) (base + 2 * K_TILE + (STAGES + (st)) * Q_TILE)
 #define DS_S(i) (base + 2 * K_TILE + 2 * STAGES * Q_TILE + (i) * DS_BYTES)
-#define DQ_S(c) (base + 2 * K_TILE + 2 * STAGES * Q_TILE + 2 * DS_BYTES + (c) * DQ_BYTES)
-    const u32 rows_s = base + 2 * K_TILE + 2 * STAGES * Q_TILE + 2 * DS_BYTES + CONSUMERS * DQ_BYTES;
+#define DQ_S(c) (base + 2 * K_TILE + 2 * STAGES * Q_TILE + DS_BUFS * DS_BYTES + (c) * DQ_BYTES)
+    const u32 rows_s = base + 2 * K_TILE + 2 * STAGES * Q_TILE + DS_BUFS * DS_BYTES + CONSUMERS * DQ_BYTES;
 #define LSE_S(c) (rows_s + (c) * 2 * BM * 4)
 #define DEL_S(c) (rows_s + (c) * 2 * BM * 4 + BM * 4)
     const u32 bars = rows_s + CONSUMERS * 2 * BM * 4;
@@ -675,6 +694,10 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
     int pending = -1;
     // n counts the tiles of every item so far, as the producer's does.
     int n = 0;
+#if DQ_SHARES && D == 64
+    // This consumer owns tile n - 1 and has not yet computed its dQ.
+    bool owes = false;
+#endif
     FOR_EACH_ITEM(it, item) {
         const KeyBlock kb = key_block(p, item);
         RowAhead ahead;
@@ -698,7 +721,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
             for (int i0 = 0; i0 < s.lq; i0 += BM) {
                 if (!tile_visible(s, i0, j0, kb.nk)) continue;
                 const int st = n % STAGES;
-                const u32 q = Q_S(st), d_o = DO_S(st), ds = DS_S(n % 2);
+                const u32 q = Q_S(st), d_o = DO_S(st), ds = DS_S(n % DS_BUFS);
                 // K and V (shared memory) of this tile's products: their descriptors are recomputed
                 // per tile (opaque), not kept in registers across the loop (ptxas spilled them).
                 const u32 k_t = opaque(k_s), v_t = opaque(v_s);
@@ -792,19 +815,28 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
                 dk_behind_dv(dk, dv, da, q);
 #elif D == 64
                 fence_async_shared();
-                // The tile's dQ consumer waits for the other's dSᵀ rows; the other only arrives,
-                // after a barrier of its own warpgroup (its threads' last reads of the row buffer,
-                // which the next tile overwrites, are done; the dQ consumer's hand-off has two).
-                // Each path issues dK last and leaves only it running: with the dQ product and its
-                // hand-off behind separate branches ptxas serialised the wgmma (C7512).
-                if (n % 2 == c) {
-                    ds_wait(n);
-                    dq_then_dk(dk, dv, da, ds, k_t, q, DQ_S(c), DQ_FULL(c), DQ_EMPTY(c), n / 2, tid);
+                // Tile n's dQ (all 64 columns, all 128 keys) is consumer n % 2's, computed a tile
+                // later. Computed in its own tile, the owner waited at the barrier for the other
+                // consumer's dSᵀ rows while the other, one dQ product behind (its own tile
+                // before), caught up: H200 Nsight Compute, 2026-12-04, 6.8% of the stall samples.
+                // Here the owner of tile n - 1 waits for the other's rows of n - 1 (ds_wait; it
+                // joins this warpgroup too: its threads' last reads of the row buffer, which the
+                // next tile overwrites, are done), multiplies them and hands the share on; then
+                // the consumer that does not own tile n arrives for its rows of n, once any dQ
+                // product of its own has read its buffer, so tile n + 3's rows (three buffers)
+                // overwrite tile n's only after its dQ. Each path issues dK last and leaves only
+                // it running: with the dQ product and its hand-off behind separate branches ptxas
+                // serialised the wgmma (C7512).
+                if (owes) {
+                    ds_wait(n - 1);
+                    dq_then_dk(dk, dv, da, DS_S((n - 1) % DS_BUFS), k_t, q, DQ_S(c), DQ_FULL(c), DQ_EMPTY(c),
+                               (n - 1) / 2, tid);
                 } else {
                     warpgroup_sync(c);
-                    ds_arrive(n);
                     dk_behind_dv(dk, dv, da, q);
                 }
+                if (n % 2 != c) ds_arrive(n);
+                owes = n % 2 == c;
 #else
                 fence_async_shared();
                 consumers_sync();  // both consumers' dSᵀ rows are in shared memory
@@ -814,6 +846,14 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
                 ++n;
             }
         }
+#if DQ_SHARES && D == 64
+        // The item's last tile's dQ, owed by its owner, before K is given back.
+        if (owes) {
+            ds_wait(n - 1);
+            dq_last(DS_S((n - 1) % DS_BUFS), opaque(k_s), DQ_S(c), DQ_FULL(c), DQ_EMPTY(c), (n - 1) / 2, tid);
+            owes = false;
+        }
+#endif
 #if PERSISTENT
         // Every product that reads K or V is done (only dK, from Q's stage, may still run): the
         // producer may load the next item's.
