@@ -145,7 +145,12 @@ mod tests {
             let text = tefl_gpu::variant::full_source(tefl_gpu::Target::Cuda, v);
             // (ptxas' advisories may come on stderr, after this line: stderr_advisories.)
             eprintln!("{COMPILING}{arch} {} {:?}", v.source.name, v.defines);
-            match Nvrtc.compile_logged(&text, v.source.path, &Nvrtc.options(arch), v.entries.len()) {
+            // The Hopper kernels' ptxas report too (its stack frames: below).
+            let mut options = Nvrtc.options(arch);
+            if v.source.arch_specific {
+                options.push("--ptxas-options=-v".into());
+            }
+            match Nvrtc.compile_logged(&text, v.source.path, &options, v.entries.len()) {
                 Ok((cubin, log)) => {
                     for e in v.entries.iter().filter(|e| !binary_has_entry(&cubin, e)) {
                         failures.push(format!("{arch} {}: no entry {e} ({:?})", v.source.name, v.defines));
@@ -159,11 +164,50 @@ mod tests {
                     for advice in performance_advisories(&log) {
                         failures.push(format!("{arch} {} ({:?}): {advice}", v.source.name, v.defines));
                     }
+                    if v.source.arch_specific {
+                        let frames = stack_frames(&log);
+                        if frames.is_empty() {
+                            failures.push(format!("{arch} {} ({:?}): no ptxas report", v.source.name, v.defines));
+                        }
+                        for bytes in frames.into_iter().filter(|b| *b > MAX_HOPPER_STACK_BYTES) {
+                            failures.push(format!(
+                                "{arch} {} ({:?}): a {bytes}-byte stack frame (local memory; at most \
+                                 {MAX_HOPPER_STACK_BYTES} allowed)",
+                                v.source.name, v.defines
+                            ));
+                        }
+                    }
                 }
                 Err(e) => failures.push(format!("{arch} {:?}: {e}", v.defines)),
             }
         }
         assert!(failures.is_empty(), "{} of {compiled} failed:\n{}", failures.len(), failures.join("\n"));
+    }
+
+    /// The largest stack frame a Hopper (wgmma) kernel may have: its registers are budgeted by
+    /// hand (`setmaxnreg`), and what does not fit goes to local memory, slow on every access.
+    /// 24 bytes is what the persistent attention backwards spill today (a few values around
+    /// their item loop). A per-thread array indexed at run time takes more: the forward's row
+    /// maximum over a local array of 16 floats (2026-12-04) took 64 bytes and ran 41-74% longer,
+    /// with no ptxas advisory to say so.
+    const MAX_HOPPER_STACK_BYTES: u64 = 24;
+
+    /// The stack frame sizes in a ptxas `-v` report (`N bytes stack frame, ...`), one a kernel.
+    fn stack_frames(log: &str) -> Vec<u64> {
+        log.lines()
+            .filter_map(|l| l.split(" bytes stack frame").next().filter(|_| l.contains(" bytes stack frame")))
+            .filter_map(|head| head.split_whitespace().last()?.parse().ok())
+            .collect()
+    }
+
+    #[test]
+    fn stack_frames_are_read_from_a_ptxas_report() {
+        let log = "ptxas info    : Compiling entry function 'k' for 'sm_90a'\n\
+                   ptxas         .     64 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n\
+                   ptxas info    : Used 168 registers\n\
+                   ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n";
+        assert_eq!(stack_frames(log), vec![64, 0]);
+        assert!(stack_frames("no report").is_empty());
     }
 
     #[test]
