@@ -26,11 +26,12 @@
 //   shared memory. Head dim 128 splits dQ's columns between the consumers: each computes its
 //   64 once both have written their dSᵀ rows (a barrier joins them every tile). Head dim 64
 //   gives each tile's whole dQ (64 x 64) to one consumer, the tile's parity's (tile n: consumer
-//   n % 2), which computes it a tile later, in tile n + 1, from the third of three dSᵀ buffers,
-//   after a barrier the other consumer only arrives at: the consumers take the product and its
-//   hand-off in turns and add each tile's dQ once (split by keys instead, both added all 64
-//   columns, twice the reduce-add traffic; H200, 2026-11-29: 2.28 against 2.76 ms; in the
-//   tile itself, the owner waited there for the other, 2026-12-04: 1.92 against 1.85 ms).
+//   n % 2), which computes it a tile later, in tile n + 1 (three dSᵀ buffers keep tile n's
+//   rows until then), after a barrier the other consumer only arrives at: the consumers take
+//   the product and its hand-off in turns and add each tile's dQ once (split by keys instead,
+//   both added all 64 columns, twice the reduce-add traffic; H200, 2026-11-29: 2.28 against
+//   2.76 ms; in the tile itself, the owner waited there for the other, 2026-12-04: 1.92
+//   against 1.85 ms).
 //   The dQ goes to its consumer's buffer in shared memory, and the dQ writer warp hands it to
 //   the copy engine as tensor reduce-adds into dq_acc (f32, q's layout); at head dim 256 one
 //   thread of the consumer does.
