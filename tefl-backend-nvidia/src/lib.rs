@@ -195,8 +195,8 @@ mod tests {
     /// The stack frame sizes in a ptxas `-v` report (`N bytes stack frame, ...`), one a kernel.
     fn stack_frames(log: &str) -> Vec<u64> {
         log.lines()
-            .filter_map(|l| l.split(" bytes stack frame").next().filter(|_| l.contains(" bytes stack frame")))
-            .filter_map(|head| head.split_whitespace().last()?.parse().ok())
+            .filter_map(|l| l.split_once(" bytes stack frame"))
+            .filter_map(|(head, _)| head.split_whitespace().last()?.parse().ok())
             .collect()
     }
 
