@@ -205,9 +205,19 @@ __device__ __forceinline__ void softmax(float* sc, float* m, float* l, float* cf
             if (!(j >= lo[x] && j < hi[x])) sc[i] = NEG_INF;
         }
     }
-    float mx[2] = {NEG_INF, NEG_INF}, mu[2], sum[2] = {0.0f, 0.0f};
+    // Each row's maximum in four independent chains, joined at the end (a maximum is exact in
+    // any order): one chain of BC / 4 dependent compares a row kept the exponentials waiting.
+    float mx[2], mu[2];
 #pragma unroll
-    for (int i = 0; i < BC / 2; ++i) mx[(i / 2) % 2] = max_nan(mx[(i / 2) % 2], sc[i]);
+    for (int x = 0; x < 2; ++x) {
+        float c4[4];
+#pragma unroll
+        for (int k = 0; k < BC / 8; ++k) {
+            const float pair = max_nan(sc[4 * k + 2 * x], sc[4 * k + 2 * x + 1]);
+            c4[k % 4] = k < 4 ? pair : max_nan(c4[k % 4], pair);
+        }
+        mx[x] = max_nan(max_nan(c4[0], c4[1]), max_nan(c4[2], c4[3]));
+    }
 #pragma unroll
     for (int x = 0; x < 2; ++x) {
         mx[x] = max_nan(mx[x], shfl_xor(mx[x], 1));
@@ -217,14 +227,16 @@ __device__ __forceinline__ void softmax(float* sc, float* m, float* l, float* cf
         cf[x] = fast_exp2(m[x] * scale2 - mu[x]);
         m[x] = mn;
     }
+    // Each row's sum in two chains (alternate groups of four keys), added at the end.
+    float sum2[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
 #pragma unroll
     for (int i = 0; i < BC / 2; ++i) {
         const int x = (i / 2) % 2;
         sc[i] = fast_exp2(fmaf(sc[i], scale2, -mu[x]));
-        sum[x] += sc[i];
+        sum2[x][(i / 4) % 2] += sc[i];
     }
 #pragma unroll
-    for (int x = 0; x < 2; ++x) l[x] = l[x] * cf[x] + sum[x];
+    for (int x = 0; x < 2; ++x) l[x] = l[x] * cf[x] + (sum2[x][0] + sum2[x][1]);
 }
 
 // The probabilities as wgmma's A fragments: accumulator pairs 8 kk + 2 r (r = 0..3) of two n8
