@@ -11,7 +11,8 @@ use crate::{Defines, Variant};
 use super::host::{Arg, Grid, OnDevice, blocks_for, cty, empty, i32_of, info, ptr, sm_count, tune_table};
 
 /// The kernels of `simt/activation.cu` these ops launch.
-const ENTRIES: &[&str] = &["act_fwd", "act_bwd", "gated_fwd", "gated_bwd", "dbias_partial", "sum_parts"];
+const ENTRIES: &[&str] =
+    &["act_fwd", "act_bwd", "gated_fwd", "gated_fwd_kept", "gated_bwd", "dbias_partial", "sum_parts"];
 
 fn act_code(kind: Activation) -> u8 {
     match kind {
@@ -155,7 +156,8 @@ fn half_shape(t: &Tensor) -> Vec<usize> {
 
 /// Launches `gated_fwd` or `gated_bwd` over x's rows (each [gate | value], n wide per half):
 /// `ptrs`, then rows, n, whether rows are vector-aligned, and the clamp's limit and alpha.
-/// `arg` names x in errors.
+/// `arg` names x in errors. `kept` (the forward only): `gated_fwd_kept` takes vector-aligned
+/// rows instead, holding x in L2 and releasing the rows from that one on ([`fwd_keep_l2`]).
 #[allow(clippy::too_many_arguments)]
 fn launch_gated(
     op: &'static str,
@@ -167,17 +169,33 @@ fn launch_gated(
     kind: Activation,
     clamp: Option<(f32, f32)>,
     ptrs: &[Arg],
+    kept: Option<usize>,
 ) -> Result<()> {
     let (rows, n) = (x.rows(), x.last_dim() / 2);
     let (limit, alpha) = clamp.unwrap_or((0.0, 0.0));
     let (rows_i, n_i) = (i32_of(ctx, op, arg, rows)?, i32_of(ctx, op, arg, n)?);
+    let release_from = kept.map(|r| i32_of(ctx, op, arg, r)).transpose()?;
     launch_tuned(op, ctx, x.dtype(), g, kind, clamp.is_some(), rows * n, |l| {
         let vec = n.is_multiple_of(l.nv);
         let grid = l.grid(if vec { rows * n / l.nv } else { rows * n });
         let mut args = ptrs.to_vec();
         args.extend([Arg::I32(rows_i), Arg::I32(n_i), Arg::I32(i32::from(vec)), Arg::F32(limit), Arg::F32(alpha)]);
-        l.k.launch(kernel, grid, &args)
+        match release_from.filter(|_| vec) {
+            Some(from) => {
+                args.push(Arg::I32(from));
+                l.k.launch("gated_fwd_kept", grid, &args)
+            }
+            None => l.k.launch(kernel, grid, &args),
+        }
     })
+}
+
+/// Whether the gated forward of `x` holds x in L2 while its rows are in use, and the first row
+/// it releases: [`tune::l2_keep`] with the tune configs' `gated_fwd_l2` entry (the Hopper file
+/// sets it; its comment has the figures).
+fn fwd_keep_l2(ctx: &KernelCtx<'_>, x: &Tensor) -> Result<Option<usize>> {
+    let row_bytes = x.last_dim() * x.dtype().size_in_bytes();
+    Ok(tune::l2_keep(&*tune_table(ctx.device)?, "gated_fwd_l2", x.rows(), row_bytes))
 }
 
 fn gated_fwd(
@@ -188,7 +206,9 @@ fn gated_fwd(
     clamp: Option<(f32, f32)>,
 ) -> Result<ActOut> {
     let y = empty(ctx.device, &half_shape(x), x.dtype())?;
-    launch_gated(op, ctx, "gated_fwd", x, "x", x.dtype(), kind, clamp, &[Arg::Ptr(ptr(x)?), Arg::Ptr(ptr(&y)?)])?;
+    let kept = fwd_keep_l2(ctx, x)?;
+    let ptrs = [Arg::Ptr(ptr(x)?), Arg::Ptr(ptr(&y)?)];
+    launch_gated(op, ctx, "gated_fwd", x, "x", x.dtype(), kind, clamp, &ptrs, kept)?;
     Ok(ActOut { y })
 }
 
@@ -202,7 +222,7 @@ fn gated_bwd(
 ) -> Result<DActOut> {
     let gi = empty(ctx.device, x.shape(), x.dtype())?;
     let ptrs = [Arg::Ptr(ptr(g)?), Arg::Ptr(ptr(x)?), Arg::Ptr(ptr(&gi)?)];
-    launch_gated(op, ctx, "gated_bwd", x, "input", g.dtype(), kind, clamp, &ptrs)?;
+    launch_gated(op, ctx, "gated_bwd", x, "input", g.dtype(), kind, clamp, &ptrs, None)?;
     Ok(DActOut { grad_input: gi })
 }
 
