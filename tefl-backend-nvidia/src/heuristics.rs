@@ -218,7 +218,11 @@ mod tests {
         // 8192 x 4096 case (64 MiB) lost with the policy.
         assert_eq!(l2_keep(&h, "norm_fwd_l2", 16384, 8192 * 2), Some(16384 - 4096));
         assert_eq!(l2_keep(&h, "norm_fwd_l2", 8192, 4096 * 2), None);
-        for entry in ["softmax_bwd_l2", "norm_fwd_l2", "rope_l2"] {
+        // The gated forward at swiglu's 16384 x (2 x 8192) bf16 (x: 32 KiB a row, 512 MiB): the
+        // last 2048 rows released; 8192 x (2 x 4096) (128 MiB, not measured) not kept.
+        assert_eq!(l2_keep(&h, "gated_fwd_l2", 16384, 16384 * 2), Some(16384 - 2048));
+        assert_eq!(l2_keep(&h, "gated_fwd_l2", 8192, 8192 * 2), None);
+        for entry in ["softmax_bwd_l2", "norm_fwd_l2", "rope_l2", "gated_fwd_l2"] {
             assert_eq!(l2_keep(&a, entry, 1 << 20, 1 << 16), None, "{entry} on sm_80");
         }
     }
