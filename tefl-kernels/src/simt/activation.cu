@@ -130,7 +130,8 @@ extern "C" __global__ void __launch_bounds__(BLOCK) act_bwd(const TG* __restrict
 template <bool KEEP>
 __device__ __forceinline__ void gated_fwd_rows(const TX* __restrict__ x, TX* __restrict__ y, int rows, int n, int vec,
                                                float limit, float alpha, int release_from) {
-    if (vec) {
+    // The kept form is launched for vectorised rows only: its scalar loop is not compiled.
+    if (KEEP || vec) {
         const int per_row = n / NV;
         GRID_STRIDE(i, (long long)rows * per_row) {
             const long long r = i / per_row, c = (i % per_row) * NV;

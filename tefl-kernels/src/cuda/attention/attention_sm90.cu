@@ -209,6 +209,7 @@ __device__ __forceinline__ void softmax(float* sc, float* m, float* l, float* cf
     // any order), and below its sum in two. With one chain each (BC / 4 dependent compares,
     // then BC / 4 dependent adds a row) the causal d128 forward took about 1% longer (H200,
     // 2026-12-04, the performance log; the four-chain maximum alone was no faster).
+    static_assert(BC / 8 >= 4, "each of the four chains starts from one of a row's first four key pairs");
     float mx[2], mu[2];
 #pragma unroll
     for (int x = 0; x < 2; ++x) {
