@@ -2,13 +2,14 @@
 // a 16384 x 8192 bf16 RMSNorm forward in tefl's shape (one row a block of 256 threads, four
 // 16-byte vectors a thread kept in registers) with its x loads plain, at an L2 evict_last policy,
 // or at evict_last and released afterwards (applypriority evict_normal per 128-byte line: every
-// row, or only the last 8192 or 4096 rows, those that can still be in L2 at the end), the
-// shape of Triton's kernel (torch.compile: 512 threads, a sum pass with evict_last loads, an
-// output pass re-reading x with evict_first loads), and a 16-byte copy the same three ways.
+// row, or only the last 8192, 4096, 2048 or 1024 rows, those that can still be in L2 at the
+// end), the shape of Triton's kernel (torch.compile: 512 threads, a sum pass with evict_last
+// loads, an output pass re-reading x with evict_first loads), and a 16-byte copy the same three
+// ways.
 // Each is timed as tefl's bench times an op: warm-up calls, then per repetition a 256 MiB fill
 // (the L2 flush) and one call between events, the median of 20; three rounds, alternating.
-// Then, per variant, how it leaves the L2 for the kernel after it: a 24 MB buffer read twice
-// right after the variant, the second read timed.
+// Then, per variant, how it leaves the L2 for the kernel after it: a 24 MB and a 40 MB buffer,
+// each read twice right after the variant, the second read timed.
 //
 // The flush is cudaMemsetAsync, or with an argument holding `k` a fill kernel of 16-byte stores
 // (as torch's `zero_()`, the bench peers' flush, does it); with `p` in it the buffers come from
@@ -252,6 +253,8 @@ int main(int argc, char** argv) {
         {"rmsnorm, kept and released", run_rms<KEEP, true>},
         {"rmsnorm, kept, last 8192 released", run_rms<KEEP, true, 8192>},
         {"rmsnorm, kept, last 4096 released", run_rms<KEEP, true, 4096>},
+        {"rmsnorm, kept, last 2048 released", run_rms<KEEP, true, 2048>},
+        {"rmsnorm, kept, last 1024 released", run_rms<KEEP, true, 1024>},
         {"rmsnorm, L2 kept only, last 4096", run_rms<KEEP_L2_ONLY, true, 4096>},
         {"rmsnorm, Triton's two passes", run_two_pass},
         {"copy, plain loads", run_copy<PLAIN, false>},
@@ -294,22 +297,28 @@ int main(int argc, char** argv) {
         for (float m : ms[k]) printf("  %.4f ms (%4.0f GB/s)", m, bytes / (m * 1e-3) / 1e9);
         printf("\n");
     }
-    const size_t n_reuse = (24u << 20) / 16;
-    uint4* reuse;
+    // How much of the L2 a variant leaves to the kernel after it: a buffer of `mb` MB read twice
+    // right after the variant, the second read timed (24 MB: half the H100's L2; 40 MB: most of
+    // the H200's).
     u32* sink;
-    cudaMalloc(&reuse, n_reuse * 16);
     cudaMalloc(&sink, 4);
-    cudaMemset(reuse, 1, n_reuse * 16);
-    for (int k = 0; k < nv; ++k) {
-        for (int i = 0; i < 20; ++i) {
-            flush_l2(flush, i, s);
-            variants[k].run(b, s);
-            read_all<<<132 * 8, 256, 0, s>>>(reuse, n_reuse, sink);
-            cudaEventRecord(a[i], s);
-            read_all<<<132 * 8, 256, 0, s>>>(reuse, n_reuse, sink);
-            cudaEventRecord(e[i], s);
+    for (const size_t mb : {24u, 40u}) {
+        const size_t n_reuse = (mb << 20) / 16;
+        uint4* reuse;
+        cudaMalloc(&reuse, n_reuse * 16);
+        cudaMemset(reuse, 1, n_reuse * 16);
+        for (int k = 0; k < nv; ++k) {
+            for (int i = 0; i < 20; ++i) {
+                flush_l2(flush, i, s);
+                variants[k].run(b, s);
+                read_all<<<132 * 8, 256, 0, s>>>(reuse, n_reuse, sink);
+                cudaEventRecord(a[i], s);
+                read_all<<<132 * 8, 256, 0, s>>>(reuse, n_reuse, sink);
+                cudaEventRecord(e[i], s);
+            }
+            printf("after %-32s the second read of %zu MB: %.4f ms\n", variants[k].name, mb, median());
         }
-        printf("after %-32s the second read of 24 MB: %.4f ms\n", variants[k].name, median());
+        cudaFree(reuse);
     }
     const cudaError_t err = cudaDeviceSynchronize();
     printf("%s\n", cudaGetErrorString(err));

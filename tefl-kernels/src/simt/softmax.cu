@@ -178,7 +178,10 @@ extern "C" __global__ void __launch_bounds__(BLOCK) softmax_bwd(const TG* __rest
         const int nvecs = sk / NV;
         alignas(16) TX yc[ROW_VECS][NV];
         alignas(16) TG dc[ROW_VECS][NV];
-        float s = 0.0f;
+        // Every load of the two rows is issued before any is used, as in the norm forward: with
+        // each vector's products right after its loads, ptxas kept the loads in their `v <
+        // nvecs` branches and issued a vector's loads only once the one before had arrived
+        // (the sm_90 SASS of the 512-thread, two-vector variant: one trip to memory a vector).
 #pragma unroll
         for (int it = 0; it < ROW_VECS; ++it) {
             const int v = threadIdx.x + it * BLOCK;
@@ -190,6 +193,13 @@ extern "C" __global__ void __launch_bounds__(BLOCK) softmax_bwd(const TG* __rest
                 raw_copy<TX, NV>(yc[it], y + base + v * NV);
                 raw_copy<TG, NV>(dc[it], dy + base + v * NV);
 #endif
+            }
+        }
+        float s = 0.0f;
+#pragma unroll
+        for (int it = 0; it < ROW_VECS; ++it) {
+            const int v = threadIdx.x + it * BLOCK;
+            if (v < nvecs) {
 #pragma unroll
                 for (int j = 0; j < NV; ++j) s = fmaf(to_f32(yc[it][j]), to_f32(dc[it][j]), s);
             }
