@@ -6,8 +6,8 @@ waits for the next. What was measured survives a peer that brings the process do
 fault poisons the context, so the process also ends itself after a fault it caught): bench
 keeps every line it got and starts a new process for its next request.
 
-Peers: torch eager; torch.compile (norms, activations, softmax, RoPE, and the rmsnorm and softmax
-backwards written out: `formula`); SDPA with the flash and
+Peers: torch eager; torch.compile (norms, activations, softmax, RoPE, the FP8 casts, and the rmsnorm
+and softmax backwards written out: `formula`); SDPA with the flash and
 the cuDNN backends (attention); FlagGems when it is importable: `flag_gems.use_gems()` around
 the eager code, and for attention its own `flag_gems.ops.scaled_dot_product_attention` (Triton,
 forward and backward). Not `use_gems()` around SDPA: on NVIDIA, FlagGems 5.0.2 replaces only
@@ -140,6 +140,16 @@ def eager(op, a):
         fr = t(s, 1, 1, d, dt=torch.float32)
         c, sn = fr.cos().to(bf), fr.sin().to(bf)
         return (lambda: x * c + torch.cat((-x[..., d // 2 :], x[..., : d // 2]), -1) * sn), True
+    if op in ("quantize", "quantize_t"):
+        # TE's cast: the codes of x * scale, max |x|, and (quantize_t) the codes' transpose.
+        x = t(a[0], a[1])
+        s = torch.ones((), device=x.device)
+
+        def f():
+            q = (x.float() * s).to(torch.float8_e4m3fn)
+            return q, x.abs().amax().float(), q.t().contiguous() if op == "quantize_t" else None
+
+        return f, True
     if op in ("gemm", "gemm_f16"):
         m = a[0]
         x = t(m, m, dt=torch.float16 if op == "gemm_f16" else bf)

@@ -273,6 +273,13 @@ fn cases(c: &Ctx, small: bool, attn_d: usize, extra_gemms: &[(usize, usize, usiz
             })
         },
     )?);
+    // TE's cast to FP8 (e4m3, unit scale) with its amax, then with the transpose of the codes
+    // too (bytes: read x, write the codes, and their transpose).
+    for (transpose, name, bytes) in [(false, "quantize", 3.0), (true, "quantize_t", 4.0)] {
+        v.extend(c.case::<Quantize>(format!("{name} {r}x{n}"), format!("{name} {r} {n}"), bytes * rn, 0.0, || {
+            Ok(QuantizeArgs { x: x.get()?, scale: one.clone(), fp8_dtype: DType::F8E4M3, want_transpose: transpose })
+        })?);
+    }
     let sizes: &[usize] = if small { &[1024, 2048] } else { &[4096, 8192] };
     // bf16 at each size, and f16 at the first (backends whose fast paths differ by dtype: Vulkan's
     // cooperative matrices need VK_KHR_shader_bfloat16 for bf16).
