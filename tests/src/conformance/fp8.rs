@@ -13,27 +13,43 @@ impl Suite<'_> {
             let f = Fp8Format::of(fp8).expect("fp8 dtype");
             let sc = if fp8 == DType::F8E4M3 { 100.0 } else { 1000.0 };
             for dtype in FLOATS {
-                self.case("quantize", dtype, format!("13x1000 to {fp8} with transpose"), |s| {
-                    let (x, xv) = s.rand(&[13, 1000], dtype, -3.0, 3.0)?;
-                    let scale = s.put(&[sc], &[1], DType::F32)?;
-                    let o = s.call::<Quantize>(&QuantizeArgs { x, scale, fp8_dtype: fp8, want_transpose: true })?;
-                    let codes = o.q.to_vec::<u8>()?;
-                    let want: Vec<u8> =
-                        xv.iter().map(|v| oracle::fp8_nearest(f, f64::from(*v as f32 * sc as f32))).collect();
-                    if let Some(i) = codes.iter().zip(&want).position(|(a, b)| a != b) {
-                        return Err(Error::Tensor(format!("code {i}: {:#04x}, expected {:#04x}", codes[i], want[i])));
-                    }
-                    let qt = o.q_t.ok_or_else(|| Error::Tensor("q_t missing".into()))?.to_vec::<u8>()?;
-                    if (0..13).any(|i| (0..1000).any(|j| qt[j * 13 + i] != codes[i * 1000 + j])) {
-                        return Err(Error::Tensor("q_t is not the transpose of q".into()));
-                    }
-                    let amax = xv.iter().fold(0.0f64, |a, b| a.max(b.abs()));
-                    Ok(vec![
-                        cmp("amax", &o.amax, vec![amax], DType::F32)?,
-                        cmp("scale_inv", &o.scale_inv, vec![1.0 / sc], DType::F32)?,
-                    ])
-                });
-                for (m, n, want_t) in [(37, 300, true), (1000, 24, false), (1, 7, true)] {
+                // Rows of whole 16-byte vectors (n a multiple of 8) and not, a row count under,
+                // over and a multiple of the GPU kernels' tiles and of 8 (the transpose's
+                // 8-byte stores), and enough elements for several steps of a grid-stride loop.
+                for (m, n, want_t) in [(13, 1000, true), (136, 520, true), (257, 1024, false), (3, 999, false)] {
+                    let name = format!("{m}x{n} to {fp8}{}", if want_t { " with transpose" } else { "" });
+                    self.case("quantize", dtype, name, |s| {
+                        let (x, xv) = s.rand(&[m, n], dtype, -3.0, 3.0)?;
+                        let scale = s.put(&[sc], &[1], DType::F32)?;
+                        let o =
+                            s.call::<Quantize>(&QuantizeArgs { x, scale, fp8_dtype: fp8, want_transpose: want_t })?;
+                        let codes = o.q.to_vec::<u8>()?;
+                        let want: Vec<u8> =
+                            xv.iter().map(|v| oracle::fp8_nearest(f, f64::from(*v as f32 * sc as f32))).collect();
+                        if let Some(i) = codes.iter().zip(&want).position(|(a, b)| a != b) {
+                            return Err(Error::Tensor(format!(
+                                "code {i}: {:#04x}, expected {:#04x}",
+                                codes[i], want[i]
+                            )));
+                        }
+                        match (&o.q_t, want_t) {
+                            (Some(qt), true) => {
+                                let qt = qt.to_vec::<u8>()?;
+                                if (0..m).any(|i| (0..n).any(|j| qt[j * m + i] != codes[i * n + j])) {
+                                    return Err(Error::Tensor("q_t is not the transpose of q".into()));
+                                }
+                            }
+                            (None, false) => {}
+                            _ => return Err(Error::Tensor("q_t present where it should not be, or missing".into())),
+                        }
+                        let amax = xv.iter().fold(0.0f64, |a, b| a.max(b.abs()));
+                        Ok(vec![
+                            cmp("amax", &o.amax, vec![amax], DType::F32)?,
+                            cmp("scale_inv", &o.scale_inv, vec![1.0 / sc], DType::F32)?,
+                        ])
+                    });
+                }
+                for (m, n, want_t) in [(37, 300, true), (1000, 24, false), (1, 7, true), (72, 264, true)] {
                     self.case("bgrad_quantize", dtype, format!("{m}x{n} to {fp8} transpose={want_t}"), |s| {
                         let (x, xv) = s.rand(&[m, n], dtype, -3.0, 3.0)?;
                         let scale = s.put(&[sc], &[1], DType::F32)?;
@@ -71,23 +87,33 @@ impl Suite<'_> {
                         ])
                     });
                 }
-                self.case("compute_amax", dtype, "4097".into(), |s| {
-                    let (x, xv) = s.rand(&[4097], dtype, -3.0, 3.0)?;
-                    let o = s.call::<ComputeAmax>(&ComputeAmaxArgs { x })?;
-                    Ok(vec![cmp("amax", &o.amax, vec![xv.iter().fold(0.0f64, |a, b| a.max(b.abs()))], DType::F32)?])
-                });
+                for len in [4097, 65544] {
+                    self.case("compute_amax", dtype, len.to_string(), |s| {
+                        let (x, xv) = s.rand(&[len], dtype, -3.0, 3.0)?;
+                        let o = s.call::<ComputeAmax>(&ComputeAmaxArgs { x })?;
+                        Ok(vec![cmp("amax", &o.amax, vec![xv.iter().fold(0.0f64, |a, b| a.max(b.abs()))], DType::F32)?])
+                    });
+                }
             }
             for out_dtype in FLOATS {
-                self.case("dequantize", out_dtype, format!("{fp8} 4097"), |s| {
-                    let codes: Vec<u8> =
-                        (0..4097).map(|i| (i * 37 % 256) as u8).filter(|c| f.decode(*c).is_finite()).collect();
-                    let n = codes.len();
-                    let q = Tensor::from_slice(&codes, [n], fp8)?.to_device(&s.device)?;
-                    let si = s.put(&[0.5], &[1], DType::F32)?;
-                    let o = s.call::<Dequantize>(&DequantizeArgs { q, scale_inv: si, out_dtype })?;
-                    let want: Vec<f64> = codes.iter().map(|c| f64::from(f.decode(*c)) * 0.5).collect();
-                    Ok(vec![cmp("y", &o.y, crate::round(&want, out_dtype), out_dtype)?])
-                });
+                // Every finite code among 4097 draws (a count no vector width divides), then
+                // exactly 4096 finite codes.
+                for (draws, keep) in [(4097, usize::MAX), (5000, 4096)] {
+                    let name = format!("{fp8} {}", if keep == usize::MAX { draws } else { keep });
+                    self.case("dequantize", out_dtype, name, |s| {
+                        let codes: Vec<u8> = (0..draws)
+                            .map(|i| (i * 37 % 256) as u8)
+                            .filter(|c| f.decode(*c).is_finite())
+                            .take(keep)
+                            .collect();
+                        let n = codes.len();
+                        let q = Tensor::from_slice(&codes, [n], fp8)?.to_device(&s.device)?;
+                        let si = s.put(&[0.5], &[1], DType::F32)?;
+                        let o = s.call::<Dequantize>(&DequantizeArgs { q, scale_inv: si, out_dtype })?;
+                        let want: Vec<f64> = codes.iter().map(|c| f64::from(f.decode(*c)) * 0.5).collect();
+                        Ok(vec![cmp("y", &o.y, crate::round(&want, out_dtype), out_dtype)?])
+                    });
+                }
             }
             self.case("fp8_transpose", fp8, "33x1000".into(), |s| {
                 let codes: Vec<u8> = (0..33 * 1000).map(|i| (i * 7 % 251) as u8).collect();
