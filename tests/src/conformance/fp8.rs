@@ -7,6 +7,36 @@ use tefl_core::{DType, Error, Tensor};
 use super::{Cmp, FLOATS, Suite, cmp};
 use crate::oracle;
 
+/// Checks a cast of x `[m, n]` (values `xv`, scale `sc`) to the FP8 format `f`: every code of
+/// `q` the nearest code of x·scale (the oracle's), and `q_t`, present exactly when `want_t`,
+/// the transpose of `q`.
+fn check_codes(
+    f: Fp8Format,
+    xv: &[f64],
+    sc: f64,
+    q: &Tensor,
+    q_t: Option<&Tensor>,
+    want_t: bool,
+    (m, n): (usize, usize),
+) -> tefl_core::Result<()> {
+    let codes = q.to_vec::<u8>()?;
+    let want: Vec<u8> = xv.iter().map(|v| oracle::fp8_nearest(f, f64::from(*v as f32 * sc as f32))).collect();
+    if let Some(i) = codes.iter().zip(&want).position(|(a, b)| a != b) {
+        return Err(Error::Tensor(format!("code {i}: {:#04x}, expected {:#04x}", codes[i], want[i])));
+    }
+    match (q_t, want_t) {
+        (Some(qt), true) => {
+            let qt = qt.to_vec::<u8>()?;
+            if (0..m).any(|i| (0..n).any(|j| qt[j * m + i] != codes[i * n + j])) {
+                return Err(Error::Tensor("q_t is not the transpose of q".into()));
+            }
+            Ok(())
+        }
+        (None, false) => Ok(()),
+        _ => Err(Error::Tensor("q_t present where it should not be, or missing".into())),
+    }
+}
+
 impl Suite<'_> {
     pub(super) fn fp8(&mut self) {
         for fp8 in [DType::F8E4M3, DType::F8E5M2] {
@@ -23,25 +53,7 @@ impl Suite<'_> {
                         let scale = s.put(&[sc], &[1], DType::F32)?;
                         let o =
                             s.call::<Quantize>(&QuantizeArgs { x, scale, fp8_dtype: fp8, want_transpose: want_t })?;
-                        let codes = o.q.to_vec::<u8>()?;
-                        let want: Vec<u8> =
-                            xv.iter().map(|v| oracle::fp8_nearest(f, f64::from(*v as f32 * sc as f32))).collect();
-                        if let Some(i) = codes.iter().zip(&want).position(|(a, b)| a != b) {
-                            return Err(Error::Tensor(format!(
-                                "code {i}: {:#04x}, expected {:#04x}",
-                                codes[i], want[i]
-                            )));
-                        }
-                        match (&o.q_t, want_t) {
-                            (Some(qt), true) => {
-                                let qt = qt.to_vec::<u8>()?;
-                                if (0..m).any(|i| (0..n).any(|j| qt[j * m + i] != codes[i * n + j])) {
-                                    return Err(Error::Tensor("q_t is not the transpose of q".into()));
-                                }
-                            }
-                            (None, false) => {}
-                            _ => return Err(Error::Tensor("q_t present where it should not be, or missing".into())),
-                        }
+                        check_codes(f, &xv, sc, &o.q, o.q_t.as_ref(), want_t, (m, n))?;
                         let amax = xv.iter().fold(0.0f64, |a, b| a.max(b.abs()));
                         Ok(vec![
                             cmp("amax", &o.amax, vec![amax], DType::F32)?,
@@ -59,25 +71,7 @@ impl Suite<'_> {
                             fp8_dtype: fp8,
                             want_transpose: want_t,
                         })?;
-                        let codes = o.q.to_vec::<u8>()?;
-                        let want: Vec<u8> =
-                            xv.iter().map(|v| oracle::fp8_nearest(f, f64::from(*v as f32 * sc as f32))).collect();
-                        if let Some(i) = codes.iter().zip(&want).position(|(a, b)| a != b) {
-                            return Err(Error::Tensor(format!(
-                                "code {i}: {:#04x}, expected {:#04x}",
-                                codes[i], want[i]
-                            )));
-                        }
-                        match (&o.q_t, want_t) {
-                            (Some(qt), true) => {
-                                let qt = qt.to_vec::<u8>()?;
-                                if (0..m).any(|i| (0..n).any(|j| qt[j * m + i] != codes[i * n + j])) {
-                                    return Err(Error::Tensor("q_t is not the transpose of q".into()));
-                                }
-                            }
-                            (None, false) => {}
-                            _ => return Err(Error::Tensor("q_t present where it should not be, or missing".into())),
-                        }
+                        check_codes(f, &xv, sc, &o.q, o.q_t.as_ref(), want_t, (m, n))?;
                         let dbias: Vec<f64> = (0..n).map(|j| (0..m).map(|i| xv[i * n + j]).sum()).collect();
                         let amax = xv.iter().fold(0.0f64, |a, b| a.max(b.abs()));
                         Ok(vec![
