@@ -12,6 +12,8 @@ use super::host::{Arg, Grid, OnDevice, blocks_for, cty, empty, i32_of, opt_ptr, 
 const BLOCK: u32 = 256;
 /// The transpose's tile edge (`TILE` in `simt/quantize.cu`).
 const TILE: usize = 32;
+/// `cast_transpose_vec`'s tile edge (`VT`) and block (256 threads).
+const VEC_TILE: usize = 64;
 
 /// `defines` with the FP8 format's parameters for the prelude's `fp8_encode` / `fp8_decode`
 /// (MANT, BIAS, MAXV, MAXCODE): every kernel that casts to or from FP8 takes them.
@@ -28,8 +30,16 @@ pub(crate) fn fp8_format(op: &'static str, defines: Defines, fp8: DType) -> Resu
 /// compile test).
 fn variant(op: &'static str, float: DType, fp8: DType) -> Result<Variant> {
     let defines = fp8_format(op, Defines::new().set("TX", cty(op, "x", float)?), fp8)?.set("BLOCK", BLOCK);
-    let entries =
-        &["quantize", "compute_amax", "dequantize", "transpose_u8", "cast_transpose", "colsum_ws", "delayed_scaling"];
+    let entries = &[
+        "quantize",
+        "compute_amax",
+        "dequantize",
+        "transpose_u8",
+        "cast_transpose",
+        "cast_transpose_vec",
+        "colsum_ws",
+        "delayed_scaling",
+    ];
     Ok(Variant::new(&tefl_kernels::QUANTIZE, entries, defines))
 }
 
@@ -39,6 +49,15 @@ fn kernel(op: &'static str, ctx: &KernelCtx<'_>, float: DType, fp8: DType) -> Re
 
 fn grid(ctx: &KernelCtx<'_>, n: usize) -> Grid {
     Grid::linear(blocks_for(n, BLOCK as usize, sm_count(ctx.device) * 8), BLOCK)
+}
+
+/// The elementwise kernels' (quantize, compute_amax, dequantize) launch over `n` elements of
+/// a float tensor of `float` dtype: its grid and whether the vector path takes it (`vec`:
+/// 16-byte steps of the float tensor, two a thread an iteration; tensors start 16-byte
+/// aligned).
+fn elementwise(ctx: &KernelCtx<'_>, n: usize, float: DType) -> (Grid, Arg) {
+    let nv = 16 / float.size_in_bytes();
+    if n.is_multiple_of(nv) { (grid(ctx, (n / nv).div_ceil(2)), Arg::I32(1)) } else { (grid(ctx, n), Arg::I32(0)) }
 }
 
 fn transpose(ctx: &KernelCtx<'_>, k: &OnDevice, op: &'static str, q: &Tensor) -> Result<Tensor> {
@@ -83,9 +102,14 @@ fn cast_transpose(
     let q_t = if transpose { Some(empty(dev, &[n, m], fp8)?) } else { None };
     let amax = zeros(dev, &[1], DType::F32)?;
     let scale_inv = empty(dev, &[1], DType::F32)?;
-    let col_tiles = n.div_ceil(TILE);
+    // Rows of whole 16-byte vectors take the vector kernel (64 x 64 tiles, 256 threads in a
+    // line), others the scalar one (32 x 32 tiles, 32 x 8 threads).
+    let vec = n.is_multiple_of(16 / x.dtype().size_in_bytes());
+    let (entry, tile, threads) =
+        if vec { ("cast_transpose_vec", VEC_TILE, (256, 1, 1)) } else { ("cast_transpose", TILE, (TILE as u32, 8, 1)) };
+    let col_tiles = n.div_ceil(tile);
     // Enough row blocks to fill the GPU, each striding over the row tiles.
-    let row_blocks = m.div_ceil(TILE).clamp(1, (sm_count(dev) as usize * 16).div_ceil(col_tiles.max(1)).max(1));
+    let row_blocks = m.div_ceil(tile).clamp(1, (sm_count(dev) as usize * 16).div_ceil(col_tiles.max(1)).max(1));
     let ws = if dbias { Some(empty(dev, &[row_blocks, n], DType::F32)?) } else { None };
     // No rows: the column sums are zero.
     let out = if m == 0 {
@@ -97,12 +121,8 @@ fn cast_transpose(
         reciprocal(ctx, scale, &scale_inv)?;
     } else {
         k.launch(
-            "cast_transpose",
-            Grid {
-                blocks: (u32::try_from(col_tiles).unwrap_or(u32::MAX), row_blocks as u32, 1),
-                threads: (TILE as u32, 8, 1),
-                smem: 0,
-            },
+            entry,
+            Grid { blocks: (u32::try_from(col_tiles).unwrap_or(u32::MAX), row_blocks as u32, 1), threads, smem: 0 },
             &[
                 Arg::Ptr(ptr(x)?),
                 Arg::Ptr(ptr(scale)?),
@@ -146,9 +166,10 @@ pub fn quantize(ctx: &KernelCtx<'_>, a: &QuantizeArgs) -> Result<QuantizeOut> {
     let q = empty(ctx.device, a.x.shape(), a.fp8_dtype)?;
     let amax = zeros(ctx.device, &[1], DType::F32)?;
     let scale_inv = empty(ctx.device, &[1], DType::F32)?;
+    let (grid, vec) = elementwise(ctx, n, a.x.dtype());
     k.launch(
         "quantize",
-        grid(ctx, n),
+        grid,
         &[
             Arg::Ptr(ptr(&a.x)?),
             Arg::Ptr(ptr(&a.scale)?),
@@ -156,6 +177,7 @@ pub fn quantize(ctx: &KernelCtx<'_>, a: &QuantizeArgs) -> Result<QuantizeOut> {
             Arg::Ptr(ptr(&amax)?),
             Arg::Ptr(ptr(&scale_inv)?),
             Arg::U64(n as u64),
+            vec,
         ],
     )?;
     Ok(QuantizeOut { q, q_t: None, amax, scale_inv })
@@ -168,7 +190,15 @@ pub(crate) fn reciprocal(ctx: &KernelCtx<'_>, scale: &Tensor, scale_inv: &Tensor
     k.launch(
         "quantize",
         Grid::linear(1, BLOCK),
-        &[Arg::Ptr(0), Arg::Ptr(ptr(scale)?), Arg::Ptr(0), Arg::Ptr(0), Arg::Ptr(ptr(scale_inv)?), Arg::U64(0)],
+        &[
+            Arg::Ptr(0),
+            Arg::Ptr(ptr(scale)?),
+            Arg::Ptr(0),
+            Arg::Ptr(0),
+            Arg::Ptr(ptr(scale_inv)?),
+            Arg::U64(0),
+            Arg::I32(0),
+        ],
     )
 }
 
@@ -177,10 +207,11 @@ pub fn dequantize(ctx: &KernelCtx<'_>, a: &DequantizeArgs) -> Result<DequantizeO
     let k = kernel("dequantize", ctx, a.out_dtype, a.q.dtype())?;
     let n = a.q.numel();
     let y = empty(ctx.device, a.q.shape(), a.out_dtype)?;
+    let (grid, vec) = elementwise(ctx, n, a.out_dtype);
     k.launch(
         "dequantize",
-        grid(ctx, n),
-        &[Arg::Ptr(ptr(&a.q)?), Arg::Ptr(ptr(&a.scale_inv)?), Arg::Ptr(ptr(&y)?), Arg::U64(n as u64)],
+        grid,
+        &[Arg::Ptr(ptr(&a.q)?), Arg::Ptr(ptr(&a.scale_inv)?), Arg::Ptr(ptr(&y)?), Arg::U64(n as u64), vec],
     )?;
     Ok(DequantizeOut { y })
 }
@@ -190,7 +221,8 @@ pub fn compute_amax(ctx: &KernelCtx<'_>, a: &ComputeAmaxArgs) -> Result<ComputeA
     let k = kernel("compute_amax", ctx, a.x.dtype(), DType::F8E4M3)?;
     let n = a.x.numel();
     let amax = zeros(ctx.device, &[1], DType::F32)?;
-    k.launch("compute_amax", grid(ctx, n), &[Arg::Ptr(ptr(&a.x)?), Arg::Ptr(ptr(&amax)?), Arg::U64(n as u64)])?;
+    let (grid, vec) = elementwise(ctx, n, a.x.dtype());
+    k.launch("compute_amax", grid, &[Arg::Ptr(ptr(&a.x)?), Arg::Ptr(ptr(&amax)?), Arg::U64(n as u64), vec])?;
     Ok(ComputeAmaxOut { amax })
 }
 

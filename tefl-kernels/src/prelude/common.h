@@ -344,3 +344,47 @@ __device__ __forceinline__ float fp8_decode(u8 c, int mant_bits, int bias) {
     if (e == 0) return s * __uint_as_float((u32)(1 - bias + 127) << 23) * frac;
     return s * __uint_as_float((u32)(e - bias + 127) << 23) * (1.0f + frac);
 }
+// The FP8 codes of N values times `qs`, packed little-endian into 32-bit words `w` (code j in
+// byte j % 4 of word j / 4; words in registers, where a byte array would live in local
+// memory), two a conversion where the target converts pairs; the values' magnitudes before the
+// scale are folded into the thread's amax `am`.
+template <int N>
+__device__ __forceinline__ void encode_fp8_n(const float* o, float qs, float& am, u32 (&w)[(N + 3) / 4], int mant_bits,
+                                             int bias, float maxv, u8 max_code) {
+#pragma unroll
+    for (int k = 0; k < (N + 3) / 4; ++k) w[k] = 0;
+#pragma unroll
+    for (int j = 0; j < N; ++j) am = max_nan(am, fabsf(o[j]));
+    if constexpr (N % 2 == 0) {
+#pragma unroll
+        for (int j = 0; j < N; j += 2)
+            w[j / 4] |= fp8_encode2(o[j] * qs, o[j + 1] * qs, mant_bits, bias, maxv, max_code) << (8 * (j % 4));
+    } else {
+#pragma unroll
+        for (int j = 0; j < N; ++j)
+            w[j / 4] |= (u32)fp8_encode(o[j] * qs, mant_bits, bias, maxv, max_code) << (8 * (j % 4));
+    }
+}
+// N codes packed as encode_fp8_n packs them, stored at `dst` (one 4-, 8- or 16-byte store when
+// N is 4, 8 or 16; dst aligned to that; global or shared memory).
+template <int N> __device__ __forceinline__ void store_codes(u8* dst, const u32 (&w)[(N + 3) / 4]) {
+    if constexpr (N == 16) {
+        *(uint4*)dst = make_uint4(w[0], w[1], w[2], w[3]);
+    } else if constexpr (N == 8) {
+        *(uint2*)dst = make_uint2(w[0], w[1]);
+    } else if constexpr (N == 4) {
+        *(u32*)dst = w[0];
+    } else {
+#pragma unroll
+        for (int j = 0; j < N; ++j) dst[j] = (u8)(w[j / 4] >> (8 * (j % 4)));
+    }
+}
+// N values times `qs` stored as FP8 codes at `dst` (as store_codes), their magnitudes before
+// the scale folded into the thread's amax `am`.
+template <int N>
+__device__ __forceinline__ void store_fp8_n(u8* dst, const float* o, float qs, float& am, int mant_bits, int bias,
+                                            float maxv, u8 max_code) {
+    u32 w[(N + 3) / 4];
+    encode_fp8_n<N>(o, qs, am, w, mant_bits, bias, maxv, max_code);
+    store_codes<N>(dst, w);
+}

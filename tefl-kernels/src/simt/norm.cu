@@ -38,39 +38,6 @@ __device__ __forceinline__ float gamma_at(const TG* g, int i) {
     return ZC ? 1.0f + v : v;
 }
 
-#if OUT_FP8
-// Stores NV normalised values as FP8 codes (one 4- or 8-byte store when NV allows) and folds
-// their magnitudes into the thread's amax.
-template <int N>
-__device__ __forceinline__ void store_fp8(u8* dst, const float* o, float qs, float& am) {
-    // Codes packed into 32-bit words in registers (a byte array would live in local memory).
-    u32 w[(N + 3) / 4];
-#pragma unroll
-    for (int k = 0; k < (N + 3) / 4; ++k) w[k] = 0;
-#pragma unroll
-    for (int j = 0; j < N; ++j) am = max_nan(am, fabsf(o[j]));
-    if constexpr (N % 2 == 0) {
-        // Pairs: one conversion instruction per two codes on sm_89+.
-#pragma unroll
-        for (int j = 0; j < N; j += 2)
-            w[j / 4] |= fp8_encode2(o[j] * qs, o[j + 1] * qs, MANT, BIAS, MAXV, MAXCODE) << (8 * (j % 4));
-    } else {
-#pragma unroll
-        for (int j = 0; j < N; ++j) w[j / 4] |= (u32)fp8_encode(o[j] * qs, MANT, BIAS, MAXV, MAXCODE) << (8 * (j % 4));
-    }
-    if constexpr (N == 8) {
-        *(uint2*)dst = make_uint2(w[0], w[1]);
-    } else if constexpr (N == 16) {
-        *(uint4*)dst = make_uint4(w[0], w[1], w[2], w[3]);
-    } else if constexpr (N == 4) {
-        *(u32*)dst = w[0];
-    } else {
-#pragma unroll
-        for (int j = 0; j < N; ++j) dst[j] = (u8)(w[j / 4] >> (8 * (j % 4)));
-    }
-}
-#endif
-
 // On CUDA, registers are capped so that a full SM's threads (2048) fit: the forward is bound by
 // load latency (Nsight Compute on the H100: 39 registers a thread, 6 blocks of 256 an SM, two
 // thirds of the stalls waiting on loads). H100, bench, alternating in one run: rmsnorm
@@ -187,7 +154,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK, FWD_MIN_BLOCKS) norm_fwd(con
 #endif
                 }
 #if OUT_FP8
-                store_fp8<NV>(yr + v * NV, o, qs, am);
+                store_fp8_n<NV>(yr + v * NV, o, qs, am, MANT, BIAS, MAXV, MAXCODE);
 #else
                 store_n<TY, NV>(yr + v * NV, o);
 #endif
@@ -215,7 +182,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK, FWD_MIN_BLOCKS) norm_fwd(con
             o += to_f32(beta[i]);
 #endif
 #if OUT_FP8
-            store_fp8<1>(yr + i, &o, qs, am);
+            store_fp8_n<1>(yr + i, &o, qs, am, MANT, BIAS, MAXV, MAXCODE);
 #else
             yr[i] = from_f32<TY>(o);
 #endif

@@ -3,34 +3,108 @@
 // Amax propagates NaN: |x| is non-negative and the prelude's max_nan gives the positive
 // canonical NaN, which the prelude's amax_reduce keeps.
 
+// The vector paths (`vec` set by the host: n % NV == 0; tensors start 16-byte aligned) move NV
+// elements of the float tensor a step, VEC_BYTES of it (16 unless the variant says otherwise),
+// and NV codes, two steps a thread an iteration with both steps' loads issued before either is
+// used (a load inside the step that uses it waits for the one before: one trip to memory a
+// step). The scalar paths take any n.
+#define NV (VEC_BYTES / (int)sizeof(TX))
+
 extern "C" __global__ void __launch_bounds__(BLOCK) quantize(const TX* __restrict__ x, const float* __restrict__ scale,
                                                           u8* __restrict__ q, float* __restrict__ amax,
-                                                          float* __restrict__ scale_inv, long long n) {
+                                                          float* __restrict__ scale_inv, long long n, int vec) {
     const float s = *scale;
     if (blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = 1.0f / s;
     float m = 0.0f;
-    for (long long i = (long long)blockIdx.x * BLOCK + threadIdx.x; i < n; i += (long long)gridDim.x * BLOCK) {
-        const float v = to_f32(x[i]);
-        const float a = fabsf(v);
-        m = max_nan(m, a);
-        q[i] = fp8_encode(v * s, MANT, BIAS, MAXV, MAXCODE);
+    const long long start = (long long)blockIdx.x * BLOCK + threadIdx.x, stride = (long long)gridDim.x * BLOCK;
+    if (vec) {
+        const long long steps = n / NV;
+        for (long long i = start; i < steps; i += 2 * stride) {
+            const long long i2 = i + stride;
+            alignas(16) TX a[NV], b[NV];
+            raw_copy<TX, NV>(a, x + i * NV);
+            if (i2 < steps) raw_copy<TX, NV>(b, x + i2 * NV);
+            float f[NV];
+            unpack_n<TX, NV>(a, f);
+            store_fp8_n<NV>(q + i * NV, f, s, m, MANT, BIAS, MAXV, MAXCODE);
+            if (i2 < steps) {
+                unpack_n<TX, NV>(b, f);
+                store_fp8_n<NV>(q + i2 * NV, f, s, m, MANT, BIAS, MAXV, MAXCODE);
+            }
+        }
+    } else {
+        for (long long i = start; i < n; i += stride) {
+            const float v = to_f32(x[i]);
+            store_fp8_n<1>(q + i, &v, s, m, MANT, BIAS, MAXV, MAXCODE);
+        }
     }
     amax_reduce(m, amax);
 }
 
-extern "C" __global__ void __launch_bounds__(BLOCK) compute_amax(const TX* __restrict__ x, float* __restrict__ amax, long long n) {
+extern "C" __global__ void __launch_bounds__(BLOCK) compute_amax(const TX* __restrict__ x, float* __restrict__ amax,
+                                                              long long n, int vec) {
     float m = 0.0f;
-    for (long long i = (long long)blockIdx.x * BLOCK + threadIdx.x; i < n; i += (long long)gridDim.x * BLOCK) {
-        m = max_nan(m, fabsf(to_f32(x[i])));
+    const long long start = (long long)blockIdx.x * BLOCK + threadIdx.x, stride = (long long)gridDim.x * BLOCK;
+    if (vec) {
+        const long long steps = n / NV;
+        for (long long i = start; i < steps; i += 2 * stride) {
+            const long long i2 = i + stride;
+            alignas(16) TX a[NV], b[NV];
+            raw_copy<TX, NV>(a, x + i * NV);
+            if (i2 < steps) raw_copy<TX, NV>(b, x + i2 * NV);
+            float f[NV];
+            unpack_n<TX, NV>(a, f);
+#pragma unroll
+            for (int j = 0; j < NV; ++j) m = max_nan(m, fabsf(f[j]));
+            if (i2 < steps) {
+                unpack_n<TX, NV>(b, f);
+#pragma unroll
+                for (int j = 0; j < NV; ++j) m = max_nan(m, fabsf(f[j]));
+            }
+        }
+    } else {
+        for (long long i = start; i < n; i += stride) m = max_nan(m, fabsf(to_f32(x[i])));
     }
     amax_reduce(m, amax);
 }
 
+// NV codes at `p` (aligned to NV bytes) into `c`: one load.
+__device__ __forceinline__ void load_codes(const u8* p, u8 (&c)[NV]) {
+    if constexpr (NV == 8) {
+        *(uint2*)c = *(const uint2*)p;
+    } else if constexpr (NV == 4) {
+        *(u32*)c = *(const u32*)p;
+    } else {
+#pragma unroll
+        for (int j = 0; j < NV; ++j) c[j] = p[j];
+    }
+}
+
+// y = decode(q) * scale_inv, y of dtype TX.
 extern "C" __global__ void __launch_bounds__(BLOCK) dequantize(const u8* __restrict__ q, const float* __restrict__ scale_inv,
-                                                            TX* __restrict__ y, long long n) {
+                                                            TX* __restrict__ y, long long n, int vec) {
     const float s = *scale_inv;
-    for (long long i = (long long)blockIdx.x * BLOCK + threadIdx.x; i < n; i += (long long)gridDim.x * BLOCK)
-        y[i] = from_f32<TX>(fp8_decode(q[i], MANT, BIAS) * s);
+    const long long start = (long long)blockIdx.x * BLOCK + threadIdx.x, stride = (long long)gridDim.x * BLOCK;
+    if (vec) {
+        const long long steps = n / NV;
+        for (long long i = start; i < steps; i += 2 * stride) {
+            const long long i2 = i + stride;
+            alignas(8) u8 a[NV], b[NV];
+            load_codes(q + i * NV, a);
+            if (i2 < steps) load_codes(q + i2 * NV, b);
+            float f[NV];
+#pragma unroll
+            for (int j = 0; j < NV; ++j) f[j] = fp8_decode(a[j], MANT, BIAS) * s;
+            store_n<TX, NV>(y + i * NV, f);
+            if (i2 < steps) {
+#pragma unroll
+                for (int j = 0; j < NV; ++j) f[j] = fp8_decode(b[j], MANT, BIAS) * s;
+                store_n<TX, NV>(y + i2 * NV, f);
+            }
+        }
+    } else {
+        for (long long i = start; i < n; i += stride) y[i] = from_f32<TX>(fp8_decode(q[i], MANT, BIAS) * s);
+    }
 }
 
 // q_t[n, m] = q[m, n]^T through TILE x TILE shared tiles (blockDim TILE x 8; the tile size is
@@ -94,6 +168,94 @@ extern "C" __global__ void cast_transpose(const TX* __restrict__ x, const float*
         if (threadIdx.y == 0 && c0 + threadIdx.x < n) {
             float t = 0.0f;
             for (int k = 0; k < (int)blockDim.y; ++k) t += csum[k][threadIdx.x];
+            ws[(size_t)blockIdx.y * n + c0 + threadIdx.x] = t;
+        }
+    }
+}
+
+// cast_transpose for rows of whole vectors (the host's pick when n % NV == 0; tensors start
+// 16-byte aligned): tiles of VT x VT elements, a block of 256 threads. Each thread loads 16-byte
+// vectors of x (one column of vectors of the tile, every (256 / VPR)-th row: all of its loads
+// issued before any is used), stores their codes to q in one 4- or 8-byte store each and to the
+// shared tile, and after a barrier writes 8 consecutive codes of a row of the transpose (eight
+// rows of the tile, one column) in one 8-byte store where the row holds them whole and aligned.
+// The thread's columns stay the same across the row tiles, so its column sums (ws) are NV
+// registers, summed over the threads of a column in shared memory at the end.
+#define VT 64
+#define VPR (VT / NV)         // vectors a tile row
+#define RPP (256 / VPR)       // tile rows a pass of the block
+#define PASSES (VT / RPP)     // passes a tile
+#define CHUNKS (VT * VT / 8)  // 8-code chunks of the transposed tile
+extern "C" __global__ void __launch_bounds__(256)
+    cast_transpose_vec(const TX* __restrict__ x, const float* __restrict__ scale, u8* __restrict__ q,
+                       u8* __restrict__ qt, float* __restrict__ amax, float* __restrict__ scale_inv,
+                       float* __restrict__ ws, int m, int n) {
+    // Row pitch 72: a multiple of 8 (the 8-byte stores), off the 32 banks' period.
+    alignas(16) __shared__ u8 tile[VT][VT + 8];
+    __shared__ float csum[RPP][VT];
+    const float s = *scale;
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *scale_inv = 1.0f / s;
+    const int vc = threadIdx.x % VPR, rr = threadIdx.x / VPR;
+    const int c0 = blockIdx.x * VT, c = c0 + vc * NV;
+    const bool col_ok = c < n;  // the vector is whole: n % NV == 0
+    const int row_tiles = (m + VT - 1) / VT;
+    float am = 0.0f, col[NV];
+#pragma unroll
+    for (int j = 0; j < NV; ++j) col[j] = 0.0f;
+    for (int rt = blockIdx.y; rt < row_tiles; rt += gridDim.y) {
+        const int r0 = rt * VT;
+        alignas(16) TX v[PASSES][NV];
+#pragma unroll
+        for (int p = 0; p < PASSES; ++p) {
+            const int r = r0 + p * RPP + rr;
+            if (col_ok && r < m) raw_copy<TX, NV>(v[p], x + (size_t)r * n + c);
+        }
+#pragma unroll
+        for (int p = 0; p < PASSES; ++p) {
+            const int r = r0 + p * RPP + rr;
+            if (col_ok && r < m) {
+                float f[NV];
+                unpack_n<TX, NV>(v[p], f);
+#pragma unroll
+                for (int j = 0; j < NV; ++j) col[j] += f[j];
+                u32 w[(NV + 3) / 4];
+                encode_fp8_n<NV>(f, s, am, w, MANT, BIAS, MAXV, MAXCODE);
+                store_codes<NV>(q + (size_t)r * n + c, w);
+                store_codes<NV>(&tile[p * RPP + rr][vc * NV], w);
+            }
+        }
+        if (qt != nullptr) {
+            __syncthreads();
+            // Chunk k: column k / 8 of the tile, its rows 8 (k % 8) to 8 (k % 8) + 7.
+            for (int k = threadIdx.x; k < CHUNKS; k += 256) {
+                const int tc = k / 8, tr = (k % 8) * 8;
+                const int oc = c0 + tc, orow = r0 + tr;
+                if (oc < n) {
+                    u8* dst = qt + (size_t)oc * m + orow;
+                    if (orow + 8 <= m && m % 8 == 0) {
+                        u32 lo = 0, hi = 0;
+#pragma unroll
+                        for (int z = 0; z < 4; ++z) {
+                            lo |= (u32)tile[tr + z][tc] << (8 * z);
+                            hi |= (u32)tile[tr + 4 + z][tc] << (8 * z);
+                        }
+                        *(uint2*)dst = make_uint2(lo, hi);
+                    } else {
+                        for (int z = 0; z < 8 && orow + z < m; ++z) dst[z] = tile[tr + z][tc];
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    }
+    amax_reduce(am, amax);
+    if (ws != nullptr) {
+#pragma unroll
+        for (int j = 0; j < NV; ++j) csum[rr][vc * NV + j] = col[j];
+        __syncthreads();
+        if (threadIdx.x < VT && c0 + (int)threadIdx.x < n) {
+            float t = 0.0f;
+            for (int k = 0; k < RPP; ++k) t += csum[k][threadIdx.x];
             ws[(size_t)blockIdx.y * n + c0 + threadIdx.x] = t;
         }
     }
