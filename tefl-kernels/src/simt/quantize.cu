@@ -10,6 +10,26 @@
 // step). The scalar paths take any n.
 #define NV (VEC_BYTES / (int)sizeof(TX))
 
+// The vector paths' loop over `steps` vectors of x: vectors i and i + stride an iteration, both
+// loaded before `use(index, values)` sees the first.
+template <typename Use>
+__device__ __forceinline__ void vector_pairs(const TX* __restrict__ x, long long steps, long long start,
+                                             long long stride, Use use) {
+    for (long long i = start; i < steps; i += 2 * stride) {
+        const long long i2 = i + stride;
+        alignas(16) TX a[NV], b[NV];
+        raw_copy<TX, NV>(a, x + i * NV);
+        if (i2 < steps) raw_copy<TX, NV>(b, x + i2 * NV);
+        float f[NV];
+        unpack_n<TX, NV>(a, f);
+        use(i, f);
+        if (i2 < steps) {
+            unpack_n<TX, NV>(b, f);
+            use(i2, f);
+        }
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(BLOCK) quantize(const TX* __restrict__ x, const float* __restrict__ scale,
                                                           u8* __restrict__ q, float* __restrict__ amax,
                                                           float* __restrict__ scale_inv, long long n, int vec) {
@@ -18,20 +38,8 @@ extern "C" __global__ void __launch_bounds__(BLOCK) quantize(const TX* __restric
     float m = 0.0f;
     const long long start = (long long)blockIdx.x * BLOCK + threadIdx.x, stride = (long long)gridDim.x * BLOCK;
     if (vec) {
-        const long long steps = n / NV;
-        for (long long i = start; i < steps; i += 2 * stride) {
-            const long long i2 = i + stride;
-            alignas(16) TX a[NV], b[NV];
-            raw_copy<TX, NV>(a, x + i * NV);
-            if (i2 < steps) raw_copy<TX, NV>(b, x + i2 * NV);
-            float f[NV];
-            unpack_n<TX, NV>(a, f);
-            store_fp8_n<NV>(q + i * NV, f, s, m, MANT, BIAS, MAXV, MAXCODE);
-            if (i2 < steps) {
-                unpack_n<TX, NV>(b, f);
-                store_fp8_n<NV>(q + i2 * NV, f, s, m, MANT, BIAS, MAXV, MAXCODE);
-            }
-        }
+        vector_pairs(x, n / NV, start, stride,
+                     [&](long long i, const float* f) { store_fp8_n<NV>(q + i * NV, f, s, m, MANT, BIAS, MAXV, MAXCODE); });
     } else {
         for (long long i = start; i < n; i += stride) {
             const float v = to_f32(x[i]);
@@ -46,22 +54,10 @@ extern "C" __global__ void __launch_bounds__(BLOCK) compute_amax(const TX* __res
     float m = 0.0f;
     const long long start = (long long)blockIdx.x * BLOCK + threadIdx.x, stride = (long long)gridDim.x * BLOCK;
     if (vec) {
-        const long long steps = n / NV;
-        for (long long i = start; i < steps; i += 2 * stride) {
-            const long long i2 = i + stride;
-            alignas(16) TX a[NV], b[NV];
-            raw_copy<TX, NV>(a, x + i * NV);
-            if (i2 < steps) raw_copy<TX, NV>(b, x + i2 * NV);
-            float f[NV];
-            unpack_n<TX, NV>(a, f);
+        vector_pairs(x, n / NV, start, stride, [&](long long, const float* f) {
 #pragma unroll
             for (int j = 0; j < NV; ++j) m = max_nan(m, fabsf(f[j]));
-            if (i2 < steps) {
-                unpack_n<TX, NV>(b, f);
-#pragma unroll
-                for (int j = 0; j < NV; ++j) m = max_nan(m, fabsf(f[j]));
-            }
-        }
+        });
     } else {
         for (long long i = start; i < n; i += stride) m = max_nan(m, fabsf(to_f32(x[i])));
     }
