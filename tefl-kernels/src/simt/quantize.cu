@@ -64,18 +64,6 @@ extern "C" __global__ void __launch_bounds__(BLOCK) compute_amax(const TX* __res
     amax_reduce(m, amax);
 }
 
-// NV codes at `p` (aligned to NV bytes) into `c`: one load.
-__device__ __forceinline__ void load_codes(const u8* p, u8 (&c)[NV]) {
-    if constexpr (NV == 8) {
-        *(uint2*)c = *(const uint2*)p;
-    } else if constexpr (NV == 4) {
-        *(u32*)c = *(const u32*)p;
-    } else {
-#pragma unroll
-        for (int j = 0; j < NV; ++j) c[j] = p[j];
-    }
-}
-
 // y = decode(q) * scale_inv, y of dtype TX.
 extern "C" __global__ void __launch_bounds__(BLOCK) dequantize(const u8* __restrict__ q, const float* __restrict__ scale_inv,
                                                             TX* __restrict__ y, long long n, int vec) {
@@ -86,8 +74,8 @@ extern "C" __global__ void __launch_bounds__(BLOCK) dequantize(const u8* __restr
         for (long long i = start; i < steps; i += 2 * stride) {
             const long long i2 = i + stride;
             alignas(8) u8 a[NV], b[NV];
-            load_codes(q + i * NV, a);
-            if (i2 < steps) load_codes(q + i2 * NV, b);
+            raw_copy<u8, NV>(a, q + i * NV);  // one 4- or 8-byte load
+            if (i2 < steps) raw_copy<u8, NV>(b, q + i2 * NV);
             float f[NV];
 #pragma unroll
             for (int j = 0; j < NV; ++j) f[j] = fp8_decode(a[j], MANT, BIAS) * s;
