@@ -44,6 +44,7 @@ pub fn enabled_backends() -> Vec<&'static str> {
 pub mod chart;
 pub mod cli;
 pub mod conformance;
+pub mod jobs;
 pub mod oracle;
 pub mod progress;
 

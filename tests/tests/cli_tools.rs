@@ -40,6 +40,8 @@ fn a_bad_or_missing_value_names_its_flag() {
         (conformance, &["reference", "--impl"][..], "--impl needs a value"),
         (conformance, &["reference", "--families", "norms,nope"][..], "unknown family \"nope\""),
         (conformance, &["reference", "--ops", "--full"][..], "--ops needs a value"),
+        (conformance, &["reference", "--jobs", "0"][..], "--jobs \"0\""),
+        (conformance, &["reference", "--jobs"][..], "--jobs needs a value"),
         (bench, &["--vs", "cuda"][..], "--vs \"cuda\""),
         (bench, &["--json", "--svg", "chart.svg"][..], "--json needs a value"),
         (bench, &["--rounds", "11"][..], "--rounds \"11\""),
@@ -71,4 +73,30 @@ fn a_closed_pipe_ends_the_tool_quietly() {
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{:?}: {err}", out.status);
     }
+}
+
+/// The last line of a conformance run: its counts.
+fn counts_line(out: &Output) -> String {
+    text(&out.stdout).lines().last().unwrap_or_default().to_string()
+}
+
+#[test]
+fn jobs_split_the_run_into_processes_with_the_same_sum() {
+    let exe = env!("CARGO_BIN_EXE_conformance");
+    let args = ["reference", "--families", "softmax,empty,nan", "--ops", "scaled_softmax_forward,rmsnorm_fwd,gelu"];
+    let serial = run(exe, &args);
+    assert!(serial.status.success(), "{}", text(&serial.stdout));
+    let mut with_jobs = args.to_vec();
+    with_jobs.extend(["--jobs", "2"]);
+    let parallel = run(exe, &with_jobs);
+    let out = text(&parallel.stdout);
+    assert!(parallel.status.success(), "{out}");
+    // One run a family, each under its own line, and the same counts in sum.
+    assert!(out.contains("\nbackend reference: seed "), "{out}");
+    assert_eq!(out.matches("\n== [").count(), 3, "{out}");
+    for fam in ["softmax", "empty", "nan"] {
+        assert!(out.contains(&format!(" reference.cpu {fam}: exit 0 (")), "{fam}: {out}");
+    }
+    assert_eq!(counts_line(&parallel), counts_line(&serial));
+    assert!(!counts_line(&serial).starts_with("0 passed"), "{}", counts_line(&serial));
 }

@@ -1,7 +1,7 @@
 //! `cargo xtask <command>`: the commands vendor engineers and CI use.
 //!
 //! ```text
-//! cargo xtask test-backend <vendor>[,<vendor>...] [--allow-unavailable] [--full] [--seed N]
+//! cargo xtask test-backend <vendor>[,<vendor>...] [--allow-unavailable] [--full] [--seed N] [--jobs N]
 //! cargo xtask coverage [--check]
 //! cargo xtask explain <op> [--device cpu|cuda|hip|vulkan] [--dtype bf16]
 //! cargo xtask new-backend <vendor>
@@ -21,10 +21,10 @@ mod scaffold;
 
 const USAGE: &str = "usage: cargo xtask <command>
 
-  test-backend <vendor>[,<vendor>...] [--allow-unavailable] [--full] [--verbose] [--seed N]
+  test-backend <vendor>[,<vendor>...] [--allow-unavailable] [--full] [--verbose] [--seed N] [--jobs N]
         run the conformance suite for one backend (several: one build, each in turn); prints op x dtype -> pass/fail/skip and
         'N passed, N failed, N skipped' (--verbose: max abs and rel error per case); fails on any failure, or when the backend is
-        unavailable here (unless --allow-unavailable)
+        unavailable here (unless --allow-unavailable); --jobs N runs each impl and family as a process, N at a time
   coverage [--check]
         write docs/coverage.md (op x backend, from the registry); --check fails when stale
   explain <op> [--device cpu|cuda|hip|vulkan] [--dtype bf16]
@@ -159,7 +159,8 @@ fn test_backend(args: &[String]) -> Result<ExitCode, String> {
     };
     let (vendors, features) = vendors_and_features(vendors)?;
     for a in &args[1..] {
-        if !["--allow-unavailable", "--full", "--verbose", "--seed"].contains(&a.as_str()) && a.parse::<u64>().is_err()
+        if !["--allow-unavailable", "--full", "--verbose", "--seed", "--jobs"].contains(&a.as_str())
+            && a.parse::<u64>().is_err()
         {
             return Err(format!("test-backend: unknown option {a}"));
         }

@@ -244,8 +244,10 @@ mkdir -p "$out"
 status=0
 has() {{ case " $steps " in *" $1 "*) return 0;; esac; return 1; }}
 if has conformance; then
+  # Each impl and family a process, CONF_JOBS (default 8) at a time: with an empty kernel
+  # cache the runtime compiler is the bound, and one process compiles one kernel at a time.
   echo "== conformance ({backend})"
-  "$here/conformance" {backend} --full 2>&1 | tee "$out/conformance.log" || status=1
+  "$here/conformance" {backend} --full --jobs "${{CONF_JOBS:-8}}" 2>&1 | tee "$out/conformance.log" || status=1
 fi
 if has quickstart; then
   # Cold start: an empty kernel cache (every kernel compiled by NVRTC); warm: the same cache.
@@ -266,15 +268,16 @@ if has sanitizer; then
   san=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
   if [ -n "$san" ]; then
     # memcheck over every family; racecheck (shared memory) over the families whose kernels
-    # share tiles. SANITIZER_TIMEOUT (seconds, default 900) bounds each run.
-    for run in "memcheck all" "racecheck norms,softmax,attention,rope"; do
+    # share tiles. The tool follows the conformance runs' child processes (SANITIZER_JOBS at a
+    # time, default 4); SANITIZER_TIMEOUT (seconds, default 900) bounds each tool's run.
+    for run in "memcheck all" "racecheck norms,softmax,attention,rope,fp8"; do
       set -- $run
       fam=""
       [ "$2" != all ] && fam="--families $2"
       echo "== compute-sanitizer $1 ($2)"
-      timeout "${{SANITIZER_TIMEOUT:-900}}" "$san" --tool "$1" --error-exitcode 9 "$here/conformance" {backend} $fam \
-        > "$scratch/san.log" 2>&1 || status=1
-      tail -25 "$scratch/san.log" | tee "$out/sanitizer-$1.log"
+      timeout "${{SANITIZER_TIMEOUT:-900}}" "$san" --tool "$1" --error-exitcode 9 --target-processes all \
+        "$here/conformance" {backend} --jobs "${{SANITIZER_JOBS:-4}}" $fam > "$scratch/san.log" 2>&1 || status=1
+      grep -E "^== \[|SUMMARY|passed, " "$scratch/san.log" | tail -40 | tee "$out/sanitizer-$1.log"
     done
   else
     echo "compute-sanitizer not found; skipped" | tee "$out/sanitizer.log"
@@ -292,11 +295,32 @@ if has bench; then
     python3 -m pip install -q --no-index --no-deps --target "$scratch/site" "$here"/peers/*.whl \
       && export PYTHONPATH="$scratch/site${{PYTHONPATH:+:$PYTHONPATH}}"
   fi
-  "$here/bench" --backend {backend} $vs --json "$out/bench.json" --svg "$out/bench.svg" 2>&1 | tee "$out/bench.log" \
-    || status=1
+  # BENCH_ARGS are added to the bench's arguments (the README's table: --rounds 2).
+  "$here/bench" --backend {backend} $vs ${{BENCH_ARGS:-}} --json "$out/bench.json" --svg "$out/bench.svg" 2>&1 \
+    | tee "$out/bench.log" || status=1
 fi
 rm -rf "$scratch"
 exit $status
 "#
     )
+}
+
+#[cfg(test)]
+mod run_sh_tests {
+    use super::run_sh;
+
+    #[test]
+    fn the_bundle_script_parses_and_runs_conformance_in_processes() {
+        let script = run_sh("nvidia");
+        assert!(script.contains(r#""$here/conformance" nvidia --full --jobs "${CONF_JOBS:-8}""#), "{script}");
+        assert!(script.contains("--target-processes all"), "{script}");
+        assert!(script.contains("racecheck norms,softmax,attention,rope,fp8"), "{script}");
+        // bash's own parse (no run): the format string's escapes came out as shell.
+        let path = std::env::temp_dir().join(format!("tefl-run-sh-{}.sh", std::process::id()));
+        std::fs::write(&path, &script).unwrap();
+        let out = std::process::Command::new("bash").arg("-n").arg(&path).output();
+        let _ = std::fs::remove_file(&path);
+        let out = out.expect("bash runs");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
 }

@@ -1,23 +1,27 @@
 //! `conformance <backend> [--allow-unavailable] [--full] [--verbose] [--seed N] [--families a,b]
-//! [--ops x,y] [--impl ID]`: runs the conformance suite against every impl the backend registers
+//! [--ops x,y] [--impl ID] [--jobs N]`: runs the conformance suite against every impl the backend registers
 //! (or only `ID`; only the named families, and in them only the named ops' cases), prints the op × dtype table and
 //! `N passed, N failed, N skipped`, and exits non-zero on any failure (or when the backend
-//! is unavailable here, unless `--allow-unavailable`). `cargo xtask test-backend` runs it.
+//! is unavailable here, unless `--allow-unavailable`). `--jobs N` runs each (impl, family) as a
+//! child process of its own, N at a time (see `tefl_tests::jobs`). `cargo xtask test-backend` runs it.
 
 use std::process::ExitCode;
 
 use tefl_core::{Manager, Registry};
-use tefl_tests::cli;
 use tefl_tests::conformance::{Size, Suite};
+use tefl_tests::{cli, jobs};
 
 const USAGE: &str = "usage: conformance <backend> [--allow-unavailable] [--full] [--verbose] [--seed N] \
-[--families a,b] [--ops x,y] [--impl ID]
+[--families a,b] [--ops x,y] [--impl ID] [--jobs N]
 
 Runs the conformance suite (every op's cases against the f64 oracle) on every impl the backend
 registers, or only ID; --families and --ops narrow it (families: FAMILIES). Prints the op x dtype
 table and 'N passed, N failed, N skipped'; exits 1 on any failure, or when the backend is
 unavailable here (0 with --allow-unavailable). --full adds the large and awkward shapes;
---verbose prints each case's errors; --seed N replays a run (its seed is printed first).";
+--verbose prints each case's errors; --seed N replays a run (its seed is printed first).
+--jobs N (1 to 64) runs each impl and family as a process of its own, N at a time (the
+kernels of an empty cache then compile N at once), each run's output printed as it ends
+and the sum last; a run that crashes fails alone.";
 
 /// The parsed command line.
 struct Args {
@@ -29,6 +33,7 @@ struct Args {
     families: Option<Vec<String>>,
     only_impl: Option<String>,
     only_ops: Option<std::collections::BTreeSet<&'static str>>,
+    jobs: usize,
 }
 
 /// The command line, or the message for a bad one.
@@ -36,7 +41,7 @@ fn parse(argv: Vec<String>) -> Result<Args, String> {
     let mut args = argv.into_iter();
     let mut backend = None;
     let (mut allow_unavailable, mut size, mut seed, mut verbose) = (false, Size::Quick, None, false);
-    let (mut families, mut only_impl, mut only_ops) = (None, None, None);
+    let (mut families, mut only_impl, mut only_ops, mut jobs) = (None, None, None, 1);
     let list = |v: String| v.split(',').map(str::to_owned).collect::<Vec<String>>();
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -51,6 +56,7 @@ fn parse(argv: Vec<String>) -> Result<Args, String> {
                 );
             }
             "--impl" => only_impl = Some(cli::value_of(&a, &mut args)?),
+            "--jobs" => jobs = jobs::parse_jobs(&cli::value_of(&a, &mut args)?)?,
             "--ops" => only_ops = Some(Suite::select_ops(&list(cli::value_of(&a, &mut args)?))?),
             "--families" => {
                 let names = list(cli::value_of(&a, &mut args)?);
@@ -64,7 +70,7 @@ fn parse(argv: Vec<String>) -> Result<Args, String> {
         }
     }
     let backend = backend.ok_or("no backend named")?;
-    Ok(Args { backend, allow_unavailable, size, seed, verbose, families, only_impl, only_ops })
+    Ok(Args { backend, allow_unavailable, size, seed, verbose, families, only_impl, only_ops, jobs })
 }
 
 fn main() -> ExitCode {
@@ -79,10 +85,11 @@ fn main() -> ExitCode {
         eprintln!("{e}");
         return ExitCode::from(2);
     }
-    let Args { backend, allow_unavailable, size, seed, verbose, families, only_impl, only_ops } = match parse(argv) {
-        Ok(a) => a,
-        Err(e) => return cli::bad_usage("conformance", &e, USAGE),
-    };
+    let Args { backend, allow_unavailable, size, seed, verbose, families, only_impl, only_ops, jobs } =
+        match parse(argv) {
+            Ok(a) => a,
+            Err(e) => return cli::bad_usage("conformance", &e, USAGE),
+        };
     let linked = tefl_ops::linked_backends();
     let mgr = Manager::new(Registry::with_builtins(), Default::default());
     let Some(info) = mgr.list_backends().into_iter().find(|b| b.name == backend) else {
@@ -112,6 +119,21 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
         impl_ids.retain(|i| i == only);
+    }
+    // (A backend with no impl registered yet runs in this process: its one run skips every op.)
+    if jobs > 1 && !impl_ids.is_empty() {
+        let families: Vec<String> = families.unwrap_or_else(|| Suite::FAMILIES.iter().map(|f| f.to_string()).collect());
+        let mut forwarded = vec!["--seed".to_string(), seed.to_string()];
+        if size == Size::Full {
+            forwarded.push("--full".into());
+        }
+        if verbose {
+            forwarded.push("--verbose".into());
+        }
+        if let Some(ops) = &only_ops {
+            forwarded.extend(["--ops".to_string(), ops.iter().copied().collect::<Vec<_>>().join(",")]);
+        }
+        return run_in_processes(&backend, &impl_ids, &families, jobs, &forwarded);
     }
     if impl_ids.is_empty() {
         // Nothing registered yet (a fresh scaffold): every op is a skip.
@@ -152,4 +174,58 @@ fn main() -> ExitCode {
         }
     }
     if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS }
+}
+
+/// `--jobs N`: each (impl, family) as a child process of this tool, N at a time. Each run's
+/// output is printed when it ends, under a line naming it; then the runs that failed or ended
+/// without their counts, and the sum of the counts.
+fn run_in_processes(
+    backend: &str,
+    impls: &[String],
+    families: &[String],
+    jobs: usize,
+    forwarded: &[String],
+) -> ExitCode {
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("conformance: --jobs needs this tool's own path: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let units: Vec<jobs::Unit> = impls
+        .iter()
+        .flat_map(|i| families.iter().map(move |f| jobs::Unit { impl_id: i.clone(), family: f.clone() }))
+        .collect();
+    println!("{} runs (impl x family), {jobs} at a time", units.len());
+    let args = |u: &jobs::Unit| {
+        let mut a =
+            vec![backend.to_string(), "--impl".into(), u.impl_id.clone(), "--families".into(), u.family.clone()];
+        a.extend(forwarded.iter().cloned());
+        a
+    };
+    let total = units.len();
+    let mut progress = tefl_tests::progress::Progress::new("conformance runs");
+    progress.start("conformance runs", Some(total));
+    let results = jobs::run_units(&exe, &units, jobs, &args, &mut |f, n| {
+        progress.clear();
+        println!("== [{n}/{total}] {} {}: {} ({:.1} s)", f.unit.impl_id, f.unit.family, f.ended, f.wall.as_secs_f64());
+        print!("{}", f.output);
+        progress.tick(&format!("{} {} done", f.unit.impl_id, f.unit.family));
+    });
+    progress.clear();
+    let (mut sum, mut bad) = ((0, 0, 0), Vec::new());
+    for f in &results {
+        if let Some((p, fl, s)) = f.counts {
+            sum = (sum.0 + p, sum.1 + fl, sum.2 + s);
+        }
+        if !f.success || f.counts.is_none() {
+            bad.push(format!("{} {} ({})", f.unit.impl_id, f.unit.family, f.ended));
+        }
+    }
+    if !bad.is_empty() {
+        println!("runs that failed or ended without their counts: {}", bad.join(", "));
+    }
+    println!("{} passed, {} failed, {} skipped", sum.0, sum.1, sum.2);
+    if bad.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }
