@@ -122,7 +122,11 @@ fn main() -> ExitCode {
     }
     // (A backend with no impl registered yet runs in this process: its one run skips every op.)
     if jobs > 1 && !impl_ids.is_empty() {
-        let families: Vec<String> = families.unwrap_or_else(|| Suite::FAMILIES.iter().map(|f| f.to_string()).collect());
+        let mut families: Vec<String> =
+            families.unwrap_or_else(|| Suite::FAMILIES.iter().map(|f| f.to_string()).collect());
+        // A family named twice runs once, as in one process.
+        let mut seen = std::collections::BTreeSet::new();
+        families.retain(|f| seen.insert(f.clone()));
         let mut forwarded = vec!["--seed".to_string(), seed.to_string()];
         if size == Size::Full {
             forwarded.push("--full".into());
@@ -197,7 +201,7 @@ fn run_in_processes(
         .iter()
         .flat_map(|i| families.iter().map(move |f| jobs::Unit { impl_id: i.clone(), family: f.clone() }))
         .collect();
-    println!("{} runs (impl x family), {jobs} at a time", units.len());
+    println!("{} run(s) (impl x family), {jobs} at a time", units.len());
     let args = |u: &jobs::Unit| {
         let mut a =
             vec![backend.to_string(), "--impl".into(), u.impl_id.clone(), "--families".into(), u.family.clone()];
