@@ -38,8 +38,8 @@ pub struct Finished {
     pub unit: Unit,
     /// Its stdout then its stderr (the stderr lines, if any, after a `stderr:` line).
     pub output: String,
-    /// Its (passed, failed, skipped) counts, from its last count line; None when it printed
-    /// none (it crashed, or was killed).
+    /// Its (passed, failed, skipped) counts, the sum of its count lines (one per impl it ran);
+    /// None when it printed none (it crashed, or was killed).
     pub counts: Option<(usize, usize, usize)>,
     /// Whether it exited with success.
     pub success: bool,

@@ -276,8 +276,9 @@ if has sanitizer; then
       [ "$2" != all ] && fam="--families $2"
       echo "== compute-sanitizer $1 ($2)"
       timeout "${{SANITIZER_TIMEOUT:-900}}" "$san" --tool "$1" --error-exitcode 9 --target-processes all \
-        "$here/conformance" {backend} --jobs "${{SANITIZER_JOBS:-4}}" $fam > "$scratch/san.log" 2>&1 || status=1
-      grep -E "^== \[|SUMMARY|passed, " "$scratch/san.log" | tail -40 | tee "$out/sanitizer-$1.log"
+        "$here/conformance" {backend} --jobs "${{SANITIZER_JOBS:-4}}" $fam > "$out/sanitizer-$1-full.log" 2>&1 || status=1
+      # The runs' lines and the tool's summaries here; every report in the full log.
+      grep -E "^== \[|SUMMARY|passed, " "$out/sanitizer-$1-full.log" | tail -40 | tee "$out/sanitizer-$1.log"
     done
   else
     echo "compute-sanitizer not found; skipped" | tee "$out/sanitizer.log"
