@@ -60,9 +60,14 @@ pub fn parse_counts(line: &str) -> Option<(usize, usize, usize)> {
     parts.next().is_none().then_some(counts)
 }
 
+/// Two (passed, failed, skipped) counts added.
+pub fn add_counts(a: (usize, usize, usize), b: (usize, usize, usize)) -> (usize, usize, usize) {
+    (a.0 + b.0, a.1 + b.1, a.2 + b.2)
+}
+
 /// The sum of a run's count lines (one per impl it ran; a unit runs one).
 fn counts_of(stdout: &str) -> Option<(usize, usize, usize)> {
-    stdout.lines().filter_map(parse_counts).reduce(|a, b| (a.0 + b.0, a.1 + b.1, a.2 + b.2))
+    stdout.lines().filter_map(parse_counts).reduce(add_counts)
 }
 
 /// How a child ended, in words.
@@ -88,9 +93,9 @@ fn run_one(exe: &Path, unit: Unit, argv: &[String]) -> Finished {
     let t0 = Instant::now();
     match Command::new(exe).args(argv).output() {
         Ok(out) => {
-            let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+            let mut output = String::from_utf8_lossy(&out.stdout).into_owned();
+            let counts = counts_of(&output);
             let stderr = String::from_utf8_lossy(&out.stderr);
-            let mut output = stdout.clone();
             if !stderr.trim().is_empty() {
                 output.push_str("stderr:\n");
                 output.push_str(&stderr);
@@ -99,7 +104,7 @@ fn run_one(exe: &Path, unit: Unit, argv: &[String]) -> Finished {
                 }
             }
             Finished {
-                counts: counts_of(&stdout),
+                counts,
                 success: out.status.success(),
                 ended: describe(&out.status),
                 output,

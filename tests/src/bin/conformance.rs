@@ -59,7 +59,10 @@ fn parse(argv: Vec<String>) -> Result<Args, String> {
             "--jobs" => jobs = jobs::parse_jobs(&cli::value_of(&a, &mut args)?)?,
             "--ops" => only_ops = Some(Suite::select_ops(&list(cli::value_of(&a, &mut args)?))?),
             "--families" => {
-                let names = list(cli::value_of(&a, &mut args)?);
+                let mut names = list(cli::value_of(&a, &mut args)?);
+                // A family named twice runs once (one process or --jobs).
+                let mut seen = std::collections::BTreeSet::new();
+                names.retain(|f| seen.insert(f.clone()));
                 if let Some(bad) = names.iter().find(|f| !Suite::FAMILIES.contains(&f.as_str())) {
                     return Err(format!("unknown family {bad:?} (families: {})", Suite::FAMILIES.join(", ")));
                 }
@@ -122,11 +125,7 @@ fn main() -> ExitCode {
     }
     // (A backend with no impl registered yet runs in this process: its one run skips every op.)
     if jobs > 1 && !impl_ids.is_empty() {
-        let mut families: Vec<String> =
-            families.unwrap_or_else(|| Suite::FAMILIES.iter().map(|f| f.to_string()).collect());
-        // A family named twice runs once, as in one process.
-        let mut seen = std::collections::BTreeSet::new();
-        families.retain(|f| seen.insert(f.clone()));
+        let families: Vec<String> = families.unwrap_or_else(|| Suite::FAMILIES.iter().map(|f| f.to_string()).collect());
         let mut forwarded = vec!["--seed".to_string(), seed.to_string()];
         if size == Size::Full {
             forwarded.push("--full".into());
@@ -209,7 +208,7 @@ fn run_in_processes(
         a
     };
     let total = units.len();
-    let mut progress = tefl_tests::progress::Progress::new("conformance runs");
+    let mut progress = tefl_tests::progress::Progress::new("");
     progress.start("conformance runs", Some(total));
     let results = jobs::run_units(&exe, &units, jobs, &args, &mut |f, n| {
         progress.clear();
@@ -220,8 +219,8 @@ fn run_in_processes(
     progress.clear();
     let (mut sum, mut bad) = ((0, 0, 0), Vec::new());
     for f in &results {
-        if let Some((p, fl, s)) = f.counts {
-            sum = (sum.0 + p, sum.1 + fl, sum.2 + s);
+        if let Some(c) = f.counts {
+            sum = jobs::add_counts(sum, c);
         }
         if !f.success || f.counts.is_none() {
             bad.push(format!("{} {} ({})", f.unit.impl_id, f.unit.family, f.ended));
