@@ -133,7 +133,7 @@ extern "C" __global__ void cast_transpose(const TX* __restrict__ x, const float*
                 col += v;
                 const u8 code = fp8_encode(v * s, MANT, BIAS, MAXV, MAXCODE);
                 q[(size_t)r * n + c] = code;
-                tile[dy][threadIdx.x] = code;
+                if (qt != nullptr) tile[dy][threadIdx.x] = code;
             }
         }
         if (qt != nullptr) {
@@ -160,8 +160,8 @@ extern "C" __global__ void cast_transpose(const TX* __restrict__ x, const float*
 // cast_transpose for rows of whole vectors (the host's pick when n % NV == 0; tensors start
 // 16-byte aligned): tiles of VT x VT elements, a block of 256 threads. Each thread loads 16-byte
 // vectors of x (one column of vectors of the tile, every (256 / VPR)-th row: all of its loads
-// issued before any is used), stores their codes to q in one 4- or 8-byte store each and to the
-// shared tile, and after a barrier writes 8 consecutive codes of a row of the transpose (eight
+// issued before any is used), stores their codes to q in one 4- or 8-byte store each and (when
+// qt is set) to the shared tile, and after a barrier writes 8 consecutive codes of a row of the transpose (eight
 // rows of the tile, one column) in one 8-byte store where the row holds them whole and aligned.
 // The thread's columns stay the same across the row tiles, so its column sums (ws) are NV
 // registers, summed over the threads of a column in shared memory at the end.
@@ -205,7 +205,7 @@ extern "C" __global__ void __launch_bounds__(256)
                 u32 w[(NV + 3) / 4];
                 encode_fp8_n<NV>(f, s, am, w, MANT, BIAS, MAXV, MAXCODE);
                 store_codes<NV>(q + (size_t)r * n + c, w);
-                store_codes<NV>(&tile[p * RPP + rr][vc * NV], w);
+                if (qt != nullptr) store_codes<NV>(&tile[p * RPP + rr][vc * NV], w);
             }
         }
         if (qt != nullptr) {
