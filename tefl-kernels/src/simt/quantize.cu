@@ -161,8 +161,9 @@ extern "C" __global__ void cast_transpose(const TX* __restrict__ x, const float*
 // 16-byte aligned): tiles of VT x VT elements, a block of 256 threads. Each thread loads 16-byte
 // vectors of x (one column of vectors of the tile, every (256 / VPR)-th row: all of its loads
 // issued before any is used), stores their codes to q in one 4- or 8-byte store each and (when
-// qt is set) to the shared tile, and after a barrier writes 8 consecutive codes of a row of the transpose (eight
-// rows of the tile, one column) in one 8-byte store where the row holds them whole and aligned.
+// qt is set) to the shared tile, and after a barrier writes 8 consecutive codes of a row of the
+// transpose (eight rows of the tile, one column) in one 8-byte store where the row holds them
+// whole and aligned.
 // The thread's columns stay the same across the row tiles, so its column sums (ws) are NV
 // registers, summed over the threads of a column in shared memory at the end.
 #define VT 64
