@@ -203,3 +203,65 @@ fn rounds_alternate_with_the_peers_and_keep_each_sides_fastest() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--deadline SECS` starts no case once SECS have passed (the first case always runs) and
+/// names the rest with the `--only` that runs them; `--tables` prints the two runs' JSON as one
+/// table, chart and JSON, each row as its own run printed it, measuring nothing. Files that do
+/// not go together (an op twice, another backend) and a measuring flag beside `--tables` are
+/// refused naming the culprit.
+#[test]
+fn a_run_cut_by_its_deadline_is_completed_by_a_second_and_printed_as_one_table() {
+    let (dir, _log, path) = stand_in_dir("tables");
+    let file = |name: &str| dir.join(name).to_str().unwrap().to_string();
+    let (first, _) = bench_vs_stand_in(
+        &path,
+        &["--only", "gelu,softmax_bwd", "--rounds", "2", "--deadline", "0", "--json", &file("a.json")],
+    );
+    let a: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(file("a.json")).unwrap()).unwrap();
+    assert_eq!(a["results"].as_array().map(Vec::len), Some(1), "{a}");
+    assert!(a["results"][0]["op"].as_str().unwrap().starts_with("gelu"), "{a}");
+    let rest: Vec<String> =
+        a["not_measured"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect();
+    assert_eq!(rest.len(), 1, "{a}");
+    assert!(rest[0].starts_with("softmax_bwd"), "{a}");
+    let hint = format!("--only {:?}", rest.join(","));
+    assert!(first.contains("--deadline passed after 1 of 2 cases") && first.contains(&hint), "{first}");
+
+    let (second, _) =
+        bench_vs_stand_in(&path, &["--only", &rest.join(","), "--rounds", "2", "--json", &file("b.json")]);
+    let out = Command::new(env!("CARGO_BIN_EXE_bench"))
+        .args(["--tables", &format!("{},{}", file("a.json"), file("b.json"))])
+        .args(["--json", &file("c.json"), "--svg", &file("c.svg")])
+        .output()
+        .unwrap();
+    let merged = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{merged}\n{}", String::from_utf8_lossy(&out.stderr));
+    // Each row as its own run printed it: tefl's time, rate, fraction of copy, spread, peers.
+    assert_eq!(row(&merged, "gelu"), row(&first, "gelu"), "{merged}\n{first}");
+    assert_eq!(row(&merged, "softmax_bwd"), row(&second, "softmax_bwd"), "{merged}\n{second}");
+    let c: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(file("c.json")).unwrap()).unwrap();
+    let ops: Vec<&str> = c["results"].as_array().unwrap().iter().map(|r| r["op"].as_str().unwrap()).collect();
+    assert_eq!(ops.len(), 2, "{c}");
+    assert!(ops[0].starts_with("gelu") && ops[1] == rest[0], "{c}");
+    assert_eq!(c["not_measured"].as_array().map(Vec::len), Some(0), "{c}");
+    assert!(std::fs::read_to_string(file("c.svg")).unwrap().contains("<svg"), "no chart");
+
+    // Refused: an op in two files, a file of another backend, a measuring flag, a bad deadline.
+    let mut other = a.clone();
+    other["backend"] = "vulkan".into();
+    other["results"][0]["op"] = "gelu elsewhere".into();
+    std::fs::write(file("other.json"), other.to_string()).unwrap();
+    for (args, names) in [
+        (vec!["--tables".to_string(), format!("{},{}", file("a.json"), file("a.json"))], "is in an earlier file too"),
+        (vec!["--tables".to_string(), format!("{},{}", file("a.json"), file("other.json"))], "has backend \"vulkan\""),
+        (vec!["--tables".to_string(), file("a.json"), "--only".to_string(), "gelu".to_string()], "--only measures"),
+        (vec!["--tables".to_string(), file("missing.json")], "missing.json"),
+        (vec!["--deadline".to_string(), "-1".to_string()], "--deadline \"-1\""),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_bench")).args(&args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(names), "{args:?}: {stderr}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -296,7 +296,10 @@ if has bench; then
     python3 -m pip install -q --no-index --no-deps --target "$scratch/site" "$here"/peers/*.whl \
       && export PYTHONPATH="$scratch/site${{PYTHONPATH:+:$PYTHONPATH}}"
   fi
-  # BENCH_ARGS are added to the bench's arguments (the README's table: --rounds 2).
+  # BENCH_ARGS are added to the bench's arguments (the README's table: --rounds 2). Under a
+  # command's time limit, --deadline SECS ends the run with the table of the cases it measured
+  # and names the rest, for a second run's --only; `bench --tables A.json,B.json` prints the two
+  # as one table (two rounds with every peer took more than 600 s on an H100, 2026-12-05).
   "$here/bench" --backend {backend} $vs ${{BENCH_ARGS:-}} --json "$out/bench.json" --svg "$out/bench.svg" 2>&1 \
     | tee "$out/bench.log" || status=1
 fi

@@ -1,5 +1,6 @@
 //! `bench [--backend X] [--shapes anchor|small] [--vs torch] [--json FILE] [--svg FILE] [--reps N]
-//! [--rounds N] [--only SUBSTRING[,...]] [--attn-d 64|128|256] [--gemm MxNxK[,...]]`: times each op of the anchor table
+//! [--rounds N] [--only SUBSTRING[,...]] [--attn-d 64|128|256] [--gemm MxNxK[,...]] [--deadline SECS]`
+//! (or `bench --tables A.json[,B.json...] [--json FILE] [--svg FILE]`): times each op of the anchor table
 //! (`shared/device/README.md`) on the backend's device, and with `--vs torch` every peer a
 //! PyTorch user can pick on the same shapes in the same run (`tests/src/bench_peers.py`: torch
 //! eager, torch.compile for norms, activations, softmax and RoPE, SDPA's flash and cuDNN
@@ -29,6 +30,14 @@
 //! fastest round: a state of the card that slows one round (a power cap reached by the case
 //! before, another process's context) then weighs on neither side's figure; the JSON keeps
 //! every round, and the table names the spread of tefl's rounds.
+//!
+//! `--deadline SECS` starts no case once SECS have passed since the start (the first case always
+//! runs): a run under a command's time limit (the GPU machine's 10 minutes) ends with the table
+//! of what it measured and names the rest, with the `--only` that runs them (the JSON's
+//! `not_measured`). `--tables A.json,B.json` measures nothing: it prints the results of such
+//! runs' `--json` files as one table (and `--json` / `--svg` of it), each op with the peers it was
+//! timed with in its own run; files of different backends, devices or shapes, or with an op
+//! twice, are refused.
 
 use std::fmt::Write as _;
 use std::process::ExitCode;
@@ -609,13 +618,6 @@ impl Rounds {
         });
         Rounds { best, each, peers, peers_each }
     }
-
-    /// How far tefl's slowest round is from its fastest, as a fraction.
-    fn spread(&self) -> Option<f64> {
-        let lo = self.each.iter().copied().min_by(f64::total_cmp)?;
-        let hi = self.each.iter().copied().max_by(f64::total_cmp)?;
-        Some(hi / lo - 1.0)
-    }
 }
 
 /// The peers' side (python3 with torch), run as a child process.
@@ -754,14 +756,18 @@ impl Drop for Peers {
 }
 
 const USAGE: &str = "usage: bench [--backend X] [--shapes anchor|small] [--vs torch] [--json FILE] [--svg FILE] \
-[--reps N] [--rounds N] [--only SUBSTRING[,SUBSTRING...]] [--attn-d 64|128|256] [--gemm MxNxK[,MxNxK...]]
+[--reps N] [--rounds N] [--only SUBSTRING[,SUBSTRING...]] [--attn-d 64|128|256] [--gemm MxNxK[,MxNxK...]] \
+[--deadline SECS]
+       bench --tables A.json[,B.json...] [--json FILE] [--svg FILE]
 
 Times each op of the anchor table on the backend's device (reference, the CPU, unless
 --backend names another; small shapes on the CPU, the anchor shapes elsewhere, unless --shapes
 says), and with --vs torch every peer a PyTorch user can pick (torch eager, torch.compile,
 SDPA flash / cuDNN, FlagGems) in the same run. --reps N calls a case (median; 20), --rounds N
 times it in turns with its peers, keeping each side's fastest round (1 to 10; 1), --only runs
-the cases whose name contains a part, --json and --svg write the table and its chart.
+the cases whose name contains a part, --json and --svg write the table and its chart,
+--deadline SECS starts no case after SECS seconds (the first always runs) and names the rest.
+--tables prints earlier runs' --json files as one table, measuring nothing.
 TEFL_BENCH_WARMUP sets the warm-up seconds a case (3).";
 
 /// The parsed command line.
@@ -776,6 +782,12 @@ struct Args {
     only: Option<String>,
     attn_d: usize,
     extra_gemms: Vec<(usize, usize, usize)>,
+    /// `--deadline SECS`: no case is started once this many seconds have passed since the start.
+    deadline: Option<f64>,
+    /// `--tables A,B`: JSON files of earlier runs to print as one table (nothing is measured).
+    tables: Option<Vec<String>>,
+    /// The measuring options given (none of them applies with `--tables`).
+    measuring: Vec<String>,
 }
 
 /// The command line, or the message for a bad one.
@@ -792,8 +804,14 @@ fn parse(argv: Vec<String>) -> Result<Args, String> {
         only: None,
         attn_d: 128,
         extra_gemms: Vec::new(),
+        deadline: None,
+        tables: None,
+        measuring: Vec::new(),
     };
     while let Some(a) = args.next() {
+        if !matches!(a.as_str(), "--json" | "--svg" | "--tables") {
+            o.measuring.push(a.clone());
+        }
         let mut value = || cli::value_of(&a, &mut args);
         match a.as_str() {
             "--backend" => o.backend = value()?.to_ascii_lowercase(),
@@ -822,8 +840,27 @@ fn parse(argv: Vec<String>) -> Result<Args, String> {
                 }
             }
             "--gemm" => o.extra_gemms = parse_gemm_shapes(&value()?)?,
+            "--deadline" => {
+                let v = value()?;
+                match v.trim().parse::<f64>() {
+                    Ok(secs) if (0.0..=86_400.0).contains(&secs) => o.deadline = Some(secs),
+                    _ => return Err(format!("--deadline {v:?}: expected seconds from 0 to 86400")),
+                }
+            }
+            "--tables" => {
+                let files: Vec<String> = value()?.split(',').filter(|f| !f.is_empty()).map(str::to_string).collect();
+                if files.is_empty() {
+                    return Err("--tables needs at least one JSON file".into());
+                }
+                o.tables = Some(files);
+            }
             other => return Err(format!("unexpected argument {other:?}")),
         }
+    }
+    if o.tables.is_some()
+        && let Some(flag) = o.measuring.first()
+    {
+        return Err(format!("{flag} measures, and --tables only prints saved results: give one or the other"));
     }
     Ok(o)
 }
@@ -840,11 +877,28 @@ fn main() -> ExitCode {
         eprintln!("{e}");
         return ExitCode::from(2);
     }
-    let Args { backend, shapes, vs_torch, json, svg_path, reps, rounds, only, attn_d, extra_gemms } = match parse(argv)
-    {
+    let start = Instant::now();
+    let Args {
+        backend,
+        shapes,
+        vs_torch,
+        json,
+        svg_path,
+        reps,
+        rounds,
+        only,
+        attn_d,
+        extra_gemms,
+        deadline,
+        tables,
+        ..
+    } = match parse(argv) {
         Ok(a) => a,
         Err(e) => return cli::bad_usage("bench", &e, USAGE),
     };
+    if let Some(files) = tables {
+        return print_saved(&files, json.as_deref(), svg_path.as_deref());
+    }
     let warm_up = match checked_warm_up_secs() {
         Ok(secs) => secs,
         Err(e) => {
@@ -949,9 +1003,16 @@ fn main() -> ExitCode {
     // Each case: tefl's time, then its peers', `rounds` times in turns; the table once every
     // case is measured.
     let mut measured = Vec::new();
+    let mut not_measured = Vec::new();
     let mut progress = Progress::new("bench");
     progress.start("bench", Some(cases.len()));
-    for c in &cases {
+    for (i, c) in cases.iter().enumerate() {
+        // Past the deadline no case is started (the first always is), so that a run under a
+        // command's time limit ends with the table of what it measured.
+        if i > 0 && deadline.is_some_and(|d| start.elapsed().as_secs_f64() >= d) {
+            not_measured.extend(cases[i..].iter().map(|c| c.name.clone()));
+            break;
+        }
         progress.tick(&c.name);
         let mut mine = Vec::new();
         let mut theirs = Vec::new();
@@ -987,97 +1048,256 @@ fn main() -> ExitCode {
         eprintln!("bench peers: {:.0} s in all", p.spent.as_secs_f64());
     }
     // The peer columns this run has, in a fixed order.
-    let peer_names: Vec<String> = ["eager", "compile", "flaggems", "sdpa_flash", "sdpa_cudnn", "grouped_mm"]
+    let peer_names: Vec<String> = PEER_ORDER
         .iter()
         .map(|p| p.to_string())
         .filter(|p| measured.iter().any(|(_, r)| r.peers.as_ref().is_some_and(|m| m.contains_key(p))))
         .collect();
-    let mut rows = Vec::new();
-    let mut bars = Vec::new();
     let mut failed = false;
+    let mut rows = Vec::new();
+    for (c, r) in &measured {
+        match &r.best {
+            Ok(t) => rows.push(result_json(c, r, *t, copy_gbps, &peer_names)),
+            Err(e) => {
+                println!("{:<40} error: {e}", c.name);
+                failed = true;
+            }
+        }
+    }
+    let bars = print_table(&rows);
+    if !not_measured.is_empty() {
+        println!(
+            "bench: the --deadline passed after {} of {} cases; not measured (--only {:?} runs them): {}",
+            cases.len() - not_measured.len(),
+            cases.len(),
+            not_measured.join(","),
+            not_measured.join(", ")
+        );
+    }
+    let name = tefl_core::device::runtime(device.kind).map(|r| r.name(device.ordinal)).unwrap_or_default();
+    let doc = serde_json::json!({
+        "backend": backend, "impl_id": impl_id, "device": device.to_string(), "device_name": name,
+        "shapes": if small { "small" } else { "anchor" }, "rounds": rounds, "results": rows,
+        "not_measured": not_measured,
+    });
+    match write_outputs(&doc, &bars, json.as_deref(), svg_path.as_deref()) {
+        Ok(()) if failed => ExitCode::FAILURE,
+        Ok(()) => ExitCode::SUCCESS,
+        Err(code) => code,
+    }
+}
+
+/// The peer columns' order (names from another build's JSON follow, sorted).
+const PEER_ORDER: [&str; 6] = ["eager", "compile", "flaggems", "sdpa_flash", "sdpa_cudnn", "grouped_mm"];
+
+/// One measured case (tefl's fastest round `t`) as the JSON's `results` keep it: the table is
+/// printed from these, for a run and for `--tables` alike.
+fn result_json(c: &Case, r: &Rounds, t: f64, copy_gbps: Option<f64>, peer_names: &[String]) -> serde_json::Value {
+    let peer_ms = |p: &str| r.peers.as_ref().and_then(|m| m.get(p).copied().flatten());
+    let best = peer_names.iter().filter_map(|p| peer_ms(p).map(|x| (p.clone(), x))).min_by(|a, b| a.1.total_cmp(&b.1));
+    let peer_json: serde_json::Map<String, serde_json::Value> =
+        peer_names.iter().map(|p| (p.clone(), serde_json::json!(peer_ms(p).map(|x| x * 1e3)))).collect();
+    serde_json::json!({
+        "op": c.name, "median_ms": t * 1e3, "bytes": c.bytes, "flops": c.flops,
+        "gbps": if c.bytes > 0.0 { Some(c.bytes / t / 1e9) } else { None },
+        "tflops": if c.flops > 0.0 { Some(c.flops / t / 1e12) } else { None },
+        "copy_gbps": copy_gbps, "peers_ms": peer_json,
+        "best_peer": best.as_ref().map(|b| b.0.clone()), "best_peer_ms": best.as_ref().map(|b| b.1 * 1e3),
+        "tefl_speed_vs_best": best.as_ref().map(|b| b.1 / t),
+        "rounds_ms": r.each.iter().map(|x| x * 1e3).collect::<Vec<_>>(),
+        "peers_rounds_ms": r.peers_each.iter().map(|round| {
+            round.iter().map(|(p, x)| (p.clone(), serde_json::json!(x.map(|x| x * 1e3)))).collect::<serde_json::Map<_, _>>()
+        }).collect::<Vec<_>>(),
+    })
+}
+
+/// Prints the table of `rows` (the JSON's `results`): tefl's time and rate, its fraction of
+/// the copy bandwidth, the spread of its rounds where it had several, each peer's time, the best
+/// peer and tefl's speed relative to it. Returns the chart's bars.
+fn print_table(rows: &[serde_json::Value]) -> Vec<Bar> {
+    let num = |r: &serde_json::Value, k: &str| r.get(k).and_then(serde_json::Value::as_f64);
+    let peers_of = |r: &serde_json::Value| r.get("peers_ms").and_then(serde_json::Value::as_object).cloned();
+    let mut extra: Vec<String> = rows
+        .iter()
+        .filter_map(peers_of)
+        .flat_map(|m| m.keys().cloned().collect::<Vec<_>>())
+        .filter(|p| !PEER_ORDER.contains(&p.as_str()))
+        .collect();
+    extra.sort();
+    extra.dedup();
+    let peer_names: Vec<String> = PEER_ORDER
+        .iter()
+        .map(|p| p.to_string())
+        .chain(extra)
+        .filter(|p| rows.iter().filter_map(peers_of).any(|m| m.contains_key(p)))
+        .collect();
+    let rounds_of = |r: &serde_json::Value| -> Vec<f64> {
+        r.get("rounds_ms")
+            .and_then(serde_json::Value::as_array)
+            .map_or(Vec::new(), |a| a.iter().filter_map(serde_json::Value::as_f64).collect())
+    };
+    let spread = rows.iter().any(|r| rounds_of(r).len() > 1);
     let mut head = format!("{:<40} {:>10} {:>13} {:>8}", "op", "tefl ms", "rate", "of copy");
-    if rounds > 1 {
+    if spread {
         let _ = write!(head, " {:>8}", "spread");
     }
     for p in &peer_names {
         let _ = write!(head, " {:>10}", p);
     }
-    if vs_torch && !peer_names.is_empty() {
+    if !peer_names.is_empty() {
         let _ = write!(head, " {:>10} {:>10}", "best peer", "tefl speed");
     }
     println!("{head}");
-    for (c, r) in &measured {
-        let t = match &r.best {
-            Ok(t) => *t,
-            Err(e) => {
-                println!("{:<40} error: {e}", c.name);
-                failed = true;
-                continue;
-            }
+    let mut bars = Vec::new();
+    for r in rows {
+        let (Some(op), Some(ms)) = (r.get("op").and_then(serde_json::Value::as_str), num(r, "median_ms")) else {
+            continue;
         };
-        let (rate, frac) = if c.flops > 0.0 {
-            (format!("{:.1} TFLOP/s", c.flops / t / 1e12), String::new())
-        } else {
-            let g = c.bytes / t / 1e9;
-            (format!("{g:.0} GB/s"), copy_gbps.map_or(String::new(), |cg| format!("{:.0}%", 100.0 * g / cg)))
+        let (rate, frac) = match (num(r, "tflops"), num(r, "gbps")) {
+            (Some(tf), _) => (format!("{tf:.1} TFLOP/s"), String::new()),
+            (None, Some(g)) => (
+                format!("{g:.0} GB/s"),
+                num(r, "copy_gbps").map_or(String::new(), |cg| format!("{:.0}%", 100.0 * g / cg)),
+            ),
+            (None, None) => (String::new(), String::new()),
         };
-        let peer_ms = |p: &str| r.peers.as_ref().and_then(|m| m.get(p).copied().flatten());
-        let best =
-            peer_names.iter().filter_map(|p| peer_ms(p).map(|x| (p.clone(), x))).min_by(|a, b| a.1.total_cmp(&b.1));
-        let mut line = format!("{:<40} {:>10.3} {:>13} {:>8}", c.name, t * 1e3, rate, frac);
-        if rounds > 1 {
-            let _ = write!(line, " {:>8}", r.spread().map_or(String::new(), |x| format!("{:.1}%", 100.0 * x)));
+        let mut line = format!("{op:<40} {ms:>10.3} {rate:>13} {frac:>8}");
+        if spread {
+            let each = rounds_of(r);
+            let lo = each.iter().copied().min_by(f64::total_cmp);
+            let hi = each.iter().copied().max_by(f64::total_cmp);
+            let s = match (lo, hi) {
+                (Some(lo), Some(hi)) if each.len() > 1 => format!("{:.1}%", 100.0 * (hi / lo - 1.0)),
+                _ => String::new(),
+            };
+            let _ = write!(line, " {s:>8}");
         }
+        let peers = peers_of(r).unwrap_or_default();
         for p in &peer_names {
-            let _ = write!(line, " {:>10}", peer_ms(p).map_or("-".to_string(), |x| format!("{:.3}", x * 1e3)));
+            let x = peers.get(p).and_then(serde_json::Value::as_f64);
+            let _ = write!(line, " {:>10}", x.map_or("-".to_string(), |x| format!("{x:.3}")));
         }
-        if vs_torch && !peer_names.is_empty() {
-            match &best {
-                Some((p, x)) => {
-                    let _ = write!(line, " {p:>10} {:>9.2}x", x / t);
-                    bars.push(Bar { op: c.name.clone(), speed: x / t, peer: p.clone() });
+        if !peer_names.is_empty() {
+            match (r.get("best_peer").and_then(serde_json::Value::as_str), num(r, "best_peer_ms")) {
+                (Some(p), Some(x)) => {
+                    let _ = write!(line, " {p:>10} {:>9.2}x", x / ms);
+                    bars.push(Bar { op: op.to_string(), speed: x / ms, peer: p.to_string() });
                 }
-                None => line.push_str(&format!(" {:>10} {:>10}", "-", "-")),
+                _ => line.push_str(&format!(" {:>10} {:>10}", "-", "-")),
             }
         }
         println!("{line}");
-        let peer_json: serde_json::Map<String, serde_json::Value> =
-            peer_names.iter().map(|p| (p.clone(), serde_json::json!(peer_ms(p).map(|x| x * 1e3)))).collect();
-        rows.push(serde_json::json!({
-            "op": c.name, "median_ms": t * 1e3, "bytes": c.bytes, "flops": c.flops,
-            "gbps": if c.bytes > 0.0 { Some(c.bytes / t / 1e9) } else { None },
-            "tflops": if c.flops > 0.0 { Some(c.flops / t / 1e12) } else { None },
-            "copy_gbps": copy_gbps, "peers_ms": peer_json,
-            "best_peer": best.as_ref().map(|b| b.0.clone()), "best_peer_ms": best.as_ref().map(|b| b.1 * 1e3),
-            "tefl_speed_vs_best": best.as_ref().map(|b| b.1 / t),
-            "rounds_ms": r.each.iter().map(|x| x * 1e3).collect::<Vec<_>>(),
-            "peers_rounds_ms": r.peers_each.iter().map(|round| {
-                round.iter().map(|(p, x)| (p.clone(), serde_json::json!(x.map(|x| x * 1e3)))).collect::<serde_json::Map<_, _>>()
-            }).collect::<Vec<_>>(),
-        }));
     }
+    bars
+}
+
+/// Writes the chart (`--svg`) and the JSON document (`--json`); the exit code of a failure.
+fn write_outputs(
+    doc: &serde_json::Value,
+    bars: &[Bar],
+    json: Option<&str>,
+    svg_path: Option<&str>,
+) -> Result<(), ExitCode> {
+    let mut failed = false;
     if let Some(path) = svg_path {
-        let name = tefl_core::device::runtime(device.kind).map(|r| r.name(device.ordinal)).unwrap_or_default();
-        let title = format!("tefl {backend} on {name}: speed relative to the best peer (same run)");
+        let backend = doc.get("backend").and_then(serde_json::Value::as_str).unwrap_or_default();
+        let name = doc.get("device_name").and_then(serde_json::Value::as_str).unwrap_or_default();
+        let title =
+            format!("tefl {backend} on {name}: speed relative to the best peer (each op with its peers in one run)");
         if bars.is_empty() {
-            eprintln!("bench: --svg needs --vs torch (no peer times to draw)");
+            eprintln!("bench: --svg needs peer times (--vs torch): none to draw");
             failed = true;
-        } else if let Err(e) = std::fs::write(&path, svg(&title, &bars)) {
+        } else if let Err(e) = std::fs::write(path, svg(&title, bars)) {
             eprintln!("bench: writing {path}: {e}");
-            return ExitCode::FAILURE;
+            return Err(ExitCode::FAILURE);
         } else {
             println!("wrote {path}");
         }
     }
     if let Some(path) = json {
-        let doc = serde_json::json!({ "backend": backend, "impl_id": impl_id, "device": device.to_string(), "shapes": if small { "small" } else { "anchor" }, "rounds": rounds, "results": rows });
         let mut s = String::new();
         let _ = write!(s, "{doc:#}");
-        if let Err(e) = std::fs::write(&path, s) {
+        if let Err(e) = std::fs::write(path, s) {
             eprintln!("bench: writing {path}: {e}");
-            return ExitCode::FAILURE;
+            return Err(ExitCode::FAILURE);
         }
         println!("wrote {path}");
     }
-    if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS }
+    if failed { Err(ExitCode::FAILURE) } else { Ok(()) }
+}
+
+/// `--tables A,B`: the results of earlier runs' JSON files (`--json`) as one table, chart and
+/// JSON, measuring nothing: a run split by `--deadline` and `--only` across commands on the
+/// same machine, each op timed with its peers in its own run. The files must come from one
+/// backend on one kind of device, and no op may appear twice.
+fn print_saved(files: &[String], json: Option<&str>, svg_path: Option<&str>) -> ExitCode {
+    match merge_saved(files) {
+        Ok((doc, missing)) => {
+            let rows = doc.get("results").and_then(serde_json::Value::as_array).cloned().unwrap_or_default();
+            let bars = print_table(&rows);
+            if !missing.is_empty() {
+                println!("bench: not measured in any of the files: {}", missing.join(", "));
+            }
+            match write_outputs(&doc, &bars, json, svg_path) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(code) => code,
+            }
+        }
+        Err(e) => {
+            eprintln!("bench: --tables: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// The merged document of `files` and the ops they list as not measured that none measured.
+fn merge_saved(files: &[String]) -> Result<(serde_json::Value, Vec<String>), String> {
+    let text_of = |v: &serde_json::Value, k: &str| v.get(k).and_then(serde_json::Value::as_str).map(str::to_string);
+    let mut head: Option<(String, serde_json::Value)> = None;
+    let (mut results, mut ops, mut missing) = (Vec::new(), std::collections::BTreeSet::new(), Vec::new());
+    let mut rounds = 0;
+    for f in files {
+        let text = std::fs::read_to_string(f).map_err(|e| format!("{f}: {e}"))?;
+        let doc: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("{f}: not JSON: {e}"))?;
+        let rows = doc
+            .get("results")
+            .and_then(serde_json::Value::as_array)
+            .ok_or_else(|| format!("{f}: no \"results\" list (not a bench --json file)"))?;
+        // One backend on one kind of device: rows from different machines do not compare.
+        for key in ["backend", "device_name", "shapes"] {
+            if let Some((first, d)) = &head
+                && text_of(d, key) != text_of(&doc, key)
+            {
+                return Err(format!(
+                    "{f} has {key} {:?}, {first} has {:?}: results of different runs' {key} do not go in one table",
+                    text_of(&doc, key).unwrap_or_default(),
+                    text_of(d, key).unwrap_or_default()
+                ));
+            }
+        }
+        for r in rows {
+            let op = text_of(r, "op").ok_or_else(|| format!("{f}: a result without its op"))?;
+            if !ops.insert(op.clone()) {
+                return Err(format!("{f}: {op:?} is in an earlier file too"));
+            }
+            results.push(r.clone());
+        }
+        if let Some(list) = doc.get("not_measured").and_then(serde_json::Value::as_array) {
+            missing.extend(list.iter().filter_map(serde_json::Value::as_str).map(str::to_string));
+        }
+        rounds = rounds.max(doc.get("rounds").and_then(serde_json::Value::as_u64).unwrap_or(1));
+        if head.is_none() {
+            head = Some((f.clone(), doc));
+        }
+    }
+    missing.retain(|op| !ops.contains(op));
+    missing.sort();
+    missing.dedup();
+    let (_, first) = head.ok_or("no files")?;
+    let doc = serde_json::json!({
+        "backend": first.get("backend"), "impl_id": first.get("impl_id"), "device": first.get("device"),
+        "device_name": first.get("device_name"), "shapes": first.get("shapes"), "rounds": rounds,
+        "results": results, "not_measured": missing, "merged_from": files,
+    });
+    Ok((doc, missing))
 }
