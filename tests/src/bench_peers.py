@@ -104,7 +104,14 @@ def eager(op, a):
     if op == "rmsnorm_fp8":
         x, g = t(a[0], a[1]), t(a[1])
         s = torch.ones((), device=x.device)
-        return (lambda: (F.rms_norm(x, (a[1],), g, 1e-5) * s).to(torch.float8_e4m3fn)), True
+
+        # As TE's norm with an FP8 output (and tefl's): the codes of y * scale and max |y|, the
+        # amax that delayed scaling needs (the quantize peers below take theirs too).
+        def f():
+            y = F.rms_norm(x, (a[1],), g, 1e-5)
+            return (y * s).to(torch.float8_e4m3fn), y.abs().amax().float()
+
+        return f, True
     if op == "rmsnorm_bwd":
         x = t(a[0], a[1]).requires_grad_()
         g = t(a[1]).requires_grad_()
