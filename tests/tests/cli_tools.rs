@@ -101,3 +101,33 @@ fn jobs_split_the_run_into_processes_with_the_same_sum() {
     assert_eq!(counts_line(&parallel), counts_line(&serial));
     assert!(!counts_line(&serial).starts_with("0 passed"), "{}", counts_line(&serial));
 }
+
+/// `torch_oracle reference DIR` records AdamW's inputs before its in-place step (their own
+/// copies, not views of the updated tensors) and its outputs after: the recorded p, m and v
+/// follow from the recorded p0, g, m0 and v0 by AdamW's formula, evaluated here in f64.
+#[test]
+fn the_oracle_dump_records_adamw_inputs_before_the_step() {
+    let dir = std::env::temp_dir().join(format!("tefl-oracle-dump-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = run(env!("CARGO_BIN_EXE_torch_oracle"), &["reference", dir.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let read = |name: &str| -> Vec<f64> {
+        let bytes = std::fs::read(dir.join(format!("adamw_f32.{name}.f32"))).unwrap();
+        bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64).collect()
+    };
+    let (p0, g, m0, v0, p, m, v) = (read("p0"), read("g"), read("m0"), read("v0"), read("p"), read("m"), read("v"));
+    assert_eq!(p0.len(), p.len());
+    assert!(p0.iter().zip(&p).any(|(a, b)| a != b), "p0 is p after the step");
+    // The dump's hyper-parameters: lr 1e-3, betas (0.9, 0.999), eps 1e-8, step 3, decay 0.01.
+    let (lr, b1, b2, eps, step, wd) = (1e-3, 0.9f64, 0.999f64, 1e-8, 3, 0.01);
+    let (bc1, bc2) = (1.0 - b1.powi(step), 1.0 - b2.powi(step));
+    for i in (0..p.len()).step_by(997) {
+        let mi = b1 * m0[i] + (1.0 - b1) * g[i];
+        let vi = b2 * v0[i] + (1.0 - b2) * g[i] * g[i];
+        let pi = p0[i] * (1.0 - lr * wd) - lr * (mi / bc1) / ((vi / bc2).sqrt() + eps);
+        for (what, want, got) in [("m", mi, m[i]), ("v", vi, v[i]), ("p", pi, p[i])] {
+            assert!((want - got).abs() <= 1e-5 * want.abs().max(1e-3), "{what}[{i}]: {got} against {want}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -343,8 +343,11 @@ fn adam(r: &mut Run) -> Result<()> {
     let g = r.rand(&[n], DType::F32, -0.1, 0.1)?;
     let m = r.rand(&[n], DType::F32, -0.01, 0.01)?;
     let v = r.rand(&[n], DType::F32, 0.0, 1e-3)?;
-    // Inputs are recorded before the in-place step.
-    let (p0, m0, v0) = (p.to_device(&Device::CPU)?, m.to_device(&Device::CPU)?, v.to_device(&Device::CPU)?);
+    // Inputs are recorded before the in-place step, as host copies of their own: `to_device`
+    // shares the storage of a tensor already on the host (the reference backend's), which the
+    // step would then update too.
+    let host_copy = |t: &Tensor| Tensor::from_slice(&t.to_vec::<f32>()?, t.shape(), DType::F32);
+    let (p0, m0, v0) = (host_copy(&p)?, host_copy(&m)?, host_copy(&v)?);
     let hyper = AdamHyper {
         lr: 1e-3,
         beta1: 0.9,
