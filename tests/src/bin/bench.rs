@@ -1116,11 +1116,13 @@ fn result_json(c: &Case, r: &Rounds, t: f64, copy_gbps: Option<f64>, peer_names:
 /// peer and tefl's speed relative to it. Returns the chart's bars.
 fn print_table(rows: &[serde_json::Value]) -> Vec<Bar> {
     let num = |r: &serde_json::Value, k: &str| r.get(k).and_then(serde_json::Value::as_f64);
-    let peers_of = |r: &serde_json::Value| r.get("peers_ms").and_then(serde_json::Value::as_object).cloned();
+    fn peers_of(r: &serde_json::Value) -> Option<&serde_json::Map<String, serde_json::Value>> {
+        r.get("peers_ms").and_then(serde_json::Value::as_object)
+    }
     let mut extra: Vec<String> = rows
         .iter()
         .filter_map(peers_of)
-        .flat_map(|m| m.keys().cloned().collect::<Vec<_>>())
+        .flat_map(|m| m.keys().cloned())
         .filter(|p| !PEER_ORDER.contains(&p.as_str()))
         .collect();
     extra.sort();
@@ -1172,9 +1174,8 @@ fn print_table(rows: &[serde_json::Value]) -> Vec<Bar> {
             };
             let _ = write!(line, " {s:>8}");
         }
-        let peers = peers_of(r).unwrap_or_default();
         for p in &peer_names {
-            let x = peers.get(p).and_then(serde_json::Value::as_f64);
+            let x = peers_of(r).and_then(|m| m.get(p)).and_then(serde_json::Value::as_f64);
             let _ = write!(line, " {:>10}", x.map_or("-".to_string(), |x| format!("{x:.3}")));
         }
         if !peer_names.is_empty() {
@@ -1232,9 +1233,10 @@ fn write_outputs(
 /// backend on one kind of device, and no op may appear twice.
 fn print_saved(files: &[String], json: Option<&str>, svg_path: Option<&str>) -> ExitCode {
     match merge_saved(files) {
-        Ok((doc, missing)) => {
-            let rows = doc.get("results").and_then(serde_json::Value::as_array).cloned().unwrap_or_default();
-            let bars = print_table(&rows);
+        Ok(doc) => {
+            let list = |k: &str| doc.get(k).and_then(serde_json::Value::as_array).map_or(&[][..], Vec::as_slice);
+            let bars = print_table(list("results"));
+            let missing: Vec<&str> = list("not_measured").iter().filter_map(serde_json::Value::as_str).collect();
             if !missing.is_empty() {
                 println!("bench: not measured in any of the files: {}", missing.join(", "));
             }
@@ -1250,8 +1252,9 @@ fn print_saved(files: &[String], json: Option<&str>, svg_path: Option<&str>) -> 
     }
 }
 
-/// The merged document of `files` and the ops they list as not measured that none measured.
-fn merge_saved(files: &[String]) -> Result<(serde_json::Value, Vec<String>), String> {
+/// The merged document of `files`; its `not_measured` lists the ops the files list as not
+/// measured that none of them measured.
+fn merge_saved(files: &[String]) -> Result<serde_json::Value, String> {
     let text_of = |v: &serde_json::Value, k: &str| v.get(k).and_then(serde_json::Value::as_str).map(str::to_string);
     let mut head: Option<(String, serde_json::Value)> = None;
     let (mut results, mut ops, mut missing) = (Vec::new(), std::collections::BTreeSet::new(), Vec::new());
@@ -1294,10 +1297,9 @@ fn merge_saved(files: &[String]) -> Result<(serde_json::Value, Vec<String>), Str
     missing.sort();
     missing.dedup();
     let (_, first) = head.ok_or("no files")?;
-    let doc = serde_json::json!({
+    Ok(serde_json::json!({
         "backend": first.get("backend"), "impl_id": first.get("impl_id"), "device": first.get("device"),
         "device_name": first.get("device_name"), "shapes": first.get("shapes"), "rounds": rounds,
         "results": results, "not_measured": missing, "merged_from": files,
-    });
-    Ok((doc, missing))
+    }))
 }
