@@ -95,6 +95,43 @@ pub enum Size {
     Full,
 }
 
+/// `--shard K/N`: of the cases an impl runs (those not skipped for their op or dtype), in the
+/// suite's order, only the K-th, the (K + N)-th, and so on run; the others are skipped as in
+/// another shard. The N shards together run every case once, so a slow tool (compute-sanitizer)
+/// can be split across commands of bounded length. A case's inputs come from the suite's one
+/// random stream, which only the cases that run draw from: a shard's failure replays with the
+/// same `--shard` and `--seed`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shard {
+    /// Which shard, from 0.
+    pub index: usize,
+    /// How many shards.
+    pub count: usize,
+}
+
+impl Shard {
+    /// The largest shard count taken.
+    pub const MAX_COUNT: usize = 1000;
+
+    /// `K/N` with 0 ≤ K < N ≤ [`Shard::MAX_COUNT`], or the message naming the bad value.
+    pub fn parse(v: &str) -> Result<Shard, String> {
+        let bad = || format!("--shard {v:?}: expected K/N, shard K of N, with 0 <= K < N <= {}", Shard::MAX_COUNT);
+        let (k, n) = v.split_once('/').ok_or_else(bad)?;
+        let (index, count) =
+            (k.trim().parse::<usize>().map_err(|_| bad())?, n.trim().parse::<usize>().map_err(|_| bad())?);
+        if count == 0 || count > Shard::MAX_COUNT || index >= count {
+            return Err(bad());
+        }
+        Ok(Shard { index, count })
+    }
+}
+
+impl std::fmt::Display for Shard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.index, self.count)
+    }
+}
+
 /// A suite run against one impl.
 pub struct Suite<'m> {
     mgr: &'m Manager,
@@ -113,6 +150,10 @@ pub struct Suite<'m> {
     options_may_be_unsupported: bool,
     /// When set, only these ops' cases run ([`Suite::only_ops`]).
     selected_ops: Option<BTreeSet<&'static str>>,
+    /// When set, only this shard's cases run ([`Suite::shard`]).
+    shard: Option<Shard>,
+    /// Cases met so far that the impl runs (not skipped for their op or dtype): the shard's count.
+    runnable: usize,
 }
 
 const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
@@ -147,6 +188,8 @@ impl<'m> Suite<'m> {
             progress: crate::progress::Progress::new("conformance"),
             options_may_be_unsupported: false,
             selected_ops: None,
+            shard: None,
+            runnable: 0,
         })
     }
 
@@ -169,6 +212,12 @@ impl<'m> Suite<'m> {
     /// racecheck on the grouped GEMM without the rest of its family.
     pub fn only_ops(&mut self, ops: BTreeSet<&'static str>) {
         self.selected_ops = Some(ops);
+    }
+
+    /// Runs only `shard`'s share of the cases ([`Shard`]); the others are skipped as in another
+    /// shard.
+    pub fn shard(&mut self, shard: Shard) {
+        self.shard = Some(shard);
     }
 
     /// Why a case of `op` with `dtype` does not run, if it doesn't.
@@ -225,7 +274,17 @@ impl<'m> Suite<'m> {
         case: String,
         f: impl FnOnce(&mut Self) -> tefl_core::Result<Vec<Cmp>>,
     ) {
-        if let Some(reason) = self.skip_reason(op, dtype) {
+        let mut skip = self.skip_reason(op, dtype);
+        if skip.is_none()
+            && let Some(shard) = self.shard
+        {
+            let i = self.runnable;
+            self.runnable += 1;
+            if i % shard.count != shard.index {
+                skip = Some(format!("in another shard (--shard {shard})"));
+            }
+        }
+        if let Some(reason) = skip {
             self.outcomes.push(Outcome { op, dtype, case, status: Status::Skip(reason), max_abs: 0.0, rel: 0.0 });
             return;
         }

@@ -131,3 +131,54 @@ fn the_oracle_dump_records_adamw_inputs_before_the_step() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--shard K/N` splits an impl's cases into N disjoint shares: the shards' passes add up to
+/// the unsharded run's (each case runs in exactly one shard), each shard runs some, and the
+/// cases of the other shards are skipped naming the flag. With `--jobs` the children take it.
+#[test]
+fn shards_split_the_cases_and_together_run_each_once() {
+    let exe = env!("CARGO_BIN_EXE_conformance");
+    let base = ["reference", "--families", "softmax,empty", "--seed", "7"];
+    let whole = run(exe, &base);
+    assert!(whole.status.success(), "{}", text(&whole.stdout));
+    let counts = |out: &Output| -> (usize, usize, usize) {
+        let line = counts_line(out);
+        let n: Vec<usize> = line.split(|c: char| !c.is_ascii_digit()).filter_map(|w| w.parse().ok()).collect();
+        assert_eq!(n.len(), 3, "{line}");
+        (n[0], n[1], n[2])
+    };
+    let (passed, failed, skipped) = counts(&whole);
+    assert!(passed >= 6 && failed == 0, "{}", counts_line(&whole));
+    let mut sum = 0;
+    for k in 0..3 {
+        let shard = format!("{k}/3");
+        let mut args = base.to_vec();
+        args.extend(["--shard", &shard, "--verbose"]);
+        let out = run(exe, &args);
+        let stdout = text(&out.stdout);
+        assert!(out.status.success(), "{shard}: {stdout}");
+        assert!(stdout.contains(&format!("shard {shard} of its cases")), "{shard}: {stdout}");
+        assert!(stdout.contains(&format!("skip in another shard (--shard {shard})")), "{shard}: {stdout}");
+        let (p, f, s) = counts(&out);
+        assert!(p > 0 && f == 0, "{shard}: {}", counts_line(&out));
+        // Every case is counted in every shard: run here or skipped as another's.
+        assert_eq!(p + s, passed + skipped, "{shard}: {}", counts_line(&out));
+        sum += p;
+    }
+    assert_eq!(sum, passed);
+    let mut with_jobs = base.to_vec();
+    with_jobs.extend(["--shard", "1/3", "--jobs", "2"]);
+    let parallel = run(exe, &with_jobs);
+    assert!(parallel.status.success(), "{}", text(&parallel.stdout));
+    let mut one = base.to_vec();
+    one.extend(["--shard", "1/3"]);
+    assert_eq!(counts_line(&parallel), counts_line(&run(exe, &one)));
+    for bad in ["3/3", "0/0", "1", "a/2", "-1/2", "0/1001"] {
+        let mut args = base.to_vec();
+        args.extend(["--shard", bad]);
+        let out = run(exe, &args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {err}");
+        assert!(err.contains(&format!("--shard {bad:?}")), "{bad}: {err}");
+    }
+}

@@ -1,6 +1,7 @@
 //! `conformance <backend> [--allow-unavailable] [--full] [--verbose] [--seed N] [--families a,b]
-//! [--ops x,y] [--impl ID] [--jobs N]`: runs the conformance suite against every impl the backend registers
-//! (or only `ID`; only the named families, and in them only the named ops' cases), prints the op × dtype table and
+//! [--ops x,y] [--impl ID] [--shard K/N] [--jobs N]`: runs the conformance suite against every impl the backend registers
+//! (or only `ID`; only the named families, and in them only the named ops' cases; only shard K
+//! of N of those cases, [`Shard`]), prints the op × dtype table and
 //! `N passed, N failed, N skipped`, and exits non-zero on any failure (or when the backend
 //! is unavailable here, unless `--allow-unavailable`). `--jobs N` runs each (impl, family) as a
 //! child process of its own, N at a time (see `tefl_tests::jobs`). `cargo xtask test-backend` runs it.
@@ -8,14 +9,17 @@
 use std::process::ExitCode;
 
 use tefl_core::{Manager, Registry};
-use tefl_tests::conformance::{Size, Suite};
+use tefl_tests::conformance::{Shard, Size, Suite};
 use tefl_tests::{cli, jobs};
 
 const USAGE: &str = "usage: conformance <backend> [--allow-unavailable] [--full] [--verbose] [--seed N] \
-[--families a,b] [--ops x,y] [--impl ID] [--jobs N]
+[--families a,b] [--ops x,y] [--impl ID] [--shard K/N] [--jobs N]
 
 Runs the conformance suite (every op's cases against the f64 oracle) on every impl the backend
-registers, or only ID; --families and --ops narrow it (families: FAMILIES). Prints the op x dtype
+registers, or only ID; --families and --ops narrow it (families: FAMILIES); --shard K/N runs
+only every N-th of the remaining cases from the K-th (0 <= K < N; the N shards together run
+each case once, e.g. to split a compute-sanitizer run across commands; replay a shard with
+the same --shard and --seed). Prints the op x dtype
 table and 'N passed, N failed, N skipped'; exits 1 on any failure, or when the backend is
 unavailable here (0 with --allow-unavailable). --full adds the large and awkward shapes;
 --verbose prints each case's errors; --seed N replays a run (its seed is printed first).
@@ -33,6 +37,7 @@ struct Args {
     families: Option<Vec<String>>,
     only_impl: Option<String>,
     only_ops: Option<std::collections::BTreeSet<&'static str>>,
+    shard: Option<Shard>,
     jobs: usize,
 }
 
@@ -41,7 +46,7 @@ fn parse(argv: Vec<String>) -> Result<Args, String> {
     let mut args = argv.into_iter();
     let mut backend = None;
     let (mut allow_unavailable, mut size, mut seed, mut verbose) = (false, Size::Quick, None, false);
-    let (mut families, mut only_impl, mut only_ops, mut jobs) = (None, None, None, 1);
+    let (mut families, mut only_impl, mut only_ops, mut shard, mut jobs) = (None, None, None, None, 1);
     let list = |v: String| v.split(',').map(str::to_owned).collect::<Vec<String>>();
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -57,6 +62,7 @@ fn parse(argv: Vec<String>) -> Result<Args, String> {
             }
             "--impl" => only_impl = Some(cli::value_of(&a, &mut args)?),
             "--jobs" => jobs = jobs::parse_jobs(&cli::value_of(&a, &mut args)?)?,
+            "--shard" => shard = Some(Shard::parse(&cli::value_of(&a, &mut args)?)?),
             "--ops" => only_ops = Some(Suite::select_ops(&list(cli::value_of(&a, &mut args)?))?),
             "--families" => {
                 let mut names = list(cli::value_of(&a, &mut args)?);
@@ -73,7 +79,7 @@ fn parse(argv: Vec<String>) -> Result<Args, String> {
         }
     }
     let backend = backend.ok_or("no backend named")?;
-    Ok(Args { backend, allow_unavailable, size, seed, verbose, families, only_impl, only_ops, jobs })
+    Ok(Args { backend, allow_unavailable, size, seed, verbose, families, only_impl, only_ops, shard, jobs })
 }
 
 fn main() -> ExitCode {
@@ -88,7 +94,7 @@ fn main() -> ExitCode {
         eprintln!("{e}");
         return ExitCode::from(2);
     }
-    let Args { backend, allow_unavailable, size, seed, verbose, families, only_impl, only_ops, jobs } =
+    let Args { backend, allow_unavailable, size, seed, verbose, families, only_impl, only_ops, shard, jobs } =
         match parse(argv) {
             Ok(a) => a,
             Err(e) => return cli::bad_usage("conformance", &e, USAGE),
@@ -136,6 +142,9 @@ fn main() -> ExitCode {
         if let Some(ops) = &only_ops {
             forwarded.extend(["--ops".to_string(), ops.iter().copied().collect::<Vec<_>>().join(",")]);
         }
+        if let Some(shard) = shard {
+            forwarded.extend(["--shard".to_string(), shard.to_string()]);
+        }
         return run_in_processes(&backend, &impl_ids, &families, jobs, &forwarded);
     }
     if impl_ids.is_empty() {
@@ -154,7 +163,13 @@ fn main() -> ExitCode {
         if let Some(ops) = &only_ops {
             suite.only_ops(ops.clone());
         }
-        println!("impl {id} on {}", suite.device);
+        if let Some(shard) = shard {
+            suite.shard(shard);
+        }
+        match shard {
+            Some(shard) => println!("impl {id} on {}, shard {shard} of its cases", suite.device),
+            None => println!("impl {id} on {}", suite.device),
+        }
         suite.run_families(families.as_deref(), &mut |family| println!("  running {family} ..."));
         if verbose {
             print!("{}", suite.details());
