@@ -1,7 +1,7 @@
 //! `cargo xtask <command>`: the commands vendor engineers and CI use.
 //!
 //! ```text
-//! cargo xtask test-backend <vendor>[,<vendor>...] [--allow-unavailable] [--full] [--seed N] [--jobs N]
+//! cargo xtask test-backend <vendor>[,<vendor>...] [--allow-unavailable] [--full] [--seed N] [--jobs N] [--shard K/N]
 //! cargo xtask coverage [--check]
 //! cargo xtask explain <op> [--device cpu|cuda|hip|vulkan] [--dtype bf16]
 //! cargo xtask new-backend <vendor>
@@ -21,10 +21,11 @@ mod scaffold;
 
 const USAGE: &str = "usage: cargo xtask <command>
 
-  test-backend <vendor>[,<vendor>...] [--allow-unavailable] [--full] [--verbose] [--seed N] [--jobs N]
+  test-backend <vendor>[,<vendor>...] [--allow-unavailable] [--full] [--verbose] [--seed N] [--jobs N] [--shard K/N]
         run the conformance suite for one backend (several: one build, each in turn); prints op x dtype -> pass/fail/skip and
         'N passed, N failed, N skipped' (--verbose: max abs and rel error per case); fails on any failure, or when the backend is
-        unavailable here (unless --allow-unavailable); --jobs N runs each impl and family as a process, N at a time
+        unavailable here (unless --allow-unavailable); --jobs N runs each impl and family as a process, N at a time;
+        --shard K/N runs only shard K of N of the cases (the N shards together run each once)
   coverage [--check]
         write docs/coverage.md (op x backend, from the registry); --check fails when stale
   explain <op> [--device cpu|cuda|hip|vulkan] [--dtype bf16]
@@ -138,6 +139,24 @@ fn exit(code: i32) -> ExitCode {
     ExitCode::from(u8::try_from(code.clamp(0, 255)).unwrap_or(1))
 }
 
+/// `test-backend`'s options after the vendor: the flags it passes to `conformance`, each
+/// option that takes a value followed by one (`conformance` checks the values themselves).
+fn check_test_backend_options(options: &[String]) -> Result<(), String> {
+    let mut it = options.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--allow-unavailable" | "--full" | "--verbose" => {}
+            "--seed" | "--jobs" | "--shard" => {
+                if it.next().is_none() {
+                    return Err(format!("test-backend: {a} needs a value"));
+                }
+            }
+            _ => return Err(format!("test-backend: unknown option {a}")),
+        }
+    }
+    Ok(())
+}
+
 /// The vendors of `test-backend`'s first argument (`nvidia,amd`: one build with both features,
 /// then the suite for each in turn, as CI's no-GPU check of both does without a second
 /// optimised build of the tests crate) and the cargo features of that build.
@@ -158,13 +177,7 @@ fn test_backend(args: &[String]) -> Result<ExitCode, String> {
         return Err("test-backend needs a vendor: cargo xtask test-backend <vendor>".into());
     };
     let (vendors, features) = vendors_and_features(vendors)?;
-    for a in &args[1..] {
-        if !["--allow-unavailable", "--full", "--verbose", "--seed", "--jobs"].contains(&a.as_str())
-            && a.parse::<u64>().is_err()
-        {
-            return Err(format!("test-backend: unknown option {a}"));
-        }
-    }
+    check_test_backend_options(&args[1..])?;
     let mut worst = 0;
     for v in vendors {
         let mut tool_args = vec![v];
@@ -330,7 +343,23 @@ fn main() -> ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use super::vendors_and_features;
+    use super::{check_test_backend_options, vendors_and_features};
+
+    #[test]
+    fn test_backend_passes_its_flags_on_and_names_an_unknown_or_incomplete_one() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            check_test_backend_options(&args(&["--full", "--seed", "7", "--jobs", "2", "--shard", "1/3"])),
+            Ok(())
+        );
+        assert_eq!(
+            check_test_backend_options(&args(&["--families", "norms"])).unwrap_err(),
+            "test-backend: unknown option --families"
+        );
+        assert_eq!(check_test_backend_options(&args(&["--shard"])).unwrap_err(), "test-backend: --shard needs a value");
+        // A value is only taken after the option it belongs to.
+        assert_eq!(check_test_backend_options(&args(&["7"])).unwrap_err(), "test-backend: unknown option 7");
+    }
 
     #[test]
     fn test_backend_takes_one_vendor_or_a_list_and_names_a_bad_one() {
