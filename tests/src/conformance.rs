@@ -95,9 +95,9 @@ pub enum Size {
     Full,
 }
 
-/// `--shard K/N`: of the cases an impl runs (those not skipped for their op or dtype), in the
-/// suite's order, only the K-th, the (K + N)-th, and so on run; the others are skipped as in
-/// another shard. The N shards together run every case once, so a slow tool (compute-sanitizer)
+/// `--shard K/N`: of the cases an impl runs in each family (those not skipped for their op or
+/// dtype), in the suite's order, only the K-th, the (K + N)-th, and so on run (counting from 0);
+/// the others are skipped as in another shard. The N shards together run every case once, so a slow tool (compute-sanitizer)
 /// can be split across commands of bounded length. A case's inputs come from the suite's one
 /// random stream, which only the cases that run draw from: a shard's failure replays with the
 /// same `--shard` and `--seed`.
@@ -152,7 +152,8 @@ pub struct Suite<'m> {
     selected_ops: Option<BTreeSet<&'static str>>,
     /// When set, only this shard's cases run ([`Suite::shard`]).
     shard: Option<Shard>,
-    /// Cases met so far that the impl runs (not skipped for their op or dtype): the shard's count.
+    /// Cases of the running family met so far that the impl runs (not skipped for their op or
+    /// dtype): the shard's count.
     runnable: usize,
 }
 
@@ -399,6 +400,9 @@ impl<'m> Suite<'m> {
             self.progress.clear();
             progress(name);
             self.progress.start(name, None);
+            // Shards count each family's cases from its first, so that a family run in a
+            // process of its own (`--jobs`) takes the same share as in one process.
+            self.runnable = 0;
             f(self);
         }
         self.progress.clear();

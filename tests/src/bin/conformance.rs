@@ -17,9 +17,9 @@ const USAGE: &str = "usage: conformance <backend> [--allow-unavailable] [--full]
 
 Runs the conformance suite (every op's cases against the f64 oracle) on every impl the backend
 registers, or only ID; --families and --ops narrow it (families: FAMILIES); --shard K/N runs
-only every N-th of the remaining cases from the K-th (0 <= K < N; the N shards together run
-each case once, e.g. to split a compute-sanitizer run across commands; replay a shard with
-the same --shard and --seed). Prints the op x dtype
+only every N-th of each family's remaining cases from the K-th (0 <= K < N; the N shards
+together run each case once, e.g. to split a compute-sanitizer run across commands; replay a
+shard with the same --shard and --seed). Prints the op x dtype
 table and 'N passed, N failed, N skipped'; exits 1 on any failure, or when the backend is
 unavailable here (0 with --allow-unavailable). --full adds the large and awkward shapes;
 --verbose prints each case's errors; --seed N replays a run (its seed is printed first).
@@ -163,11 +163,11 @@ fn main() -> ExitCode {
         if let Some(ops) = &only_ops {
             suite.only_ops(ops.clone());
         }
-        if let Some(shard) = shard {
-            suite.shard(shard);
-        }
         match shard {
-            Some(shard) => println!("impl {id} on {}, shard {shard} of its cases", suite.device),
+            Some(shard) => {
+                suite.shard(shard);
+                println!("impl {id} on {}, shard {shard} of its cases", suite.device);
+            }
             None => println!("impl {id} on {}", suite.device),
         }
         suite.run_families(families.as_deref(), &mut |family| println!("  running {family} ..."));
