@@ -144,9 +144,7 @@ fn shards_split_the_cases_and_together_run_each_once() {
     assert!(whole.status.success(), "{}", text(&whole.stdout));
     let counts = |out: &Output| -> (usize, usize, usize) {
         let line = counts_line(out);
-        let n: Vec<usize> = line.split(|c: char| !c.is_ascii_digit()).filter_map(|w| w.parse().ok()).collect();
-        assert_eq!(n.len(), 3, "{line}");
-        (n[0], n[1], n[2])
+        tefl_tests::jobs::parse_counts(&line).unwrap_or_else(|| panic!("no counts line: {line}"))
     };
     let (passed, failed, skipped) = counts(&whole);
     assert!(passed >= 6 && failed == 0, "{}", counts_line(&whole));
