@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# RMSNorm forward diagnostic (the bench built with scripts/diag/norm_fwd.patch beside it): each config
+# RMSNorm forward diagnostic (the bench and conformance built with scripts/diag/norm_fwd.patch beside it): each config
 # its own process, rounds in turns. DIAG_GPF: gamma prefetched to L1 before the reduction;
 # DIAG_XNA: x loaded L1::no_allocate; DIAG_NOLOOP: one row a block, no grid-stride loop;
 # DIAG_GFIRST: every gamma vector loaded after the reduction before any output (48 registers
@@ -10,7 +10,7 @@ export TEFL_BENCH_WARMUP=${TEFL_BENCH_WARMUP:-1}
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader
 "$here/bench" --backend nvidia --only "rmsnorm_fwd 8192" > /dev/null 2>&1  # compile base kernels
 configs=("base" "TEFL_DIAG_NORM_DEFS=DIAG_GPF" "TEFL_DIAG_NORM_DEFS=DIAG_XNA" "TEFL_DIAG_NORM_DEFS=DIAG_NOLOOP" "TEFL_DIAG_NORM_DEFS=DIAG_NOLOOP,DIAG_GPF,DIAG_XNA" "TEFL_DIAG_NORM_MINB=10" "TEFL_DIAG_NORM_DEFS=DIAG_GFIRST TEFL_DIAG_NORM_MINB=10" "TEFL_DIAG_NORM_DEFS=DIAG_GFIRST,DIAG_NOLOOP TEFL_DIAG_NORM_MINB=10")
-for round in 1 2 3; do
+for round in $(seq 1 "${ROUNDS:-3}"); do
   for i in "${!configs[@]}"; do
     c=${configs[$i]}
     envs=(); [ "$c" != base ] && envs=($c)
@@ -35,4 +35,10 @@ if [ "${ATTN:-1}" = 1 ]; then
       "$here/bench" --backend nvidia --only "$form" --rounds 2 2>&1 | grep -E "bench rounds" | sed "s/^/r$round /" | tee -a "$out/attn.log"
     done
   done
+fi
+# CHECK="NAME=VALUE ...": the norms family's conformance on the diagnostic build (its
+# `conformance` beside this script) with those switches set, so that a form that wins above is
+# checked against the oracle in the same session. ROUNDS=0 ATTN=0 runs only this.
+if [ -n "${CHECK:-}" ]; then
+  env $CHECK "$here/conformance" nvidia --impl vendor.nvidia --families norms 2>&1 | tail -3 | sed "s/^/check [$CHECK] /"
 fi
