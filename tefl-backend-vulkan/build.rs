@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 
 /// The dtype codes of `common.wgsl`.
 const DTYPES: [(&str, u32); 3] = [("f32", 0), ("f16", 1), ("bf16", 2)];
+/// The FP8 formats and their mantissa bits (`fp8_codes.wgsl`).
+const FP8_FORMATS: [(&str, u32); 2] = [("e4m3", 3), ("e5m2", 2)];
 /// The workgroup sizes every elementwise variant is built for (the tune configs pick one).
 const WORKGROUPS: [u32; 3] = [64, 128, 256];
 /// The largest head dims attention variants are built for (a call takes the smallest that fits).
@@ -109,7 +111,7 @@ fn variants() -> Vec<Variant> {
             v.push(Variant {
                 shader: "fp8",
                 header: "",
-                files: &["fp8.wgsl"],
+                files: &["fp8_codes.wgsl", "fp8.wgsl"],
                 consts: vec![("TX", tx.into(), cx), ("WG", wg.to_string(), wg)],
             });
             v.push(Variant {
@@ -124,9 +126,20 @@ fn variants() -> Vec<Variant> {
         v.push(Variant {
             shader: "gemm",
             header: "",
-            files: &["gemm_params.wgsl", "gemm.wgsl"],
+            files: &["gemm_params.wgsl", "gemm_tiles.wgsl", "gemm.wgsl"],
             consts: vec![("TX", tx.into(), cx), ("WG", "256".into(), 256)],
         });
+    }
+    // The product of FP8 inputs, per pair of formats (by their mantissa bits).
+    for (fa, ma) in FP8_FORMATS {
+        for (fb, mb) in FP8_FORMATS {
+            v.push(Variant {
+                shader: "gemm_fp8",
+                header: "",
+                files: &["gemm_params.wgsl", "gemm_tiles.wgsl", "fp8_codes.wgsl", "gemm_fp8.wgsl"],
+                consts: vec![("FA", fa.into(), ma), ("FB", fb.into(), mb), ("WG", "256".into(), 256)],
+            });
+        }
     }
     // The product on cooperative matrices, for 16-bit inputs, per pair of transposes (bf16:
     // the f16 module retyped, see `retype_coop_operands`), subgroup grid, raster group (the

@@ -58,25 +58,9 @@ fn encode(x: f32) -> u32 {
     return sign | code;
 }
 
+// The value of code c in this call's format (fp8_codes.wgsl).
 fn decode(c: u32) -> f32 {
-    let s = select(1.0, -1.0, (c & 0x80u) != 0u);
-    let e = (c & 0x7Fu) >> p.mant;
-    let m = c & ((1u << p.mant) - 1u);
-    let emax = (1u << (7u - p.mant)) - 1u;
-    if (p.mant == 3u && e == emax && m == 7u) {
-        return bitcast<f32>(0x7FC00000u);
-    }
-    if (p.mant == 2u && e == emax) {
-        if (m == 0u) {
-            return s * bitcast<f32>(0x7F800000u);
-        }
-        return bitcast<f32>(0x7FC00000u);
-    }
-    let frac = f32(m) / f32(1u << p.mant);
-    if (e == 0u) {
-        return s * bitcast<f32>(u32(1 - p.bias + 127) << 23u) * frac;
-    }
-    return s * bitcast<f32>(u32(i32(e) - p.bias + 127) << 23u) * (1.0 + frac);
+    return fp8_decode(c, p.mant);
 }
 
 // The larger of two |x| bit patterns (a NaN's is above +inf's).

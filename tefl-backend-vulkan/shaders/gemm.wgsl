@@ -1,7 +1,7 @@
 // generic_gemm, the portable path: stage 0 writes W = alpha·op(A)·op(B) in f32 from 64×64
-// tiles (K in steps of 16 through shared memory, 4×4 outputs per invocation); stage 1 is the
-// epilogue (C, bias, GELU with aux, dGELU) rounding to D; stages 2 and 3 sum the unrounded
-// values over the rows for the bias gradient. Constants: TX (A and B), WG (= 256).
+// tiles (gemm_tiles.wgsl); stage 1 is the epilogue (C, bias, GELU with aux, dGELU) rounding to
+// D; stages 2 and 3 sum the unrounded values over the rows for the bias gradient. Stages 1 to 3
+// read only W of the product, so they also finish gemm_fp8.wgsl's. Constants: TX (A and B), WG (= 256).
 // Dtypes of C, bias, aux and D are push constants (gemm_params.wgsl, shared with gemm_coop.wgsl).
 
 @group(0) @binding(0) var<storage, read> a: array<u32>;
@@ -12,13 +12,6 @@
 @group(0) @binding(6) var<storage, read_write> d: array<u32>;
 // The aux output (stage 1), or the f32 partial column sums (stages 2 and 3).
 @group(0) @binding(7) var<storage, read_write> aux_out: array<u32>;
-
-const TM: u32 = 64u;
-const TN: u32 = 64u;
-const TK: u32 = 16u;
-
-var<workgroup> tile_a: array<f32, 1024>;
-var<workgroup> tile_b: array<f32, 1024>;
 
 fn ld_a(i: u32) -> f32 {
     return unpack(a[word_of(i, TX)], i, TX);
@@ -86,47 +79,7 @@ fn main(
 ) {
     switch p.stage {
         case 0u: {
-            let row0 = group.y * TM;
-            let col0 = group.x * TN;
-            let tx = lane % 16u;
-            let ty = lane / 16u;
-            var acc: array<f32, 16>;
-            for (var q = 0u; q < 16u; q++) {
-                acc[q] = 0.0;
-            }
-            for (var k0 = 0u; k0 < p.k; k0 += TK) {
-                for (var q = 0u; q < 4u; q++) {
-                    let idx = lane + q * WG;
-                    let kk = idx / TM;
-                    let mm = idx % TM;
-                    tile_a[idx] = op_a(row0 + mm, k0 + kk);
-                    tile_b[idx] = op_b(k0 + kk, col0 + mm);
-                }
-                workgroupBarrier();
-                for (var kk = 0u; kk < TK; kk++) {
-                    var fa: array<f32, 4>;
-                    var fb: array<f32, 4>;
-                    for (var q = 0u; q < 4u; q++) {
-                        fa[q] = tile_a[kk * TM + ty * 4u + q];
-                        fb[q] = tile_b[kk * TN + tx * 4u + q];
-                    }
-                    for (var i = 0u; i < 4u; i++) {
-                        for (var j = 0u; j < 4u; j++) {
-                            acc[i * 4u + j] += fa[i] * fb[j];
-                        }
-                    }
-                }
-                workgroupBarrier();
-            }
-            for (var i = 0u; i < 4u; i++) {
-                let r = row0 + ty * 4u + i;
-                for (var j = 0u; j < 4u; j++) {
-                    let col = col0 + tx * 4u + j;
-                    if (r < p.m && col < p.n) {
-                        w[r * p.n + col] = p.alpha * acc[i * 4u + j];
-                    }
-                }
-            }
+            product_tile(group, lane, p.alpha);
         }
         case 1u: {
             let total = p.m * p.n;

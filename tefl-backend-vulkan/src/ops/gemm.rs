@@ -11,8 +11,9 @@
 //! on them instead (`build/cm2.rs`: the driver stages the tiles itself; tile sizes from the
 //! `gemm_cm2` tune configs). A plain product (no C, no epilogue) skips the epilogue stage
 //! where the product can write D itself: an f32 D, or a 16-bit D from cooperative matrices.
-//! `te_general_grouped_gemm` runs `generic_gemm` per group (float groups only: the op is
-//! registered for f32, f16 and bf16 inputs).
+//! FP8 inputs (either format, the two may differ) run on the portable tiles with their codes
+//! decoded exactly (`shaders/gemm_fp8.wgsl`), an FP8 D is quantized after the epilogue.
+//! `te_general_grouped_gemm` runs `generic_gemm` per group.
 
 use std::sync::Arc;
 
@@ -174,16 +175,33 @@ fn coop_product(
     make(tile)
 }
 
-/// `generic_gemm`.
+/// The FP8 product's pipeline for A's and B's formats (`shaders/gemm_fp8.wgsl`).
+fn fp8_product(gpu: &Gpu, a: &GemmArgs) -> Result<Arc<Pipeline>> {
+    let format = |arg: &'static str, t: &Tensor| match t.dtype() {
+        DType::F8E4M3 => Ok("e4m3"),
+        DType::F8E5M2 => Ok("e5m2"),
+        other => Err(Error::DType { op: "generic_gemm", arg, got: other, expected: "f8e4m3 or f8e5m2".into() }),
+    };
+    gpu.pipeline(&format!("gemm_fp8.fa={}.fb={}.wg={WG}", format("a", &a.a)?, format("b", &a.b)?), 8, PUSH_BYTES)
+}
+
+/// `generic_gemm`. FP8 inputs take the portable tiles with the codes decoded exactly
+/// (`shaders/gemm_fp8.wgsl`, their scales folded into alpha on the device), then the same
+/// epilogue into f32; an FP8 D is then quantized by `fp8.wgsl` with `d_scale`, which also gives
+/// `d_amax`, and a GELU epilogue's pre-activation is rounded to bf16 (the catalogue's
+/// `aux_dtype`) by the epilogue stage run as a plain conversion.
 pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
     const OP: &str = "generic_gemm";
     let (m, k, n) = gemm_dims(a)?;
     let dev = ctx.device;
-    let d = Tensor::uninit([m, n], a.out_dtype, &dev)?;
-    let aux_out = if a.epilogue.writes_aux() { Some(Tensor::uninit([m, n], a.out_dtype, &dev)?) } else { None };
+    let (fp8_in, fp8_out) = (a.a.dtype().is_fp8(), a.out_dtype.is_fp8());
+    let aux_out =
+        if a.epilogue.writes_aux() { Some(Tensor::uninit([m, n], aux_dtype(a.out_dtype), &dev)?) } else { None };
     if m == 0 || n == 0 {
+        let d = Tensor::uninit([m, n], a.out_dtype, &dev)?;
         let bias_grad = if a.epilogue.writes_bias_grad() { Some(Tensor::zeros([n], DType::F32, &dev)?) } else { None };
-        return Ok(GemmOut { d, aux_out, bias_grad, d_amax: None });
+        let d_amax = if fp8_out { Some(Tensor::zeros([1], DType::F32, &dev)?) } else { None };
+        return Ok(GemmOut { d, aux_out, bias_grad, d_amax });
     }
     let unsupported = |reason: String| Error::Unsupported { op: OP, impl_id: ctx.impl_id.to_string(), reason };
     for (what, elems) in [("d", m * n), ("a", m * k), ("b", k * n), ("bias-gradient parts", PARTS * n)] {
@@ -196,7 +214,9 @@ pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
         return Err(unsupported(format!("{m}x{n} needs {tiles_m}x{tiles_n} tiles, over {MAX_GROUPS} per side")));
     }
     let c = a.c.as_ref().filter(|_| a.accumulate);
-    let name = format!("gemm.tx={}.wg={WG}", dtype_name(OP, "a", a.a.dtype())?);
+    // (The epilogue and bias-gradient stages never read A or B: for FP8 inputs any TX serves.)
+    let tx = if fp8_in { "f32" } else { dtype_name(OP, "a", a.a.dtype())? };
+    let name = format!("gemm.tx={tx}.wg={WG}");
     let gpu = gpu(dev)?;
     let pipeline = gpu.pipeline(&name, 8, PUSH_BYTES)?;
     // The product on cooperative matrices (same bindings and push constants) where the device
@@ -208,14 +228,22 @@ pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
     };
     let chunked = k.is_multiple_of(8) && (!a.transa || m.is_multiple_of(8)) && (a.transb || n.is_multiple_of(8));
     let coop = coop_dtype.filter(|_| chunked);
+    // What the epilogue writes D (and aux) in, and where: an FP8 D (and its GELU
+    // pre-activation) is written in f32 first.
+    let (epi_dtype, d_epi, aux_epi) = if fp8_out {
+        let aux = aux_out.as_ref().map(|_| Tensor::uninit([m, n], DType::F32, &dev)).transpose()?;
+        (DType::F32, Tensor::uninit([m, n], DType::F32, &dev)?, aux)
+    } else {
+        (a.out_dtype, Tensor::uninit([m, n], a.out_dtype, &dev)?, aux_out.clone())
+    };
     // A plain product (k > 0, no C, no epilogue) needs no epilogue stage where the product can
     // write D itself: an f32 D is W, and the cooperative-matrix products write a 16-bit D
     // whose rows are whole 16-byte chunks. W is then D (bound, not used, in those variants).
     let plain = k > 0 && a.epilogue == GemmEpilogue::None && c.is_none();
     let direct = plain && coop.is_some() && a.out_dtype != DType::F32 && n.is_multiple_of(8);
-    let epilogue = !(direct || plain && a.out_dtype == DType::F32);
+    let epilogue = !(direct || plain && epi_dtype == DType::F32);
     let w = if !epilogue {
-        d.clone()
+        d_epi.clone()
     } else if k == 0 {
         Tensor::zeros([m, n], DType::F32, &dev)?
     } else {
@@ -226,7 +254,8 @@ pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
     let ws = if bias_grad.is_some() { Some(Tensor::uninit([parts, n], DType::F32, &dev)?) } else { None };
     let bind = super::binding;
     let or_w = |t: Option<&Tensor>| t.map_or_else(|| bind(&w), bind);
-    let push = |stage: u32| -> Result<Vec<u8>> {
+    // The push constants of a stage writing D in `td` with epilogue `ep` (and C when `with_c`).
+    let push_as = |stage: u32, td: DType, ep: GemmEpilogue, with_c: bool| -> Result<Vec<u8>> {
         let ints = [
             stage,
             m as u32,
@@ -237,15 +266,16 @@ pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
             c.map(|t| dtype_code(OP, "c", t.dtype())).transpose()?.unwrap_or(0),
             a.bias.as_ref().map(|t| dtype_code(OP, "bias", t.dtype())).transpose()?.unwrap_or(0),
             a.aux.as_ref().map(|t| dtype_code(OP, "aux", t.dtype())).transpose()?.unwrap_or(0),
-            dtype_code(OP, "out_dtype", a.out_dtype)?,
-            ep_code(a.epilogue),
-            u32::from(c.is_some()),
+            dtype_code(OP, "out_dtype", td)?,
+            ep_code(ep),
+            u32::from(with_c),
             parts as u32,
         ];
         let mut v: Vec<u8> = ints.iter().flat_map(|i| i.to_le_bytes()).collect();
         v.extend_from_slice(&a.alpha.to_le_bytes());
         Ok(v)
     };
+    let push = |stage: u32| push_as(stage, epi_dtype, a.epilogue, c.is_some());
     let main = [
         bind(&a.a)?,
         bind(&a.b)?,
@@ -253,20 +283,37 @@ pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
         or_w(c)?,
         or_w(a.bias.as_ref())?,
         or_w(a.aux.as_ref())?,
-        bind(&d)?,
-        or_w(aux_out.as_ref())?,
+        bind(&d_epi)?,
+        or_w(aux_epi.as_ref())?,
     ];
-    let per_word = if a.out_dtype == DType::F32 { 1 } else { 2 };
+    let per_word = if epi_dtype == DType::F32 { 1 } else { 2 };
     let epi_groups = ((m * n).div_ceil(per_word) as u32).div_ceil(WG).clamp(1, MAX_GROUPS);
     let (p0, p1) = (push(if direct { 4 } else { 0 })?, push(1)?);
-    // The product: on workgroup-scope matrices where offered, else on subgroup-scope ones,
-    // else the portable tiles (all with the same bindings and push constants).
-    let run_product = |p: &Pipeline, groups: Groups| gpu.run(|r| r.dispatch(p, &main, &p0, groups));
+    // The product: FP8 codes on the portable tiles with their scales (bound where C and bias
+    // are in the other stages); else on workgroup-scope matrices where offered, else on
+    // subgroup-scope ones, else the portable tiles (all with the same bindings and push
+    // constants).
+    let product_bindings = match (&a.a_scale_inv, &a.b_scale_inv) {
+        (Some(sa), Some(sb)) if fp8_in => {
+            let mut b = main;
+            b[3] = bind(sa)?;
+            b[4] = bind(sb)?;
+            b
+        }
+        (sa, _) if fp8_in => {
+            let name = if sa.is_none() { "a_scale_inv" } else { "b_scale_inv" };
+            return Err(Error::invalid(OP, name, "FP8 operands need their scale"));
+        }
+        _ => main,
+    };
+    let run_product = |p: &Pipeline, groups: Groups| gpu.run(|r| r.dispatch(p, &product_bindings, &p0, groups));
     let workgroup_scope = match coop {
         Some(tx) => cm2_product(ctx, &gpu, tx, a, direct, (m, n, k), &run_product)?,
         None => None,
     };
-    let (product, product_groups) = if let Some(p) = workgroup_scope {
+    let (product, product_groups) = if fp8_in {
+        (fp8_product(&gpu, a)?, (tiles_n as u32, tiles_m as u32, 1))
+    } else if let Some(p) = workgroup_scope {
         p
     } else if let Some(tx) = coop {
         coop_product(ctx, &gpu, tx, a, direct, (m, n, k), &run_product)?
@@ -283,9 +330,21 @@ pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
         }
         _ => None,
     };
+    // An FP8 D's GELU pre-activation: the f32 values rounded to bf16 by the epilogue stage with
+    // no epilogue and no C (it reads W, here the f32 values, and writes D, here aux_out).
+    let aux_rounding = match (&aux_epi, &aux_out) {
+        (Some(from), Some(to)) if fp8_out => {
+            let mut b = main;
+            b[2] = bind(from)?;
+            b[6] = bind(to)?;
+            let groups = ((m * n).div_ceil(2) as u32).div_ceil(WG).clamp(1, MAX_GROUPS);
+            Some((b, push_as(1, aux_dtype(a.out_dtype), GemmEpilogue::None, false)?, groups))
+        }
+        _ => None,
+    };
     gpu.run(|r| {
         if k > 0 {
-            r.dispatch(&product, &main, &p0, product_groups)?;
+            r.dispatch(&product, &product_bindings, &p0, product_groups)?;
         }
         if epilogue {
             r.dispatch(&pipeline, &main, &p1, (epi_groups, 1, 1))?;
@@ -295,9 +354,18 @@ pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
             r.dispatch(&pipeline, partial, p2, (col_groups, parts as u32, 1))?;
             r.dispatch(&pipeline, finish, p3, (col_groups, 1, 1))?;
         }
+        if let Some((b, p, groups)) = &aux_rounding {
+            r.dispatch(&pipeline, b, p, (*groups, 1, 1))?;
+        }
         Ok(())
     })?;
-    Ok(GemmOut { d, aux_out, bias_grad, d_amax: None })
+    if fp8_out {
+        let scale = a.d_scale.clone().ok_or_else(|| Error::invalid(OP, "d_scale", "an FP8 D needs its scale"))?;
+        let args = QuantizeArgs { x: d_epi, scale, fp8_dtype: a.out_dtype, want_transpose: false };
+        let q = super::fp8::quantize(ctx, &args)?;
+        return Ok(GemmOut { d: q.q, aux_out, bias_grad, d_amax: Some(q.amax) });
+    }
+    Ok(GemmOut { d: d_epi, aux_out, bias_grad, d_amax: None })
 }
 
 /// `te_general_grouped_gemm`: [`generic_gemm`] per group (with the bias epilogue where the group

@@ -62,7 +62,6 @@ tefl_core::register_backend! {
             FusedRopeForward => rope::fused_rope_forward; FusedRopeBackward => rope::fused_rope_backward;
             DropoutFwd => dropout::dropout_fwd; DropoutBwd => dropout::dropout_bwd;
             Quantize => fp8::quantize; ComputeAmax => fp8::compute_amax; BgradQuantize => fp8::bgrad_quantize;
-            GenericGemm => gemm::generic_gemm; GroupedGemm => gemm::grouped_gemm;
             FusedAttnFwd => attention::fused_attn_fwd; FusedAttnBwd => attention::fused_attn_bwd;
             Gelu => activation::gelu; DGelu => activation::dgelu;
             Qgelu => activation::qgelu; DQgelu => activation::dqgelu;
@@ -97,6 +96,9 @@ tefl_core::register_backend! {
             MultiTensorAdamMaster => optimizer::multi_tensor_adam_master;
             MultiTensorSgd => optimizer::multi_tensor_sgd;
             MultiTensorComputeScaleAndScaleInv => optimizer::multi_tensor_compute_scale_and_scale_inv;
+        }
+        gemms [F32, F16, BF16, F8E4M3, F8E5M2] {
+            GenericGemm => gemm::generic_gemm; GroupedGemm => gemm::grouped_gemm;
         }
     }
 }
