@@ -5,7 +5,7 @@
 use tefl_core::DType;
 use tefl_core::catalogue::*;
 
-use super::{Suite, cmp};
+use super::{Cmp, Suite, cmp};
 
 impl Suite<'_> {
     pub(super) fn empty(&mut self) {
@@ -15,6 +15,7 @@ impl Suite<'_> {
             self.empty_grouped_gemm(dtype);
             self.empty_sequences(dtype);
         }
+        self.empty_fp8_gemm();
     }
 
     /// Row-wise ops on `[0, n]` inputs.
@@ -87,6 +88,58 @@ impl Suite<'_> {
                 s.call::<GenericGemm>(tefl_ops::generic_gemm(&a, &b).epilogue(GemmEpilogue::Bias).bias(&bias).args())?;
             Ok(vec![cmp("d", &o.d, (0..5).flat_map(|_| bv.iter().copied()).collect(), dtype)?])
         });
+    }
+
+    /// FP8 GEMMs with an empty m (an empty D, and an FP8 D's amax of nothing: 0) and an empty k
+    /// (D = the bias, quantized with d_scale; its amax is max |bias|).
+    fn empty_fp8_gemm(&mut self) {
+        let (e4, e5) = (DType::F8E4M3, DType::F8E5M2);
+        for out in [DType::BF16, e4] {
+            self.case("generic_gemm", e4, format!("f8e4m3 x f8e5m2, m 0, k 32, n 16 -> {out}"), |s| {
+                let (a, b) = (s.put(&[], &[0, 32], e4)?, s.rand(&[32, 16], e5, -1.0, 1.0)?.0);
+                let (sa, sb, sd) = (
+                    s.put(&[0.5], &[1], DType::F32)?,
+                    s.put(&[2.0], &[1], DType::F32)?,
+                    s.put(&[4.0], &[1], DType::F32)?,
+                );
+                let mut call = tefl_ops::generic_gemm(&a, &b).fp8_scales(&sa, &sb);
+                if out.is_fp8() {
+                    call = call.fp8_output(out, &sd);
+                }
+                let o = s.call::<GenericGemm>(call.args())?;
+                let mut cmps = vec![cmp("d", &o.d, vec![], out)?];
+                match (&o.d_amax, out.is_fp8()) {
+                    (Some(amax), true) => cmps.push(cmp("d_amax", amax, vec![0.0], DType::F32)?),
+                    (None, false) => {}
+                    _ => return Err(tefl_core::Error::Tensor("d_amax present for a float D, or missing".into())),
+                }
+                Ok(cmps)
+            });
+            self.case("generic_gemm", e4, format!("f8e4m3, m 5, k 0, n 16, bias -> {out}"), |s| {
+                let (a, b) = (s.put(&[], &[5, 0], e4)?, s.put(&[], &[0, 16], e4)?);
+                let (bias, bv) = s.rand(&[16], DType::BF16, -1.0, 1.0)?;
+                let (sa, sd) = (s.put(&[0.5], &[1], DType::F32)?, 4.0);
+                let sd_t = s.put(&[sd], &[1], DType::F32)?;
+                let mut call =
+                    tefl_ops::generic_gemm(&a, &b).fp8_scales(&sa, &sa).epilogue(GemmEpilogue::Bias).bias(&bias);
+                if out.is_fp8() {
+                    call = call.fp8_output(out, &sd_t);
+                }
+                let o = s.call::<GenericGemm>(call.args())?;
+                let want: Vec<f64> = (0..5).flat_map(|_| bv.iter().copied()).collect();
+                if !out.is_fp8() {
+                    return Ok(vec![cmp("d", &o.d, want, out)?]);
+                }
+                // The codes decoded and unscaled, against the bias at the format's tolerance.
+                let got: Vec<f64> = o.d.to_vec::<f64>()?.iter().map(|v| v / sd).collect();
+                let amax = bv.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+                let d_amax = o.d_amax.as_ref().ok_or_else(|| tefl_core::Error::Tensor("d_amax missing".into()))?;
+                Ok(vec![
+                    Cmp { name: "d", got, want, dtype: out, floor: 0.0, nan: false },
+                    cmp("d_amax", d_amax, vec![amax], DType::F32)?,
+                ])
+            });
+        }
     }
 
     /// Grouped GEMMs whose every group has no rows: one empty D per group.
