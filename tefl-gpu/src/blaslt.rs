@@ -276,15 +276,7 @@ pub fn fp8_generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs, lib: &dyn BlasLt) -> 
     // The float D the epilogue produces: D's own dtype, bf16 when D is FP8 (quantized after).
     let float_out = aux_dtype(out);
     let float_args = GemmArgs { out_dtype: float_out, d_scale: None, ..a.clone() };
-    let finish_fp8 = |r: GemmOut| -> Result<GemmOut> {
-        if !out.is_fp8() {
-            return Ok(r);
-        }
-        let d_scale = scale(&a.d_scale, "d_scale")?.clone();
-        let q =
-            quantize::quantize(ctx, &QuantizeArgs { x: r.d, scale: d_scale, fp8_dtype: out, want_transpose: false })?;
-        Ok(GemmOut { d: q.q, d_amax: Some(q.amax), ..r })
-    };
+    let finish_fp8 = |r: GemmOut| crate::simt::gemm::quantize_fp8_d(ctx, a, r);
     // The library's FP8 kernels want K-major operands (k a multiple of 16 bytes).
     if m > 0 && n > 0 && k > 0 && k % 16 == 0 {
         let at = if a.transa { quantize::transpose_codes(ctx, &a.a)? } else { a.a.clone() };

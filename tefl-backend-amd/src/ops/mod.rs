@@ -5,7 +5,7 @@
 //! shared epilogue.
 //! Attention is the portable flash attention (forward and backward). So `vendor.amd` serves
 //! every op of the catalogue: `bgrad_quantize` through the shared cast kernel, the GEMMs (the
-//! grouped one per group) for float inputs.
+//! grouped one per group) for float and FP8 inputs.
 
 pub mod gemm;
 
@@ -14,8 +14,8 @@ pub use tefl_gpu::simt::{activation, attention, dropout, norm, optimizer, quanti
 use tefl_core::catalogue::*;
 
 // Every op of the catalogue, each served by `<family>::<op>` of the shared modules above (the
-// FP8 training set's two ops too, with float GEMM inputs).
+// FP8 training set too: FP8 GEMM inputs on the portable kernel).
 tefl_core::register_backend! {
     impl_id: crate::IMPL_ID, kind: Vendor, vendor: crate::vendor::VENDOR, device: tefl_core::DeviceKind::HIP,
-    available: crate::kernels_available, ops: all + fp8 ops
+    available: crate::kernels_available, ops: all + fp8
 }

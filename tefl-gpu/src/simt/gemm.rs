@@ -7,7 +7,8 @@
 //! library does not fuse.
 
 use tefl_core::catalogue::*;
-use tefl_core::{DType, KernelCtx, Result, Tensor};
+use tefl_core::fp8::Fp8Format;
+use tefl_core::{DType, Error, KernelCtx, Result, Tensor};
 
 use super::host::{Arg, Grid, OnDevice, blocks_for, cty, empty, i32_of, opt_ptr, ptr, sm_count, zeros};
 use crate::{Defines, Variant};
@@ -52,9 +53,21 @@ fn epilogue_variant(
     Ok(Variant::new(&tefl_kernels::GEMM_EPILOGUE, &["gemm_epilogue", "col_sum_partial", "col_sum_finish"], defines))
 }
 
-/// The variant of `simt/gemm.cu` for the input dtype.
-fn tiled_variant(ab: DType) -> Result<Variant> {
-    Ok(Variant::new(&tefl_kernels::GEMM_TILED, &["gemm_tiled"], Defines::new().set("TA", cty(OP, "a", ab)?)))
+/// The variant of `simt/gemm.cu` for the dtypes of A and B: float inputs (the dtype of both), or
+/// FP8 codes of either format each (`FP8_IN`, decoded in the kernel).
+fn tiled_variant(a: DType, b: DType) -> Result<Variant> {
+    let defines = if a.is_fp8() {
+        let format = |arg: &'static str, d: DType| match Fp8Format::of(d) {
+            Some(Fp8Format::E4M3) => Ok((3, 7)),
+            Some(Fp8Format::E5M2) => Ok((2, 15)),
+            None => Err(Error::DType { op: OP, arg, got: d, expected: "f8e4m3 or f8e5m2 (as a)".into() }),
+        };
+        let ((am, ab), (bm, bb)) = (format("a", a)?, format("b", b)?);
+        Defines::new().set("FP8_IN", 1).set("A_MANT", am).set("A_BIAS", ab).set("B_MANT", bm).set("B_BIAS", bb)
+    } else {
+        Defines::new().set("TA", cty(OP, "a", a)?)
+    };
+    Ok(Variant::new(&tefl_kernels::GEMM_TILED, &["gemm_tiled"], defines))
 }
 
 /// The epilogue kernel on the f32 product `w` (`[m, n]`, alpha already applied), then the bias
@@ -118,8 +131,32 @@ pub fn finish_epilogue(
     Ok(GemmOut { d, aux_out, bias_grad, d_amax: None })
 }
 
-/// `generic_gemm` with the portable tiled kernel and the shared epilogue.
+/// An FP8-output GEMM's result `r`, computed with a float D of `aux_dtype(out)` (bf16, as its
+/// GELU pre-activation), finished: D quantized with `d_scale`, its amax as `d_amax`. A float
+/// D's result is returned unchanged. (The FP8 paths of every GPU backend end here.)
+pub fn quantize_fp8_d(ctx: &KernelCtx<'_>, a: &GemmArgs, r: GemmOut) -> Result<GemmOut> {
+    if !a.out_dtype.is_fp8() {
+        return Ok(r);
+    }
+    let scale = a.d_scale.clone().ok_or_else(|| Error::invalid(OP, "d_scale", "an FP8 D needs its scale"))?;
+    let args = QuantizeArgs { x: r.d, scale, fp8_dtype: a.out_dtype, want_transpose: false };
+    let q = super::quantize::quantize(ctx, &args)?;
+    Ok(GemmOut { d: q.q, d_amax: Some(q.amax), ..r })
+}
+
+/// `generic_gemm` with the portable tiled kernel and the shared epilogue. FP8 inputs are
+/// decoded in the kernel, their scales multiplying alpha there; an FP8 D is made as bf16 and
+/// quantized ([`quantize_fp8_d`]).
 pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
+    if a.out_dtype.is_fp8() {
+        let float_args = GemmArgs { out_dtype: aux_dtype(a.out_dtype), d_scale: None, ..a.clone() };
+        return quantize_fp8_d(ctx, a, float_gemm(ctx, &float_args)?);
+    }
+    float_gemm(ctx, a)
+}
+
+/// [`generic_gemm`] into a float D.
+fn float_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
     let (m, k, n) = gemm_dims(a)?;
     let dev = ctx.device;
     let d = empty(dev, &[m, n], a.out_dtype)?;
@@ -133,12 +170,21 @@ pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
     if row_tiles > 65535 {
         return Err(super::host::unsupported(ctx, OP, format!("'a': {m} rows need {row_tiles} row tiles, over 65535")));
     }
+    let fp8 = a.a.dtype().is_fp8();
+    let scale = |t: &Option<Tensor>, name: &'static str| -> Result<u64> {
+        match (t, fp8) {
+            (Some(t), true) => ptr(t),
+            (None, true) => Err(Error::invalid(OP, name, "FP8 operands need their scale")),
+            (_, false) => Ok(0),
+        }
+    };
+    let (sa, sb) = (scale(&a.a_scale_inv, "a_scale_inv")?, scale(&a.b_scale_inv, "b_scale_inv")?);
     let w = if k == 0 {
         // No product: D is C (or zero) through the epilogue.
         zeros(dev, &[m, n], DType::F32)?
     } else {
         let w = empty(dev, &[m, n], DType::F32)?;
-        OnDevice::new(dev, tiled_variant(a.a.dtype())?)?.launch(
+        OnDevice::new(dev, tiled_variant(a.a.dtype(), a.b.dtype())?)?.launch(
             "gemm_tiled",
             Grid { blocks: (n.div_ceil(TILE) as u32, row_tiles as u32, 1), threads: (GEMM_THREADS, 1, 1), smem: 0 },
             &[
@@ -151,6 +197,8 @@ pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
                 Arg::I32(i32::from(a.transa)),
                 Arg::I32(i32::from(a.transb)),
                 Arg::F32(a.alpha),
+                Arg::Ptr(sa),
+                Arg::Ptr(sb),
             ],
         )?;
         w
@@ -162,7 +210,10 @@ pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
 /// epilogue kind (the compile tests).
 pub fn variants() -> Vec<Variant> {
     use GemmEpilogue as E;
-    let tiled = [DType::F32, DType::F16, DType::BF16].into_iter().filter_map(|d| tiled_variant(d).ok());
+    let (e4, e5) = (DType::F8E4M3, DType::F8E5M2);
+    let tiled = [(DType::F32, DType::F32), (DType::F16, DType::F16), (DType::BF16, DType::BF16), (e4, e5), (e5, e4)]
+        .into_iter()
+        .filter_map(|(a, b)| tiled_variant(a, b).ok());
     let epilogues = [E::None, E::Bias, E::Gelu, E::BiasGelu, E::DGelu, E::DGeluBiasGrad, E::BiasGrad]
         .into_iter()
         .filter_map(|ep| epilogue_variant(Some(DType::F32), Some(DType::BF16), Some(DType::F16), DType::BF16, ep).ok());
