@@ -8,10 +8,13 @@
 #   SHARDS=8 ONLY="0 1 2 3" PARALLEL=3 bash scripts/diag/racecheck_shards.sh
 #
 # IMPL (vendor.nvidia.portable), FAMILY (attention), OPS (fused_attn_bwd), SHARDS (8),
-# ONLY (the shards to run, default all), PARALLEL (2), CONFORMANCE (the bundle's binary).
+# ONLY (the shards to run, default all), PARALLEL (2), CONFORMANCE (the binary; default above).
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
-conformance=${CONFORMANCE:-$here/../../target/bundle/nvidia/conformance}
+# The conformance binary beside this script (the diagnostic bundle's), else the nvidia bundle's.
+default=$here/conformance
+[ -x "$default" ] || default=$here/../../target/bundle/nvidia/conformance
+conformance=${CONFORMANCE:-$default}
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
 impl=${IMPL:-vendor.nvidia.portable}
