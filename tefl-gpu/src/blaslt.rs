@@ -269,10 +269,7 @@ pub fn fp8_generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs, lib: &dyn BlasLt) -> 
     let (m, k, n) = gemm_dims(a)?;
     let dev = ctx.device;
     let out = a.out_dtype;
-    fn scale<'t>(t: &'t Option<Tensor>, name: &'static str) -> Result<&'t Tensor> {
-        t.as_ref().ok_or_else(|| tefl_core::Error::invalid("generic_gemm", name, "FP8 operands need their scale"))
-    }
-    let (sa, sb) = (scale(&a.a_scale_inv, "a_scale_inv")?, scale(&a.b_scale_inv, "b_scale_inv")?);
+    let (sa, sb) = a.fp8_scales()?;
     // The float D the epilogue produces: D's own dtype, bf16 when D is FP8 (quantized after).
     let float_out = aux_dtype(out);
     let float_args = GemmArgs { out_dtype: float_out, d_scale: None, ..a.clone() };
@@ -311,7 +308,7 @@ pub fn fp8_generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs, lib: &dyn BlasLt) -> 
                 c: opt_ptr(c)?,
                 beta: if c.is_some() { 1.0 } else { 0.0 },
                 bias: opt_ptr(a.bias.as_ref())?,
-                d_scale: if out.is_fp8() { ptr(scale(&a.d_scale, "d_scale")?)? } else { 0 },
+                d_scale: if out.is_fp8() { ptr(a.fp8_d_scale()?)? } else { 0 },
                 d_amax: opt_ptr(d_amax.as_ref())?,
                 ..base
             };

@@ -293,18 +293,14 @@ pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
     // are in the other stages); else on workgroup-scope matrices where offered, else on
     // subgroup-scope ones, else the portable tiles (all with the same bindings and push
     // constants).
-    let product_bindings = match (&a.a_scale_inv, &a.b_scale_inv) {
-        (Some(sa), Some(sb)) if fp8_in => {
-            let mut b = main;
-            b[3] = bind(sa)?;
-            b[4] = bind(sb)?;
-            b
-        }
-        (sa, _) if fp8_in => {
-            let name = if sa.is_none() { "a_scale_inv" } else { "b_scale_inv" };
-            return Err(Error::invalid(OP, name, "FP8 operands need their scale"));
-        }
-        _ => main,
+    let product_bindings = if fp8_in {
+        let (sa, sb) = a.fp8_scales()?;
+        let mut b = main;
+        b[3] = bind(sa)?;
+        b[4] = bind(sb)?;
+        b
+    } else {
+        main
     };
     let run_product = |p: &Pipeline, groups: Groups| gpu.run(|r| r.dispatch(p, &product_bindings, &p0, groups));
     let workgroup_scope = match coop {
@@ -360,8 +356,8 @@ pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
         Ok(())
     })?;
     if fp8_out {
-        let scale = a.d_scale.clone().ok_or_else(|| Error::invalid(OP, "d_scale", "an FP8 D needs its scale"))?;
-        let args = QuantizeArgs { x: d_epi, scale, fp8_dtype: a.out_dtype, want_transpose: false };
+        let args =
+            QuantizeArgs { x: d_epi, scale: a.fp8_d_scale()?.clone(), fp8_dtype: a.out_dtype, want_transpose: false };
         let q = super::fp8::quantize(ctx, &args)?;
         return Ok(GemmOut { d: q.q, aux_out, bias_grad, d_amax: Some(q.amax) });
     }

@@ -307,6 +307,20 @@ impl GemmArgs {
             split_accumulator: false,
         }
     }
+
+    /// FP8 A's and B's `scale_inv`, or the error naming the one missing (validation requires
+    /// both for FP8 inputs; a kernel reading them asks here rather than assuming it).
+    pub fn fp8_scales(&self) -> crate::Result<(&Tensor, &Tensor)> {
+        let missing = |name| Error::invalid("generic_gemm", name, "FP8 operands need their scale");
+        let sa = self.a_scale_inv.as_ref().ok_or_else(|| missing("a_scale_inv"))?;
+        let sb = self.b_scale_inv.as_ref().ok_or_else(|| missing("b_scale_inv"))?;
+        Ok((sa, sb))
+    }
+
+    /// An FP8 D's `d_scale`, or the error naming it when missing.
+    pub fn fp8_d_scale(&self) -> crate::Result<&Tensor> {
+        self.d_scale.as_ref().ok_or_else(|| Error::invalid("generic_gemm", "d_scale", "an FP8 D needs its scale"))
+    }
 }
 
 impl GroupedGemmArgs {

@@ -57,10 +57,14 @@ fn epilogue_variant(
 /// FP8 codes of either format each (`FP8_IN`, decoded in the kernel).
 fn tiled_variant(a: DType, b: DType) -> Result<Variant> {
     let defines = if a.is_fp8() {
-        let format = |arg: &'static str, d: DType| match Fp8Format::of(d) {
-            Some(Fp8Format::E4M3) => Ok((3, 7)),
-            Some(Fp8Format::E5M2) => Ok((2, 15)),
-            None => Err(Error::DType { op: OP, arg, got: d, expected: "f8e4m3 or f8e5m2 (as a)".into() }),
+        let format = |arg: &'static str, d: DType| {
+            let expected = "f8e4m3 or f8e5m2 (as a)";
+            Fp8Format::of(d).map(super::quantize::mant_bias).ok_or_else(|| Error::DType {
+                op: OP,
+                arg,
+                got: d,
+                expected: expected.into(),
+            })
         };
         let ((am, ab), (bm, bb)) = (format("a", a)?, format("b", b)?);
         Defines::new().set("FP8_IN", 1).set("A_MANT", am).set("A_BIAS", ab).set("B_MANT", bm).set("B_BIAS", bb)
@@ -138,8 +142,7 @@ pub fn quantize_fp8_d(ctx: &KernelCtx<'_>, a: &GemmArgs, r: GemmOut) -> Result<G
     if !a.out_dtype.is_fp8() {
         return Ok(r);
     }
-    let scale = a.d_scale.clone().ok_or_else(|| Error::invalid(OP, "d_scale", "an FP8 D needs its scale"))?;
-    let args = QuantizeArgs { x: r.d, scale, fp8_dtype: a.out_dtype, want_transpose: false };
+    let args = QuantizeArgs { x: r.d, scale: a.fp8_d_scale()?.clone(), fp8_dtype: a.out_dtype, want_transpose: false };
     let q = super::quantize::quantize(ctx, &args)?;
     Ok(GemmOut { d: q.q, d_amax: Some(q.amax), ..r })
 }
@@ -170,15 +173,11 @@ fn float_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
     if row_tiles > 65535 {
         return Err(super::host::unsupported(ctx, OP, format!("'a': {m} rows need {row_tiles} row tiles, over 65535")));
     }
-    let fp8 = a.a.dtype().is_fp8();
-    let scale = |t: &Option<Tensor>, name: &'static str| -> Result<u64> {
-        match (t, fp8) {
-            (Some(t), true) => ptr(t),
-            (None, true) => Err(Error::invalid(OP, name, "FP8 operands need their scale")),
-            (_, false) => Ok(0),
-        }
+    // The kernel reads the scales only with FP8 inputs.
+    let (sa, sb) = match a.a.dtype().is_fp8() {
+        true => a.fp8_scales().and_then(|(sa, sb)| Ok((ptr(sa)?, ptr(sb)?)))?,
+        false => (0, 0),
     };
-    let (sa, sb) = (scale(&a.a_scale_inv, "a_scale_inv")?, scale(&a.b_scale_inv, "b_scale_inv")?);
     let w = if k == 0 {
         // No product: D is C (or zero) through the epilogue.
         zeros(dev, &[m, n], DType::F32)?
