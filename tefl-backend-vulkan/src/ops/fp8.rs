@@ -48,17 +48,14 @@ fn launch(
         });
     }
     let f = Fp8Format::of(fp8).ok_or_else(|| Error::invalid(op, "fp8_dtype", format!("{fp8} is not an fp8 dtype")))?;
-    let (mant, bias) = match f {
-        Fp8Format::E4M3 => (3u32, 7i32),
-        Fp8Format::E5M2 => (2, 15),
-    };
+    let (mant, bias) = (f.mantissa_bits() as u32, f.bias() as u32);
     let wg = crate::heuristics::elementwise_workgroup(ctx.device)?;
     let name = format!("fp8.tx={}.wg={wg}", dtype_name(op, "x", float)?);
     let gpu = gpu(ctx.device)?;
     let pipeline = gpu.pipeline(&name, 5, PUSH_BYTES)?;
     let b = bindings.iter().map(|t| super::binding(t)).collect::<Result<Vec<_>>>()?;
     let mut push: Vec<u8> = Vec::with_capacity(PUSH_BYTES as usize);
-    for v in [stage as u32, total as u32, m as u32, n as u32, mant, bias as u32, u32::from(f.max_code())] {
+    for v in [stage as u32, total as u32, m as u32, n as u32, mant, bias, u32::from(f.max_code())] {
         push.extend_from_slice(&v.to_le_bytes());
     }
     for v in [f.max(), extra.0, extra.1] {

@@ -59,7 +59,7 @@ fn tiled_variant(a: DType, b: DType) -> Result<Variant> {
     let defines = if a.is_fp8() {
         let format = |arg: &'static str, d: DType| {
             let expected = "f8e4m3 or f8e5m2 (as a)";
-            Fp8Format::of(d).map(super::quantize::mant_bias).ok_or_else(|| Error::DType {
+            Fp8Format::of(d).map(|f| (f.mantissa_bits(), f.bias())).ok_or_else(|| Error::DType {
                 op: OP,
                 arg,
                 got: d,

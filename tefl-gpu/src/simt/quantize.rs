@@ -15,21 +15,15 @@ const TILE: usize = 32;
 /// `cast_transpose_vec`'s tile edge (`VT`) and block (256 threads).
 const VEC_TILE: usize = 64;
 
-/// The mantissa bits and exponent bias of an FP8 format, as the prelude's `fp8_encode` /
-/// `fp8_decode` take them.
-pub(crate) fn mant_bias(f: Fp8Format) -> (u32, u32) {
-    match f {
-        Fp8Format::E4M3 => (3, 7),
-        Fp8Format::E5M2 => (2, 15),
-    }
-}
-
 /// `defines` with the FP8 format's parameters for the prelude's `fp8_encode` / `fp8_decode`
 /// (MANT, BIAS, MAXV, MAXCODE): every kernel that casts to or from FP8 takes them.
 pub(crate) fn fp8_format(op: &'static str, defines: Defines, fp8: DType) -> Result<Defines> {
     let f = Fp8Format::of(fp8).ok_or_else(|| Error::invalid(op, "fp8_dtype", format!("{fp8} is not an fp8 dtype")))?;
-    let (mant, bias) = mant_bias(f);
-    Ok(defines.set("MANT", mant).set("BIAS", bias).set("MAXV", format!("{:.1}f", f.max())).set("MAXCODE", f.max_code()))
+    Ok(defines
+        .set("MANT", f.mantissa_bits())
+        .set("BIAS", f.bias())
+        .set("MAXV", format!("{:.1}f", f.max()))
+        .set("MAXCODE", f.max_code()))
 }
 
 /// The variant of `simt/quantize.cu` for a float dtype and an FP8 format (launches and the
