@@ -72,6 +72,8 @@ fn variant(
         .set("STAGES", ring.stages)
         .set("RING_BLOCKS", ring.blocks_per_sm)
         .flag("OUT_FP8", t.y.is_fp8())
+        // (the forward's grid: a block per row, except for an FP8 output; see `forward`)
+        .flag("ROW_PER_BLOCK", !t.y.is_fp8())
         .flag("KEEP_L2", keep_l2);
     if t.y.is_fp8() {
         defines = super::quantize::fp8_format(op, defines, t.y)?;

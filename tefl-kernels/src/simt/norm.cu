@@ -18,11 +18,19 @@
 // "rmsnorm_fwd 16384", diagnostic builds twice in turns: 4101-4102 GB/s with it, 4129-4132
 // without; with rsqrtf below as well, against the build before, twice in turns: 4110-4121 ->
 // 4130-4139).
+// ROW_PER_BLOCK (the forward, not with OUT_FP8): the grid has a block per row, and a block
+// takes only its own row (no grid-stride row loop).
 // KEEP_L2 (the fused forward): x is loaded with an L2 evict_last policy and each line of the
 // rows from release_from on is released once the row's outputs are stored (load_kept /
 // release_after in the prelude).
 
 #define NV (VEC_BYTES / (int)sizeof(TX))
+#ifndef ROW_PER_BLOCK
+#define ROW_PER_BLOCK 0
+#endif
+#if ROW_PER_BLOCK && OUT_FP8
+#error "an FP8 output's blocks stride over the rows (their amax is reduced once a block)"
+#endif
 #ifndef KEEP_L2
 #define KEEP_L2 0
 #endif
@@ -75,7 +83,18 @@ extern "C" __global__ void __launch_bounds__(BLOCK, FWD_MIN_BLOCKS) norm_fwd(con
     float am = 0.0f;
     if (blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = 1.0f / qs;
 #endif
+#if ROW_PER_BLOCK
+    // One row a block (the host's grid has a block per row): no row loop. H100, 2026-12-05,
+    // diagnostic builds three times in turns (bench --only "rmsnorm_fwd 8192", each form its own
+    // process): rmsnorm 8192x4096 0.0494 / 0.0494 / 0.0494 ms with the loop, 0.0489 / 0.0485 /
+    // 0.0489 without; layernorm 16384x8192 0.1840-0.1842 -> 0.1831-0.1834; rmsnorm 16384x8192
+    // unchanged (0.1801-0.1808 / 0.1800-0.1810).
+    {
+        const int row = blockIdx.x;
+        if (row >= rows) return;
+#else
     for (int row = blockIdx.x; row < rows; row += gridDim.x) {
+#endif
         const TX* xr = x + (size_t)row * n;
         TY* yr = y + (size_t)row * n;
 #if FUSED
