@@ -163,6 +163,8 @@ fn forward(
     // stride over the rows, rather than a block per row, keeps that to a few thousand atomics.
     // On an H100 (2026-11-24, 16384x8192 bf16 to e4m3, 256-thread blocks) 64 blocks per SM
     // took 0.151 ms (90% of copy), 32 0.152, 16 0.154, 8 0.170, a block per row 0.155.
+    // Any other output has a block per row, which `variant`'s ROW_PER_BLOCK relies on (its
+    // blocks take no other row).
     let max_blocks = if fp8.is_some() { 64 * sm_count(ctx.device) } else { i32::MAX as u32 };
     let run = |cfg: RowConfig| -> Result<()> {
         let k = OnDevice::new(ctx.device, variant(op, &types, beta.is_some(), zc, cfg, Ring::NONE, keep)?)?;
