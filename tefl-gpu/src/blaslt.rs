@@ -271,8 +271,8 @@ pub fn fp8_generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs, lib: &dyn BlasLt) -> 
     let out = a.out_dtype;
     let (sa, sb) = a.fp8_scales()?;
     // The float D the epilogue produces: D's own dtype, bf16 when D is FP8 (quantized after).
-    let float_out = aux_dtype(out);
-    let float_args = GemmArgs { out_dtype: float_out, d_scale: None, ..a.clone() };
+    let float_args = crate::simt::gemm::float_d_args(a);
+    let float_out = float_args.out_dtype;
     let finish_fp8 = |r: GemmOut| crate::simt::gemm::quantize_fp8_d(ctx, a, r);
     // The library's FP8 kernels want K-major operands (k a multiple of 16 bytes).
     if m > 0 && n > 0 && k > 0 && k % 16 == 0 {

@@ -135,8 +135,14 @@ pub fn finish_epilogue(
     Ok(GemmOut { d, aux_out, bias_grad, d_amax: None })
 }
 
-/// An FP8-output GEMM's result `r`, computed with a float D of `aux_dtype(out)` (bf16, as its
-/// GELU pre-activation), finished: D quantized with `d_scale`, its amax as `d_amax`. A float
+/// The GEMM `a` into the float D an FP8 D is quantized from ([`quantize_fp8_d`]): D of
+/// `aux_dtype(out)` (bf16 for an FP8 D, as its GELU pre-activation; a float D's own dtype), no
+/// `d_scale`.
+pub fn float_d_args(a: &GemmArgs) -> GemmArgs {
+    GemmArgs { out_dtype: aux_dtype(a.out_dtype), d_scale: None, ..a.clone() }
+}
+
+/// An FP8-output GEMM's result `r`, computed with [`float_d_args`], finished: D quantized with `d_scale`, its amax as `d_amax`. A float
 /// D's result is returned unchanged. (The FP8 paths of every GPU backend end here.)
 pub fn quantize_fp8_d(ctx: &KernelCtx<'_>, a: &GemmArgs, r: GemmOut) -> Result<GemmOut> {
     if !a.out_dtype.is_fp8() {
@@ -152,8 +158,7 @@ pub fn quantize_fp8_d(ctx: &KernelCtx<'_>, a: &GemmArgs, r: GemmOut) -> Result<G
 /// quantized ([`quantize_fp8_d`]).
 pub fn generic_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
     if a.out_dtype.is_fp8() {
-        let float_args = GemmArgs { out_dtype: aux_dtype(a.out_dtype), d_scale: None, ..a.clone() };
-        return quantize_fp8_d(ctx, a, float_gemm(ctx, &float_args)?);
+        return quantize_fp8_d(ctx, a, float_gemm(ctx, &float_d_args(a))?);
     }
     float_gemm(ctx, a)
 }
@@ -174,9 +179,11 @@ fn float_gemm(ctx: &KernelCtx<'_>, a: &GemmArgs) -> Result<GemmOut> {
         return Err(super::host::unsupported(ctx, OP, format!("'a': {m} rows need {row_tiles} row tiles, over 65535")));
     }
     // The kernel reads the scales only with FP8 inputs.
-    let (sa, sb) = match a.a.dtype().is_fp8() {
-        true => a.fp8_scales().and_then(|(sa, sb)| Ok((ptr(sa)?, ptr(sb)?)))?,
-        false => (0, 0),
+    let (sa, sb) = if a.a.dtype().is_fp8() {
+        let (sa, sb) = a.fp8_scales()?;
+        (ptr(sa)?, ptr(sb)?)
+    } else {
+        (0, 0)
     };
     let w = if k == 0 {
         // No product: D is C (or zero) through the epilogue.
