@@ -14,11 +14,12 @@ forward and backward). Not `use_gems()` around SDPA: on NVIDIA, FlagGems 5.0.2 r
 aten's `_flash_attention_forward`, which SDPA's default backend on Hopper (cuDNN) never calls,
 so that measured cuDNN a third time under FlagGems' name.
 
-On CUDA each repetition is an L2 flush (a 256 MiB fill), then CUDA events around one call, all
-queued without a host wait, so the device is busy with the flush while the host queues the
-call; the median of the repetitions after 3 s of back-to-back calls as warm-up, as bench warms
-tefl's (a power-bound kernel slows as the card heats, so both sides start from the same
-state). The inputs are uniform in [-0.5, 0.5), as bench's.
+On CUDA each repetition is an L2 flush (a 256 MiB fill: torch's `zero_()`, or with
+TEFL_BENCH_PEER_FLUSH=memset the driver's memset that bench flushes tefl's side with), then CUDA
+events around one call, all queued without a host wait, so the device is busy with the flush
+while the host queues the call; the median of the repetitions after 3 s of back-to-back calls
+as warm-up, as bench warms tefl's (a power-bound kernel slows as the card heats, so both sides
+start from the same state). The inputs are uniform in [-0.5, 0.5), as bench's.
 """
 
 import contextlib
@@ -35,6 +36,42 @@ dev = sys.argv[1]
 cuda = dev.startswith("cuda")
 bf = torch.bfloat16
 flush = torch.empty(256 << 20, dtype=torch.int8, device=dev) if cuda else None
+
+
+def flusher():
+    """What each timed repetition runs first on CUDA: `flush.zero_()` (torch's fill kernel), or
+    with TEFL_BENCH_PEER_FLUSH=memset the driver's `cuMemsetD8Async` on torch's current stream,
+    the call bench flushes tefl's side with, so that both sides leave the L2 alike (bench refuses
+    other values before it starts this process). Where the driver's function cannot be had or
+    fails, it says so and flushes with `zero_()`."""
+    if os.environ.get("TEFL_BENCH_PEER_FLUSH", "zero") != "memset":
+        return flush.zero_
+    try:
+        import ctypes
+
+        fn = ctypes.CDLL("libcuda.so.1").cuMemsetD8Async
+        fn.argtypes = [ctypes.c_uint64, ctypes.c_ubyte, ctypes.c_size_t, ctypes.c_void_p]
+        fn.restype = ctypes.c_int
+
+        def memset():
+            status = fn(flush.data_ptr(), 0, flush.numel(), torch.cuda.current_stream().cuda_stream)
+            if status != 0:
+                raise RuntimeError(f"cuMemsetD8Async returned CUresult {status}")
+
+        memset()
+        torch.cuda.synchronize()
+        return memset
+    except Exception as e:
+        print(
+            f"bench peers: TEFL_BENCH_PEER_FLUSH=memset: the driver's memset failed "
+            f"({type(e).__name__}: {e}); flushing with zero_()",
+            file=sys.stderr,
+            flush=True,
+        )
+        return flush.zero_
+
+
+flush_l2 = flusher() if cuda else None
 
 try:
     import flag_gems
@@ -81,7 +118,7 @@ def timed(f, reps):
     if cuda:
         ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
         for a, b in ev:
-            flush.zero_()
+            flush_l2()
             a.record()
             f()
             b.record()

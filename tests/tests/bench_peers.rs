@@ -26,8 +26,10 @@ fn stand_in(dir: &Path, log: &Path) -> PathBuf {
 import json, sys
 if sys.argv[1:3] == ["-c", "import torch"]:
     sys.exit(0)
+import os
 log = open({log:?}, "a")
 log.write("start\n")
+log.write("flush " + os.environ.get("TEFL_BENCH_PEER_FLUSH", "unset") + "\n")
 log.flush()
 seen = {{}}
 for line in sys.stdin:
@@ -262,6 +264,40 @@ fn a_run_cut_by_its_deadline_is_completed_by_a_second_and_printed_as_one_table()
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
         assert!(stderr.contains(names), "{args:?}: {stderr}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `TEFL_BENCH_PEER_FLUSH=memset` reaches the peers' process and is named in the run's first
+/// line (with `zero`, or unset, the peers flush with torch's `zero_()`); another value is
+/// refused before anything runs, naming the variable and the value.
+#[test]
+fn the_peers_flush_is_chosen_by_its_variable_and_checked() {
+    let (dir, log, path) = stand_in_dir("flush");
+    let out = Command::new(env!("CARGO_BIN_EXE_bench"))
+        .args(["--backend", "reference", "--shapes", "small", "--vs", "torch", "--reps", "3", "--only", "gelu"])
+        .env("PATH", &path)
+        .env("TEFL_BENCH_WARMUP", "0.1")
+        .env("TEFL_BENCH_PEER_FLUSH", "memset")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let (text, starts, _) = read_log(&log);
+    assert_eq!(starts, 1, "{text}");
+    assert!(text.contains("flush memset\n"), "{text}");
+    // The reference backend has no L2 flush, so its first line names none.
+    assert!(!stdout.lines().next().unwrap_or("").contains("flush"), "{stdout}");
+    for bad in ["", "Memset", "fill"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_bench"))
+            .args(["--backend", "reference", "--shapes", "small", "--vs", "torch", "--only", "gelu"])
+            .env("PATH", &path)
+            .env("TEFL_BENCH_PEER_FLUSH", bad)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {stderr}");
+        assert!(stderr.contains(&format!("TEFL_BENCH_PEER_FLUSH={bad:?}")), "{bad:?}: {stderr}");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -12,7 +12,9 @@
 //! one call (where kernels compile) and a wait, then 3 s (`TEFL_BENCH_WARMUP`) of back-to-back
 //! calls as warm-up (a GPU idle before a case raises
 //! its clocks, and a power-bound one lowers them as it heats), then per repetition an L2 flush
-//! (a 256 MiB fill) followed, with no host wait, by one call timed on the device (CUDA events;
+//! (a 256 MiB fill: the driver's memset on tefl's side, torch's `zero_()` on the peers' unless
+//! `TEFL_BENCH_PEER_FLUSH=memset` gives them the same memset) followed, with no host wait, by
+//! one call timed on the device (CUDA events;
 //! Vulkan timestamp queries), every repetition queued before one wait for them all where the
 //! runtime can (CUDA, as the peers' loop does), and the median of the repetitions. Reports GB/s
 //! (each input read once, each output written once) or TFLOP/s, the fraction of a copy's bandwidth
@@ -511,6 +513,23 @@ fn checked_warm_up_secs() -> Result<f64, String> {
     }
 }
 
+/// How the peers' process flushes the L2 before each timed call, from `TEFL_BENCH_PEER_FLUSH`:
+/// `zero` (torch's `zero_()`, a fill kernel; the default) or `memset` (the driver's
+/// `cuMemsetD8Async`, the call tefl's side is flushed with: `Timer`'s `fill`). Another value is
+/// an error naming it. The peers' script reads the variable itself; this checks it before any
+/// case runs and names the choice in the run's first line.
+fn checked_peer_flush() -> Result<&'static str, String> {
+    match std::env::var("TEFL_BENCH_PEER_FLUSH") {
+        Err(std::env::VarError::NotPresent) => Ok("zero"),
+        Err(std::env::VarError::NotUnicode(v)) => Err(format!("TEFL_BENCH_PEER_FLUSH={v:?}: not UTF-8")),
+        Ok(v) => match v.as_str() {
+            "zero" => Ok("zero"),
+            "memset" => Ok("memset"),
+            _ => Err(format!("TEFL_BENCH_PEER_FLUSH={v:?}: expected zero or memset")),
+        },
+    }
+}
+
 /// Bytes of the L2 flush (H100: 50 MB of L2, H200: 60 MB).
 const FLUSH_BYTES: usize = 256 << 20;
 
@@ -768,7 +787,8 @@ times it in turns with its peers, keeping each side's fastest round (1 to 10; 1)
 the cases whose name contains a part, --json and --svg write the table and its chart,
 --deadline SECS starts no case after SECS seconds (the first always runs) and names the rest.
 --tables prints earlier runs' --json files as one table, measuring nothing.
-TEFL_BENCH_WARMUP sets the warm-up seconds a case (3).";
+TEFL_BENCH_WARMUP sets the warm-up seconds a case (3); TEFL_BENCH_PEER_FLUSH=memset flushes the
+peers' L2 with the driver's memset, as tefl's side is (zero: torch's zero_(), the default).";
 
 /// The parsed command line.
 struct Args {
@@ -899,8 +919,8 @@ fn main() -> ExitCode {
     if let Some(files) = tables {
         return print_saved(&files, json.as_deref(), svg_path.as_deref());
     }
-    let warm_up = match checked_warm_up_secs() {
-        Ok(secs) => secs,
+    let (warm_up, peer_flush) = match checked_warm_up_secs().and_then(|w| Ok((w, checked_peer_flush()?))) {
+        Ok(checked) => checked,
         Err(e) => {
             eprintln!("bench: {e}");
             return ExitCode::from(2);
@@ -951,9 +971,14 @@ fn main() -> ExitCode {
         }
     };
     println!(
-        "bench: backend {backend} ({impl_id}) on {device}, {} shapes, median of up to {reps} calls{}{}",
+        "bench: backend {backend} ({impl_id}) on {device}, {} shapes, median of up to {reps} calls{}{}{}",
         if small { "small (CPU)" } else { "anchor" },
         if timer.flush.is_some() { ", each after an L2 flush" } else { "" },
+        match (timer.flush.is_some() && vs_torch, peer_flush) {
+            (false, _) => "",
+            (true, "memset") => " (the peers' too: TEFL_BENCH_PEER_FLUSH=memset)",
+            (true, _) => " (the peers': torch's zero_())",
+        },
         if rounds > 1 { format!("; each side's fastest of {rounds} rounds in turns") } else { String::new() }
     );
     // Copy bandwidth in the same run (read + write), the memory-bound ops' yardstick.
