@@ -5,7 +5,7 @@
 # of the gelu forward (TEFL_AUTOTUNE=1, a fresh kernel cache a form and round, each its own
 # process, ROUNDS rounds in turns) and its timings are printed, then the bench's gelu row with
 # the pick. CHECK=1 then runs the activations family's conformance with TEFL_DIAG_ACT_LF=1 at
-# unroll 2 and 4 (TEFL_DIAG_ACT_UNROLL pins it for every elementwise launch).
+# unroll 2 and 4 (TEFL_DIAG_ACT_UNROLL pins it for every activation launch).
 here=$(cd "$(dirname "$0")" && pwd)
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 export TEFL_BENCH_WARMUP=${TEFL_BENCH_WARMUP:-1}
