@@ -12,10 +12,10 @@
 //! one call (where kernels compile) and a wait, then 3 s (`TEFL_BENCH_WARMUP`) of back-to-back
 //! calls as warm-up (a GPU idle before a case raises
 //! its clocks, and a power-bound one lowers them as it heats), then per repetition an L2 flush
-//! (a 256 MiB fill: the driver's memset on tefl's side, torch's `zero_()` on the peers' unless
-//! `TEFL_BENCH_PEER_FLUSH=memset` gives them the same memset) followed, with no host wait, by
-//! one call timed on the device (CUDA events;
-//! Vulkan timestamp queries), every repetition queued before one wait for them all where the
+//! (a 256 MiB fill: the runtime's fill on tefl's side, on CUDA the driver's memset; torch's
+//! `zero_()` on the peers' unless `TEFL_BENCH_PEER_FLUSH=memset` gives them that memset)
+//! followed, with no host wait, by one call timed on the device (CUDA events; Vulkan timestamp
+//! queries), every repetition queued before one wait for them all where the
 //! runtime can (CUDA, as the peers' loop does), and the median of the repetitions. Reports GB/s
 //! (each input read once, each output written once) or TFLOP/s, the fraction of a copy's bandwidth
 //! measured the same way, each peer's time, the best peer and tefl's speed relative to it
@@ -514,10 +514,10 @@ fn checked_warm_up_secs() -> Result<f64, String> {
 }
 
 /// How the peers' process flushes the L2 before each timed call, from `TEFL_BENCH_PEER_FLUSH`:
-/// `zero` (torch's `zero_()`, a fill kernel; the default) or `memset` (the driver's
-/// `cuMemsetD8Async`, the call tefl's side is flushed with: `Timer`'s `fill`). Another value is
-/// an error naming it. The peers' script reads the variable itself; this checks it before any
-/// case runs and names the choice in the run's first line.
+/// `zero` (torch's `zero_()`, a fill kernel; the default) or `memset` (the CUDA driver's
+/// `cuMemsetD8Async`, the call tefl's side is flushed with on CUDA: `Timer`'s `fill`). Another
+/// value is an error naming it. The peers' script reads the variable itself; this checks it
+/// before any case runs and names the choice in the run's first line.
 fn checked_peer_flush() -> Result<&'static str, String> {
     match std::env::var("TEFL_BENCH_PEER_FLUSH") {
         Err(std::env::VarError::NotPresent) => Ok("zero"),
@@ -976,7 +976,7 @@ fn main() -> ExitCode {
         if timer.flush.is_some() { ", each after an L2 flush" } else { "" },
         match (timer.flush.is_some() && vs_torch, peer_flush) {
             (false, _) => "",
-            (true, "memset") => " (the peers' too: TEFL_BENCH_PEER_FLUSH=memset)",
+            (true, "memset") => " (the peers': the CUDA driver's memset)",
             (true, _) => " (the peers': torch's zero_())",
         },
         if rounds > 1 { format!("; each side's fastest of {rounds} rounds in turns") } else { String::new() }
