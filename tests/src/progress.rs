@@ -45,6 +45,11 @@ impl Progress {
         eprint!("\r\x1b[2K{line}");
     }
 
+    /// Whether the line is drawn (stderr is a terminal); elsewhere the tools print plain lines.
+    pub fn on_terminal(&self) -> bool {
+        self.tty
+    }
+
     /// Clears the line (before a plain line is printed, and at the end).
     pub fn clear(&mut self) {
         if self.tty && self.shown.take().is_some() {

@@ -175,8 +175,14 @@ fn extra_gemm_shapes_are_timed_beside_their_peer() {
 fn rounds_alternate_with_the_peers_and_keep_each_sides_fastest() {
     let (dir, log, path) = stand_in_dir("rounds");
     let json = dir.join("bench.json");
-    let (stdout, _) = bench_vs_stand_in(&path, &["--only", "gelu", "--rounds", "2", "--json", json.to_str().unwrap()]);
+    let (stdout, stderr) =
+        bench_vs_stand_in(&path, &["--only", "gelu", "--rounds", "2", "--json", json.to_str().unwrap()]);
     assert!(stdout.contains("fastest of 2 rounds"), "{stdout}");
+    // Off a terminal each of tefl's rounds is marked as it starts, in order.
+    let marks: Vec<&str> =
+        stderr.lines().filter(|l| l.starts_with("bench: gelu") && l.contains(": tefl, round")).collect();
+    assert_eq!(marks.len(), 2, "{stderr}");
+    assert!(marks[0].ends_with("round 1 of 2") && marks[1].ends_with("round 2 of 2"), "{marks:?}");
     // tefl ms, rate (two words), of copy, spread, eager, compile, best, speed: eager's fastest
     // is its second round's, compile's its first's.
     let gelu = row(&stdout, "gelu");

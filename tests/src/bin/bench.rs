@@ -1042,6 +1042,12 @@ fn main() -> ExitCode {
         let mut mine = Vec::new();
         let mut theirs = Vec::new();
         for round in 0..rounds {
+            // Off a terminal, a plain line as tefl's round starts, as the peers' process prints
+            // one as each peer starts: a log stamped with times (scripts/diag/with_clocks.sh)
+            // then tells which side ran at which clock.
+            if !progress.on_terminal() {
+                eprintln!("bench: {}: tefl, round {} of {rounds}", c.name, round + 1);
+            }
             let t = timer.median_secs(reps, &*c.run);
             progress.clear();
             let failed = t.is_err();
