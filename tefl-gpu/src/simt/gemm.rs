@@ -142,8 +142,9 @@ pub fn float_d_args(a: &GemmArgs) -> GemmArgs {
     GemmArgs { out_dtype: aux_dtype(a.out_dtype), d_scale: None, ..a.clone() }
 }
 
-/// An FP8-output GEMM's result `r`, computed with [`float_d_args`], finished: D quantized with `d_scale`, its amax as `d_amax`. A float
-/// D's result is returned unchanged. (The FP8 paths of every GPU backend end here.)
+/// An FP8-output GEMM's result `r`, computed with [`float_d_args`], finished: D quantized with
+/// `d_scale`, its amax as `d_amax`. A float D's result is returned unchanged. (The FP8 paths of
+/// every GPU backend end here.)
 pub fn quantize_fp8_d(ctx: &KernelCtx<'_>, a: &GemmArgs, r: GemmOut) -> Result<GemmOut> {
     if !a.out_dtype.is_fp8() {
         return Ok(r);
