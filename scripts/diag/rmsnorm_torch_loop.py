@@ -49,6 +49,7 @@ def timed(f):
     """bench_peers.py's `timed` (flush, events around one call, all queued), in ms."""
     return peers.timed(f, REPS) * 1e3
 
+
 def sides(rows, cols):
     # Each shape compiled from dynamo's empty state, as bench_peers.py compiles each spec.
     torch._dynamo.reset()
