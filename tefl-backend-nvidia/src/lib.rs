@@ -53,6 +53,7 @@ pub fn kernel_variants(all_masks: bool) -> Vec<tefl_gpu::Variant> {
     v.extend(ops::attention::variants(all_masks));
     v.extend(ops::attention_sm90::variants());
     v.extend(ops::grouped_gemm::variants());
+    v.push(runtime::l2_scrub_variant());
     v
 }
 

@@ -338,6 +338,21 @@ impl CudaRuntime {
     }
 }
 
+/// Threads a block of the L2 scrub's kernels.
+const L2_SCRUB_BLOCK: u32 = 256;
+
+/// The L2 scrub's kernels (tefl-kernels' `cuda/l2_scrub.cu`), which `flush_cache` runs before
+/// its fill: every line of the scratch buffer loaded with an L2 evict_last policy, so that
+/// they take the place of the kept lines of earlier kernels, then put back to the normal
+/// priority, so that the fill evicts them.
+pub(crate) fn l2_scrub_variant() -> tefl_gpu::Variant {
+    tefl_gpu::Variant::new(
+        &tefl_kernels::L2_SCRUB,
+        &["l2_keep_lines", "l2_release_lines"],
+        tefl_gpu::Defines::new().set("BLOCK", L2_SCRUB_BLOCK),
+    )
+}
+
 impl DeviceRuntime for CudaRuntime {
     fn kind(&self) -> DeviceKind {
         DeviceKind::CUDA
@@ -438,6 +453,19 @@ impl DeviceRuntime for CudaRuntime {
         // is queued on the stream the buffer's work goes on.
         unsafe { cudarc::driver::result::memset_d8_async(d.ptr, byte, d.len, d.stream.cu_stream()) }
             .map_err(|e| device_error(d.device, e))
+    }
+    fn flush_cache(&self, scratch: &dyn Buffer) -> Result<()> {
+        let s = self.buffer(scratch)?;
+        let lines = s.len / 128;
+        if lines > 0 {
+            use crate::launch::{Arg, Grid, blocks_for, launch, sm_count};
+            let variant = l2_scrub_variant();
+            let grid = Grid::linear(blocks_for(lines, L2_SCRUB_BLOCK as usize, 8 * sm_count(s.device)), L2_SCRUB_BLOCK);
+            let args = [Arg::Ptr(s.ptr), Arg::U64(lines as u64)];
+            launch(s.device, &variant, "l2_keep_lines", grid, &args)?;
+            launch(s.device, &variant, "l2_release_lines", grid, &args)?;
+        }
+        self.fill(scratch, 0)
     }
     fn device_info(&self, ordinal: u32) -> Result<DeviceInfo> {
         use cudarc::driver::sys::CUdevice_attribute as A;

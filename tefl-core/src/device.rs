@@ -302,6 +302,16 @@ pub trait DeviceRuntime: Send + Sync + 'static {
         }
         self.copy_from_host(dst, &host)
     }
+    /// Leaves the device's last-level cache holding nothing a benchmark's next timed call reads
+    /// (bench's L2 flush before each timed repetition), by way of `scratch`, a buffer of this
+    /// runtime larger than that cache whose contents it overwrites; queued like
+    /// [`fill`](Self::fill), nothing waits for it. This default fills `scratch` with zeros. A
+    /// runtime whose kernels can hold cache lines at a raised eviction priority, which a fill
+    /// does not evict, first puts such lines back (CUDA: lines loaded with an L2 evict_last
+    /// policy).
+    fn flush_cache(&self, scratch: &dyn Buffer) -> Result<()> {
+        self.fill(scratch, 0)
+    }
     /// The facts about a device that kernels and launch heuristics need. This default knows
     /// only the name and arch; GPU runtimes query the rest once. Read it through [`info`],
     /// which caches it per device.
@@ -594,6 +604,9 @@ impl DeviceRuntime for Contained {
     }
     fn fill(&self, dst: &dyn Buffer, byte: u8) -> Result<()> {
         self.fallible("fill", || self.inner.fill(dst, byte))
+    }
+    fn flush_cache(&self, scratch: &dyn Buffer) -> Result<()> {
+        self.fallible("flush_cache", || self.inner.flush_cache(scratch))
     }
     fn device_info(&self, ordinal: u32) -> Result<DeviceInfo> {
         self.fallible("device_info", || self.inner.device_info(ordinal))

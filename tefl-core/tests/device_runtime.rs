@@ -1,7 +1,7 @@
-//! What `DeviceRuntime` offers beyond memory and copies: fills, uninitialised allocations,
-//! same-device copies, device facts looked up once, and queues handed in by the caller. A
-//! minimal runtime ("fakegpu", host memory behind the trait's defaults) shows the defaults
-//! work for a backend that implements only the required methods.
+//! What `DeviceRuntime` offers beyond memory and copies: fills (a cache flush's too),
+//! uninitialised allocations, same-device copies, device facts looked up once, and queues
+//! handed in by the caller. A minimal runtime ("fakegpu", host memory behind the trait's
+//! defaults) shows the defaults work for a backend that implements only the required methods.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -106,6 +106,10 @@ fn zeros_fill_on_the_device_and_uninit_does_not() {
     assert_eq!(u.to_bytes().unwrap(), vec![0xAB; 8], "uninit skips the fill (the default alloc_uninit is alloc)");
     rt.fill(&**u.buffer(), 0x3C).unwrap();
     assert_eq!(u.to_bytes().unwrap(), vec![0x3C; 8]);
+    // A cache flush (bench's) overwrites its scratch buffer: by default with zeros, also through
+    // the registry's wrapper of the runtime.
+    device::runtime(FAKE).unwrap().flush_cache(&**u.buffer()).unwrap();
+    assert_eq!(u.to_bytes().unwrap(), vec![0u8; 8]);
 }
 
 #[test]

@@ -197,6 +197,17 @@ pub static ATTENTION_SIMT: Source = Source {
     arch_specific: false,
 };
 
+/// The L2 scrub before a benchmark's L2 flush: evict_last lines put back to the normal
+/// priority (CUDA's `flush_cache`).
+pub static L2_SCRUB: Source = Source {
+    name: "l2_scrub",
+    path: "cuda/l2_scrub.cu",
+    text: include_str!("cuda/l2_scrub.cu"),
+    headers: &[],
+    targets: &[Target::Cuda],
+    arch_specific: false,
+};
+
 /// Every source of the crate.
 pub static SOURCES: &[&Source] = &[
     &NORM,
@@ -212,6 +223,7 @@ pub static SOURCES: &[&Source] = &[
     &GROUPED_GEMM_SM90,
     &ATTENTION_SM90,
     &ATTENTION_BWD_SM90,
+    &L2_SCRUB,
 ];
 
 #[cfg(test)]

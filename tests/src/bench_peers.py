@@ -15,7 +15,8 @@ aten's `_flash_attention_forward`, which SDPA's default backend on Hopper (cuDNN
 so that measured cuDNN a third time under FlagGems' name.
 
 On CUDA each repetition is an L2 flush (a 256 MiB fill: torch's `zero_()`, or with
-TEFL_BENCH_PEER_FLUSH=memset the driver's memset that bench flushes tefl's side with), then CUDA
+TEFL_BENCH_PEER_FLUSH=memset the driver's memset that bench flushes tefl's side with, after the
+L2 scrub tefl's side runs too: `l2_scrub`), then CUDA
 events around one call, all queued without a host wait, so the device is busy with the flush
 while the host queues the call; the median of the repetitions after 3 s of back-to-back calls
 as warm-up, as bench warms tefl's (a power-bound kernel slows as the card heats, so both sides
@@ -71,7 +72,66 @@ def flusher():
         return flush.zero_
 
 
-flush_l2 = flusher() if cuda else None
+def l2_scrub():
+    """What runs before each flush on CUDA, as on tefl's side (tefl-kernels' cuda/l2_scrub.cu,
+    which says why): two Triton kernels over the flush buffer's 128-byte lines, the first loading
+    each with an L2 evict_last policy (taking the place of the lines that earlier kernels, such as
+    torch.compile's, loaded so and never put back, which a fill does not evict), the second
+    putting each back to the normal priority, so that the fill after them evicts them. None,
+    said on stderr, where Triton cannot be had or the kernels fail: the flush is then the fill
+    alone."""
+    try:
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def each_line(buf, n, ASM: tl.constexpr, BLOCK: tl.constexpr):
+            # ASM on the address of each 128-byte line; a use of its result that never stores
+            # (the fill overwrites the buffer anyway), so that the compiler keeps a load.
+            line = tl.minimum(tl.program_id(0) * BLOCK + tl.arange(0, BLOCK), n - 1)
+            v = tl.inline_asm_elementwise(ASM, "=r,l", [buf + line * 32], dtype=tl.int32, is_pure=False, pack=1)
+            tl.store(buf + line * 32, v, mask=v == 0x7FC00001)
+
+        keep = (
+            "{ .reg .b64 pol; createpolicy.fractional.L2::evict_last.b64 pol, 1.0;"
+            " ld.global.L2::cache_hint.b32 $0, [$1], pol; }"
+        )
+        release = "{ applypriority.global.L2::evict_normal [$1], 128; mov.b32 $0, 0; }"
+        words = flush.view(torch.int32)
+        lines, block = flush.numel() // 128, 256
+
+        def scrub():
+            # Two launches: a line's release must come after its load has filled it.
+            for asm in (keep, release):
+                each_line[(triton.cdiv(lines, block),)](words, lines, ASM=asm, BLOCK=block)
+
+        scrub()
+        torch.cuda.synchronize()
+        return scrub
+    except Exception as e:
+        print(
+            f"bench peers: the L2 scrub failed ({type(e).__name__}: {e}); the flush is the fill alone",
+            file=sys.stderr,
+            flush=True,
+        )
+        return None
+
+
+def flush_with_scrub():
+    """The flush each timed repetition runs first on CUDA: `l2_scrub`'s kernels, then
+    `flusher`'s fill."""
+    fill, scrub = flusher(), l2_scrub()
+    if scrub is None:
+        return fill
+
+    def flush_l2():
+        scrub()
+        fill()
+
+    return flush_l2
+
+
+flush_l2 = flush_with_scrub() if cuda else None
 
 try:
     import flag_gems

@@ -16,7 +16,8 @@ fn real_python() -> PathBuf {
         .expect("python3 on PATH (the README's test command needs it)")
 }
 
-/// A stand-in for python3: `-c "import torch"` succeeds; otherwise it logs its start and each
+/// A stand-in for python3: `-c "import torch"` succeeds; otherwise it logs its start, the
+/// script file it was given (bench_peers.py's text, which Triton needs in a file), and each
 /// spec it reads, answers eager 1 ms and compile 2 ms the first time it reads a spec (0.5 and 3
 /// ms the second time, for `--rounds`), and exits with status 3 after the eager line of a RoPE
 /// spec (the way a peer's CUDA fault ends the real process).
@@ -30,6 +31,11 @@ import os
 log = open({log:?}, "a")
 log.write("start\n")
 log.write("flush " + os.environ.get("TEFL_BENCH_PEER_FLUSH", "unset") + "\n")
+script = sys.argv[1] if len(sys.argv) > 1 else ""
+if os.path.isfile(script) and "def l2_scrub" in open(script).read():
+    log.write("script " + script + "\n")
+else:
+    log.write("script missing: " + repr(sys.argv[1:]) + "\n")
 log.flush()
 seen = {{}}
 for line in sys.stdin:
@@ -129,6 +135,11 @@ fn peers_run_case_by_case_in_one_process_that_is_replaced_after_a_fault() {
     assert!(specs[0].starts_with("rmsnorm_fwd") && specs[1].starts_with("gelu"), "{log}");
     assert!(specs[2].starts_with("rope") && specs[3].starts_with("attn_fwd"), "{log}");
     assert_eq!(lines.iter().position(|l| l.starts_with("spec rope")).map(|i| lines[i + 1]), Some("start"), "{log}");
+    // Both processes ran bench_peers.py from a file of the run's own, gone once bench ended.
+    let scripts: Vec<&str> = lines.iter().filter_map(|l| l.strip_prefix("script ")).collect();
+    assert_eq!(scripts.len(), 2, "{log}");
+    assert!(scripts.iter().all(|s| s.ends_with("bench_peers.py") && *s == scripts[0]), "{log}");
+    assert!(!Path::new(scripts[0]).exists(), "{} left behind", scripts[0]);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

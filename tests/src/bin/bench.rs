@@ -12,8 +12,10 @@
 //! one call (where kernels compile) and a wait, then 3 s (`TEFL_BENCH_WARMUP`) of back-to-back
 //! calls as warm-up (a GPU idle before a case raises
 //! its clocks, and a power-bound one lowers them as it heats), then per repetition an L2 flush
-//! (a 256 MiB fill: the runtime's fill on tefl's side, on CUDA the driver's memset; torch's
-//! `zero_()` on the peers' unless `TEFL_BENCH_PEER_FLUSH=memset` gives them that memset)
+//! (a 256 MiB fill: the runtime's `flush_cache` on tefl's side, on CUDA the driver's memset;
+//! torch's `zero_()` on the peers' unless `TEFL_BENCH_PEER_FLUSH=memset` gives them that
+//! memset; on CUDA, on both sides, after an L2 scrub that puts lines held at the evict_last
+//! priority back to normal, which a fill alone leaves in L2: tefl-kernels' cuda/l2_scrub.cu)
 //! followed, with no host wait, by one call timed on the device (CUDA events; Vulkan timestamp
 //! queries), every repetition queued before one wait for them all where the
 //! runtime can (CUDA, as the peers' loop does), and the median of the repetitions. Reports GB/s
@@ -491,7 +493,8 @@ fn cases(c: &Ctx, small: bool, attn_d: usize, extra_gemms: &[(usize, usize, usiz
 struct Timer {
     rt: std::sync::Arc<dyn DeviceRuntime>,
     device: Device,
-    /// What each repetition fills first (GPU devices): larger than any last-level cache here.
+    /// What each repetition flushes the cache with first (GPU devices, `flush_cache`): larger
+    /// than any last-level cache here.
     flush: Option<std::sync::Arc<dyn Buffer>>,
     /// Seconds of back-to-back calls before each case is timed.
     warm_up: f64,
@@ -515,7 +518,7 @@ fn checked_warm_up_secs() -> Result<f64, String> {
 
 /// How the peers' process flushes the L2 before each timed call, from `TEFL_BENCH_PEER_FLUSH`:
 /// `zero` (torch's `zero_()`, a fill kernel; the default) or `memset` (the CUDA driver's
-/// `cuMemsetD8Async`, the call tefl's side is flushed with on CUDA: `Timer`'s `fill`). Another
+/// `cuMemsetD8Async`, the fill of tefl's side on CUDA: `Timer`'s `flush_cache`). Another
 /// value is an error naming it. The peers' script reads the variable itself; this checks it
 /// before any case runs and names the choice in the run's first line.
 fn checked_peer_flush() -> Result<&'static str, String> {
@@ -537,6 +540,12 @@ impl Timer {
     fn new(device: Device, warm_up: f64) -> tefl_core::Result<Self> {
         let rt = tefl_core::device::runtime(device.kind)?;
         let flush = if device.is_cpu() { None } else { Some(rt.alloc(device, FLUSH_BYTES)?) };
+        if let Some(buf) = &flush {
+            // Once before any case: where the flush compiles a kernel (CUDA's L2 scrub), it
+            // does so here, and an error in it ends the run before the first case.
+            rt.flush_cache(&**buf)?;
+            rt.synchronize(device)?;
+        }
         Ok(Timer { rt, device, flush, warm_up })
     }
 
@@ -574,7 +583,7 @@ impl Timer {
                     ts = self.rt.time_reps_after(
                         self.device,
                         reps.max(3),
-                        &mut || self.rt.fill(&**buf, 0),
+                        &mut || self.rt.flush_cache(&**buf),
                         &mut timed,
                     )?;
                 }
@@ -661,6 +670,9 @@ struct PeerProcess {
 /// from the table, and the next spec starts a new one.
 struct Peers {
     dev: String,
+    /// The peers' script, written to a file of the run's own: Triton compiles only kernels
+    /// whose source it can read from a file (the script's L2 scrub is one), not from `-c`.
+    script: std::path::PathBuf,
     process: Option<PeerProcess>,
     /// Specs measured so far, by spec and round (cases sharing a spec, like the thd attention
     /// cases and the bshd ones, are measured once a round).
@@ -686,13 +698,20 @@ impl Peers {
         if !check.is_ok_and(|o| o.status.success()) {
             return Err("python3 with torch is not available".into());
         }
-        Ok(Peers { dev, process: None, done: Default::default(), spent: Default::default() })
+        // A folder of its own: Python puts the script's folder first on its import path.
+        let dir = std::env::temp_dir().join(format!("tefl-bench-peers-{}", std::process::id()));
+        let script = dir.join("bench_peers.py");
+        std::fs::create_dir_all(&dir)
+            .and_then(|()| std::fs::write(&script, PEERS_SCRIPT))
+            .map_err(|e| format!("writing {}: {e}", script.display()))?;
+        Ok(Peers { dev, script, process: None, done: Default::default(), spent: Default::default() })
     }
 
     fn spawn(&self) -> Result<PeerProcess, String> {
         use std::io::BufRead;
         let mut child = std::process::Command::new("python3")
-            .args(["-c", PEERS_SCRIPT, &self.dev])
+            .arg(&self.script)
+            .arg(&self.dev)
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .spawn()
@@ -770,6 +789,9 @@ impl Drop for Peers {
             drop(p.stdin);
             let mut child = p.child;
             let _ = child.wait();
+        }
+        if let Some(dir) = self.script.parent() {
+            let _ = std::fs::remove_dir_all(dir);
         }
     }
 }
