@@ -26,6 +26,7 @@ SITE holds the tefl wheel built with the nvidia feature (`cd tefl-python && matu
 both sides did before 2026-12-06.
 """
 
+import contextlib
 import importlib.util
 import io
 import os
@@ -79,7 +80,7 @@ def sides(rows, cols):
     if not err < 0.05:
         sys.exit(f"tefl's output is off by {err} at {rows}x{cols}")
     if peers.flag_gems is not None:
-        # As bench_peers.py: FlagGems' context around the whole timing (`timed_side`), not each call.
+        # As bench_peers.py: FlagGems' context around the whole timing (`side_context`), not each call.
         out.append(("flaggems", lambda: F.rms_norm(x, (cols,), g, 1e-5)))
     compiled = torch.compile(lambda: F.rms_norm(x, (cols,), g, 1e-5))
     out.append(("compile", compiled))
@@ -100,14 +101,11 @@ def sides(rows, cols):
             b = torch.empty(256 << 20, dtype=torch.int8, device=dev)
             b.zero_()
             del b
+        elif pre in ("flaggems", "compile", "eager"):
+            with side_context(pre):
+                dict(out)[pre]()
         else:
-            name = {"flaggems": "flaggems", "compile": "compile", "eager": "eager"}[pre]
-            f = next(side[1] for side in out if side[0] == name)
-            if name == "flaggems":
-                with peers.flag_gems.use_gems():
-                    f()
-            else:
-                f()
+            raise KeyError(pre)
         torch.cuda.synchronize()
     return [side for name in order for side in out if side[0] == name]
 
@@ -152,14 +150,18 @@ def triton_once(x):
     add_one[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
 
 
+def side_context(name):
+    """What a side's calls run inside: FlagGems' `use_gems()` for its side (around the whole
+    timing, as bench_peers.py does), nothing for the others."""
+    return peers.flag_gems.use_gems() if name == "flaggems" else contextlib.nullcontext()
+
+
 def timed_side(shape, name, f):
     """One side's timing, its start named on stderr as bench's peer phases are (the line that
     scripts/diag/with_clocks.sh sets the clocks beside)."""
     print(f"bench peers: {shape}: {name}", file=sys.stderr, flush=True)
-    if name == "flaggems":
-        with peers.flag_gems.use_gems():
-            return timed(f)
-    return timed(f)
+    with side_context(name):
+        return timed(f)
 
 
 def main():
