@@ -4,7 +4,7 @@ inductor cache with its chosen config (`.best_config`) and the global loads, sto
 policies and barriers of its PTX.
 
 On the GPU machine: `TORCHINDUCTOR_CACHE_DIR=/tmp/ind python3 scripts/triton_dump.py
-softmax_bwd` (cases: softmax_bwd, swiglu, rope, rmsnorm; all when none is named). Use a fresh
+softmax_bwd` (cases: softmax_bwd, swiglu, rope, rmsnorm, layernorm; all when none is named). Use a fresh
 cache directory, or kernels of earlier runs are printed too. The shapes and formulas are
 bench_peers.py's."""
 import glob
@@ -38,6 +38,7 @@ def cases():
         "swiglu": lambda: (lambda u, v: F.silu(u) * v)(*xs.chunk(2, -1)),
         "rope": lambda: xr * c + torch.cat((-xr[..., d // 2 :], xr[..., : d // 2]), -1) * sn,
         "rmsnorm": lambda: F.rms_norm(xn, (8192,), g, 1e-5),
+        "layernorm": lambda: F.layer_norm(xn, (8192,), g, g, 1e-5),
     }
 
 
