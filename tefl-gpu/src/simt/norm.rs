@@ -81,12 +81,12 @@ fn variant(
     Ok(Variant::new(&tefl_kernels::NORM, ENTRIES, defines))
 }
 
-/// Whether the RMSNorm forward of `x` loads x with an L2 evict_last policy, and if so the first
-/// row whose lines it puts back to the normal priority once the row is stored (`load_kept` /
-/// `release_after` in the prelude; plain loads on targets without them): kept where the tune
-/// configs' `norm_fwd_l2.keep_min_mib` is set (the Hopper file) and x has at least that many
-/// MiB. Not for LayerNorm or FP8 outputs, which measured slower with it (the Hopper tune configs
-/// have the figures).
+/// Whether the norm forward (RMSNorm or LayerNorm) of `x` loads x with an L2 evict_last policy,
+/// and if so the first row whose lines it puts back to the normal priority once the row is stored
+/// (`load_kept` / `release_after` in the prelude; plain loads on targets without them): kept
+/// where the tune configs' `norm_fwd_l2.keep_min_mib` is set (the Hopper file) and x has at
+/// least that many MiB. Not for FP8 outputs, which were no faster with it on an H100 and mixed on
+/// an H200 (the Hopper tune configs have the figures, the LayerNorm forward's gain too).
 ///
 /// Released are the rows of x's last `norm_fwd_l2.release_last_mib` MiB (every row where that is
 /// unset). Only lines loaded that late can still be in L2 when the kernel ends (the earlier ones
@@ -97,8 +97,8 @@ fn variant(
 /// ms for its second read after each released form, 0.0093 after the unreleased one. In tefl
 /// (`bench --backend nvidia --only "rmsnorm_fwd 16384"`, each form twice in turns): every row
 /// released 0.132 / 0.132 ms, the last 64 MiB 0.131 / 0.130, none 0.130 / 0.130.
-fn keep_l2(ctx: &KernelCtx<'_>, is_ln: bool, out_dtype: DType, x: &Tensor) -> Result<Option<usize>> {
-    if is_ln || out_dtype.is_fp8() {
+fn keep_l2(ctx: &KernelCtx<'_>, out_dtype: DType, x: &Tensor) -> Result<Option<usize>> {
+    if out_dtype.is_fp8() {
         return Ok(None);
     }
     let row_bytes = x.last_dim() * x.dtype().size_in_bytes();
@@ -142,7 +142,7 @@ fn forward(
         return Ok(Forward { y, mu, rsigma, fp8 });
     }
     let types = Types { x: x.dtype(), g: gamma.dtype(), y: out_dtype, add: None };
-    let release_from = keep_l2(ctx, beta.is_some(), out_dtype, x)?;
+    let release_from = keep_l2(ctx, out_dtype, x)?;
     let keep = release_from.is_some();
     let args = [
         Arg::Ptr(ptr(x)?),
@@ -366,7 +366,7 @@ fn warmup_forward(
         return Ok(());
     }
     let types = Types { x: x.dtype(), g: gamma.dtype(), y: out_dtype, add: None };
-    let keep = keep_l2(ctx, is_ln, out_dtype, x)?.is_some();
+    let keep = keep_l2(ctx, out_dtype, x)?.is_some();
     let (table, info) = (tune_table(ctx.device)?, info(ctx.device)?);
     let cfg = tune::row_kernel_ahead(&table, "norm", &info, x.dtype(), x.last_dim());
     let target = crate::target::target_of(ctx.device)?;
@@ -466,13 +466,13 @@ pub fn variants() -> Vec<Variant> {
             v.extend(variant("norm", &types, ln, zc, cfg, Ring { stages: 3, blocks_per_sm }, false));
         }
     }
-    // The RMSNorm forward holding its rows in L2 (16-bit and f32 rows).
-    for (x, y) in [(BF16, BF16), (F32, F32)] {
+    // The forwards holding their rows in L2 (RMSNorm and LayerNorm, 16-bit and f32 rows).
+    for (x, y, ln) in [(BF16, BF16, false), (F32, F32, false), (BF16, BF16, true), (F32, F32, true)] {
         let types = Types { x, g: x, y, add: None };
         v.extend(variant(
             "norm",
             &types,
-            false,
+            ln,
             false,
             RowConfig { block: 256, vec_bytes: 16, row_vecs: 4 },
             Ring::NONE,

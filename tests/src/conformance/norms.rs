@@ -17,8 +17,14 @@ impl Suite<'_> {
         if self.size == Size::Full {
             shapes.extend([(33, 16384), (600, 8192)]);
         }
+        // Full runs, the bf16 forwards only: an x of 128 MiB, from which the Hopper tune configs'
+        // `norm_fwd_l2` holds x in L2 and releases the rows of its last 64 MiB (`load_kept` /
+        // `release_after`), a path the shapes above are too small to reach.
+        let kept: &[(usize, usize)] = if self.size == Size::Full { &[(8192, 8192)] } else { &[] };
         for dtype in FLOATS {
-            for &(rows, n) in &shapes {
+            let big = if dtype == DType::BF16 { kept } else { &[] };
+            for &(rows, n) in shapes.iter().chain(big) {
+                let forwards_only = big.contains(&(rows, n));
                 for zc in [false, true] {
                     let out_dtype = if zc { DType::F32 } else { dtype };
                     let case = format!("{rows}x{n} zero_centered={zc}");
@@ -37,6 +43,9 @@ impl Suite<'_> {
                         Ok(vec![cmp("y", &o.y, y, out_dtype)?, cmp("rsigma", &o.rsigma, rs, DType::F32)?])
                     });
                     for add in [false, true] {
+                        if forwards_only {
+                            break;
+                        }
                         let op = if add { "rmsnorm_bwd_add" } else { "rmsnorm_bwd" };
                         self.case(op, dtype, case.clone(), |s| {
                             let (x, xv) = s.rand(&[rows, n], dtype, -2.0, 2.0)?;
@@ -93,6 +102,9 @@ impl Suite<'_> {
                             cmp("rsigma", &o.rsigma, rs, DType::F32)?,
                         ])
                     });
+                    if forwards_only {
+                        continue;
+                    }
                     self.case("layernorm_bwd", dtype, case, |s| {
                         let (x, xv) = s.rand(&[rows, n], dtype, -3.0, 3.0)?;
                         let (g, gv) = s.rand(&[n], dtype, -1.0, 1.0)?;
