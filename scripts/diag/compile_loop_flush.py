@@ -1,10 +1,11 @@
 """One torch.compile peer of the bench timed four ways in turns, to see which part of a loop
 moves its time: the flush with or without the L2 scrub, and a host wait after every call or
 every repetition queued before one wait (the bench's way). The peer, the shapes, the scrub
-and the fill are bench_peers.py's own (imported from tests/src/ with its stdin empty).
+and the fill are bench_peers.py's own (BENCH_PEERS, default tests/src/bench_peers.py, loaded
+by bench_peers_module.py beside this script).
 
-On the GPU machine: `python3 scripts/diag/compile_loop_flush.py rope 4096 4 32 128
-< /dev/null` (an op and its numbers as bench sends them to its peers' process; ROUNDS, 3).
+On the GPU machine: `python3 scripts/diag/compile_loop_flush.py rope 4096 4 32 128` (an op and
+its numbers as bench sends them to its peers' process; ROUNDS, 3).
 """
 import os
 import statistics
@@ -12,11 +13,11 @@ import sys
 
 import torch
 
-op, nums = sys.argv[1], [int(x) for x in sys.argv[2:]]
-sys.argv = [sys.argv[0], "cuda"]
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../tests/src"))
-import bench_peers as bp  # noqa: E402  (its request loop ends at once on an empty stdin)
+import bench_peers_module
 
+here = os.path.dirname(os.path.abspath(__file__))
+bp = bench_peers_module.load(os.environ.get("BENCH_PEERS") or os.path.join(here, "../../tests/src/bench_peers.py"))
+op, nums = sys.argv[1], [int(x) for x in sys.argv[2:]]
 fill, scrub = bp.flusher(), bp.l2_scrub()
 if scrub is None:
     sys.exit("the L2 scrub is not available (bench_peers said why)")

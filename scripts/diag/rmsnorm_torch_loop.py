@@ -2,8 +2,8 @@
 Python package (`tefl.tex.rmsnorm_fwd` on torch's CUDA tensors, on torch's stream), FlagGems
 (`flag_gems.use_gems()` around `F.rms_norm`) and torch.compile, all in this one process with
 bench_peers.py's own loop and flush (loaded from BENCH_PEERS, default beside this script: copy
-tests/src/bench_peers.py there), ROUNDS rounds in turns of the sides SIDES names, in its order
-(default "tefl,flaggems,compile"), after the one-time calls PRE names (comma-separated, none by
+tests/src/bench_peers.py there, and bench_peers_module.py), ROUNDS rounds in turns of the sides
+SIDES names, in its order (default "tefl,flaggems,compile"), after the one-time calls PRE names (comma-separated, none by
 default: `compile` and `flaggems` call that side once, `eager` torch's own kernel, `triton` a
 one-line Triton kernel, `state` prints the context's limits and cache config, `empty_cache`,
 `prefer_l1` / `prefer_shared` / `prefer_equal` set the context's cache config, `flush_buffer`
@@ -27,8 +27,6 @@ both sides did before 2026-12-06.
 """
 
 import contextlib
-import importlib.util
-import io
 import os
 import sys
 
@@ -37,22 +35,12 @@ import torch.nn.functional as F
 
 import tefl.tex as tex
 
-
-def load_peers():
-    """bench_peers.py as a module: its device argument given, its request loop reading nothing."""
-    path = os.environ.get("BENCH_PEERS") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_peers.py")
-    spec = importlib.util.spec_from_file_location("bench_peers", path)
-    module = importlib.util.module_from_spec(spec)
-    saved = sys.argv, sys.stdin
-    sys.argv, sys.stdin = [path, "cuda"], io.StringIO("")
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.argv, sys.stdin = saved
-    return module
+import bench_peers_module
 
 
-peers = load_peers()
+peers = bench_peers_module.load(
+    os.environ.get("BENCH_PEERS") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_peers.py")
+)
 dev = "cuda"
 ROUNDS = int(os.environ.get("ROUNDS", "3"))
 REPS = int(os.environ.get("REPS", "20"))

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs rmsnorm_torch_loop.py on the GPU machine from a folder that holds it, bench_peers.py
-# (tests/src/), tefl's wheel built with the nvidia feature (`cd tefl-python && maturin build
-# --release --features nvidia --out FOLDER`) and, in FOLDER/peers, the bench's peer wheels
+# (tests/src/) and bench_peers_module.py, tefl's wheel built with the nvidia feature (`cd
+# tefl-python && maturin build --release --features nvidia --out FOLDER`) and, in FOLDER/peers, the bench's peer wheels
 # (FlagGems, sqlalchemy, greenlet: target/bundle/peers): the wheels installed to a scratch
 # folder, then the script once a flush (FLUSHES, default "zero memset"), its arguments passed on
 # (shapes as ROWSxCOLS); SIDES, ROUNDS and REPS reach the script. Its phase lines ("bench peers:
