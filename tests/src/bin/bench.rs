@@ -701,9 +701,11 @@ impl Peers {
         // A folder of its own: Python puts the script's folder first on its import path.
         let dir = std::env::temp_dir().join(format!("tefl-bench-peers-{}", std::process::id()));
         let script = dir.join("bench_peers.py");
-        std::fs::create_dir_all(&dir)
-            .and_then(|()| std::fs::write(&script, PEERS_SCRIPT))
-            .map_err(|e| format!("writing {}: {e}", script.display()))?;
+        std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&script, PEERS_SCRIPT)).map_err(|e| {
+            // The folder goes with the failure (Peers' drop removes it otherwise).
+            let _ = std::fs::remove_dir_all(&dir);
+            format!("writing {}: {e}", script.display())
+        })?;
         Ok(Peers { dev, script, process: None, done: Default::default(), spent: Default::default() })
     }
 

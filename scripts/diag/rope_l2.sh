@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# RoPE's warp kernel in the forms of scripts/diag/rope_l2.patch (the bench and conformance built
+# with it beside this script, and forms_in_turns.sh): each form its own process, ROUNDS (3)
+# rounds in turns, `bench --only copy,rope` without peers. SET=l2 (default: the L2 policy, the
+# stores, the grid) or SET=pair (the shuffle-free form). CHECK=1 then runs the rope family's
+# conformance in each form.
+here=$(cd "$(dirname "$0")" && pwd)
+if [ "${SET:-l2}" = pair ]; then
+  forms=("TEFL_DIAG_ROPE_PAIR=1" "TEFL_DIAG_ROPE_PAIR=1 TEFL_DIAG_ROPE_HEADS=8"
+    "TEFL_DIAG_ROPE_PAIR=1 TEFL_DIAG_ROPE_HEADS=32" "TEFL_DIAG_ROPE_PAIR=1 TEFL_DIAG_ROPE_KEEP=0"
+    "TEFL_DIAG_ROPE_PAIR=1 TEFL_DIAG_ROPE_RELEASE_MIB=0")
+else
+  forms=("TEFL_DIAG_ROPE_KEEP=0" "TEFL_DIAG_ROPE_RELEASE_MIB=0" "TEFL_DIAG_ROPE_STORE=1" "TEFL_DIAG_ROPE_STORE=2"
+    "TEFL_DIAG_ROPE_KEEP=0 TEFL_DIAG_ROPE_STORE=1" "TEFL_DIAG_ROPE_BPS=16" "TEFL_DIAG_ROPE_BPS=8")
+fi
+ROUNDS=${ROUNDS:-3} bash "$here/forms_in_turns.sh" "copy,rope" base "${forms[@]}"
+if [ -n "${CHECK:-}" ]; then
+  for f in "${forms[@]}"; do
+    read -r -a envs <<< "$f"
+    echo "$f: $(env "${envs[@]}" "$here/conformance" nvidia --impl vendor.nvidia --families rope 2>&1 | tail -1)"
+  done
+fi
