@@ -1,13 +1,12 @@
 #!/usr/bin/env bash
 # Nsight Compute on RoPE (s4096 b4 h32 d128 bf16 sbhd, the bench's shape): tefl's rope_warp
 # against torch.compile's Triton kernel for bench_peers.py's expression (each the fifth launch of
-# its process; ncu's defaults: base clocks, caches flushed before the kernel). Copy it into the
-# nvidia bundle (beside `bench`) and run it there on the GPU machine; $OUT gets both reports,
-# their details pages and their SASS source pages as CSV for scripts/ncu_source.py.
+# its process; ncu's defaults: base clocks, caches flushed before the kernel). Copy it and
+# ncu_profile.sh into the nvidia bundle (beside `bench`) and run it there on the GPU machine;
+# $OUT gets both reports, their details pages and their SASS source pages as CSV for
+# scripts/ncu_source.py.
 here=$(cd "$(dirname "$0")" && pwd)
-out=${OUT:-/tmp/out}; mkdir -p "$out"
-ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
-echo "ncu: $ncu"; "$ncu" --version | tail -1
+. "$here/ncu_profile.sh"
 site=$(mktemp -d)
 cat > "$site/compiled.py" <<'PY'
 import torch
@@ -22,13 +21,6 @@ for _ in range(8):
 torch.cuda.synchronize()
 print("compile ok", y.shape)
 PY
-secs="--section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats --section InstructionStats --section SourceCounters"
-TEFL_BENCH_WARMUP=0.1 timeout 200 "$ncu" $secs --kernel-name regex:rope_warp --launch-skip 4 --launch-count 1 -o "$out/tefl" \
-  "$here/bench" --backend nvidia --only rope > "$out/ncu-tefl.log" 2>&1; echo "tefl rc=$?"
-timeout 250 "$ncu" $secs --kernel-name regex:triton_ --launch-skip 4 --launch-count 1 -o "$out/compile" python3 "$site/compiled.py" > "$out/ncu-compile.log" 2>&1; echo "compile rc=$?"
-for r in tefl compile; do
-  "$ncu" -i "$out/$r.ncu-rep" --page details > "$out/$r.txt" 2>&1
-  "$ncu" -i "$out/$r.ncu-rep" --page source --print-source sass --csv > "$out/$r.csv" 2>&1
-done
-tail -n 3 "$out/ncu-tefl.log" "$out/ncu-compile.log"
-for r in tefl compile; do echo "=== $r"; grep -E "Duration|DRAM Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Executed Instructions  |Issued Warp|No Eligible|Active Warps Per|Eligible Warps|Warp Cycles Per Issued|L2 Hit Rate|L1/TEX Hit|Block Limit|Grid Size|Block Size|SM Frequency|DRAM Frequency|Mem Busy|Max Bandwidth" "$out/$r.txt" | head -40; done
+TEFL_BENCH_WARMUP=0.1 ncu_profile tefl rope_warp 200 "$here/bench" --backend nvidia --only rope
+ncu_profile compile triton_ 250 python3 "$site/compiled.py"
+ncu_summary tefl compile

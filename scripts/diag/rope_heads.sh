@@ -6,10 +6,4 @@
 here=$(cd "$(dirname "$0")" && pwd)
 forms=("TEFL_DIAG_ROPE_HEADS=8 TEFL_DIAG_ROPE_UNROLL=4" "TEFL_DIAG_ROPE_HEADS=4 TEFL_DIAG_ROPE_UNROLL=2"
   "TEFL_DIAG_ROPE_HEADS=32 TEFL_DIAG_ROPE_UNROLL=16")
-ROUNDS=${ROUNDS:-3} bash "$here/forms_in_turns.sh" "copy,rope" base "${forms[@]}"
-if [ -n "${CHECK:-}" ]; then
-  for f in "${forms[@]}"; do
-    read -r -a envs <<< "$f"
-    echo "$f: $(env "${envs[@]}" "$here/conformance" nvidia --impl vendor.nvidia --families rope 2>&1 | tail -1)"
-  done
-fi
+ROUNDS=${ROUNDS:-3} CHECK_FAMILY=${CHECK:+rope} bash "$here/forms_in_turns.sh" "copy,rope" base "${forms[@]}"

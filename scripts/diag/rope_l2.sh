@@ -18,10 +18,4 @@ else
   forms=("TEFL_DIAG_ROPE_KEEP=0" "TEFL_DIAG_ROPE_RELEASE_MIB=0" "TEFL_DIAG_ROPE_STORE=1" "TEFL_DIAG_ROPE_STORE=2"
     "TEFL_DIAG_ROPE_KEEP=0 TEFL_DIAG_ROPE_STORE=1" "TEFL_DIAG_ROPE_BPS=16" "TEFL_DIAG_ROPE_BPS=8")
 fi
-ROUNDS=${ROUNDS:-3} bash "$here/forms_in_turns.sh" "copy,rope" base "${forms[@]}"
-if [ -n "${CHECK:-}" ]; then
-  for f in "${forms[@]}"; do
-    read -r -a envs <<< "$f"
-    echo "$f: $(env "${envs[@]}" "$here/conformance" nvidia --impl vendor.nvidia --families rope 2>&1 | tail -1)"
-  done
-fi
+ROUNDS=${ROUNDS:-3} CHECK_FAMILY=${CHECK:+rope} bash "$here/forms_in_turns.sh" "copy,rope" base "${forms[@]}"
