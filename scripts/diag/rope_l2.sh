@@ -2,14 +2,18 @@
 # RoPE's warp kernel in the forms of scripts/diag/rope_l2.patch (the bench and conformance built
 # with it beside this script, and forms_in_turns.sh): each form its own process, ROUNDS (3)
 # rounds in turns, `bench --only copy,rope` without peers. SET=l2 (default: the L2 policy, the
-# stores, the grid), SET=pair (the shuffle-free form) or SET=occ (registers capped for more
-# blocks an SM, fewer vectors a lane). CHECK=1 then runs the rope family's conformance in each
-# form.
+# stores, the grid), SET=pair (the shuffle-free form), SET=occ (registers capped for more blocks
+# an SM, fewer vectors a lane) or SET=freqs (the angles loaded before x). CHECK=1 then runs the
+# rope family's conformance in each form.
 here=$(cd "$(dirname "$0")" && pwd)
 if [ "${SET:-l2}" = occ ]; then
   forms=("TEFL_DIAG_ROPE_MINB=7" "TEFL_DIAG_ROPE_MINB=8" "TEFL_DIAG_ROPE_HEADS=8 TEFL_DIAG_ROPE_UNROLL=4 TEFL_DIAG_ROPE_MINB=8"
     "TEFL_DIAG_ROPE_HEADS=16 TEFL_DIAG_ROPE_UNROLL=4 TEFL_DIAG_ROPE_MINB=8" "TEFL_DIAG_ROPE_PAIR=1"
     "TEFL_DIAG_ROPE_HEADS=8 TEFL_DIAG_ROPE_UNROLL=4 TEFL_DIAG_ROPE_MINB=10")
+elif [ "${SET:-l2}" = freqs ]; then
+  forms=("TEFL_DIAG_ROPE_FREQS_FIRST=1" "TEFL_DIAG_ROPE_FREQS_FIRST=1 TEFL_DIAG_ROPE_KEEP=0"
+    "TEFL_DIAG_ROPE_FREQS_FIRST=1 TEFL_DIAG_ROPE_HEADS=8 TEFL_DIAG_ROPE_UNROLL=4 TEFL_DIAG_ROPE_MINB=8"
+    "TEFL_DIAG_ROPE_FREQS_FIRST=1 TEFL_DIAG_ROPE_HEADS=32")
 elif [ "${SET:-l2}" = pair ]; then
   forms=("TEFL_DIAG_ROPE_PAIR=1" "TEFL_DIAG_ROPE_PAIR=1 TEFL_DIAG_ROPE_HEADS=8"
     "TEFL_DIAG_ROPE_PAIR=1 TEFL_DIAG_ROPE_HEADS=32" "TEFL_DIAG_ROPE_PAIR=1 TEFL_DIAG_ROPE_KEEP=0"
