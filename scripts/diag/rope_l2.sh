@@ -3,8 +3,9 @@
 # with it beside this script, and forms_in_turns.sh): each form its own process, ROUNDS (3)
 # rounds in turns, `bench --only copy,rope` without peers. SET=l2 (default: the L2 policy, the
 # stores, the grid), SET=pair (the shuffle-free form), SET=occ (registers capped for more blocks
-# an SM, fewer vectors a lane) or SET=freqs (the angles loaded before x). CHECK=1 then runs the
-# rope family's conformance in each form.
+# an SM, fewer vectors a lane), SET=freqs (the angles loaded before x) or SET=wrows (a warp over
+# the rows of one position, the angles computed once). CHECK=1 then runs the rope family's
+# conformance in each form.
 here=$(cd "$(dirname "$0")" && pwd)
 if [ "${SET:-l2}" = occ ]; then
   forms=("TEFL_DIAG_ROPE_MINB=7" "TEFL_DIAG_ROPE_MINB=8" "TEFL_DIAG_ROPE_HEADS=8 TEFL_DIAG_ROPE_UNROLL=4 TEFL_DIAG_ROPE_MINB=8"
@@ -14,6 +15,10 @@ elif [ "${SET:-l2}" = freqs ]; then
   forms=("TEFL_DIAG_ROPE_FREQS_FIRST=1" "TEFL_DIAG_ROPE_FREQS_FIRST=1 TEFL_DIAG_ROPE_KEEP=0"
     "TEFL_DIAG_ROPE_FREQS_FIRST=1 TEFL_DIAG_ROPE_HEADS=8 TEFL_DIAG_ROPE_UNROLL=4 TEFL_DIAG_ROPE_MINB=8"
     "TEFL_DIAG_ROPE_FREQS_FIRST=1 TEFL_DIAG_ROPE_HEADS=32")
+elif [ "${SET:-l2}" = wrows ]; then
+  w8="TEFL_DIAG_ROPE_HEADS=8 TEFL_DIAG_ROPE_UNROLL=4"
+  forms=("TEFL_DIAG_ROPE_WROWS=4 $w8" "TEFL_DIAG_ROPE_WROWS=4 $w8 TEFL_DIAG_ROPE_KEEP=0" "TEFL_DIAG_ROPE_WROWS=2 $w8"
+    "TEFL_DIAG_ROPE_WROWS=4" "TEFL_DIAG_ROPE_WROWS=4 TEFL_DIAG_ROPE_KEEP=0" "TEFL_DIAG_ROPE_FREQS_FIRST=1")
 elif [ "${SET:-l2}" = pair ]; then
   forms=("TEFL_DIAG_ROPE_PAIR=1" "TEFL_DIAG_ROPE_PAIR=1 TEFL_DIAG_ROPE_HEADS=8"
     "TEFL_DIAG_ROPE_PAIR=1 TEFL_DIAG_ROPE_HEADS=32" "TEFL_DIAG_ROPE_PAIR=1 TEFL_DIAG_ROPE_KEEP=0"
