@@ -270,13 +270,20 @@ if has sanitizer; then
     # memcheck over every family; racecheck (shared memory) over the families whose kernels
     # share tiles. The tool follows the conformance runs' child processes (SANITIZER_JOBS at a
     # time, default 4); SANITIZER_TIMEOUT (seconds, default 900) bounds each tool's run.
-    for run in "memcheck all" "racecheck norms,softmax,attention,rope,fp8"; do
+    # SANITIZER_RUNS ("TOOL FAMILIES;...") replaces those two runs, SANITIZER_ARGS are added to
+    # the tool's arguments and SANITIZER_CONF_ARGS to the conformance's: e.g. one kernel over its
+    # family's full cases, SANITIZER_RUNS="memcheck norms;racecheck norms" SANITIZER_ARGS=
+    # "--kernel-name kns=norm_fwd" SANITIZER_CONF_ARGS="--full --impl vendor.nvidia".
+    runs=("memcheck all" "racecheck norms,softmax,attention,rope,fp8")
+    [ -n "${{SANITIZER_RUNS:-}}" ] && IFS=';' read -r -a runs <<< "$SANITIZER_RUNS"
+    for run in "${{runs[@]}}"; do
       set -- $run
       fam=""
       [ "$2" != all ] && fam="--families $2"
       echo "== compute-sanitizer $1 ($2)"
-      timeout "${{SANITIZER_TIMEOUT:-900}}" "$san" --tool "$1" --error-exitcode 9 --target-processes all \
-        "$here/conformance" {backend} --jobs "${{SANITIZER_JOBS:-4}}" $fam > "$out/sanitizer-$1-full.log" 2>&1 || status=1
+      # shellcheck disable=SC2086 # the *_ARGS and $fam are words of their own
+      timeout "${{SANITIZER_TIMEOUT:-900}}" "$san" --tool "$1" --error-exitcode 9 --target-processes all ${{SANITIZER_ARGS:-}} \
+        "$here/conformance" {backend} --jobs "${{SANITIZER_JOBS:-4}}" $fam ${{SANITIZER_CONF_ARGS:-}} > "$out/sanitizer-$1-full.log" 2>&1 || status=1
       # The runs' lines and the tool's summaries here; every report in the full log.
       grep -E "^== \[|SUMMARY|passed, " "$out/sanitizer-$1-full.log" | tail -40 | tee "$out/sanitizer-$1.log"
     done
