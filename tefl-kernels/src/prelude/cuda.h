@@ -90,6 +90,12 @@ __device__ __forceinline__ float fast_rcp(float x) {
     return y;
 }
 
+// Bytes of the pair (a: 0-3, b: 4-7) picked by the four nibbles of `sel`, low byte first: one
+// PRMT (the FP8 transpose's 4 x 4 byte blocks).
+__device__ __forceinline__ unsigned int byte_perm(unsigned int a, unsigned int b, unsigned int sel) {
+    return __byte_perm(a, b, sel);
+}
+
 // ---- FP8 ----
 // The saturating RNE cast of one f32 to an FP8 code in one instruction (sm_89 on; NaN gives
 // the canonical 0x7f, as the software cast in common.h does). `mant_bits` picks the format

@@ -75,6 +75,17 @@ __device__ __forceinline__ float fast_rcp(float x) { return __builtin_amdgcn_rcp
 __device__ __forceinline__ float fast_rcp(float x) { return 1.0f / x; }
 #endif
 
+// Bytes of the pair (a: 0-3, b: 4-7) picked by the four nibbles of `sel`, low byte first (as
+// CUDA's __byte_perm; written out, so no device library is assumed: with a constant `sel` the
+// shifts fold).
+__device__ __forceinline__ unsigned int byte_perm(unsigned int a, unsigned int b, unsigned int sel) {
+    const unsigned long long pair = ((unsigned long long)b << 32) | a;
+    unsigned int r = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) r |= (unsigned int)((pair >> (8 * ((sel >> (4 * i)) & 7))) & 0xffu) << (8 * i);
+    return r;
+}
+
 // ---- atomics ----
 // p[0] += a, p[1] += b (two f32 atomics: amdgcn has no packed f32 add to global memory).
 __device__ __forceinline__ void atomic_add2_f32(float* p, float a, float b) {

@@ -246,6 +246,92 @@ extern "C" __global__ void __launch_bounds__(256)
     }
 }
 
+// The transpose of a 4 x 4 block of bytes: a_i holds row i (byte j: column j); o_j gets column j
+// (byte i: row i).
+__device__ __forceinline__ void transpose_bytes_4x4(u32 a0, u32 a1, u32 a2, u32 a3, u32& o0, u32& o1, u32& o2,
+                                                    u32& o3) {
+    const u32 t0 = byte_perm(a0, a1, 0x5140), t1 = byte_perm(a0, a1, 0x7362);  // rows 0, 1 interleaved
+    const u32 t2 = byte_perm(a2, a3, 0x5140), t3 = byte_perm(a2, a3, 0x7362);  // rows 2, 3
+    o0 = byte_perm(t0, t2, 0x5410);
+    o1 = byte_perm(t0, t2, 0x7632);
+    o2 = byte_perm(t1, t3, 0x5410);
+    o3 = byte_perm(t1, t3, 0x7632);
+}
+
+// cast_transpose for m and n multiples of 8 (the host's pick then; tensors start 16-byte
+// aligned), the transpose in registers: a block of 256 threads takes a tile of T8_ROWS x 64
+// elements, thread t the 8 x 8 of rows 8 (t / 8) .. + 7 and columns 8 (t % 8) .. + 7 of it. The
+// thread loads its 8 rows (16-byte vectors, all issued before any is used), stores each row's 8
+// codes to q in one 8-byte store, transposes its 8 x 8 codes with byte permutes and stores each
+// column's 8 codes (8 consecutive entries of a row of q_t) in one 8-byte store. So 8 threads in
+// a row read 64 consecutive elements of a row of x, and the 32 threads down a column write 256
+// consecutive codes of a row of q_t: no shared tile, no barrier, and every access whole
+// sectors. All 8 rows of a thread are inside m or none is (m % 8 == 0). The grid's y dimension
+// strides over the row tiles (the host launches about 16 blocks an SM: faster than a block a
+// tile, the host's note). Column sums (ws) as cast_transpose_vec's: the thread's 8 in
+// registers, summed over the block at the end.
+#define T8_ROWS 256
+#define T8_COLS 64
+extern "C" __global__ void __launch_bounds__(256)
+    cast_transpose_8x8(const TX* __restrict__ x, const float* __restrict__ scale, u8* __restrict__ q,
+                       u8* __restrict__ qt, float* __restrict__ amax, float* __restrict__ scale_inv,
+                       float* __restrict__ ws, int m, int n) {
+    __shared__ float csum[256 / WARP_SIZE][T8_COLS];
+    const float s = *scale;
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *scale_inv = 1.0f / s;
+    const int vc = threadIdx.x % 8, rg = threadIdx.x / 8;
+    const int c = blockIdx.x * T8_COLS + vc * 8;
+    const int row_tiles = (m + T8_ROWS - 1) / T8_ROWS;
+    float am = 0.0f, col[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) col[k] = 0.0f;
+    for (int rt = blockIdx.y; rt < row_tiles; rt += gridDim.y) {
+        const int r = rt * T8_ROWS + rg * 8;
+        if (c >= n || r >= m) continue;
+        alignas(16) TX v[8][8];
+        const TX* src = x + (size_t)r * n + c;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) raw_copy<TX, 8>(v[j], src + (size_t)j * n);
+        u32 w[8][2];  // row j's codes: columns 0-3, then 4-7
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            float f[8];
+            unpack_n<TX, 8>(v[j], f);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) col[k] += f[k];
+            encode_fp8_n<8>(f, s, am, w[j], MANT, BIAS, MAXV, MAXCODE);
+            store_codes<8>(q + (size_t)(r + j) * n + c, w[j]);
+        }
+        if (qt != nullptr) {
+            u32 t[8][2];  // column k's codes: rows 0-3, then 4-7
+            transpose_bytes_4x4(w[0][0], w[1][0], w[2][0], w[3][0], t[0][0], t[1][0], t[2][0], t[3][0]);
+            transpose_bytes_4x4(w[4][0], w[5][0], w[6][0], w[7][0], t[0][1], t[1][1], t[2][1], t[3][1]);
+            transpose_bytes_4x4(w[0][1], w[1][1], w[2][1], w[3][1], t[4][0], t[5][0], t[6][0], t[7][0]);
+            transpose_bytes_4x4(w[4][1], w[5][1], w[6][1], w[7][1], t[4][1], t[5][1], t[6][1], t[7][1]);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) store_codes<8>(qt + (size_t)(c + k) * m + r, t[k]);
+        }
+    }
+    amax_reduce(am, amax);
+    if (ws != nullptr) {
+        // The threads of a column: lanes vc, vc + 8, ... of each warp, then the warps.
+#pragma unroll
+        for (int k = 0; k < 8; ++k)
+            for (int o = 8; o < WARP_SIZE; o <<= 1) col[k] += shfl_xor(col[k], o);
+        if (lane_id() < 8) {
+#pragma unroll
+            for (int k = 0; k < 8; ++k) csum[warp_id()][lane_id() * 8 + k] = col[k];
+        }
+        __syncthreads();
+        const int oc = blockIdx.x * T8_COLS + threadIdx.x;
+        if (threadIdx.x < T8_COLS && oc < n) {
+            float total = 0.0f;
+            for (int w = 0; w < 256 / WARP_SIZE; ++w) total += csum[w][threadIdx.x];
+            ws[(size_t)blockIdx.y * n + oc] = total;
+        }
+    }
+}
+
 // dbias[j] = sum over the parts of ws[p][j], in the input's dtype.
 extern "C" __global__ void colsum_ws(const float* __restrict__ ws, TX* __restrict__ dbias, int parts, int n) {
     finish_column_sums<TX>(ws, dbias, parts, n);

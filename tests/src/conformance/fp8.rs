@@ -4,7 +4,7 @@ use tefl_core::catalogue::*;
 use tefl_core::fp8::Fp8Format;
 use tefl_core::{DType, Error, Tensor};
 
-use super::{Cmp, FLOATS, Suite, cmp};
+use super::{Cmp, FLOATS, Size, Suite, cmp};
 use crate::oracle;
 
 /// Checks a cast of x `[m, n]` (values `xv`, scale `sc`) to the FP8 format `f`: every code of
@@ -46,7 +46,17 @@ impl Suite<'_> {
                 // Rows of whole 16-byte vectors (n a multiple of 8) and not, a row count under,
                 // over and a multiple of the GPU kernels' tiles and of 8 (the transpose's
                 // 8-byte stores), and enough elements for several steps of a grid-stride loop.
-                for (m, n, want_t) in [(13, 1000, true), (136, 520, true), (257, 1024, false), (3, 999, false)] {
+                // Full runs, bf16 to e4m3: 8200 x 4232, 8 past a multiple of the CUDA register
+                // transpose's 256 x 64 tile each way and enough tiles (33 x 67) that its blocks
+                // (about 16 an SM) stride over several row tiles on GPUs of up to 134 SMs.
+                let big: &[(usize, usize, bool)] =
+                    if self.size == Size::Full && dtype == DType::BF16 && fp8 == DType::F8E4M3 {
+                        &[(8200, 4232, true)]
+                    } else {
+                        &[]
+                    };
+                let quantize_shapes = [(13, 1000, true), (136, 520, true), (257, 1024, false), (3, 999, false)];
+                for &(m, n, want_t) in quantize_shapes.iter().chain(big) {
                     let name = format!("{m}x{n} to {fp8}{}", if want_t { " with transpose" } else { "" });
                     self.case("quantize", dtype, name, |s| {
                         let (x, xv) = s.rand(&[m, n], dtype, -3.0, 3.0)?;
@@ -61,7 +71,8 @@ impl Suite<'_> {
                         ])
                     });
                 }
-                for (m, n, want_t) in [(37, 300, true), (1000, 24, false), (1, 7, true), (72, 264, true)] {
+                let bgrad_shapes = [(37, 300, true), (1000, 24, false), (1, 7, true), (72, 264, true)];
+                for &(m, n, want_t) in bgrad_shapes.iter().chain(big) {
                     self.case("bgrad_quantize", dtype, format!("{m}x{n} to {fp8} transpose={want_t}"), |s| {
                         let (x, xv) = s.rand(&[m, n], dtype, -3.0, 3.0)?;
                         let scale = s.put(&[sc], &[1], DType::F32)?;
