@@ -265,8 +265,8 @@ __device__ __forceinline__ void transpose_bytes_4x4(u32 a0, u32 a1, u32 a2, u32 
 // codes to q in one 8-byte store, transposes its 8 x 8 codes with byte permutes and stores each
 // column's 8 codes (8 consecutive entries of a row of q_t) in one 8-byte store. So 8 threads in
 // a row read 64 consecutive elements of a row of x, and the 32 threads down a column write 256
-// consecutive codes of a row of q_t: no shared tile, no barrier, and every access whole
-// sectors. All 8 rows of a thread are inside m or none is (m % 8 == 0). The grid's y dimension
+// consecutive codes of a row of q_t: no shared tile, no barrier, and (m and n multiples of 32)
+// every access whole 32-byte sectors. All 8 rows of a thread are inside m or none is (m % 8 == 0). The grid's y dimension
 // strides over the row tiles (the host launches about 16 blocks an SM: faster than a block a
 // tile, the host's note). Column sums (ws) as cast_transpose_vec's: the thread's 8 in
 // registers, summed over the block at the end.
