@@ -260,18 +260,22 @@ __device__ __forceinline__ void transpose_bytes_4x4(u32 a0, u32 a1, u32 a2, u32 
 
 // cast_transpose for m and n multiples of 8 (the host's pick then; tensors start 16-byte
 // aligned), the transpose in registers: a block of 256 threads takes a tile of T8_ROWS x 64
-// elements, thread t the 8 x 8 of rows 8 (t / 8) .. + 7 and columns 8 (t % 8) .. + 7 of it. The
+// elements (8 column vectors x 32 row groups of 8 x 8), each thread one 8 x 8 of it. The
 // thread loads its 8 rows (16-byte vectors, all issued before any is used), stores each row's 8
 // codes to q in one 8-byte store, transposes its 8 x 8 codes with byte permutes and stores each
-// column's 8 codes (8 consecutive entries of a row of q_t) in one 8-byte store. So 8 threads in
-// a row read 64 consecutive elements of a row of x, and the 32 threads down a column write 256
-// consecutive codes of a row of q_t: no shared tile, no barrier, and (m and n multiples of 32)
-// every access whole 32-byte sectors. All 8 rows of a thread are inside m or none is (m % 8 == 0). The grid's y dimension
-// strides over the row tiles (the host launches about 16 blocks an SM: faster than a block a
-// tile, the host's note). Column sums (ws) as cast_transpose_vec's: the thread's 8 in
-// registers, summed over the block at the end.
+// column's 8 codes (8 consecutive entries of a row of q_t) in one 8-byte store. A warp takes
+// T8_VC column vectors across and WARP_SIZE / T8_VC row groups down: with 32 lanes, one load
+// instruction reads 32 consecutive elements of each of 8 rows of x, one q store writes 32 codes
+// of each of 8 rows and one q_t store 64 codes of each of 4 rows of q_t. (H100, 16384 x 8192
+// bf16 -> e4m3, 2026-12-07: 0.205 ms so, 0.210-0.211 with 8 across, 0.253-0.255 with 2 across;
+// scripts/diag/ct_grid.patch.) No shared tile, no barrier, and (m and n multiples of 32) every
+// access whole 32-byte sectors. All 8 rows of a thread are inside m or none is (m % 8 == 0).
+// The grid's y dimension strides over the row tiles (the host launches about 16 blocks an SM:
+// faster than a block a tile, the host's note). Column sums (ws) as cast_transpose_vec's: the
+// thread's 8 in registers, summed over the block at the end.
 #define T8_ROWS 256
 #define T8_COLS 64
+#define T8_VC 4
 extern "C" __global__ void __launch_bounds__(256)
     cast_transpose_8x8(const TX* __restrict__ x, const float* __restrict__ scale, u8* __restrict__ q,
                        u8* __restrict__ qt, float* __restrict__ amax, float* __restrict__ scale_inv,
@@ -279,7 +283,11 @@ extern "C" __global__ void __launch_bounds__(256)
     __shared__ float csum[256 / WARP_SIZE][T8_COLS];
     const float s = *scale;
     if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *scale_inv = 1.0f / s;
-    const int vc = threadIdx.x % 8, rg = threadIdx.x / 8;
+    // The warps across a tile's columns, and thread t's column vector and row group.
+    constexpr int across = T8_COLS / 8 / T8_VC;
+    const int wp = warp_id(), ln = lane_id();
+    const int vc = (wp % across) * T8_VC + ln % T8_VC;
+    const int rg = (wp / across) * (WARP_SIZE / T8_VC) + ln / T8_VC;
     const int c = blockIdx.x * T8_COLS + vc * 8;
     const int row_tiles = (m + T8_ROWS - 1) / T8_ROWS;
     float am = 0.0f, col[8];
@@ -314,19 +322,20 @@ extern "C" __global__ void __launch_bounds__(256)
     }
     amax_reduce(am, amax);
     if (ws != nullptr) {
-        // The threads of a column: lanes vc, vc + 8, ... of each warp, then the warps.
+        // The threads of a column: lanes ln, ln + T8_VC, ... of a warp, then the warps down the
+        // tile (row wp / across of csum).
 #pragma unroll
         for (int k = 0; k < 8; ++k)
-            for (int o = 8; o < WARP_SIZE; o <<= 1) col[k] += shfl_xor(col[k], o);
-        if (lane_id() < 8) {
+            for (int o = T8_VC; o < WARP_SIZE; o <<= 1) col[k] += shfl_xor(col[k], o);
+        if (ln < T8_VC) {
 #pragma unroll
-            for (int k = 0; k < 8; ++k) csum[warp_id()][lane_id() * 8 + k] = col[k];
+            for (int k = 0; k < 8; ++k) csum[wp / across][vc * 8 + k] = col[k];
         }
         __syncthreads();
         const int oc = blockIdx.x * T8_COLS + threadIdx.x;
         if (threadIdx.x < T8_COLS && oc < n) {
             float total = 0.0f;
-            for (int w = 0; w < 256 / WARP_SIZE; ++w) total += csum[w][threadIdx.x];
+            for (int w = 0; w < 256 / WARP_SIZE / across; ++w) total += csum[w][threadIdx.x];
             ws[(size_t)blockIdx.y * n + oc] = total;
         }
     }
