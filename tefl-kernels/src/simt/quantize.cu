@@ -283,7 +283,7 @@ extern "C" __global__ void __launch_bounds__(256)
     __shared__ float csum[256 / WARP_SIZE][T8_COLS];
     const float s = *scale;
     if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *scale_inv = 1.0f / s;
-    // The warps across a tile's columns, and thread t's column vector and row group.
+    // The warps across a tile's columns, and this thread's column vector and row group.
     constexpr int across = T8_COLS / 8 / T8_VC;
     const int wp = warp_id(), ln = lane_id();
     const int vc = (wp % across) * T8_VC + ln % T8_VC;
