@@ -12,7 +12,7 @@
 # 8200 x 4232 cases stride), and leaves the NOQT form out, whose q_t is wrong by design.
 here=$(cd "$(dirname "$0")" && pwd)
 forms=()
-for b in 0 8 24 32 48; do forms+=("TEFL_DIAG_CT_PER_SM=$b"); done
+for b in 0 4 8 24 32 48; do forms+=("TEFL_DIAG_CT_PER_SM=$b"); done
 for b in 16 32; do forms+=("TEFL_DIAG_CT_ORDER=rows TEFL_DIAG_CT_PER_SM=$b"); done
 for v in 8 2; do forms+=("TEFL_DIAG_CT_VC=$v"); done
 [ -z "${CHECK:-}" ] && forms+=("TEFL_DIAG_CT_NOQT=1")
