@@ -280,11 +280,12 @@ extern "C" __global__ void __launch_bounds__(256)
     cast_transpose_8x8(const TX* __restrict__ x, const float* __restrict__ scale, u8* __restrict__ q,
                        u8* __restrict__ qt, float* __restrict__ amax, float* __restrict__ scale_inv,
                        float* __restrict__ ws, int m, int n) {
-    __shared__ float csum[256 / WARP_SIZE][T8_COLS];
+    // The warps across a tile's columns; the column sums' shared rows, one a warp down the tile.
+    constexpr int across = T8_COLS / 8 / T8_VC;
+    __shared__ float csum[256 / WARP_SIZE / across][T8_COLS];
     const float s = *scale;
     if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *scale_inv = 1.0f / s;
-    // The warps across a tile's columns, and this thread's column vector and row group.
-    constexpr int across = T8_COLS / 8 / T8_VC;
+    // This thread's column vector and row group.
     const int wp = warp_id(), ln = lane_id();
     const int vc = (wp % across) * T8_VC + ln % T8_VC;
     const int rg = (wp / across) * (WARP_SIZE / T8_VC) + ln / T8_VC;
