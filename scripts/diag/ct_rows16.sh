@@ -7,7 +7,8 @@
 # __launch_bounds__ minimum blocks: 4 caps it at 64 registers). First the checks of the 16-row
 # form (fp8 --full conformance; racecheck and memcheck on cast_transpose_16x8 over
 # quantize,bgrad_quantize), then ROUNDS (3) rounds of the forms in turns (forms_in_turns.sh).
-# Run on an H100 (2026-12-07, the performance log): the 16-row form tied the 8-row one.
+# Run on an H100 (2026-12-07, the performance log): the 16-row form tied the 8-row one. The
+# patch also has TEFL_DIAG_CT8_MINB (ct_minb.sh).
 here=$(cd "$(dirname "$0")" && pwd)
 export OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
