@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The FP8 cast + transpose with all 8 of a thread's x loads in flight at once: the diagnostic
 # build of scripts/diag/ct_rows16.patch (bench and conformance beside this script, with
-# forms_in_turns.sh), whose TEFL_DIAG_CT8_MINB=1 compiles cast_transpose_8x8 with
-# __launch_bounds__(256, 1) (sm_90: 79 registers, three blocks an SM, the 8 loads issued before
+# forms_in_turns.sh and ct_form_checks.sh), whose TEFL_DIAG_CT8_MINB=1 compiles
+# cast_transpose_8x8 with __launch_bounds__(256, 1) (sm_90: 79 registers, three blocks an SM, the 8 loads issued before
 # the first use) where the landed __launch_bounds__(256) gives 56 registers and the loads in
 # pairs; 4 gives 64 registers and 4 loads first. ROUNDS (3) rounds of the forms in turns
 # (copy,quantize_t), then, if fewer than TIME_IF_BEFORE (200) seconds have gone, the checks of
@@ -17,15 +17,5 @@ ROUNDS=${ROUNDS:-3} bash "$here/forms_in_turns.sh" copy,quantize_t base TEFL_DIA
   "TEFL_DIAG_CT8_MINB=1 TEFL_DIAG_CT_PER_SM=24" "TEFL_DIAG_CT8_MINB=1 TEFL_DIAG_CT_PER_SM=12" TEFL_DIAG_CT8_MINB=4
 echo "forms done at $SECONDS s"
 [ "$SECONDS" -lt "${TIME_IF_BEFORE:-200}" ] || exit 0
-san=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
-export TEFL_DIAG_CT8_MINB=1
-t0=$SECONDS
-./conformance nvidia --full --families fp8 --impl vendor.nvidia --jobs 8 > "$OUT/conf_fp8.log" 2>&1
-echo "MINB=1: conformance fp8 --full: rc $? in $((SECONDS - t0)) s: $(tail -1 "$OUT/conf_fp8.log")"
-for tool in racecheck memcheck; do
-  t0=$SECONDS
-  timeout 150 "$san" --tool "$tool" --error-exitcode 9 --target-processes all --kernel-name kns=cast_transpose_8x8 \
-    ./conformance nvidia --families fp8 --impl vendor.nvidia --ops quantize,bgrad_quantize > "$OUT/$tool.log" 2>&1
-  echo "MINB=1: $tool: rc $? in $((SECONDS - t0)) s: $(grep -E 'passed|SUMMARY' "$OUT/$tool.log" | tail -2 | tr '\n' ' ')"
-done
+TEFL_DIAG_CT8_MINB=1 bash "$here/ct_form_checks.sh" "MINB=1" cast_transpose_8x8
 echo "all done at $SECONDS s"
