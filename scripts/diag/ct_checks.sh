@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The FP8 cast + transpose's checks and timings in one GPU call, from the diagnostic bundle of
 # scripts/diag/ct_grid.patch (bench + conformance beside this script, with ct_grid.sh,
-# forms_in_turns.sh, ncu_quantize_t.sh and ncu_profile.sh):
+# ct_form_checks.sh, forms_in_turns.sh, ncu_quantize_t.sh and ncu_profile.sh):
 #   1. the fp8 family's --full conformance (its 8200 x 4232 cases stride);
 #   2. compute-sanitizer racecheck over --ops quantize,bgrad_quantize (the column sums' shared
 #      memory) and memcheck over the same with --full, both on cast_transpose_8x8 only;
@@ -13,20 +13,7 @@ export OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 cd "$here" || exit 1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw --format=csv,noheader
-san=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
-t0=$SECONDS
-./conformance nvidia --full --families fp8 --impl vendor.nvidia --jobs 8 > "$OUT/conf_fp8.log" 2>&1
-echo "conformance fp8 --full: rc $? in $((SECONDS - t0)) s: $(tail -1 "$OUT/conf_fp8.log")"
-for run in "racecheck ${RC_S:-150}" "memcheck ${MC_S:-240}"; do
-  set -- $run
-  t0=$SECONDS
-  full=""
-  [ "$1" = memcheck ] && full=--full
-  # shellcheck disable=SC2086 # $full is a word of its own or none
-  timeout "$2" "$san" --tool "$1" --error-exitcode 9 --target-processes all --kernel-name kns=cast_transpose_8x8 \
-    ./conformance nvidia --families fp8 --impl vendor.nvidia --ops quantize,bgrad_quantize $full > "$OUT/$1.log" 2>&1
-  echo "$1 $full: rc $? in $((SECONDS - t0)) s: $(grep -E 'passed|SUMMARY|hazard' "$OUT/$1.log" | tail -3 | tr '\n' ' ')"
-done
+RC_S=${RC_S:-150} MC_S=${MC_S:-240} MC_ARGS=--full bash "$here/ct_form_checks.sh" landed cast_transpose_8x8
 echo "checks done at $SECONDS s"
 [ "$SECONDS" -lt "${TIME_IF_BEFORE:-330}" ] || exit 0
 t0=$SECONDS

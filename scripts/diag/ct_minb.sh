@@ -2,12 +2,12 @@
 # The FP8 cast + transpose with all 8 of a thread's x loads in flight at once: the diagnostic
 # build of scripts/diag/ct_rows16.patch (bench and conformance beside this script, with
 # forms_in_turns.sh and ct_form_checks.sh), whose TEFL_DIAG_CT8_MINB=1 compiles
-# cast_transpose_8x8 with __launch_bounds__(256, 1) (sm_90: 79 registers, three blocks an SM, the 8 loads issued before
-# the first use) where the landed __launch_bounds__(256) gives 56 registers and the loads in
-# pairs; 4 gives 64 registers and 4 loads first. ROUNDS (3) rounds of the forms in turns
-# (copy,quantize_t), then, if fewer than TIME_IF_BEFORE (200) seconds have gone, the checks of
-# the MINB=1 form: the fp8 family's --full conformance, racecheck and memcheck on
-# cast_transpose_8x8 over quantize,bgrad_quantize. Logs under $OUT.
+# cast_transpose_8x8 with __launch_bounds__(256, 1) (sm_90: 79 registers, three blocks an SM,
+# the 8 loads issued before the first use) where the landed __launch_bounds__(256) gives 56
+# registers and the loads in pairs; 4 gives 64 registers and 4 loads first. ROUNDS (3) rounds of
+# the forms in turns (copy,quantize_t), then, if fewer than TIME_IF_BEFORE (200) seconds have
+# gone, the checks of the MINB=1 form: the fp8 family's --full conformance, racecheck and
+# memcheck on cast_transpose_8x8 over quantize,bgrad_quantize. Logs under $OUT.
 here=$(cd "$(dirname "$0")" && pwd)
 export OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
