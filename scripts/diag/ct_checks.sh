@@ -2,7 +2,7 @@
 # The FP8 cast + transpose's checks and timings in one GPU call, from the diagnostic bundle of
 # scripts/diag/ct_grid.patch (bench + conformance beside this script, with ct_grid.sh,
 # ct_form_checks.sh, forms_in_turns.sh, ncu_quantize_t.sh and ncu_profile.sh):
-#   1. the fp8 family's --full conformance (its 8200 x 4232 cases stride);
+#   1. the fp8 family's --full conformance (its 8200 x 6408 cases stride);
 #   2. compute-sanitizer racecheck over --ops quantize,bgrad_quantize (the column sums' shared
 #      memory) and memcheck over the same with --full, both on cast_transpose_8x8 only;
 #   3. if fewer than TIME_IF_BEFORE (330) seconds have gone, one round of ct_grid.sh's forms

@@ -8,6 +8,8 @@
 # the forms in turns (copy,quantize_t), then, if fewer than TIME_IF_BEFORE (200) seconds have
 # gone, the checks of the MINB=1 form: the fp8 family's --full conformance, racecheck and
 # memcheck on cast_transpose_8x8 over quantize,bgrad_quantize. Logs under $OUT.
+# Run on an H100 (2026-12-07, the thirteenth session, the performance log): MINB=1 ran 2.9%
+# slower than the landed kernel, MINB=4 3-4%; its checks were clean. Closed.
 here=$(cd "$(dirname "$0")" && pwd)
 export OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"

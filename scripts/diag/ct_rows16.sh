@@ -3,7 +3,7 @@
 # store 16 codes, so that a warp writes whole 128-byte lines of 4 q_t rows) against the landed 8
 # (base), from the diagnostic build of scripts/diag/ct_rows16.patch (bench and conformance
 # beside this script, with forms_in_turns.sh and ct_form_checks.sh), whose host takes
-# TEFL_DIAG_CT_RPT=16 (m % 16 == 0), TEFL_DIAG_CT_PER_SM (blocks an SM, 16 landed) and
+# TEFL_DIAG_CT_RPT=16 (m % 16 == 0), TEFL_DIAG_CT_PER_SM (blocks an SM, 16 landed then, 24 now) and
 # TEFL_DIAG_CT16_MINB (the 16-row kernel's __launch_bounds__ minimum blocks: 4 caps it at 64
 # registers). First the checks of the 16-row form (ct_form_checks.sh: fp8 --full conformance;
 # racecheck and memcheck on cast_transpose_16x8 over quantize,bgrad_quantize), then ROUNDS (3)

@@ -17,6 +17,15 @@ const VEC_TILE: usize = 64;
 /// `cast_transpose_8x8`'s tile (`T8_ROWS` x `T8_COLS`; a block of 256 threads, 8 x 8 elements each).
 const T8_TILE: (usize, usize) = (256, 64);
 
+/// The cast-transposes' grid: about this many blocks an SM, each striding over the row tiles of
+/// its column tile. Fewer, longer blocks beat a block a tile: on an H200 (16384 x 8192 bf16 ->
+/// e4m3, `cast_transpose_8x8` at 48 registers, 2026-12-06) 16 an SM took 0.158-0.159 ms, 10 an
+/// SM 0.163-0.164 and a block a tile 0.177-0.178. At the kernel's 56 registers 24 beat 16 on
+/// three H100s (2026-12-07, in turns: 0.199-0.200 against 0.202-0.203, 0.203-0.204 against
+/// 0.208-0.209, and 0.7-1.3% two days before); 32 and 48 an SM tied it, a block a tile was
+/// about 1% slower than 32; not timed on an H200 since. The performance log has the runs.
+const CT_BLOCKS_PER_SM: usize = 24;
+
 /// `defines` with the FP8 format's parameters for the prelude's `fp8_encode` / `fp8_decode`
 /// (MANT, BIAS, MAXV, MAXCODE): every kernel that casts to or from FP8 takes them.
 pub(crate) fn fp8_format(op: &'static str, defines: Defines, fp8: DType) -> Result<Defines> {
@@ -118,10 +127,9 @@ fn cast_transpose(
         ("cast_transpose", (TILE, TILE), (TILE as u32, 8, 1))
     };
     let col_tiles = n.div_ceil(tile_cols);
-    // About 16 blocks an SM, each striding over the row tiles. (H200, 16384 x 8192 bf16 with
-    // cast_transpose_8x8, 2026-12-06: 0.158-0.159 ms so, 0.163-0.164 with 10 blocks an SM, and
-    // 0.177-0.178 with a block a tile.)
-    let row_blocks = m.div_ceil(tile_rows).clamp(1, (sm_count(dev) as usize * 16).div_ceil(col_tiles.max(1)).max(1));
+    // About CT_BLOCKS_PER_SM blocks an SM, each striding over the row tiles.
+    let row_blocks =
+        m.div_ceil(tile_rows).clamp(1, (sm_count(dev) as usize * CT_BLOCKS_PER_SM).div_ceil(col_tiles.max(1)).max(1));
     let ws = if dbias { Some(empty(dev, &[row_blocks, n], DType::F32)?) } else { None };
     // No rows: the column sums are zero.
     let out = if m == 0 {

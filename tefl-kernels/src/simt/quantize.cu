@@ -272,7 +272,7 @@ __device__ __forceinline__ void transpose_bytes_4x4(u32 a0, u32 a1, u32 a2, u32 
 // bf16 -> e4m3, 2026-12-07: 0.205 ms so, 0.210-0.211 with 8 across, 0.253-0.255 with 2 across;
 // scripts/diag/ct_grid.patch.) No shared tile, no barrier, and (m and n multiples of 32) every
 // access whole 32-byte sectors. All 8 rows of a thread are inside m or none is (m % 8 == 0).
-// The grid's y dimension strides over the row tiles (the host launches about 16 blocks an SM:
+// The grid's y dimension strides over the row tiles (the host launches about 24 blocks an SM:
 // faster than a block a tile, the host's note). Column sums (ws) as cast_transpose_vec's: the
 // thread's 8 in registers, summed over the block at the end.
 #define T8_ROWS 256

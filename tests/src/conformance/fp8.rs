@@ -46,12 +46,12 @@ impl Suite<'_> {
                 // Rows of whole 16-byte vectors (n a multiple of 8) and not, a row count under,
                 // over and a multiple of the GPU kernels' tiles and of 8 (the transpose's
                 // 8-byte stores), and enough elements for several steps of a grid-stride loop.
-                // Full runs, bf16 to e4m3: 8200 x 4232, 8 past a multiple of the CUDA register
-                // transpose's 256 x 64 tile each way and enough tiles (33 x 67) that its blocks
-                // (about 16 an SM) stride over several row tiles on GPUs of up to 134 SMs.
+                // Full runs, bf16 to e4m3: 8200 x 6408, 8 past a multiple of the CUDA register
+                // transpose's 256 x 64 tile each way and enough tiles (33 x 101) that its blocks
+                // (about 24 an SM) stride over more than one row tile on GPUs of up to 134 SMs.
                 let big: &[(usize, usize, bool)] =
                     if self.size == Size::Full && dtype == DType::BF16 && fp8 == DType::F8E4M3 {
-                        &[(8200, 4232, true)]
+                        &[(8200, 6408, true)]
                     } else {
                         &[]
                     };
