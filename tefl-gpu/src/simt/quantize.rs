@@ -22,7 +22,7 @@ const T8_TILE: (usize, usize) = (256, 64);
 /// e4m3, `cast_transpose_8x8` at 48 registers, 2026-12-06) 16 an SM took 0.158-0.159 ms, 10 an
 /// SM 0.163-0.164 and a block a tile 0.177-0.178. At the kernel's 56 registers 24 beat 16 on
 /// three H100s (2026-12-07, in turns: 0.199-0.200 against 0.202-0.203, 0.203-0.204 against
-/// 0.208-0.209, and 0.7-1.3% two days before); 32 and 48 an SM tied it, a block a tile was
+/// 0.208-0.209, and 0.7-1.3% in an earlier session); 32 and 48 an SM tied it, a block a tile was
 /// about 1% slower than 32; not timed on an H200 since. The performance log has the runs.
 const CT_BLOCKS_PER_SM: usize = 24;
 
