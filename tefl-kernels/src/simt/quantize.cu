@@ -261,10 +261,10 @@ __device__ __forceinline__ void transpose_bytes_4x4(u32 a0, u32 a1, u32 a2, u32 
 // cast_transpose for m and n multiples of 8 (the host's pick then; tensors start 16-byte
 // aligned), the transpose in registers: a block of 256 threads takes a tile of T8_ROWS x 64
 // elements (8 column vectors x 32 row groups of 8 x 8), each thread one 8 x 8 of it. The
-// thread loads its 8 rows (16-byte vectors; the source has all 8 loads before any use, but at
-// 56 registers on sm_90 ptxas issues them two at a time, the performance log, 2026-12-07),
-// stores each row's 8 codes to q in one 8-byte store, transposes its 8 x 8 codes with byte
-// permutes and stores each
+// thread loads its 8 rows (16-byte vectors; the source has all 8 loads before any use, but at 56
+// registers on sm_90 ptxas issues them two at a time; all 8 first, at 79 registers under
+// __launch_bounds__(256, 1), ran 2.9% slower: the performance log, 2026-12-07), stores each row's
+// 8 codes to q in one 8-byte store, transposes its 8 x 8 codes with byte permutes and stores each
 // column's 8 codes (8 consecutive entries of a row of q_t) in one 8-byte store. A warp takes
 // T8_VC column vectors across and WARP_SIZE / T8_VC row groups down: with 32 lanes, one load
 // instruction reads 32 consecutive elements of each of 8 rows of x, one q store writes 32 codes
