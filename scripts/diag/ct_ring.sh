@@ -4,6 +4,8 @@
 # --full conformance of each ring form in CONF (e.g. CONF="3 2"), then, with CHECK=n, the
 # sanitizer checks of n stages (ct_form_checks.sh). NOFORMS=1 skips the timing; FORMS replaces
 # the forms (shell words, e.g. FORMS="base TEFL_DIAG_CT_PER_SM=16 TEFL_DIAG_CT_PER_SM=32").
+# QT_SHAPES=MxN,... then times the landed form at those shapes too (TEFL_DIAG_QT_SHAPES), in
+# turns with the forms above.
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
@@ -14,6 +16,7 @@ if [ -z "${NOFORMS:-}" ]; then
     set -- base TEFL_DIAG_CT_STAGES=2 TEFL_DIAG_CT_STAGES=3 TEFL_DIAG_CT_STAGES=4 \
       "TEFL_DIAG_CT_STAGES=2 TEFL_DIAG_CT_RING_BLOCKS=2" TEFL_DIAG_CT_PER_SM=16
   fi
+  [ -n "${QT_SHAPES:-}" ] && set -- "$@" "TEFL_DIAG_QT_SHAPES=$QT_SHAPES"
   ROUNDS=${ROUNDS:-3} bash forms_in_turns.sh copy,quantize_t "$@"
 fi
 for st in ${CONF:-}; do
