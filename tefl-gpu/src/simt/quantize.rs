@@ -15,7 +15,7 @@ const TILE: usize = 32;
 /// `cast_transpose_vec`'s tile edge (`VT`) and block (256 threads).
 const VEC_TILE: usize = 64;
 /// `cast_transpose_8x8`'s tile (`T8_ROWS` x `T8_COLS`; a block of 256 threads, 8 x 8 elements each).
-const T8_TILE: (usize, usize) = (256, 64);
+const T8_TILE: (usize, usize) = (128, 128);
 
 /// The cast-transposes' grid: about this many blocks an SM, each striding over the row tiles of
 /// its column tile. Fewer, longer blocks beat a block a tile: on an H200 (16384 x 8192 bf16 ->
@@ -114,7 +114,7 @@ fn cast_transpose(
     let q_t = if transpose { Some(empty(dev, &[n, m], fp8)?) } else { None };
     let amax = zeros(dev, &[1], DType::F32)?;
     let scale_inv = empty(dev, &[1], DType::F32)?;
-    // m and n multiples of 8 take the register transpose (256 x 64 tiles, 8 x 8 elements a
+    // m and n multiples of 8 take the register transpose (128 x 128 tiles, 8 x 8 elements a
     // thread), other rows of whole 16-byte vectors the vector kernel (64 x 64 tiles through
     // shared memory, 256 threads in a line), the rest the scalar one (32 x 32 tiles, 32 x 8
     // threads).

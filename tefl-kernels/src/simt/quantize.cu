@@ -259,8 +259,8 @@ __device__ __forceinline__ void transpose_bytes_4x4(u32 a0, u32 a1, u32 a2, u32 
 }
 
 // cast_transpose for m and n multiples of 8 (the host's pick then; tensors start 16-byte
-// aligned), the transpose in registers: a block of 256 threads takes a tile of T8_ROWS x 64
-// elements (8 column vectors x 32 row groups of 8 x 8), each thread one 8 x 8 of it. The
+// aligned), the transpose in registers: a block of 256 threads takes a tile of T8_ROWS x
+// T8_COLS elements (16 column vectors x 16 row groups of 8 x 8), each thread one 8 x 8 of it. The
 // thread loads its 8 rows (16-byte vectors; the source has all 8 loads before any use, but at 56
 // registers on sm_90 ptxas issues them two at a time; all 8 first, at 79 registers under
 // __launch_bounds__(256, 1), ran 2.9% slower: the performance log, 2026-12-07), stores each row's
@@ -272,11 +272,14 @@ __device__ __forceinline__ void transpose_bytes_4x4(u32 a0, u32 a1, u32 a2, u32 
 // bf16 -> e4m3, 2026-12-07: 0.205 ms so, 0.210-0.211 with 8 across, 0.253-0.255 with 2 across;
 // scripts/diag/ct_grid.patch.) No shared tile, no barrier, and (m and n multiples of 32) every
 // access whole 32-byte sectors. All 8 rows of a thread are inside m or none is (m % 8 == 0).
-// The grid's y dimension strides over the row tiles (the host launches about 24 blocks an SM:
+// The tile is square, so each tile writes one 128-byte line of each of its q rows and q_t rows
+// (H100, same shape, three rounds in turns: 0.198-0.199 ms against 0.200 for 256 x 64 tiles,
+// the same for 64 x 256, 0.216 for 512 x 32; scripts/diag/ct_ring.patch, 2026-12-07). The
+// grid's y dimension strides over the row tiles (the host launches about 24 blocks an SM:
 // faster than a block a tile, the host's note). Column sums (ws) as cast_transpose_vec's: the
 // thread's 8 in registers, summed over the block at the end.
-#define T8_ROWS 256
-#define T8_COLS 64
+#define T8_ROWS 128
+#define T8_COLS 128
 #define T8_VC 4
 extern "C" __global__ void __launch_bounds__(256)
     cast_transpose_8x8(const TX* __restrict__ x, const float* __restrict__ scale, u8* __restrict__ q,

@@ -47,8 +47,9 @@ impl Suite<'_> {
                 // over and a multiple of the GPU kernels' tiles and of 8 (the transpose's
                 // 8-byte stores), and enough elements for several steps of a grid-stride loop.
                 // Full runs, bf16 to e4m3: 8200 x 6408, 8 past a multiple of the CUDA register
-                // transpose's 256 x 64 tile each way and enough tiles (33 x 101) that its blocks
-                // (about 24 an SM) stride over more than one row tile on GPUs of up to 134 SMs.
+                // transpose's 128 x 128 tile each way and enough tiles (65 x 51) that some of its
+                // blocks (about 24 an SM) stride over more than one row tile on GPUs of up to 134
+                // SMs.
                 let big: &[(usize, usize, bool)] =
                     if self.size == Size::Full && dtype == DType::BF16 && fp8 == DType::F8E4M3 {
                         &[(8200, 6408, true)]
