@@ -264,11 +264,14 @@ template <int B> __device__ __forceinline__ void copy_async_at(SharedBase base, 
 }
 #endif
 
-// ---- streamed inputs held in L2: the fallback (HIP, CUDA before sm_80) ----
+// ---- streamed inputs held in L2, whole-line loads: the fallback (HIP, CUDA before sm_80) ----
 #ifndef HAS_L2_KEEP
 #define HAS_L2_KEEP 0
 template <typename T, int N> __device__ __forceinline__ void load_kept(T* dst, const T* src) { raw_copy<T, N>(dst, src); }
 __device__ __forceinline__ void release_line(const void*) {}
+template <typename T, int N> __device__ __forceinline__ void load_whole_lines(T* dst, const T* src) {
+    raw_copy<T, N>(dst, src);
+}
 #endif
 // After a kept load of the vector at `p` of a buffer starting at `base`: releases the line `p`
 // starts, or, for a row's first vector (`first`) inside a line, that line when it lies in the

@@ -170,7 +170,7 @@ template <int N> __device__ __forceinline__ void copy_async_wait() {
 }
 #endif
 
-// ---- streamed inputs held in L2 while they are in use ----
+// ---- streamed inputs held in L2 while they are in use, and read in whole lines ----
 // load_kept<T, N>(dst, src) loads N elements of an input the kernel does not write (raw_copy's
 // vectors) with an L2 evict_last cache policy; release_line(p) puts the 128-byte line at p
 // (128-byte aligned) back to the normal eviction priority once the kernel is done with it.
@@ -211,6 +211,26 @@ template <typename T, int N> __device__ __forceinline__ void load_kept(T* dst, c
 }
 __device__ __forceinline__ void release_line(const void* line) {
     asm volatile("applypriority.global.L2::evict_normal [%0], 128;" ::"l"(line) : "memory");
+}
+// load_whole_lines<T, N>(dst, src) loads N elements of an input the kernel does not write
+// (raw_copy's vectors; 16-byte multiples, other sizes element by element) with the L2::128B prefetch-size hint:
+// a miss fetches the whole 128-byte line from DRAM, not only the sectors asked for. For loads
+// that each take part of a line whose other sectors another warp asks for a moment later (the
+// FP8 cast + transpose's 64 bytes of each of 8 rows: H100, 2026-12-08, 1.5% faster alone).
+template <typename T, int N> __device__ __forceinline__ void load_whole_lines(T* dst, const T* src) {
+    constexpr int B = N * (int)sizeof(T);
+    if constexpr (B % 16 == 0) {
+#pragma unroll
+        for (int i = 0; i < B / 16; ++i) {
+            unsigned int* d = (unsigned int*)dst + 4 * i;
+            asm("ld.global.nc.L2::128B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                : "l"((const char*)src + 16 * i));
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < N; ++i) dst[i] = src[i];
+    }
 }
 #endif
 

@@ -263,7 +263,10 @@ __device__ __forceinline__ void transpose_bytes_4x4(u32 a0, u32 a1, u32 a2, u32 
 // T8_COLS elements (16 column vectors x 16 row groups of 8 x 8), each thread one 8 x 8 of it. The
 // thread loads its 8 rows (16-byte vectors; the source has all 8 loads before any use, but at 56
 // registers on sm_90 ptxas issues them two at a time; all 8 first, at 79 registers under
-// __launch_bounds__(256, 1), ran 2.9% slower: the performance log, 2026-12-07), stores each row's
+// __launch_bounds__(256, 1), ran 2.9% slower: the performance log, 2026-12-07) in whole lines
+// (load_whole_lines: a warp's load takes 64 of each row's 128-byte line, the warp beside it the
+// other 64; H100, 16384 x 8192 bf16 -> e4m3, 2026-12-08, four rounds in turns: 0.194-0.196 ms
+// against 0.197-0.199 for plain loads, scripts/diag/ct_ring.patch), stores each row's
 // 8 codes to q in one 8-byte store, transposes its 8 x 8 codes with byte permutes and stores each
 // column's 8 codes (8 consecutive entries of a row of q_t) in one 8-byte store. A warp takes
 // T8_VC column vectors across and WARP_SIZE / T8_VC row groups down: with 32 lanes, one load
@@ -305,7 +308,7 @@ extern "C" __global__ void __launch_bounds__(256)
         alignas(16) TX v[8][8];
         const TX* src = x + (size_t)r * n + c;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) raw_copy<TX, 8>(v[j], src + (size_t)j * n);
+        for (int j = 0; j < 8; ++j) load_whole_lines<TX, 8>(v[j], src + (size_t)j * n);
         u32 w[8][2];  // row j's codes: columns 0-3, then 4-7
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
