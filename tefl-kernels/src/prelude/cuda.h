@@ -213,10 +213,11 @@ __device__ __forceinline__ void release_line(const void* line) {
     asm volatile("applypriority.global.L2::evict_normal [%0], 128;" ::"l"(line) : "memory");
 }
 // load_whole_lines<T, N>(dst, src) loads N elements of an input the kernel does not write
-// (raw_copy's vectors; 16-byte multiples, other sizes element by element) with the L2::128B prefetch-size hint:
-// a miss fetches the whole 128-byte line from DRAM, not only the sectors asked for. For loads
-// that each take part of a line whose other sectors another warp asks for a moment later (the
-// FP8 cast + transpose's 64 bytes of each of 8 rows: H100, 2026-12-08, 1.5% faster alone).
+// (raw_copy's vectors: 16-byte aligned multiples of 16 bytes; other sizes element by element)
+// with the L2::128B prefetch-size hint: a miss fetches the whole 128-byte line from DRAM, not
+// only the sectors asked for. For loads that each take part of a line whose other sectors
+// another warp asks for a moment later (the FP8 cast + transpose's 64 bytes of each of 8 rows:
+// H100, 2026-12-08, 1.5% faster).
 template <typename T, int N> __device__ __forceinline__ void load_whole_lines(T* dst, const T* src) {
     constexpr int B = N * (int)sizeof(T);
     if constexpr (B % 16 == 0) {
