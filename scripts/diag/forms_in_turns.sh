@@ -5,8 +5,9 @@
 # bench that compiles the kernels. A BENCH=PATH word in a form runs that bench binary instead of
 # the one beside this script (another build: e.g. `forms_in_turns.sh copy,quantize
 # BENCH=../ab/bench_old base` times the bundle's build before against this one). Prints each
-# run's rows as "name time rate;". CHECK_FAMILY=F then runs the conformance of family F
-# (vendor.nvidia, with CHECK_ARGS added) in each form but base and the BENCH ones, a line a form.
+# run's rows as "name time rate;" (and a diagnostic bench's read_after lines). CHECK_FAMILY=F
+# then runs the conformance of family F (vendor.nvidia, with CHECK_ARGS added) in each form but
+# base and the BENCH ones, a line a form.
 # The diagnostic scripts beside it (rope_warp.sh, norm_keep.sh, ...) call it; copy it into the
 # bundle folder with them.
 here=$(cd "$(dirname "$0")" && pwd)
@@ -35,7 +36,8 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
     split "$f"
     # shellcheck disable=SC2086 # BENCH_ARGS are words of their own
     line=$(env "${envs[@]}" "$bin" --backend nvidia --only "$only" ${BENCH_ARGS:-} 2>&1 \
-      | grep -E "(GB|TFLOP)/s" | grep -v "^bench" | sed -E 's/ +/ /g; s/((GB|TFLOP)\/s).*/\1;/' | tr '\n' ' ')
+      | grep -E "(GB|TFLOP)/s|^read_after" | grep -v "^bench" \
+      | sed -E 's/ +/ /g; s/((GB|TFLOP)\/s).*/\1;/; s/ ms$/ ms;/' | tr '\n' ' ')
     echo "r$r $f: $line"
   done
 done
