@@ -184,18 +184,23 @@ template <int N> __device__ __forceinline__ void copy_async_wait() {
 // common.h's fallback loads plainly.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #define HAS_L2_KEEP 1
+// The B bytes at src into dst (both 16-byte aligned, B a multiple of 16), a 16-byte vector at a
+// time by load16(d, p): d the vector's four words in dst, p its address in src.
+template <int B, typename Load16>
+__device__ __forceinline__ void load_vectors16(void* dst, const void* src, Load16 load16) {
+#pragma unroll
+    for (int i = 0; i < B / 16; ++i) load16((unsigned int*)dst + 4 * i, (const char*)src + 16 * i);
+}
 template <typename T, int N> __device__ __forceinline__ void load_kept(T* dst, const T* src) {
     constexpr int B = N * (int)sizeof(T);
     unsigned long long keep;
     asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(keep));
     if constexpr (B % 16 == 0) {
-#pragma unroll
-        for (int i = 0; i < B / 16; ++i) {
-            unsigned int* d = (unsigned int*)dst + 4 * i;
+        load_vectors16<B>(dst, src, [keep](unsigned int* d, const char* p) {
             asm("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-                : "l"((const char*)src + 16 * i), "l"(keep));
-        }
+                : "l"(p), "l"(keep));
+        });
     } else if constexpr (B % 8 == 0) {
 #pragma unroll
         for (int i = 0; i < B / 8; ++i) {
@@ -221,13 +226,11 @@ __device__ __forceinline__ void release_line(const void* line) {
 template <typename T, int N> __device__ __forceinline__ void load_whole_lines(T* dst, const T* src) {
     constexpr int B = N * (int)sizeof(T);
     if constexpr (B % 16 == 0) {
-#pragma unroll
-        for (int i = 0; i < B / 16; ++i) {
-            unsigned int* d = (unsigned int*)dst + 4 * i;
+        load_vectors16<B>(dst, src, [](unsigned int* d, const char* p) {
             asm("ld.global.nc.L2::128B.v4.u32 {%0, %1, %2, %3}, [%4];"
                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-                : "l"((const char*)src + 16 * i));
-        }
+                : "l"(p));
+        });
     } else {
 #pragma unroll
         for (int i = 0; i < N; ++i) dst[i] = src[i];
